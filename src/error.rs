@@ -1,0 +1,134 @@
+//! The one error type of the crate. Every variant has a stable, documented
+//! [`Error::code`] that callers (and the `decode` example's JSON) can match on.
+
+use std::path::PathBuf;
+
+/// One field of config.json (or one tensor shape) that differs from what was
+/// expected: the profile's value or the shape config.json implies.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Mismatch {
+    /// Field name (`hidden_size`) or tensor name (`model.layers.0.mlp.up_proj.weight`).
+    pub field: String,
+    /// What was expected, as text (`1024`, `[3072, 1024]`).
+    pub expected: String,
+    /// What the checkpoint holds, as text.
+    pub found: String,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: expected {}, found {}", self.field, self.expected, self.found)
+    }
+}
+
+fn list(m: &[Mismatch]) -> String {
+    m.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; ")
+}
+
+/// Everything that can go wrong, each with a stable [`code`](Error::code).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The checkpoint directory or one of its required files does not exist.
+    #[error("checkpoint not found: {path}: {reason}")]
+    CheckpointNotFound { path: PathBuf, reason: String },
+
+    /// A checkpoint file exists but cannot be parsed (malformed JSON or
+    /// safetensors, a missing tensor, a shard index pointing nowhere).
+    #[error("invalid checkpoint {path}: {reason}")]
+    CheckpointInvalid { path: PathBuf, reason: String },
+
+    /// The checkpoint is not a shape this engine (or the requested profile)
+    /// accepts. Lists every mismatched field or tensor, not just the first.
+    #[error("unsupported checkpoint architecture ({profile}): {}", list(.mismatches))]
+    UnsupportedArchitecture { profile: String, mismatches: Vec<Mismatch> },
+
+    /// A tensor is stored in a dtype the converter does not read.
+    #[error("unsupported dtype {dtype} for tensor {tensor} (expected BF16, F16 or F32)")]
+    UnsupportedDtype { tensor: String, dtype: String },
+
+    /// Under the default `MetalOnly` policy the adapter found is not Metal.
+    #[error("the GPU adapter \"{adapter}\" uses the {backend} backend; this engine runs on Metal by default (opt in to other backends with AdapterPolicy::Portable, --backend portable or QWEN3_WGPU_BACKEND=portable)")]
+    NonMetalAdapter { backend: String, adapter: String },
+
+    /// No GPU adapter (of the allowed backends) exists.
+    #[error("no GPU adapter found: {reason}")]
+    NoGpuAdapter { reason: String },
+
+    /// The device could not be created, was lost, or reported an error.
+    #[error("GPU device failed: {reason}")]
+    GpuDeviceFailed { reason: String },
+
+    /// A kernel failed to compile or to build a pipeline.
+    #[error("shader {kernel} failed to compile: {reason}")]
+    ShaderCompileFailed { kernel: String, reason: String },
+
+    /// A token id is not below the vocabulary size.
+    #[error("token id {id} at position {position} is out of range (vocab_size {vocab_size})")]
+    InvalidTokenId { id: u32, position: usize, vocab_size: usize },
+
+    /// Decoding needs at least one prompt token.
+    #[error("the prompt is empty: decoding needs at least one token")]
+    EmptyPrompt,
+
+    /// The prompt plus the new tokens do not fit the session's KV cache.
+    #[error("context overflow: {needed} positions needed, capacity is {capacity}")]
+    ContextOverflow { needed: usize, capacity: usize },
+
+    /// Reading or writing the converted-weights cache failed (or the
+    /// checkpoint could not be read for conversion).
+    #[error("cache i/o failed at {path}: {reason}")]
+    CacheIo { path: PathBuf, reason: String },
+}
+
+impl Error {
+    /// The stable machine-readable code of this error.
+    ///
+    /// ```
+    /// use qwen3_wgpu::Error;
+    /// assert_eq!(Error::EmptyPrompt.code(), "empty_prompt");
+    /// ```
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::CheckpointNotFound { .. } => "checkpoint_not_found",
+            Error::CheckpointInvalid { .. } => "checkpoint_invalid",
+            Error::UnsupportedArchitecture { .. } => "unsupported_checkpoint_architecture",
+            Error::UnsupportedDtype { .. } => "unsupported_dtype",
+            Error::NonMetalAdapter { .. } => "non_metal_adapter",
+            Error::NoGpuAdapter { .. } => "no_gpu_adapter",
+            Error::GpuDeviceFailed { .. } => "gpu_device_failed",
+            Error::ShaderCompileFailed { .. } => "shader_compile_failed",
+            Error::InvalidTokenId { .. } => "invalid_token_id",
+            Error::EmptyPrompt => "empty_prompt",
+            Error::ContextOverflow { .. } => "context_overflow",
+            Error::CacheIo { .. } => "cache_io",
+        }
+    }
+
+    /// Every code, in declaration order (for documentation and tests).
+    pub const ALL_CODES: [&'static str; 12] = [
+        "checkpoint_not_found",
+        "checkpoint_invalid",
+        "unsupported_checkpoint_architecture",
+        "unsupported_dtype",
+        "non_metal_adapter",
+        "no_gpu_adapter",
+        "gpu_device_failed",
+        "shader_compile_failed",
+        "invalid_token_id",
+        "empty_prompt",
+        "context_overflow",
+        "cache_io",
+    ];
+
+    pub(crate) fn cache_io(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {
+        Error::CacheIo { path: path.into(), reason: e.to_string() }
+    }
+
+    pub(crate) fn invalid(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::CheckpointInvalid { path: path.into(), reason: reason.into() }
+    }
+}
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
