@@ -1,0 +1,29 @@
+// x = dequantised row `token[0]` of an int8 table, if that row lies in this
+// launch's chunk [row_start, row_end) (large tables are bound in chunks;
+// exactly one chunk writes). An out-of-range id writes nothing.
+
+struct Params {
+    k_words: u32,   // padded row length / 4
+    groups: u32,    // scales per row
+    row_start: u32,
+    row_end: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> token: array<u32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> scales: array<f32>;
+@group(0) @binding(4) var<storage, read_write> x: array<vec4<f32>>;
+
+override GROUP_WORDS: u32 = 16u;
+
+@compute @workgroup_size(WG)
+fn embed_lookup(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let t = token[0];
+    let j = gid.x;
+    if t < p.row_start || t >= p.row_end || j >= p.k_words {
+        return;
+    }
+    let r = t - p.row_start;
+    x[j] = vec4<f32>(unpack4xI8(w[r * p.k_words + j])) * scales[r * p.groups + j / GROUP_WORDS];
+}

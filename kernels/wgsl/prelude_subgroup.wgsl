@@ -1,0 +1,69 @@
+// Workgroup reductions built on subgroup operations (Features::SUBGROUP).
+// Never assumes a subgroup size: the subgroup index and count come from the
+// builtins, so this is correct for lavapipe's 8 lanes and Apple's 32 alike.
+// `WG` (the workgroup size) is an override constant every kernel shares.
+
+override WG: u32 = 256u;
+
+struct Lane {
+    @builtin(local_invocation_index) idx: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) n_sg: u32,
+}
+
+var<workgroup> red_f: array<vec4<f32>, WG>;
+var<workgroup> red_u: array<u32, WG>;
+
+// Sum of `v` over the workgroup, returned to every invocation.
+// Must be called in workgroup-uniform control flow.
+fn wg_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
+    let s = subgroupAdd(v);
+    workgroupBarrier(); // earlier readers of red_f are done
+    if lane.sg_lane == 0u {
+        red_f[lane.sg_id] = s;
+    }
+    workgroupBarrier();
+    var t = vec4<f32>(0.0);
+    for (var i = 0u; i < lane.n_sg; i++) {
+        t += red_f[i];
+    }
+    return t;
+}
+
+fn wg_max(v: f32, lane: Lane) -> f32 {
+    let s = subgroupMax(v);
+    workgroupBarrier();
+    if lane.sg_lane == 0u {
+        red_f[lane.sg_id].x = s;
+    }
+    workgroupBarrier();
+    var t = red_f[0].x;
+    for (var i = 1u; i < lane.n_sg; i++) {
+        t = max(t, red_f[i].x);
+    }
+    return t;
+}
+
+// Index of the largest `v` over the workgroup (ties -> lowest index).
+fn wg_argmax(v: f32, i: u32, lane: Lane) -> u32 {
+    let m = subgroupMax(v);
+    let cand = subgroupMin(select(0xffffffffu, i, v == m));
+    workgroupBarrier();
+    if lane.sg_lane == 0u {
+        red_f[lane.sg_id].x = m;
+        red_u[lane.sg_id] = cand;
+    }
+    workgroupBarrier();
+    var best_v = red_f[0].x;
+    var best_i = red_u[0];
+    for (var k = 1u; k < lane.n_sg; k++) {
+        let kv = red_f[k].x;
+        let ki = red_u[k];
+        if kv > best_v || (kv == best_v && ki < best_i) {
+            best_v = kv;
+            best_i = ki;
+        }
+    }
+    return best_i;
+}

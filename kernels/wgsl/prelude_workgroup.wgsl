@@ -1,0 +1,58 @@
+// Workgroup reductions through workgroup memory only (adapters without
+// Features::SUBGROUP). Same functions as prelude_subgroup.wgsl. `WG` must be
+// a power of two.
+
+override WG: u32 = 256u;
+
+struct Lane {
+    @builtin(local_invocation_index) idx: u32,
+}
+
+var<workgroup> red_f: array<vec4<f32>, WG>;
+var<workgroup> red_u: array<u32, WG>;
+
+fn wg_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
+    workgroupBarrier();
+    red_f[lane.idx] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if lane.idx < s {
+            red_f[lane.idx] += red_f[lane.idx + s];
+        }
+        workgroupBarrier();
+    }
+    return red_f[0];
+}
+
+fn wg_max(v: f32, lane: Lane) -> f32 {
+    workgroupBarrier();
+    red_f[lane.idx].x = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if lane.idx < s {
+            red_f[lane.idx].x = max(red_f[lane.idx].x, red_f[lane.idx + s].x);
+        }
+        workgroupBarrier();
+    }
+    return red_f[0].x;
+}
+
+fn wg_argmax(v: f32, i: u32, lane: Lane) -> u32 {
+    workgroupBarrier();
+    red_f[lane.idx].x = v;
+    red_u[lane.idx] = i;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if lane.idx < s {
+            let ov = red_f[lane.idx + s].x;
+            let oi = red_u[lane.idx + s];
+            let mv = red_f[lane.idx].x;
+            if ov > mv || (ov == mv && oi < red_u[lane.idx]) {
+                red_f[lane.idx].x = ov;
+                red_u[lane.idx] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    return red_u[0];
+}

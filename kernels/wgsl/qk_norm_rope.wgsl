@@ -1,0 +1,102 @@
+// One launch per layer and token, one workgroup per head of the fused qkv
+// projection output:
+//   query heads:  q_out = rope(rms_norm(q_h) * q_norm)
+//   key heads:    k_cache[kv_h][pos] = f16(rope(rms_norm(k_h) * k_norm))
+//   value heads:  v_cache[kv_h][pos] = f16(v_h)
+// RoPE is rotate-half: element d pairs with d + head_dim/2 and turns by
+// pos * theta^(-2d/head_dim). The (cos, sin) pairs come from a table the
+// host computes once per session in f64: GPU sin/cos of large angles are
+// far less precise (Vulkan allows 2^-11 absolute error). The caches hold
+// f16 pairs packed in u32, layout [kv_head][capacity][head_dim / 2].
+
+struct Params {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,
+    eps: f32,
+}
+
+struct Step {
+    pos: u32,     // position of the token being processed
+    seq_len: u32, // pos + 1
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> qkv: array<f32>;
+@group(0) @binding(3) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(4) var<storage, read> k_norm: array<f32>;
+// rope[pos * head_dim / 2 + d] = (cos, sin) of pos * theta^(-2d/head_dim)
+@group(0) @binding(5) var<storage, read> rope: array<vec2<f32>>;
+@group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(8) var<storage, read_write> v_cache: array<u32>;
+
+const MAX_HEAD_DIM: u32 = 256u;
+var<workgroup> head: array<f32, MAX_HEAD_DIM>;
+
+@compute @workgroup_size(WG)
+fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
+    let h = wg.x;
+    let hd = p.head_dim;
+    let half_dim = hd / 2u;
+    let src = h * hd;
+    let kv_first = p.n_heads;
+    let v_first = p.n_heads + p.n_kv_heads;
+    if h >= v_first {
+        // Value head: no norm, no rope; straight into the cache.
+        let kv = h - v_first;
+        let dst = (kv * p.capacity + step.pos) * half_dim;
+        for (var i = lane.idx; i < half_dim; i += WG) {
+            v_cache[dst + i] = pack2x16float(vec2<f32>(qkv[src + 2u * i], qkv[src + 2u * i + 1u]));
+        }
+        return;
+    }
+    var ss = 0.0;
+    for (var d = lane.idx; d < hd; d += WG) {
+        let v = qkv[src + d];
+        ss += v * v;
+    }
+    let inv = inverseSqrt(wg_sum4(vec4<f32>(ss, 0.0, 0.0, 0.0), lane).x / f32(hd) + p.eps);
+    let is_q = h < kv_first;
+    for (var d = lane.idx; d < hd; d += WG) {
+        var nw = k_norm[d];
+        if is_q {
+            nw = q_norm[d];
+        }
+        head[d] = qkv[src + d] * inv * nw;
+    }
+    workgroupBarrier();
+    let rope_base = step.pos * half_dim;
+    if is_q {
+        for (var d = lane.idx; d < half_dim; d += WG) {
+            let cs = rope[rope_base + d];
+            let c = cs.x;
+            let s = cs.y;
+            let a = head[d];
+            let b = head[d + half_dim];
+            q_out[src + d] = a * c - b * s;
+            q_out[src + d + half_dim] = b * c + a * s;
+        }
+    } else {
+        // Each invocation writes the packed pair (2i, 2i+1): compute both.
+        let kv = h - kv_first;
+        let dst = (kv * p.capacity + step.pos) * half_dim;
+        for (var i = lane.idx; i < half_dim; i += WG) {
+            var pair: vec2<f32>;
+            for (var e = 0u; e < 2u; e++) {
+                let d = 2u * i + e;
+                let cs = rope[rope_base + d % half_dim];
+                let c = cs.x;
+                let s = cs.y;
+                if d < half_dim {
+                    pair[e] = head[d] * c - head[d + half_dim] * s;
+                } else {
+                    pair[e] = head[d] * c + head[d - half_dim] * s;
+                }
+            }
+            k_cache[dst + i] = pack2x16float(pair);
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! GPU plumbing: adapter policy, device creation (or adoption of a host
+//! app's device), error capture, buffers and readback.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// Environment variable a host app (or its tests) can set to choose the
+/// adapter policy without code changes: `metal` or `portable`.
+pub const BACKEND_ENV: &str = "QWEN3_WGPU_BACKEND";
+
+/// Which GPU adapters the engine accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AdapterPolicy {
+    /// Apple GPUs through Metal only (the shipped, tuned target). Any other
+    /// adapter is refused with `non_metal_adapter`.
+    #[default]
+    MetalOnly,
+    /// Any adapter wgpu offers (Vulkan, DX12, Metal; GL last). The same
+    /// kernels run; this is how the engine is tested and benchmarked off Apple.
+    Portable,
+}
+
+impl AdapterPolicy {
+    /// The policy named by [`BACKEND_ENV`], if it is set to a known value.
+    pub fn from_env() -> Option<Self> {
+        match std::env::var(BACKEND_ENV)
+            .ok()?
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "portable" => Some(AdapterPolicy::Portable),
+            "metal" => Some(AdapterPolicy::MetalOnly),
+            _ => None,
+        }
+    }
+
+    /// Refuses an adapter this policy does not accept.
+    pub fn check(self, info: &wgpu::AdapterInfo) -> Result<()> {
+        if self == AdapterPolicy::MetalOnly && info.backend != wgpu::Backend::Metal {
+            return Err(Error::NonMetalAdapter {
+                backend: format!("{:?}", info.backend),
+                adapter: info.name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Preference order when several adapters exist (lower is better).
+fn adapter_rank(info: &wgpu::AdapterInfo) -> u32 {
+    use wgpu::{Backend, DeviceType};
+    let backend = match info.backend {
+        Backend::Metal => 0,
+        Backend::Vulkan => 1,
+        Backend::Dx12 => 2,
+        _ => 5, // GL: no subgroups, slow buffers
+    };
+    let kind = match info.device_type {
+        DeviceType::DiscreteGpu => 0,
+        DeviceType::IntegratedGpu => 1,
+        DeviceType::VirtualGpu => 2,
+        DeviceType::Cpu => 3,
+        DeviceType::Other => 4,
+    };
+    backend * 10 + kind
+}
+
+/// An owned or adopted wgpu device with what the engine learned about it.
+#[derive(Clone)]
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    /// True when kernels use subgroup reductions.
+    pub subgroups: bool,
+    /// First uncaptured device error or loss, if any.
+    fault: Arc<Mutex<Option<String>>>,
+}
+
+impl Gpu {
+    /// Lists every adapter wgpu can see (all backends), best first.
+    pub fn adapters() -> Vec<wgpu::Adapter> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        // GL is left out: no subgroups, slow storage buffers, and EGL noise on headless Linux.
+        desc.backends = wgpu::Backends::PRIMARY;
+        let instance = wgpu::Instance::new(desc);
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
+        adapters
+    }
+
+    /// Picks the best adapter the policy accepts and creates a device on it
+    /// with the adapter's own limits (the defaults are far too small).
+    pub fn new(policy: AdapterPolicy) -> Result<Self> {
+        let adapters = Self::adapters();
+        let Some(adapter) = adapters.into_iter().next() else {
+            return Err(Error::NoGpuAdapter {
+                reason: "wgpu found no adapter on any backend (on Linux, install a Vulkan driver such as mesa-vulkan-drivers)".into(),
+            });
+        };
+        let info = adapter.get_info();
+        policy.check(&info)?;
+        let features = adapter.features() & wanted_features();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("qwen3-wgpu"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::GpuDeviceFailed {
+            reason: format!("request_device on {}: {e}", info.name),
+        })?;
+        Ok(Self::wrap(device, queue, info))
+    }
+
+    /// Adopts a device the host application already owns (e.g. its
+    /// renderer's). No second device is created; the policy still applies.
+    pub fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        policy: AdapterPolicy,
+    ) -> Result<Self> {
+        let info = device.adapter_info();
+        policy.check(&info)?;
+        Ok(Self::wrap(device, queue, info))
+    }
+
+    fn wrap(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+        let fault = Arc::new(Mutex::new(None));
+        let sink = fault.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut f) = sink.lock() {
+                f.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        let sink = fault.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut f) = sink.lock() {
+                f.get_or_insert_with(|| format!("device lost ({reason:?}): {msg}"));
+            }
+        });
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP)
+            && std::env::var("QWEN3_WGPU_NO_SUBGROUPS").is_err();
+        Gpu {
+            device,
+            queue,
+            info,
+            subgroups,
+            fault,
+        }
+    }
+
+    /// Fails with `gpu_device_failed` if the device reported an error or was lost.
+    pub fn check_fault(&self) -> Result<()> {
+        match self.fault.lock().ok().and_then(|f| f.clone()) {
+            Some(reason) => Err(Error::GpuDeviceFailed { reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` inside a validation + out-of-memory error scope and turns a
+    /// captured error into `make_err(message)`.
+    pub fn scoped<T>(
+        &self,
+        f: impl FnOnce() -> Result<T>,
+        make_err: impl FnOnce(String) -> Error,
+    ) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = v.or(o) {
+            return Err(make_err(e.to_string()));
+        }
+        self.check_fault()?;
+        out
+    }
+
+    /// A storage buffer initialised from `data` (padded to 4 bytes).
+    pub fn storage_init(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
+        let size = data.len().div_ceil(4).max(1) * 4;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        fill_mapped(&buf, data)?;
+        Ok(buf)
+    }
+
+    /// A zero-filled storage buffer of `bytes` bytes.
+    pub fn storage(&self, label: &str, bytes: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (bytes.div_ceil(4).max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A uniform buffer holding `data` (writable later with `queue.write_buffer`).
+    pub fn uniform(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
+        let size = data.len().div_ceil(16).max(1) * 16;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        fill_mapped(&buf, data)?;
+        Ok(buf)
+    }
+
+    /// A buffer the CPU can map for reading, `bytes` long.
+    pub fn readback(&self, label: &str, bytes: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (bytes.div_ceil(4).max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Maps a readback buffer, waits for the GPU, and copies its bytes out.
+    pub fn read(&self, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let slice = buf.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::GpuDeviceFailed {
+                reason: format!("poll: {e}"),
+            })?;
+        self.check_fault()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(Error::GpuDeviceFailed {
+                    reason: format!("map_async: {e}"),
+                })
+            }
+            Err(_) => {
+                return Err(Error::GpuDeviceFailed {
+                    reason: "map_async callback never ran".into(),
+                })
+            }
+        }
+        let bytes = slice
+            .get_mapped_range()
+            .map_err(|e| Error::GpuDeviceFailed {
+                reason: format!("reading back: {e}"),
+            })?
+            .to_vec();
+        buf.unmap();
+        Ok(bytes)
+    }
+
+    /// Copies a storage buffer's first `bytes` bytes back to the CPU (tests,
+    /// diagnostics; the decode loop reads only the 4-byte token).
+    pub fn download(&self, src: &wgpu::Buffer, bytes: usize) -> Result<Vec<u8>> {
+        let staging = self.readback("download", bytes);
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, staging.size());
+        self.queue.submit([enc.finish()]);
+        let mut out = self.read(&staging)?;
+        out.truncate(bytes);
+        Ok(out)
+    }
+}
+
+/// Features used when the adapter has them.
+pub fn wanted_features() -> wgpu::Features {
+    wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY
+}
+
+/// Writes `data` into a buffer created `mapped_at_creation`, then unmaps it.
+fn fill_mapped(buf: &wgpu::Buffer, data: &[u8]) -> Result<()> {
+    {
+        let mut view =
+            buf.slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| Error::GpuDeviceFailed {
+                    reason: format!("mapping a new buffer: {e}"),
+                })?;
+        view.slice(..data.len()).copy_from_slice(data);
+    }
+    buf.unmap();
+    Ok(())
+}

@@ -1,0 +1,328 @@
+//! The kernel table: each WGSL kernel's source, entry point, binding order
+//! and workgroup size, defined once here and used by the pipeline builder,
+//! the model and the tests (a test checks the WGSL declares exactly these
+//! bindings).
+
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::weights::QUANT_GROUP;
+
+/// How a kernel binds one buffer (binding index = position in the list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bind {
+    Uniform,
+    Read,
+    ReadWrite,
+}
+
+/// One compute kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Int8Matvec,
+    /// `int8_matvec` with `y += W x` (fused residual add).
+    Int8MatvecAccumulate,
+    RmsNorm,
+    QkNormRope,
+    GqaAttention,
+    Swiglu,
+    EmbedLookup,
+    Argmax,
+}
+
+/// Workgroup size of every kernel (a power of two, as the workgroup-memory
+/// reductions need).
+pub const WG: u32 = 256;
+/// Output rows per `int8_matvec` workgroup (the kernel's `ROWS`).
+pub const MATVEC_ROWS: u32 = 4;
+/// Largest head_dim the attention kernels hold in workgroup memory.
+pub const MAX_HEAD_DIM: usize = 256;
+
+impl Kernel {
+    pub const ALL: [Kernel; 8] = [
+        Kernel::Int8Matvec,
+        Kernel::Int8MatvecAccumulate,
+        Kernel::RmsNorm,
+        Kernel::QkNormRope,
+        Kernel::GqaAttention,
+        Kernel::Swiglu,
+        Kernel::EmbedLookup,
+        Kernel::Argmax,
+    ];
+
+    /// WGSL entry point (also the file name under kernels/wgsl/).
+    pub fn entry(self) -> &'static str {
+        match self {
+            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => "int8_matvec",
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::QkNormRope => "qk_norm_rope",
+            Kernel::GqaAttention => "gqa_attention",
+            Kernel::Swiglu => "swiglu",
+            Kernel::EmbedLookup => "embed_lookup",
+            Kernel::Argmax => "argmax",
+        }
+    }
+
+    /// The kernel's own WGSL (without the reduction prelude).
+    pub fn wgsl(self) -> &'static str {
+        match self {
+            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => {
+                include_str!("../kernels/wgsl/int8_matvec.wgsl")
+            }
+            Kernel::RmsNorm => include_str!("../kernels/wgsl/rms_norm.wgsl"),
+            Kernel::QkNormRope => include_str!("../kernels/wgsl/qk_norm_rope.wgsl"),
+            Kernel::GqaAttention => include_str!("../kernels/wgsl/gqa_attention.wgsl"),
+            Kernel::Swiglu => include_str!("../kernels/wgsl/swiglu.wgsl"),
+            Kernel::EmbedLookup => include_str!("../kernels/wgsl/embed_lookup.wgsl"),
+            Kernel::Argmax => include_str!("../kernels/wgsl/argmax.wgsl"),
+        }
+    }
+
+    /// Binding order of group 0.
+    pub fn bindings(self) -> &'static [Bind] {
+        use Bind::*;
+        match self {
+            // params, x, w, scales, y
+            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => {
+                &[Uniform, Read, Read, Read, ReadWrite]
+            }
+            // params, x, weight, out
+            Kernel::RmsNorm => &[Uniform, Read, Read, ReadWrite],
+            // params, step, qkv, q_norm, k_norm, rope, q_out, k_cache, v_cache
+            Kernel::QkNormRope => &[
+                Uniform, Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite,
+            ],
+            // params, step, q, k_cache, v_cache, scores, out
+            Kernel::GqaAttention => &[Uniform, Uniform, Read, Read, Read, ReadWrite, ReadWrite],
+            // params, gate_up, h
+            Kernel::Swiglu => &[Uniform, Read, ReadWrite],
+            // params, token, w, scales, x
+            Kernel::EmbedLookup => &[Uniform, Read, Read, Read, ReadWrite],
+            // params, logits, token
+            Kernel::Argmax => &[Uniform, Read, ReadWrite],
+        }
+    }
+
+    /// Override constants this kernel is specialised with.
+    pub fn constants(self) -> Vec<(&'static str, f64)> {
+        let mut c = vec![("WG", WG as f64)];
+        match self {
+            Kernel::Int8Matvec => {
+                c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
+                c.push(("ACCUMULATE", 0.0));
+            }
+            Kernel::Int8MatvecAccumulate => {
+                c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
+                c.push(("ACCUMULATE", 1.0));
+            }
+            Kernel::EmbedLookup => c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64)),
+            _ => {}
+        }
+        c
+    }
+
+    /// Full WGSL source: the reduction prelude for this device, then the kernel.
+    pub fn source(self, subgroups: bool) -> String {
+        let prelude = if subgroups {
+            include_str!("../kernels/wgsl/prelude_subgroup.wgsl")
+        } else {
+            include_str!("../kernels/wgsl/prelude_workgroup.wgsl")
+        };
+        format!("{prelude}\n{}", self.wgsl())
+    }
+}
+
+/// A compiled kernel: pipeline plus its bind-group layout.
+pub struct Pipeline {
+    pub kernel: Kernel,
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// The bind-group layout a kernel's binding list describes.
+pub fn bind_group_layout(gpu: &Gpu, label: &str, bindings: &[Bind]) -> wgpu::BindGroupLayout {
+    let entries: Vec<_> = bindings
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+            binding: i as u32,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: match b {
+                Bind::Uniform => wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                Bind::Read | Bind::ReadWrite => wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: *b == Bind::Read,
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+            },
+            count: None,
+        })
+        .collect();
+    gpu.device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(label),
+            entries: &entries,
+        })
+}
+
+/// Compiles WGSL `source` and builds a pipeline for `entry` with an explicit
+/// layout; compile and validation errors become `shader_compile_failed`.
+pub fn compile(
+    gpu: &Gpu,
+    label: &str,
+    source: &str,
+    entry: &str,
+    bindings: &[Bind],
+    constants: &[(&str, f64)],
+) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    // naga first: its error names the line, and a parse failure never reaches the device.
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| Error::ShaderCompileFailed {
+        kernel: label.to_string(),
+        reason: e.emit_to_string(source),
+    })?;
+    if !module.entry_points.iter().any(|e| e.name == entry) {
+        return Err(Error::ShaderCompileFailed {
+            kernel: label.to_string(),
+            reason: format!("no entry point named {entry}"),
+        });
+    }
+    gpu.scoped(
+        || {
+            let layout = bind_group_layout(gpu, label, bindings);
+            let pl = gpu
+                .device
+                .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(label),
+                    bind_group_layouts: &[Some(&layout)],
+                    immediate_size: 0,
+                });
+            let sm = gpu
+                .device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(label),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                });
+            let pipeline = gpu
+                .device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(label),
+                    layout: Some(&pl),
+                    module: &sm,
+                    entry_point: Some(entry),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants,
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                });
+            Ok((pipeline, layout))
+        },
+        |reason| Error::ShaderCompileFailed {
+            kernel: label.to_string(),
+            reason,
+        },
+    )
+}
+
+/// Every kernel compiled for one device.
+pub struct Kernels {
+    pipelines: Vec<Pipeline>,
+}
+
+impl Kernels {
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        let mut pipelines = Vec::new();
+        for k in Kernel::ALL {
+            let (pipeline, layout) = compile(
+                gpu,
+                k.entry(),
+                &k.source(gpu.subgroups),
+                k.entry(),
+                k.bindings(),
+                &k.constants(),
+            )?;
+            pipelines.push(Pipeline {
+                kernel: k,
+                pipeline,
+                layout,
+            });
+        }
+        Ok(Kernels { pipelines })
+    }
+
+    pub fn get(&self, k: Kernel) -> &Pipeline {
+        // ALL lists every variant, so the search always succeeds.
+        self.pipelines
+            .iter()
+            .find(|p| p.kernel == k)
+            .unwrap_or(&self.pipelines[0])
+    }
+}
+
+/// One recorded kernel launch: pipeline, its bound buffers, and a grid.
+pub struct Launch {
+    pub kernel: Kernel,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+}
+
+impl Launch {
+    /// Binds `buffers` (whole buffers or ranges) in the kernel's binding order.
+    pub fn new(
+        gpu: &Gpu,
+        kernels: &Kernels,
+        kernel: Kernel,
+        buffers: &[wgpu::BindingResource<'_>],
+        workgroups: u32,
+    ) -> Self {
+        let p = kernels.get(kernel);
+        let entries: Vec<_> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, r)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: r.clone(),
+            })
+            .collect();
+        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.entry()),
+            layout: &p.layout,
+            entries: &entries,
+        });
+        Launch {
+            kernel,
+            bind_group,
+            workgroups: grid(workgroups),
+        }
+    }
+
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels) {
+        pass.set_pipeline(&kernels.get(self.kernel).pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]);
+    }
+}
+
+/// Splits a 1-D workgroup count over x and y (at most 65535 per dimension).
+/// Kernels that can exceed the limit flatten `wg.x + wg.y * nwg.x` and
+/// skip the overshoot.
+pub fn grid(n: u32) -> [u32; 3] {
+    const MAX: u32 = 65535;
+    if n <= MAX {
+        [n.max(1), 1, 1]
+    } else {
+        [MAX, n.div_ceil(MAX), 1]
+    }
+}
+
+/// Rows per chunk when a matrix is bound in ranges (a multiple of 64 rows
+/// keeps every range offset aligned to 256 bytes).
+pub fn chunk_rows(row_bytes: usize, max_binding: u64) -> usize {
+    let rows = (max_binding as usize / row_bytes.max(1)) / 64 * 64;
+    rows.max(64)
+}

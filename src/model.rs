@@ -1,0 +1,152 @@
+//! Converted weights on the GPU: one buffer per int8 matrix (and its
+//! scales), bound in row chunks when a matrix exceeds the device's storage
+//! binding limit (Qwen3's 151936 x 1024 table does on lavapipe).
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::chunk_rows;
+use crate::weights::{ByteRange, ConvertedModel, QuantMatrix};
+
+/// A run of rows bound as one range.
+#[derive(Debug, Clone, Copy)]
+pub struct RowChunk {
+    pub row_start: usize,
+    pub rows: usize,
+}
+
+/// An int8 matrix on the GPU.
+pub struct GpuMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    /// Row length in u32 words (padded columns / 4).
+    pub k_words: usize,
+    pub groups: usize,
+    pub data: wgpu::Buffer,
+    pub scales: wgpu::Buffer,
+    pub chunks: Vec<RowChunk>,
+}
+
+impl GpuMatrix {
+    fn upload(gpu: &Gpu, model: &ConvertedModel, m: &QuantMatrix, label: &str) -> Result<Self> {
+        let row_bytes = m.padded_cols();
+        let max_binding = gpu.device.limits().max_storage_buffer_binding_size;
+        let per_chunk = chunk_rows(row_bytes, max_binding as u64);
+        let chunks = (0..m.rows)
+            .step_by(per_chunk)
+            .map(|row_start| RowChunk {
+                row_start,
+                rows: per_chunk.min(m.rows - row_start),
+            })
+            .collect();
+        Ok(GpuMatrix {
+            rows: m.rows,
+            cols: m.cols,
+            k_words: m.padded_cols() / 4,
+            groups: m.groups(),
+            data: gpu.storage_init(label, model.bytes(m.data))?,
+            scales: gpu.storage_init(label, model.bytes(m.scales))?,
+            chunks,
+        })
+    }
+
+    /// The data range of a chunk, for binding.
+    pub fn data_range(&self, c: &RowChunk) -> wgpu::BindingResource<'_> {
+        let row = (self.k_words * 4) as u64;
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.data,
+            offset: c.row_start as u64 * row,
+            size: std::num::NonZeroU64::new(c.rows as u64 * row),
+        })
+    }
+
+    /// The scales range of a chunk, for binding.
+    pub fn scales_range(&self, c: &RowChunk) -> wgpu::BindingResource<'_> {
+        let row = (self.groups * 4) as u64;
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.scales,
+            offset: c.row_start as u64 * row,
+            size: std::num::NonZeroU64::new(c.rows as u64 * row),
+        })
+    }
+}
+
+/// One decoder layer's weights on the GPU.
+pub struct GpuLayer {
+    pub input_norm: wgpu::Buffer,
+    pub qkv: GpuMatrix,
+    pub q_norm: wgpu::Buffer,
+    pub k_norm: wgpu::Buffer,
+    pub o_proj: GpuMatrix,
+    pub post_norm: wgpu::Buffer,
+    pub gate_up: GpuMatrix,
+    pub down: GpuMatrix,
+}
+
+/// The whole model on the GPU.
+pub struct GpuWeights {
+    pub embed: GpuMatrix,
+    /// `None` when tied to `embed`.
+    pub lm_head: Option<GpuMatrix>,
+    pub layers: Vec<GpuLayer>,
+    pub final_norm: wgpu::Buffer,
+}
+
+impl GpuWeights {
+    /// Uploads every tensor straight into buffers mapped at creation (no
+    /// staging copies pile up in the queue).
+    pub fn upload(gpu: &Gpu, model: &ConvertedModel) -> Result<Self> {
+        let vec = |r: ByteRange, label: &str| gpu.storage_init(label, model.bytes(r));
+        let ix = &model.index;
+        gpu.scoped(
+            || {
+                let mut layers = Vec::with_capacity(ix.layers.len());
+                for (i, l) in ix.layers.iter().enumerate() {
+                    layers.push(GpuLayer {
+                        input_norm: vec(l.input_norm, "input_norm")?,
+                        qkv: GpuMatrix::upload(gpu, model, &l.qkv, &format!("layers.{i}.qkv"))?,
+                        q_norm: vec(l.q_norm, "q_norm")?,
+                        k_norm: vec(l.k_norm, "k_norm")?,
+                        o_proj: GpuMatrix::upload(
+                            gpu,
+                            model,
+                            &l.o_proj,
+                            &format!("layers.{i}.o_proj"),
+                        )?,
+                        post_norm: vec(l.post_norm, "post_norm")?,
+                        gate_up: GpuMatrix::upload(
+                            gpu,
+                            model,
+                            &l.gate_up,
+                            &format!("layers.{i}.gate_up"),
+                        )?,
+                        down: GpuMatrix::upload(gpu, model, &l.down, &format!("layers.{i}.down"))?,
+                    });
+                }
+                Ok(GpuWeights {
+                    embed: GpuMatrix::upload(gpu, model, &ix.embed, "embed_tokens")?,
+                    lm_head: match &ix.lm_head {
+                        Some(m) => Some(GpuMatrix::upload(gpu, model, m, "lm_head")?),
+                        None => None,
+                    },
+                    layers,
+                    final_norm: vec(ix.final_norm, "final_norm")?,
+                })
+            },
+            |reason| Error::GpuDeviceFailed {
+                reason: format!("uploading weights: {reason}"),
+            },
+        )
+    }
+
+    /// The matrix used as LM head (the embedding when tied).
+    pub fn lm_head(&self) -> &GpuMatrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// Bytes of GPU memory the weights take (for reports).
+pub fn weight_bytes(cfg: &ModelConfig, model: &ConvertedModel) -> usize {
+    let _ = cfg;
+    model.blob.len() - model.blob_start
+}

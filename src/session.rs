@@ -1,0 +1,239 @@
+//! A decoding session: the KV cache (allocated once for its capacity), the
+//! activation buffers, and the recorded forward pass. One command encoder,
+//! one compute pass and one submit per token; the next token comes from the
+//! GPU argmax, and only its 4 bytes are read back.
+
+use std::sync::Arc;
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::{Kernels, Launch};
+use crate::model::GpuWeights;
+use crate::weights::QUANT_GROUP;
+
+/// Buffers of one session.
+pub struct SessionBuffers {
+    pub capacity: usize,
+    /// Current token id (u32): written for prompt tokens, by argmax otherwise.
+    pub token: wgpu::Buffer,
+    /// `{pos, seq_len}` uniform, the only per-token state.
+    pub step: wgpu::Buffer,
+    pub x: wgpu::Buffer,
+    pub xn: wgpu::Buffer,
+    pub qkv: wgpu::Buffer,
+    pub q: wgpu::Buffer,
+    pub attn: wgpu::Buffer,
+    pub gate_up: wgpu::Buffer,
+    pub h: wgpu::Buffer,
+    pub logits: wgpu::Buffer,
+    pub scores: wgpu::Buffer,
+    /// RoPE (cos, sin) table, `[capacity][head_dim / 2]`.
+    pub rope: wgpu::Buffer,
+    /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`.
+    pub k_cache: Vec<wgpu::Buffer>,
+    pub v_cache: Vec<wgpu::Buffer>,
+    token_readback: wgpu::Buffer,
+}
+
+fn padded(n: usize) -> usize {
+    n.div_ceil(QUANT_GROUP) * QUANT_GROUP
+}
+
+impl SessionBuffers {
+    fn new(gpu: &Gpu, cfg: &ModelConfig, capacity: usize) -> Result<Self> {
+        let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
+        let kv_words = cfg.num_key_value_heads * capacity * cfg.head_dim / 2;
+        Ok(SessionBuffers {
+            capacity,
+            token: f("token", 1),
+            step: gpu.uniform("step", &[0u8; 8])?,
+            // Inputs of matvecs are padded to the quant group; the tail stays zero.
+            x: f("x", padded(cfg.hidden_size)),
+            xn: f("xn", padded(cfg.hidden_size)),
+            qkv: f("qkv", cfg.qkv_rows()),
+            q: f("q", cfg.q_dim()),
+            attn: f("attn", padded(cfg.q_dim())),
+            gate_up: f("gate_up", 2 * cfg.intermediate_size),
+            h: f("h", padded(cfg.intermediate_size)),
+            logits: f("logits", cfg.vocab_size),
+            scores: f("scores", cfg.num_attention_heads * capacity),
+            rope: gpu.storage_init(
+                "rope",
+                bytemuck::cast_slice(&crate::qwen3::rope_table(
+                    cfg.head_dim,
+                    capacity,
+                    cfg.rope_theta,
+                )),
+            )?,
+            k_cache: (0..cfg.num_hidden_layers)
+                .map(|_| f("k_cache", kv_words))
+                .collect(),
+            v_cache: (0..cfg.num_hidden_layers)
+                .map(|_| f("v_cache", kv_words))
+                .collect(),
+            token_readback: gpu.readback("token_readback", 4),
+        })
+    }
+}
+
+/// What a session shares with its model.
+pub(crate) struct ModelGpu {
+    pub gpu: Gpu,
+    pub kernels: Kernels,
+    pub config: ModelConfig,
+    pub weights: GpuWeights,
+}
+
+/// A decoding session over a loaded model: feed tokens, get greedy tokens.
+///
+/// The KV cache is allocated once, for `capacity` positions, and never grows.
+pub struct Session {
+    model: Arc<ModelGpu>,
+    bufs: SessionBuffers,
+    forward: Vec<Launch>,
+    /// Positions filled in the KV cache.
+    len: usize,
+    /// Greedy prediction after the last token run, if any.
+    pending: Option<u32>,
+}
+
+impl Session {
+    pub(crate) fn new(model: Arc<ModelGpu>, capacity: usize) -> Result<Self> {
+        let cfg = &model.config;
+        let (bufs, forward) = model.gpu.scoped(
+            || {
+                let bufs = SessionBuffers::new(&model.gpu, cfg, capacity)?;
+                let forward =
+                    crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs)?;
+                Ok((bufs, forward))
+            },
+            |reason| Error::GpuDeviceFailed {
+                reason: format!("creating session: {reason}"),
+            },
+        )?;
+        Ok(Session {
+            model,
+            bufs,
+            forward,
+            len: 0,
+            pending: None,
+        })
+    }
+
+    /// KV-cache capacity in positions.
+    pub fn capacity(&self) -> usize {
+        self.bufs.capacity
+    }
+
+    /// Positions already in the KV cache.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True before any token was fed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Kernel launches (dispatches) per token.
+    pub fn dispatches_per_token(&self) -> usize {
+        self.forward.len()
+    }
+
+    /// The greedy prediction after the last token fed, if any.
+    pub fn pending(&self) -> Option<u32> {
+        self.pending
+    }
+
+    /// Runs `ids` through the model (appending them to the context) and
+    /// returns the greedy next token. Checks every id and the capacity
+    /// before touching the GPU.
+    pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
+        if ids.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab)
+        {
+            return Err(Error::InvalidTokenId {
+                id,
+                position,
+                vocab_size: vocab,
+            });
+        }
+        self.check_room(ids.len())?;
+        let mut next = 0;
+        for &id in ids {
+            next = self.run(Some(id))?;
+        }
+        Ok(next)
+    }
+
+    /// Feeds the pending greedy token back in and returns the next one
+    /// (the streaming step). Fails with `empty_prompt` before any `feed`.
+    pub fn next_token(&mut self) -> Result<u32> {
+        if self.pending.is_none() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.check_room(1)?;
+        // The token buffer already holds the pending id (argmax wrote it).
+        self.run(None)
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.len + n > self.bufs.capacity {
+            return Err(Error::ContextOverflow {
+                needed: self.len + n,
+                capacity: self.bufs.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// One token: one encoder, one pass, one submit, a 4-byte readback.
+    fn run(&mut self, id: Option<u32>) -> Result<u32> {
+        let gpu = &self.model.gpu;
+        if let Some(id) = id {
+            gpu.queue
+                .write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
+        }
+        let step = [self.len as u32, self.len as u32 + 1];
+        gpu.queue
+            .write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        let mut enc = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("token"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward"),
+                timestamp_writes: None,
+            });
+            for l in &self.forward {
+                l.record(&mut pass, &self.model.kernels);
+            }
+        }
+        enc.copy_buffer_to_buffer(&self.bufs.token, 0, &self.bufs.token_readback, 0, 4);
+        gpu.queue.submit([enc.finish()]);
+        let bytes = gpu.read(&self.bufs.token_readback)?;
+        let next = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        self.len += 1;
+        if next as usize >= self.model.config.vocab_size {
+            return Err(Error::GpuDeviceFailed {
+                reason: format!("argmax returned {next} (non-finite logits?)"),
+            });
+        }
+        self.pending = Some(next);
+        Ok(next)
+    }
+
+    /// Copies a session buffer back (tests and diagnostics).
+    #[doc(hidden)]
+    pub fn debug_logits(&self) -> Result<Vec<f32>> {
+        let n = self.model.config.vocab_size;
+        let bytes = self.model.gpu.download(&self.bufs.logits, 4 * n)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}
