@@ -142,8 +142,7 @@ impl Gpu {
                 f.get_or_insert_with(|| format!("device lost ({reason:?}): {msg}"));
             }
         });
-        let subgroups = device.features().contains(wgpu::Features::SUBGROUP)
-            && std::env::var("QWEN3_WGPU_NO_SUBGROUPS").is_err();
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         Gpu {
             device,
             queue,
@@ -151,6 +150,18 @@ impl Gpu {
             subgroups,
             fault,
         }
+    }
+
+    /// One tiny upload and readback: proves the device and queue work (an
+    /// adopted device may already be lost or destroyed).
+    pub fn probe(&self) -> Result<()> {
+        const MAGIC: u32 = 0x51E3_0F00;
+        let buf = self.storage_init("probe", &MAGIC.to_le_bytes())?;
+        let back = self.download(&buf, 4)?;
+        if back != MAGIC.to_le_bytes() {
+            return Err(Error::GpuDeviceFailed { reason: format!("probe read back {back:?}") });
+        }
+        Ok(())
     }
 
     /// Fails with `gpu_device_failed` if the device reported an error or was lost.

@@ -1,14 +1,29 @@
 //! qwen3-wgpu: Qwen3 greedy decode on your own GPU through wgpu.
+//!
+//! Load a Hugging Face Qwen3 checkpoint, convert it once to int8 (cached on
+//! disk), and decode greedily with WGSL kernels: Metal by default, any
+//! wgpu backend under [`AdapterPolicy::Portable`]. See [`Engine`] and [`decode`].
 
+pub mod cache;
+pub mod checkpoint;
 pub mod config;
+pub mod convert;
+pub mod engine;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
 pub mod qwen3;
 pub mod session;
+pub mod tokenizer;
+#[doc(hidden)]
+pub mod testing;
 pub mod weights;
 
+pub use cache::{CachePolicy, LoadReport};
+pub use config::{ModelConfig, ShapeProfile};
+pub use engine::{decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason};
 pub use error::{Error, Mismatch, Result};
-pub use gpu::{AdapterPolicy, Gpu};
+pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use session::Session;
+pub use tokenizer::{TextStream, Tokenizer};

@@ -31,7 +31,7 @@ impl GpuMatrix {
     fn upload(gpu: &Gpu, model: &ConvertedModel, m: &QuantMatrix, label: &str) -> Result<Self> {
         let row_bytes = m.padded_cols();
         let max_binding = gpu.device.limits().max_storage_buffer_binding_size;
-        let per_chunk = chunk_rows(row_bytes, max_binding as u64);
+        let per_chunk = chunk_rows(row_bytes, max_binding);
         let chunks = (0..m.rows)
             .step_by(per_chunk)
             .map(|row_start| RowChunk {

@@ -80,7 +80,7 @@ impl SessionBuffers {
 /// What a session shares with its model.
 pub(crate) struct ModelGpu {
     pub gpu: Gpu,
-    pub kernels: Kernels,
+    pub kernels: std::sync::Arc<Kernels>,
     pub config: ModelConfig,
     pub weights: GpuWeights,
 }
@@ -227,6 +227,35 @@ impl Session {
         }
         self.pending = Some(next);
         Ok(next)
+    }
+
+    /// Runs one decode step with a wait after every launch and returns the
+    /// wall time of each (kernel, microseconds): a coarse per-kernel profile
+    /// for adapters without timestamp queries inside passes. Advances the
+    /// session by one position like [`next_token`](Self::next_token).
+    #[doc(hidden)]
+    pub fn profile_step(&mut self) -> Result<Vec<(crate::kernels::Kernel, f64)>> {
+        self.check_room(1)?;
+        let gpu = &self.model.gpu;
+        let step = [self.len as u32, self.len as u32 + 1];
+        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        let mut out = Vec::with_capacity(self.forward.len());
+        for l in &self.forward {
+            let t = std::time::Instant::now();
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                l.record(&mut pass, &self.model.kernels);
+            }
+            gpu.queue.submit([enc.finish()]);
+            gpu.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+            out.push((l.kernel, t.elapsed().as_secs_f64() * 1e6));
+        }
+        self.len += 1;
+        gpu.check_fault()?;
+        Ok(out)
     }
 
     /// Copies a session buffer back (tests and diagnostics).

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The project's test command: installs a Vulkan driver when none is present
+# (Mesa's lavapipe runs the kernels on the CPU), then format, lint, every
+# test (ignored ones included), and a smoke run of the decode example.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_vulkan_driver() {
+    ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1
+}
+if ! have_vulkan_driver || ! ldconfig -p | grep -q libvulkan.so.1; then
+    echo "== installing Mesa's Vulkan driver (lavapipe)"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo test"
+cargo test -- --include-ignored
+echo "== decode example smoke test"
+scripts/smoke_decode.sh

@@ -1,0 +1,307 @@
+//! The public API: an [`Engine`] (a GPU device and compiled kernels), a
+//! loaded [`Model`], sessions, and the one-call [`decode`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::cache::{load_model, CachePolicy, LoadReport};
+use crate::config::{ModelConfig, ShapeProfile};
+use crate::error::{Error, Result};
+use crate::gpu::{AdapterPolicy, Gpu};
+use crate::kernels::Kernels;
+use crate::model::GpuWeights;
+use crate::session::{ModelGpu, Session};
+
+/// Default KV-cache capacity of a session (positions), capped by the
+/// model's `max_position_embeddings`.
+pub const DEFAULT_CAPACITY: usize = 4096;
+
+/// Builds an [`Engine`].
+#[derive(Default)]
+pub struct EngineBuilder {
+    policy: Option<AdapterPolicy>,
+    device: Option<(wgpu::Device, wgpu::Queue)>,
+    no_subgroups: bool,
+}
+
+impl EngineBuilder {
+    /// Sets the adapter policy. Without it: the `QWEN3_WGPU_BACKEND`
+    /// environment variable if set, else [`AdapterPolicy::MetalOnly`].
+    pub fn policy(mut self, policy: AdapterPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Runs on a device the host application already owns (its renderer's,
+    /// say) instead of creating one. The policy still applies.
+    pub fn device(mut self, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        self.device = Some((device, queue));
+        self
+    }
+
+    /// Uses the workgroup-memory reductions even where subgroup operations
+    /// exist (for comparison and testing; slower).
+    pub fn without_subgroups(mut self) -> Self {
+        self.no_subgroups = true;
+        self
+    }
+
+    /// Picks (or adopts) the device and compiles every kernel.
+    pub fn build(self) -> Result<Engine> {
+        let policy = self.policy.or_else(AdapterPolicy::from_env).unwrap_or_default();
+        let mut gpu = match self.device {
+            Some((device, queue)) => Gpu::from_device(device, queue, policy)?,
+            None => Gpu::new(policy)?,
+        };
+        gpu.subgroups &= !self.no_subgroups;
+        gpu.probe()?;
+        let kernels = Arc::new(Kernels::new(&gpu)?);
+        Ok(Engine { gpu, kernels })
+    }
+}
+
+/// A GPU device with the engine's kernels compiled for it. Cheap to share
+/// by reference; load any number of models on it.
+///
+/// ```no_run
+/// use qwen3_wgpu::{AdapterPolicy, Engine, LoadOptions};
+/// let engine = Engine::builder().policy(AdapterPolicy::Portable).build()?;
+/// let model = engine.load("./qwen3-0.6b-base", &LoadOptions::default())?;
+/// let mut session = model.session()?;
+/// let mut token = session.feed(&[785, 6722, 315, 9625, 374])?;
+/// for _ in 0..8 {
+///     print!("{token} ");
+///     token = session.next_token()?;
+/// }
+/// # Ok::<(), qwen3_wgpu::Error>(())
+/// ```
+pub struct Engine {
+    gpu: Gpu,
+    kernels: Arc<Kernels>,
+}
+
+impl Engine {
+    /// An engine with the default policy (see [`EngineBuilder::policy`]).
+    pub fn new() -> Result<Self> {
+        Self::builder().build()
+    }
+
+    /// Starts configuring an engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// The adapter in use.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.gpu.info
+    }
+
+    /// True when the kernels use subgroup reductions.
+    pub fn uses_subgroups(&self) -> bool {
+        self.gpu.subgroups
+    }
+
+    /// The device plumbing (for tests and tools).
+    #[doc(hidden)]
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Loads a Hugging Face Qwen3 checkpoint directory: validates it,
+    /// converts it to int8 (or loads the cached conversion), and uploads it.
+    pub fn load(&self, checkpoint_dir: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
+        let t0 = Instant::now();
+        let (converted, report) = load_model(checkpoint_dir.as_ref(), options.profile, &options.cache)?;
+        let weights = GpuWeights::upload(&self.gpu, &converted)?;
+        let config = converted.config.clone();
+        drop(converted);
+        let inner = ModelGpu { gpu: self.gpu.clone(), kernels: self.kernels.clone(), config, weights };
+        Ok(Model { inner: Arc::new(inner), report, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    }
+}
+
+/// How to load a checkpoint.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Which shapes to accept ([`ShapeProfile::AnyQwen3`] by default;
+    /// [`ShapeProfile::Qwen3_0_6B`] demands the exact 0.6B shape).
+    pub profile: ShapeProfile,
+    /// Where converted weights are cached.
+    pub cache: CachePolicy,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { profile: ShapeProfile::AnyQwen3, cache: CachePolicy::Default }
+    }
+}
+
+/// A model on the GPU. Clones share the weights.
+#[derive(Clone)]
+pub struct Model {
+    inner: Arc<ModelGpu>,
+    report: LoadReport,
+    load_ms: f64,
+}
+
+impl Model {
+    /// The checkpoint's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.inner.config
+    }
+
+    /// Whether this load converted the checkpoint or used the cache, and timings.
+    pub fn load_report(&self) -> &LoadReport {
+        &self.report
+    }
+
+    /// Wall time of [`Engine::load`] (conversion or cache load, plus upload), ms.
+    pub fn load_ms(&self) -> f64 {
+        self.load_ms
+    }
+
+    /// A session with the default KV-cache capacity.
+    pub fn session(&self) -> Result<Session> {
+        self.session_with_capacity(DEFAULT_CAPACITY.min(self.config().max_position_embeddings))
+    }
+
+    /// A session whose KV cache holds `capacity` positions (at most
+    /// `max_position_embeddings`); allocated once, never grown.
+    pub fn session_with_capacity(&self, capacity: usize) -> Result<Session> {
+        let max = self.config().max_position_embeddings;
+        if capacity == 0 || capacity > max {
+            return Err(Error::ContextOverflow { needed: capacity, capacity: max });
+        }
+        Session::new(self.inner.clone(), capacity)
+    }
+
+    /// Greedy decoding of up to `max_new_tokens` after `prompt_ids`, calling
+    /// `on_token` with each new token as soon as it is known. Stops early at
+    /// an end-of-text id. Everything is checked before the GPU runs.
+    pub fn generate(&self, prompt_ids: &[u32], max_new_tokens: usize, mut on_token: impl FnMut(u32)) -> Result<DecodeResult> {
+        if prompt_ids.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let cfg = self.config();
+        if let Some((position, &id)) = prompt_ids.iter().enumerate().find(|(_, &id)| id as usize >= cfg.vocab_size) {
+            return Err(Error::InvalidTokenId { id, position, vocab_size: cfg.vocab_size });
+        }
+        // The last new token is never fed back, so it needs no cache slot.
+        let needed = prompt_ids.len() + max_new_tokens.saturating_sub(1);
+        let capacity = DEFAULT_CAPACITY.min(cfg.max_position_embeddings);
+        if needed > capacity {
+            return Err(Error::ContextOverflow { needed, capacity });
+        }
+        let mut result = DecodeResult {
+            token_ids: prompt_ids.to_vec(),
+            n_prompt: prompt_ids.len(),
+            decode_tokens_per_sec: 0.0,
+            prefill_ms: 0.0,
+            load_ms: self.load_ms,
+            converted: self.report.converted,
+            stop_reason: StopReason::MaxNewTokens,
+        };
+        if max_new_tokens == 0 {
+            return Ok(result);
+        }
+        let mut session = self.session_with_capacity(capacity)?;
+        let t0 = Instant::now();
+        let mut token = session.feed(prompt_ids)?;
+        result.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let mut steps = 0usize;
+        loop {
+            result.token_ids.push(token);
+            on_token(token);
+            if cfg.eos_token_ids.contains(&token) {
+                result.stop_reason = StopReason::EndOfText;
+                break;
+            }
+            if result.token_ids.len() - result.n_prompt >= max_new_tokens {
+                break;
+            }
+            token = session.next_token()?;
+            steps += 1;
+        }
+        let secs = t1.elapsed().as_secs_f64();
+        if steps > 0 && secs > 0.0 {
+            result.decode_tokens_per_sec = steps as f64 / secs;
+        }
+        Ok(result)
+    }
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// `max_new_tokens` were generated.
+    MaxNewTokens,
+    /// An end-of-text id was generated (it is included in `token_ids`).
+    EndOfText,
+}
+
+impl StopReason {
+    /// Stable name: `max_new_tokens` or `end_of_text`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::MaxNewTokens => "max_new_tokens",
+            StopReason::EndOfText => "end_of_text",
+        }
+    }
+}
+
+/// The outcome of [`decode`] / [`Model::generate`].
+#[derive(Debug, Clone)]
+pub struct DecodeResult {
+    /// The prompt followed by the generated ids.
+    pub token_ids: Vec<u32>,
+    /// How many of `token_ids` are the prompt.
+    pub n_prompt: usize,
+    /// Generated tokens per second after the first (each one a full forward
+    /// pass plus its 4-byte readback).
+    pub decode_tokens_per_sec: f64,
+    /// Time to run the prompt and get the first new token, ms.
+    pub prefill_ms: f64,
+    /// Time to load the model (conversion or cache, upload), ms.
+    pub load_ms: f64,
+    /// True when loading converted the checkpoint (no valid cache existed).
+    pub converted: bool,
+    pub stop_reason: StopReason,
+}
+
+impl DecodeResult {
+    /// The generated ids alone.
+    pub fn generated_ids(&self) -> &[u32] {
+        &self.token_ids[self.n_prompt..]
+    }
+}
+
+/// Loads `checkpoint_dir` (default [`LoadOptions`]) and greedily decodes up
+/// to `max_new_tokens` after `prompt_ids`.
+///
+/// ```no_run
+/// let engine = qwen3_wgpu::Engine::new()?; // Metal by default
+/// let out = qwen3_wgpu::decode(&engine, "./qwen3-0.6b-base", &[785, 6722, 315, 9625, 374], 16)?;
+/// println!("{:?} at {:.0} tok/s", out.generated_ids(), out.decode_tokens_per_sec);
+/// # Ok::<(), qwen3_wgpu::Error>(())
+/// ```
+pub fn decode(engine: &Engine, checkpoint_dir: impl AsRef<Path>, prompt_ids: &[u32], max_new_tokens: usize) -> Result<DecodeResult> {
+    decode_with(engine, checkpoint_dir, prompt_ids, max_new_tokens, &LoadOptions::default())
+}
+
+/// [`decode`] with explicit [`LoadOptions`].
+pub fn decode_with(
+    engine: &Engine,
+    checkpoint_dir: impl AsRef<Path>,
+    prompt_ids: &[u32],
+    max_new_tokens: usize,
+    options: &LoadOptions,
+) -> Result<DecodeResult> {
+    // Cheap input checks first: no conversion or upload for a bad prompt.
+    if prompt_ids.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    let model = engine.load(checkpoint_dir, options)?;
+    model.generate(prompt_ids, max_new_tokens, |_| {})
+}
