@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod weights;
 
