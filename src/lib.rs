@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 #![allow(missing_docs)] // lifted once the public API is documented
 
+pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod convert;
