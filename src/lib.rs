@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod tokenizer;
 pub mod weights;
 
 pub use error::{Error, Mismatch, Result};
