@@ -1,0 +1,426 @@
+//! Loading a model: config, profile check, checkpoint validation, then the
+//! converted weights from the on-disk cache, or a fresh conversion that is
+//! written to the cache.
+//!
+//! # Cache file format (`<cache_dir>/<key>.q3w`)
+//!
+//! `<key>` is [`Checkpoint::fingerprint`]: a sha256 over the cache format
+//! version, [`QUANT_GROUP`](crate::weights::QUANT_GROUP), config.json,
+//! generation_config.json and every weights file's name, size and
+//! safetensors header. Integers are little-endian except the blob's f32
+//! scales and norms, which are native-endian (guarded by the byte-order
+//! marker).
+//!
+//! | offset | size | content |
+//! |---|---|---|
+//! | 0 | 8 | magic `Q3WCACHE` |
+//! | 8 | 4 | format version ([`CACHE_FORMAT_VERSION`]) |
+//! | 12 | 4 | byte-order marker `0x01020304` in native order |
+//! | 16 | 8 | header length `H` |
+//! | 24 | 8 | blob offset `B` (a multiple of 4096, >= 104 + `H`) |
+//! | 32 | 8 | blob length `L` |
+//! | 40 | 64 | key, lower-case hex |
+//! | 104 | `H` | JSON header: `{"config": ModelConfig, "index": WeightIndex, "blob_len": L}` |
+//! | 104 + `H` | | zero padding up to `B` |
+//! | `B` | `L` | the blob (see [`crate::weights`]) |
+//! | `B + L` | 4 | crc32 of the header bytes followed by the blob bytes |
+//! | `B + L + 4` | 4 | zero |
+//! | `B + L + 8` | 8 | end magic `Q3WEND\0\0` |
+//!
+//! A file that fails any check (size, magics, version, byte order, key,
+//! lengths, checksum, header contents, layout) is logged, deleted and
+//! rebuilt; it is never used. Files are written to a unique temporary name
+//! in the same directory, fsynced and renamed into place, so the final name
+//! only ever holds a complete file.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use memmap2::Mmap;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{check_profile, load_config, ModelConfig, ShapeProfile};
+use crate::convert::{blob_bytes, convert, plan_layout};
+use crate::error::{Error, Result};
+use crate::weights::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
+
+/// Version of the cache file format; part of the key and of the preamble.
+/// Bump it whenever the format or the conversion changes.
+pub const CACHE_FORMAT_VERSION: u32 = 1;
+
+/// Extension of cache files.
+pub const CACHE_EXTENSION: &str = "q3w";
+
+const MAGIC: &[u8; 8] = b"Q3WCACHE";
+const END_MAGIC: &[u8; 8] = b"Q3WEND\0\0";
+const BYTE_ORDER_MARKER: u32 = 0x0102_0304;
+const KEY_LEN: usize = 64;
+/// Bytes before the JSON header.
+pub const PREAMBLE_LEN: usize = 40 + KEY_LEN;
+/// Bytes after the blob.
+pub const FOOTER_LEN: usize = 16;
+/// The blob starts at a multiple of this, so a memory map of the file hands
+/// the GPU upload page-aligned data.
+pub const BLOB_FILE_ALIGN: usize = 4096;
+const _: () = assert!(BLOB_FILE_ALIGN.is_multiple_of(BLOB_ALIGN));
+
+/// Where converted weights are cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// `dirs::cache_dir()/qwen3-wgpu`. Failing to write there is only
+    /// logged: the converted model is still returned.
+    Default,
+    /// This directory (created if needed). Failing to write there is
+    /// [`Error::CacheIo`].
+    Dir(PathBuf),
+    /// Never read or write a cache.
+    Disabled,
+}
+
+/// What [`load_model`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadReport {
+    /// True when the checkpoint was converted (no valid cache file).
+    pub converted: bool,
+    /// The cache file used or written; `None` when caching was disabled or
+    /// the default cache could not be written.
+    pub cache_path: Option<PathBuf>,
+    /// Milliseconds spent converting (0 on a cache hit).
+    pub convert_ms: f64,
+    /// Milliseconds spent in [`load_model`] in total.
+    pub load_ms: f64,
+}
+
+/// Loads the model in `dir`: [`load_config`], [`check_profile`], opens and
+/// validates the checkpoint, then maps a valid cache file
+/// (`<cache_dir>/<key>.q3w`, giving [`Blob::Mapped`]) or converts the
+/// checkpoint and, unless `cache` is [`CachePolicy::Disabled`], writes the
+/// cache file.
+///
+/// Host memory stays bounded by the mapped checkpoint (page cache) plus one
+/// blob about the size of the int8 model.
+///
+/// Errors: those of [`load_config`], [`check_profile`], [`Checkpoint::open`],
+/// [`Checkpoint::validate`] and [`convert`]; [`Error::CacheIo`] when an
+/// explicitly chosen cache directory cannot be created or written.
+pub fn load_model(
+    dir: &Path,
+    profile: ShapeProfile,
+    cache: &CachePolicy,
+) -> Result<(ConvertedModel, LoadReport)> {
+    let started = Instant::now();
+    let cfg = load_config(dir)?;
+    check_profile(&cfg, profile)?;
+    let ckpt = Checkpoint::open(dir)?;
+    ckpt.validate(&cfg)?;
+    let key = ckpt.fingerprint(CACHE_FORMAT_VERSION)?;
+
+    let explicit = matches!(cache, CachePolicy::Dir(_));
+    let mut cache_path = cache_dir(cache).map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
+
+    if let Some(path) = &cache_path {
+        match read_cache(path, &key, &cfg) {
+            Ok(Some(model)) => {
+                let report = LoadReport {
+                    converted: false,
+                    cache_path: Some(path.clone()),
+                    convert_ms: 0.0,
+                    load_ms: ms_since(started),
+                };
+                return Ok((model, report));
+            }
+            Ok(None) => {}
+            Err(reason) => {
+                log::warn!(
+                    "ignoring invalid weight cache {}: {reason}; rebuilding it",
+                    path.display()
+                );
+                if let Err(e) = std::fs::remove_file(path) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        log::warn!("cannot delete invalid weight cache {}: {e}", path.display());
+                    }
+                }
+            }
+        }
+        // Fail before a long conversion when an explicit directory is unusable.
+        if let Some(parent) = path.parent() {
+            if let Err(e) = std::fs::create_dir_all(parent) {
+                let err = Error::cache_io(parent, format!("cannot create cache directory: {e}"));
+                if explicit {
+                    return Err(err);
+                }
+                log::warn!("{err}; the converted weights will not be cached");
+                cache_path = None;
+            }
+        }
+    }
+
+    let convert_started = Instant::now();
+    let model = convert(&ckpt, &cfg)?;
+    let convert_ms = ms_since(convert_started);
+    drop(ckpt);
+
+    if let Some(path) = &cache_path {
+        if let Err(err) = write_cache(path, &key, &model) {
+            if explicit {
+                return Err(err);
+            }
+            log::warn!("{err}; the converted weights will not be cached");
+            cache_path = None;
+        }
+    }
+    let report = LoadReport {
+        converted: true,
+        cache_path,
+        convert_ms,
+        load_ms: ms_since(started),
+    };
+    Ok((model, report))
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// The directory `policy` names, or `None` for no caching (disabled, or no
+/// platform cache directory for [`CachePolicy::Default`]).
+pub fn cache_dir(policy: &CachePolicy) -> Option<PathBuf> {
+    match policy {
+        CachePolicy::Default => {
+            let dir = dirs::cache_dir().map(|d| d.join("qwen3-wgpu"));
+            if dir.is_none() {
+                log::warn!("no platform cache directory; the converted weights will not be cached");
+            }
+            dir
+        }
+        CachePolicy::Dir(d) => Some(d.clone()),
+        CachePolicy::Disabled => None,
+    }
+}
+
+#[derive(serde::Serialize)]
+struct HeaderOut<'a> {
+    config: &'a ModelConfig,
+    index: &'a WeightIndex,
+    blob_len: usize,
+}
+
+#[derive(serde::Deserialize)]
+struct HeaderIn {
+    config: ModelConfig,
+    index: WeightIndex,
+    blob_len: usize,
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+
+/// Reads and fully verifies a cache file. `Ok(None)`: no file. `Err`: the
+/// reason the file must not be used.
+fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<ConvertedModel>, String> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open: {e}")),
+    };
+    let file_len = file
+        .metadata()
+        .map_err(|e| format!("cannot stat: {e}"))?
+        .len();
+    if !file.metadata().map(|m| m.is_file()).unwrap_or(false) {
+        return Err("not a regular file".into());
+    }
+    if file_len < (PREAMBLE_LEN + FOOTER_LEN) as u64 {
+        return Err(format!("truncated: {file_len} bytes"));
+    }
+    // SAFETY: read-only private map. Cache files are only ever replaced by
+    // rename, never rewritten in place, so a concurrent writer swaps the
+    // inode instead of changing the bytes under this map; only outside
+    // tampering with the file could (as with any mmap) fault the reader.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot memory-map: {e}"))?;
+    let b: &[u8] = &map;
+    // From here every index into `b` is below PREAMBLE_LEN or checked.
+    if &b[0..8] != MAGIC {
+        return Err("bad magic".into());
+    }
+    let version = u32_at(b, 8);
+    if version != CACHE_FORMAT_VERSION {
+        return Err(format!(
+            "format version {version}, expected {CACHE_FORMAT_VERSION}"
+        ));
+    }
+    let marker = u32::from_ne_bytes([b[12], b[13], b[14], b[15]]);
+    if marker != BYTE_ORDER_MARKER {
+        return Err("written on a host with another byte order".into());
+    }
+    if &b[40..40 + KEY_LEN] != key.as_bytes() {
+        return Err("key does not match the checkpoint".into());
+    }
+    let to_usize =
+        |v: u64, what: &str| usize::try_from(v).map_err(|_| format!("{what} {v} too large"));
+    let header_len = to_usize(u64_at(b, 16), "header length")?;
+    let blob_offset = to_usize(u64_at(b, 24), "blob offset")?;
+    let blob_len = to_usize(u64_at(b, 32), "blob length")?;
+    let header_end = PREAMBLE_LEN
+        .checked_add(header_len)
+        .ok_or("header length overflows")?;
+    if !blob_offset.is_multiple_of(BLOB_FILE_ALIGN) || blob_offset < header_end {
+        return Err(format!(
+            "blob offset {blob_offset} misplaced (header ends at {header_end})"
+        ));
+    }
+    let blob_end = blob_offset
+        .checked_add(blob_len)
+        .ok_or("blob length overflows")?;
+    let expected_len = blob_end
+        .checked_add(FOOTER_LEN)
+        .ok_or("blob length overflows")?;
+    if expected_len as u64 != file_len {
+        return Err(format!(
+            "file is {file_len} bytes, its preamble implies {expected_len} (truncated or extended)"
+        ));
+    }
+    let header = &b[PREAMBLE_LEN..header_end];
+    let blob = &b[blob_offset..blob_end];
+    let footer = &b[blob_end..];
+    if &footer[8..16] != END_MAGIC {
+        return Err("bad end magic".into());
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(header);
+    crc.update(blob);
+    let (computed, stored) = (crc.finalize(), u32_at(footer, 0));
+    if computed != stored {
+        return Err(format!(
+            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+        ));
+    }
+    let parsed: HeaderIn =
+        serde_json::from_slice(header).map_err(|e| format!("malformed header: {e}"))?;
+    if parsed.blob_len != blob_len {
+        return Err("header and preamble disagree on the blob length".into());
+    }
+    if &parsed.config != cfg {
+        return Err("cached config differs from config.json".into());
+    }
+    // The index must be exactly what conversion would produce, so every
+    // range the GPU side reads is in bounds and aligned.
+    let (planned, planned_len) = plan_layout(cfg);
+    if parsed.index != planned || planned_len != blob_len {
+        return Err("weight index differs from the planned layout".into());
+    }
+    Ok(Some(ConvertedModel {
+        config: parsed.config,
+        index: parsed.index,
+        blob: Blob::Mapped(map),
+        blob_start: blob_offset,
+    }))
+}
+
+/// Removes the temporary file on drop unless it was renamed into place.
+struct TempFileGuard {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for TempFileGuard {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Creates a new file with a name no other writer (thread or process) uses.
+fn create_temp_file(dir: &Path, key: &str) -> std::io::Result<(File, PathBuf)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let mut last_err = None;
+    for _ in 0..16 {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = dir.join(format!(".{key}.{pid}.{n}.{nanos}.tmp"));
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(f) => return Ok((f, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| std::io::Error::other("no unique temporary name")))
+}
+
+/// Writes `model` to `path` atomically (see the module docs).
+pub(crate) fn write_cache(path: &Path, key: &str, model: &ConvertedModel) -> Result<()> {
+    let io = |what: &str, e: &dyn std::fmt::Display| Error::cache_io(path, format!("{what}: {e}"));
+    if key.len() != KEY_LEN {
+        return Err(io("bad key", &key));
+    }
+    let blob = blob_bytes(model).ok_or_else(|| io("bad blob", &"blob_start past the end"))?;
+    let header = serde_json::to_vec(&HeaderOut {
+        config: &model.config,
+        index: &model.index,
+        blob_len: blob.len(),
+    })
+    .map_err(|e| io("cannot serialize header", &e))?;
+    let blob_offset = (PREAMBLE_LEN + header.len()).next_multiple_of(BLOB_FILE_ALIGN);
+
+    let mut preamble = Vec::with_capacity(PREAMBLE_LEN);
+    preamble.extend_from_slice(MAGIC);
+    preamble.extend_from_slice(&CACHE_FORMAT_VERSION.to_le_bytes());
+    preamble.extend_from_slice(&BYTE_ORDER_MARKER.to_ne_bytes());
+    preamble.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    preamble.extend_from_slice(&(blob_offset as u64).to_le_bytes());
+    preamble.extend_from_slice(&(blob.len() as u64).to_le_bytes());
+    preamble.extend_from_slice(key.as_bytes());
+    debug_assert_eq!(preamble.len(), PREAMBLE_LEN);
+
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header);
+    crc.update(blob);
+    let mut footer = Vec::with_capacity(FOOTER_LEN);
+    footer.extend_from_slice(&crc.finalize().to_le_bytes());
+    footer.extend_from_slice(&[0u8; 4]);
+    footer.extend_from_slice(END_MAGIC);
+
+    let dir = path
+        .parent()
+        .ok_or_else(|| io("bad cache path", &"no parent directory"))?;
+    let (mut file, tmp_path) =
+        create_temp_file(dir, key).map_err(|e| io("cannot create temporary file", &e))?;
+    let mut guard = TempFileGuard {
+        path: tmp_path,
+        keep: false,
+    };
+    let padding = vec![0u8; blob_offset - PREAMBLE_LEN - header.len()];
+    for part in [&preamble[..], &header, &padding, blob, &footer] {
+        file.write_all(part)
+            .map_err(|e| io("cannot write cache file", &e))?;
+    }
+    file.sync_all()
+        .map_err(|e| io("cannot sync cache file", &e))?;
+    drop(file);
+    std::fs::rename(&guard.path, path)
+        .map_err(|e| io("cannot rename cache file into place", &e))?;
+    guard.keep = true;
+    // Make the rename itself durable; not fatal where directories cannot be
+    // opened or synced.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}

@@ -1,0 +1,350 @@
+//! Conversion of a validated checkpoint to the engine's int8 layout: every
+//! linear weight (and the embedding, and an untied LM head) becomes
+//! symmetric int8 with one f32 scale per [`QUANT_GROUP`] input elements;
+//! norm weights stay f32. Everything lands in one blob whose arrays start at
+//! multiples of [`BLOB_ALIGN`].
+
+use crate::checkpoint::{Checkpoint, TensorData};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::weights::{
+    Blob, ByteRange, ConvertedModel, LayerWeights, QuantMatrix, WeightIndex, BLOB_ALIGN,
+    QUANT_GROUP,
+};
+
+/// Hands out aligned, non-overlapping ranges of a blob being planned.
+struct LayoutPlanner {
+    len: usize,
+}
+
+impl LayoutPlanner {
+    fn range(&mut self, len: usize) -> ByteRange {
+        let offset = self.len.next_multiple_of(BLOB_ALIGN);
+        self.len = offset + len;
+        ByteRange { offset, len }
+    }
+
+    fn f32s(&mut self, count: usize) -> ByteRange {
+        self.range(count * 4)
+    }
+
+    fn matrix(&mut self, rows: usize, cols: usize) -> QuantMatrix {
+        let groups = cols.div_ceil(QUANT_GROUP);
+        let data = self.range(rows * groups * QUANT_GROUP);
+        let scales = self.range(rows * groups * 4);
+        QuantMatrix {
+            rows,
+            cols,
+            data,
+            scales,
+        }
+    }
+}
+
+/// The blob layout [`convert`] produces for `cfg`: the index, and the
+/// blob's total length in bytes. Deterministic, so a cached index can be
+/// checked against it. `cfg` must have passed
+/// [`load_config`](crate::config::load_config)'s checks (its dimensions are
+/// bounded there, so no size computed here can overflow).
+pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
+    let h = cfg.hidden_size;
+    let mut p = LayoutPlanner { len: 0 };
+    let embed = p.matrix(cfg.vocab_size, h);
+    let layers = (0..cfg.num_hidden_layers)
+        .map(|_| LayerWeights {
+            input_norm: p.f32s(h),
+            qkv: p.matrix(cfg.qkv_rows(), h),
+            q_norm: p.f32s(cfg.head_dim),
+            k_norm: p.f32s(cfg.head_dim),
+            o_proj: p.matrix(h, cfg.q_dim()),
+            post_norm: p.f32s(h),
+            gate_up: p.matrix(2 * cfg.intermediate_size, h),
+            down: p.matrix(h, cfg.intermediate_size),
+        })
+        .collect();
+    let final_norm = p.f32s(h);
+    let lm_head = (!cfg.tie_word_embeddings).then(|| p.matrix(cfg.vocab_size, h));
+    let total = p.len.next_multiple_of(BLOB_ALIGN);
+    (
+        WeightIndex {
+            embed,
+            lm_head,
+            layers,
+            final_norm,
+        },
+        total,
+    )
+}
+
+/// Converts a checkpoint to int8 (see the module docs) into one owned blob.
+///
+/// The checkpoint is validated against `cfg` first (see
+/// [`Checkpoint::validate`]), so no conversion work is done for a checkpoint
+/// that would fail. Host memory: the blob (about the int8 size of the model)
+/// plus one f32 row; tensors are read row by row from the memory map.
+///
+/// Errors: those of [`Checkpoint::validate`], and
+/// [`Error::CheckpointInvalid`] for a tensor holding NaN or infinity.
+pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
+    ckpt.validate(cfg)?;
+    let (index, total) = plan_layout(cfg);
+    // Zeroed up front: the row padding and all-zero groups are then already
+    // right, and the allocator hands out lazily-zeroed pages for free.
+    // A Vec<u8> is only byte-aligned; over-allocate and start the blob at
+    // the first BLOB_ALIGN boundary so every array is aligned in host memory
+    // too (f32 views need it). The Vec never grows, so its buffer never
+    // moves.
+    let mut storage = vec![0u8; total + BLOB_ALIGN];
+    let blob_start = storage.as_ptr().align_offset(BLOB_ALIGN).min(BLOB_ALIGN);
+    storage.truncate(blob_start + total);
+    let blob = &mut storage[blob_start..];
+    let max_cols = cfg.hidden_size.max(cfg.intermediate_size).max(cfg.q_dim());
+    let mut row = vec![0.0f32; max_cols];
+    let mut q = Quantizer {
+        blob,
+        row: &mut row,
+    };
+
+    q.matrix(&index.embed, &[ckpt.require("model.embed_tokens.weight")?])?;
+    for (i, layer) in index.layers.iter().enumerate() {
+        let t = |suffix: &str| ckpt.require(&format!("model.layers.{i}.{suffix}"));
+        q.norm(layer.input_norm, &t("input_layernorm.weight")?)?;
+        q.matrix(
+            &layer.qkv,
+            &[
+                t("self_attn.q_proj.weight")?,
+                t("self_attn.k_proj.weight")?,
+                t("self_attn.v_proj.weight")?,
+            ],
+        )?;
+        q.norm(layer.q_norm, &t("self_attn.q_norm.weight")?)?;
+        q.norm(layer.k_norm, &t("self_attn.k_norm.weight")?)?;
+        q.matrix(&layer.o_proj, &[t("self_attn.o_proj.weight")?])?;
+        q.norm(layer.post_norm, &t("post_attention_layernorm.weight")?)?;
+        q.matrix(
+            &layer.gate_up,
+            &[t("mlp.gate_proj.weight")?, t("mlp.up_proj.weight")?],
+        )?;
+        q.matrix(&layer.down, &[t("mlp.down_proj.weight")?])?;
+    }
+    q.norm(index.final_norm, &ckpt.require("model.norm.weight")?)?;
+    if let Some(head) = &index.lm_head {
+        q.matrix(head, &[ckpt.require("lm_head.weight")?])?;
+    }
+    Ok(ConvertedModel {
+        config: cfg.clone(),
+        index,
+        blob: Blob::Owned(storage),
+        blob_start,
+    })
+}
+
+/// Writes tensors into their planned ranges of the blob.
+struct Quantizer<'a> {
+    blob: &'a mut [u8],
+    /// Scratch for one row in f32.
+    row: &'a mut [f32],
+}
+
+fn layout_error(what: &str, detail: impl std::fmt::Display) -> Error {
+    Error::invalid(what, format!("does not fit the planned layout: {detail}"))
+}
+
+impl Quantizer<'_> {
+    fn norm(&mut self, dst: ByteRange, t: &TensorData<'_>) -> Result<()> {
+        let values = t.to_f32_vec()?;
+        let out = self
+            .blob
+            .get_mut(dst.offset..dst.offset + dst.len)
+            .filter(|o| o.len() == values.len() * 4)
+            .ok_or_else(|| layout_error(t.name, format_args!("{} values", values.len())))?;
+        for (o, v) in out.chunks_exact_mut(4).zip(&values) {
+            o.copy_from_slice(&v.to_ne_bytes());
+        }
+        Ok(())
+    }
+
+    /// Quantizes `parts` (stacked row-wise, in order) into `m`.
+    fn matrix(&mut self, m: &QuantMatrix, parts: &[TensorData<'_>]) -> Result<()> {
+        let (padded, groups) = (m.padded_cols(), m.groups());
+        // Data precedes scales (see `LayoutPlanner::matrix`), so one split
+        // gives both regions mutably.
+        let region = self
+            .blob
+            .get_mut(m.data.offset..m.scales.offset + m.scales.len)
+            .ok_or_else(|| layout_error("matrix", "range outside the blob"))?;
+        let (data, rest) = region.split_at_mut(m.scales.offset - m.data.offset);
+        let data = &mut data[..m.data.len];
+        let scales = &mut rest[..m.scales.len];
+        let row = self
+            .row
+            .get_mut(..m.cols)
+            .ok_or_else(|| layout_error("matrix", format_args!("{} columns", m.cols)))?;
+
+        let mut data_rows = data.chunks_exact_mut(padded);
+        let mut scale_rows = scales.chunks_exact_mut(groups * 4);
+        let mut rows_done = 0;
+        for t in parts {
+            if t.row_len() != m.cols {
+                return Err(layout_error(
+                    t.name,
+                    format_args!("{} columns, planned {}", t.row_len(), m.cols),
+                ));
+            }
+            for r in 0..t.rows() {
+                let (Some(q_row), Some(s_row)) = (data_rows.next(), scale_rows.next()) else {
+                    return Err(layout_error(
+                        t.name,
+                        format_args!("more than the planned {} rows", m.rows),
+                    ));
+                };
+                t.row_f32(r, row)?;
+                if !quantize_row(row, q_row, s_row) {
+                    return Err(Error::invalid(
+                        t.name,
+                        format!("row {r} holds NaN or infinite values; cannot quantize"),
+                    ));
+                }
+            }
+            rows_done += t.rows();
+        }
+        if rows_done != m.rows {
+            return Err(layout_error(
+                "matrix",
+                format_args!("{rows_done} rows, planned {}", m.rows),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Quantizes one row: `q_row` gets int8 values (its padding stays as it
+/// is, zero), `s_row` one native-endian f32 scale per group. Returns false
+/// when the row holds a non-finite value.
+fn quantize_row(row: &[f32], q_row: &mut [u8], s_row: &mut [u8]) -> bool {
+    let mut all_finite = true;
+    for ((w, q), s) in row
+        .chunks(QUANT_GROUP)
+        .zip(q_row.chunks_mut(QUANT_GROUP))
+        .zip(s_row.chunks_exact_mut(4))
+    {
+        let mut absmax = 0.0f32;
+        for &x in w {
+            absmax = absmax.max(x.abs());
+            all_finite &= x.is_finite();
+        }
+        let scale = absmax / 127.0;
+        s.copy_from_slice(&scale.to_ne_bytes());
+        if scale == 0.0 {
+            // An all-zero group: q stays 0 (the blob is zeroed).
+            q.fill(0);
+            continue;
+        }
+        for (q, &x) in q.iter_mut().zip(w) {
+            *q = quantize_value(x / scale) as u8;
+        }
+    }
+    all_finite
+}
+
+/// Rounds half away from zero and clamps to [-127, 127].
+///
+/// `f32::round` is a libm call on baseline x86-64; adding ±0.5 in f64 (exact
+/// for any f32 of this magnitude, unlike in f32 where 0.49999997 + 0.5
+/// rounds up to 1.0) and truncating gives the same result and vectorizes.
+#[inline]
+pub fn quantize_value(y: f32) -> i8 {
+    let y = f64::from(y);
+    let rounded = (y + 0.5f64.copysign(y)) as i32; // `as` truncates and saturates (NaN -> 0)
+    rounded.clamp(-127, 127) as i8
+}
+
+/// The blob proper of `model`: its [`plan_layout`] length from
+/// `blob_start` (a mapped cache file also holds a header before it and a
+/// footer after it). `None` when the storage is shorter than the layout.
+pub fn blob_bytes(model: &ConvertedModel) -> Option<&[u8]> {
+    let (_, len) = plan_layout(&model.config);
+    model
+        .blob
+        .get(model.blob_start..model.blob_start.checked_add(len)?)
+}
+
+/// Dequantizes element `(row, col)` of `m` from `model` (for tests and
+/// diagnostics): `data * scale`.
+pub fn dequantize(model: &ConvertedModel, m: &QuantMatrix, row: usize, col: usize) -> Option<f32> {
+    if row >= m.rows || col >= m.cols {
+        return None;
+    }
+    let data = model.bytes(m.data);
+    let q = *data.get(row * m.padded_cols() + col)? as i8;
+    let s_off = (row * m.groups() + col / QUANT_GROUP) * 4;
+    let s = model.bytes(m.scales).get(s_off..s_off + 4)?;
+    let scale = f32::from_ne_bytes([s[0], s[1], s[2], s[3]]);
+    Some(f32::from(q) * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantize_value_rounds_half_away_from_zero() {
+        let cases: [(f32, i8); 12] = [
+            (0.0, 0),
+            (0.49999997, 0),
+            (0.5, 1),
+            (-0.5, -1),
+            (1.5, 2),
+            (2.5, 3),
+            (-2.5, -3),
+            (126.5, 127),
+            (127.00001, 127),
+            (-200.0, -127),
+            (f32::NAN, 0),
+            (-0.49999997, 0),
+        ];
+        for (y, want) in cases {
+            assert_eq!(quantize_value(y), want, "y = {y}");
+        }
+        // Agrees with f32::round everywhere in range, on a fine grid.
+        for i in -130_000..=130_000 {
+            let y = i as f32 * 0.001 + 0.0005;
+            assert_eq!(
+                quantize_value(y),
+                y.round().clamp(-127.0, 127.0) as i8,
+                "y = {y}"
+            );
+        }
+    }
+
+    #[test]
+    fn quantize_row_groups_and_zero_group() {
+        let mut row = vec![0.0f32; 70];
+        row[0] = 127.0;
+        row[1] = -63.5;
+        row[69] = 254.0; // second, shorter group
+        let mut q = vec![0u8; 128];
+        let mut s = vec![0u8; 8];
+        assert!(quantize_row(&row, &mut q, &mut s));
+        let s0 = f32::from_ne_bytes(s[0..4].try_into().unwrap());
+        let s1 = f32::from_ne_bytes(s[4..8].try_into().unwrap());
+        assert_eq!(s0, 1.0);
+        assert_eq!(s1, 2.0);
+        assert_eq!(q[0] as i8, 127);
+        assert_eq!(q[1] as i8, -64); // -63.5 rounds away from zero
+        assert_eq!(q[2] as i8, 0);
+        assert_eq!(q[69] as i8, 127);
+        assert!(q[70..].iter().all(|&b| b == 0));
+
+        let zeros = vec![0.0f32; 64];
+        let mut q = vec![7u8; 64];
+        let mut s = vec![9u8; 4];
+        assert!(quantize_row(&zeros, &mut q, &mut s));
+        assert_eq!(f32::from_ne_bytes(s[..].try_into().unwrap()), 0.0);
+        assert!(q.iter().all(|&b| b == 0));
+
+        let mut bad = vec![0.0f32; 64];
+        bad[3] = f32::NAN;
+        assert!(!quantize_row(&bad, &mut [0u8; 64], &mut [0u8; 4]));
+    }
+}

