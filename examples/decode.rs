@@ -89,7 +89,11 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         _ => return Err(Error::EmptyPrompt),
     };
     let options = LoadOptions {
-        profile: if args.exact_shape { ShapeProfile::Qwen3_0_6B } else { ShapeProfile::AnyQwen3 },
+        profile: if args.exact_shape {
+            ShapeProfile::Qwen3_0_6B
+        } else {
+            ShapeProfile::AnyQwen3
+        },
         cache: match (&args.cache_dir, args.no_cache) {
             (_, true) => CachePolicy::Disabled,
             (Some(dir), _) => CachePolicy::Dir(dir.clone()),
@@ -157,7 +161,10 @@ fn main() {
         Err(e) => {
             eprintln!("error [{}]: {e}", e.code());
             if args.json {
-                println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
+                println!(
+                    "{}",
+                    json!({"error": {"code": e.code(), "message": e.to_string()}})
+                );
             }
             std::process::exit(2);
         }

@@ -15,7 +15,10 @@ fn main() {
     let seed = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
     let cfg = ModelConfig::qwen3_0_6b_base();
     let dir = std::path::Path::new(&out);
-    if let Err(e) = std::fs::create_dir_all(dir).map_err(|e| e.to_string()).and_then(|_| write_random_checkpoint(dir, &cfg, seed).map_err(|e| e.to_string())) {
+    if let Err(e) = std::fs::create_dir_all(dir)
+        .map_err(|e| e.to_string())
+        .and_then(|_| write_random_checkpoint(dir, &cfg, seed).map_err(|e| e.to_string()))
+    {
         eprintln!("error: {e}");
         std::process::exit(2);
     }

@@ -22,6 +22,24 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The shape of Qwen3-0.6B-Base (the `--exact-shape` profile).
+    pub fn qwen3_0_6b_base() -> Self {
+        ModelConfig {
+            hidden_size: 1024,
+            intermediate_size: 3072,
+            num_hidden_layers: 28,
+            num_attention_heads: 16,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            vocab_size: 151936,
+            max_position_embeddings: 32768,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            tie_word_embeddings: true,
+            eos_token_ids: vec![151643],
+        }
+    }
+
     /// Rows of the fused q/k/v projection: `(heads + 2 * kv_heads) * head_dim`.
     pub fn qkv_rows(&self) -> usize {
         (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim
@@ -123,14 +141,31 @@ pub fn check_profile(cfg: &ModelConfig, profile: ShapeProfile) -> Result<()> {
     let mismatches = match profile {
         ShapeProfile::AnyQwen3 => engine_mismatches(cfg),
         ShapeProfile::Qwen3_0_6B => {
+            let want = ModelConfig::qwen3_0_6b_base();
             let expected: [(&str, usize, usize); 7] = [
-                ("hidden_size", 1024, cfg.hidden_size),
-                ("num_hidden_layers", 28, cfg.num_hidden_layers),
-                ("num_attention_heads", 16, cfg.num_attention_heads),
-                ("num_key_value_heads", 8, cfg.num_key_value_heads),
-                ("head_dim", 128, cfg.head_dim),
-                ("intermediate_size", 3072, cfg.intermediate_size),
-                ("vocab_size", 151936, cfg.vocab_size),
+                ("hidden_size", want.hidden_size, cfg.hidden_size),
+                (
+                    "num_hidden_layers",
+                    want.num_hidden_layers,
+                    cfg.num_hidden_layers,
+                ),
+                (
+                    "num_attention_heads",
+                    want.num_attention_heads,
+                    cfg.num_attention_heads,
+                ),
+                (
+                    "num_key_value_heads",
+                    want.num_key_value_heads,
+                    cfg.num_key_value_heads,
+                ),
+                ("head_dim", want.head_dim, cfg.head_dim),
+                (
+                    "intermediate_size",
+                    want.intermediate_size,
+                    cfg.intermediate_size,
+                ),
+                ("vocab_size", want.vocab_size, cfg.vocab_size),
             ];
             let mut m: Vec<Mismatch> = expected
                 .iter()
@@ -210,6 +245,13 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
     if !cfg.head_dim.is_multiple_of(2) {
         // RoPE rotates pairs of dimensions.
         m.push(mismatch("head_dim", "an even number", cfg.head_dim));
+    } else if cfg.head_dim > crate::kernels::MAX_HEAD_DIM {
+        // The attention kernels keep one head in workgroup memory.
+        m.push(mismatch(
+            "head_dim",
+            format_args!("<= {}", crate::kernels::MAX_HEAD_DIM),
+            cfg.head_dim,
+        ));
     }
     if !(cfg.rope_theta.is_finite() && cfg.rope_theta > 0.0) {
         m.push(mismatch(

@@ -159,7 +159,9 @@ impl Gpu {
         let buf = self.storage_init("probe", &MAGIC.to_le_bytes())?;
         let back = self.download(&buf, 4)?;
         if back != MAGIC.to_le_bytes() {
-            return Err(Error::GpuDeviceFailed { reason: format!("probe read back {back:?}") });
+            return Err(Error::GpuDeviceFailed {
+                reason: format!("probe read back {back:?}"),
+            });
         }
         Ok(())
     }

@@ -15,14 +15,16 @@ pub mod kernels;
 pub mod model;
 pub mod qwen3;
 pub mod session;
-pub mod tokenizer;
 #[doc(hidden)]
 pub mod testing;
+pub mod tokenizer;
 pub mod weights;
 
 pub use cache::{CachePolicy, LoadReport};
 pub use config::{ModelConfig, ShapeProfile};
-pub use engine::{decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason};
+pub use engine::{
+    decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason,
+};
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use session::Session;

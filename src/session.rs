@@ -238,7 +238,8 @@ impl Session {
         self.check_room(1)?;
         let gpu = &self.model.gpu;
         let step = [self.len as u32, self.len as u32 + 1];
-        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        gpu.queue
+            .write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
         let mut out = Vec::with_capacity(self.forward.len());
         for l in &self.forward {
             let t = std::time::Instant::now();
@@ -250,7 +251,9 @@ impl Session {
             gpu.queue.submit([enc.finish()]);
             gpu.device
                 .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+                .map_err(|e| Error::GpuDeviceFailed {
+                    reason: format!("poll: {e}"),
+                })?;
             out.push((l.kernel, t.elapsed().as_secs_f64() * 1e6));
         }
         self.len += 1;

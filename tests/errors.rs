@@ -4,18 +4,26 @@
 use std::path::{Path, PathBuf};
 
 use qwen3_wgpu::kernels::{self, Bind};
-use qwen3_wgpu::{decode, decode_with, AdapterPolicy, CachePolicy, Engine, Error, Gpu, LoadOptions, ShapeProfile};
+use qwen3_wgpu::{
+    decode, decode_with, AdapterPolicy, CachePolicy, Engine, Error, Gpu, LoadOptions, ShapeProfile,
+};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
 }
 
 fn engine() -> Engine {
-    Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine")
+    Engine::builder()
+        .policy(AdapterPolicy::Portable)
+        .build()
+        .expect("engine")
 }
 
 fn no_cache() -> LoadOptions {
-    LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }
+    LoadOptions {
+        cache: CachePolicy::Disabled,
+        ..Default::default()
+    }
 }
 
 /// A copy of the small fixture that a test may break.
@@ -54,10 +62,15 @@ fn checkpoint_invalid() {
 
 #[test]
 fn unsupported_checkpoint_architecture_lists_every_field() {
-    let options = LoadOptions { profile: ShapeProfile::Qwen3_0_6B, cache: CachePolicy::Disabled };
+    let options = LoadOptions {
+        profile: ShapeProfile::Qwen3_0_6B,
+        cache: CachePolicy::Disabled,
+    };
     let e = decode_with(&engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
     assert_eq!(e.code(), "unsupported_checkpoint_architecture");
-    let Error::UnsupportedArchitecture { mismatches, .. } = &e else { panic!("{e:?}") };
+    let Error::UnsupportedArchitecture { mismatches, .. } = &e else {
+        panic!("{e:?}")
+    };
     // gqa2_hd64: hidden 128, 2 layers, 4 heads, 2 kv heads, head_dim 64, inter 256, vocab 1000
     let fields: Vec<&str> = mismatches.iter().map(|m| m.field.as_str()).collect();
     for f in [
@@ -71,8 +84,14 @@ fn unsupported_checkpoint_architecture_lists_every_field() {
     ] {
         assert!(fields.contains(&f), "{f} missing from {fields:?}");
     }
-    let hidden = mismatches.iter().find(|m| m.field == "hidden_size").unwrap();
-    assert_eq!((hidden.expected.as_str(), hidden.found.as_str()), ("1024", "128"));
+    let hidden = mismatches
+        .iter()
+        .find(|m| m.field == "hidden_size")
+        .unwrap();
+    assert_eq!(
+        (hidden.expected.as_str(), hidden.found.as_str()),
+        ("1024", "128")
+    );
 }
 
 #[test]
@@ -85,7 +104,11 @@ fn unsupported_dtype() {
     let norm = vec![1u8; 128];
     for (name, view) in st.tensors() {
         if name == "model.norm.weight" {
-            tensors.push((name, safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![128], &norm).unwrap()));
+            tensors.push((
+                name,
+                safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![128], &norm)
+                    .unwrap(),
+            ));
         } else {
             tensors.push((name, view));
         }
@@ -98,14 +121,23 @@ fn unsupported_dtype() {
 
 #[test]
 fn non_metal_adapter() {
-    let best = Gpu::adapters().into_iter().next().expect("an adapter").get_info();
-    let e = Engine::builder().policy(AdapterPolicy::MetalOnly).build().err();
+    let best = Gpu::adapters()
+        .into_iter()
+        .next()
+        .expect("an adapter")
+        .get_info();
+    let e = Engine::builder()
+        .policy(AdapterPolicy::MetalOnly)
+        .build()
+        .err();
     if best.backend == wgpu::Backend::Metal {
         assert!(e.is_none(), "Metal adapter refused: {e:?}");
     } else {
         let e = e.expect("a non-Metal adapter must be refused by default");
         assert_eq!(e.code(), "non_metal_adapter");
-        let Error::NonMetalAdapter { backend, adapter } = &e else { panic!("{e:?}") };
+        let Error::NonMetalAdapter { backend, adapter } = &e else {
+            panic!("{e:?}")
+        };
         assert_eq!(adapter, &best.name);
         assert_eq!(backend, &format!("{:?}", best.backend));
     }
@@ -115,19 +147,32 @@ fn non_metal_adapter() {
 #[test]
 fn no_gpu_adapter() {
     if std::env::var_os("QWEN3_WGPU_TEST_CHILD").is_some() {
-        let e = Engine::builder().policy(AdapterPolicy::Portable).build().err().expect("no adapter");
+        let e = Engine::builder()
+            .policy(AdapterPolicy::Portable)
+            .build()
+            .err()
+            .expect("no adapter");
         println!("CODE={}", e.code());
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["no_gpu_adapter", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "no_gpu_adapter",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("QWEN3_WGPU_TEST_CHILD", "1")
         .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
         .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("CODE=no_gpu_adapter"), "child said: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("CODE=no_gpu_adapter"),
+        "child said: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -161,12 +206,22 @@ fn shader_compile_failed() {
 fn invalid_token_id() {
     let e = decode_with(&engine(), fixture(), &[1, 1000], 4, &no_cache()).unwrap_err();
     assert_eq!(e.code(), "invalid_token_id");
-    let Error::InvalidTokenId { id, position, vocab_size } = e else { panic!() };
+    let Error::InvalidTokenId {
+        id,
+        position,
+        vocab_size,
+    } = e
+    else {
+        panic!()
+    };
     assert_eq!((id, position, vocab_size), (1000, 1, 1000));
     // Also through a session.
     let model = engine().load(fixture(), &no_cache()).unwrap();
     let mut s = model.session_with_capacity(8).unwrap();
-    assert_eq!(s.feed(&[5, 1_000_000]).unwrap_err().code(), "invalid_token_id");
+    assert_eq!(
+        s.feed(&[5, 1_000_000]).unwrap_err().code(),
+        "invalid_token_id"
+    );
     assert!(s.is_empty(), "a rejected feed runs nothing");
 }
 
@@ -187,7 +242,9 @@ fn context_overflow() {
     let prompt = vec![7u32; 4000];
     let e = model.generate(&prompt, 100, |_| {}).unwrap_err();
     assert_eq!(e.code(), "context_overflow");
-    let Error::ContextOverflow { needed, capacity } = e else { panic!() };
+    let Error::ContextOverflow { needed, capacity } = e else {
+        panic!()
+    };
     assert_eq!((needed, capacity), (4099, 4096));
     // A session fills up and then refuses.
     let mut s = model.session_with_capacity(3).unwrap();
@@ -196,7 +253,10 @@ fn context_overflow() {
     assert_eq!(s.next_token().unwrap_err().code(), "context_overflow");
     assert_eq!(s.len(), 3);
     // More than max_position_embeddings is refused up front.
-    assert_eq!(model.session_with_capacity(1 << 30).err().map(|e| e.code()), Some("context_overflow"));
+    assert_eq!(
+        model.session_with_capacity(1 << 30).err().map(|e| e.code()),
+        Some("context_overflow")
+    );
 }
 
 #[test]
@@ -204,7 +264,10 @@ fn cache_io() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("a-file");
     std::fs::write(&file, b"not a directory").unwrap();
-    let options = LoadOptions { cache: CachePolicy::Dir(file.join("cache")), ..Default::default() };
+    let options = LoadOptions {
+        cache: CachePolicy::Dir(file.join("cache")),
+        ..Default::default()
+    };
     let e = decode_with(&engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
     assert_eq!(e.code(), "cache_io");
     assert!(e.to_string().contains("a-file"), "{e}");
