@@ -29,11 +29,18 @@ pub enum Kernel {
     Argmax,
 }
 
-/// Workgroup size of every kernel (a power of two, as the workgroup-memory
-/// reductions need).
+/// Workgroup size of the kernels other than `int8_matvec` (a power of two,
+/// as the workgroup-memory reductions need).
 pub const WG: u32 = 256;
-/// Output rows per `int8_matvec` workgroup (the kernel's `ROWS`).
-pub const MATVEC_ROWS: u32 = 4;
+/// Workgroup size of `int8_matvec`: two 32-wide subgroups on Apple GPUs and
+/// NVIDIA, eight 8-wide ones on lavapipe.
+pub const MATVEC_WG: u32 = 64;
+/// Output rows per `int8_matvec` workgroup (a multiple of 4: each subgroup
+/// takes blocks of 4 rows).
+pub const MATVEC_ROWS: u32 = 8;
+
+const _: () =
+    assert!(MATVEC_ROWS.is_multiple_of(4) && WG.is_power_of_two() && MATVEC_WG.is_power_of_two());
 /// Largest head_dim the attention kernels hold in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -102,17 +109,23 @@ impl Kernel {
         }
     }
 
+    /// Workgroup size (the WGSL `WG` override).
+    pub fn workgroup_size(self) -> u32 {
+        match self {
+            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => MATVEC_WG,
+            _ => WG,
+        }
+    }
+
     /// Override constants this kernel is specialised with.
     pub fn constants(self) -> Vec<(&'static str, f64)> {
-        let mut c = vec![("WG", WG as f64)];
+        let mut c = vec![("WG", self.workgroup_size() as f64)];
         match self {
-            Kernel::Int8Matvec => {
+            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => {
                 c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
-                c.push(("ACCUMULATE", 0.0));
-            }
-            Kernel::Int8MatvecAccumulate => {
-                c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
-                c.push(("ACCUMULATE", 1.0));
+                c.push(("ROWS_PER_WG", MATVEC_ROWS as f64));
+                let accumulate = self == Kernel::Int8MatvecAccumulate;
+                c.push(("ACCUMULATE", if accumulate { 1.0 } else { 0.0 }));
             }
             Kernel::EmbedLookup => c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64)),
             _ => {}

@@ -1,8 +1,11 @@
-// y[row_offset + r] (+)= sum_k w[r][k] * x[k] for ROWS rows per workgroup.
+// y[row_offset + r] (+)= sum_k w[r][k] * x[k], ROWS_PER_WG rows per workgroup.
 // w: int8, row-major, rows zero-padded to a multiple of the quant group,
-// four values packed per u32 (little-endian). One f32 scale per group.
-// Invocations stride over the row's u32 words, so loads are coalesced;
-// every invocation accumulates all ROWS rows, then one workgroup reduction.
+// four values packed per u32 (little-endian); one f32 scale per group.
+//
+// Each team (a subgroup where the device has them) takes blocks of 4 rows;
+// its lanes stride over the row's u32 words (coalesced loads), accumulate
+// the 4 rows at once, and reduce with one team_sum4: no barriers, no
+// workgroup memory (the layout of llama.cpp's and MLX's Metal matvecs).
 
 struct Params {
     rows: u32,       // rows in this launch (a chunk of the matrix)
@@ -19,41 +22,48 @@ struct Params {
 
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
 override GROUP_WORDS: u32 = 16u;
+// Rows per workgroup (a multiple of 4), set from Rust (MATVEC_ROWS).
+override ROWS_PER_WG: u32 = 8u;
 // true: y += W x (fused residual add); false: y = W x.
 override ACCUMULATE: bool = false;
 
-const ROWS: u32 = 4u;
-
 @compute @workgroup_size(WG)
 fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row0 = (wg.x + wg.y * nwg.x) * ROWS;
-    if row0 >= p.rows {
+    let wg_row0 = (wg.x + wg.y * nwg.x) * ROWS_PER_WG;
+    if wg_row0 >= p.rows {
         return; // whole workgroup: uniform
     }
-    // Rows past the end repeat the last row; their results are dropped.
-    var base: array<u32, 4>;
-    var sbase: array<u32, 4>;
-    for (var r = 0u; r < ROWS; r++) {
-        let row = min(row0 + r, p.rows - 1u);
-        base[r] = row * p.k_words;
-        sbase[r] = row * p.groups;
-    }
-    var acc = vec4<f32>(0.0);
-    for (var j = lane.idx; j < p.k_words; j += WG) {
-        let xv = x[j];
-        let g = j / GROUP_WORDS;
-        acc.x += dot(vec4<f32>(unpack4xI8(w[base[0] + j])), xv) * scales[sbase[0] + g];
-        acc.y += dot(vec4<f32>(unpack4xI8(w[base[1] + j])), xv) * scales[sbase[1] + g];
-        acc.z += dot(vec4<f32>(unpack4xI8(w[base[2] + j])), xv) * scales[sbase[2] + g];
-        acc.w += dot(vec4<f32>(unpack4xI8(w[base[3] + j])), xv) * scales[sbase[3] + g];
-    }
-    let s = wg_sum4(acc, lane);
-    if lane.idx < ROWS && row0 + lane.idx < p.rows {
-        let o = p.row_offset + row0 + lane.idx;
-        var v = s[lane.idx];
-        if ACCUMULATE {
-            v += y[o];
+    let tl = team_lane(lane);
+    let ts = team_size(lane);
+    for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
+        let row0 = wg_row0 + rb;
+        if row0 < p.rows {
+            // Rows past the end repeat the last row; their results are dropped.
+            let r1 = min(row0 + 1u, p.rows - 1u);
+            let r2 = min(row0 + 2u, p.rows - 1u);
+            let r3 = min(row0 + 3u, p.rows - 1u);
+            let b0 = row0 * p.k_words;
+            let b1 = r1 * p.k_words;
+            let b2 = r2 * p.k_words;
+            let b3 = r3 * p.k_words;
+            var acc = vec4<f32>(0.0);
+            for (var j = tl; j < p.k_words; j += ts) {
+                let xv = x[j];
+                let g = j / GROUP_WORDS;
+                acc.x += dot(vec4<f32>(unpack4xI8(w[b0 + j])), xv) * scales[row0 * p.groups + g];
+                acc.y += dot(vec4<f32>(unpack4xI8(w[b1 + j])), xv) * scales[r1 * p.groups + g];
+                acc.z += dot(vec4<f32>(unpack4xI8(w[b2 + j])), xv) * scales[r2 * p.groups + g];
+                acc.w += dot(vec4<f32>(unpack4xI8(w[b3 + j])), xv) * scales[r3 * p.groups + g];
+            }
+            let s = team_sum4(acc, lane);
+            if tl < 4u && row0 + tl < p.rows {
+                let o = p.row_offset + row0 + tl;
+                var v = s[tl];
+                if ACCUMULATE {
+                    v += y[o];
+                }
+                y[o] = v;
+            }
         }
-        y[o] = v;
     }
 }

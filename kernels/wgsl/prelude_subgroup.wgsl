@@ -8,8 +8,28 @@ override WG: u32 = 256u;
 struct Lane {
     @builtin(local_invocation_index) idx: u32,
     @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
     @builtin(subgroup_id) sg_id: u32,
     @builtin(num_subgroups) n_sg: u32,
+}
+
+// A "team" is a set of invocations that can reduce without a barrier: here
+// one subgroup. Kernels that give each team its own rows (int8_matvec) need
+// no workgroup memory and no barriers at all.
+fn team_id(lane: Lane) -> u32 {
+    return lane.sg_id;
+}
+fn team_count(lane: Lane) -> u32 {
+    return lane.n_sg;
+}
+fn team_lane(lane: Lane) -> u32 {
+    return lane.sg_lane;
+}
+fn team_size(lane: Lane) -> u32 {
+    return min(lane.sg_size, WG); // a subgroup wider than the workgroup is partly empty
+}
+fn team_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
+    return subgroupAdd(v);
 }
 
 var<workgroup> red_f: array<vec4<f32>, WG>;

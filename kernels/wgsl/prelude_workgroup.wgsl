@@ -8,6 +8,23 @@ struct Lane {
     @builtin(local_invocation_index) idx: u32,
 }
 
+// Without subgroups the whole workgroup is one team (see prelude_subgroup).
+fn team_id(lane: Lane) -> u32 {
+    return 0u;
+}
+fn team_count(lane: Lane) -> u32 {
+    return 1u;
+}
+fn team_lane(lane: Lane) -> u32 {
+    return lane.idx;
+}
+fn team_size(lane: Lane) -> u32 {
+    return WG;
+}
+fn team_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
+    return wg_sum4(v, lane);
+}
+
 var<workgroup> red_f: array<vec4<f32>, WG>;
 var<workgroup> red_u: array<u32, WG>;
 

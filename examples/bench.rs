@@ -1,0 +1,112 @@
+//! Decode benchmark on a checkpoint (by default a random one of the exact
+//! Qwen3-0.6B-Base shape, written to a temp dir). Prints one JSON line per
+//! measurement.
+//!
+//! `cargo run --release --example bench -- [--checkpoint DIR] [--backend portable] [--tokens 128] [--contexts 128,1024]`
+
+use std::time::Instant;
+
+use clap::Parser;
+use qwen3_wgpu::testing::write_random_checkpoint;
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, ModelConfig};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// Checkpoint directory; default: a random exact-shape checkpoint in a temp dir.
+    #[arg(long)]
+    checkpoint: Option<std::path::PathBuf>,
+    #[arg(long, default_value = "portable")]
+    backend: String,
+    /// New tokens timed per context length.
+    #[arg(long, default_value_t = 128)]
+    tokens: usize,
+    /// Context lengths (prompt tokens before the timed decode).
+    #[arg(long, value_delimiter = ',', default_value = "128,1024")]
+    contexts: Vec<usize>,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let policy = if args.backend == "portable" {
+        AdapterPolicy::Portable
+    } else {
+        AdapterPolicy::MetalOnly
+    };
+    let tmp = tempfile::tempdir()?;
+    let ckpt = match &args.checkpoint {
+        Some(p) => p.clone(),
+        None => {
+            let t = Instant::now();
+            write_random_checkpoint(tmp.path(), &ModelConfig::qwen3_0_6b_base(), 1)?;
+            eprintln!(
+                "wrote a random exact-shape checkpoint in {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+            tmp.path().to_path_buf()
+        }
+    };
+    let cache = CachePolicy::Dir(tmp.path().join("cache"));
+    let engine = Engine::builder().policy(policy).build()?;
+    let info = engine.adapter_info().clone();
+    let adapter = json!({"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups()});
+
+    for (what, _) in [("cold_load", ()), ("cached_load", ())] {
+        let t = Instant::now();
+        let model = engine.load(
+            &ckpt,
+            &LoadOptions {
+                cache: cache.clone(),
+                ..Default::default()
+            },
+        )?;
+        println!(
+            "{}",
+            json!({"bench": what, "load_ms": t.elapsed().as_secs_f64() * 1e3, "converted": model.load_report().converted,
+                   "convert_ms": model.load_report().convert_ms, "adapter": adapter})
+        );
+    }
+    let model = engine.load(
+        &ckpt,
+        &LoadOptions {
+            cache: cache.clone(),
+            ..Default::default()
+        },
+    )?;
+    let cfg = model.config().clone();
+    let weight_bytes: f64 = {
+        let h = cfg.hidden_size as f64;
+        let per_layer = (cfg.qkv_rows() as f64 * h
+            + h * cfg.q_dim() as f64
+            + 3.0 * cfg.intermediate_size as f64 * h)
+            * (1.0 + 4.0 / 64.0);
+        per_layer * cfg.num_hidden_layers as f64 + cfg.vocab_size as f64 * h * (1.0 + 4.0 / 64.0)
+    };
+    for &ctx in &args.contexts {
+        let capacity = ctx + args.tokens + 1;
+        let mut s = model.session_with_capacity(capacity)?;
+        let prompt: Vec<u32> = (0..ctx as u32)
+            .map(|i| (i * 7919) % cfg.vocab_size as u32)
+            .collect();
+        let t = Instant::now();
+        s.feed(&prompt)?;
+        let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        for _ in 0..args.tokens {
+            s.next_token()?;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let tps = args.tokens as f64 / secs;
+        // KV bytes read per token at this context (f16 K and V).
+        let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
+        println!(
+            "{}",
+            json!({"bench": "decode", "context": ctx, "tokens": args.tokens, "decode_tokens_per_sec": tps,
+                   "ms_per_token": 1e3 * secs / args.tokens as f64, "prefill_tokens": ctx, "prefill_ms": prefill_ms,
+                   "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
+                   "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,
+                   "dispatches_per_token": s.dispatches_per_token(), "adapter": adapter})
+        );
+    }
+    Ok(())
+}
