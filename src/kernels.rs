@@ -29,6 +29,14 @@ pub enum Kernel {
     Argmax,
 }
 
+const _: () = {
+    let mut i = 0;
+    while i < Kernel::ALL.len() {
+        assert!(Kernel::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// Workgroup size of the kernels other than `int8_matvec` (a power of two,
 /// as the workgroup-memory reductions need).
 pub const WG: u32 = 256;
@@ -45,6 +53,7 @@ const _: () =
 pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
+    /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
     pub const ALL: [Kernel; 8] = [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
@@ -269,11 +278,8 @@ impl Kernels {
     }
 
     pub fn get(&self, k: Kernel) -> &Pipeline {
-        // ALL lists every variant, so the search always succeeds.
-        self.pipelines
-            .iter()
-            .find(|p| p.kernel == k)
-            .unwrap_or(&self.pipelines[0])
+        // Built in `Kernel::ALL` order, which is declaration order.
+        &self.pipelines[k as usize]
     }
 }
 

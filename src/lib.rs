@@ -1,8 +1,4 @@
-//! qwen3-wgpu: Qwen3 greedy decode on your own GPU through wgpu.
-//!
-//! Load a Hugging Face Qwen3 checkpoint, convert it once to int8 (cached on
-//! disk), and decode greedily with WGSL kernels: Metal by default, any
-//! wgpu backend under [`AdapterPolicy::Portable`]. See [`Engine`] and [`decode`].
+#![doc = include_str!("../README.md")]
 
 pub mod cache;
 pub mod checkpoint;

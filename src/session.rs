@@ -218,7 +218,11 @@ impl Session {
         enc.copy_buffer_to_buffer(&self.bufs.token, 0, &self.bufs.token_readback, 0, 4);
         gpu.queue.submit([enc.finish()]);
         let bytes = gpu.read(&self.bufs.token_readback)?;
-        let next = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let next = bytes
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| Error::GpuDeviceFailed { reason: "short token readback".into() })?;
         self.len += 1;
         if next as usize >= self.model.config.vocab_size {
             return Err(Error::GpuDeviceFailed {
