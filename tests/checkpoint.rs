@@ -1171,3 +1171,107 @@ fn mlx_fixtures_convert_losslessly() {
         }
     }
 }
+
+// ---------------------------------------------------------------- speed
+
+/// Peak resident memory of this process so far (VmHWM), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Writes a BF16 safetensors file tensor by tensor (the header first, then
+/// each tensor's data generated on the fly), so building a 1.2 GB file does
+/// not hold it in memory.
+fn write_large_bf16(path: &Path, tensors: &[(String, Vec<usize>)], seed: u64) {
+    use std::io::Write;
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, shape) in tensors {
+        let len = shape.iter().product::<usize>() * 2;
+        header.insert(
+            name.clone(),
+            json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
+    }
+    let mut header = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(&header).unwrap();
+    let mut state = seed | 1;
+    let mut buf = Vec::new();
+    for (_, shape) in tensors {
+        let count: usize = shape.iter().product();
+        buf.clear();
+        for _ in 0..count {
+            // xorshift64: cheap values spread over about +-0.1.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = ((state >> 40) as i32 - (1 << 23)) as f32 / (1u32 << 23) as f32 * 0.1;
+            buf.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+        }
+        f.write_all(&buf).unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// Converts a random checkpoint of Qwen3-0.6B's exact shape (about 1.2 GB of
+/// BF16) and prints the timings. Slow to set up; run it in release:
+/// `cargo test --release --test checkpoint -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn qwen3_0_6b_shape_conversion_speed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let cfg = json!({
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "tie_word_embeddings": true,
+        "eos_token_id": 151645
+    });
+    write_config(&ckpt, &cfg);
+    let started = std::time::Instant::now();
+    let tensors = expected_tensors(&cfg_of(&cfg));
+    write_large_bf16(&ckpt.join("model.safetensors"), &tensors, 7);
+    let size = std::fs::metadata(ckpt.join("model.safetensors"))
+        .unwrap()
+        .len();
+    eprintln!(
+        "wrote {:.2} GB checkpoint in {:.1} s",
+        size as f64 / 1e9,
+        started.elapsed().as_secs_f64()
+    );
+    let rss_before = peak_rss_mib();
+
+    let policy = CachePolicy::Dir(tmp.path().join("cache"));
+    let (model, r1) = load_model(&ckpt, ShapeProfile::Qwen3_0_6B, &policy).unwrap();
+    let blob_len = blob_bytes(&model).len();
+    drop(model);
+    eprintln!(
+        "convert: {:.0} ms, load (convert + cache write) {:.0} ms, blob {:.1} MB, peak RSS {:?} -> {:?} MiB",
+        r1.convert_ms,
+        r1.load_ms,
+        blob_len as f64 / 1e6,
+        rss_before,
+        peak_rss_mib()
+    );
+    let (_model, r2) = load_model(&ckpt, ShapeProfile::Qwen3_0_6B, &policy).unwrap();
+    assert!(r1.converted && !r2.converted);
+    eprintln!("cache hit: load {:.0} ms", r2.load_ms);
+}
