@@ -289,7 +289,7 @@ where
 }
 
 /// Rounds half away from zero and clamps to [-127, 127] (NaN gives -127;
-/// [`quantize_row`] reports NaN input as an error anyway).
+/// [`convert`] reports NaN input as an error anyway).
 ///
 /// `f32::round` is a libm call on baseline x86-64 and a saturating `as`
 /// cast is scalarized there; both block vectorization. Clamping first (to an
