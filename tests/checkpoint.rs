@@ -713,6 +713,37 @@ fn failed_cache_write_leaves_no_temp_files() {
     );
 }
 
+/// `CachePolicy::Default` writes under the platform cache directory, and a
+/// failure to write there is only logged. Both halves live in one test
+/// because they steer `dirs::cache_dir()` through XDG_CACHE_HOME, which is
+/// process-wide; no other test uses the default policy.
+#[cfg(target_os = "linux")]
+#[test]
+fn default_cache_policy_writes_and_tolerates_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    tiny_checkpoint(&ckpt);
+    let xdg = tmp.path().join("xdg");
+    std::env::set_var("XDG_CACHE_HOME", &xdg);
+    let (_, r1) = load(&ckpt, &CachePolicy::Default);
+    let (_, r2) = load(&ckpt, &CachePolicy::Default);
+    assert!(r1.converted && !r2.converted);
+    assert_eq!(
+        cache_file(&r1).parent(),
+        Some(xdg.join("qwen3-wgpu").as_path())
+    );
+
+    // A cache "directory" under a regular file: still loads, uncached.
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    std::env::set_var("XDG_CACHE_HOME", file.join("sub"));
+    let (m, r3) = load(&ckpt, &CachePolicy::Default);
+    std::env::remove_var("XDG_CACHE_HOME");
+    assert!(r3.converted);
+    assert_eq!(r3.cache_path, None);
+    assert_eq!(m.index.layers.len(), 2);
+}
+
 // ---------------------------------------------------------------- failures
 
 #[test]
