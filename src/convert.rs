@@ -87,6 +87,7 @@ pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
 /// [`Error::CheckpointInvalid`] for a tensor holding NaN or infinity.
 pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
     ckpt.validate(cfg)?;
+    ckpt.prefetch();
     let (index, total) = plan_layout(cfg);
     // Zeroed up front: the row padding and all-zero groups are then already
     // right, and the allocator hands out lazily-zeroed pages for free.
