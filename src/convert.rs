@@ -4,6 +4,8 @@
 //! norm weights stay f32. Everything lands in one blob whose arrays start at
 //! multiples of [`BLOB_ALIGN`].
 
+use std::path::Path;
+
 use crate::checkpoint::{Checkpoint, TensorData};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -104,6 +106,7 @@ pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
     let mut q = Quantizer {
         blob,
         row: &mut row,
+        dir: ckpt.dir(),
     };
 
     q.matrix(&index.embed, &[ckpt.require("model.embed_tokens.weight")?])?;
@@ -145,10 +148,17 @@ struct Quantizer<'a> {
     blob: &'a mut [u8],
     /// Scratch for one row in f32.
     row: &'a mut [f32],
+    /// The checkpoint directory, for errors.
+    dir: &'a Path,
 }
 
-fn layout_error(what: &str, detail: impl std::fmt::Display) -> Error {
-    Error::invalid(what, format!("does not fit the planned layout: {detail}"))
+/// A tensor or range that does not fit the layout planned from the config.
+/// Validation rules this out; the checks keep a bug from panicking.
+fn layout_error(dir: &Path, what: &str, detail: impl std::fmt::Display) -> Error {
+    Error::invalid(
+        dir,
+        format!("{what} does not fit the planned layout: {detail}"),
+    )
 }
 
 impl Quantizer<'_> {
@@ -158,7 +168,9 @@ impl Quantizer<'_> {
             .blob
             .get_mut(dst.offset..dst.offset + dst.len)
             .filter(|o| o.len() == values.len() * 4)
-            .ok_or_else(|| layout_error(t.name, format_args!("{} values", values.len())))?;
+            .ok_or_else(|| {
+                layout_error(self.dir, t.name, format_args!("{} values", values.len()))
+            })?;
         for (o, v) in out.chunks_exact_mut(4).zip(&values) {
             o.copy_from_slice(&v.to_ne_bytes());
         }
@@ -167,53 +179,58 @@ impl Quantizer<'_> {
 
     /// Quantizes `parts` (stacked row-wise, in order) into `m`.
     fn matrix(&mut self, m: &QuantMatrix, parts: &[TensorData<'_>]) -> Result<()> {
+        let dir = self.dir;
         let (padded, groups) = (m.padded_cols(), m.groups());
         // Data precedes scales (see `LayoutPlanner::matrix`), so one split
         // gives both regions mutably.
+        let outside = || layout_error(dir, "a matrix", "range outside the blob");
+        let scales_from_data = m
+            .scales
+            .offset
+            .checked_sub(m.data.offset)
+            .filter(|&gap| gap >= m.data.len)
+            .ok_or_else(outside)?;
         let region = self
             .blob
             .get_mut(m.data.offset..m.scales.offset + m.scales.len)
-            .ok_or_else(|| layout_error("matrix", "range outside the blob"))?;
-        let (data, rest) = region.split_at_mut(m.scales.offset - m.data.offset);
+            .ok_or_else(outside)?;
+        let (data, rest) = region.split_at_mut(scales_from_data);
         let data = &mut data[..m.data.len];
         let scales = &mut rest[..m.scales.len];
         let row = self
             .row
             .get_mut(..m.cols)
-            .ok_or_else(|| layout_error("matrix", format_args!("{} columns", m.cols)))?;
+            .ok_or_else(|| layout_error(dir, "a matrix", format_args!("{} columns", m.cols)))?;
 
         let mut data_rows = data.chunks_exact_mut(padded);
         let mut scale_rows = scales.chunks_exact_mut(groups * 4);
         let mut rows_done = 0;
         for t in parts {
             if t.row_len() != m.cols {
-                return Err(layout_error(
-                    t.name,
-                    format_args!("{} columns, planned {}", t.row_len(), m.cols),
-                ));
+                let detail = format!("{} columns, planned {}", t.row_len(), m.cols);
+                return Err(layout_error(dir, t.name, detail));
             }
             for r in 0..t.rows() {
                 let (Some(q_row), Some(s_row)) = (data_rows.next(), scale_rows.next()) else {
-                    return Err(layout_error(
-                        t.name,
-                        format_args!("more than the planned {} rows", m.rows),
-                    ));
+                    let detail = format!("more than the planned {} rows", m.rows);
+                    return Err(layout_error(dir, t.name, detail));
                 };
                 t.row_f32(r, row)?;
                 if !quantize_row(row, q_row, s_row) {
                     return Err(Error::invalid(
-                        t.name,
-                        format!("row {r} holds NaN or infinite values; cannot quantize"),
+                        dir,
+                        format!(
+                            "{} row {r} holds NaN or infinite values; cannot quantize",
+                            t.name
+                        ),
                     ));
                 }
             }
             rows_done += t.rows();
         }
         if rows_done != m.rows {
-            return Err(layout_error(
-                "matrix",
-                format_args!("{rows_done} rows, planned {}", m.rows),
-            ));
+            let detail = format!("{rows_done} rows, planned {}", m.rows);
+            return Err(layout_error(dir, "a matrix", detail));
         }
         Ok(())
     }

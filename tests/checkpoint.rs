@@ -775,6 +775,29 @@ fn unsupported_dtypes_are_named() {
 }
 
 #[test]
+fn non_finite_weights_are_checkpoint_invalid() {
+    for bad in [f32::NAN, f32::INFINITY] {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = tiny_config();
+        let mut tensors = make_tensors(&cfg, 10);
+        let name = "model.layers.0.mlp.down_proj.weight";
+        let t = tensors.iter_mut().find(|t| t.name == name).unwrap();
+        t.values[3 * 80 + 70] = bad; // row 3, second group
+        write_checkpoint(tmp.path(), &cfg, &tensors, Dtype::F32);
+        match load_err(tmp.path(), &CachePolicy::Disabled) {
+            Error::CheckpointInvalid { path, reason } => {
+                assert_eq!(path, tmp.path());
+                assert_eq!(
+                    reason,
+                    format!("{name} row 3 holds NaN or infinite values; cannot quantize")
+                );
+            }
+            e => panic!("{} ({e})", code(&e)),
+        }
+    }
+}
+
+#[test]
 fn missing_directory_and_files() {
     let tmp = tempfile::tempdir().unwrap();
     let gone = tmp.path().join("nope");
