@@ -472,6 +472,17 @@ impl Checkpoint {
         Ok(hex(&h.finalize()))
     }
 
+    /// Asks the OS to start reading every weights file into the page cache
+    /// (conversion reads all of it, in an order the file layout does not
+    /// follow). Only a hint: failures are ignored, and it is a no-op off
+    /// unix.
+    pub fn prefetch(&self) {
+        #[cfg(unix)]
+        for f in &self.files {
+            let _ = f.map.advise(memmap2::Advice::WillNeed);
+        }
+    }
+
     /// Paths of the mapped weights files (for diagnostics).
     pub fn file_paths(&self) -> Vec<&Path> {
         self.files.iter().map(|f| f.path.as_path()).collect()

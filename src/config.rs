@@ -5,16 +5,27 @@
 /// (and `generation_config.json` for the end-of-text ids).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Width of the MLP's gate/up projections.
     pub intermediate_size: usize,
+    /// Number of decoder layers.
     pub num_hidden_layers: usize,
+    /// Query heads per layer.
     pub num_attention_heads: usize,
+    /// Key/value heads per layer (query heads share them in groups).
     pub num_key_value_heads: usize,
+    /// Dimensions per head (config.json's, else hidden_size / heads).
     pub head_dim: usize,
+    /// Rows of the embedding table and the LM head.
     pub vocab_size: usize,
+    /// Longest context the model was trained for.
     pub max_position_embeddings: usize,
+    /// Epsilon of every RMSNorm.
     pub rms_norm_eps: f32,
+    /// RoPE base frequency.
     pub rope_theta: f32,
+    /// True when the LM head reuses the embedding table.
     pub tie_word_embeddings: bool,
     /// Ids that end generation (config.json's and generation_config.json's
     /// `eos_token_id`, which may be a number or a list).

@@ -4,6 +4,8 @@
 //! norm weights stay f32. Everything lands in one blob whose arrays start at
 //! multiples of [`BLOB_ALIGN`].
 
+use std::path::Path;
+
 use crate::checkpoint::{Checkpoint, TensorData};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -87,6 +89,7 @@ pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
 /// [`Error::CheckpointInvalid`] for a tensor holding NaN or infinity.
 pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
     ckpt.validate(cfg)?;
+    ckpt.prefetch();
     let (index, total) = plan_layout(cfg);
     // Zeroed up front: the row padding and all-zero groups are then already
     // right, and the allocator hands out lazily-zeroed pages for free.
@@ -103,6 +106,7 @@ pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
     let mut q = Quantizer {
         blob,
         row: &mut row,
+        dir: ckpt.dir(),
     };
 
     q.matrix(&index.embed, &[ckpt.require("model.embed_tokens.weight")?])?;
@@ -144,10 +148,17 @@ struct Quantizer<'a> {
     blob: &'a mut [u8],
     /// Scratch for one row in f32.
     row: &'a mut [f32],
+    /// The checkpoint directory, for errors.
+    dir: &'a Path,
 }
 
-fn layout_error(what: &str, detail: impl std::fmt::Display) -> Error {
-    Error::invalid(what, format!("does not fit the planned layout: {detail}"))
+/// A tensor or range that does not fit the layout planned from the config.
+/// Validation rules this out; the checks keep a bug from panicking.
+fn layout_error(dir: &Path, what: &str, detail: impl std::fmt::Display) -> Error {
+    Error::invalid(
+        dir,
+        format!("{what} does not fit the planned layout: {detail}"),
+    )
 }
 
 impl Quantizer<'_> {
@@ -157,7 +168,9 @@ impl Quantizer<'_> {
             .blob
             .get_mut(dst.offset..dst.offset + dst.len)
             .filter(|o| o.len() == values.len() * 4)
-            .ok_or_else(|| layout_error(t.name, format_args!("{} values", values.len())))?;
+            .ok_or_else(|| {
+                layout_error(self.dir, t.name, format_args!("{} values", values.len()))
+            })?;
         for (o, v) in out.chunks_exact_mut(4).zip(&values) {
             o.copy_from_slice(&v.to_ne_bytes());
         }
@@ -166,53 +179,58 @@ impl Quantizer<'_> {
 
     /// Quantizes `parts` (stacked row-wise, in order) into `m`.
     fn matrix(&mut self, m: &QuantMatrix, parts: &[TensorData<'_>]) -> Result<()> {
+        let dir = self.dir;
         let (padded, groups) = (m.padded_cols(), m.groups());
         // Data precedes scales (see `LayoutPlanner::matrix`), so one split
         // gives both regions mutably.
+        let outside = || layout_error(dir, "a matrix", "range outside the blob");
+        let scales_from_data = m
+            .scales
+            .offset
+            .checked_sub(m.data.offset)
+            .filter(|&gap| gap >= m.data.len)
+            .ok_or_else(outside)?;
         let region = self
             .blob
             .get_mut(m.data.offset..m.scales.offset + m.scales.len)
-            .ok_or_else(|| layout_error("matrix", "range outside the blob"))?;
-        let (data, rest) = region.split_at_mut(m.scales.offset - m.data.offset);
+            .ok_or_else(outside)?;
+        let (data, rest) = region.split_at_mut(scales_from_data);
         let data = &mut data[..m.data.len];
         let scales = &mut rest[..m.scales.len];
         let row = self
             .row
             .get_mut(..m.cols)
-            .ok_or_else(|| layout_error("matrix", format_args!("{} columns", m.cols)))?;
+            .ok_or_else(|| layout_error(dir, "a matrix", format_args!("{} columns", m.cols)))?;
 
         let mut data_rows = data.chunks_exact_mut(padded);
         let mut scale_rows = scales.chunks_exact_mut(groups * 4);
         let mut rows_done = 0;
         for t in parts {
             if t.row_len() != m.cols {
-                return Err(layout_error(
-                    t.name,
-                    format_args!("{} columns, planned {}", t.row_len(), m.cols),
-                ));
+                let detail = format!("{} columns, planned {}", t.row_len(), m.cols);
+                return Err(layout_error(dir, t.name, detail));
             }
             for r in 0..t.rows() {
                 let (Some(q_row), Some(s_row)) = (data_rows.next(), scale_rows.next()) else {
-                    return Err(layout_error(
-                        t.name,
-                        format_args!("more than the planned {} rows", m.rows),
-                    ));
+                    let detail = format!("more than the planned {} rows", m.rows);
+                    return Err(layout_error(dir, t.name, detail));
                 };
                 t.row_f32(r, row)?;
                 if !quantize_row(row, q_row, s_row) {
                     return Err(Error::invalid(
-                        t.name,
-                        format!("row {r} holds NaN or infinite values; cannot quantize"),
+                        dir,
+                        format!(
+                            "{} row {r} holds NaN or infinite values; cannot quantize",
+                            t.name
+                        ),
                     ));
                 }
             }
             rows_done += t.rows();
         }
         if rows_done != m.rows {
-            return Err(layout_error(
-                "matrix",
-                format_args!("{rows_done} rows, planned {}", m.rows),
-            ));
+            let detail = format!("{rows_done} rows, planned {}", m.rows);
+            return Err(layout_error(dir, "a matrix", detail));
         }
         Ok(())
     }
@@ -223,40 +241,91 @@ impl Quantizer<'_> {
 /// when the row holds a non-finite value.
 fn quantize_row(row: &[f32], q_row: &mut [u8], s_row: &mut [u8]) -> bool {
     let mut all_finite = true;
-    for ((w, q), s) in row
+    let groups = row
         .chunks(QUANT_GROUP)
         .zip(q_row.chunks_mut(QUANT_GROUP))
-        .zip(s_row.chunks_exact_mut(4))
-    {
-        let mut absmax = 0.0f32;
-        for &x in w {
-            absmax = absmax.max(x.abs());
-            all_finite &= x.is_finite();
-        }
-        let scale = absmax / 127.0;
+        .zip(s_row.chunks_exact_mut(4));
+    for ((w, q), s) in groups {
+        // Full groups go through fixed-size arrays so the compiler can
+        // unroll and vectorize them; only a row's short last group does not.
+        let scale = match (
+            <&[f32; QUANT_GROUP]>::try_from(w),
+            <&mut [u8; QUANT_GROUP]>::try_from(&mut *q),
+        ) {
+            (Ok(w), Ok(q)) => quantize_group(w, q, &mut all_finite),
+            _ => quantize_group(w, q, &mut all_finite),
+        };
         s.copy_from_slice(&scale.to_ne_bytes());
-        if scale == 0.0 {
-            // An all-zero group: q stays 0 (the blob is zeroed).
-            q.fill(0);
-            continue;
-        }
-        for (q, &x) in q.iter_mut().zip(w) {
-            *q = quantize_value(x / scale) as u8;
-        }
     }
     all_finite
 }
 
-/// Rounds half away from zero and clamps to [-127, 127].
+/// Quantizes one group into `q` (same length or longer; the excess is
+/// left alone) and returns its scale. Clears `all_finite` on NaN/infinity.
+#[inline(always)]
+fn quantize_group<W, Q>(w: &W, q: &mut Q, all_finite: &mut bool) -> f32
+where
+    W: AsRef<[f32]> + ?Sized,
+    Q: AsMut<[u8]> + ?Sized,
+{
+    let (w, q) = (w.as_ref(), q.as_mut());
+    // Eight independent lanes: a single running max is a serial chain the
+    // compiler may not reorder. `if a > m` is exactly `maxps`. Multiplying
+    // by zero gives NaN for NaN and infinity and 0 otherwise, so the lane
+    // sums detect non-finite input without a branch.
+    let mut max_lanes = [0f32; 8];
+    let mut poison = [0f32; 8];
+    let mut chunks = w.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let a = c[i].abs();
+            max_lanes[i] = if a > max_lanes[i] { a } else { max_lanes[i] };
+            poison[i] += c[i] * 0.0;
+        }
+    }
+    for &x in chunks.remainder() {
+        let a = x.abs();
+        max_lanes[0] = if a > max_lanes[0] { a } else { max_lanes[0] };
+        poison[0] += x * 0.0;
+    }
+    let absmax = max_lanes
+        .iter()
+        .fold(0f32, |m, &a| if a > m { a } else { m });
+    if poison.iter().sum::<f32>() != 0.0 {
+        *all_finite = false;
+    }
+    let scale = absmax / 127.0;
+    if scale == 0.0 {
+        // An all-zero group: scale 0 and q 0.
+        q[..w.len()].fill(0);
+        return scale;
+    }
+    for (q, &x) in q.iter_mut().zip(w) {
+        *q = quantize_value(x / scale) as u8;
+    }
+    scale
+}
+
+/// Rounds half away from zero and clamps to [-127, 127] (NaN gives -127;
+/// [`convert`] reports NaN input as an error anyway).
 ///
-/// `f32::round` is a libm call on baseline x86-64; adding ±0.5 in f64 (exact
-/// for any f32 of this magnitude, unlike in f32 where 0.49999997 + 0.5
-/// rounds up to 1.0) and truncating gives the same result and vectorizes.
-#[inline]
+/// `f32::round` is a libm call on baseline x86-64 and a saturating `as`
+/// cast is scalarized there; both block vectorization. Clamping first (to an
+/// integer bound, so clamp-then-round equals round-then-clamp), truncating,
+/// and then looking at the fraction (exact, as |y| <= 127) gives the same
+/// result with plain SIMD. Adding 0.5 before truncating would not:
+/// 0.49999997 + 0.5 rounds up to 1.0 in f32.
+#[inline(always)]
 pub fn quantize_value(y: f32) -> i8 {
-    let y = f64::from(y);
-    let rounded = (y + 0.5f64.copysign(y)) as i32; // `as` truncates and saturates (NaN -> 0)
-    rounded.clamp(-127, 127) as i8
+    // `if` forms (not f32::max/min) compile to maxps/minps; a NaN `y` fails
+    // the first comparison and becomes -127.
+    let y = if y > -127.0 { y } else { -127.0 };
+    let y = if y < 127.0 { y } else { 127.0 };
+    // SAFETY: y is finite and within [-127, 127], so it fits an i32.
+    let truncated: i32 = unsafe { y.to_int_unchecked() };
+    let fraction = y - truncated as f32;
+    let rounded = truncated + i32::from(fraction >= 0.5) - i32::from(fraction <= -0.5);
+    rounded as i8
 }
 
 /// The blob proper of `model`: its [`plan_layout`] length from
@@ -300,7 +369,7 @@ mod tests {
             (126.5, 127),
             (127.00001, 127),
             (-200.0, -127),
-            (f32::NAN, 0),
+            (f32::NAN, -127),
             (-0.49999997, 0),
         ];
         for (y, want) in cases {

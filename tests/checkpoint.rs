@@ -713,6 +713,37 @@ fn failed_cache_write_leaves_no_temp_files() {
     );
 }
 
+/// `CachePolicy::Default` writes under the platform cache directory, and a
+/// failure to write there is only logged. Both halves live in one test
+/// because they steer `dirs::cache_dir()` through XDG_CACHE_HOME, which is
+/// process-wide; no other test uses the default policy.
+#[cfg(target_os = "linux")]
+#[test]
+fn default_cache_policy_writes_and_tolerates_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    tiny_checkpoint(&ckpt);
+    let xdg = tmp.path().join("xdg");
+    std::env::set_var("XDG_CACHE_HOME", &xdg);
+    let (_, r1) = load(&ckpt, &CachePolicy::Default);
+    let (_, r2) = load(&ckpt, &CachePolicy::Default);
+    assert!(r1.converted && !r2.converted);
+    assert_eq!(
+        cache_file(&r1).parent(),
+        Some(xdg.join("qwen3-wgpu").as_path())
+    );
+
+    // A cache "directory" under a regular file: still loads, uncached.
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    std::env::set_var("XDG_CACHE_HOME", file.join("sub"));
+    let (m, r3) = load(&ckpt, &CachePolicy::Default);
+    std::env::remove_var("XDG_CACHE_HOME");
+    assert!(r3.converted);
+    assert_eq!(r3.cache_path, None);
+    assert_eq!(m.index.layers.len(), 2);
+}
+
 // ---------------------------------------------------------------- failures
 
 #[test]
@@ -740,6 +771,29 @@ fn unsupported_dtypes_are_named() {
             e => panic!("expected unsupported_dtype, got {} ({e})", code(&e)),
         }
         assert!(!cache.exists(), "the cache was touched before validation");
+    }
+}
+
+#[test]
+fn non_finite_weights_are_checkpoint_invalid() {
+    for bad in [f32::NAN, f32::INFINITY] {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = tiny_config();
+        let mut tensors = make_tensors(&cfg, 10);
+        let name = "model.layers.0.mlp.down_proj.weight";
+        let t = tensors.iter_mut().find(|t| t.name == name).unwrap();
+        t.values[3 * 80 + 70] = bad; // row 3, second group
+        write_checkpoint(tmp.path(), &cfg, &tensors, Dtype::F32);
+        match load_err(tmp.path(), &CachePolicy::Disabled) {
+            Error::CheckpointInvalid { path, reason } => {
+                assert_eq!(path, tmp.path());
+                assert_eq!(
+                    reason,
+                    format!("{name} row 3 holds NaN or infinite values; cannot quantize")
+                );
+            }
+            e => panic!("{} ({e})", code(&e)),
+        }
     }
 }
 
@@ -1170,4 +1224,108 @@ fn mlx_fixtures_convert_losslessly() {
             assert!(idx.lm_head.is_some());
         }
     }
+}
+
+// ---------------------------------------------------------------- speed
+
+/// Peak resident memory of this process so far (VmHWM), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Writes a BF16 safetensors file tensor by tensor (the header first, then
+/// each tensor's data generated on the fly), so building a 1.2 GB file does
+/// not hold it in memory.
+fn write_large_bf16(path: &Path, tensors: &[(String, Vec<usize>)], seed: u64) {
+    use std::io::Write;
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, shape) in tensors {
+        let len = shape.iter().product::<usize>() * 2;
+        header.insert(
+            name.clone(),
+            json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
+    }
+    let mut header = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(&header).unwrap();
+    let mut state = seed | 1;
+    let mut buf = Vec::new();
+    for (_, shape) in tensors {
+        let count: usize = shape.iter().product();
+        buf.clear();
+        for _ in 0..count {
+            // xorshift64: cheap values spread over about +-0.1.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = ((state >> 40) as i32 - (1 << 23)) as f32 / (1u32 << 23) as f32 * 0.1;
+            buf.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+        }
+        f.write_all(&buf).unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// Converts a random checkpoint of Qwen3-0.6B's exact shape (about 1.2 GB of
+/// BF16) and prints the timings. Slow to set up; run it in release:
+/// `cargo test --release --test checkpoint -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn qwen3_0_6b_shape_conversion_speed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let cfg = json!({
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "tie_word_embeddings": true,
+        "eos_token_id": 151645
+    });
+    write_config(&ckpt, &cfg);
+    let started = std::time::Instant::now();
+    let tensors = expected_tensors(&cfg_of(&cfg));
+    write_large_bf16(&ckpt.join("model.safetensors"), &tensors, 7);
+    let size = std::fs::metadata(ckpt.join("model.safetensors"))
+        .unwrap()
+        .len();
+    eprintln!(
+        "wrote {:.2} GB checkpoint in {:.1} s",
+        size as f64 / 1e9,
+        started.elapsed().as_secs_f64()
+    );
+    let rss_before = peak_rss_mib();
+
+    let policy = CachePolicy::Dir(tmp.path().join("cache"));
+    let (model, r1) = load_model(&ckpt, ShapeProfile::Qwen3_0_6B, &policy).unwrap();
+    let blob_len = blob_bytes(&model).len();
+    drop(model);
+    eprintln!(
+        "convert: {:.0} ms, load (convert + cache write) {:.0} ms, blob {:.1} MB, peak RSS {:?} -> {:?} MiB",
+        r1.convert_ms,
+        r1.load_ms,
+        blob_len as f64 / 1e6,
+        rss_before,
+        peak_rss_mib()
+    );
+    let (_model, r2) = load_model(&ckpt, ShapeProfile::Qwen3_0_6B, &policy).unwrap();
+    assert!(r1.converted && !r2.converted);
+    eprintln!("cache hit: load {:.0} ms", r2.load_ms);
 }

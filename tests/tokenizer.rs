@@ -2,6 +2,7 @@
 //! streaming decoder.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use qwen3_wgpu::tokenizer::Tokenizer;
 use qwen3_wgpu::Error;
@@ -15,8 +16,10 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3-tokenizer")
 }
 
-fn tokenizer() -> Tokenizer {
-    Tokenizer::from_checkpoint(&fixture_dir()).unwrap()
+/// Parsed once: the 11 MB tokenizer.json takes a while to load unoptimised.
+fn tokenizer() -> &'static Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| Tokenizer::from_checkpoint(&fixture_dir()).unwrap())
 }
 
 #[test]
