@@ -26,6 +26,13 @@ struct Args {
     contexts: Vec<usize>,
 }
 
+/// Peak resident memory of this process so far (Linux VmHWM), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let policy = if args.backend == "portable" {
@@ -63,7 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "{}",
             json!({"bench": what, "load_ms": t.elapsed().as_secs_f64() * 1e3, "converted": model.load_report().converted,
-                   "convert_ms": model.load_report().convert_ms, "adapter": adapter})
+                   "convert_ms": model.load_report().convert_ms, "peak_rss_mib": peak_rss_mib(), "adapter": adapter})
         );
     }
     let model = engine.load(

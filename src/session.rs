@@ -222,7 +222,9 @@ impl Session {
             .get(..4)
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
-            .ok_or_else(|| Error::GpuDeviceFailed { reason: "short token readback".into() })?;
+            .ok_or_else(|| Error::GpuDeviceFailed {
+                reason: "short token readback".into(),
+            })?;
         self.len += 1;
         if next as usize >= self.model.config.vocab_size {
             return Err(Error::GpuDeviceFailed {
