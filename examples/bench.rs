@@ -90,7 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         per_layer * cfg.num_hidden_layers as f64 + cfg.vocab_size as f64 * h * (1.0 + 4.0 / 64.0)
     };
     for &ctx in &args.contexts {
-        let capacity = ctx + args.tokens + 1;
+        let capacity = ctx + args.tokens + 17;
         let mut s = model.session_with_capacity(capacity)?;
         let prompt: Vec<u32> = (0..ctx as u32)
             .map(|i| (i * 7919) % cfg.vocab_size as u32)
@@ -104,6 +104,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let secs = t.elapsed().as_secs_f64();
         let tps = args.tokens as f64 / secs;
+        // Where a step's time goes (medians of 16 timed steps).
+        let mut timings = Vec::new();
+        for _ in 0..16 {
+            timings.push(s.timed_step()?);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        let encode_us = median(timings.iter().map(|t| t.encode_us).collect());
+        let gpu_us = median(timings.iter().filter_map(|t| t.gpu_us).collect());
+        let wall_us = median(timings.iter().map(|t| t.wall_us).collect());
         // KV bytes read per token at this context (f16 K and V).
         let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
         println!(
@@ -112,7 +124,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                    "ms_per_token": 1e3 * secs / args.tokens as f64, "prefill_tokens": ctx, "prefill_ms": prefill_ms,
                    "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
                    "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,
-                   "dispatches_per_token": s.dispatches_per_token(), "adapter": adapter})
+                   "dispatches_per_token": s.dispatches_per_token(),
+                   "step_encode_us": encode_us, "step_gpu_us": gpu_us, "step_wall_us": wall_us, "adapter": adapter})
         );
     }
     Ok(())

@@ -27,7 +27,10 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
     )?;
     let mut s = model.session_with_capacity(256)?;
     s.feed(&[1, 2, 3])?;
-    let prof = s.profile_step()?;
+    let (prof, how) = match s.profile_gpu()? {
+        Some(p) => (p, "GPU timestamps between launches"),
+        None => (s.profile_step()?, "wall time, each launch waited on"),
+    };
     let mut by: BTreeMap<String, (usize, f64)> = BTreeMap::new();
     for (k, us) in &prof {
         let e = by.entry(format!("{k:?}")).or_default();
@@ -36,7 +39,7 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
     }
     let total: f64 = prof.iter().map(|p| p.1).sum();
     println!(
-        "{} launches, {:.0} us total (each waited on)",
+        "{} launches, {:.0} us total ({how})",
         prof.len(),
         total
     );

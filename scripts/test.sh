@@ -6,9 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 have_vulkan_driver() {
-    ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1
+    ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1 || ls /etc/vulkan/icd.d/*.json >/dev/null 2>&1
 }
-if ! have_vulkan_driver || ! ldconfig -p | grep -q libvulkan.so.1; then
+# (grep without -q: with pipefail, an early exit would fail the pipeline)
+if ! have_vulkan_driver || ! ldconfig -p | grep libvulkan.so.1 >/dev/null; then
     echo "== installing Mesa's Vulkan driver (lavapipe)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -23,5 +23,5 @@ pub use engine::{
 };
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
-pub use session::Session;
+pub use session::{Session, StepTiming};
 pub use tokenizer::{TextStream, Tokenizer};

@@ -85,6 +85,17 @@ pub(crate) struct ModelGpu {
     pub weights: GpuWeights,
 }
 
+/// Where one decode step's time went (see [`Session::timed_step`]).
+#[derive(Debug, Clone, Copy)]
+pub struct StepTiming {
+    /// CPU time to record the step's commands, microseconds.
+    pub encode_us: f64,
+    /// GPU time of the forward pass, microseconds (None without timestamp queries).
+    pub gpu_us: Option<f64>,
+    /// Wall time of the whole step, readback included, microseconds.
+    pub wall_us: f64,
+}
+
 /// A decoding session over a loaded model: feed tokens, get greedy tokens.
 ///
 /// The KV cache is allocated once, for `capacity` positions, and never grows.
@@ -191,40 +202,46 @@ impl Session {
         Ok(())
     }
 
-    /// One token: one encoder, one pass, one submit, a 4-byte readback.
-    fn run(&mut self, id: Option<u32>) -> Result<u32> {
+    /// One token's commands: one encoder, one compute pass (optionally
+    /// timestamped at its start and end), and the 4-byte token copy.
+    fn encode(&self, timestamps: Option<&wgpu::QuerySet>) -> wgpu::CommandBuffer {
         let gpu = &self.model.gpu;
-        if let Some(id) = id {
-            gpu.queue
-                .write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
-        }
-        let step = [self.len as u32, self.len as u32 + 1];
-        gpu.queue
-            .write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
-        let mut enc = gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("token"),
-            });
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("token") });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("forward"),
-                timestamp_writes: None,
+            let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
+                query_set,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
             });
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes });
             for l in &self.forward {
                 l.record(&mut pass, &self.model.kernels);
             }
         }
         enc.copy_buffer_to_buffer(&self.bufs.token, 0, &self.bufs.token_readback, 0, 4);
-        gpu.queue.submit([enc.finish()]);
-        let bytes = gpu.read(&self.bufs.token_readback)?;
+        enc.finish()
+    }
+
+    /// Writes the per-token inputs: the token id (prompt tokens only; the
+    /// argmax of the previous step is already in place) and the position.
+    fn write_step(&self, id: Option<u32>) {
+        let gpu = &self.model.gpu;
+        if let Some(id) = id {
+            gpu.queue.write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
+        }
+        let step = [self.len as u32, self.len as u32 + 1];
+        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+    }
+
+    /// Reads the token the last step wrote and advances the position.
+    fn finish_step(&mut self) -> Result<u32> {
+        let bytes = self.model.gpu.read(&self.bufs.token_readback)?;
         let next = bytes
             .get(..4)
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
-            .ok_or_else(|| Error::GpuDeviceFailed {
-                reason: "short token readback".into(),
-            })?;
+            .ok_or_else(|| Error::GpuDeviceFailed { reason: "short token readback".into() })?;
         self.len += 1;
         if next as usize >= self.model.config.vocab_size {
             return Err(Error::GpuDeviceFailed {
@@ -233,6 +250,116 @@ impl Session {
         }
         self.pending = Some(next);
         Ok(next)
+    }
+
+    /// One token: one encoder, one pass, one submit, a 4-byte readback.
+    fn run(&mut self, id: Option<u32>) -> Result<u32> {
+        self.write_step(id);
+        let commands = self.encode(None);
+        self.model.gpu.queue.submit([commands]);
+        self.finish_step()
+    }
+
+    /// Like [`next_token`](Self::next_token), and reports where the time
+    /// went: CPU encoding, GPU time of the pass (from timestamp queries,
+    /// when the device has them), and the whole step's wall time.
+    pub fn timed_step(&mut self) -> Result<StepTiming> {
+        if self.pending.is_none() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.check_room(1)?;
+        let gpu = &self.model.gpu;
+        let timestamps = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
+            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("step timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            });
+            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            (set, resolve, gpu.readback("timestamps", 16))
+        });
+        let t0 = std::time::Instant::now();
+        self.write_step(None);
+        let commands = self.encode(timestamps.as_ref().map(|t| &t.0));
+        let encode_us = t0.elapsed().as_secs_f64() * 1e6;
+        let mut extra = Vec::new();
+        if let Some((set, resolve, readback)) = &timestamps {
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            enc.resolve_query_set(set, 0..2, resolve, 0);
+            enc.copy_buffer_to_buffer(resolve, 0, readback, 0, 16);
+            extra.push(enc.finish());
+        }
+        gpu.queue.submit(std::iter::once(commands).chain(extra));
+        self.finish_step()?;
+        let wall_us = t0.elapsed().as_secs_f64() * 1e6;
+        let gpu_us = match &timestamps {
+            Some((_, _, readback)) => {
+                let b: Vec<u64> = bytemuck::pod_collect_to_vec(&self.model.gpu.read(readback)?);
+                let period = self.model.gpu.queue.get_timestamp_period() as f64;
+                b.get(1).zip(b.first()).map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3)
+            }
+            None => None,
+        };
+        Ok(StepTiming { encode_us, gpu_us, wall_us })
+    }
+
+    /// Runs one decode step with a GPU timestamp after every launch (needs
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES`) and returns each launch's GPU time
+    /// (kernel, microseconds). `None` when the device cannot time inside a
+    /// pass. Advances the session like [`next_token`](Self::next_token).
+    #[doc(hidden)]
+    pub fn profile_gpu(&mut self) -> Result<Option<Vec<(crate::kernels::Kernel, f64)>>> {
+        let gpu = &self.model.gpu;
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            return Ok(None);
+        }
+        if self.pending.is_none() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.check_room(1)?;
+        let n = self.forward.len() as u32 + 1;
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("launch timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: n,
+        });
+        let bytes = 8 * n as u64;
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("launch timestamps"),
+            size: bytes.div_ceil(256) * 256,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let readback = gpu.readback("launch timestamps", bytes as usize);
+        self.write_step(None);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.write_timestamp(&set, 0);
+            for (i, l) in self.forward.iter().enumerate() {
+                l.record(&mut pass, &self.model.kernels);
+                pass.write_timestamp(&set, i as u32 + 1);
+            }
+        }
+        enc.copy_buffer_to_buffer(&self.bufs.token, 0, &self.bufs.token_readback, 0, 4);
+        enc.resolve_query_set(&set, 0..n, &resolve, 0);
+        enc.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
+        gpu.queue.submit([enc.finish()]);
+        self.finish_step()?;
+        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&self.model.gpu.read(&readback)?);
+        let period = self.model.gpu.queue.get_timestamp_period() as f64;
+        Ok(Some(
+            self.forward
+                .iter()
+                .zip(t.windows(2))
+                .map(|(l, w)| (l.kernel, w[1].saturating_sub(w[0]) as f64 * period / 1e3))
+                .collect(),
+        ))
     }
 
     /// Runs one decode step with a wait after every launch and returns the

@@ -140,3 +140,21 @@ fn without_subgroups() {
         check_case(&engine, case);
     }
 }
+
+/// The timed step (a diagnostic for benchmarks) computes the same tokens.
+#[test]
+fn timed_step_agrees() {
+    let (dir, exp) = fixture("gqa2_hd64");
+    let model = engine().load(&dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
+    let mut s = model.session_with_capacity(64).unwrap();
+    assert_eq!(s.feed(&exp.prompt_ids).unwrap(), exp.generated_ids[0]);
+    for want in &exp.generated_ids[1..4] {
+        let t = s.timed_step().unwrap();
+        assert_eq!(s.pending(), Some(*want));
+        assert!(t.wall_us > 0.0 && t.encode_us > 0.0 && t.wall_us >= t.encode_us);
+        if let Some(g) = t.gpu_us {
+            assert!(g > 0.0 && g < 1e9, "{g}");
+        }
+    }
+    assert_eq!(s.len(), exp.prompt_ids.len() + 3);
+}
