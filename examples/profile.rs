@@ -38,11 +38,7 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
         e.1 += us;
     }
     let total: f64 = prof.iter().map(|p| p.1).sum();
-    println!(
-        "{} launches, {:.0} us total ({how})",
-        prof.len(),
-        total
-    );
+    println!("{} launches, {:.0} us total ({how})", prof.len(), total);
     for (k, (n, us)) in by {
         println!(
             "{k:24} {n:4} launches {us:10.0} us  ({:.0} us each)",

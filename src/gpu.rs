@@ -294,7 +294,9 @@ impl Gpu {
 
 /// Features used when the adapter has them.
 pub fn wanted_features() -> wgpu::Features {
-    wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+    wgpu::Features::SUBGROUP
+        | wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
 }
 
 /// Writes `data` into a buffer created `mapped_at_creation`, then unmaps it.

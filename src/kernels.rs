@@ -26,7 +26,10 @@ pub enum Kernel {
     GqaAttention,
     Swiglu,
     EmbedLookup,
-    Argmax,
+    /// Per-chunk argmax of the logits (first of two launches).
+    ArgmaxPartial,
+    /// Reduces the chunks' results to the token (second launch).
+    ArgmaxFinal,
 }
 
 const _: () = {
@@ -49,12 +52,14 @@ pub const MATVEC_ROWS: u32 = 8;
 
 const _: () =
     assert!(MATVEC_ROWS.is_multiple_of(4) && WG.is_power_of_two() && MATVEC_WG.is_power_of_two());
+/// Logits per `argmax_partial` workgroup.
+pub const ARGMAX_CHUNK: u32 = 1024;
 /// Largest head_dim the attention kernels hold in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
         Kernel::RmsNorm,
@@ -62,7 +67,8 @@ impl Kernel {
         Kernel::GqaAttention,
         Kernel::Swiglu,
         Kernel::EmbedLookup,
-        Kernel::Argmax,
+        Kernel::ArgmaxPartial,
+        Kernel::ArgmaxFinal,
     ];
 
     /// WGSL entry point (also the file name under kernels/wgsl/).
@@ -74,7 +80,8 @@ impl Kernel {
             Kernel::GqaAttention => "gqa_attention",
             Kernel::Swiglu => "swiglu",
             Kernel::EmbedLookup => "embed_lookup",
-            Kernel::Argmax => "argmax",
+            Kernel::ArgmaxPartial => "argmax_partial",
+            Kernel::ArgmaxFinal => "argmax_final",
         }
     }
 
@@ -89,7 +96,8 @@ impl Kernel {
             Kernel::GqaAttention => include_str!("../kernels/wgsl/gqa_attention.wgsl"),
             Kernel::Swiglu => include_str!("../kernels/wgsl/swiglu.wgsl"),
             Kernel::EmbedLookup => include_str!("../kernels/wgsl/embed_lookup.wgsl"),
-            Kernel::Argmax => include_str!("../kernels/wgsl/argmax.wgsl"),
+            Kernel::ArgmaxPartial => include_str!("../kernels/wgsl/argmax_partial.wgsl"),
+            Kernel::ArgmaxFinal => include_str!("../kernels/wgsl/argmax_final.wgsl"),
         }
     }
 
@@ -113,8 +121,10 @@ impl Kernel {
             Kernel::Swiglu => &[Uniform, Read, ReadWrite],
             // params, token, w, scales, x
             Kernel::EmbedLookup => &[Uniform, Read, Read, Read, ReadWrite],
-            // params, logits, token
-            Kernel::Argmax => &[Uniform, Read, ReadWrite],
+            // params, logits, part_val, part_idx
+            Kernel::ArgmaxPartial => &[Uniform, Read, ReadWrite, ReadWrite],
+            // params, part_val, part_idx, token
+            Kernel::ArgmaxFinal => &[Uniform, Read, Read, ReadWrite],
         }
     }
 

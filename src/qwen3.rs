@@ -10,7 +10,7 @@
 //!     x += o_proj(attention(q, k_cache, v_cache))
 //!     xn = rms_norm(x, post_attention_norm)
 //!     x += down(silu(gate(xn)) * up(xn))
-//! token = argmax(lm_head(rms_norm(x, norm)))
+//! token = argmax(lm_head(rms_norm(x, norm)))   # on the GPU; feeds the next step
 //! ```
 //! Built once per session: only the `step` uniform (the position) changes
 //! between tokens.
@@ -20,7 +20,7 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{Kernel, Kernels, Launch, MATVEC_ROWS, WG};
+use crate::kernels::{Kernel, Kernels, Launch, ARGMAX_CHUNK, MATVEC_ROWS, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::SessionBuffers;
 
@@ -249,11 +249,15 @@ pub fn forward(
     b.rms_norm(cfg, &s.x, &weights.final_norm, &s.xn)?;
     b.matvec(weights.lm_head(), &s.xn, &s.logits, false)?;
     let n = cfg.vocab_size as u32;
+    let parts = n.div_ceil(ARGMAX_CHUNK);
+    let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
     b.launch(
-        Kernel::Argmax,
-        bytes_of(&n),
-        &[whole(&s.logits), whole(&s.token)],
-        1,
+        Kernel::ArgmaxPartial,
+        bytemuck::cast_slice(&[n, ARGMAX_CHUNK]),
+        &bufs,
+        parts,
     )?;
+    let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.token)];
+    b.launch(Kernel::ArgmaxFinal, bytes_of(&parts), &bufs, 1)?;
     Ok(b.launches)
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::{Kernels, Launch};
+use crate::kernels::{Kernels, Launch, ARGMAX_CHUNK};
 use crate::model::GpuWeights;
 use crate::weights::QUANT_GROUP;
 
@@ -27,6 +27,9 @@ pub struct SessionBuffers {
     pub gate_up: wgpu::Buffer,
     pub h: wgpu::Buffer,
     pub logits: wgpu::Buffer,
+    /// Per-chunk argmax results (value, index).
+    pub part_val: wgpu::Buffer,
+    pub part_idx: wgpu::Buffer,
     pub scores: wgpu::Buffer,
     /// RoPE (cos, sin) table, `[capacity][head_dim / 2]`.
     pub rope: wgpu::Buffer,
@@ -57,6 +60,8 @@ impl SessionBuffers {
             gate_up: f("gate_up", 2 * cfg.intermediate_size),
             h: f("h", padded(cfg.intermediate_size)),
             logits: f("logits", cfg.vocab_size),
+            part_val: f("part_val", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
+            part_idx: f("part_idx", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
             scores: f("scores", cfg.num_attention_heads * capacity),
             rope: gpu.storage_init(
                 "rope",
@@ -206,15 +211,21 @@ impl Session {
     /// timestamped at its start and end), and the 4-byte token copy.
     fn encode(&self, timestamps: Option<&wgpu::QuerySet>) -> wgpu::CommandBuffer {
         let gpu = &self.model.gpu;
-        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("token") });
+        let mut enc = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("token"),
+            });
         {
             let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
                 query_set,
                 beginning_of_pass_write_index: Some(0),
                 end_of_pass_write_index: Some(1),
             });
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward"),
+                timestamp_writes,
+            });
             for l in &self.forward {
                 l.record(&mut pass, &self.model.kernels);
             }
@@ -228,10 +239,12 @@ impl Session {
     fn write_step(&self, id: Option<u32>) {
         let gpu = &self.model.gpu;
         if let Some(id) = id {
-            gpu.queue.write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
+            gpu.queue
+                .write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
         }
         let step = [self.len as u32, self.len as u32 + 1];
-        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        gpu.queue
+            .write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
     }
 
     /// Reads the token the last step wrote and advances the position.
@@ -241,7 +254,9 @@ impl Session {
             .get(..4)
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
-            .ok_or_else(|| Error::GpuDeviceFailed { reason: "short token readback".into() })?;
+            .ok_or_else(|| Error::GpuDeviceFailed {
+                reason: "short token readback".into(),
+            })?;
         self.len += 1;
         if next as usize >= self.model.config.vocab_size {
             return Err(Error::GpuDeviceFailed {
@@ -269,20 +284,24 @@ impl Session {
         }
         self.check_room(1)?;
         let gpu = &self.model.gpu;
-        let timestamps = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
-            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("step timestamps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2,
+        let timestamps = gpu
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+            .then(|| {
+                let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("step timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2,
+                });
+                let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("timestamps"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                });
+                (set, resolve, gpu.readback("timestamps", 16))
             });
-            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("timestamps"),
-                size: 16,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            (set, resolve, gpu.readback("timestamps", 16))
-        });
         let t0 = std::time::Instant::now();
         self.write_step(None);
         let commands = self.encode(timestamps.as_ref().map(|t| &t.0));
@@ -301,11 +320,17 @@ impl Session {
             Some((_, _, readback)) => {
                 let b: Vec<u64> = bytemuck::pod_collect_to_vec(&self.model.gpu.read(readback)?);
                 let period = self.model.gpu.queue.get_timestamp_period() as f64;
-                b.get(1).zip(b.first()).map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3)
+                b.get(1)
+                    .zip(b.first())
+                    .map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3)
             }
             None => None,
         };
-        Ok(StepTiming { encode_us, gpu_us, wall_us })
+        Ok(StepTiming {
+            encode_us,
+            gpu_us,
+            wall_us,
+        })
     }
 
     /// Runs one decode step with a GPU timestamp after every launch (needs
@@ -315,7 +340,11 @@ impl Session {
     #[doc(hidden)]
     pub fn profile_gpu(&mut self) -> Result<Option<Vec<(crate::kernels::Kernel, f64)>>> {
         let gpu = &self.model.gpu;
-        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+        if !gpu
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+        {
             return Ok(None);
         }
         if self.pending.is_none() {

@@ -145,7 +145,15 @@ fn without_subgroups() {
 #[test]
 fn timed_step_agrees() {
     let (dir, exp) = fixture("gqa2_hd64");
-    let model = engine().load(&dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
+    let model = engine()
+        .load(
+            &dir,
+            &LoadOptions {
+                cache: CachePolicy::Disabled,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     let mut s = model.session_with_capacity(64).unwrap();
     assert_eq!(s.feed(&exp.prompt_ids).unwrap(), exp.generated_ids[0]);
     for want in &exp.generated_ids[1..4] {

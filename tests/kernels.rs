@@ -388,7 +388,8 @@ fn argmax_matches_cpu_with_lowest_index_on_ties() {
                     }
                 }
                 if ties && n > 3 {
-                    // Plant the maximum at three places; the lowest must win.
+                    // Plant the maximum at three places (in different chunks
+                    // when n is large); the lowest must win.
                     let m = 5.0;
                     let (a, b, c) = (n - 1, n / 2, n / 3 + 1);
                     v[a] = m;
@@ -396,12 +397,23 @@ fn argmax_matches_cpu_with_lowest_index_on_ties() {
                     v[c] = m;
                     want = a.min(b).min(c);
                 }
+                let chunk = 1000u32; // not a multiple of the workgroup size
+                let parts = (n as u32).div_ceil(chunk);
+                let p = [n as u32, chunk];
                 let out = dispatch(
                     &gpu,
-                    Kernel::Argmax,
+                    Kernel::ArgmaxPartial,
                     sub,
-                    &[bytemuck::bytes_of(&(n as u32))],
-                    &[f32s(&v), poisoned(1)],
+                    &[bytemuck::cast_slice(&p)],
+                    &[f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
+                    parts,
+                );
+                let out = dispatch(
+                    &gpu,
+                    Kernel::ArgmaxFinal,
+                    sub,
+                    &[bytemuck::bytes_of(&parts)],
+                    &[out[0].clone(), out[1].clone(), poisoned(1)],
                     1,
                 );
                 let got = u32::from_le_bytes(out[0][..4].try_into().unwrap());

@@ -1,0 +1,37 @@
+// First of two argmax launches (ties -> lowest index): workgroup w scans
+// logits[w*chunk, (w+1)*chunk) and writes its best (value, index) to
+// part_val/part_idx[w]. argmax_final reduces the parts. A single workgroup
+// over a 151936-entry vocabulary would leave the GPU idle.
+
+struct Params {
+    n: u32,     // logits
+    chunk: u32, // logits per workgroup
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> part_val: array<f32>;
+@group(0) @binding(3) var<storage, read_write> part_idx: array<u32>;
+
+const NONE: u32 = 0xffffffffu;
+
+@compute @workgroup_size(WG)
+fn argmax_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
+    let start = wg.x * p.chunk;
+    let end = min(p.n, start + p.chunk);
+    var best_v = -3.0e38;
+    var best_i = NONE;
+    // Ascending scan with strict '>' keeps the lowest index among equals.
+    for (var i = start + lane.idx; i < end; i += WG) {
+        let v = logits[i];
+        if v > best_v || best_i == NONE {
+            best_v = v;
+            best_i = i;
+        }
+    }
+    let best = wg_argmax(best_v, best_i, lane);
+    if lane.idx == 0u {
+        part_idx[wg.x] = best;
+        part_val[wg.x] = select(-3.0e38, logits[min(best, p.n - 1u)], best != NONE);
+    }
+}
