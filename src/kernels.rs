@@ -18,9 +18,14 @@ pub enum Bind {
 /// One compute kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
+    /// `y = W x`, rows per subgroup (tall matrices).
     Int8Matvec,
-    /// `int8_matvec` with `y += W x` (fused residual add).
+    /// `y += W x` (fused residual add), rows per subgroup.
     Int8MatvecAccumulate,
+    /// `y = W x`, K split over the workgroup (matrices with few rows).
+    Int8MatvecSplitK,
+    /// `y += W x`, K split over the workgroup.
+    Int8MatvecSplitKAccumulate,
     RmsNorm,
     QkNormRope,
     GqaAttention,
@@ -52,6 +57,12 @@ pub const MATVEC_ROWS: u32 = 8;
 
 const _: () =
     assert!(MATVEC_ROWS.is_multiple_of(4) && WG.is_power_of_two() && MATVEC_WG.is_power_of_two());
+/// Output rows per workgroup of the split-K matvec.
+pub const SPLIT_K_ROWS: u32 = 4;
+/// Matrices with fewer rows than this split K over the workgroup (more
+/// workgroups in flight); taller ones give each subgroup its own rows.
+pub const SPLIT_K_BELOW_ROWS: usize = 16384;
+
 /// Logits per `argmax_partial` workgroup.
 pub const ARGMAX_CHUNK: u32 = 1024;
 /// Largest head_dim the attention kernels hold in workgroup memory.
@@ -59,9 +70,11 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
+        Kernel::Int8MatvecSplitK,
+        Kernel::Int8MatvecSplitKAccumulate,
         Kernel::RmsNorm,
         Kernel::QkNormRope,
         Kernel::GqaAttention,
@@ -74,7 +87,10 @@ impl Kernel {
     /// WGSL entry point (also the file name under kernels/wgsl/).
     pub fn entry(self) -> &'static str {
         match self {
-            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => "int8_matvec",
+            Kernel::Int8Matvec
+            | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecSplitK
+            | Kernel::Int8MatvecSplitKAccumulate => "int8_matvec",
             Kernel::RmsNorm => "rms_norm",
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::GqaAttention => "gqa_attention",
@@ -88,7 +104,10 @@ impl Kernel {
     /// The kernel's own WGSL (without the reduction prelude).
     pub fn wgsl(self) -> &'static str {
         match self {
-            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => {
+            Kernel::Int8Matvec
+            | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecSplitK
+            | Kernel::Int8MatvecSplitKAccumulate => {
                 include_str!("../kernels/wgsl/int8_matvec.wgsl")
             }
             Kernel::RmsNorm => include_str!("../kernels/wgsl/rms_norm.wgsl"),
@@ -106,9 +125,10 @@ impl Kernel {
         use Bind::*;
         match self {
             // params, x, w, scales, y
-            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => {
-                &[Uniform, Read, Read, Read, ReadWrite]
-            }
+            Kernel::Int8Matvec
+            | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecSplitK
+            | Kernel::Int8MatvecSplitKAccumulate => &[Uniform, Read, Read, Read, ReadWrite],
             // params, x, weight, out
             Kernel::RmsNorm => &[Uniform, Read, Read, ReadWrite],
             // params, step, qkv, q_norm, k_norm, rope, q_out, k_cache, v_cache
@@ -136,14 +156,45 @@ impl Kernel {
         }
     }
 
+    /// Output rows per workgroup of a matvec variant.
+    pub fn matvec_rows(self) -> u32 {
+        match self {
+            Kernel::Int8MatvecSplitK | Kernel::Int8MatvecSplitKAccumulate => SPLIT_K_ROWS,
+            _ => MATVEC_ROWS,
+        }
+    }
+
+    /// The matvec variant for a matrix of `rows` rows on `gpu`.
+    pub fn matvec_for(rows: usize, accumulate: bool, gpu: &Gpu) -> Kernel {
+        // CPU adapters (lavapipe) pay dearly for barriers: never split K there.
+        let split = rows < SPLIT_K_BELOW_ROWS && gpu.info.device_type != wgpu::DeviceType::Cpu;
+        match (split, accumulate) {
+            (false, false) => Kernel::Int8Matvec,
+            (false, true) => Kernel::Int8MatvecAccumulate,
+            (true, false) => Kernel::Int8MatvecSplitK,
+            (true, true) => Kernel::Int8MatvecSplitKAccumulate,
+        }
+    }
+
     /// Override constants this kernel is specialised with.
     pub fn constants(self) -> Vec<(&'static str, f64)> {
         let mut c = vec![("WG", self.workgroup_size() as f64)];
         match self {
-            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => {
+            Kernel::Int8Matvec
+            | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecSplitK
+            | Kernel::Int8MatvecSplitKAccumulate => {
                 c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
-                c.push(("ROWS_PER_WG", MATVEC_ROWS as f64));
-                let accumulate = self == Kernel::Int8MatvecAccumulate;
+                c.push(("ROWS_PER_WG", self.matvec_rows() as f64));
+                let split_k = matches!(
+                    self,
+                    Kernel::Int8MatvecSplitK | Kernel::Int8MatvecSplitKAccumulate
+                );
+                c.push(("SPLIT_K", if split_k { 1.0 } else { 0.0 }));
+                let accumulate = matches!(
+                    self,
+                    Kernel::Int8MatvecAccumulate | Kernel::Int8MatvecSplitKAccumulate
+                );
                 c.push(("ACCUMULATE", if accumulate { 1.0 } else { 0.0 }));
             }
             Kernel::EmbedLookup => c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64)),

@@ -20,7 +20,7 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{Kernel, Kernels, Launch, ARGMAX_CHUNK, MATVEC_ROWS, WG};
+use crate::kernels::{Kernel, Kernels, Launch, ARGMAX_CHUNK, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::SessionBuffers;
 
@@ -115,11 +115,7 @@ impl Builder<'_> {
         y: &wgpu::Buffer,
         accumulate: bool,
     ) -> Result<()> {
-        let kernel = if accumulate {
-            Kernel::Int8MatvecAccumulate
-        } else {
-            Kernel::Int8Matvec
-        };
+        let kernel = Kernel::matvec_for(w.rows, accumulate, self.gpu);
         for c in &w.chunks {
             let p = MatvecParams {
                 rows: c.rows as u32,
@@ -132,7 +128,7 @@ impl Builder<'_> {
                 kernel,
                 bytes_of(&p),
                 &bufs,
-                (c.rows as u32).div_ceil(MATVEC_ROWS),
+                (c.rows as u32).div_ceil(kernel.matvec_rows()),
             )?;
         }
         Ok(())

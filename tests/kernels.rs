@@ -5,7 +5,7 @@
 //! element fails.
 
 use half::f16;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, MATVEC_ROWS, WG};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, WG};
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -175,7 +175,16 @@ fn int8_matvec_matches_cpu() {
             (130, 1024),
             (9, 3072),
         ] {
-            for accumulate in [false, true] {
+            for kernel in [
+                Kernel::Int8Matvec,
+                Kernel::Int8MatvecAccumulate,
+                Kernel::Int8MatvecSplitK,
+                Kernel::Int8MatvecSplitKAccumulate,
+            ] {
+                let accumulate = matches!(
+                    kernel,
+                    Kernel::Int8MatvecAccumulate | Kernel::Int8MatvecSplitKAccumulate
+                );
                 let m = random_quant(&mut rng, rows, cols);
                 let mut x = nonzero(&mut rng, m.padded);
                 x[cols..].iter_mut().for_each(|v| *v = 0.0); // padding stays zero
@@ -192,18 +201,13 @@ fn int8_matvec_matches_cpu() {
                     (m.padded / 64) as u32,
                     row_offset as u32,
                 ];
-                let kernel = if accumulate {
-                    Kernel::Int8MatvecAccumulate
-                } else {
-                    Kernel::Int8Matvec
-                };
                 let out = dispatch(
                     &gpu,
                     kernel,
                     sub,
                     &[bytemuck::cast_slice(&params)],
                     &[f32s(&x), m.data(), f32s(&m.scales), init],
-                    (rows as u32).div_ceil(MATVEC_ROWS),
+                    (rows as u32).div_ceil(kernel.matvec_rows()),
                 );
                 let got = to_f32(&out[0]);
                 // Elements before row_offset are untouched.
@@ -229,7 +233,7 @@ fn int8_matvec_matches_cpu() {
                     scale.push(mag + 1.0);
                 }
                 assert_close(
-                    &format!("matvec {rows}x{cols} acc={accumulate} sub={sub}"),
+                    &format!("{kernel:?} {rows}x{cols} sub={sub}"),
                     &got[row_offset..],
                     &want,
                     &scale,
@@ -659,6 +663,8 @@ fn group_size_reaches_the_kernels() {
     for k in [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
+        Kernel::Int8MatvecSplitK,
+        Kernel::Int8MatvecSplitKAccumulate,
         Kernel::EmbedLookup,
     ] {
         let c = k.constants();

@@ -2,10 +2,15 @@
 // w: int8, row-major, rows zero-padded to a multiple of the quant group,
 // four values packed per u32 (little-endian); one f32 scale per group.
 //
-// Each team (a subgroup where the device has them) takes blocks of 4 rows;
-// its lanes stride over the row's u32 words (coalesced loads), accumulate
-// the 4 rows at once, and reduce with one team_sum4: no barriers, no
-// workgroup memory (the layout of llama.cpp's and MLX's Metal matvecs).
+// Two layouts, chosen per matrix by the host (SPLIT_K):
+// - rows per team (tall matrices, e.g. the LM head): each team (a subgroup
+//   where the device has them) takes blocks of 4 rows; its lanes stride over
+//   the row's u32 words (coalesced loads), accumulate the 4 rows at once and
+//   reduce with one team_sum4: no barriers, no workgroup memory (the layout
+//   of llama.cpp's and MLX's Metal matvecs);
+// - split K (matrices with few rows): the workgroup takes 4 rows and all its
+//   invocations stride over K, then one workgroup reduction. More
+//   workgroups in flight when rows alone cannot fill the GPU.
 
 struct Params {
     rows: u32,       // rows in this launch (a chunk of the matrix)
@@ -22,8 +27,9 @@ struct Params {
 
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
 override GROUP_WORDS: u32 = 16u;
-// Rows per workgroup (a multiple of 4), set from Rust (MATVEC_ROWS).
+// Rows per workgroup (a multiple of 4; 4 when SPLIT_K), set from Rust.
 override ROWS_PER_WG: u32 = 8u;
+override SPLIT_K: bool = false;
 // true: y += W x (fused residual add); false: y = W x.
 override ACCUMULATE: bool = false;
 
@@ -32,6 +38,10 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     let wg_row0 = (wg.x + wg.y * nwg.x) * ROWS_PER_WG;
     if wg_row0 >= p.rows {
         return; // whole workgroup: uniform
+    }
+    if SPLIT_K {
+        matvec_split_k(lane, wg_row0);
+        return;
     }
     let tl = team_lane(lane);
     let ts = team_size(lane);
@@ -65,5 +75,33 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
                 y[o] = v;
             }
         }
+    }
+}
+
+fn matvec_split_k(lane: Lane, row0: u32) {
+    let r1 = min(row0 + 1u, p.rows - 1u);
+    let r2 = min(row0 + 2u, p.rows - 1u);
+    let r3 = min(row0 + 3u, p.rows - 1u);
+    let b0 = row0 * p.k_words;
+    let b1 = r1 * p.k_words;
+    let b2 = r2 * p.k_words;
+    let b3 = r3 * p.k_words;
+    var acc = vec4<f32>(0.0);
+    for (var j = lane.idx; j < p.k_words; j += WG) {
+        let xv = x[j];
+        let g = j / GROUP_WORDS;
+        acc.x += dot(vec4<f32>(unpack4xI8(w[b0 + j])), xv) * scales[row0 * p.groups + g];
+        acc.y += dot(vec4<f32>(unpack4xI8(w[b1 + j])), xv) * scales[r1 * p.groups + g];
+        acc.z += dot(vec4<f32>(unpack4xI8(w[b2 + j])), xv) * scales[r2 * p.groups + g];
+        acc.w += dot(vec4<f32>(unpack4xI8(w[b3 + j])), xv) * scales[r3 * p.groups + g];
+    }
+    let s = wg_sum4(acc, lane);
+    if lane.idx < 4u && row0 + lane.idx < p.rows {
+        let o = p.row_offset + row0 + lane.idx;
+        var v = s[lane.idx];
+        if ACCUMULATE {
+            v += y[o];
+        }
+        y[o] = v;
     }
 }
