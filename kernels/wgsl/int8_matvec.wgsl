@@ -33,52 +33,10 @@ override SPLIT_K: bool = false;
 // true: y += W x (fused residual add); false: y = W x.
 override ACCUMULATE: bool = false;
 
-@compute @workgroup_size(WG)
-fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let wg_row0 = (wg.x + wg.y * nwg.x) * ROWS_PER_WG;
-    if wg_row0 >= p.rows {
-        return; // whole workgroup: uniform
-    }
-    if SPLIT_K {
-        matvec_split_k(lane, wg_row0);
-        return;
-    }
-    let tl = team_lane(lane);
-    let ts = team_size(lane);
-    for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
-        let row0 = wg_row0 + rb;
-        if row0 < p.rows {
-            // Rows past the end repeat the last row; their results are dropped.
-            let r1 = min(row0 + 1u, p.rows - 1u);
-            let r2 = min(row0 + 2u, p.rows - 1u);
-            let r3 = min(row0 + 3u, p.rows - 1u);
-            let b0 = row0 * p.k_words;
-            let b1 = r1 * p.k_words;
-            let b2 = r2 * p.k_words;
-            let b3 = r3 * p.k_words;
-            var acc = vec4<f32>(0.0);
-            for (var j = tl; j < p.k_words; j += ts) {
-                let xv = x[j];
-                let g = j / GROUP_WORDS;
-                acc.x += dot(vec4<f32>(unpack4xI8(w[b0 + j])), xv) * scales[row0 * p.groups + g];
-                acc.y += dot(vec4<f32>(unpack4xI8(w[b1 + j])), xv) * scales[r1 * p.groups + g];
-                acc.z += dot(vec4<f32>(unpack4xI8(w[b2 + j])), xv) * scales[r2 * p.groups + g];
-                acc.w += dot(vec4<f32>(unpack4xI8(w[b3 + j])), xv) * scales[r3 * p.groups + g];
-            }
-            let s = team_sum4(acc, lane);
-            if tl < 4u && row0 + tl < p.rows {
-                let o = p.row_offset + row0 + tl;
-                var v = s[tl];
-                if ACCUMULATE {
-                    v += y[o];
-                }
-                y[o] = v;
-            }
-        }
-    }
-}
-
-fn matvec_split_k(lane: Lane, row0: u32) {
+// Partial dot products of rows row0..row0+3 with x over the u32 words
+// j = first, first + stride, ... Rows past the end repeat the last row
+// (their results are dropped by store4).
+fn dot4_rows(row0: u32, first: u32, stride: u32) -> vec4<f32> {
     let r1 = min(row0 + 1u, p.rows - 1u);
     let r2 = min(row0 + 2u, p.rows - 1u);
     let r3 = min(row0 + 3u, p.rows - 1u);
@@ -87,7 +45,7 @@ fn matvec_split_k(lane: Lane, row0: u32) {
     let b2 = r2 * p.k_words;
     let b3 = r3 * p.k_words;
     var acc = vec4<f32>(0.0);
-    for (var j = lane.idx; j < p.k_words; j += WG) {
+    for (var j = first; j < p.k_words; j += stride) {
         let xv = x[j];
         let g = j / GROUP_WORDS;
         acc.x += dot(vec4<f32>(unpack4xI8(w[b0 + j])), xv) * scales[row0 * p.groups + g];
@@ -95,13 +53,40 @@ fn matvec_split_k(lane: Lane, row0: u32) {
         acc.z += dot(vec4<f32>(unpack4xI8(w[b2 + j])), xv) * scales[r2 * p.groups + g];
         acc.w += dot(vec4<f32>(unpack4xI8(w[b3 + j])), xv) * scales[r3 * p.groups + g];
     }
-    let s = wg_sum4(acc, lane);
-    if lane.idx < 4u && row0 + lane.idx < p.rows {
-        let o = p.row_offset + row0 + lane.idx;
-        var v = s[lane.idx];
+    return acc;
+}
+
+// Invocation `i` < 4 of the reducing group writes row row0 + i.
+fn store4(row0: u32, sums: vec4<f32>, i: u32) {
+    if i < 4u && row0 + i < p.rows {
+        let o = p.row_offset + row0 + i;
+        var v = sums[i];
         if ACCUMULATE {
             v += y[o];
         }
         y[o] = v;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let wg_row0 = (wg.x + wg.y * nwg.x) * ROWS_PER_WG;
+    if wg_row0 >= p.rows {
+        return; // whole workgroup: uniform
+    }
+    if SPLIT_K {
+        // All invocations share the 4 rows; one workgroup reduction.
+        let sums = wg_sum4(dot4_rows(wg_row0, lane.idx, WG), lane);
+        store4(wg_row0, sums, lane.idx);
+        return;
+    }
+    // Each team takes whole blocks of 4 rows; a barrier-free team reduction.
+    let tl = team_lane(lane);
+    for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
+        let row0 = wg_row0 + rb;
+        if row0 < p.rows {
+            let sums = team_sum4(dot4_rows(row0, tl, team_size(lane)), lane);
+            store4(row0, sums, tl);
+        }
     }
 }
