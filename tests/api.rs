@@ -1,0 +1,162 @@
+//! The public API as an embedding app uses it: sharing the host's device,
+//! the environment-variable opt-in, and streaming sessions.
+
+use std::path::{Path, PathBuf};
+
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, BACKEND_ENV};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
+}
+
+fn expected() -> (Vec<u32>, Vec<u32>) {
+    let text = std::fs::read_to_string(fixture().join("expected.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |k: &str| {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    (ids("prompt_ids"), ids("generated_ids"))
+}
+
+fn no_cache() -> LoadOptions {
+    LoadOptions {
+        cache: CachePolicy::Disabled,
+        ..Default::default()
+    }
+}
+
+/// A host app's device, made the way a renderer would: default limits and
+/// no optional features.
+fn host_device() -> (wgpu::Device, wgpu::Queue) {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::PRIMARY;
+    let instance = wgpu::Instance::new(desc);
+    let adapter =
+        pollster::block_on(instance.request_adapter(&Default::default())).expect("an adapter");
+    pollster::block_on(adapter.request_device(&Default::default())).expect("a device")
+}
+
+#[test]
+fn runs_on_the_host_apps_device_without_creating_another() {
+    let (device, queue) = host_device();
+    let engine = Engine::builder()
+        .policy(AdapterPolicy::Portable)
+        .device(device.clone(), queue.clone())
+        .build()
+        .unwrap();
+    assert!(
+        engine.gpu().device == device,
+        "the engine must use the host's device"
+    );
+    // The host asked for no subgroups: the workgroup-memory kernels run.
+    assert!(!engine.uses_subgroups());
+    let (prompt, want) = expected();
+    let model = engine.load(fixture(), &no_cache()).unwrap();
+    let out = model.generate(&prompt, 8, |_| {}).unwrap();
+    assert_eq!(out.generated_ids(), &want[..8]);
+}
+
+#[test]
+fn the_default_policy_refuses_a_non_metal_host_device() {
+    let (device, queue) = host_device();
+    let backend = device.adapter_info().backend;
+    let r = Engine::builder().device(device, queue).build();
+    if backend == wgpu::Backend::Metal {
+        assert!(r.is_ok());
+    } else {
+        assert_eq!(r.err().map(|e| e.code()), Some("non_metal_adapter"));
+    }
+}
+
+/// `QWEN3_WGPU_BACKEND=portable` opts in without code changes (checked in a
+/// child process so the variable never leaks into other tests).
+#[test]
+fn environment_variable_opts_in_to_portable() {
+    if std::env::var_os("QWEN3_WGPU_TEST_CHILD").is_some() {
+        let r = Engine::new();
+        println!("RESULT={}", r.err().map(|e| e.code()).unwrap_or("ok"));
+        return;
+    }
+    let run = |value: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "environment_variable_opts_in_to_portable",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("QWEN3_WGPU_TEST_CHILD", "1")
+            .env(BACKEND_ENV, value)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(
+        run("portable").contains("RESULT=ok"),
+        "portable opt-in failed"
+    );
+    let metal = run("metal");
+    let best = qwen3_wgpu::Gpu::adapters()
+        .into_iter()
+        .next()
+        .unwrap()
+        .get_info()
+        .backend;
+    if best != wgpu::Backend::Metal {
+        assert!(metal.contains("RESULT=non_metal_adapter"), "{metal}");
+    }
+}
+
+#[test]
+fn streaming_session_matches_one_call_decode() {
+    let engine = Engine::builder()
+        .policy(AdapterPolicy::Portable)
+        .build()
+        .unwrap();
+    let (prompt, want) = expected();
+    let model = engine.load(fixture(), &no_cache()).unwrap();
+    let mut streamed = Vec::new();
+    let out = model.generate(&prompt, 12, |t| streamed.push(t)).unwrap();
+    assert_eq!(streamed, out.generated_ids());
+    assert_eq!(out.stop_reason.as_str(), "max_new_tokens");
+    assert_eq!(out.token_ids.len(), prompt.len() + 12);
+
+    let mut s = model.session().unwrap();
+    assert_eq!(s.capacity(), 4096);
+    let mut got = vec![s.feed(&prompt).unwrap()];
+    while got.len() < 12 {
+        got.push(s.next_token().unwrap());
+    }
+    assert_eq!(got, out.generated_ids());
+    assert_eq!(&got[..], &want[..12]);
+    assert_eq!(s.len(), prompt.len() + 11);
+}
+
+#[test]
+fn stops_at_end_of_text() {
+    // Make the fixture's 3rd greedy token the end-of-text id.
+    let (prompt, want) = expected();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture().join("model.safetensors"),
+        tmp.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+            .unwrap();
+    cfg["eos_token_id"] = serde_json::json!(want[2]);
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let engine = Engine::builder()
+        .policy(AdapterPolicy::Portable)
+        .build()
+        .unwrap();
+    let out = qwen3_wgpu::decode_with(&engine, tmp.path(), &prompt, 16, &no_cache()).unwrap();
+    let first = want.iter().position(|&t| t == want[2]).unwrap();
+    assert_eq!(out.generated_ids(), &want[..=first]);
+    assert_eq!(out.stop_reason.as_str(), "end_of_text");
+}
