@@ -15,6 +15,17 @@ pub enum Bind {
     ReadWrite,
 }
 
+/// Layout and epilogue of an `int8_matvec` variant (its override constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatvecVariant {
+    /// K split over the whole workgroup (few rows) instead of rows per subgroup.
+    pub split_k: bool,
+    /// `y += W x` (fused residual add).
+    pub accumulate: bool,
+    /// RMSNorm of x fused in (`y = W (x * rsqrt(mean(x^2) + eps) * norm_w)`).
+    pub norm: bool,
+}
+
 /// One compute kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -22,11 +33,14 @@ pub enum Kernel {
     Int8Matvec,
     /// `y += W x` (fused residual add), rows per subgroup.
     Int8MatvecAccumulate,
+    /// `y = W rms_norm(x)` (fused input RMSNorm), rows per subgroup.
+    Int8MatvecNorm,
     /// `y = W x`, K split over the workgroup (matrices with few rows).
     Int8MatvecSplitK,
     /// `y += W x`, K split over the workgroup.
     Int8MatvecSplitKAccumulate,
-    RmsNorm,
+    /// `y = W rms_norm(x)`, K split over the workgroup.
+    Int8MatvecSplitKNorm,
     QkNormRope,
     GqaAttention,
     Swiglu,
@@ -70,12 +84,13 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
+        Kernel::Int8MatvecNorm,
         Kernel::Int8MatvecSplitK,
         Kernel::Int8MatvecSplitKAccumulate,
-        Kernel::RmsNorm,
+        Kernel::Int8MatvecSplitKNorm,
         Kernel::QkNormRope,
         Kernel::GqaAttention,
         Kernel::Swiglu,
@@ -89,9 +104,10 @@ impl Kernel {
         match self {
             Kernel::Int8Matvec
             | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecNorm
             | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate => "int8_matvec",
-            Kernel::RmsNorm => "rms_norm",
+            | Kernel::Int8MatvecSplitKAccumulate
+            | Kernel::Int8MatvecSplitKNorm => "int8_matvec",
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::GqaAttention => "gqa_attention",
             Kernel::Swiglu => "swiglu",
@@ -106,11 +122,12 @@ impl Kernel {
         match self {
             Kernel::Int8Matvec
             | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecNorm
             | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate => {
+            | Kernel::Int8MatvecSplitKAccumulate
+            | Kernel::Int8MatvecSplitKNorm => {
                 include_str!("../kernels/wgsl/int8_matvec.wgsl")
             }
-            Kernel::RmsNorm => include_str!("../kernels/wgsl/rms_norm.wgsl"),
             Kernel::QkNormRope => include_str!("../kernels/wgsl/qk_norm_rope.wgsl"),
             Kernel::GqaAttention => include_str!("../kernels/wgsl/gqa_attention.wgsl"),
             Kernel::Swiglu => include_str!("../kernels/wgsl/swiglu.wgsl"),
@@ -124,13 +141,13 @@ impl Kernel {
     pub fn bindings(self) -> &'static [Bind] {
         use Bind::*;
         match self {
-            // params, x, w, scales, y
+            // params, x, w, scales, y, norm_w
             Kernel::Int8Matvec
             | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecNorm
             | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate => &[Uniform, Read, Read, Read, ReadWrite],
-            // params, x, weight, out
-            Kernel::RmsNorm => &[Uniform, Read, Read, ReadWrite],
+            | Kernel::Int8MatvecSplitKAccumulate
+            | Kernel::Int8MatvecSplitKNorm => &[Uniform, Read, Read, Read, ReadWrite, Read],
             // params, step, qkv, q_norm, k_norm, rope, q_out, k_cache, v_cache
             Kernel::QkNormRope => &[
                 Uniform, Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite,
@@ -148,57 +165,69 @@ impl Kernel {
         }
     }
 
-    /// Workgroup size (the WGSL `WG` override).
-    pub fn workgroup_size(self) -> u32 {
+    /// For the `int8_matvec` variants: which layout and epilogue.
+    pub fn matvec_variant(self) -> Option<MatvecVariant> {
+        let v = |split_k, accumulate, norm| {
+            Some(MatvecVariant {
+                split_k,
+                accumulate,
+                norm,
+            })
+        };
         match self {
-            Kernel::Int8Matvec | Kernel::Int8MatvecAccumulate => MATVEC_WG,
-            _ => WG,
+            Kernel::Int8Matvec => v(false, false, false),
+            Kernel::Int8MatvecAccumulate => v(false, true, false),
+            Kernel::Int8MatvecNorm => v(false, false, true),
+            Kernel::Int8MatvecSplitK => v(true, false, false),
+            Kernel::Int8MatvecSplitKAccumulate => v(true, true, false),
+            Kernel::Int8MatvecSplitKNorm => v(true, false, true),
+            _ => None,
+        }
+    }
+
+    /// The matvec kernel for a matrix of `rows` rows on `gpu`. `accumulate`
+    /// and `norm` cannot both be set (no Qwen3 launch needs it).
+    pub fn matvec_for(rows: usize, accumulate: bool, norm: bool, gpu: &Gpu) -> Kernel {
+        // CPU adapters (lavapipe) pay dearly for barriers: never split K there.
+        let split = rows < SPLIT_K_BELOW_ROWS && gpu.info.device_type != wgpu::DeviceType::Cpu;
+        match (split, accumulate, norm) {
+            (false, true, _) => Kernel::Int8MatvecAccumulate,
+            (false, false, true) => Kernel::Int8MatvecNorm,
+            (false, false, false) => Kernel::Int8Matvec,
+            (true, true, _) => Kernel::Int8MatvecSplitKAccumulate,
+            (true, false, true) => Kernel::Int8MatvecSplitKNorm,
+            (true, false, false) => Kernel::Int8MatvecSplitK,
         }
     }
 
     /// Output rows per workgroup of a matvec variant.
     pub fn matvec_rows(self) -> u32 {
-        match self {
-            Kernel::Int8MatvecSplitK | Kernel::Int8MatvecSplitKAccumulate => SPLIT_K_ROWS,
+        match self.matvec_variant() {
+            Some(MatvecVariant { split_k: true, .. }) => SPLIT_K_ROWS,
             _ => MATVEC_ROWS,
         }
     }
 
-    /// The matvec variant for a matrix of `rows` rows on `gpu`.
-    pub fn matvec_for(rows: usize, accumulate: bool, gpu: &Gpu) -> Kernel {
-        // CPU adapters (lavapipe) pay dearly for barriers: never split K there.
-        let split = rows < SPLIT_K_BELOW_ROWS && gpu.info.device_type != wgpu::DeviceType::Cpu;
-        match (split, accumulate) {
-            (false, false) => Kernel::Int8Matvec,
-            (false, true) => Kernel::Int8MatvecAccumulate,
-            (true, false) => Kernel::Int8MatvecSplitK,
-            (true, true) => Kernel::Int8MatvecSplitKAccumulate,
+    /// Workgroup size (the WGSL `WG` override).
+    pub fn workgroup_size(self) -> u32 {
+        match self.matvec_variant() {
+            Some(MatvecVariant { split_k: false, .. }) => MATVEC_WG,
+            _ => WG,
         }
     }
 
     /// Override constants this kernel is specialised with.
     pub fn constants(self) -> Vec<(&'static str, f64)> {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let mut c = vec![("WG", self.workgroup_size() as f64)];
-        match self {
-            Kernel::Int8Matvec
-            | Kernel::Int8MatvecAccumulate
-            | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate => {
-                c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
-                c.push(("ROWS_PER_WG", self.matvec_rows() as f64));
-                let split_k = matches!(
-                    self,
-                    Kernel::Int8MatvecSplitK | Kernel::Int8MatvecSplitKAccumulate
-                );
-                c.push(("SPLIT_K", if split_k { 1.0 } else { 0.0 }));
-                let accumulate = matches!(
-                    self,
-                    Kernel::Int8MatvecAccumulate | Kernel::Int8MatvecSplitKAccumulate
-                );
-                c.push(("ACCUMULATE", if accumulate { 1.0 } else { 0.0 }));
-            }
-            Kernel::EmbedLookup => c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64)),
-            _ => {}
+        if let Some(m) = self.matvec_variant() {
+            c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
+            c.push(("ROWS_PER_WG", self.matvec_rows() as f64));
+            c.push(("SPLIT_K", flag(m.split_k)));
+            c.push(("ACCUMULATE", flag(m.accumulate)));
+            c.push(("NORM", flag(m.norm)));
+        } else if self == Kernel::EmbedLookup {
+            c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
         }
         c
     }

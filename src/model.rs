@@ -6,7 +6,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::chunk_rows;
-use crate::weights::{ByteRange, ConvertedModel, QuantMatrix};
+use crate::weights::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
 
 /// A run of rows bound as one range.
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +96,13 @@ impl GpuWeights {
     /// Uploads every tensor straight into buffers mapped at creation (no
     /// staging copies pile up in the queue).
     pub fn upload(gpu: &Gpu, model: &ConvertedModel) -> Result<Self> {
-        let vec = |r: ByteRange, label: &str| gpu.storage_init(label, model.bytes(r));
+        // Norm weights, zero-padded to whole quant groups: the fused-norm
+        // matvec reads them as far as the padded row length.
+        let vec = |r: ByteRange, label: &str| {
+            let mut bytes = model.bytes(r).to_vec();
+            bytes.resize(bytes.len().div_ceil(4 * QUANT_GROUP) * 4 * QUANT_GROUP, 0);
+            gpu.storage_init(label, &bytes)
+        };
         let ix = &model.index;
         gpu.scoped(
             || {

@@ -4,12 +4,11 @@
 //! ```text
 //! x = embed(token)
 //! for each layer:
-//!     xn = rms_norm(x, input_norm)
-//!     q, k, v = split(qkv_proj(xn))
+//!     q, k, v = split(qkv_proj(rms_norm(x, input_norm)))     # norm fused into the matvec
 //!     q, k = rope(rms_norm(q, q_norm)), rope(rms_norm(k, k_norm)); cache k, v
-//!     x += o_proj(attention(q, k_cache, v_cache))
-//!     xn = rms_norm(x, post_attention_norm)
-//!     x += down(silu(gate(xn)) * up(xn))
+//!     x += o_proj(attention(q, k_cache, v_cache))            # add fused into the matvec
+//!     g, u = split(gate_up_proj(rms_norm(x, post_attention_norm)))
+//!     x += down(silu(g) * u)
 //! token = argmax(lm_head(rms_norm(x, norm)))   # on the GPU; feeds the next step
 //! ```
 //! Built once per session: only the `step` uniform (the position) changes
@@ -31,12 +30,7 @@ struct MatvecParams {
     k_words: u32,
     groups: u32,
     row_offset: u32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct NormParams {
-    n: u32,
+    n_in: u32,
     eps: f32,
 }
 
@@ -79,6 +73,8 @@ struct EmbedParams {
 struct Builder<'a> {
     gpu: &'a Gpu,
     kernels: &'a Kernels,
+    /// rms_norm_eps of the fused input norms.
+    eps: f32,
     launches: Vec<Launch>,
 }
 
@@ -107,50 +103,38 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// y (+)= W x, one launch per bound row chunk.
+    /// y = W x, y += W x (`accumulate`), or y = W rms_norm(x) (`norm`: the
+    /// norm weight); one launch per bound row chunk.
     fn matvec(
         &mut self,
         w: &GpuMatrix,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         accumulate: bool,
+        norm: Option<&wgpu::Buffer>,
     ) -> Result<()> {
-        let kernel = Kernel::matvec_for(w.rows, accumulate, self.gpu);
+        let kernel = Kernel::matvec_for(w.rows, accumulate, norm.is_some(), self.gpu);
         for c in &w.chunks {
             let p = MatvecParams {
                 rows: c.rows as u32,
                 k_words: w.k_words as u32,
                 groups: w.groups as u32,
                 row_offset: c.row_start as u32,
+                n_in: w.cols as u32,
+                eps: self.eps,
             };
-            let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y)];
-            self.launch(
-                kernel,
-                bytes_of(&p),
-                &bufs,
-                (c.rows as u32).div_ceil(kernel.matvec_rows()),
-            )?;
+            // Without a norm the norm_w slot is never read: bind x there.
+            let bufs = [
+                whole(x),
+                w.data_range(c),
+                w.scales_range(c),
+                whole(y),
+                whole(norm.unwrap_or(x)),
+            ];
+            let groups = (c.rows as u32).div_ceil(kernel.matvec_rows());
+            self.launch(kernel, bytes_of(&p), &bufs, groups)?;
         }
         Ok(())
-    }
-
-    fn rms_norm(
-        &mut self,
-        cfg: &ModelConfig,
-        x: &wgpu::Buffer,
-        weight: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-    ) -> Result<()> {
-        let p = NormParams {
-            n: cfg.hidden_size as u32,
-            eps: cfg.rms_norm_eps,
-        };
-        self.launch(
-            Kernel::RmsNorm,
-            bytes_of(&p),
-            &[whole(x), whole(weight), whole(out)],
-            1,
-        )
     }
 }
 
@@ -165,6 +149,7 @@ pub fn forward(
     let mut b = Builder {
         gpu,
         kernels,
+        eps: cfg.rms_norm_eps,
         launches: Vec::new(),
     };
 
@@ -191,8 +176,7 @@ pub fn forward(
 
     let n_qkv_heads = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) as u32;
     for (l, layer) in weights.layers.iter().enumerate() {
-        b.rms_norm(cfg, &s.x, &layer.input_norm, &s.xn)?;
-        b.matvec(&layer.qkv, &s.xn, &s.qkv, false)?;
+        b.matvec(&layer.qkv, &s.x, &s.qkv, false, Some(&layer.input_norm))?;
         let rope = HeadParams {
             n_heads: cfg.num_attention_heads as u32,
             n_kv_heads: cfg.num_key_value_heads as u32,
@@ -229,9 +213,14 @@ pub fn forward(
             &bufs,
             cfg.num_attention_heads as u32,
         )?;
-        b.matvec(&layer.o_proj, &s.attn, &s.x, true)?;
-        b.rms_norm(cfg, &s.x, &layer.post_norm, &s.xn)?;
-        b.matvec(&layer.gate_up, &s.xn, &s.gate_up, false)?;
+        b.matvec(&layer.o_proj, &s.attn, &s.x, true, None)?;
+        b.matvec(
+            &layer.gate_up,
+            &s.x,
+            &s.gate_up,
+            false,
+            Some(&layer.post_norm),
+        )?;
         let n = cfg.intermediate_size as u32;
         b.launch(
             Kernel::Swiglu,
@@ -239,11 +228,16 @@ pub fn forward(
             &[whole(&s.gate_up), whole(&s.h)],
             n.div_ceil(WG),
         )?;
-        b.matvec(&layer.down, &s.h, &s.x, true)?;
+        b.matvec(&layer.down, &s.h, &s.x, true, None)?;
     }
 
-    b.rms_norm(cfg, &s.x, &weights.final_norm, &s.xn)?;
-    b.matvec(weights.lm_head(), &s.xn, &s.logits, false)?;
+    b.matvec(
+        weights.lm_head(),
+        &s.x,
+        &s.logits,
+        false,
+        Some(&weights.final_norm),
+    )?;
     let n = cfg.vocab_size as u32;
     let parts = n.div_ceil(ARGMAX_CHUNK);
     let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];

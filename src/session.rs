@@ -20,7 +20,6 @@ pub struct SessionBuffers {
     /// `{pos, seq_len}` uniform, the only per-token state.
     pub step: wgpu::Buffer,
     pub x: wgpu::Buffer,
-    pub xn: wgpu::Buffer,
     pub qkv: wgpu::Buffer,
     pub q: wgpu::Buffer,
     pub attn: wgpu::Buffer,
@@ -53,7 +52,6 @@ impl SessionBuffers {
             step: gpu.uniform("step", &[0u8; 8])?,
             // Inputs of matvecs are padded to the quant group; the tail stays zero.
             x: f("x", padded(cfg.hidden_size)),
-            xn: f("xn", padded(cfg.hidden_size)),
             qkv: f("qkv", cfg.qkv_rows()),
             q: f("q", cfg.q_dim()),
             attn: f("attn", padded(cfg.q_dim())),

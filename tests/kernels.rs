@@ -175,19 +175,31 @@ fn int8_matvec_matches_cpu() {
             (130, 1024),
             (9, 3072),
         ] {
-            for kernel in [
-                Kernel::Int8Matvec,
-                Kernel::Int8MatvecAccumulate,
-                Kernel::Int8MatvecSplitK,
-                Kernel::Int8MatvecSplitKAccumulate,
-            ] {
-                let accumulate = matches!(
-                    kernel,
-                    Kernel::Int8MatvecAccumulate | Kernel::Int8MatvecSplitKAccumulate
-                );
+            for kernel in Kernel::ALL
+                .into_iter()
+                .filter(|k| k.matvec_variant().is_some())
+            {
+                let variant = kernel.matvec_variant().unwrap();
+                let accumulate = variant.accumulate;
                 let m = random_quant(&mut rng, rows, cols);
                 let mut x = nonzero(&mut rng, m.padded);
                 x[cols..].iter_mut().for_each(|v| *v = 0.0); // padding stays zero
+                                                             // The fused RMSNorm's weight, zero-padded like the engine's.
+                let mut norm_w = nonzero(&mut rng, m.padded);
+                norm_w[cols..].iter_mut().for_each(|v| *v = 0.0);
+                let eps = 1e-6f32;
+                // What the matrix multiplies: x, or rms_norm(x) * norm_w.
+                let xe: Vec<f64> = if variant.norm {
+                    let ms =
+                        x[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
+                    let inv = 1.0 / (ms + eps as f64).sqrt();
+                    x.iter()
+                        .zip(&norm_w)
+                        .map(|(v, w)| *v as f64 * inv * *w as f64)
+                        .collect()
+                } else {
+                    x.iter().map(|v| *v as f64).collect()
+                };
                 let row_offset = 3usize;
                 let y0 = nonzero(&mut rng, rows + row_offset);
                 let init = if accumulate {
@@ -200,13 +212,15 @@ fn int8_matvec_matches_cpu() {
                     (m.padded / 4) as u32,
                     (m.padded / 64) as u32,
                     row_offset as u32,
+                    cols as u32,
+                    eps.to_bits(),
                 ];
                 let out = dispatch(
                     &gpu,
                     kernel,
                     sub,
                     &[bytemuck::cast_slice(&params)],
-                    &[f32s(&x), m.data(), f32s(&m.scales), init],
+                    &[f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
                     (rows as u32).div_ceil(kernel.matvec_rows()),
                 );
                 let got = to_f32(&out[0]);
@@ -221,8 +235,8 @@ fn int8_matvec_matches_cpu() {
                 let mut want = Vec::new();
                 let mut scale = Vec::new();
                 for r in 0..rows {
-                    let dot: f64 = (0..cols).map(|c| m.w(r, c) * x[c] as f64).sum();
-                    let mag: f64 = (0..cols).map(|c| (m.w(r, c) * x[c] as f64).abs()).sum();
+                    let dot: f64 = (0..cols).map(|c| m.w(r, c) * xe[c]).sum();
+                    let mag: f64 = (0..cols).map(|c| (m.w(r, c) * xe[c]).abs()).sum();
                     want.push(
                         dot + if accumulate {
                             y0[row_offset + r] as f64
@@ -240,44 +254,6 @@ fn int8_matvec_matches_cpu() {
                     1e-5,
                 );
             }
-        }
-    }
-}
-
-#[test]
-fn rms_norm_matches_cpu() {
-    let gpu = gpu();
-    let mut rng = StdRng::seed_from_u64(2);
-    for sub in variants(&gpu) {
-        for &(rows, n) in &[(1, 7), (1, 1024), (3, 130), (16, 128), (2, 1000)] {
-            let x = nonzero(&mut rng, rows * n);
-            let w = nonzero(&mut rng, n);
-            let eps = 1e-6f32;
-            let params: [u32; 2] = [n as u32, eps.to_bits()];
-            let out = dispatch(
-                &gpu,
-                Kernel::RmsNorm,
-                sub,
-                &[bytemuck::cast_slice(&params)],
-                &[f32s(&x), f32s(&w), poisoned(rows * n)],
-                rows as u32,
-            );
-            let got = to_f32(&out[0]);
-            let mut want = Vec::new();
-            for r in 0..rows {
-                let row = &x[r * n..(r + 1) * n];
-                let ms: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / n as f64;
-                let inv = 1.0 / (ms + eps as f64).sqrt();
-                want.extend(row.iter().zip(&w).map(|(v, w)| *v as f64 * inv * *w as f64));
-            }
-            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-            assert_close(
-                &format!("rms_norm {rows}x{n} sub={sub}"),
-                &got,
-                &want,
-                &scale,
-                1e-5,
-            );
         }
     }
 }
@@ -663,8 +639,10 @@ fn group_size_reaches_the_kernels() {
     for k in [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
+        Kernel::Int8MatvecNorm,
         Kernel::Int8MatvecSplitK,
         Kernel::Int8MatvecSplitKAccumulate,
+        Kernel::Int8MatvecSplitKNorm,
         Kernel::EmbedLookup,
     ] {
         let c = k.constants();
