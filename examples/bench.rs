@@ -35,21 +35,14 @@ fn peak_rss_mib() -> Option<f64> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let policy = if args.backend == "portable" {
-        AdapterPolicy::Portable
-    } else {
-        AdapterPolicy::MetalOnly
-    };
+    let policy = if args.backend == "portable" { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
     let tmp = tempfile::tempdir()?;
     let ckpt = match &args.checkpoint {
         Some(p) => p.clone(),
         None => {
             let t = Instant::now();
             write_random_checkpoint(tmp.path(), &ModelConfig::qwen3_0_6b_base(), 1)?;
-            eprintln!(
-                "wrote a random exact-shape checkpoint in {:.1} s",
-                t.elapsed().as_secs_f64()
-            );
+            eprintln!("wrote a random exact-shape checkpoint in {:.1} s", t.elapsed().as_secs_f64());
             tmp.path().to_path_buf()
         }
     };
@@ -60,41 +53,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     for (what, _) in [("cold_load", ()), ("cached_load", ())] {
         let t = Instant::now();
-        let model = engine.load(
-            &ckpt,
-            &LoadOptions {
-                cache: cache.clone(),
-                ..Default::default()
-            },
-        )?;
+        let model = engine.load(&ckpt, &LoadOptions { cache: cache.clone(), ..Default::default() })?;
         println!(
             "{}",
             json!({"bench": what, "load_ms": t.elapsed().as_secs_f64() * 1e3, "converted": model.load_report().converted,
                    "convert_ms": model.load_report().convert_ms, "peak_rss_mib": peak_rss_mib(), "adapter": adapter})
         );
     }
-    let model = engine.load(
-        &ckpt,
-        &LoadOptions {
-            cache: cache.clone(),
-            ..Default::default()
-        },
-    )?;
+    let model = engine.load(&ckpt, &LoadOptions { cache: cache.clone(), ..Default::default() })?;
     let cfg = model.config().clone();
     let weight_bytes: f64 = {
         let h = cfg.hidden_size as f64;
-        let per_layer = (cfg.qkv_rows() as f64 * h
-            + h * cfg.q_dim() as f64
-            + 3.0 * cfg.intermediate_size as f64 * h)
-            * (1.0 + 4.0 / 64.0);
+        let per_layer =
+            (cfg.qkv_rows() as f64 * h + h * cfg.q_dim() as f64 + 3.0 * cfg.intermediate_size as f64 * h)
+                * (1.0 + 4.0 / 64.0);
         per_layer * cfg.num_hidden_layers as f64 + cfg.vocab_size as f64 * h * (1.0 + 4.0 / 64.0)
     };
     for &ctx in &args.contexts {
         let capacity = ctx + args.tokens + 17;
         let mut s = model.session_with_capacity(capacity)?;
-        let prompt: Vec<u32> = (0..ctx as u32)
-            .map(|i| (i * 7919) % cfg.vocab_size as u32)
-            .collect();
+        let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % cfg.vocab_size as u32).collect();
         let t = Instant::now();
         s.feed(&prompt)?;
         let prefill_ms = t.elapsed().as_secs_f64() * 1e3;

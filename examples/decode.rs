@@ -89,11 +89,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         _ => return Err(Error::EmptyPrompt),
     };
     let options = LoadOptions {
-        profile: if args.exact_shape {
-            ShapeProfile::Qwen3_0_6B
-        } else {
-            ShapeProfile::AnyQwen3
-        },
+        profile: if args.exact_shape { ShapeProfile::Qwen3_0_6B } else { ShapeProfile::AnyQwen3 },
         cache: match (&args.cache_dir, args.no_cache) {
             (_, true) => CachePolicy::Disabled,
             (Some(dir), _) => CachePolicy::Dir(dir.clone()),
@@ -131,7 +127,11 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             out.prefill_ms,
             out.n_prompt,
             out.load_ms,
-            if report.converted { format!(" (converted in {:.0} ms)", report.convert_ms) } else { " (cached)".into() },
+            if report.converted {
+                format!(" (converted in {:.0} ms)", report.convert_ms)
+            } else {
+                " (cached)".into()
+            },
             info.name,
             info.backend,
             out.stop_reason.as_str(),
@@ -161,10 +161,7 @@ fn main() {
         Err(e) => {
             eprintln!("error [{}]: {e}", e.code());
             if args.json {
-                println!(
-                    "{}",
-                    json!({"error": {"code": e.code(), "message": e.to_string()}})
-                );
+                println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
             }
             std::process::exit(2);
         }

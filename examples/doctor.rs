@@ -7,21 +7,14 @@ use qwen3_wgpu::{AdapterPolicy, Gpu};
 fn main() {
     let portable = std::env::args().any(|a| a == "portable")
         || AdapterPolicy::from_env() == Some(AdapterPolicy::Portable);
-    let policy = if portable {
-        AdapterPolicy::Portable
-    } else {
-        AdapterPolicy::MetalOnly
-    };
+    let policy = if portable { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
     let adapters = Gpu::adapters();
     println!("adapters ({}):", adapters.len());
     for a in &adapters {
         let i = a.get_info();
         let f = a.features();
         let l = a.limits();
-        println!(
-            "- {} [{:?}, {:?}] driver {} {}",
-            i.name, i.backend, i.device_type, i.driver, i.driver_info
-        );
+        println!("- {} [{:?}, {:?}] driver {} {}", i.name, i.backend, i.device_type, i.driver, i.driver_info);
         println!(
             "  features: subgroups={} (sizes {}..{}), f16={}, passthrough_shaders={}, timestamps={}",
             f.contains(wgpu::Features::SUBGROUP),

@@ -134,10 +134,7 @@ pub fn load_model(
             }
             Ok(None) => {}
             Err(reason) => {
-                log::warn!(
-                    "ignoring invalid weight cache {}: {reason}; rebuilding it",
-                    path.display()
-                );
+                log::warn!("ignoring invalid weight cache {}: {reason}; rebuilding it", path.display());
                 if let Err(e) = std::fs::remove_file(path) {
                     if e.kind() != std::io::ErrorKind::NotFound {
                         log::warn!("cannot delete invalid weight cache {}: {e}", path.display());
@@ -172,12 +169,7 @@ pub fn load_model(
             cache_path = None;
         }
     }
-    let report = LoadReport {
-        converted: true,
-        cache_path,
-        convert_ms,
-        load_ms: ms_since(started),
-    };
+    let report = LoadReport { converted: true, cache_path, convert_ms, load_ms: ms_since(started) };
     Ok((model, report))
 }
 
@@ -235,10 +227,7 @@ fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<Conver
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot open: {e}")),
     };
-    let file_len = file
-        .metadata()
-        .map_err(|e| format!("cannot stat: {e}"))?
-        .len();
+    let file_len = file.metadata().map_err(|e| format!("cannot stat: {e}"))?.len();
     if !file.metadata().map(|m| m.is_file()).unwrap_or(false) {
         return Err("not a regular file".into());
     }
@@ -257,9 +246,7 @@ fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<Conver
     }
     let version = u32_at(b, 8);
     if version != CACHE_FORMAT_VERSION {
-        return Err(format!(
-            "format version {version}, expected {CACHE_FORMAT_VERSION}"
-        ));
+        return Err(format!("format version {version}, expected {CACHE_FORMAT_VERSION}"));
     }
     let marker = u32::from_ne_bytes([b[12], b[13], b[14], b[15]]);
     if marker != BYTE_ORDER_MARKER {
@@ -268,25 +255,16 @@ fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<Conver
     if &b[40..40 + KEY_LEN] != key.as_bytes() {
         return Err("key does not match the checkpoint".into());
     }
-    let to_usize =
-        |v: u64, what: &str| usize::try_from(v).map_err(|_| format!("{what} {v} too large"));
+    let to_usize = |v: u64, what: &str| usize::try_from(v).map_err(|_| format!("{what} {v} too large"));
     let header_len = to_usize(u64_at(b, 16), "header length")?;
     let blob_offset = to_usize(u64_at(b, 24), "blob offset")?;
     let blob_len = to_usize(u64_at(b, 32), "blob length")?;
-    let header_end = PREAMBLE_LEN
-        .checked_add(header_len)
-        .ok_or("header length overflows")?;
+    let header_end = PREAMBLE_LEN.checked_add(header_len).ok_or("header length overflows")?;
     if !blob_offset.is_multiple_of(BLOB_FILE_ALIGN) || blob_offset < header_end {
-        return Err(format!(
-            "blob offset {blob_offset} misplaced (header ends at {header_end})"
-        ));
+        return Err(format!("blob offset {blob_offset} misplaced (header ends at {header_end})"));
     }
-    let blob_end = blob_offset
-        .checked_add(blob_len)
-        .ok_or("blob length overflows")?;
-    let expected_len = blob_end
-        .checked_add(FOOTER_LEN)
-        .ok_or("blob length overflows")?;
+    let blob_end = blob_offset.checked_add(blob_len).ok_or("blob length overflows")?;
+    let expected_len = blob_end.checked_add(FOOTER_LEN).ok_or("blob length overflows")?;
     if expected_len as u64 != file_len {
         return Err(format!(
             "file is {file_len} bytes, its preamble implies {expected_len} (truncated or extended)"
@@ -303,12 +281,9 @@ fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<Conver
     crc.update(blob);
     let (computed, stored) = (crc.finalize(), u32_at(footer, 0));
     if computed != stored {
-        return Err(format!(
-            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
-        ));
+        return Err(format!("checksum mismatch (stored {stored:08x}, computed {computed:08x})"));
     }
-    let parsed: HeaderIn =
-        serde_json::from_slice(header).map_err(|e| format!("malformed header: {e}"))?;
+    let parsed: HeaderIn = serde_json::from_slice(header).map_err(|e| format!("malformed header: {e}"))?;
     if parsed.blob_len != blob_len {
         return Err("header and preamble disagree on the blob length".into());
     }
@@ -371,12 +346,9 @@ pub(crate) fn write_cache(path: &Path, key: &str, model: &ConvertedModel) -> Res
         return Err(io("bad key", &key));
     }
     let blob = blob_bytes(model).ok_or_else(|| io("bad blob", &"blob_start past the end"))?;
-    let header = serde_json::to_vec(&HeaderOut {
-        config: &model.config,
-        index: &model.index,
-        blob_len: blob.len(),
-    })
-    .map_err(|e| io("cannot serialize header", &e))?;
+    let header =
+        serde_json::to_vec(&HeaderOut { config: &model.config, index: &model.index, blob_len: blob.len() })
+            .map_err(|e| io("cannot serialize header", &e))?;
     let blob_offset = (PREAMBLE_LEN + header.len()).next_multiple_of(BLOB_FILE_ALIGN);
 
     let mut preamble = Vec::with_capacity(PREAMBLE_LEN);
@@ -397,25 +369,17 @@ pub(crate) fn write_cache(path: &Path, key: &str, model: &ConvertedModel) -> Res
     footer.extend_from_slice(&[0u8; 4]);
     footer.extend_from_slice(END_MAGIC);
 
-    let dir = path
-        .parent()
-        .ok_or_else(|| io("bad cache path", &"no parent directory"))?;
+    let dir = path.parent().ok_or_else(|| io("bad cache path", &"no parent directory"))?;
     let (mut file, tmp_path) =
         create_temp_file(dir, key).map_err(|e| io("cannot create temporary file", &e))?;
-    let mut guard = TempFileGuard {
-        path: tmp_path,
-        keep: false,
-    };
+    let mut guard = TempFileGuard { path: tmp_path, keep: false };
     let padding = vec![0u8; blob_offset - PREAMBLE_LEN - header.len()];
     for part in [&preamble[..], &header, &padding, blob, &footer] {
-        file.write_all(part)
-            .map_err(|e| io("cannot write cache file", &e))?;
+        file.write_all(part).map_err(|e| io("cannot write cache file", &e))?;
     }
-    file.sync_all()
-        .map_err(|e| io("cannot sync cache file", &e))?;
+    file.sync_all().map_err(|e| io("cannot sync cache file", &e))?;
     drop(file);
-    std::fs::rename(&guard.path, path)
-        .map_err(|e| io("cannot rename cache file into place", &e))?;
+    std::fs::rename(&guard.path, path).map_err(|e| io("cannot rename cache file into place", &e))?;
     guard.keep = true;
     // Make the rename itself durable; not fatal where directories cannot be
     // opened or synced.

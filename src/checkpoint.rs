@@ -44,17 +44,9 @@ impl WeightsFile {
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::CheckpointNotFound {
-                    path,
-                    reason: "weights file does not exist".into(),
-                })
+                return Err(Error::CheckpointNotFound { path, reason: "weights file does not exist".into() })
             }
-            Err(e) => {
-                return Err(Error::cache_io(
-                    &path,
-                    format!("cannot open weights file: {e}"),
-                ))
-            }
+            Err(e) => return Err(Error::cache_io(&path, format!("cannot open weights file: {e}"))),
         };
         let len = file
             .metadata()
@@ -64,9 +56,7 @@ impl WeightsFile {
             // Mapping an empty file fails on some platforms; this reads better.
             return Err(Error::invalid(
                 &path,
-                format!(
-                    "malformed safetensors: file is {len} bytes, shorter than its header length"
-                ),
+                format!("malformed safetensors: file is {len} bytes, shorter than its header length"),
             ));
         }
         // SAFETY: the map is read-only and private to this process. Its one
@@ -83,13 +73,7 @@ impl WeightsFile {
         // contiguous, sizes matching dtype*shape, buffer length exact).
         let (header_len, metadata) = SafeTensors::read_metadata(&map)
             .map_err(|e| Error::invalid(&path, format!("malformed safetensors: {e}")))?;
-        Ok(Self {
-            name: name.to_string(),
-            path,
-            map,
-            header_len,
-            metadata,
-        })
+        Ok(Self { name: name.to_string(), path, map, header_len, metadata })
     }
 
     /// The file's tensor bytes start here.
@@ -219,23 +203,14 @@ impl TensorData<'_> {
 /// embeddings are untied.
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-    )];
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         out.extend([
             (format!("{p}.input_layernorm.weight"), vec![h]),
             (format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_dim(), h]),
-            (
-                format!("{p}.self_attn.k_proj.weight"),
-                vec![cfg.kv_dim(), h],
-            ),
-            (
-                format!("{p}.self_attn.v_proj.weight"),
-                vec![cfg.kv_dim(), h],
-            ),
+            (format!("{p}.self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]),
+            (format!("{p}.self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]),
             (format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_dim()]),
             (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
             (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
@@ -277,8 +252,7 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut index_map: Option<BTreeMap<String, String>> = None;
         if let Some(index_bytes) = read_optional(&index_path)? {
-            let weight_map =
-                parse_shard_index(&index_bytes).map_err(|r| Error::invalid(&index_path, r))?;
+            let weight_map = parse_shard_index(&index_bytes).map_err(|r| Error::invalid(&index_path, r))?;
             let mut shard_names: Vec<&String> = weight_map.values().collect();
             shard_names.sort();
             shard_names.dedup();
@@ -301,40 +275,26 @@ impl Checkpoint {
         for (file_idx, file) in files.iter().enumerate() {
             for name in file.metadata.tensors().into_keys() {
                 if let Some(prev) = locations.insert(name.clone(), file_idx) {
-                    let prev_name = files
-                        .get(prev)
-                        .map_or("?", |f: &WeightsFile| f.name.as_str());
+                    let prev_name = files.get(prev).map_or("?", |f: &WeightsFile| f.name.as_str());
                     return Err(Error::invalid(
                         dir,
-                        format!(
-                            "tensor {name} is stored in both {prev_name} and {}",
-                            file.name
-                        ),
+                        format!("tensor {name} is stored in both {prev_name} and {}", file.name),
                     ));
                 }
             }
         }
         if let Some(weight_map) = index_map {
             for (tensor, shard) in &weight_map {
-                let found = locations
-                    .get(tensor)
-                    .and_then(|&i| files.get(i))
-                    .map(|f| &f.name);
+                let found = locations.get(tensor).and_then(|&i| files.get(i)).map(|f| &f.name);
                 if found != Some(shard) {
                     return Err(Error::invalid(
                         &index_path,
-                        format!(
-                            "weight_map puts {tensor} in {shard}, but that file does not hold it"
-                        ),
+                        format!("weight_map puts {tensor} in {shard}, but that file does not hold it"),
                     ));
                 }
             }
         }
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            files,
-            locations,
-        })
+        Ok(Self { dir: dir.to_path_buf(), files, locations })
     }
 
     /// The checkpoint directory.
@@ -352,9 +312,7 @@ impl Checkpoint {
         let file = self.files.get(*self.locations.get(name)?)?;
         let info = file.metadata.info(name)?;
         let (start, end) = info.data_offsets;
-        let bytes = file
-            .map
-            .get(file.data_start() + start..file.data_start() + end)?;
+        let bytes = file.map.get(file.data_start() + start..file.data_start() + end)?;
         Some(TensorData {
             name: self.locations.get_key_value(name)?.0,
             dtype: info.dtype,
@@ -366,8 +324,7 @@ impl Checkpoint {
     /// Like [`tensor`](Self::tensor), but a missing tensor is
     /// [`Error::CheckpointInvalid`].
     pub fn require(&self, name: &str) -> Result<TensorData<'_>> {
-        self.tensor(name)
-            .ok_or_else(|| Error::invalid(&self.dir, format!("missing tensor {name}")))
+        self.tensor(name).ok_or_else(|| Error::invalid(&self.dir, format!("missing tensor {name}")))
     }
 
     /// Checks, before any conversion, that every tensor `cfg` implies exists
@@ -378,25 +335,14 @@ impl Checkpoint {
     /// `lm_head.weight` is ignored when the embeddings are tied.
     pub fn validate(&self, cfg: &ModelConfig) -> Result<()> {
         let expected = expected_tensors(cfg);
-        let missing: Vec<&str> = expected
-            .iter()
-            .filter(|(n, _)| self.tensor(n).is_none())
-            .map(|(n, _)| n.as_str())
-            .collect();
+        let missing: Vec<&str> =
+            expected.iter().filter(|(n, _)| self.tensor(n).is_none()).map(|(n, _)| n.as_str()).collect();
         if !missing.is_empty() {
-            let mut listed = missing
-                .iter()
-                .take(MAX_LISTED_MISSING)
-                .copied()
-                .collect::<Vec<_>>()
-                .join(", ");
+            let mut listed = missing.iter().take(MAX_LISTED_MISSING).copied().collect::<Vec<_>>().join(", ");
             if missing.len() > MAX_LISTED_MISSING {
                 listed.push_str(&format!(" and {} more", missing.len() - MAX_LISTED_MISSING));
             }
-            return Err(Error::invalid(
-                &self.dir,
-                format!("{} missing tensor(s): {listed}", missing.len()),
-            ));
+            return Err(Error::invalid(&self.dir, format!("{} missing tensor(s): {listed}", missing.len())));
         }
         let mut wrong_shapes = Vec::new();
         for (name, shape) in &expected {
@@ -503,9 +449,7 @@ fn data_samples(data: &[u8]) -> Vec<&[u8]> {
         return vec![data];
     }
     let last_start = data.len() - len;
-    (0..n)
-        .map(|i| &data[last_start * i / (n - 1)..][..len])
-        .collect()
+    (0..n).map(|i| &data[last_start * i / (n - 1)..][..len]).collect()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -523,22 +467,14 @@ fn hex(bytes: &[u8]) -> String {
 fn parse_shard_index(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| format!("malformed JSON: {e}"))?;
-    let map = value
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or("missing weight_map object")?;
+    let map = value.get("weight_map").and_then(|m| m.as_object()).ok_or("missing weight_map object")?;
     let mut out = BTreeMap::new();
     for (tensor, file) in map {
-        let file = file
-            .as_str()
-            .ok_or_else(|| format!("weight_map entry for {tensor} is not a file name"))?;
-        let plain = Path::new(file)
-            .file_name()
-            .is_some_and(|n| n == std::ffi::OsStr::new(file));
+        let file =
+            file.as_str().ok_or_else(|| format!("weight_map entry for {tensor} is not a file name"))?;
+        let plain = Path::new(file).file_name().is_some_and(|n| n == std::ffi::OsStr::new(file));
         if !plain || file == ".." {
-            return Err(format!(
-                "weight_map entry for {tensor} is not a plain file name: {file}"
-            ));
+            return Err(format!("weight_map entry for {tensor} is not a plain file name: {file}"));
         }
         out.insert(tensor.clone(), file.to_string());
     }

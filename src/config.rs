@@ -127,8 +127,7 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
 
     let gen_path = dir.join("generation_config.json");
     if let Some(gen_bytes) = read_optional(&gen_path)? {
-        let gen_ids =
-            parse_generation_eos(&gen_bytes).map_err(|reason| Error::invalid(&gen_path, reason))?;
+        let gen_ids = parse_generation_eos(&gen_bytes).map_err(|reason| Error::invalid(&gen_path, reason))?;
         for id in gen_ids {
             if !cfg.eos_token_ids.contains(&id) {
                 cfg.eos_token_ids.push(id);
@@ -155,27 +154,11 @@ pub fn check_profile(cfg: &ModelConfig, profile: ShapeProfile) -> Result<()> {
             let want = ModelConfig::qwen3_0_6b_base();
             let expected: [(&str, usize, usize); 7] = [
                 ("hidden_size", want.hidden_size, cfg.hidden_size),
-                (
-                    "num_hidden_layers",
-                    want.num_hidden_layers,
-                    cfg.num_hidden_layers,
-                ),
-                (
-                    "num_attention_heads",
-                    want.num_attention_heads,
-                    cfg.num_attention_heads,
-                ),
-                (
-                    "num_key_value_heads",
-                    want.num_key_value_heads,
-                    cfg.num_key_value_heads,
-                ),
+                ("num_hidden_layers", want.num_hidden_layers, cfg.num_hidden_layers),
+                ("num_attention_heads", want.num_attention_heads, cfg.num_attention_heads),
+                ("num_key_value_heads", want.num_key_value_heads, cfg.num_key_value_heads),
                 ("head_dim", want.head_dim, cfg.head_dim),
-                (
-                    "intermediate_size",
-                    want.intermediate_size,
-                    cfg.intermediate_size,
-                ),
+                ("intermediate_size", want.intermediate_size, cfg.intermediate_size),
                 ("vocab_size", want.vocab_size, cfg.vocab_size),
             ];
             let mut m: Vec<Mismatch> = expected
@@ -192,23 +175,12 @@ pub fn check_profile(cfg: &ModelConfig, profile: ShapeProfile) -> Result<()> {
     if mismatches.is_empty() {
         Ok(())
     } else {
-        Err(Error::UnsupportedArchitecture {
-            profile: profile.name().into(),
-            mismatches,
-        })
+        Err(Error::UnsupportedArchitecture { profile: profile.name().into(), mismatches })
     }
 }
 
-fn mismatch(
-    field: &str,
-    expected: impl std::fmt::Display,
-    found: impl std::fmt::Display,
-) -> Mismatch {
-    Mismatch {
-        field: field.into(),
-        expected: expected.to_string(),
-        found: found.to_string(),
-    }
+fn mismatch(field: &str, expected: impl std::fmt::Display, found: impl std::fmt::Display) -> Mismatch {
+    Mismatch { field: field.into(), expected: expected.to_string(), found: found.to_string() }
 }
 
 /// Every reason the engine cannot run `cfg`, whatever the profile.
@@ -239,17 +211,10 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
             cfg.max_position_embeddings,
         ));
     }
-    if cfg.num_key_value_heads != 0
-        && !cfg
-            .num_attention_heads
-            .is_multiple_of(cfg.num_key_value_heads)
-    {
+    if cfg.num_key_value_heads != 0 && !cfg.num_attention_heads.is_multiple_of(cfg.num_key_value_heads) {
         m.push(mismatch(
             "num_attention_heads",
-            format_args!(
-                "a multiple of num_key_value_heads ({})",
-                cfg.num_key_value_heads
-            ),
+            format_args!("a multiple of num_key_value_heads ({})", cfg.num_key_value_heads),
             cfg.num_attention_heads,
         ));
     }
@@ -258,25 +223,13 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
         m.push(mismatch("head_dim", "an even number", cfg.head_dim));
     } else if cfg.head_dim > crate::kernels::MAX_HEAD_DIM {
         // The attention kernels keep one head in workgroup memory.
-        m.push(mismatch(
-            "head_dim",
-            format_args!("<= {}", crate::kernels::MAX_HEAD_DIM),
-            cfg.head_dim,
-        ));
+        m.push(mismatch("head_dim", format_args!("<= {}", crate::kernels::MAX_HEAD_DIM), cfg.head_dim));
     }
     if !(cfg.rope_theta.is_finite() && cfg.rope_theta > 0.0) {
-        m.push(mismatch(
-            "rope_theta",
-            "a finite number > 0",
-            cfg.rope_theta,
-        ));
+        m.push(mismatch("rope_theta", "a finite number > 0", cfg.rope_theta));
     }
     if !(cfg.rms_norm_eps.is_finite() && cfg.rms_norm_eps > 0.0) {
-        m.push(mismatch(
-            "rms_norm_eps",
-            "a finite number > 0",
-            cfg.rms_norm_eps,
-        ));
+        m.push(mismatch("rms_norm_eps", "a finite number > 0", cfg.rms_norm_eps));
     }
     m
 }
@@ -284,10 +237,9 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
 fn read_required(path: &Path) -> Result<Vec<u8>> {
     match std::fs::read(path) {
         Ok(b) => Ok(b),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::CheckpointNotFound {
-            path: path.to_path_buf(),
-            reason: "file does not exist".into(),
-        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::CheckpointNotFound { path: path.to_path_buf(), reason: "file does not exist".into() })
+        }
         Err(e) => Err(Error::invalid(path, format!("cannot read: {e}"))),
     }
 }
@@ -322,8 +274,7 @@ fn parse_config(bytes: &[u8]) -> Result<ModelConfig, String> {
     let hidden_size = required_usize(&obj, "hidden_size")?;
     let num_attention_heads = required_usize(&obj, "num_attention_heads")?;
     // HF's Qwen3Config defaults kv heads to the attention heads (plain MHA).
-    let num_key_value_heads =
-        optional_usize(&obj, "num_key_value_heads")?.unwrap_or(num_attention_heads);
+    let num_key_value_heads = optional_usize(&obj, "num_key_value_heads")?.unwrap_or(num_attention_heads);
     let head_dim = match optional_usize(&obj, "head_dim")? {
         Some(hd) => hd,
         None if num_attention_heads == 0 => 0, // reported as a zero head count later
@@ -375,10 +326,9 @@ fn optional_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, 
 fn optional_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, String> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .map(|x| Some(x as f32))
-            .ok_or_else(|| format!("{key} must be a number, found {v}")),
+        Some(v) => {
+            v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| format!("{key} must be a number, found {v}"))
+        }
     }
 }
 

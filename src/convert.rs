@@ -10,8 +10,7 @@ use crate::checkpoint::{Checkpoint, TensorData};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::weights::{
-    Blob, ByteRange, ConvertedModel, LayerWeights, QuantMatrix, WeightIndex, BLOB_ALIGN,
-    QUANT_GROUP,
+    Blob, ByteRange, ConvertedModel, LayerWeights, QuantMatrix, WeightIndex, BLOB_ALIGN, QUANT_GROUP,
 };
 
 /// Hands out aligned, non-overlapping ranges of a blob being planned.
@@ -34,12 +33,7 @@ impl LayoutPlanner {
         let groups = cols.div_ceil(QUANT_GROUP);
         let data = self.range(rows * groups * QUANT_GROUP);
         let scales = self.range(rows * groups * 4);
-        QuantMatrix {
-            rows,
-            cols,
-            data,
-            scales,
-        }
+        QuantMatrix { rows, cols, data, scales }
     }
 }
 
@@ -67,15 +61,7 @@ pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
     let final_norm = p.f32s(h);
     let lm_head = (!cfg.tie_word_embeddings).then(|| p.matrix(cfg.vocab_size, h));
     let total = p.len.next_multiple_of(BLOB_ALIGN);
-    (
-        WeightIndex {
-            embed,
-            lm_head,
-            layers,
-            final_norm,
-        },
-        total,
-    )
+    (WeightIndex { embed, lm_head, layers, final_norm }, total)
 }
 
 /// Converts a checkpoint to int8 (see the module docs) into one owned blob.
@@ -103,11 +89,7 @@ pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
     let blob = &mut storage[blob_start..];
     let max_cols = cfg.hidden_size.max(cfg.intermediate_size).max(cfg.q_dim());
     let mut row = vec![0.0f32; max_cols];
-    let mut q = Quantizer {
-        blob,
-        row: &mut row,
-        dir: ckpt.dir(),
-    };
+    let mut q = Quantizer { blob, row: &mut row, dir: ckpt.dir() };
 
     q.matrix(&index.embed, &[ckpt.require("model.embed_tokens.weight")?])?;
     for (i, layer) in index.layers.iter().enumerate() {
@@ -115,32 +97,20 @@ pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
         q.norm(layer.input_norm, &t("input_layernorm.weight")?)?;
         q.matrix(
             &layer.qkv,
-            &[
-                t("self_attn.q_proj.weight")?,
-                t("self_attn.k_proj.weight")?,
-                t("self_attn.v_proj.weight")?,
-            ],
+            &[t("self_attn.q_proj.weight")?, t("self_attn.k_proj.weight")?, t("self_attn.v_proj.weight")?],
         )?;
         q.norm(layer.q_norm, &t("self_attn.q_norm.weight")?)?;
         q.norm(layer.k_norm, &t("self_attn.k_norm.weight")?)?;
         q.matrix(&layer.o_proj, &[t("self_attn.o_proj.weight")?])?;
         q.norm(layer.post_norm, &t("post_attention_layernorm.weight")?)?;
-        q.matrix(
-            &layer.gate_up,
-            &[t("mlp.gate_proj.weight")?, t("mlp.up_proj.weight")?],
-        )?;
+        q.matrix(&layer.gate_up, &[t("mlp.gate_proj.weight")?, t("mlp.up_proj.weight")?])?;
         q.matrix(&layer.down, &[t("mlp.down_proj.weight")?])?;
     }
     q.norm(index.final_norm, &ckpt.require("model.norm.weight")?)?;
     if let Some(head) = &index.lm_head {
         q.matrix(head, &[ckpt.require("lm_head.weight")?])?;
     }
-    Ok(ConvertedModel {
-        config: cfg.clone(),
-        index,
-        blob: Blob::Owned(storage),
-        blob_start,
-    })
+    Ok(ConvertedModel { config: cfg.clone(), index, blob: Blob::Owned(storage), blob_start })
 }
 
 /// Writes tensors into their planned ranges of the blob.
@@ -155,10 +125,7 @@ struct Quantizer<'a> {
 /// A tensor or range that does not fit the layout planned from the config.
 /// Validation rules this out; the checks keep a bug from panicking.
 fn layout_error(dir: &Path, what: &str, detail: impl std::fmt::Display) -> Error {
-    Error::invalid(
-        dir,
-        format!("{what} does not fit the planned layout: {detail}"),
-    )
+    Error::invalid(dir, format!("{what} does not fit the planned layout: {detail}"))
 }
 
 impl Quantizer<'_> {
@@ -168,9 +135,7 @@ impl Quantizer<'_> {
             .blob
             .get_mut(dst.offset..dst.offset + dst.len)
             .filter(|o| o.len() == values.len() * 4)
-            .ok_or_else(|| {
-                layout_error(self.dir, t.name, format_args!("{} values", values.len()))
-            })?;
+            .ok_or_else(|| layout_error(self.dir, t.name, format_args!("{} values", values.len())))?;
         for (o, v) in out.chunks_exact_mut(4).zip(&values) {
             o.copy_from_slice(&v.to_ne_bytes());
         }
@@ -190,10 +155,7 @@ impl Quantizer<'_> {
             .checked_sub(m.data.offset)
             .filter(|&gap| gap >= m.data.len)
             .ok_or_else(outside)?;
-        let region = self
-            .blob
-            .get_mut(m.data.offset..m.scales.offset + m.scales.len)
-            .ok_or_else(outside)?;
+        let region = self.blob.get_mut(m.data.offset..m.scales.offset + m.scales.len).ok_or_else(outside)?;
         let (data, rest) = region.split_at_mut(scales_from_data);
         let data = &mut data[..m.data.len];
         let scales = &mut rest[..m.scales.len];
@@ -219,10 +181,7 @@ impl Quantizer<'_> {
                 if !quantize_row(row, q_row, s_row) {
                     return Err(Error::invalid(
                         dir,
-                        format!(
-                            "{} row {r} holds NaN or infinite values; cannot quantize",
-                            t.name
-                        ),
+                        format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name),
                     ));
                 }
             }
@@ -241,17 +200,11 @@ impl Quantizer<'_> {
 /// when the row holds a non-finite value.
 fn quantize_row(row: &[f32], q_row: &mut [u8], s_row: &mut [u8]) -> bool {
     let mut all_finite = true;
-    let groups = row
-        .chunks(QUANT_GROUP)
-        .zip(q_row.chunks_mut(QUANT_GROUP))
-        .zip(s_row.chunks_exact_mut(4));
+    let groups = row.chunks(QUANT_GROUP).zip(q_row.chunks_mut(QUANT_GROUP)).zip(s_row.chunks_exact_mut(4));
     for ((w, q), s) in groups {
         // Full groups go through fixed-size arrays so the compiler can
         // unroll and vectorize them; only a row's short last group does not.
-        let scale = match (
-            <&[f32; QUANT_GROUP]>::try_from(w),
-            <&mut [u8; QUANT_GROUP]>::try_from(&mut *q),
-        ) {
+        let scale = match (<&[f32; QUANT_GROUP]>::try_from(w), <&mut [u8; QUANT_GROUP]>::try_from(&mut *q)) {
             (Ok(w), Ok(q)) => quantize_group(w, q, &mut all_finite),
             _ => quantize_group(w, q, &mut all_finite),
         };
@@ -288,9 +241,7 @@ where
         max_lanes[0] = if a > max_lanes[0] { a } else { max_lanes[0] };
         poison[0] += x * 0.0;
     }
-    let absmax = max_lanes
-        .iter()
-        .fold(0f32, |m, &a| if a > m { a } else { m });
+    let absmax = max_lanes.iter().fold(0f32, |m, &a| if a > m { a } else { m });
     if poison.iter().sum::<f32>() != 0.0 {
         *all_finite = false;
     }
@@ -333,9 +284,7 @@ pub fn quantize_value(y: f32) -> i8 {
 /// footer after it). `None` when the storage is shorter than the layout.
 pub fn blob_bytes(model: &ConvertedModel) -> Option<&[u8]> {
     let (_, len) = plan_layout(&model.config);
-    model
-        .blob
-        .get(model.blob_start..model.blob_start.checked_add(len)?)
+    model.blob.get(model.blob_start..model.blob_start.checked_add(len)?)
 }
 
 /// Dequantizes element `(row, col)` of `m` from `model` (for tests and
@@ -378,11 +327,7 @@ mod tests {
         // Agrees with f32::round everywhere in range, on a fine grid.
         for i in -130_000..=130_000 {
             let y = i as f32 * 0.001 + 0.0005;
-            assert_eq!(
-                quantize_value(y),
-                y.round().clamp(-127.0, 127.0) as i8,
-                "y = {y}"
-            );
+            assert_eq!(quantize_value(y), y.round().clamp(-127.0, 127.0) as i8, "y = {y}");
         }
     }
 

@@ -49,10 +49,7 @@ impl EngineBuilder {
 
     /// Picks (or adopts) the device and compiles every kernel.
     pub fn build(self) -> Result<Engine> {
-        let policy = self
-            .policy
-            .or_else(AdapterPolicy::from_env)
-            .unwrap_or_default();
+        let policy = self.policy.or_else(AdapterPolicy::from_env).unwrap_or_default();
         let mut gpu = match self.device {
             Some((device, queue)) => Gpu::from_device(device, queue, policy)?,
             None => Gpu::new(policy)?,
@@ -115,22 +112,12 @@ impl Engine {
     /// converts it to int8 (or loads the cached conversion), and uploads it.
     pub fn load(&self, checkpoint_dir: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
         let t0 = Instant::now();
-        let (converted, report) =
-            load_model(checkpoint_dir.as_ref(), options.profile, &options.cache)?;
+        let (converted, report) = load_model(checkpoint_dir.as_ref(), options.profile, &options.cache)?;
         let weights = GpuWeights::upload(&self.gpu, &converted)?;
         let config = converted.config.clone();
         drop(converted);
-        let inner = ModelGpu {
-            gpu: self.gpu.clone(),
-            kernels: self.kernels.clone(),
-            config,
-            weights,
-        };
-        Ok(Model {
-            inner: Arc::new(inner),
-            report,
-            load_ms: t0.elapsed().as_secs_f64() * 1e3,
-        })
+        let inner = ModelGpu { gpu: self.gpu.clone(), kernels: self.kernels.clone(), config, weights };
+        Ok(Model { inner: Arc::new(inner), report, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
     }
 }
 
@@ -146,10 +133,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions {
-            profile: ShapeProfile::AnyQwen3,
-            cache: CachePolicy::Default,
-        }
+        LoadOptions { profile: ShapeProfile::AnyQwen3, cache: CachePolicy::Default }
     }
 }
 
@@ -187,10 +171,7 @@ impl Model {
     pub fn session_with_capacity(&self, capacity: usize) -> Result<Session> {
         let max = self.config().max_position_embeddings;
         if capacity == 0 || capacity > max {
-            return Err(Error::ContextOverflow {
-                needed: capacity,
-                capacity: max,
-            });
+            return Err(Error::ContextOverflow { needed: capacity, capacity: max });
         }
         Session::new(self.inner.clone(), capacity)
     }
@@ -208,16 +189,10 @@ impl Model {
             return Err(Error::EmptyPrompt);
         }
         let cfg = self.config();
-        if let Some((position, &id)) = prompt_ids
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= cfg.vocab_size)
+        if let Some((position, &id)) =
+            prompt_ids.iter().enumerate().find(|(_, &id)| id as usize >= cfg.vocab_size)
         {
-            return Err(Error::InvalidTokenId {
-                id,
-                position,
-                vocab_size: cfg.vocab_size,
-            });
+            return Err(Error::InvalidTokenId { id, position, vocab_size: cfg.vocab_size });
         }
         // The last new token is never fed back, so it needs no cache slot.
         let needed = prompt_ids.len() + max_new_tokens.saturating_sub(1);
@@ -324,13 +299,7 @@ pub fn decode(
     prompt_ids: &[u32],
     max_new_tokens: usize,
 ) -> Result<DecodeResult> {
-    decode_with(
-        engine,
-        checkpoint_dir,
-        prompt_ids,
-        max_new_tokens,
-        &LoadOptions::default(),
-    )
+    decode_with(engine, checkpoint_dir, prompt_ids, max_new_tokens, &LoadOptions::default())
 }
 
 /// [`decode`] with explicit [`LoadOptions`].

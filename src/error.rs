@@ -17,19 +17,12 @@ pub struct Mismatch {
 
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: expected {}, found {}",
-            self.field, self.expected, self.found
-        )
+        write!(f, "{}: expected {}, found {}", self.field, self.expected, self.found)
     }
 }
 
 fn list(m: &[Mismatch]) -> String {
-    m.iter()
-        .map(|m| m.to_string())
-        .collect::<Vec<_>>()
-        .join("; ")
+    m.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; ")
 }
 
 /// Everything that can go wrong, each with a stable [`code`](Error::code).
@@ -48,10 +41,7 @@ pub enum Error {
     /// The checkpoint is not a shape this engine (or the requested profile)
     /// accepts. Lists every mismatched field or tensor, not just the first.
     #[error("unsupported checkpoint architecture ({profile}): {}", list(.mismatches))]
-    UnsupportedArchitecture {
-        profile: String,
-        mismatches: Vec<Mismatch>,
-    },
+    UnsupportedArchitecture { profile: String, mismatches: Vec<Mismatch> },
 
     /// A tensor is stored in a dtype the converter does not read.
     #[error("unsupported dtype {dtype} for tensor {tensor} (expected BF16, F16 or F32)")]
@@ -75,11 +65,7 @@ pub enum Error {
 
     /// A token id is not below the vocabulary size.
     #[error("token id {id} at position {position} is out of range (vocab_size {vocab_size})")]
-    InvalidTokenId {
-        id: u32,
-        position: usize,
-        vocab_size: usize,
-    },
+    InvalidTokenId { id: u32, position: usize, vocab_size: usize },
 
     /// Decoding needs at least one prompt token.
     #[error("the prompt is empty: decoding needs at least one token")]
@@ -136,17 +122,11 @@ impl Error {
     ];
 
     pub(crate) fn cache_io(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {
-        Error::CacheIo {
-            path: path.into(),
-            reason: e.to_string(),
-        }
+        Error::CacheIo { path: path.into(), reason: e.to_string() }
     }
 
     pub(crate) fn invalid(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        Error::CheckpointInvalid {
-            path: path.into(),
-            reason: reason.into(),
-        }
+        Error::CheckpointInvalid { path: path.into(), reason: reason.into() }
     }
 }
 

@@ -24,11 +24,7 @@ pub enum AdapterPolicy {
 impl AdapterPolicy {
     /// The policy named by [`BACKEND_ENV`], if it is set to a known value.
     pub fn from_env() -> Option<Self> {
-        match std::env::var(BACKEND_ENV)
-            .ok()?
-            .to_ascii_lowercase()
-            .as_str()
-        {
+        match std::env::var(BACKEND_ENV).ok()?.to_ascii_lowercase().as_str() {
             "portable" => Some(AdapterPolicy::Portable),
             "metal" => Some(AdapterPolicy::MetalOnly),
             _ => None,
@@ -110,19 +106,13 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
-        .map_err(|e| Error::GpuDeviceFailed {
-            reason: format!("request_device on {}: {e}", info.name),
-        })?;
+        .map_err(|e| Error::GpuDeviceFailed { reason: format!("request_device on {}: {e}", info.name) })?;
         Ok(Self::wrap(device, queue, info))
     }
 
     /// Adopts a device the host application already owns (e.g. its
     /// renderer's). No second device is created; the policy still applies.
-    pub fn from_device(
-        device: wgpu::Device,
-        queue: wgpu::Queue,
-        policy: AdapterPolicy,
-    ) -> Result<Self> {
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, policy: AdapterPolicy) -> Result<Self> {
         let info = device.adapter_info();
         policy.check(&info)?;
         Ok(Self::wrap(device, queue, info))
@@ -143,13 +133,7 @@ impl Gpu {
             }
         });
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        Gpu {
-            device,
-            queue,
-            info,
-            subgroups,
-            fault,
-        }
+        Gpu { device, queue, info, subgroups, fault }
     }
 
     /// One tiny upload and readback: proves the device and queue work (an
@@ -159,9 +143,7 @@ impl Gpu {
         let buf = self.storage_init("probe", &MAGIC.to_le_bytes())?;
         let back = self.download(&buf, 4)?;
         if back != MAGIC.to_le_bytes() {
-            return Err(Error::GpuDeviceFailed {
-                reason: format!("probe read back {back:?}"),
-            });
+            return Err(Error::GpuDeviceFailed { reason: format!("probe read back {back:?}") });
         }
         Ok(())
     }
@@ -199,9 +181,7 @@ impl Gpu {
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: size as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         });
         fill_mapped(&buf, data)?;
@@ -213,9 +193,7 @@ impl Gpu {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: (bytes.div_ceil(4).max(1) * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         })
     }
@@ -252,28 +230,16 @@ impl Gpu {
         });
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::GpuDeviceFailed {
-                reason: format!("poll: {e}"),
-            })?;
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
         self.check_fault()?;
         match rx.recv() {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(Error::GpuDeviceFailed {
-                    reason: format!("map_async: {e}"),
-                })
-            }
-            Err(_) => {
-                return Err(Error::GpuDeviceFailed {
-                    reason: "map_async callback never ran".into(),
-                })
-            }
+            Ok(Err(e)) => return Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
+            Err(_) => return Err(Error::GpuDeviceFailed { reason: "map_async callback never ran".into() }),
         }
         let bytes = slice
             .get_mapped_range()
-            .map_err(|e| Error::GpuDeviceFailed {
-                reason: format!("reading back: {e}"),
-            })?
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("reading back: {e}") })?
             .to_vec();
         buf.unmap();
         Ok(bytes)
@@ -294,20 +260,16 @@ impl Gpu {
 
 /// Features used when the adapter has them.
 pub fn wanted_features() -> wgpu::Features {
-    wgpu::Features::SUBGROUP
-        | wgpu::Features::TIMESTAMP_QUERY
-        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+    wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
 }
 
 /// Writes `data` into a buffer created `mapped_at_creation`, then unmaps it.
 fn fill_mapped(buf: &wgpu::Buffer, data: &[u8]) -> Result<()> {
     {
-        let mut view =
-            buf.slice(..)
-                .get_mapped_range_mut()
-                .map_err(|e| Error::GpuDeviceFailed {
-                    reason: format!("mapping a new buffer: {e}"),
-                })?;
+        let mut view = buf
+            .slice(..)
+            .get_mapped_range_mut()
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("mapping a new buffer: {e}") })?;
         view.slice(..data.len()).copy_from_slice(data);
     }
     buf.unmap();

@@ -69,8 +69,7 @@ pub const MATVEC_WG: u32 = 64;
 /// takes blocks of 4 rows).
 pub const MATVEC_ROWS: u32 = 8;
 
-const _: () =
-    assert!(MATVEC_ROWS.is_multiple_of(4) && WG.is_power_of_two() && MATVEC_WG.is_power_of_two());
+const _: () = assert!(MATVEC_ROWS.is_multiple_of(4) && WG.is_power_of_two() && MATVEC_WG.is_power_of_two());
 /// Output rows per workgroup of the split-K matvec.
 pub const SPLIT_K_ROWS: u32 = 4;
 /// Matrices with fewer rows than this split K over the workgroup (more
@@ -149,9 +148,9 @@ impl Kernel {
             | Kernel::Int8MatvecSplitKAccumulate
             | Kernel::Int8MatvecSplitKNorm => &[Uniform, Read, Read, Read, ReadWrite, Read],
             // params, step, qkv, q_norm, k_norm, rope, q_out, k_cache, v_cache
-            Kernel::QkNormRope => &[
-                Uniform, Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite,
-            ],
+            Kernel::QkNormRope => {
+                &[Uniform, Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]
+            }
             // params, step, q, k_cache, v_cache, scores, out
             Kernel::GqaAttention => &[Uniform, Uniform, Read, Read, Read, ReadWrite, ReadWrite],
             // params, gate_up, h
@@ -167,13 +166,7 @@ impl Kernel {
 
     /// For the `int8_matvec` variants: which layout and epilogue.
     pub fn matvec_variant(self) -> Option<MatvecVariant> {
-        let v = |split_k, accumulate, norm| {
-            Some(MatvecVariant {
-                split_k,
-                accumulate,
-                norm,
-            })
-        };
+        let v = |split_k, accumulate, norm| Some(MatvecVariant { split_k, accumulate, norm });
         match self {
             Kernel::Int8Matvec => v(false, false, false),
             Kernel::Int8MatvecAccumulate => v(false, true, false),
@@ -265,9 +258,7 @@ pub fn bind_group_layout(gpu: &Gpu, label: &str, bindings: &[Bind]) -> wgpu::Bin
                     min_binding_size: None,
                 },
                 Bind::Read | Bind::ReadWrite => wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage {
-                        read_only: *b == Bind::Read,
-                    },
+                    ty: wgpu::BufferBindingType::Storage { read_only: *b == Bind::Read },
                     has_dynamic_offset: false,
                     min_binding_size: None,
                 },
@@ -276,10 +267,7 @@ pub fn bind_group_layout(gpu: &Gpu, label: &str, bindings: &[Bind]) -> wgpu::Bin
         })
         .collect();
     gpu.device
-        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some(label),
-            entries: &entries,
-        })
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(label), entries: &entries })
 }
 
 /// Compiles WGSL `source` and builds a pipeline for `entry` with an explicit
@@ -306,38 +294,29 @@ pub fn compile(
     gpu.scoped(
         || {
             let layout = bind_group_layout(gpu, label, bindings);
-            let pl = gpu
-                .device
-                .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                    label: Some(label),
-                    bind_group_layouts: &[Some(&layout)],
-                    immediate_size: 0,
-                });
-            let sm = gpu
-                .device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(label),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
-                });
-            let pipeline = gpu
-                .device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(label),
-                    layout: Some(&pl),
-                    module: &sm,
-                    entry_point: Some(entry),
-                    compilation_options: wgpu::PipelineCompilationOptions {
-                        constants,
-                        zero_initialize_workgroup_memory: false,
-                    },
-                    cache: None,
-                });
+            let pl = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(label),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+            let sm = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: Some(&pl),
+                module: &sm,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
             Ok((pipeline, layout))
         },
-        |reason| Error::ShaderCompileFailed {
-            kernel: label.to_string(),
-            reason,
-        },
+        |reason| Error::ShaderCompileFailed { kernel: label.to_string(), reason },
     )
 }
 
@@ -350,19 +329,9 @@ impl Kernels {
     pub fn new(gpu: &Gpu) -> Result<Self> {
         let mut pipelines = Vec::new();
         for k in Kernel::ALL {
-            let (pipeline, layout) = compile(
-                gpu,
-                k.entry(),
-                &k.source(gpu.subgroups),
-                k.entry(),
-                k.bindings(),
-                &k.constants(),
-            )?;
-            pipelines.push(Pipeline {
-                kernel: k,
-                pipeline,
-                layout,
-            });
+            let (pipeline, layout) =
+                compile(gpu, k.entry(), &k.source(gpu.subgroups), k.entry(), k.bindings(), &k.constants())?;
+            pipelines.push(Pipeline { kernel: k, pipeline, layout });
         }
         Ok(Kernels { pipelines })
     }
@@ -393,21 +362,14 @@ impl Launch {
         let entries: Vec<_> = buffers
             .iter()
             .enumerate()
-            .map(|(i, r)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: r.clone(),
-            })
+            .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
             .collect();
         let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(kernel.entry()),
             layout: &p.layout,
             entries: &entries,
         });
-        Launch {
-            kernel,
-            bind_group,
-            workgroups: grid(workgroups),
-        }
+        Launch { kernel, bind_group, workgroups: grid(workgroups) }
     }
 
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels) {

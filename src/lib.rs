@@ -18,9 +18,7 @@ pub mod weights;
 
 pub use cache::{CachePolicy, LoadReport};
 pub use config::{ModelConfig, ShapeProfile};
-pub use engine::{
-    decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason,
-};
+pub use engine::{decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason};
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use session::{Session, StepTiming};

@@ -34,10 +34,7 @@ impl GpuMatrix {
         let per_chunk = chunk_rows(row_bytes, max_binding);
         let chunks = (0..m.rows)
             .step_by(per_chunk)
-            .map(|row_start| RowChunk {
-                row_start,
-                rows: per_chunk.min(m.rows - row_start),
-            })
+            .map(|row_start| RowChunk { row_start, rows: per_chunk.min(m.rows - row_start) })
             .collect();
         Ok(GpuMatrix {
             rows: m.rows,
@@ -113,19 +110,9 @@ impl GpuWeights {
                         qkv: GpuMatrix::upload(gpu, model, &l.qkv, &format!("layers.{i}.qkv"))?,
                         q_norm: vec(l.q_norm, "q_norm")?,
                         k_norm: vec(l.k_norm, "k_norm")?,
-                        o_proj: GpuMatrix::upload(
-                            gpu,
-                            model,
-                            &l.o_proj,
-                            &format!("layers.{i}.o_proj"),
-                        )?,
+                        o_proj: GpuMatrix::upload(gpu, model, &l.o_proj, &format!("layers.{i}.o_proj"))?,
                         post_norm: vec(l.post_norm, "post_norm")?,
-                        gate_up: GpuMatrix::upload(
-                            gpu,
-                            model,
-                            &l.gate_up,
-                            &format!("layers.{i}.gate_up"),
-                        )?,
+                        gate_up: GpuMatrix::upload(gpu, model, &l.gate_up, &format!("layers.{i}.gate_up"))?,
                         down: GpuMatrix::upload(gpu, model, &l.down, &format!("layers.{i}.down"))?,
                     });
                 }
@@ -139,9 +126,7 @@ impl GpuWeights {
                     final_norm: vec(ix.final_norm, "final_norm")?,
                 })
             },
-            |reason| Error::GpuDeviceFailed {
-                reason: format!("uploading weights: {reason}"),
-            },
+            |reason| Error::GpuDeviceFailed { reason: format!("uploading weights: {reason}") },
         )
     }
 

@@ -69,12 +69,51 @@ struct EmbedParams {
     row_end: u32,
 }
 
+/// Builds the launches of one decode step over `weights` and the session
+/// buffers `s`.
+pub fn forward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    cfg: &ModelConfig,
+    weights: &GpuWeights,
+    s: &SessionBuffers,
+) -> Result<Vec<Launch>> {
+    use Input::{Normed, Plain};
+    let mut b = Builder { gpu, kernels, cfg, s, launches: Vec::new() };
+    b.embed(&weights.embed)?;
+    for (l, layer) in weights.layers.iter().enumerate() {
+        b.matvec(&layer.qkv, Normed(&s.x, &layer.input_norm), &s.qkv, Output::Store)?;
+        b.qk_norm_rope(&layer.q_norm, &layer.k_norm, l)?;
+        b.attention(l)?;
+        b.matvec(&layer.o_proj, Plain(&s.attn), &s.x, Output::Accumulate)?;
+        b.matvec(&layer.gate_up, Normed(&s.x, &layer.post_norm), &s.gate_up, Output::Store)?;
+        b.swiglu()?;
+        b.matvec(&layer.down, Plain(&s.h), &s.x, Output::Accumulate)?;
+    }
+    b.matvec(weights.lm_head(), Normed(&s.x, &weights.final_norm), &s.logits, Output::Store)?;
+    b.argmax()?;
+    Ok(b.launches)
+}
+
+/// A matvec's input: `x`, or `rms_norm(x) * weight` computed on the fly.
+enum Input<'a> {
+    Plain(&'a wgpu::Buffer),
+    Normed(&'a wgpu::Buffer, &'a wgpu::Buffer),
+}
+
+/// A matvec's epilogue: `y = W x` or `y += W x` (the residual add).
+#[derive(PartialEq)]
+enum Output {
+    Store,
+    Accumulate,
+}
+
 /// Records launches for one forward pass, owning their uniform buffers.
 struct Builder<'a> {
     gpu: &'a Gpu,
     kernels: &'a Kernels,
-    /// rms_norm_eps of the fused input norms.
-    eps: f32,
+    cfg: &'a ModelConfig,
+    s: &'a SessionBuffers,
     launches: Vec<Launch>,
 }
 
@@ -93,26 +132,33 @@ impl Builder<'_> {
         let u = self.gpu.uniform(kernel.entry(), params)?;
         let mut all = vec![whole(&u)];
         all.extend_from_slice(buffers);
-        self.launches.push(Launch::new(
-            self.gpu,
-            self.kernels,
-            kernel,
-            &all,
-            workgroups,
-        ));
+        self.launches.push(Launch::new(self.gpu, self.kernels, kernel, &all, workgroups));
         Ok(())
     }
 
-    /// y = W x, y += W x (`accumulate`), or y = W rms_norm(x) (`norm`: the
-    /// norm weight); one launch per bound row chunk.
-    fn matvec(
-        &mut self,
-        w: &GpuMatrix,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        accumulate: bool,
-        norm: Option<&wgpu::Buffer>,
-    ) -> Result<()> {
+    /// x = embed[token], one launch per bound chunk of the table (only the
+    /// chunk holding the token writes).
+    fn embed(&mut self, table: &GpuMatrix) -> Result<()> {
+        for c in &table.chunks {
+            let p = EmbedParams {
+                k_words: table.k_words as u32,
+                groups: table.groups as u32,
+                row_start: c.row_start as u32,
+                row_end: (c.row_start + c.rows) as u32,
+            };
+            let bufs = [whole(&self.s.token), table.data_range(c), table.scales_range(c), whole(&self.s.x)];
+            self.launch(Kernel::EmbedLookup, bytes_of(&p), &bufs, (table.k_words as u32).div_ceil(WG))?;
+        }
+        Ok(())
+    }
+
+    /// y = W x' or y += W x', one launch per bound row chunk of W.
+    fn matvec(&mut self, w: &GpuMatrix, input: Input<'_>, y: &wgpu::Buffer, output: Output) -> Result<()> {
+        let (x, norm) = match input {
+            Input::Plain(x) => (x, None),
+            Input::Normed(x, weight) => (x, Some(weight)),
+        };
+        let accumulate = output == Output::Accumulate;
         let kernel = Kernel::matvec_for(w.rows, accumulate, norm.is_some(), self.gpu);
         for c in &w.chunks {
             let p = MatvecParams {
@@ -121,133 +167,75 @@ impl Builder<'_> {
                 groups: w.groups as u32,
                 row_offset: c.row_start as u32,
                 n_in: w.cols as u32,
-                eps: self.eps,
+                eps: self.cfg.rms_norm_eps,
             };
             // Without a norm the norm_w slot is never read: bind x there.
-            let bufs = [
-                whole(x),
-                w.data_range(c),
-                w.scales_range(c),
-                whole(y),
-                whole(norm.unwrap_or(x)),
-            ];
+            let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
             let groups = (c.rows as u32).div_ceil(kernel.matvec_rows());
             self.launch(kernel, bytes_of(&p), &bufs, groups)?;
         }
         Ok(())
     }
-}
 
-/// Builds the launches of one decode step over `weights` and `s`.
-pub fn forward(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    cfg: &ModelConfig,
-    weights: &GpuWeights,
-    s: &SessionBuffers,
-) -> Result<Vec<Launch>> {
-    let mut b = Builder {
-        gpu,
-        kernels,
-        eps: cfg.rms_norm_eps,
-        launches: Vec::new(),
-    };
-
-    for c in &weights.embed.chunks {
-        let p = EmbedParams {
-            k_words: weights.embed.k_words as u32,
-            groups: weights.embed.groups as u32,
-            row_start: c.row_start as u32,
-            row_end: (c.row_start + c.rows) as u32,
-        };
-        let bufs = [
-            whole(&s.token),
-            weights.embed.data_range(c),
-            weights.embed.scales_range(c),
-            whole(&s.x),
-        ];
-        b.launch(
-            Kernel::EmbedLookup,
-            bytes_of(&p),
-            &bufs,
-            (weights.embed.k_words as u32).div_ceil(WG),
-        )?;
+    fn head_params(&self, eps_or_scale: f32) -> HeadParams {
+        HeadParams {
+            n_heads: self.cfg.num_attention_heads as u32,
+            n_kv_heads: self.cfg.num_key_value_heads as u32,
+            head_dim: self.cfg.head_dim as u32,
+            capacity: self.s.capacity as u32,
+            eps_or_scale,
+        }
     }
 
-    let n_qkv_heads = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) as u32;
-    for (l, layer) in weights.layers.iter().enumerate() {
-        b.matvec(&layer.qkv, &s.x, &s.qkv, false, Some(&layer.input_norm))?;
-        let rope = HeadParams {
-            n_heads: cfg.num_attention_heads as u32,
-            n_kv_heads: cfg.num_key_value_heads as u32,
-            head_dim: cfg.head_dim as u32,
-            capacity: s.capacity as u32,
-            eps_or_scale: cfg.rms_norm_eps,
-        };
+    /// q = rope(rms_norm(q) * q_norm); k_cache[pos] = rope(rms_norm(k) *
+    /// k_norm); v_cache[pos] = v. One workgroup per q, k and v head.
+    fn qk_norm_rope(&mut self, q_norm: &wgpu::Buffer, k_norm: &wgpu::Buffer, layer: usize) -> Result<()> {
+        let s = self.s;
+        let p = self.head_params(self.cfg.rms_norm_eps);
+        let heads = (self.cfg.num_attention_heads + 2 * self.cfg.num_key_value_heads) as u32;
         let bufs = [
             whole(&s.step),
             whole(&s.qkv),
-            whole(&layer.q_norm),
-            whole(&layer.k_norm),
+            whole(q_norm),
+            whole(k_norm),
             whole(&s.rope),
             whole(&s.q),
-            whole(&s.k_cache[l]),
-            whole(&s.v_cache[l]),
+            whole(&s.k_cache[layer]),
+            whole(&s.v_cache[layer]),
         ];
-        b.launch(Kernel::QkNormRope, bytes_of(&rope), &bufs, n_qkv_heads)?;
-        let attn = HeadParams {
-            eps_or_scale: 1.0 / (cfg.head_dim as f32).sqrt(),
-            ..rope
-        };
+        self.launch(Kernel::QkNormRope, bytes_of(&p), &bufs, heads)
+    }
+
+    /// attn = softmax(q k^T / sqrt(head_dim)) v over the cached positions.
+    fn attention(&mut self, layer: usize) -> Result<()> {
+        let s = self.s;
+        let p = self.head_params(1.0 / (self.cfg.head_dim as f32).sqrt());
         let bufs = [
             whole(&s.step),
             whole(&s.q),
-            whole(&s.k_cache[l]),
-            whole(&s.v_cache[l]),
+            whole(&s.k_cache[layer]),
+            whole(&s.v_cache[layer]),
             whole(&s.scores),
             whole(&s.attn),
         ];
-        b.launch(
-            Kernel::GqaAttention,
-            bytes_of(&attn),
-            &bufs,
-            cfg.num_attention_heads as u32,
-        )?;
-        b.matvec(&layer.o_proj, &s.attn, &s.x, true, None)?;
-        b.matvec(
-            &layer.gate_up,
-            &s.x,
-            &s.gate_up,
-            false,
-            Some(&layer.post_norm),
-        )?;
-        let n = cfg.intermediate_size as u32;
-        b.launch(
-            Kernel::Swiglu,
-            bytes_of(&n),
-            &[whole(&s.gate_up), whole(&s.h)],
-            n.div_ceil(WG),
-        )?;
-        b.matvec(&layer.down, &s.h, &s.x, true, None)?;
+        self.launch(Kernel::GqaAttention, bytes_of(&p), &bufs, self.cfg.num_attention_heads as u32)
     }
 
-    b.matvec(
-        weights.lm_head(),
-        &s.x,
-        &s.logits,
-        false,
-        Some(&weights.final_norm),
-    )?;
-    let n = cfg.vocab_size as u32;
-    let parts = n.div_ceil(ARGMAX_CHUNK);
-    let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
-    b.launch(
-        Kernel::ArgmaxPartial,
-        bytemuck::cast_slice(&[n, ARGMAX_CHUNK]),
-        &bufs,
-        parts,
-    )?;
-    let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.token)];
-    b.launch(Kernel::ArgmaxFinal, bytes_of(&parts), &bufs, 1)?;
-    Ok(b.launches)
+    /// h = silu(gate) * up.
+    fn swiglu(&mut self) -> Result<()> {
+        let n = self.cfg.intermediate_size as u32;
+        let bufs = [whole(&self.s.gate_up), whole(&self.s.h)];
+        self.launch(Kernel::Swiglu, bytes_of(&n), &bufs, n.div_ceil(WG))
+    }
+
+    /// token = argmax(logits), ties to the lowest id: per-chunk, then final.
+    fn argmax(&mut self) -> Result<()> {
+        let s = self.s;
+        let n = self.cfg.vocab_size as u32;
+        let parts = n.div_ceil(ARGMAX_CHUNK);
+        let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
+        self.launch(Kernel::ArgmaxPartial, bytemuck::cast_slice(&[n, ARGMAX_CHUNK]), &bufs, parts)?;
+        let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.token)];
+        self.launch(Kernel::ArgmaxFinal, bytes_of(&parts), &bufs, 1)
+    }
 }

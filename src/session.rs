@@ -63,18 +63,10 @@ impl SessionBuffers {
             scores: f("scores", cfg.num_attention_heads * capacity),
             rope: gpu.storage_init(
                 "rope",
-                bytemuck::cast_slice(&crate::qwen3::rope_table(
-                    cfg.head_dim,
-                    capacity,
-                    cfg.rope_theta,
-                )),
+                bytemuck::cast_slice(&crate::qwen3::rope_table(cfg.head_dim, capacity, cfg.rope_theta)),
             )?,
-            k_cache: (0..cfg.num_hidden_layers)
-                .map(|_| f("k_cache", kv_words))
-                .collect(),
-            v_cache: (0..cfg.num_hidden_layers)
-                .map(|_| f("v_cache", kv_words))
-                .collect(),
+            k_cache: (0..cfg.num_hidden_layers).map(|_| f("k_cache", kv_words)).collect(),
+            v_cache: (0..cfg.num_hidden_layers).map(|_| f("v_cache", kv_words)).collect(),
             token_readback: gpu.readback("token_readback", 4),
         })
     }
@@ -118,21 +110,12 @@ impl Session {
         let (bufs, forward) = model.gpu.scoped(
             || {
                 let bufs = SessionBuffers::new(&model.gpu, cfg, capacity)?;
-                let forward =
-                    crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs)?;
+                let forward = crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs)?;
                 Ok((bufs, forward))
             },
-            |reason| Error::GpuDeviceFailed {
-                reason: format!("creating session: {reason}"),
-            },
+            |reason| Error::GpuDeviceFailed { reason: format!("creating session: {reason}") },
         )?;
-        Ok(Session {
-            model,
-            bufs,
-            forward,
-            len: 0,
-            pending: None,
-        })
+        Ok(Session { model, bufs, forward, len: 0, pending: None })
     }
 
     /// KV-cache capacity in positions.
@@ -168,13 +151,8 @@ impl Session {
             return Err(Error::EmptyPrompt);
         }
         let vocab = self.model.config.vocab_size;
-        if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab)
-        {
-            return Err(Error::InvalidTokenId {
-                id,
-                position,
-                vocab_size: vocab,
-            });
+        if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+            return Err(Error::InvalidTokenId { id, position, vocab_size: vocab });
         }
         self.check_room(ids.len())?;
         let mut next = 0;
@@ -197,10 +175,7 @@ impl Session {
 
     fn check_room(&self, n: usize) -> Result<()> {
         if self.len + n > self.bufs.capacity {
-            return Err(Error::ContextOverflow {
-                needed: self.len + n,
-                capacity: self.bufs.capacity,
-            });
+            return Err(Error::ContextOverflow { needed: self.len + n, capacity: self.bufs.capacity });
         }
         Ok(())
     }
@@ -209,11 +184,8 @@ impl Session {
     /// timestamped at its start and end), and the 4-byte token copy.
     fn encode(&self, timestamps: Option<&wgpu::QuerySet>) -> wgpu::CommandBuffer {
         let gpu = &self.model.gpu;
-        let mut enc = gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("token"),
-            });
+        let mut enc =
+            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("token") });
         {
             let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
                 query_set,
@@ -237,12 +209,10 @@ impl Session {
     fn write_step(&self, id: Option<u32>) {
         let gpu = &self.model.gpu;
         if let Some(id) = id {
-            gpu.queue
-                .write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
+            gpu.queue.write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
         }
         let step = [self.len as u32, self.len as u32 + 1];
-        gpu.queue
-            .write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
     }
 
     /// Reads the token the last step wrote and advances the position.
@@ -252,9 +222,7 @@ impl Session {
             .get(..4)
             .and_then(|b| b.try_into().ok())
             .map(u32::from_le_bytes)
-            .ok_or_else(|| Error::GpuDeviceFailed {
-                reason: "short token readback".into(),
-            })?;
+            .ok_or_else(|| Error::GpuDeviceFailed { reason: "short token readback".into() })?;
         self.len += 1;
         if next as usize >= self.model.config.vocab_size {
             return Err(Error::GpuDeviceFailed {
@@ -282,24 +250,20 @@ impl Session {
         }
         self.check_room(1)?;
         let gpu = &self.model.gpu;
-        let timestamps = gpu
-            .device
-            .features()
-            .contains(wgpu::Features::TIMESTAMP_QUERY)
-            .then(|| {
-                let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                    label: Some("step timestamps"),
-                    ty: wgpu::QueryType::Timestamp,
-                    count: 2,
-                });
-                let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("timestamps"),
-                    size: 16,
-                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: false,
-                });
-                (set, resolve, gpu.readback("timestamps", 16))
+        let timestamps = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
+            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("step timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
             });
+            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            (set, resolve, gpu.readback("timestamps", 16))
+        });
         let t0 = std::time::Instant::now();
         self.write_step(None);
         let commands = self.encode(timestamps.as_ref().map(|t| &t.0));
@@ -318,17 +282,11 @@ impl Session {
             Some((_, _, readback)) => {
                 let b: Vec<u64> = bytemuck::pod_collect_to_vec(&self.model.gpu.read(readback)?);
                 let period = self.model.gpu.queue.get_timestamp_period() as f64;
-                b.get(1)
-                    .zip(b.first())
-                    .map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3)
+                b.get(1).zip(b.first()).map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3)
             }
             None => None,
         };
-        Ok(StepTiming {
-            encode_us,
-            gpu_us,
-            wall_us,
-        })
+        Ok(StepTiming { encode_us, gpu_us, wall_us })
     }
 
     /// Runs one decode step with a GPU timestamp after every launch (needs
@@ -338,11 +296,7 @@ impl Session {
     #[doc(hidden)]
     pub fn profile_gpu(&mut self) -> Result<Option<Vec<(crate::kernels::Kernel, f64)>>> {
         let gpu = &self.model.gpu;
-        if !gpu
-            .device
-            .features()
-            .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
-        {
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
             return Ok(None);
         }
         if self.pending.is_none() {
@@ -398,8 +352,7 @@ impl Session {
         self.check_room(1)?;
         let gpu = &self.model.gpu;
         let step = [self.len as u32, self.len as u32 + 1];
-        gpu.queue
-            .write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
         let mut out = Vec::with_capacity(self.forward.len());
         for l in &self.forward {
             let t = std::time::Instant::now();
@@ -411,9 +364,7 @@ impl Session {
             gpu.queue.submit([enc.finish()]);
             gpu.device
                 .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| Error::GpuDeviceFailed {
-                    reason: format!("poll: {e}"),
-                })?;
+                .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
             out.push((l.kernel, t.elapsed().as_secs_f64() * 1e6));
         }
         self.len += 1;

@@ -68,59 +68,28 @@ pub fn write_random_checkpoint(dir: &Path, cfg: &ModelConfig, seed: u64) -> Resu
     let mut n = seed << 16;
     let mut t = |shape: &[usize], std: f32, around_one: bool| {
         n += 1;
-        RandomBf16 {
-            shape: shape.to_vec(),
-            seed: n,
-            std,
-            around_one,
-        }
+        RandomBf16 { shape: shape.to_vec(), seed: n, std, around_one }
     };
     let w = 1.0 / (h as f32).sqrt();
-    let mut tensors = vec![(
-        "model.embed_tokens.weight".to_string(),
-        t(&[cfg.vocab_size, h], 0.05, false),
-    )];
+    let mut tensors = vec![("model.embed_tokens.weight".to_string(), t(&[cfg.vocab_size, h], 0.05, false))];
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         tensors.push((format!("{p}.input_layernorm.weight"), t(&[h], 0.1, true)));
-        tensors.push((
-            format!("{p}.self_attn.q_proj.weight"),
-            t(&[cfg.q_dim(), h], w, false),
-        ));
-        tensors.push((
-            format!("{p}.self_attn.k_proj.weight"),
-            t(&[cfg.kv_dim(), h], w, false),
-        ));
-        tensors.push((
-            format!("{p}.self_attn.v_proj.weight"),
-            t(&[cfg.kv_dim(), h], w, false),
-        ));
-        tensors.push((
-            format!("{p}.self_attn.o_proj.weight"),
-            t(&[h, cfg.q_dim()], w, false),
-        ));
+        tensors.push((format!("{p}.self_attn.q_proj.weight"), t(&[cfg.q_dim(), h], w, false)));
+        tensors.push((format!("{p}.self_attn.k_proj.weight"), t(&[cfg.kv_dim(), h], w, false)));
+        tensors.push((format!("{p}.self_attn.v_proj.weight"), t(&[cfg.kv_dim(), h], w, false)));
+        tensors.push((format!("{p}.self_attn.o_proj.weight"), t(&[h, cfg.q_dim()], w, false)));
         tensors.push((format!("{p}.self_attn.q_norm.weight"), t(&[hd], 0.1, true)));
         tensors.push((format!("{p}.self_attn.k_norm.weight"), t(&[hd], 0.1, true)));
-        tensors.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            t(&[h], 0.1, true),
-        ));
-        tensors.push((
-            format!("{p}.mlp.gate_proj.weight"),
-            t(&[inter, h], w, false),
-        ));
+        tensors.push((format!("{p}.post_attention_layernorm.weight"), t(&[h], 0.1, true)));
+        tensors.push((format!("{p}.mlp.gate_proj.weight"), t(&[inter, h], w, false)));
         tensors.push((format!("{p}.mlp.up_proj.weight"), t(&[inter, h], w, false)));
-        tensors.push((
-            format!("{p}.mlp.down_proj.weight"),
-            t(&[h, inter], 1.0 / (inter as f32).sqrt(), false),
-        ));
+        tensors
+            .push((format!("{p}.mlp.down_proj.weight"), t(&[h, inter], 1.0 / (inter as f32).sqrt(), false)));
     }
     tensors.push(("model.norm.weight".to_string(), t(&[h], 0.1, true)));
     if !cfg.tie_word_embeddings {
-        tensors.push((
-            "lm_head.weight".to_string(),
-            t(&[cfg.vocab_size, h], 0.05, false),
-        ));
+        tensors.push(("lm_head.weight".to_string(), t(&[cfg.vocab_size, h], 0.05, false)));
     }
     let path = dir.join("model.safetensors");
     safetensors::serialize_to_file(tensors, None, &path).map_err(|e| Error::cache_io(&path, e))

@@ -36,10 +36,7 @@ impl Tokenizer {
         };
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| Error::invalid(path, format!("malformed tokenizer: {e}")))?;
-        Ok(Self {
-            inner,
-            path: path.to_path_buf(),
-        })
+        Ok(Self { inner, path: path.to_path_buf() })
     }
 
     /// Number of ids the tokenizer knows, added (special) tokens included.
@@ -121,13 +118,7 @@ const MAX_PENDING_TOKENS: usize = 4;
 impl<'a> TextStream<'a> {
     /// A stream with nothing pushed yet.
     pub fn new(tokenizer: &'a Tokenizer) -> Self {
-        Self {
-            tokenizer,
-            ids: Vec::new(),
-            prefix_offset: 0,
-            read_offset: 0,
-            position: 0,
-        }
+        Self { tokenizer, ids: Vec::new(), prefix_offset: 0, read_offset: 0, position: 0 }
     }
 
     /// Pushes one id; returns the text it completes (possibly empty).
@@ -138,18 +129,12 @@ impl<'a> TextStream<'a> {
         self.tokenizer.check_ids(&[id], self.position)?;
         self.position += 1;
         self.ids.push(id);
-        let prefix = self
-            .tokenizer
-            .decode_unchecked(&self.ids[self.prefix_offset..self.read_offset])?;
-        let full = self
-            .tokenizer
-            .decode_unchecked(&self.ids[self.prefix_offset..])?;
+        let prefix = self.tokenizer.decode_unchecked(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = self.tokenizer.decode_unchecked(&self.ids[self.prefix_offset..])?;
         let pending = self.ids.len() - self.read_offset;
         let incomplete = full.ends_with('\u{FFFD}') && pending < MAX_PENDING_TOKENS;
         match full.get(prefix.len()..) {
-            Some(piece)
-                if full.len() > prefix.len() && !incomplete && full.starts_with(&prefix) =>
-            {
+            Some(piece) if full.len() > prefix.len() && !incomplete && full.starts_with(&prefix) => {
                 let piece = piece.to_string();
                 self.prefix_offset = self.read_offset;
                 self.read_offset = self.ids.len();
@@ -163,12 +148,8 @@ impl<'a> TextStream<'a> {
     /// Returns whatever is still held back (at the end of generation), even
     /// if it is an incomplete character (shown as U+FFFD).
     pub fn finish(&mut self) -> Result<String> {
-        let prefix = self
-            .tokenizer
-            .decode_unchecked(&self.ids[self.prefix_offset..self.read_offset])?;
-        let full = self
-            .tokenizer
-            .decode_unchecked(&self.ids[self.prefix_offset..])?;
+        let prefix = self.tokenizer.decode_unchecked(&self.ids[self.prefix_offset..self.read_offset])?;
+        let full = self.tokenizer.decode_unchecked(&self.ids[self.prefix_offset..])?;
         self.ids.clear();
         self.prefix_offset = 0;
         self.read_offset = 0;

@@ -12,21 +12,12 @@ fn fixture() -> PathBuf {
 fn expected() -> (Vec<u32>, Vec<u32>) {
     let text = std::fs::read_to_string(fixture().join("expected.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |k: &str| {
-        v[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = |k: &str| v[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     (ids("prompt_ids"), ids("generated_ids"))
 }
 
 fn no_cache() -> LoadOptions {
-    LoadOptions {
-        cache: CachePolicy::Disabled,
-        ..Default::default()
-    }
+    LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }
 }
 
 /// A host app's device, made the way a renderer would: default limits and
@@ -35,8 +26,7 @@ fn host_device() -> (wgpu::Device, wgpu::Queue) {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = wgpu::Backends::PRIMARY;
     let instance = wgpu::Instance::new(desc);
-    let adapter =
-        pollster::block_on(instance.request_adapter(&Default::default())).expect("an adapter");
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default())).expect("an adapter");
     pollster::block_on(adapter.request_device(&Default::default())).expect("a device")
 }
 
@@ -48,10 +38,7 @@ fn runs_on_the_host_apps_device_without_creating_another() {
         .device(device.clone(), queue.clone())
         .build()
         .unwrap();
-    assert!(
-        engine.gpu().device == device,
-        "the engine must use the host's device"
-    );
+    assert!(engine.gpu().device == device, "the engine must use the host's device");
     // The host asked for no subgroups: the workgroup-memory kernels run.
     assert!(!engine.uses_subgroups());
     let (prompt, want) = expected();
@@ -83,29 +70,16 @@ fn environment_variable_opts_in_to_portable() {
     }
     let run = |value: &str| {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "environment_variable_opts_in_to_portable",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["environment_variable_opts_in_to_portable", "--exact", "--nocapture", "--test-threads=1"])
             .env("QWEN3_WGPU_TEST_CHILD", "1")
             .env(BACKEND_ENV, value)
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).to_string()
     };
-    assert!(
-        run("portable").contains("RESULT=ok"),
-        "portable opt-in failed"
-    );
+    assert!(run("portable").contains("RESULT=ok"), "portable opt-in failed");
     let metal = run("metal");
-    let best = qwen3_wgpu::Gpu::adapters()
-        .into_iter()
-        .next()
-        .unwrap()
-        .get_info()
-        .backend;
+    let best = qwen3_wgpu::Gpu::adapters().into_iter().next().unwrap().get_info().backend;
     if best != wgpu::Backend::Metal {
         assert!(metal.contains("RESULT=non_metal_adapter"), "{metal}");
     }
@@ -113,10 +87,7 @@ fn environment_variable_opts_in_to_portable() {
 
 #[test]
 fn streaming_session_matches_one_call_decode() {
-    let engine = Engine::builder()
-        .policy(AdapterPolicy::Portable)
-        .build()
-        .unwrap();
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
     let (prompt, want) = expected();
     let model = engine.load(fixture(), &no_cache()).unwrap();
     let mut streamed = Vec::new();
@@ -141,20 +112,12 @@ fn stops_at_end_of_text() {
     // Make the fixture's 3rd greedy token the end-of-text id.
     let (prompt, want) = expected();
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture().join("model.safetensors"),
-        tmp.path().join("model.safetensors"),
-    )
-    .unwrap();
+    std::fs::copy(fixture().join("model.safetensors"), tmp.path().join("model.safetensors")).unwrap();
     let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap()).unwrap();
     cfg["eos_token_id"] = serde_json::json!(want[2]);
     std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
-    let engine = Engine::builder()
-        .policy(AdapterPolicy::Portable)
-        .build()
-        .unwrap();
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
     let out = qwen3_wgpu::decode_with(&engine, tmp.path(), &prompt, 16, &no_cache()).unwrap();
     let first = want.iter().position(|&t| t == want[2]).unwrap();
     assert_eq!(out.generated_ids(), &want[..=first]);

@@ -80,9 +80,7 @@ fn make_tensors(cfg: &Value, seed: u64) -> Vec<Tensor> {
     for (name, shape) in names {
         let count: usize = shape.iter().product();
         let values: Vec<f32> = if shape.len() == 1 {
-            (0..count)
-                .map(|_| 1.0 + rng.random_range(-32i32..=32) as f32 / 128.0)
-                .collect()
+            (0..count).map(|_| 1.0 + rng.random_range(-32i32..=32) as f32 / 128.0).collect()
         } else {
             let cols = shape[1];
             (0..count)
@@ -95,30 +93,17 @@ fn make_tensors(cfg: &Value, seed: u64) -> Vec<Tensor> {
                 })
                 .collect()
         };
-        out.push(Tensor {
-            name,
-            shape,
-            values,
-        });
+        out.push(Tensor { name, shape, values });
     }
     out
 }
 
 fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
-        Dtype::BF16 => values
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
-        Dtype::F16 => values
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect(),
+        Dtype::BF16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        Dtype::F16 => values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
         Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Dtype::I32 => values
-            .iter()
-            .flat_map(|v| (*v as i32).to_le_bytes())
-            .collect(),
+        Dtype::I32 => values.iter().flat_map(|v| (*v as i32).to_le_bytes()).collect(),
         Dtype::I8 => values.iter().map(|v| *v as i8 as u8).collect(),
         other => panic!("test helper does not encode {other:?}"),
     }
@@ -126,25 +111,17 @@ fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
 
 /// Writes `tensors` (each with its own dtype) as one safetensors file.
 fn write_safetensors(path: &Path, tensors: &[(Tensor, Dtype)]) {
-    let encoded: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(t, d)| (t.name.clone(), *d, t.shape.clone(), encode(&t.values, *d)))
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = encoded
-        .iter()
-        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
+    let encoded: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> =
+        tensors.iter().map(|(t, d)| (t.name.clone(), *d, t.shape.clone(), encode(&t.values, *d))).collect();
+    let views: Vec<(String, TensorView<'_>)> =
+        encoded.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
     let bytes = safetensors::serialize(views, None).unwrap();
     std::fs::write(path, bytes).unwrap();
 }
 
 fn write_config(dir: &Path, cfg: &Value) {
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_vec_pretty(cfg).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(cfg).unwrap()).unwrap();
 }
 
 /// A complete single-file checkpoint in `dir`, every tensor as `dtype`.
@@ -218,28 +195,17 @@ fn assert_matrix_rows(model: &ConvertedModel, m: &QuantMatrix, first_row: usize,
     for r in 0..t.shape[0] {
         let (q, s) = reference_row(&t.values[r * cols..(r + 1) * cols]);
         let row = first_row + r;
-        let got_q: Vec<i8> = data[row * m.padded_cols()..(row + 1) * m.padded_cols()]
-            .iter()
-            .map(|&b| b as i8)
-            .collect();
+        let got_q: Vec<i8> =
+            data[row * m.padded_cols()..(row + 1) * m.padded_cols()].iter().map(|&b| b as i8).collect();
         assert_eq!(got_q, q, "{} row {r}", t.name);
-        assert_eq!(
-            &scales[row * m.groups()..(row + 1) * m.groups()],
-            &s[..],
-            "{} row {r} scales",
-            t.name
-        );
+        assert_eq!(&scales[row * m.groups()..(row + 1) * m.groups()], &s[..], "{} row {r} scales", t.name);
         // The test values are k/64 with a group absmax of the same form, so
         // the round trip is exact wherever the group's absmax is 127/64; in
         // general it is within half a step.
         for c in 0..cols {
             let w = t.values[r * cols + c];
             let d = dequantize(model, m, row, c).unwrap();
-            assert!(
-                (w - d).abs() <= s[c / QUANT_GROUP] * 0.5 + 1e-7,
-                "{} [{r},{c}]: {w} vs {d}",
-                t.name
-            );
+            assert!((w - d).abs() <= s[c / QUANT_GROUP] * 0.5 + 1e-7, "{} [{r},{c}]: {w} vs {d}", t.name);
         }
     }
 }
@@ -259,38 +225,18 @@ fn assert_model_matches(model: &ConvertedModel, tensors: &[Tensor]) {
         let k = p("self_attn.k_proj.weight");
         assert_matrix_rows(model, &l.qkv, 0, q);
         assert_matrix_rows(model, &l.qkv, q.shape[0], k);
-        assert_matrix_rows(
-            model,
-            &l.qkv,
-            q.shape[0] + k.shape[0],
-            p("self_attn.v_proj.weight"),
-        );
+        assert_matrix_rows(model, &l.qkv, q.shape[0] + k.shape[0], p("self_attn.v_proj.weight"));
         assert_matrix_rows(model, &l.o_proj, 0, p("self_attn.o_proj.weight"));
         let gate = p("mlp.gate_proj.weight");
         assert_matrix_rows(model, &l.gate_up, 0, gate);
         assert_matrix_rows(model, &l.gate_up, gate.shape[0], p("mlp.up_proj.weight"));
         assert_matrix_rows(model, &l.down, 0, p("mlp.down_proj.weight"));
-        assert_eq!(
-            model.f32s(l.input_norm),
-            &p("input_layernorm.weight").values[..]
-        );
-        assert_eq!(
-            model.f32s(l.q_norm),
-            &p("self_attn.q_norm.weight").values[..]
-        );
-        assert_eq!(
-            model.f32s(l.k_norm),
-            &p("self_attn.k_norm.weight").values[..]
-        );
-        assert_eq!(
-            model.f32s(l.post_norm),
-            &p("post_attention_layernorm.weight").values[..]
-        );
+        assert_eq!(model.f32s(l.input_norm), &p("input_layernorm.weight").values[..]);
+        assert_eq!(model.f32s(l.q_norm), &p("self_attn.q_norm.weight").values[..]);
+        assert_eq!(model.f32s(l.k_norm), &p("self_attn.k_norm.weight").values[..]);
+        assert_eq!(model.f32s(l.post_norm), &p("post_attention_layernorm.weight").values[..]);
     }
-    assert_eq!(
-        model.f32s(idx.final_norm),
-        &t["model.norm.weight"].values[..]
-    );
+    assert_eq!(model.f32s(idx.final_norm), &t["model.norm.weight"].values[..]);
     if let Some(head) = &idx.lm_head {
         assert_matrix_rows(model, head, 0, t["lm_head.weight"]);
     }
@@ -299,27 +245,15 @@ fn assert_model_matches(model: &ConvertedModel, tensors: &[Tensor]) {
 /// Every range of the index starts at a multiple of BLOB_ALIGN.
 fn assert_aligned(model: &ConvertedModel) {
     let idx = &model.index;
-    let mut offsets = vec![
-        idx.embed.data.offset,
-        idx.embed.scales.offset,
-        idx.final_norm.offset,
-    ];
+    let mut offsets = vec![idx.embed.data.offset, idx.embed.scales.offset, idx.final_norm.offset];
     for l in &idx.layers {
-        offsets.extend([
-            l.input_norm.offset,
-            l.q_norm.offset,
-            l.k_norm.offset,
-            l.post_norm.offset,
-        ]);
+        offsets.extend([l.input_norm.offset, l.q_norm.offset, l.k_norm.offset, l.post_norm.offset]);
         for m in [&l.qkv, &l.o_proj, &l.gate_up, &l.down] {
             offsets.extend([m.data.offset, m.scales.offset]);
         }
     }
     assert!(offsets.iter().all(|o| o % BLOB_ALIGN == 0), "{offsets:?}");
-    assert_eq!(
-        (model.blob.as_ptr() as usize + model.blob_start) % BLOB_ALIGN,
-        0
-    );
+    assert_eq!((model.blob.as_ptr() as usize + model.blob_start) % BLOB_ALIGN, 0);
 }
 
 fn cache_file(report: &LoadReport) -> PathBuf {
@@ -348,11 +282,7 @@ fn converts_and_writes_cache_then_hits_it() {
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     assert_eq!(name.len(), 64 + 4, "{name}");
     assert!(name.ends_with(".q3w"));
-    assert_eq!(
-        dir_entries(&cache_dir),
-        vec![name.clone()],
-        "no temp files left"
-    );
+    assert_eq!(dir_entries(&cache_dir), vec![name.clone()], "no temp files left");
     assert_eq!(first.config.vocab_size, 50);
     assert_eq!(first.config.eos_token_ids, vec![7]);
     assert_eq!(first.index.layers.len(), 2);
@@ -415,11 +345,8 @@ fn mixed_dtypes_in_one_file() {
     let cfg = tiny_config();
     let tensors = make_tensors(&cfg, 3);
     let dtypes = [Dtype::BF16, Dtype::F16, Dtype::F32];
-    let mixed: Vec<(Tensor, Dtype)> = tensors
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), dtypes[i % 3]))
-        .collect();
+    let mixed: Vec<(Tensor, Dtype)> =
+        tensors.iter().enumerate().map(|(i, t)| (t.clone(), dtypes[i % 3])).collect();
     write_config(tmp.path(), &cfg);
     write_safetensors(&tmp.path().join("model.safetensors"), &mixed);
     let (m, _) = load(tmp.path(), &CachePolicy::Disabled);
@@ -437,10 +364,7 @@ fn sharded_checkpoint_with_index() {
     let sharded = tmp.path().join("sharded");
     write_config(&sharded, &cfg);
     let (a, b) = tensors.split_at(tensors.len() / 2);
-    let names = [
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-    ];
+    let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
     let mut weight_map = serde_json::Map::new();
     for (part, name) in [a, b].iter().zip(names) {
         let with: Vec<(Tensor, Dtype)> = part.iter().map(|t| (t.clone(), Dtype::BF16)).collect();
@@ -450,11 +374,7 @@ fn sharded_checkpoint_with_index() {
         }
     }
     let index = json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
-    std::fs::write(
-        sharded.join("model.safetensors.index.json"),
-        index.to_string(),
-    )
-    .unwrap();
+    std::fs::write(sharded.join("model.safetensors.index.json"), index.to_string()).unwrap();
 
     let ck = Checkpoint::open(&sharded).unwrap();
     assert_eq!(ck.file_names(), names.to_vec());
@@ -475,11 +395,8 @@ fn sharded_checkpoint_with_index() {
     write_safetensors(&sharded.join(names[1]), &both);
     let mut bad_map = weight_map.clone();
     bad_map.insert(b[0].name.clone(), json!(names[0]));
-    std::fs::write(
-        sharded.join("model.safetensors.index.json"),
-        json!({"weight_map": bad_map}).to_string(),
-    )
-    .unwrap();
+    std::fs::write(sharded.join("model.safetensors.index.json"), json!({"weight_map": bad_map}).to_string())
+        .unwrap();
     let e = load_err(&sharded, &CachePolicy::Disabled);
     assert_eq!(code(&e), "checkpoint_invalid");
     assert!(e.to_string().contains(&b[0].name), "{e}");
@@ -487,11 +404,8 @@ fn sharded_checkpoint_with_index() {
     // An index entry pointing outside the directory.
     let mut escape = weight_map;
     escape.insert(b[0].name.clone(), json!("../model.safetensors"));
-    std::fs::write(
-        sharded.join("model.safetensors.index.json"),
-        json!({"weight_map": escape}).to_string(),
-    )
-    .unwrap();
+    std::fs::write(sharded.join("model.safetensors.index.json"), json!({"weight_map": escape}).to_string())
+        .unwrap();
     let e = load_err(&sharded, &CachePolicy::Disabled);
     assert_eq!(code(&e), "checkpoint_invalid");
     assert!(e.to_string().contains("not a plain file name"), "{e}");
@@ -515,17 +429,11 @@ fn untied_lm_head_is_required_and_converted() {
     assert_model_matches(&m, &tensors);
 
     let without = tmp.path().join("without");
-    let no_head: Vec<Tensor> = tensors
-        .into_iter()
-        .filter(|t| t.name != "lm_head.weight")
-        .collect();
+    let no_head: Vec<Tensor> = tensors.into_iter().filter(|t| t.name != "lm_head.weight").collect();
     write_checkpoint(&without, &cfg, &no_head, Dtype::BF16);
     match load_err(&without, &CachePolicy::Disabled) {
         Error::CheckpointInvalid { reason, .. } => {
-            assert!(
-                reason.contains("1 missing tensor(s): lm_head.weight"),
-                "{reason}"
-            )
+            assert!(reason.contains("1 missing tensor(s): lm_head.weight"), "{reason}")
         }
         e => panic!("expected checkpoint_invalid, got {} ({e})", code(&e)),
     }
@@ -540,11 +448,7 @@ fn tied_with_stored_lm_head_ignores_it() {
     let mut with: Vec<(Tensor, Dtype)> = tensors.iter().map(|t| (t.clone(), Dtype::BF16)).collect();
     // Wrong shape and an unreadable dtype: neither matters, it is ignored.
     with.push((
-        Tensor {
-            name: "lm_head.weight".into(),
-            shape: vec![3, 4],
-            values: vec![1.0; 12],
-        },
+        Tensor { name: "lm_head.weight".into(), shape: vec![3, 4], values: vec![1.0; 12] },
         Dtype::I32,
     ));
     write_safetensors(&tmp.path().join("model.safetensors"), &with);
@@ -569,21 +473,13 @@ fn assert_rebuilt_after(damage: impl FnOnce(&Path)) {
     let path = cache_file(&r1);
     let good = std::fs::read(&path).unwrap();
     damage(&path);
-    assert_ne!(
-        std::fs::read(&path).unwrap(),
-        good,
-        "the damage changed nothing"
-    );
+    assert_ne!(std::fs::read(&path).unwrap(), good, "the damage changed nothing");
 
     let (rebuilt, r2) = load(&ckpt, &policy);
     assert!(r2.converted, "a damaged cache file was used");
     assert_eq!(r2.cache_path.as_deref(), Some(path.as_path()));
     assert_eq!(blob_bytes(&rebuilt), blob_bytes(&first));
-    assert_eq!(
-        std::fs::read(&path).unwrap(),
-        good,
-        "the cache file was not rewritten"
-    );
+    assert_eq!(std::fs::read(&path).unwrap(), good, "the cache file was not rewritten");
     let (_, r3) = load(&ckpt, &policy);
     assert!(!r3.converted);
     assert_eq!(dir_entries(&cache_dir).len(), 1);
@@ -624,9 +520,7 @@ fn flipped_byte_in_cache_is_rebuilt() {
 #[test]
 fn stale_version_is_rebuilt() {
     assert_rebuilt_after(|p| {
-        rewrite(p, |b| {
-            b[8..12].copy_from_slice(&(CACHE_FORMAT_VERSION + 1).to_le_bytes())
-        })
+        rewrite(p, |b| b[8..12].copy_from_slice(&(CACHE_FORMAT_VERSION + 1).to_le_bytes()))
     });
     assert_rebuilt_after(|p| rewrite(p, |b| b[8..12].copy_from_slice(&0u32.to_le_bytes())));
 }
@@ -642,12 +536,8 @@ fn cache_of_another_checkpoint_is_not_used() {
     let cfg = tiny_config();
     write_checkpoint(&b, &cfg, &make_tensors(&cfg, 99), Dtype::BF16);
     assert_eq!(
-        std::fs::metadata(a.join("model.safetensors"))
-            .unwrap()
-            .len(),
-        std::fs::metadata(b.join("model.safetensors"))
-            .unwrap()
-            .len()
+        std::fs::metadata(a.join("model.safetensors")).unwrap().len(),
+        std::fs::metadata(b.join("model.safetensors")).unwrap().len()
     );
     // Same config, shapes and dtypes, different values (as two fine-tunes
     // of one base model): the key differs.
@@ -662,11 +552,7 @@ fn cache_of_another_checkpoint_is_not_used() {
     assert!(rb2.converted);
     assert_eq!(blob_bytes(&mb2), blob_bytes(&mb));
     // generation_config.json is part of the key.
-    std::fs::write(
-        a.join("generation_config.json"),
-        r#"{"eos_token_id": [7, 9]}"#,
-    )
-    .unwrap();
+    std::fs::write(a.join("generation_config.json"), r#"{"eos_token_id": [7, 9]}"#).unwrap();
     let (ma2, ra2) = load(&a, &policy);
     assert!(ra2.converted);
     assert_ne!(ra2.cache_path, ra.cache_path);
@@ -706,11 +592,7 @@ fn failed_cache_write_leaves_no_temp_files() {
     assert_eq!(code(&e), "cache_io");
     assert!(e.to_string().contains("rename"), "{e}");
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    assert_eq!(
-        dir_entries(&cache_dir),
-        vec![name],
-        "a temp file was left behind"
-    );
+    assert_eq!(dir_entries(&cache_dir), vec![name], "a temp file was left behind");
 }
 
 /// `CachePolicy::Default` writes under the platform cache directory, and a
@@ -728,10 +610,7 @@ fn default_cache_policy_writes_and_tolerates_failure() {
     let (_, r1) = load(&ckpt, &CachePolicy::Default);
     let (_, r2) = load(&ckpt, &CachePolicy::Default);
     assert!(r1.converted && !r2.converted);
-    assert_eq!(
-        cache_file(&r1).parent(),
-        Some(xdg.join("qwen3-wgpu").as_path())
-    );
+    assert_eq!(cache_file(&r1).parent(), Some(xdg.join("qwen3-wgpu").as_path()));
 
     // A cache "directory" under a regular file: still loads, uncached.
     let file = tmp.path().join("a-file");
@@ -754,17 +633,12 @@ fn unsupported_dtypes_are_named() {
         let tensors = make_tensors(&cfg, 7);
         write_config(tmp.path(), &cfg);
         let bad = "model.layers.1.mlp.up_proj.weight";
-        let with: Vec<(Tensor, Dtype)> = tensors
-            .iter()
-            .map(|t| (t.clone(), if t.name == bad { dtype } else { Dtype::BF16 }))
-            .collect();
+        let with: Vec<(Tensor, Dtype)> =
+            tensors.iter().map(|t| (t.clone(), if t.name == bad { dtype } else { Dtype::BF16 })).collect();
         write_safetensors(&tmp.path().join("model.safetensors"), &with);
         let cache = tmp.path().join("cache");
         match load_err(tmp.path(), &CachePolicy::Dir(cache.clone())) {
-            Error::UnsupportedDtype {
-                tensor,
-                dtype: found,
-            } => {
+            Error::UnsupportedDtype { tensor, dtype: found } => {
                 assert_eq!(tensor, bad);
                 assert_eq!(found, format!("{dtype:?}"));
             }
@@ -787,10 +661,7 @@ fn non_finite_weights_are_checkpoint_invalid() {
         match load_err(tmp.path(), &CachePolicy::Disabled) {
             Error::CheckpointInvalid { path, reason } => {
                 assert_eq!(path, tmp.path());
-                assert_eq!(
-                    reason,
-                    format!("{name} row 3 holds NaN or infinite values; cannot quantize")
-                );
+                assert_eq!(reason, format!("{name} row 3 holds NaN or infinite values; cannot quantize"));
             }
             e => panic!("{} ({e})", code(&e)),
         }
@@ -825,10 +696,7 @@ fn malformed_config_is_checkpoint_invalid() {
     let cases: [(&str, &str); 6] = [
         ("{ not json", "malformed JSON"),
         ("[1, 2]", "not an object"),
-        (
-            r#"{"model_type": "llama", "hidden_size": 8}"#,
-            "model_type is \"llama\"",
-        ),
+        (r#"{"model_type": "llama", "hidden_size": 8}"#, "model_type is \"llama\""),
         (r#"{"hidden_size": 8}"#, "missing required field model_type"),
         (
             r#"{"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 10}"#,
@@ -847,10 +715,7 @@ fn malformed_config_is_checkpoint_invalid() {
                 assert_eq!(path, tmp.path().join("config.json"));
                 assert!(reason.contains(want), "{text}: {reason}");
             }
-            e => panic!(
-                "{text}: expected checkpoint_invalid, got {} ({e})",
-                code(&e)
-            ),
+            e => panic!("{text}: expected checkpoint_invalid, got {} ({e})", code(&e)),
         }
     }
     // A malformed generation_config.json is named too.
@@ -867,12 +732,8 @@ fn malformed_config_is_checkpoint_invalid() {
 
 #[test]
 fn garbage_safetensors_is_checkpoint_invalid() {
-    let garbage: [&[u8]; 4] = [
-        b"",
-        b"garbage!",
-        b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}       ",
-        &[0xff; 64],
-    ];
+    let garbage: [&[u8]; 4] =
+        [b"", b"garbage!", b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}       ", &[0xff; 64]];
     for bytes in garbage {
         let tmp = tempfile::tempdir().unwrap();
         write_config(tmp.path(), &tiny_config());
@@ -882,22 +743,14 @@ fn garbage_safetensors_is_checkpoint_invalid() {
                 assert_eq!(path, tmp.path().join("model.safetensors"));
                 assert!(reason.starts_with("malformed safetensors"), "{reason}");
             }
-            e => panic!(
-                "{bytes:?}: expected checkpoint_invalid, got {} ({e})",
-                code(&e)
-            ),
+            e => panic!("{bytes:?}: expected checkpoint_invalid, got {} ({e})", code(&e)),
         }
     }
     // A valid file truncated by one byte.
     let tmp = tempfile::tempdir().unwrap();
     tiny_checkpoint(tmp.path());
-    rewrite(&tmp.path().join("model.safetensors"), |b| {
-        b.truncate(b.len() - 1)
-    });
-    assert_eq!(
-        code(&load_err(tmp.path(), &CachePolicy::Disabled)),
-        "checkpoint_invalid"
-    );
+    rewrite(&tmp.path().join("model.safetensors"), |b| b.truncate(b.len() - 1));
+    assert_eq!(code(&load_err(tmp.path(), &CachePolicy::Disabled)), "checkpoint_invalid");
 }
 
 #[test]
@@ -942,10 +795,7 @@ fn wrong_shapes_name_every_tensor() {
     }
     write_checkpoint(tmp.path(), &cfg, &tensors, Dtype::BF16);
     match load_err(tmp.path(), &CachePolicy::Disabled) {
-        Error::UnsupportedArchitecture {
-            profile,
-            mismatches,
-        } => {
+        Error::UnsupportedArchitecture { profile, mismatches } => {
             assert_eq!(profile, "config.json");
             let want = vec![
                 Mismatch {
@@ -975,15 +825,8 @@ fn exact_profile_lists_every_mismatched_field() {
     let tmp = tempfile::tempdir().unwrap();
     tiny_checkpoint(tmp.path());
     let cache = tmp.path().join("cache");
-    match load_model(
-        tmp.path(),
-        ShapeProfile::Qwen3_0_6B,
-        &CachePolicy::Dir(cache.clone()),
-    ) {
-        Err(Error::UnsupportedArchitecture {
-            profile,
-            mismatches,
-        }) => {
+    match load_model(tmp.path(), ShapeProfile::Qwen3_0_6B, &CachePolicy::Dir(cache.clone())) {
+        Err(Error::UnsupportedArchitecture { profile, mismatches }) => {
             assert_eq!(profile, "qwen3-0.6b");
             let fields: Vec<(&str, &str, &str)> = mismatches
                 .iter()
@@ -1017,16 +860,10 @@ fn engine_rejects_unrunnable_shapes() {
     cfg["intermediate_size"] = json!(0);
     write_config(tmp.path(), &cfg);
     match load_config(tmp.path()) {
-        Err(Error::UnsupportedArchitecture {
-            profile,
-            mismatches,
-        }) => {
+        Err(Error::UnsupportedArchitecture { profile, mismatches }) => {
             assert_eq!(profile, "qwen3");
             let fields: Vec<&str> = mismatches.iter().map(|m| m.field.as_str()).collect();
-            assert_eq!(
-                fields,
-                vec!["intermediate_size", "num_attention_heads", "head_dim"]
-            );
+            assert_eq!(fields, vec!["intermediate_size", "num_attention_heads", "head_dim"]);
             assert_eq!(mismatches[1].found, "3");
             assert_eq!(mismatches[2].expected, "an even number");
         }
@@ -1049,11 +886,8 @@ fn config_defaults_and_eos_merge() {
         "eos_token_id": [5, 3, 5]
     });
     write_config(tmp.path(), &cfg);
-    std::fs::write(
-        tmp.path().join("generation_config.json"),
-        r#"{"eos_token_id": [3, 9], "top_k": 20}"#,
-    )
-    .unwrap();
+    std::fs::write(tmp.path().join("generation_config.json"), r#"{"eos_token_id": [3, 9], "top_k": 20}"#)
+        .unwrap();
     let c = load_config(tmp.path()).unwrap();
     assert_eq!(c.head_dim, 32);
     assert_eq!(c.max_position_embeddings, 40960);
@@ -1063,15 +897,8 @@ fn config_defaults_and_eos_merge() {
     assert_eq!(c.eos_token_ids, vec![5, 3, 9]);
     check_profile(&c, ShapeProfile::AnyQwen3).unwrap();
 
-    std::fs::write(
-        tmp.path().join("generation_config.json"),
-        r#"{"eos_token_id": 11}"#,
-    )
-    .unwrap();
-    assert_eq!(
-        load_config(tmp.path()).unwrap().eos_token_ids,
-        vec![5, 3, 11]
-    );
+    std::fs::write(tmp.path().join("generation_config.json"), r#"{"eos_token_id": 11}"#).unwrap();
+    assert_eq!(load_config(tmp.path()).unwrap().eos_token_ids, vec![5, 3, 11]);
 }
 
 #[test]
@@ -1095,24 +922,12 @@ fn qwen3_0_6b_profile_counts_each_difference() {
     c.vocab_size = 151669;
     c.tie_word_embeddings = false;
     match check_profile(&c, ShapeProfile::Qwen3_0_6B) {
-        Err(Error::UnsupportedArchitecture {
-            profile,
-            mismatches,
-        }) => {
+        Err(Error::UnsupportedArchitecture { profile, mismatches }) => {
             assert_eq!(profile, "qwen3-0.6b");
             assert_eq!(mismatches.len(), 3);
-            assert_eq!(
-                mismatches[0].to_string(),
-                "num_hidden_layers: expected 28, found 24"
-            );
-            assert_eq!(
-                mismatches[1].to_string(),
-                "vocab_size: expected 151936, found 151669"
-            );
-            assert_eq!(
-                mismatches[2].to_string(),
-                "tie_word_embeddings: expected true, found false"
-            );
+            assert_eq!(mismatches[0].to_string(), "num_hidden_layers: expected 28, found 24");
+            assert_eq!(mismatches[1].to_string(), "vocab_size: expected 151936, found 151669");
+            assert_eq!(mismatches[2].to_string(), "tie_word_embeddings: expected true, found false");
         }
         other => panic!("{:?}", other.err().map(|e| e.to_string())),
     }
@@ -1122,11 +937,8 @@ fn qwen3_0_6b_profile_counts_each_difference() {
 
 fn fixture_dirs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
+    let mut dirs: Vec<PathBuf> =
+        std::fs::read_dir(root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     dirs.sort();
     dirs
 }
@@ -1154,18 +966,10 @@ fn mlx_fixtures_convert_losslessly() {
             mats.extend([
                 (&l.qkv, 0, format!("{p}.self_attn.q_proj.weight")),
                 (&l.qkv, cfg.q_dim(), format!("{p}.self_attn.k_proj.weight")),
-                (
-                    &l.qkv,
-                    cfg.q_dim() + cfg.kv_dim(),
-                    format!("{p}.self_attn.v_proj.weight"),
-                ),
+                (&l.qkv, cfg.q_dim() + cfg.kv_dim(), format!("{p}.self_attn.v_proj.weight")),
                 (&l.o_proj, 0, format!("{p}.self_attn.o_proj.weight")),
                 (&l.gate_up, 0, format!("{p}.mlp.gate_proj.weight")),
-                (
-                    &l.gate_up,
-                    cfg.intermediate_size,
-                    format!("{p}.mlp.up_proj.weight"),
-                ),
+                (&l.gate_up, cfg.intermediate_size, format!("{p}.mlp.up_proj.weight")),
                 (&l.down, 0, format!("{p}.mlp.down_proj.weight")),
             ]);
             norms.extend([
@@ -1190,18 +994,9 @@ fn mlx_fixtures_convert_losslessly() {
                     // int8 has no negative zero: a stored -0.0 comes back
                     // as +0.0, equal as a number. Everything else must be
                     // the same bits.
-                    let same = if w == 0.0 {
-                        d == 0.0
-                    } else {
-                        bf16_bits(d) == bf16_bits(w)
-                    };
+                    let same = if w == 0.0 { d == 0.0 } else { bf16_bits(d) == bf16_bits(w) };
                     assert!(same, "{}: {name}[{r},{c}]: {w} vs {d}", dir.display());
-                    assert_eq!(
-                        d.to_bits() & 0xffff,
-                        0,
-                        "{}: {name}[{r},{c}] not bf16",
-                        dir.display()
-                    );
+                    assert_eq!(d.to_bits() & 0xffff, 0, "{}: {name}[{r},{c}] not bf16", dir.display());
                     checked += 1;
                 }
             }

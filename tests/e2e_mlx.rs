@@ -18,50 +18,31 @@ struct Expected {
 }
 
 fn fixture(case: &str) -> (PathBuf, Expected) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/mlx")
-        .join(case);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(case);
     let text = std::fs::read_to_string(dir.join("expected.json")).expect("expected.json");
-    (
-        dir,
-        serde_json::from_str(&text).expect("valid expected.json"),
-    )
+    (dir, serde_json::from_str(&text).expect("valid expected.json"))
 }
 
 fn check_case(engine: &Engine, case: &str) {
     let (dir, exp) = fixture(case);
     let model = engine
-        .load(
-            &dir,
-            &LoadOptions {
-                cache: CachePolicy::Disabled,
-                ..Default::default()
-            },
-        )
+        .load(&dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() })
         .unwrap_or_else(|e| panic!("{case}: load: {e}"));
 
     // First step: the logits themselves, against MLX's top 5.
-    let mut session = model
-        .session_with_capacity(exp.prompt_ids.len() + exp.generated_ids.len())
-        .unwrap();
+    let mut session = model.session_with_capacity(exp.prompt_ids.len() + exp.generated_ids.len()).unwrap();
     let first = session.feed(&exp.prompt_ids).unwrap();
     let logits = session.debug_logits().unwrap();
-    let rms =
-        (logits.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / logits.len() as f64).sqrt();
+    let rms = (logits.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / logits.len() as f64).sqrt();
     for (id, want) in &exp.top5_first_step {
         let got = logits[*id as usize] as f64;
-        assert!(
-            (got - want).abs() <= 1e-3 * rms,
-            "{case}: logit {id}: engine {got}, MLX {want} (rms {rms})"
-        );
+        assert!((got - want).abs() <= 1e-3 * rms, "{case}: logit {id}: engine {got}, MLX {want} (rms {rms})");
     }
     assert_eq!(first, exp.generated_ids[0], "{case}: first token");
 
     // The whole greedy chain, up to the first near-tie (or end of text).
     let n = exp.first_near_tie.unwrap_or(exp.generated_ids.len());
-    let out = model
-        .generate(&exp.prompt_ids, exp.generated_ids.len(), |_| {})
-        .unwrap();
+    let out = model.generate(&exp.prompt_ids, exp.generated_ids.len(), |_| {}).unwrap();
     let got = out.generated_ids();
     let mut compared = 0;
     for (i, want) in exp.generated_ids.iter().take(n).enumerate() {
@@ -81,10 +62,7 @@ fn check_case(engine: &Engine, case: &str) {
 }
 
 fn engine() -> Engine {
-    Engine::builder()
-        .policy(AdapterPolicy::Portable)
-        .build()
-        .expect("engine")
+    Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine")
 }
 
 #[test]
@@ -130,11 +108,7 @@ fn dimensions_not_multiples_of_64_and_vocab_555() {
 /// The workgroup-memory reductions (adapters without subgroups) agree too.
 #[test]
 fn without_subgroups() {
-    let engine = Engine::builder()
-        .policy(AdapterPolicy::Portable)
-        .without_subgroups()
-        .build()
-        .unwrap();
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).without_subgroups().build().unwrap();
     assert!(!engine.uses_subgroups());
     for case in ["gqa4_hd128", "odd_dims"] {
         check_case(&engine, case);
@@ -145,15 +119,8 @@ fn without_subgroups() {
 #[test]
 fn timed_step_agrees() {
     let (dir, exp) = fixture("gqa2_hd64");
-    let model = engine()
-        .load(
-            &dir,
-            &LoadOptions {
-                cache: CachePolicy::Disabled,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let model =
+        engine().load(&dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
     let mut s = model.session_with_capacity(64).unwrap();
     assert_eq!(s.feed(&exp.prompt_ids).unwrap(), exp.generated_ids[0]);
     for want in &exp.generated_ids[1..4] {

@@ -13,17 +13,11 @@ fn fixture() -> PathBuf {
 }
 
 fn engine() -> Engine {
-    Engine::builder()
-        .policy(AdapterPolicy::Portable)
-        .build()
-        .expect("engine")
+    Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine")
 }
 
 fn no_cache() -> LoadOptions {
-    LoadOptions {
-        cache: CachePolicy::Disabled,
-        ..Default::default()
-    }
+    LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }
 }
 
 /// A copy of the small fixture that a test may break.
@@ -62,15 +56,10 @@ fn checkpoint_invalid() {
 
 #[test]
 fn unsupported_checkpoint_architecture_lists_every_field() {
-    let options = LoadOptions {
-        profile: ShapeProfile::Qwen3_0_6B,
-        cache: CachePolicy::Disabled,
-    };
+    let options = LoadOptions { profile: ShapeProfile::Qwen3_0_6B, cache: CachePolicy::Disabled };
     let e = decode_with(&engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
     assert_eq!(e.code(), "unsupported_checkpoint_architecture");
-    let Error::UnsupportedArchitecture { mismatches, .. } = &e else {
-        panic!("{e:?}")
-    };
+    let Error::UnsupportedArchitecture { mismatches, .. } = &e else { panic!("{e:?}") };
     // gqa2_hd64: hidden 128, 2 layers, 4 heads, 2 kv heads, head_dim 64, inter 256, vocab 1000
     let fields: Vec<&str> = mismatches.iter().map(|m| m.field.as_str()).collect();
     for f in [
@@ -84,14 +73,8 @@ fn unsupported_checkpoint_architecture_lists_every_field() {
     ] {
         assert!(fields.contains(&f), "{f} missing from {fields:?}");
     }
-    let hidden = mismatches
-        .iter()
-        .find(|m| m.field == "hidden_size")
-        .unwrap();
-    assert_eq!(
-        (hidden.expected.as_str(), hidden.found.as_str()),
-        ("1024", "128")
-    );
+    let hidden = mismatches.iter().find(|m| m.field == "hidden_size").unwrap();
+    assert_eq!((hidden.expected.as_str(), hidden.found.as_str()), ("1024", "128"));
 }
 
 #[test]
@@ -106,8 +89,7 @@ fn unsupported_dtype() {
         if name == "model.norm.weight" {
             tensors.push((
                 name,
-                safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![128], &norm)
-                    .unwrap(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::I8, vec![128], &norm).unwrap(),
             ));
         } else {
             tensors.push((name, view));
@@ -121,23 +103,14 @@ fn unsupported_dtype() {
 
 #[test]
 fn non_metal_adapter() {
-    let best = Gpu::adapters()
-        .into_iter()
-        .next()
-        .expect("an adapter")
-        .get_info();
-    let e = Engine::builder()
-        .policy(AdapterPolicy::MetalOnly)
-        .build()
-        .err();
+    let best = Gpu::adapters().into_iter().next().expect("an adapter").get_info();
+    let e = Engine::builder().policy(AdapterPolicy::MetalOnly).build().err();
     if best.backend == wgpu::Backend::Metal {
         assert!(e.is_none(), "Metal adapter refused: {e:?}");
     } else {
         let e = e.expect("a non-Metal adapter must be refused by default");
         assert_eq!(e.code(), "non_metal_adapter");
-        let Error::NonMetalAdapter { backend, adapter } = &e else {
-            panic!("{e:?}")
-        };
+        let Error::NonMetalAdapter { backend, adapter } = &e else { panic!("{e:?}") };
         assert_eq!(adapter, &best.name);
         assert_eq!(backend, &format!("{:?}", best.backend));
     }
@@ -147,21 +120,12 @@ fn non_metal_adapter() {
 #[test]
 fn no_gpu_adapter() {
     if std::env::var_os("QWEN3_WGPU_TEST_CHILD").is_some() {
-        let e = Engine::builder()
-            .policy(AdapterPolicy::Portable)
-            .build()
-            .err()
-            .expect("no adapter");
+        let e = Engine::builder().policy(AdapterPolicy::Portable).build().err().expect("no adapter");
         println!("CODE={}", e.code());
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "no_gpu_adapter",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["no_gpu_adapter", "--exact", "--nocapture", "--test-threads=1"])
         .env("QWEN3_WGPU_TEST_CHILD", "1")
         .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
         .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
@@ -206,22 +170,12 @@ fn shader_compile_failed() {
 fn invalid_token_id() {
     let e = decode_with(&engine(), fixture(), &[1, 1000], 4, &no_cache()).unwrap_err();
     assert_eq!(e.code(), "invalid_token_id");
-    let Error::InvalidTokenId {
-        id,
-        position,
-        vocab_size,
-    } = e
-    else {
-        panic!()
-    };
+    let Error::InvalidTokenId { id, position, vocab_size } = e else { panic!() };
     assert_eq!((id, position, vocab_size), (1000, 1, 1000));
     // Also through a session.
     let model = engine().load(fixture(), &no_cache()).unwrap();
     let mut s = model.session_with_capacity(8).unwrap();
-    assert_eq!(
-        s.feed(&[5, 1_000_000]).unwrap_err().code(),
-        "invalid_token_id"
-    );
+    assert_eq!(s.feed(&[5, 1_000_000]).unwrap_err().code(), "invalid_token_id");
     assert!(s.is_empty(), "a rejected feed runs nothing");
 }
 
@@ -242,9 +196,7 @@ fn context_overflow() {
     let prompt = vec![7u32; 4000];
     let e = model.generate(&prompt, 100, |_| {}).unwrap_err();
     assert_eq!(e.code(), "context_overflow");
-    let Error::ContextOverflow { needed, capacity } = e else {
-        panic!()
-    };
+    let Error::ContextOverflow { needed, capacity } = e else { panic!() };
     assert_eq!((needed, capacity), (4099, 4096));
     // A session fills up and then refuses.
     let mut s = model.session_with_capacity(3).unwrap();
@@ -253,10 +205,7 @@ fn context_overflow() {
     assert_eq!(s.next_token().unwrap_err().code(), "context_overflow");
     assert_eq!(s.len(), 3);
     // More than max_position_embeddings is refused up front.
-    assert_eq!(
-        model.session_with_capacity(1 << 30).err().map(|e| e.code()),
-        Some("context_overflow")
-    );
+    assert_eq!(model.session_with_capacity(1 << 30).err().map(|e| e.code()), Some("context_overflow"));
 }
 
 #[test]
@@ -264,10 +213,7 @@ fn cache_io() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("a-file");
     std::fs::write(&file, b"not a directory").unwrap();
-    let options = LoadOptions {
-        cache: CachePolicy::Dir(file.join("cache")),
-        ..Default::default()
-    };
+    let options = LoadOptions { cache: CachePolicy::Dir(file.join("cache")), ..Default::default() };
     let e = decode_with(&engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
     assert_eq!(e.code(), "cache_io");
     assert!(e.to_string().contains("a-file"), "{e}");

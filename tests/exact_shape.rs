@@ -9,10 +9,7 @@ use qwen3_wgpu::testing::write_random_checkpoint;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, ModelConfig, ShapeProfile};
 
 fn cache_files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut v: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     v.sort();
     v
 }
@@ -26,19 +23,11 @@ fn exact_qwen3_0_6b_shape_converts_decodes_and_caches() {
     let t = Instant::now();
     let cfg = ModelConfig::qwen3_0_6b_base();
     write_random_checkpoint(&ckpt, &cfg, 1).unwrap();
-    eprintln!(
-        "wrote the exact-shape checkpoint in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
+    eprintln!("wrote the exact-shape checkpoint in {:.1} s", t.elapsed().as_secs_f64());
 
-    let engine = Engine::builder()
-        .policy(AdapterPolicy::Portable)
-        .build()
-        .unwrap();
-    let options = LoadOptions {
-        profile: ShapeProfile::Qwen3_0_6B,
-        cache: CachePolicy::Dir(cache_dir.clone()),
-    };
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let options =
+        LoadOptions { profile: ShapeProfile::Qwen3_0_6B, cache: CachePolicy::Dir(cache_dir.clone()) };
     let prompt = [785u32, 6722, 315, 9625, 374];
     let new_tokens = 4;
 
@@ -50,10 +39,7 @@ fn exact_qwen3_0_6b_shape_converts_decodes_and_caches() {
     drop(session);
     let first = model.generate(&prompt, new_tokens, |_| {}).unwrap();
     assert_eq!(first.generated_ids().len(), new_tokens);
-    assert!(first
-        .generated_ids()
-        .iter()
-        .all(|&t| (t as usize) < cfg.vocab_size));
+    assert!(first.generated_ids().iter().all(|&t| (t as usize) < cfg.vocab_size));
     eprintln!(
         "exact shape, first run: load {:.0} ms (convert {:.0} ms), prefill {:.0} ms for {} tokens, decode {:.2} tok/s, {} dispatches/token, tokens {:?} [{}]",
         model.load_ms(),
@@ -67,18 +53,11 @@ fn exact_qwen3_0_6b_shape_converts_decodes_and_caches() {
     );
     drop(model);
     let files = cache_files(&cache_dir);
-    assert_eq!(
-        files.len(),
-        1,
-        "exactly one cache file, no temp files: {files:?}"
-    );
+    assert_eq!(files.len(), 1, "exactly one cache file, no temp files: {files:?}");
 
     // Second load uses the cache and decodes the same tokens.
     let model = engine.load(&ckpt, &options).unwrap();
-    assert!(
-        !model.load_report().converted,
-        "second load must use the cache"
-    );
+    assert!(!model.load_report().converted, "second load must use the cache");
     let second = model.generate(&prompt, new_tokens, |_| {}).unwrap();
     assert_eq!(second.token_ids, first.token_ids);
     eprintln!(
@@ -96,18 +75,11 @@ fn exact_qwen3_0_6b_shape_converts_decodes_and_caches() {
     std::fs::write(path, &bytes).unwrap();
     drop(bytes);
     let model = engine.load(&ckpt, &options).unwrap();
-    assert!(
-        model.load_report().converted,
-        "a corrupted cache must be rebuilt"
-    );
+    assert!(model.load_report().converted, "a corrupted cache must be rebuilt");
     let third = model.generate(&prompt, new_tokens, |_| {}).unwrap();
     assert_eq!(third.token_ids, first.token_ids);
     drop(model);
-    assert_eq!(
-        cache_files(&cache_dir).len(),
-        1,
-        "the rebuilt cache replaced the corrupt one"
-    );
+    assert_eq!(cache_files(&cache_dir).len(), 1, "the rebuilt cache replaced the corrupt one");
     let model = engine.load(&ckpt, &options).unwrap();
     assert!(!model.load_report().converted, "the rebuilt cache is used");
 }

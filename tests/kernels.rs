@@ -69,17 +69,11 @@ fn dispatch(
             }
         })
         .collect();
-    assert!(
-        u.next().is_none() && s.next().is_none(),
-        "binding count mismatch"
-    );
+    assert!(u.next().is_none() && s.next().is_none(), "binding count mismatch");
     let entries: Vec<_> = bufs
         .iter()
         .enumerate()
-        .map(|(i, (_, b, _))| wgpu::BindGroupEntry {
-            binding: i as u32,
-            resource: b.as_entire_binding(),
-        })
+        .map(|(i, (_, b, _))| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
         .collect();
     let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
@@ -147,9 +141,7 @@ fn random_quant(rng: &mut StdRng, rows: usize, cols: usize) -> Quant {
             }
         }
     }
-    let scales = (0..rows * groups)
-        .map(|_| rng.random_range(0.001..0.02))
-        .collect();
+    let scales = (0..rows * groups).map(|_| rng.random_range(0.001..0.02)).collect();
     Quant { padded, q, scales }
 }
 
@@ -167,18 +159,8 @@ fn int8_matvec_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(1);
     for sub in variants(&gpu) {
-        for &(rows, cols) in &[
-            (1, 64),
-            (3, 96),
-            (5, 1000),
-            (67, 128),
-            (130, 1024),
-            (9, 3072),
-        ] {
-            for kernel in Kernel::ALL
-                .into_iter()
-                .filter(|k| k.matvec_variant().is_some())
-            {
+        for &(rows, cols) in &[(1, 64), (3, 96), (5, 1000), (67, 128), (130, 1024), (9, 3072)] {
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
                 let variant = kernel.matvec_variant().unwrap();
                 let accumulate = variant.accumulate;
                 let m = random_quant(&mut rng, rows, cols);
@@ -190,23 +172,15 @@ fn int8_matvec_matches_cpu() {
                 let eps = 1e-6f32;
                 // What the matrix multiplies: x, or rms_norm(x) * norm_w.
                 let xe: Vec<f64> = if variant.norm {
-                    let ms =
-                        x[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
+                    let ms = x[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
                     let inv = 1.0 / (ms + eps as f64).sqrt();
-                    x.iter()
-                        .zip(&norm_w)
-                        .map(|(v, w)| *v as f64 * inv * *w as f64)
-                        .collect()
+                    x.iter().zip(&norm_w).map(|(v, w)| *v as f64 * inv * *w as f64).collect()
                 } else {
                     x.iter().map(|v| *v as f64).collect()
                 };
                 let row_offset = 3usize;
                 let y0 = nonzero(&mut rng, rows + row_offset);
-                let init = if accumulate {
-                    f32s(&y0)
-                } else {
-                    poisoned(rows + row_offset)
-                };
+                let init = if accumulate { f32s(&y0) } else { poisoned(rows + row_offset) };
                 let params = [
                     rows as u32,
                     (m.padded / 4) as u32,
@@ -237,13 +211,7 @@ fn int8_matvec_matches_cpu() {
                 for r in 0..rows {
                     let dot: f64 = (0..cols).map(|c| m.w(r, c) * xe[c]).sum();
                     let mag: f64 = (0..cols).map(|c| (m.w(r, c) * xe[c]).abs()).sum();
-                    want.push(
-                        dot + if accumulate {
-                            y0[row_offset + r] as f64
-                        } else {
-                            0.0
-                        },
-                    );
+                    want.push(dot + if accumulate { y0[row_offset + r] as f64 } else { 0.0 });
                     scale.push(mag + 1.0);
                 }
                 assert_close(
@@ -290,64 +258,33 @@ fn embed_lookup_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(4);
     for &(rows, cols) in &[(10usize, 64usize), (77, 96), (1000, 1024)] {
         let m = random_quant(&mut rng, rows, cols);
-        for &(token, row_start, row_end) in &[
-            (0u32, 0u32, rows as u32),
-            (rows as u32 - 1, 0, rows as u32),
-            (5, 4, 9),
-            (9, 4, 9),
-            (3, 4, 9),
-        ] {
+        for &(token, row_start, row_end) in
+            &[(0u32, 0u32, rows as u32), (rows as u32 - 1, 0, rows as u32), (5, 4, 9), (9, 4, 9), (3, 4, 9)]
+        {
             // The kernel binds a chunk: the table from row_start on.
             let chunk = Quant {
                 padded: m.padded,
                 q: m.q[row_start as usize * m.padded..row_end as usize * m.padded].to_vec(),
-                scales: m.scales
-                    [row_start as usize * (m.padded / 64)..row_end as usize * (m.padded / 64)]
+                scales: m.scales[row_start as usize * (m.padded / 64)..row_end as usize * (m.padded / 64)]
                     .to_vec(),
             };
-            let params = [
-                (m.padded / 4) as u32,
-                (m.padded / 64) as u32,
-                row_start,
-                row_end,
-            ];
+            let params = [(m.padded / 4) as u32, (m.padded / 64) as u32, row_start, row_end];
             let out = dispatch(
                 &gpu,
                 Kernel::EmbedLookup,
                 false,
                 &[bytemuck::cast_slice(&params)],
-                &[
-                    bytemuck::bytes_of(&token).to_vec(),
-                    chunk.data(),
-                    f32s(&chunk.scales),
-                    poisoned(m.padded),
-                ],
+                &[bytemuck::bytes_of(&token).to_vec(), chunk.data(), f32s(&chunk.scales), poisoned(m.padded)],
                 (m.padded as u32 / 4).div_ceil(WG),
             );
             let got = to_f32(&out[0]);
             if token >= row_start && token < row_end {
-                let want: Vec<f64> = (0..m.padded)
-                    .map(|c| {
-                        if c < cols {
-                            m.w(token as usize, c)
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
+                let want: Vec<f64> =
+                    (0..m.padded).map(|c| if c < cols { m.w(token as usize, c) } else { 0.0 }).collect();
                 let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1e-3).collect();
-                assert_close(
-                    &format!("embed {rows}x{cols} token {token}"),
-                    &got,
-                    &want,
-                    &scale,
-                    1e-6,
-                );
+                assert_close(&format!("embed {rows}x{cols} token {token}"), &got, &want, &scale, 1e-6);
             } else {
-                assert!(
-                    got.iter().all(|v| v.to_bits() == POISON),
-                    "a chunk without the token wrote"
-                );
+                assert!(got.iter().all(|v| v.to_bits() == POISON), "a chunk without the token wrote");
             }
         }
     }
@@ -419,10 +356,7 @@ fn rope_ref(v: &[f64], pos: usize, theta: f64) -> Vec<f64> {
 fn norm_ref(v: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
     let ms: f64 = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / v.len() as f64;
     let inv = 1.0 / (ms + eps).sqrt();
-    v.iter()
-        .zip(w)
-        .map(|(x, w)| *x as f64 * inv * *w as f64)
-        .collect()
+    v.iter().zip(w).map(|(x, w)| *x as f64 * inv * *w as f64).collect()
 }
 
 fn unpack_f16(words: &[u8]) -> Vec<f32> {
@@ -470,50 +404,24 @@ fn qk_norm_rope_matches_cpu() {
             let kc = unpack_f16(&out[1]);
             let vc = unpack_f16(&out[2]);
             for h in 0..nh {
-                let want = rope_ref(
-                    &norm_ref(&qkv[h * hd..(h + 1) * hd], &qn, eps as f64),
-                    pos,
-                    theta as f64,
-                );
+                let want =
+                    rope_ref(&norm_ref(&qkv[h * hd..(h + 1) * hd], &qn, eps as f64), pos, theta as f64);
                 let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-                assert_close(
-                    &format!("q head {h} sub={sub}"),
-                    &q[h * hd..(h + 1) * hd],
-                    &want,
-                    &scale,
-                    2e-4,
-                );
+                assert_close(&format!("q head {h} sub={sub}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
             }
             for g in 0..nkv {
                 let src = (nh + g) * hd;
-                let want = rope_ref(
-                    &norm_ref(&qkv[src..src + hd], &kn, eps as f64),
-                    pos,
-                    theta as f64,
-                );
+                let want = rope_ref(&norm_ref(&qkv[src..src + hd], &kn, eps as f64), pos, theta as f64);
                 let at = (g * cap + pos) * hd;
                 let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-                assert_close(
-                    &format!("k head {g}"),
-                    &kc[at..at + hd],
-                    &want,
-                    &scale,
-                    2e-3,
-                );
+                assert_close(&format!("k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
                 let vsrc = (nh + nkv + g) * hd;
                 let vwant: Vec<f64> = qkv[vsrc..vsrc + hd].iter().map(|v| *v as f64).collect();
-                assert_close(
-                    &format!("v head {g}"),
-                    &vc[at..at + hd],
-                    &vwant,
-                    &vec![1.0; hd],
-                    1e-3,
-                );
+                assert_close(&format!("v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
                 // Other positions stay untouched.
                 let other = ((g * cap + (pos + 1) % cap) * hd) / 2;
                 if cap > 1 {
-                    let w =
-                        u32::from_le_bytes(out[1][4 * other..4 * other + 4].try_into().unwrap());
+                    let w = u32::from_le_bytes(out[1][4 * other..4 * other + 4].try_into().unwrap());
                     assert_eq!(w, POISON, "k cache written at another position");
                 }
             }
@@ -534,22 +442,10 @@ fn gqa_attention_matches_cpu() {
         ] {
             let q = nonzero(&mut rng, nh * hd);
             let kv_len = nkv * cap * hd;
-            let k: Vec<f16> = nonzero(&mut rng, kv_len)
-                .iter()
-                .map(|v| f16::from_f32(*v))
-                .collect();
-            let v: Vec<f16> = nonzero(&mut rng, kv_len)
-                .iter()
-                .map(|v| f16::from_f32(*v))
-                .collect();
+            let k: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+            let v: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
             let scale_f = 1.0 / (hd as f32).sqrt();
-            let params: [u32; 5] = [
-                nh as u32,
-                nkv as u32,
-                hd as u32,
-                cap as u32,
-                scale_f.to_bits(),
-            ];
+            let params: [u32; 5] = [nh as u32, nkv as u32, hd as u32, cap as u32, scale_f.to_bits()];
             let step = [seq as u32 - 1, seq as u32];
             let out = dispatch(
                 &gpu,
@@ -571,18 +467,14 @@ fn gqa_attention_matches_cpu() {
                 let kv = |t: usize, d: usize, x: &[f16]| x[(g * cap + t) * hd + d].to_f64();
                 let s: Vec<f64> = (0..seq)
                     .map(|t| {
-                        (0..hd)
-                            .map(|d| q[h * hd + d] as f64 * kv(t, d, &k))
-                            .sum::<f64>()
-                            * scale_f as f64
+                        (0..hd).map(|d| q[h * hd + d] as f64 * kv(t, d, &k)).sum::<f64>() * scale_f as f64
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let l: f64 = e.iter().sum();
-                let want: Vec<f64> = (0..hd)
-                    .map(|d| (0..seq).map(|t| e[t] * kv(t, d, &v)).sum::<f64>() / l)
-                    .collect();
+                let want: Vec<f64> =
+                    (0..hd).map(|d| (0..seq).map(|t| e[t] * kv(t, d, &v)).sum::<f64>() / l).collect();
                 assert_close(
                     &format!("attention head {h} seq {seq} sub={sub}"),
                     &got[h * hd..(h + 1) * hd],
@@ -622,12 +514,8 @@ fn wgsl_bindings_match_the_kernel_table() {
                 })
                 .collect();
             found.sort_by_key(|(i, _)| *i);
-            let want: Vec<(u32, Bind)> = k
-                .bindings()
-                .iter()
-                .enumerate()
-                .map(|(i, b)| (i as u32, *b))
-                .collect();
+            let want: Vec<(u32, Bind)> =
+                k.bindings().iter().enumerate().map(|(i, b)| (i as u32, *b)).collect();
             assert_eq!(found, want, "{}", k.entry());
         }
     }
@@ -646,11 +534,7 @@ fn group_size_reaches_the_kernels() {
         Kernel::EmbedLookup,
     ] {
         let c = k.constants();
-        let gw = c
-            .iter()
-            .find(|(n, _)| *n == "GROUP_WORDS")
-            .expect("GROUP_WORDS set")
-            .1;
+        let gw = c.iter().find(|(n, _)| *n == "GROUP_WORDS").expect("GROUP_WORDS set").1;
         assert_eq!(gw as usize * 4, qwen3_wgpu::weights::QUANT_GROUP);
         assert!(k.wgsl().contains("override GROUP_WORDS"));
     }

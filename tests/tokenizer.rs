@@ -33,10 +33,7 @@ fn fixture_is_the_pinned_file() {
 #[test]
 fn encodes_reference_prompt() {
     let t = tokenizer();
-    assert_eq!(
-        t.encode("The capital of France is").unwrap(),
-        vec![785, 6722, 315, 9625, 374]
-    );
+    assert_eq!(t.encode("The capital of France is").unwrap(), vec![785, 6722, 315, 9625, 374]);
     assert_eq!(t.encode("").unwrap(), Vec::<u32>::new());
     assert_eq!(t.vocab_size(), 151669);
     assert_eq!(t.token_id("<|im_end|>"), Some(151645));
@@ -65,10 +62,7 @@ fn streaming_reassembles_multibyte_text() {
     let text = "北京是中国的首都。龘齉𠀋 emoji: 🙂👩‍👩‍👧‍👦🏳️‍🌈 ok";
     let ids = t.encode(text).unwrap();
     // The point of the test: some characters span several tokens.
-    let split = ids
-        .iter()
-        .filter(|&&id| t.decode(&[id]).unwrap().contains('\u{FFFD}'))
-        .count();
+    let split = ids.iter().filter(|&&id| t.decode(&[id]).unwrap().contains('\u{FFFD}')).count();
     assert!(split >= 3, "no token splits a character ({split})");
 
     let mut stream = t.stream();
@@ -76,10 +70,7 @@ fn streaming_reassembles_multibyte_text() {
     let mut empty_steps = 0;
     for &id in &ids {
         let piece = stream.push(id).unwrap();
-        assert!(
-            !piece.contains('\u{FFFD}'),
-            "emitted U+FFFD mid-stream: {piece:?}"
-        );
+        assert!(!piece.contains('\u{FFFD}'), "emitted U+FFFD mid-stream: {piece:?}");
         if piece.is_empty() {
             empty_steps += 1;
         }
@@ -118,11 +109,7 @@ fn streaming_flushes_invalid_bytes_at_finish() {
 fn unknown_ids_are_invalid_token_id() {
     let t = tokenizer();
     match t.decode(&[785, 999_999]) {
-        Err(Error::InvalidTokenId {
-            id,
-            position,
-            vocab_size,
-        }) => {
+        Err(Error::InvalidTokenId { id, position, vocab_size }) => {
             assert_eq!((id, position, vocab_size), (999_999, 1, 151669));
         }
         other => panic!("{:?}", other.map_err(|e| e.to_string())),
