@@ -62,13 +62,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let model = engine.load(&ckpt, &LoadOptions { cache: cache.clone(), ..Default::default() })?;
     let cfg = model.config().clone();
-    let weight_bytes: f64 = {
-        let h = cfg.hidden_size as f64;
-        let per_layer =
-            (cfg.qkv_rows() as f64 * h + h * cfg.q_dim() as f64 + 3.0 * cfg.intermediate_size as f64 * h)
-                * (1.0 + 4.0 / 64.0);
-        per_layer * cfg.num_hidden_layers as f64 + cfg.vocab_size as f64 * h * (1.0 + 4.0 / 64.0)
-    };
+    // Bytes a token reads: every weight once, plus the K and V written so far.
+    let weight_bytes = model.weight_bytes() as f64;
     for &ctx in &args.contexts {
         let capacity = ctx + args.tokens + 17;
         let mut s = model.session_with_capacity(capacity)?;
@@ -103,6 +98,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                    "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
                    "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,
                    "dispatches_per_token": s.dispatches_per_token(),
+                   "gpu_weight_bytes": model.weight_bytes(), "gpu_session_bytes": s.buffer_bytes(),
                    "step_encode_us": encode_us, "step_gpu_us": gpu_us, "step_wall_us": wall_us, "adapter": adapter})
         );
     }

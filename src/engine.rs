@@ -161,6 +161,11 @@ impl Model {
         self.load_ms
     }
 
+    /// GPU memory the weights occupy, bytes.
+    pub fn weight_bytes(&self) -> u64 {
+        self.inner.weights.bytes
+    }
+
     /// A session with the default KV-cache capacity.
     pub fn session(&self) -> Result<Session> {
         self.session_with_capacity(DEFAULT_CAPACITY.min(self.config().max_position_embeddings))

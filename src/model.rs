@@ -2,7 +2,6 @@
 //! scales), bound in row chunks when a matrix exceeds the device's storage
 //! binding limit (Qwen3's 151936 x 1024 table does on lavapipe).
 
-use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::chunk_rows;
@@ -82,6 +81,8 @@ pub struct GpuLayer {
 
 /// The whole model on the GPU.
 pub struct GpuWeights {
+    /// Bytes of weights uploaded (int8 data, scales, norm vectors).
+    pub bytes: u64,
     pub embed: GpuMatrix,
     /// `None` when tied to `embed`.
     pub lm_head: Option<GpuMatrix>,
@@ -116,7 +117,8 @@ impl GpuWeights {
                         down: GpuMatrix::upload(gpu, model, &l.down, &format!("layers.{i}.down"))?,
                     });
                 }
-                Ok(GpuWeights {
+                let mut w = GpuWeights {
+                    bytes: 0,
                     embed: GpuMatrix::upload(gpu, model, &ix.embed, "embed_tokens")?,
                     lm_head: match &ix.lm_head {
                         Some(m) => Some(GpuMatrix::upload(gpu, model, m, "lm_head")?),
@@ -124,20 +126,25 @@ impl GpuWeights {
                     },
                     layers,
                     final_norm: vec(ix.final_norm, "final_norm")?,
-                })
+                };
+                w.bytes = w.buffers().map(|b| b.size()).sum();
+                Ok(w)
             },
             |reason| Error::GpuDeviceFailed { reason: format!("uploading weights: {reason}") },
         )
+    }
+
+    /// Every buffer the weights occupy.
+    fn buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
+        let matrices = std::iter::once(&self.embed)
+            .chain(self.lm_head.as_ref())
+            .chain(self.layers.iter().flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down]));
+        let vectors = self.layers.iter().flat_map(|l| [&l.input_norm, &l.q_norm, &l.k_norm, &l.post_norm]);
+        matrices.flat_map(|m| [&m.data, &m.scales]).chain(vectors).chain(std::iter::once(&self.final_norm))
     }
 
     /// The matrix used as LM head (the embedding when tied).
     pub fn lm_head(&self) -> &GpuMatrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
-}
-
-/// Bytes of GPU memory the weights take (for reports).
-pub fn weight_bytes(cfg: &ModelConfig, model: &ConvertedModel) -> usize {
-    let _ = cfg;
-    model.blob.len() - model.blob_start
 }

@@ -133,6 +133,28 @@ impl Session {
         self.len == 0
     }
 
+    /// GPU memory this session allocated (KV cache, activations, scratch), bytes.
+    pub fn buffer_bytes(&self) -> u64 {
+        let b = &self.bufs;
+        let fixed = [
+            &b.token,
+            &b.step,
+            &b.x,
+            &b.qkv,
+            &b.q,
+            &b.attn,
+            &b.gate_up,
+            &b.h,
+            &b.logits,
+            &b.part_val,
+            &b.part_idx,
+            &b.scores,
+            &b.rope,
+        ];
+        let caches = b.k_cache.iter().chain(&b.v_cache);
+        fixed.into_iter().chain(caches).map(|buf| buf.size()).sum()
+    }
+
     /// Kernel launches (dispatches) per token.
     pub fn dispatches_per_token(&self) -> usize {
         self.forward.len()

@@ -123,3 +123,27 @@ fn stops_at_end_of_text() {
     assert_eq!(out.generated_ids(), &want[..=first]);
     assert_eq!(out.stop_reason.as_str(), "end_of_text");
 }
+
+/// Memory is bounded and accounted: the weights once per model, and per
+/// session exactly what its capacity needs (KV cache in f16, attention
+/// scores, RoPE table), allocated up front.
+#[test]
+fn memory_is_accounted_per_model_and_per_session_capacity() {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let model = engine.load(fixture(), &no_cache()).unwrap();
+    let cfg = model.config().clone();
+    // int8 weights plus scales: about one byte per parameter, never f32-sized.
+    let params = cfg.vocab_size * cfg.hidden_size
+        + cfg.num_hidden_layers
+            * (cfg.qkv_rows() * cfg.hidden_size
+                + cfg.hidden_size * cfg.q_dim()
+                + 3 * cfg.intermediate_size * cfg.hidden_size);
+    let w = model.weight_bytes() as usize;
+    assert!(w >= params && w < params + params / 8 + (1 << 16), "{w} bytes for {params} parameters");
+    let small = model.session_with_capacity(8).unwrap().buffer_bytes();
+    let large = model.session_with_capacity(64).unwrap().buffer_bytes();
+    let per_position = cfg.num_hidden_layers * 2 * cfg.kv_dim() * 2 // K and V, f16
+        + cfg.num_attention_heads * 4 // scores
+        + cfg.head_dim * 4; // RoPE (cos, sin) pairs
+    assert_eq!(large - small, (56 * per_position) as u64);
+}

@@ -524,15 +524,8 @@ fn wgsl_bindings_match_the_kernel_table() {
 /// The quant group size lives in weights.rs; the kernels get it as an override.
 #[test]
 fn group_size_reaches_the_kernels() {
-    for k in [
-        Kernel::Int8Matvec,
-        Kernel::Int8MatvecAccumulate,
-        Kernel::Int8MatvecNorm,
-        Kernel::Int8MatvecSplitK,
-        Kernel::Int8MatvecSplitKAccumulate,
-        Kernel::Int8MatvecSplitKNorm,
-        Kernel::EmbedLookup,
-    ] {
+    let users = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some() || *k == Kernel::EmbedLookup);
+    for k in users {
         let c = k.constants();
         let gw = c.iter().find(|(n, _)| *n == "GROUP_WORDS").expect("GROUP_WORDS set").1;
         assert_eq!(gw as usize * 4, qwen3_wgpu::weights::QUANT_GROUP);
