@@ -42,7 +42,10 @@ pub enum Kernel {
     /// `y = W rms_norm(x)`, K split over the workgroup.
     Int8MatvecSplitKNorm,
     QkNormRope,
-    GqaAttention,
+    /// Decode attention over one chunk of positions per workgroup.
+    AttentionPartial,
+    /// Combines the chunks' softmax statistics into the attention output.
+    AttentionReduce,
     Swiglu,
     EmbedLookup,
     /// Per-chunk argmax of the logits (first of two launches).
@@ -76,6 +79,9 @@ pub const SPLIT_K_ROWS: u32 = 4;
 /// workgroups in flight); taller ones give each subgroup its own rows.
 pub const SPLIT_K_BELOW_ROWS: usize = 16384;
 
+/// Cached positions per `attention_partial` workgroup (one per invocation).
+pub const ATTENTION_CHUNK: u32 = WG;
+
 /// Logits per `argmax_partial` workgroup.
 pub const ARGMAX_CHUNK: u32 = 1024;
 /// Largest head_dim the attention kernels hold in workgroup memory.
@@ -83,7 +89,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
         Kernel::Int8MatvecNorm,
@@ -91,7 +97,8 @@ impl Kernel {
         Kernel::Int8MatvecSplitKAccumulate,
         Kernel::Int8MatvecSplitKNorm,
         Kernel::QkNormRope,
-        Kernel::GqaAttention,
+        Kernel::AttentionPartial,
+        Kernel::AttentionReduce,
         Kernel::Swiglu,
         Kernel::EmbedLookup,
         Kernel::ArgmaxPartial,
@@ -108,7 +115,8 @@ impl Kernel {
             | Kernel::Int8MatvecSplitKAccumulate
             | Kernel::Int8MatvecSplitKNorm => "int8_matvec",
             Kernel::QkNormRope => "qk_norm_rope",
-            Kernel::GqaAttention => "gqa_attention",
+            Kernel::AttentionPartial => "attention_partial",
+            Kernel::AttentionReduce => "attention_reduce",
             Kernel::Swiglu => "swiglu",
             Kernel::EmbedLookup => "embed_lookup",
             Kernel::ArgmaxPartial => "argmax_partial",
@@ -128,7 +136,8 @@ impl Kernel {
                 include_str!("../kernels/wgsl/int8_matvec.wgsl")
             }
             Kernel::QkNormRope => include_str!("../kernels/wgsl/qk_norm_rope.wgsl"),
-            Kernel::GqaAttention => include_str!("../kernels/wgsl/gqa_attention.wgsl"),
+            Kernel::AttentionPartial => include_str!("../kernels/wgsl/attention_partial.wgsl"),
+            Kernel::AttentionReduce => include_str!("../kernels/wgsl/attention_reduce.wgsl"),
             Kernel::Swiglu => include_str!("../kernels/wgsl/swiglu.wgsl"),
             Kernel::EmbedLookup => include_str!("../kernels/wgsl/embed_lookup.wgsl"),
             Kernel::ArgmaxPartial => include_str!("../kernels/wgsl/argmax_partial.wgsl"),
@@ -151,8 +160,10 @@ impl Kernel {
             Kernel::QkNormRope => {
                 &[Uniform, Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]
             }
-            // params, step, q, k_cache, v_cache, scores, out
-            Kernel::GqaAttention => &[Uniform, Uniform, Read, Read, Read, ReadWrite, ReadWrite],
+            // params, step, q, k_cache, v_cache, part_ml, part_acc
+            Kernel::AttentionPartial => &[Uniform, Uniform, Read, Read, Read, ReadWrite, ReadWrite],
+            // params, part_ml, part_acc, out
+            Kernel::AttentionReduce => &[Uniform, Read, Read, ReadWrite],
             // params, gate_up, h
             Kernel::Swiglu => &[Uniform, Read, ReadWrite],
             // params, token, w, scales, x
@@ -350,13 +361,14 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// Binds `buffers` (whole buffers or ranges) in the kernel's binding order.
+    /// Binds `buffers` (whole buffers or ranges) in the kernel's binding
+    /// order; `workgroups` is the grid (see [`grid`] for a 1-D count).
     pub fn new(
         gpu: &Gpu,
         kernels: &Kernels,
         kernel: Kernel,
         buffers: &[wgpu::BindingResource<'_>],
-        workgroups: u32,
+        workgroups: [u32; 3],
     ) -> Self {
         let p = kernels.get(kernel);
         let entries: Vec<_> = buffers
@@ -369,7 +381,7 @@ impl Launch {
             layout: &p.layout,
             entries: &entries,
         });
-        Launch { kernel, bind_group, workgroups: grid(workgroups) }
+        Launch { kernel, bind_group, workgroups }
     }
 
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels) {

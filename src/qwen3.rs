@@ -19,7 +19,7 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{Kernel, Kernels, Launch, ARGMAX_CHUNK, WG};
+use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::SessionBuffers;
 
@@ -129,6 +129,16 @@ impl Builder<'_> {
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: u32,
     ) -> Result<()> {
+        self.launch_grid(kernel, params, buffers, grid(workgroups))
+    }
+
+    fn launch_grid(
+        &mut self,
+        kernel: Kernel,
+        params: &[u8],
+        buffers: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
         let u = self.gpu.uniform(kernel.entry(), params)?;
         let mut all = vec![whole(&u)];
         all.extend_from_slice(buffers);
@@ -206,19 +216,30 @@ impl Builder<'_> {
         self.launch(Kernel::QkNormRope, bytes_of(&p), &bufs, heads)
     }
 
-    /// attn = softmax(q k^T / sqrt(head_dim)) v over the cached positions.
+    /// attn = softmax(q k^T / sqrt(head_dim)) v over the cached positions:
+    /// one workgroup per (head, chunk of positions), then one per head to
+    /// combine the chunks.
     fn attention(&mut self, layer: usize) -> Result<()> {
         let s = self.s;
+        let heads = self.cfg.num_attention_heads as u32;
         let p = self.head_params(1.0 / (self.cfg.head_dim as f32).sqrt());
         let bufs = [
             whole(&s.step),
             whole(&s.q),
             whole(&s.k_cache[layer]),
             whole(&s.v_cache[layer]),
-            whole(&s.scores),
-            whole(&s.attn),
+            whole(&s.attn_ml),
+            whole(&s.attn_acc),
         ];
-        self.launch(Kernel::GqaAttention, bytes_of(&p), &bufs, self.cfg.num_attention_heads as u32)
+        self.launch_grid(
+            Kernel::AttentionPartial,
+            bytes_of(&p),
+            &bufs,
+            [heads, s.attention_chunks as u32, 1],
+        )?;
+        let p = [self.cfg.head_dim as u32, s.attention_chunks as u32];
+        let bufs = [whole(&s.attn_ml), whole(&s.attn_acc), whole(&s.attn)];
+        self.launch(Kernel::AttentionReduce, bytemuck::cast_slice(&p), &bufs, heads)
     }
 
     /// h = silu(gate) * up.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::{Kernels, Launch, ARGMAX_CHUNK};
+use crate::kernels::{Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK};
 use crate::model::GpuWeights;
 use crate::weights::QUANT_GROUP;
 
@@ -29,7 +29,11 @@ pub struct SessionBuffers {
     /// Per-chunk argmax results (value, index).
     pub part_val: wgpu::Buffer,
     pub part_idx: wgpu::Buffer,
-    pub scores: wgpu::Buffer,
+    /// Chunks of positions attention splits the context into.
+    pub attention_chunks: usize,
+    /// Per (head, chunk): softmax max and sum, and the weighted V sum.
+    pub attn_ml: wgpu::Buffer,
+    pub attn_acc: wgpu::Buffer,
     /// RoPE (cos, sin) table, `[capacity][head_dim / 2]`.
     pub rope: wgpu::Buffer,
     /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`.
@@ -46,6 +50,7 @@ impl SessionBuffers {
     fn new(gpu: &Gpu, cfg: &ModelConfig, capacity: usize) -> Result<Self> {
         let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
         let kv_words = cfg.num_key_value_heads * capacity * cfg.head_dim / 2;
+        let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
         Ok(SessionBuffers {
             capacity,
             token: f("token", 1),
@@ -60,7 +65,9 @@ impl SessionBuffers {
             logits: f("logits", cfg.vocab_size),
             part_val: f("part_val", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
             part_idx: f("part_idx", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
-            scores: f("scores", cfg.num_attention_heads * capacity),
+            attention_chunks: chunks,
+            attn_ml: f("attn_ml", 2 * cfg.num_attention_heads * chunks),
+            attn_acc: f("attn_acc", cfg.num_attention_heads * chunks * cfg.head_dim),
             rope: gpu.storage_init(
                 "rope",
                 bytemuck::cast_slice(&crate::qwen3::rope_table(cfg.head_dim, capacity, cfg.rope_theta)),
@@ -148,7 +155,8 @@ impl Session {
             &b.logits,
             &b.part_val,
             &b.part_idx,
-            &b.scores,
+            &b.attn_ml,
+            &b.attn_acc,
             &b.rope,
         ];
         let caches = b.k_cache.iter().chain(&b.v_cache);

@@ -45,6 +45,18 @@ fn dispatch(
     storage: &[Vec<u8>],
     workgroups: u32,
 ) -> Vec<Vec<u8>> {
+    dispatch_grid(gpu, kernel, subgroups, uniforms, storage, kernels::grid(workgroups))
+}
+
+/// [`dispatch`] with an explicit (x, y, z) grid.
+fn dispatch_grid(
+    gpu: &Gpu,
+    kernel: Kernel,
+    subgroups: bool,
+    uniforms: &[&[u8]],
+    storage: &[Vec<u8>],
+    grid: [u32; 3],
+) -> Vec<Vec<u8>> {
     let (pipeline, layout) = kernels::compile(
         gpu,
         kernel.entry(),
@@ -85,8 +97,7 @@ fn dispatch(
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bg, &[]);
-        let g = kernels::grid(workgroups);
-        pass.dispatch_workgroups(g[0], g[1], g[2]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
     }
     gpu.queue.submit([enc.finish()]);
     let out = bufs
@@ -430,7 +441,7 @@ fn qk_norm_rope_matches_cpu() {
 }
 
 #[test]
-fn gqa_attention_matches_cpu() {
+fn attention_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(7);
     for sub in variants(&gpu) {
@@ -439,6 +450,7 @@ fn gqa_attention_matches_cpu() {
             (4, 1, 64, 300, 300),
             (16, 8, 128, 64, 33),
             (3, 3, 32, 600, 517),
+            (2, 1, 128, 1100, 1025),
         ] {
             let q = nonzero(&mut rng, nh * hd);
             let kv_len = nkv * cap * hd;
@@ -447,21 +459,33 @@ fn gqa_attention_matches_cpu() {
             let scale_f = 1.0 / (hd as f32).sqrt();
             let params: [u32; 5] = [nh as u32, nkv as u32, hd as u32, cap as u32, scale_f.to_bits()];
             let step = [seq as u32 - 1, seq as u32];
-            let out = dispatch(
+            // Chunks past the context must contribute nothing: size the grid
+            // for the capacity, as the engine does.
+            let chunks = cap.div_ceil(kernels::ATTENTION_CHUNK as usize);
+            let parts = dispatch_grid(
                 &gpu,
-                Kernel::GqaAttention,
+                Kernel::AttentionPartial,
                 sub,
                 &[bytemuck::cast_slice(&params), bytemuck::cast_slice(&step)],
                 &[
                     f32s(&q),
                     bytemuck::cast_slice(&k).to_vec(),
                     bytemuck::cast_slice(&v).to_vec(),
-                    poisoned(nh * cap),
-                    poisoned(nh * hd),
+                    poisoned(2 * nh * chunks),
+                    poisoned(nh * chunks * hd),
                 ],
+                [nh as u32, chunks as u32, 1],
+            );
+            let p2 = [hd as u32, chunks as u32];
+            let out = dispatch(
+                &gpu,
+                Kernel::AttentionReduce,
+                sub,
+                &[bytemuck::cast_slice(&p2)],
+                &[parts[0].clone(), parts[1].clone(), poisoned(nh * hd)],
                 nh as u32,
             );
-            let got = to_f32(&out[1]);
+            let got = to_f32(&out[0]);
             for h in 0..nh {
                 let g = h / (nh / nkv);
                 let kv = |t: usize, d: usize, x: &[f16]| x[(g * cap + t) * hd + d].to_f64();
