@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{AdapterPolicy, Gpu};
 use crate::kernels::Kernels;
 use crate::model::GpuWeights;
-use crate::session::{ModelGpu, Session};
+use crate::session::{check_prompt, ModelGpu, Session};
 
 /// Default KV-cache capacity of a session (positions), capped by the
 /// model's `max_position_embeddings`.
@@ -190,15 +190,8 @@ impl Model {
         max_new_tokens: usize,
         mut on_token: impl FnMut(u32),
     ) -> Result<DecodeResult> {
-        if prompt_ids.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
         let cfg = self.config();
-        if let Some((position, &id)) =
-            prompt_ids.iter().enumerate().find(|(_, &id)| id as usize >= cfg.vocab_size)
-        {
-            return Err(Error::InvalidTokenId { id, position, vocab_size: cfg.vocab_size });
-        }
+        check_prompt(prompt_ids, cfg.vocab_size)?;
         // The last new token is never fed back, so it needs no cache slot.
         let needed = prompt_ids.len() + max_new_tokens.saturating_sub(1);
         let capacity = DEFAULT_CAPACITY.min(cfg.max_position_embeddings);

@@ -15,6 +15,19 @@ pub enum Bind {
     ReadWrite,
 }
 
+/// The pattern matching every `int8_matvec` variant (one list, used by
+/// each per-kernel table below).
+macro_rules! matvec_kernels {
+    () => {
+        Kernel::Int8Matvec
+            | Kernel::Int8MatvecAccumulate
+            | Kernel::Int8MatvecNorm
+            | Kernel::Int8MatvecSplitK
+            | Kernel::Int8MatvecSplitKAccumulate
+            | Kernel::Int8MatvecSplitKNorm
+    };
+}
+
 /// Layout and epilogue of an `int8_matvec` variant (its override constants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatvecVariant {
@@ -108,12 +121,7 @@ impl Kernel {
     /// WGSL entry point (also the file name under kernels/wgsl/).
     pub fn entry(self) -> &'static str {
         match self {
-            Kernel::Int8Matvec
-            | Kernel::Int8MatvecAccumulate
-            | Kernel::Int8MatvecNorm
-            | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate
-            | Kernel::Int8MatvecSplitKNorm => "int8_matvec",
+            matvec_kernels!() => "int8_matvec",
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::AttentionPartial => "attention_partial",
             Kernel::AttentionReduce => "attention_reduce",
@@ -127,12 +135,7 @@ impl Kernel {
     /// The kernel's own WGSL (without the reduction prelude).
     pub fn wgsl(self) -> &'static str {
         match self {
-            Kernel::Int8Matvec
-            | Kernel::Int8MatvecAccumulate
-            | Kernel::Int8MatvecNorm
-            | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate
-            | Kernel::Int8MatvecSplitKNorm => {
+            matvec_kernels!() => {
                 include_str!("../kernels/wgsl/int8_matvec.wgsl")
             }
             Kernel::QkNormRope => include_str!("../kernels/wgsl/qk_norm_rope.wgsl"),
@@ -150,12 +153,7 @@ impl Kernel {
         use Bind::*;
         match self {
             // params, x, w, scales, y, norm_w
-            Kernel::Int8Matvec
-            | Kernel::Int8MatvecAccumulate
-            | Kernel::Int8MatvecNorm
-            | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate
-            | Kernel::Int8MatvecSplitKNorm => &[Uniform, Read, Read, Read, ReadWrite, Read],
+            matvec_kernels!() => &[Uniform, Read, Read, Read, ReadWrite, Read],
             // params, step, qkv, q_norm, k_norm, rope, q_out, k_cache, v_cache
             Kernel::QkNormRope => {
                 &[Uniform, Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]

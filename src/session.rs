@@ -87,6 +87,18 @@ pub(crate) struct ModelGpu {
     pub weights: GpuWeights,
 }
 
+/// Refuses an empty prompt or a token id outside the vocabulary (naming
+/// the first bad id and its position).
+pub(crate) fn check_prompt(ids: &[u32], vocab_size: usize) -> Result<()> {
+    if ids.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    match ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab_size) {
+        Some((position, &id)) => Err(Error::InvalidTokenId { id, position, vocab_size }),
+        None => Ok(()),
+    }
+}
+
 /// Where one decode step's time went (see [`Session::timed_step`]).
 #[derive(Debug, Clone, Copy)]
 pub struct StepTiming {
@@ -177,13 +189,7 @@ impl Session {
     /// returns the greedy next token. Checks every id and the capacity
     /// before touching the GPU.
     pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
-        if ids.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        let vocab = self.model.config.vocab_size;
-        if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
-            return Err(Error::InvalidTokenId { id, position, vocab_size: vocab });
-        }
+        check_prompt(ids, self.model.config.vocab_size)?;
         self.check_room(ids.len())?;
         let mut next = 0;
         for &id in ids {

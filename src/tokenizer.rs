@@ -18,6 +18,13 @@ impl Tokenizer {
     /// Errors: [`Error::CheckpointNotFound`] when the file (or `dir`) is
     /// missing; [`Error::CheckpointInvalid`] when it cannot be read or parsed.
     pub fn from_checkpoint(dir: &Path) -> Result<Self> {
+        // Name the real problem when the whole directory is missing.
+        if !dir.is_dir() {
+            return Err(Error::CheckpointNotFound {
+                path: dir.to_path_buf(),
+                reason: "checkpoint directory does not exist".into(),
+            });
+        }
         Self::from_file(&dir.join("tokenizer.json"))
     }
 

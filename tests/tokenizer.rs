@@ -136,6 +136,15 @@ fn missing_and_malformed_files() {
         }
         other => panic!("{:?}", other.err().map(|e| e.to_string())),
     }
+    // A missing directory is named as such, not as a missing tokenizer.json.
+    let gone = tmp.path().join("no-such-checkpoint");
+    match Tokenizer::from_checkpoint(&gone) {
+        Err(Error::CheckpointNotFound { path, reason }) => {
+            assert_eq!(path, gone);
+            assert!(reason.contains("directory"), "{reason}");
+        }
+        other => panic!("{:?}", other.err().map(|e| e.to_string())),
+    }
     let bad = tmp.path().join("tokenizer.json");
     std::fs::write(&bad, r#"{"version": "1.0", "model": 3}"#).unwrap();
     match Tokenizer::from_file(&bad) {
