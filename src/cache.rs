@@ -49,7 +49,7 @@ use crate::weights::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
 
 /// Version of the cache file format; part of the key and of the preamble.
 /// Bump it whenever the format or the conversion changes.
-pub const CACHE_FORMAT_VERSION: u32 = 1;
+pub const CACHE_FORMAT_VERSION: u32 = 2;
 
 /// Extension of cache files.
 pub const CACHE_EXTENSION: &str = "q3w";

@@ -103,7 +103,7 @@ pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
         q.norm(layer.k_norm, &t("self_attn.k_norm.weight")?)?;
         q.matrix(&layer.o_proj, &[t("self_attn.o_proj.weight")?])?;
         q.norm(layer.post_norm, &t("post_attention_layernorm.weight")?)?;
-        q.matrix(&layer.gate_up, &[t("mlp.gate_proj.weight")?, t("mlp.up_proj.weight")?])?;
+        q.matrix_interleaved(&layer.gate_up, &t("mlp.gate_proj.weight")?, &t("mlp.up_proj.weight")?)?;
         q.matrix(&layer.down, &[t("mlp.down_proj.weight")?])?;
     }
     q.norm(index.final_norm, &ckpt.require("model.norm.weight")?)?;
@@ -144,6 +144,29 @@ impl Quantizer<'_> {
 
     /// Quantizes `parts` (stacked row-wise, in order) into `m`.
     fn matrix(&mut self, m: &QuantMatrix, parts: &[TensorData<'_>]) -> Result<()> {
+        let order = parts.iter().enumerate().flat_map(|(p, t)| (0..t.rows()).map(move |r| (p, r)));
+        self.rows(m, parts, order)
+    }
+
+    /// Quantizes `a` and `b` into `m` with their rows interleaved (a0, b0,
+    /// a1, b1, ...): the gate/up layout the SwiGLU matvec epilogue reads.
+    fn matrix_interleaved(&mut self, m: &QuantMatrix, a: &TensorData<'_>, b: &TensorData<'_>) -> Result<()> {
+        if a.rows() != b.rows() {
+            let detail = format!("{} rows, {} has {}", a.rows(), b.name, b.rows());
+            return Err(layout_error(self.dir, a.name, detail));
+        }
+        let order = (0..a.rows()).flat_map(|r| [(0, r), (1, r)]);
+        self.rows(m, &[*a, *b], order)
+    }
+
+    /// Quantizes row `r` of `parts[p]` for each `(p, r)` of `order` into
+    /// consecutive rows of `m`.
+    fn rows(
+        &mut self,
+        m: &QuantMatrix,
+        parts: &[TensorData<'_>],
+        order: impl Iterator<Item = (usize, usize)>,
+    ) -> Result<()> {
         let dir = self.dir;
         let (padded, groups) = (m.padded_cols(), m.groups());
         // Data precedes scales (see `LayoutPlanner::matrix`), so one split
@@ -163,29 +186,30 @@ impl Quantizer<'_> {
             .row
             .get_mut(..m.cols)
             .ok_or_else(|| layout_error(dir, "a matrix", format_args!("{} columns", m.cols)))?;
-
-        let mut data_rows = data.chunks_exact_mut(padded);
-        let mut scale_rows = scales.chunks_exact_mut(groups * 4);
-        let mut rows_done = 0;
         for t in parts {
             if t.row_len() != m.cols {
                 let detail = format!("{} columns, planned {}", t.row_len(), m.cols);
                 return Err(layout_error(dir, t.name, detail));
             }
-            for r in 0..t.rows() {
-                let (Some(q_row), Some(s_row)) = (data_rows.next(), scale_rows.next()) else {
-                    let detail = format!("more than the planned {} rows", m.rows);
-                    return Err(layout_error(dir, t.name, detail));
-                };
-                t.row_f32(r, row)?;
-                if !quantize_row(row, q_row, s_row) {
-                    return Err(Error::invalid(
-                        dir,
-                        format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name),
-                    ));
-                }
+        }
+
+        let mut data_rows = data.chunks_exact_mut(padded);
+        let mut scale_rows = scales.chunks_exact_mut(groups * 4);
+        let mut rows_done = 0;
+        for (p, r) in order {
+            let t = &parts[p];
+            let (Some(q_row), Some(s_row)) = (data_rows.next(), scale_rows.next()) else {
+                let detail = format!("more than the planned {} rows", m.rows);
+                return Err(layout_error(dir, t.name, detail));
+            };
+            t.row_f32(r, row)?;
+            if !quantize_row(row, q_row, s_row) {
+                return Err(Error::invalid(
+                    dir,
+                    format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name),
+                ));
             }
-            rows_done += t.rows();
+            rows_done += 1;
         }
         if rows_done != m.rows {
             let detail = format!("{rows_done} rows, planned {}", m.rows);

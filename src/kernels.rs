@@ -22,48 +22,42 @@ macro_rules! matvec_kernels {
         Kernel::Int8Matvec
             | Kernel::Int8MatvecAccumulate
             | Kernel::Int8MatvecNorm
-            | Kernel::Int8MatvecSplitK
-            | Kernel::Int8MatvecSplitKAccumulate
-            | Kernel::Int8MatvecSplitKNorm
+            | Kernel::Int8MatvecNormSwiglu
     };
 }
 
-/// Layout and epilogue of an `int8_matvec` variant (its override constants).
+/// Epilogue of an `int8_matvec` variant (its override constants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatvecVariant {
-    /// K split over the whole workgroup (few rows) instead of rows per subgroup.
-    pub split_k: bool,
     /// `y += W x` (fused residual add).
     pub accumulate: bool,
     /// RMSNorm of x fused in (`y = W (x * rsqrt(mean(x^2) + eps) * norm_w)`).
     pub norm: bool,
+    /// `y = silu(gate) * up` over a matrix whose rows interleave gate and up.
+    pub swiglu: bool,
 }
 
 /// One compute kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// `y = W x`, rows per subgroup (tall matrices).
+    /// `y = W x`.
     Int8Matvec,
-    /// `y += W x` (fused residual add), rows per subgroup.
+    /// `y += W x` (fused residual add).
     Int8MatvecAccumulate,
-    /// `y = W rms_norm(x)` (fused input RMSNorm), rows per subgroup.
+    /// `y = W rms_norm(x)` (fused input RMSNorm).
     Int8MatvecNorm,
-    /// `y = W x`, K split over the workgroup (matrices with few rows).
-    Int8MatvecSplitK,
-    /// `y += W x`, K split over the workgroup.
-    Int8MatvecSplitKAccumulate,
-    /// `y = W rms_norm(x)`, K split over the workgroup.
-    Int8MatvecSplitKNorm,
+    /// `h = silu(gate) * up` with `[gate; up] = W rms_norm(x)` (the MLP's
+    /// gate/up projection, rows interleaved).
+    Int8MatvecNormSwiglu,
     QkNormRope,
     /// Decode attention over one chunk of positions per workgroup.
     AttentionPartial,
     /// Combines the chunks' softmax statistics into the attention output.
     AttentionReduce,
-    Swiglu,
     EmbedLookup,
     /// Per-chunk argmax of the logits (first of two launches).
     ArgmaxPartial,
-    /// Reduces the chunks' results to the token (second launch).
+    /// Reduces the chunks' results to the token and advances the position.
     ArgmaxFinal,
 }
 
@@ -81,16 +75,20 @@ pub const WG: u32 = 256;
 /// Workgroup size of `int8_matvec`: two 32-wide subgroups on Apple GPUs and
 /// NVIDIA, eight 8-wide ones on lavapipe.
 pub const MATVEC_WG: u32 = 64;
-/// Output rows per `int8_matvec` workgroup (a multiple of 4: each subgroup
-/// takes blocks of 4 rows).
+/// Output rows per `int8_matvec` workgroup (a multiple of
+/// [`MATVEC_ROWS_PER_TEAM`]).
 pub const MATVEC_ROWS: u32 = 8;
+/// Rows one subgroup reduces at once (the kernel's vec4 of partial sums).
+pub const MATVEC_ROWS_PER_TEAM: u32 = 4;
+/// int8 values one lane reads per row and step (one `vec4<u32>`).
+pub const MATVEC_VALUES_PER_LANE: u32 = 16;
 
-const _: () = assert!(MATVEC_ROWS.is_multiple_of(4) && WG.is_power_of_two() && MATVEC_WG.is_power_of_two());
-/// Output rows per workgroup of the split-K matvec.
-pub const SPLIT_K_ROWS: u32 = 4;
-/// Matrices with fewer rows than this split K over the workgroup (more
-/// workgroups in flight); taller ones give each subgroup its own rows.
-pub const SPLIT_K_BELOW_ROWS: usize = 16384;
+const _: () = assert!(
+    MATVEC_ROWS.is_multiple_of(MATVEC_ROWS_PER_TEAM)
+        && WG.is_power_of_two()
+        && MATVEC_WG.is_power_of_two()
+        && (QUANT_GROUP as u32).is_multiple_of(MATVEC_VALUES_PER_LANE)
+);
 
 /// Cached positions per `attention_partial` workgroup (one per invocation).
 pub const ATTENTION_CHUNK: u32 = WG;
@@ -102,17 +100,14 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 10] = [
         Kernel::Int8Matvec,
         Kernel::Int8MatvecAccumulate,
         Kernel::Int8MatvecNorm,
-        Kernel::Int8MatvecSplitK,
-        Kernel::Int8MatvecSplitKAccumulate,
-        Kernel::Int8MatvecSplitKNorm,
+        Kernel::Int8MatvecNormSwiglu,
         Kernel::QkNormRope,
         Kernel::AttentionPartial,
         Kernel::AttentionReduce,
-        Kernel::Swiglu,
         Kernel::EmbedLookup,
         Kernel::ArgmaxPartial,
         Kernel::ArgmaxFinal,
@@ -125,7 +120,6 @@ impl Kernel {
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::AttentionPartial => "attention_partial",
             Kernel::AttentionReduce => "attention_reduce",
-            Kernel::Swiglu => "swiglu",
             Kernel::EmbedLookup => "embed_lookup",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
@@ -141,7 +135,6 @@ impl Kernel {
             Kernel::QkNormRope => include_str!("../kernels/wgsl/qk_norm_rope.wgsl"),
             Kernel::AttentionPartial => include_str!("../kernels/wgsl/attention_partial.wgsl"),
             Kernel::AttentionReduce => include_str!("../kernels/wgsl/attention_reduce.wgsl"),
-            Kernel::Swiglu => include_str!("../kernels/wgsl/swiglu.wgsl"),
             Kernel::EmbedLookup => include_str!("../kernels/wgsl/embed_lookup.wgsl"),
             Kernel::ArgmaxPartial => include_str!("../kernels/wgsl/argmax_partial.wgsl"),
             Kernel::ArgmaxFinal => include_str!("../kernels/wgsl/argmax_final.wgsl"),
@@ -155,66 +148,37 @@ impl Kernel {
             // params, x, w, scales, y, norm_w
             matvec_kernels!() => &[Uniform, Read, Read, Read, ReadWrite, Read],
             // params, step, qkv, q_norm, k_norm, rope, q_out, k_cache, v_cache
-            Kernel::QkNormRope => {
-                &[Uniform, Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]
-            }
+            Kernel::QkNormRope => &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
             // params, step, q, k_cache, v_cache, part_ml, part_acc
-            Kernel::AttentionPartial => &[Uniform, Uniform, Read, Read, Read, ReadWrite, ReadWrite],
+            Kernel::AttentionPartial => &[Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite],
             // params, part_ml, part_acc, out
             Kernel::AttentionReduce => &[Uniform, Read, Read, ReadWrite],
-            // params, gate_up, h
-            Kernel::Swiglu => &[Uniform, Read, ReadWrite],
-            // params, token, w, scales, x
-            Kernel::EmbedLookup => &[Uniform, Read, Read, Read, ReadWrite],
+            // params, step, tokens, w, scales, x
+            Kernel::EmbedLookup => &[Uniform, Read, Read, Read, Read, ReadWrite],
             // params, logits, part_val, part_idx
             Kernel::ArgmaxPartial => &[Uniform, Read, ReadWrite, ReadWrite],
-            // params, part_val, part_idx, token
-            Kernel::ArgmaxFinal => &[Uniform, Read, Read, ReadWrite],
+            // params, part_val, part_idx, tokens, step
+            Kernel::ArgmaxFinal => &[Uniform, Read, Read, ReadWrite, ReadWrite],
         }
     }
 
-    /// For the `int8_matvec` variants: which layout and epilogue.
+    /// For the `int8_matvec` variants: which epilogue.
     pub fn matvec_variant(self) -> Option<MatvecVariant> {
-        let v = |split_k, accumulate, norm| Some(MatvecVariant { split_k, accumulate, norm });
+        let v = |accumulate, norm, swiglu| Some(MatvecVariant { accumulate, norm, swiglu });
         match self {
             Kernel::Int8Matvec => v(false, false, false),
-            Kernel::Int8MatvecAccumulate => v(false, true, false),
-            Kernel::Int8MatvecNorm => v(false, false, true),
-            Kernel::Int8MatvecSplitK => v(true, false, false),
-            Kernel::Int8MatvecSplitKAccumulate => v(true, true, false),
-            Kernel::Int8MatvecSplitKNorm => v(true, false, true),
+            Kernel::Int8MatvecAccumulate => v(true, false, false),
+            Kernel::Int8MatvecNorm => v(false, true, false),
+            Kernel::Int8MatvecNormSwiglu => v(false, true, true),
             _ => None,
-        }
-    }
-
-    /// The matvec kernel for a matrix of `rows` rows on `gpu`. `accumulate`
-    /// and `norm` cannot both be set (no Qwen3 launch needs it).
-    pub fn matvec_for(rows: usize, accumulate: bool, norm: bool, gpu: &Gpu) -> Kernel {
-        // CPU adapters (lavapipe) pay dearly for barriers: never split K there.
-        let split = rows < SPLIT_K_BELOW_ROWS && gpu.info.device_type != wgpu::DeviceType::Cpu;
-        match (split, accumulate, norm) {
-            (false, true, _) => Kernel::Int8MatvecAccumulate,
-            (false, false, true) => Kernel::Int8MatvecNorm,
-            (false, false, false) => Kernel::Int8Matvec,
-            (true, true, _) => Kernel::Int8MatvecSplitKAccumulate,
-            (true, false, true) => Kernel::Int8MatvecSplitKNorm,
-            (true, false, false) => Kernel::Int8MatvecSplitK,
-        }
-    }
-
-    /// Output rows per workgroup of a matvec variant.
-    pub fn matvec_rows(self) -> u32 {
-        match self.matvec_variant() {
-            Some(MatvecVariant { split_k: true, .. }) => SPLIT_K_ROWS,
-            _ => MATVEC_ROWS,
         }
     }
 
     /// Workgroup size (the WGSL `WG` override).
     pub fn workgroup_size(self) -> u32 {
         match self.matvec_variant() {
-            Some(MatvecVariant { split_k: false, .. }) => MATVEC_WG,
-            _ => WG,
+            Some(_) => MATVEC_WG,
+            None => WG,
         }
     }
 
@@ -224,10 +188,10 @@ impl Kernel {
         let mut c = vec![("WG", self.workgroup_size() as f64)];
         if let Some(m) = self.matvec_variant() {
             c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
-            c.push(("ROWS_PER_WG", self.matvec_rows() as f64));
-            c.push(("SPLIT_K", flag(m.split_k)));
+            c.push(("ROWS_PER_WG", MATVEC_ROWS as f64));
             c.push(("ACCUMULATE", flag(m.accumulate)));
             c.push(("NORM", flag(m.norm)));
+            c.push(("SWIGLU", flag(m.swiglu)));
         } else if self == Kernel::EmbedLookup {
             c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
         }

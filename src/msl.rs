@@ -21,8 +21,12 @@ use crate::kernels::Kernel;
 /// The kernel's `.metal` file, for kernels that have an MSL twin.
 pub fn msl_file(kernel: Kernel) -> Option<&'static str> {
     Some(match kernel.entry() {
+        "int8_matvec" => include_str!("../kernels/msl/int8_matvec.metal"),
+        "qk_norm_rope" => include_str!("../kernels/msl/qk_norm_rope.metal"),
+        "attention_partial" => include_str!("../kernels/msl/attention_partial.metal"),
         "attention_reduce" => include_str!("../kernels/msl/attention_reduce.metal"),
         "argmax_partial" => include_str!("../kernels/msl/argmax_partial.metal"),
+        "argmax_final" => include_str!("../kernels/msl/argmax_final.metal"),
         _ => return None,
     })
 }

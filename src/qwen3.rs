@@ -7,19 +7,20 @@
 //!     q, k, v = split(qkv_proj(rms_norm(x, input_norm)))     # norm fused into the matvec
 //!     q, k = rope(rms_norm(q, q_norm)), rope(rms_norm(k, k_norm)); cache k, v
 //!     x += o_proj(attention(q, k_cache, v_cache))            # add fused into the matvec
-//!     g, u = split(gate_up_proj(rms_norm(x, post_attention_norm)))
-//!     x += down(silu(g) * u)
+//!     h = silu(gate) * up, [gate; up] = gate_up_proj(rms_norm(x, post_attention_norm))   # one launch
+//!     x += down(h)
 //! token = argmax(lm_head(rms_norm(x, norm)))   # on the GPU; feeds the next step
 //! ```
-//! Built once per session: only the `step` uniform (the position) changes
-//! between tokens.
+//! Built once per session. The position lives on the GPU (`step`, advanced
+//! by the argmax), so the same launches run every token and steps can be
+//! queued without the host reading anything in between.
 
 use bytemuck::{bytes_of, Pod, Zeroable};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, WG};
+use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, MATVEC_ROWS, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::SessionBuffers;
 
@@ -78,34 +79,30 @@ pub fn forward(
     weights: &GpuWeights,
     s: &SessionBuffers,
 ) -> Result<Vec<Launch>> {
-    use Input::{Normed, Plain};
+    use Matvec::{Accumulate, Normed, NormedSwiglu};
     let mut b = Builder { gpu, kernels, cfg, s, launches: Vec::new() };
     b.embed(&weights.embed)?;
     for (l, layer) in weights.layers.iter().enumerate() {
-        b.matvec(&layer.qkv, Normed(&s.x, &layer.input_norm), &s.qkv, Output::Store)?;
+        b.matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm))?;
         b.qk_norm_rope(&layer.q_norm, &layer.k_norm, l)?;
         b.attention(l)?;
-        b.matvec(&layer.o_proj, Plain(&s.attn), &s.x, Output::Accumulate)?;
-        b.matvec(&layer.gate_up, Normed(&s.x, &layer.post_norm), &s.gate_up, Output::Store)?;
-        b.swiglu()?;
-        b.matvec(&layer.down, Plain(&s.h), &s.x, Output::Accumulate)?;
+        b.matvec(&layer.o_proj, &s.attn, &s.x, Accumulate)?;
+        b.matvec(&layer.gate_up, &s.x, &s.h, NormedSwiglu(&layer.post_norm))?;
+        b.matvec(&layer.down, &s.h, &s.x, Accumulate)?;
     }
-    b.matvec(weights.lm_head(), Normed(&s.x, &weights.final_norm), &s.logits, Output::Store)?;
+    b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))?;
     b.argmax()?;
     Ok(b.launches)
 }
 
-/// A matvec's input: `x`, or `rms_norm(x) * weight` computed on the fly.
-enum Input<'a> {
-    Plain(&'a wgpu::Buffer),
-    Normed(&'a wgpu::Buffer, &'a wgpu::Buffer),
-}
-
-/// A matvec's epilogue: `y = W x` or `y += W x` (the residual add).
-#[derive(PartialEq)]
-enum Output {
-    Store,
+/// What a matvec computes from `x` (each is one `int8_matvec` variant):
+/// `y += W x` (the residual add), `y = W rms_norm(x)`, or
+/// `y = silu(gate) * up` with `[gate; up] = W rms_norm(x)` (W's rows
+/// interleave gate and up). The buffers are the RMSNorm weights.
+enum Matvec<'a> {
     Accumulate,
+    Normed(&'a wgpu::Buffer),
+    NormedSwiglu(&'a wgpu::Buffer),
 }
 
 /// Records launches for one forward pass, owning their uniform buffers.
@@ -156,20 +153,21 @@ impl Builder<'_> {
                 row_start: c.row_start as u32,
                 row_end: (c.row_start + c.rows) as u32,
             };
-            let bufs = [whole(&self.s.token), table.data_range(c), table.scales_range(c), whole(&self.s.x)];
+            let s = self.s;
+            let bufs =
+                [whole(&s.step), whole(&s.tokens), table.data_range(c), table.scales_range(c), whole(&s.x)];
             self.launch(Kernel::EmbedLookup, bytes_of(&p), &bufs, (table.k_words as u32).div_ceil(WG))?;
         }
         Ok(())
     }
 
-    /// y = W x' or y += W x', one launch per bound row chunk of W.
-    fn matvec(&mut self, w: &GpuMatrix, input: Input<'_>, y: &wgpu::Buffer, output: Output) -> Result<()> {
-        let (x, norm) = match input {
-            Input::Plain(x) => (x, None),
-            Input::Normed(x, weight) => (x, Some(weight)),
+    /// One matvec (see [`Matvec`]), one launch per bound row chunk of W.
+    fn matvec(&mut self, w: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, what: Matvec<'_>) -> Result<()> {
+        let (kernel, norm) = match what {
+            Matvec::Accumulate => (Kernel::Int8MatvecAccumulate, None),
+            Matvec::Normed(n) => (Kernel::Int8MatvecNorm, Some(n)),
+            Matvec::NormedSwiglu(n) => (Kernel::Int8MatvecNormSwiglu, Some(n)),
         };
-        let accumulate = output == Output::Accumulate;
-        let kernel = Kernel::matvec_for(w.rows, accumulate, norm.is_some(), self.gpu);
         for c in &w.chunks {
             let p = MatvecParams {
                 rows: c.rows as u32,
@@ -181,7 +179,7 @@ impl Builder<'_> {
             };
             // Without a norm the norm_w slot is never read: bind x there.
             let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
-            let groups = (c.rows as u32).div_ceil(kernel.matvec_rows());
+            let groups = (c.rows as u32).div_ceil(MATVEC_ROWS);
             self.launch(kernel, bytes_of(&p), &bufs, groups)?;
         }
         Ok(())
@@ -242,21 +240,16 @@ impl Builder<'_> {
         self.launch(Kernel::AttentionReduce, bytemuck::cast_slice(&p), &bufs, heads)
     }
 
-    /// h = silu(gate) * up.
-    fn swiglu(&mut self) -> Result<()> {
-        let n = self.cfg.intermediate_size as u32;
-        let bufs = [whole(&self.s.gate_up), whole(&self.s.h)];
-        self.launch(Kernel::Swiglu, bytes_of(&n), &bufs, n.div_ceil(WG))
-    }
-
-    /// token = argmax(logits), ties to the lowest id: per-chunk, then final.
+    /// tokens[pos + 1] = argmax(logits), ties to the lowest id: per-chunk,
+    /// then final (which also advances the position).
     fn argmax(&mut self) -> Result<()> {
         let s = self.s;
         let n = self.cfg.vocab_size as u32;
         let parts = n.div_ceil(ARGMAX_CHUNK);
         let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
         self.launch(Kernel::ArgmaxPartial, bytemuck::cast_slice(&[n, ARGMAX_CHUNK]), &bufs, parts)?;
-        let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.token)];
-        self.launch(Kernel::ArgmaxFinal, bytes_of(&parts), &bufs, 1)
+        let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.tokens), whole(&s.step)];
+        let n_tokens = (s.capacity + 1) as u32;
+        self.launch(Kernel::ArgmaxFinal, bytemuck::cast_slice(&[parts, n_tokens]), &bufs, 1)
     }
 }

@@ -1,9 +1,13 @@
 //! A decoding session: the KV cache (allocated once for its capacity), the
-//! activation buffers, and the recorded forward pass. One command encoder,
-//! one compute pass and one submit per token; the next token comes from the
-//! GPU argmax, and only its 4 bytes are read back.
+//! activation buffers, and the recorded forward pass. The decode position
+//! and the token sequence live on the GPU (the argmax writes the next token
+//! where the next step's embedding reads it), so decode steps are queued
+//! ahead of the caller: while the caller handles token N, the GPU already
+//! runs the steps after it, and each step's 4-byte token comes back through
+//! its own small readback buffer without stalling the queue.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{mpsc, Arc};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -12,18 +16,25 @@ use crate::kernels::{Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK};
 use crate::model::GpuWeights;
 use crate::weights::QUANT_GROUP;
 
+/// Decode steps queued on the GPU ahead of the caller by default (see
+/// [`Session::set_lookahead`]). Enough to hide the host's encoding and
+/// readback behind the GPU's work; each costs at most one wasted step when
+/// the caller stops early.
+pub const DEFAULT_LOOKAHEAD: usize = 4;
+
 /// Buffers of one session.
 pub struct SessionBuffers {
     pub capacity: usize,
-    /// Current token id (u32): written for prompt tokens, by argmax otherwise.
-    pub token: wgpu::Buffer,
-    /// `{pos, seq_len}` uniform, the only per-token state.
+    /// The token sequence (u32), `capacity + 1` entries: prompt tokens are
+    /// written by the host, the rest by the argmax (`tokens[pos + 1]`).
+    pub tokens: wgpu::Buffer,
+    /// `{pos, fill_end}`: the position being processed (advanced by the
+    /// argmax) and the first position the argmax may write a token to.
     pub step: wgpu::Buffer,
     pub x: wgpu::Buffer,
     pub qkv: wgpu::Buffer,
     pub q: wgpu::Buffer,
     pub attn: wgpu::Buffer,
-    pub gate_up: wgpu::Buffer,
     pub h: wgpu::Buffer,
     pub logits: wgpu::Buffer,
     /// Per-chunk argmax results (value, index).
@@ -39,7 +50,6 @@ pub struct SessionBuffers {
     /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`.
     pub k_cache: Vec<wgpu::Buffer>,
     pub v_cache: Vec<wgpu::Buffer>,
-    token_readback: wgpu::Buffer,
 }
 
 fn padded(n: usize) -> usize {
@@ -53,14 +63,13 @@ impl SessionBuffers {
         let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
         Ok(SessionBuffers {
             capacity,
-            token: f("token", 1),
-            step: gpu.uniform("step", &[0u8; 8])?,
+            tokens: f("tokens", capacity + 1),
+            step: f("step", 2),
             // Inputs of matvecs are padded to the quant group; the tail stays zero.
             x: f("x", padded(cfg.hidden_size)),
             qkv: f("qkv", cfg.qkv_rows()),
             q: f("q", cfg.q_dim()),
             attn: f("attn", padded(cfg.q_dim())),
-            gate_up: f("gate_up", 2 * cfg.intermediate_size),
             h: f("h", padded(cfg.intermediate_size)),
             logits: f("logits", cfg.vocab_size),
             part_val: f("part_val", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
@@ -74,9 +83,15 @@ impl SessionBuffers {
             )?,
             k_cache: (0..cfg.num_hidden_layers).map(|_| f("k_cache", kv_words)).collect(),
             v_cache: (0..cfg.num_hidden_layers).map(|_| f("v_cache", kv_words)).collect(),
-            token_readback: gpu.readback("token_readback", 4),
         })
     }
+}
+
+/// A token on its way back from the GPU: the readback slot it is copied
+/// into and the signal that the slot is mapped.
+struct InFlight {
+    slot: usize,
+    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
 }
 
 /// What a session shares with its model.
@@ -113,14 +128,29 @@ pub struct StepTiming {
 /// A decoding session over a loaded model: feed tokens, get greedy tokens.
 ///
 /// The KV cache is allocated once, for `capacity` positions, and never grows.
+/// [`next_token`](Self::next_token) keeps up to
+/// [`lookahead`](Self::set_lookahead) decode steps queued on the GPU, so the
+/// GPU never waits for the caller; when the caller stops (an end-of-text
+/// token, a token budget) or feeds new tokens, the queued steps past the
+/// last token it took are discarded: their KV entries lie past the valid
+/// length and are overwritten before anything reads them.
 pub struct Session {
     model: Arc<ModelGpu>,
     bufs: SessionBuffers,
     forward: Vec<Launch>,
-    /// Positions filled in the KV cache.
+    /// Positions consumed: the KV cache is valid below `len`.
     len: usize,
-    /// Greedy prediction after the last token run, if any.
+    /// Greedy prediction after the last consumed position (`tokens[len]`).
     pending: Option<u32>,
+    /// Next position the GPU runs (`len` plus the steps queued ahead).
+    gpu_pos: usize,
+    /// Steps queued ahead, oldest first: the step at position `len + i`
+    /// yields `tokens[len + i + 1]`.
+    queued: VecDeque<InFlight>,
+    /// One 4-byte readback buffer per step that can be in flight.
+    slots: Vec<wgpu::Buffer>,
+    free_slots: Vec<usize>,
+    lookahead: usize,
 }
 
 impl Session {
@@ -134,7 +164,20 @@ impl Session {
             },
             |reason| Error::GpuDeviceFailed { reason: format!("creating session: {reason}") },
         )?;
-        Ok(Session { model, bufs, forward, len: 0, pending: None })
+        let mut session = Session {
+            model,
+            bufs,
+            forward,
+            len: 0,
+            pending: None,
+            gpu_pos: 0,
+            queued: VecDeque::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            lookahead: 0,
+        };
+        session.set_lookahead(DEFAULT_LOOKAHEAD);
+        Ok(session)
     }
 
     /// KV-cache capacity in positions.
@@ -152,17 +195,26 @@ impl Session {
         self.len == 0
     }
 
+    /// Sets how many decode steps [`next_token`](Self::next_token) keeps
+    /// queued on the GPU (at least 1; 1 means a wait on every token).
+    pub fn set_lookahead(&mut self, steps: usize) {
+        self.lookahead = steps.max(1);
+        while self.slots.len() < self.lookahead + 1 {
+            self.free_slots.push(self.slots.len());
+            self.slots.push(self.model.gpu.readback("token readback", 8));
+        }
+    }
+
     /// GPU memory this session allocated (KV cache, activations, scratch), bytes.
     pub fn buffer_bytes(&self) -> u64 {
         let b = &self.bufs;
         let fixed = [
-            &b.token,
+            &b.tokens,
             &b.step,
             &b.x,
             &b.qkv,
             &b.q,
             &b.attn,
-            &b.gate_up,
             &b.h,
             &b.logits,
             &b.part_val,
@@ -191,11 +243,32 @@ impl Session {
     pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
         check_prompt(ids, self.model.config.vocab_size)?;
         self.check_room(ids.len())?;
-        let mut next = 0;
-        for &id in ids {
-            next = self.run(Some(id))?;
+        self.discard_queued()?;
+        let gpu = &self.model.gpu;
+        gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(ids));
+        let end = self.len + ids.len();
+        self.write_step(end);
+        // The prompt's steps queue up without a wait; only the last token's
+        // prediction is read back.
+        const STEPS_PER_SUBMIT: usize = 16;
+        let mut left = ids.len();
+        while left > 0 {
+            let n = left.min(STEPS_PER_SUBMIT);
+            left -= n;
+            let mut enc = self.encoder();
+            for _ in 0..n {
+                self.record(&mut enc, None);
+            }
+            if left == 0 {
+                let slot = self.queue_readback(&mut enc, end)?;
+                self.submit_with_readback(enc, slot);
+            } else {
+                self.model.gpu.queue.submit([enc.finish()]);
+            }
         }
-        Ok(next)
+        self.gpu_pos = end;
+        self.len = end - 1;
+        self.take_queued()
     }
 
     /// Feeds the pending greedy token back in and returns the next one
@@ -205,8 +278,14 @@ impl Session {
             return Err(Error::EmptyPrompt);
         }
         self.check_room(1)?;
-        // The token buffer already holds the pending id (argmax wrote it).
-        self.run(None)
+        while self.queued.len() < self.lookahead && self.gpu_pos < self.bufs.capacity {
+            let mut enc = self.encoder();
+            self.record(&mut enc, None);
+            let slot = self.queue_readback(&mut enc, self.gpu_pos + 1)?;
+            self.submit_with_readback(enc, slot);
+            self.gpu_pos += 1;
+        }
+        self.take_queued()
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
@@ -216,76 +295,130 @@ impl Session {
         Ok(())
     }
 
-    /// One token's commands: one encoder, one compute pass (optionally
-    /// timestamped at its start and end), and the 4-byte token copy.
-    fn encode(&self, timestamps: Option<&wgpu::QuerySet>) -> wgpu::CommandBuffer {
+    fn encoder(&self) -> wgpu::CommandEncoder {
         let gpu = &self.model.gpu;
-        let mut enc =
-            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("token") });
-        {
-            let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
-                query_set,
-                beginning_of_pass_write_index: Some(0),
-                end_of_pass_write_index: Some(1),
-            });
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("forward"),
-                timestamp_writes,
-            });
-            for l in &self.forward {
-                l.record(&mut pass, &self.model.kernels);
-            }
-        }
-        enc.copy_buffer_to_buffer(&self.bufs.token, 0, &self.bufs.token_readback, 0, 4);
-        enc.finish()
+        gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode") })
     }
 
-    /// Writes the per-token inputs: the token id (prompt tokens only; the
-    /// argmax of the previous step is already in place) and the position.
-    fn write_step(&self, id: Option<u32>) {
-        let gpu = &self.model.gpu;
-        if let Some(id) = id {
-            gpu.queue.write_buffer(&self.bufs.token, 0, bytemuck::bytes_of(&id));
+    /// Records one decode step: one compute pass (optionally timestamped at
+    /// its start and end).
+    fn record(&self, enc: &mut wgpu::CommandEncoder, timestamps: Option<&wgpu::QuerySet>) {
+        let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
+            query_set,
+            beginning_of_pass_write_index: Some(0),
+            end_of_pass_write_index: Some(1),
+        });
+        let mut pass =
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes });
+        for l in &self.forward {
+            l.record(&mut pass, &self.model.kernels);
         }
-        let step = [self.len as u32, self.len as u32 + 1];
-        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
     }
 
-    /// Reads the token the last step wrote and advances the position.
-    fn finish_step(&mut self) -> Result<u32> {
-        let bytes = self.model.gpu.read(&self.bufs.token_readback)?;
-        let next = bytes
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_le_bytes)
-            .ok_or_else(|| Error::GpuDeviceFailed { reason: "short token readback".into() })?;
+    /// Sets the GPU's position to `len` (the next step reads `tokens[len]`);
+    /// the argmax may write tokens from position `fill_end` on.
+    fn write_step(&self, fill_end: usize) {
+        let step = [self.len as u32, fill_end as u32];
+        self.model.gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+    }
+
+    /// Records a copy of `tokens[at]` into a free readback slot; once the
+    /// commands are submitted, [`Self::submit_with_readback`] maps it.
+    fn queue_readback(&mut self, enc: &mut wgpu::CommandEncoder, at: usize) -> Result<usize> {
+        let slot = self
+            .free_slots
+            .pop()
+            .ok_or_else(|| Error::GpuDeviceFailed { reason: "no free token readback slot".into() })?;
+        enc.copy_buffer_to_buffer(&self.bufs.tokens, 4 * at as u64, &self.slots[slot], 0, 4);
+        Ok(slot)
+    }
+
+    /// Submits `enc`, whose last command copies a token into `slot`, and
+    /// queues the slot's mapping (a buffer pending a map cannot be used by
+    /// a submit, so the map comes after).
+    fn submit_with_readback(&mut self, enc: wgpu::CommandEncoder, slot: usize) {
+        self.model.gpu.queue.submit([enc.finish()]);
+        let (tx, mapped) = mpsc::channel();
+        self.slots[slot].slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.queued.push_back(InFlight { slot, mapped });
+    }
+
+    /// Waits for the oldest queued step's token, consumes its position and
+    /// makes the token the pending prediction.
+    fn take_queued(&mut self) -> Result<u32> {
+        let q = self
+            .queued
+            .pop_front()
+            .ok_or_else(|| Error::GpuDeviceFailed { reason: "no decode step in flight".into() })?;
+        let token = self.wait_slot(q)?;
         self.len += 1;
-        if next as usize >= self.model.config.vocab_size {
+        if token as usize >= self.model.config.vocab_size {
             return Err(Error::GpuDeviceFailed {
-                reason: format!("argmax returned {next} (non-finite logits?)"),
+                reason: format!("argmax returned {token} (non-finite logits?)"),
             });
         }
-        self.pending = Some(next);
-        Ok(next)
+        self.pending = Some(token);
+        Ok(token)
     }
 
-    /// One token: one encoder, one pass, one submit, a 4-byte readback.
-    fn run(&mut self, id: Option<u32>) -> Result<u32> {
-        self.write_step(id);
-        let commands = self.encode(None);
-        self.model.gpu.queue.submit([commands]);
-        self.finish_step()
+    /// Waits until a slot is mapped, reads its token and frees the slot.
+    fn wait_slot(&mut self, q: InFlight) -> Result<u32> {
+        let gpu = &self.model.gpu;
+        let mapped = loop {
+            match q.mapped.try_recv() {
+                Ok(r) => break r,
+                Err(mpsc::TryRecvError::Empty) => {
+                    gpu.device
+                        .poll(wgpu::PollType::wait_indefinitely())
+                        .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+                    gpu.check_fault()?;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err(Error::GpuDeviceFailed { reason: "map_async callback never ran".into() })
+                }
+            }
+        };
+        mapped.map_err(|e| Error::GpuDeviceFailed { reason: format!("map_async: {e}") })?;
+        let buf = &self.slots[q.slot];
+        let token = {
+            let view = buf
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::GpuDeviceFailed { reason: format!("reading back: {e}") })?;
+            u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+        };
+        buf.unmap();
+        self.free_slots.push(q.slot);
+        Ok(token)
+    }
+
+    /// Drops the steps queued past `len` (waiting for their slots) and puts
+    /// the GPU's position back at `len`, whose token (`pending`) is intact:
+    /// queued steps only write tokens after it.
+    fn discard_queued(&mut self) -> Result<()> {
+        while let Some(q) = self.queued.pop_front() {
+            self.wait_slot(q)?;
+        }
+        if self.gpu_pos != self.len {
+            self.write_step(self.len + 1);
+            self.gpu_pos = self.len;
+        }
+        Ok(())
     }
 
     /// Like [`next_token`](Self::next_token), and reports where the time
     /// went: CPU encoding, GPU time of the pass (from timestamp queries,
-    /// when the device has them), and the whole step's wall time.
+    /// when the device has them), and the whole step's wall time. Runs the
+    /// step alone (nothing queued ahead), so the figures are one step's.
     pub fn timed_step(&mut self) -> Result<StepTiming> {
         if self.pending.is_none() {
             return Err(Error::EmptyPrompt);
         }
         self.check_room(1)?;
-        let gpu = &self.model.gpu;
+        self.discard_queued()?;
+        let gpu = self.model.gpu.clone();
         let timestamps = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
             let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("step timestamps"),
@@ -301,23 +434,22 @@ impl Session {
             (set, resolve, gpu.readback("timestamps", 16))
         });
         let t0 = std::time::Instant::now();
-        self.write_step(None);
-        let commands = self.encode(timestamps.as_ref().map(|t| &t.0));
+        let mut enc = self.encoder();
+        self.record(&mut enc, timestamps.as_ref().map(|t| &t.0));
         let encode_us = t0.elapsed().as_secs_f64() * 1e6;
-        let mut extra = Vec::new();
         if let Some((set, resolve, readback)) = &timestamps {
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
             enc.resolve_query_set(set, 0..2, resolve, 0);
             enc.copy_buffer_to_buffer(resolve, 0, readback, 0, 16);
-            extra.push(enc.finish());
         }
-        gpu.queue.submit(std::iter::once(commands).chain(extra));
-        self.finish_step()?;
+        let slot = self.queue_readback(&mut enc, self.len + 1)?;
+        self.submit_with_readback(enc, slot);
+        self.gpu_pos += 1;
+        self.take_queued()?;
         let wall_us = t0.elapsed().as_secs_f64() * 1e6;
         let gpu_us = match &timestamps {
             Some((_, _, readback)) => {
-                let b: Vec<u64> = bytemuck::pod_collect_to_vec(&self.model.gpu.read(readback)?);
-                let period = self.model.gpu.queue.get_timestamp_period() as f64;
+                let b: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(readback)?);
+                let period = gpu.queue.get_timestamp_period() as f64;
                 b.get(1).zip(b.first()).map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3)
             }
             None => None,
@@ -331,7 +463,7 @@ impl Session {
     /// pass. Advances the session like [`next_token`](Self::next_token).
     #[doc(hidden)]
     pub fn profile_gpu(&mut self) -> Result<Option<Vec<(crate::kernels::Kernel, f64)>>> {
-        let gpu = &self.model.gpu;
+        let gpu = self.model.gpu.clone();
         if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
             return Ok(None);
         }
@@ -339,6 +471,7 @@ impl Session {
             return Err(Error::EmptyPrompt);
         }
         self.check_room(1)?;
+        self.discard_queued()?;
         let n = self.forward.len() as u32 + 1;
         let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("launch timestamps"),
@@ -353,8 +486,7 @@ impl Session {
             mapped_at_creation: false,
         });
         let readback = gpu.readback("launch timestamps", bytes as usize);
-        self.write_step(None);
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let mut enc = self.encoder();
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             pass.write_timestamp(&set, 0);
@@ -363,13 +495,14 @@ impl Session {
                 pass.write_timestamp(&set, i as u32 + 1);
             }
         }
-        enc.copy_buffer_to_buffer(&self.bufs.token, 0, &self.bufs.token_readback, 0, 4);
         enc.resolve_query_set(&set, 0..n, &resolve, 0);
         enc.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
-        gpu.queue.submit([enc.finish()]);
-        self.finish_step()?;
-        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&self.model.gpu.read(&readback)?);
-        let period = self.model.gpu.queue.get_timestamp_period() as f64;
+        let slot = self.queue_readback(&mut enc, self.len + 1)?;
+        self.submit_with_readback(enc, slot);
+        self.gpu_pos += 1;
+        self.take_queued()?;
+        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(&readback)?);
+        let period = gpu.queue.get_timestamp_period() as f64;
         Ok(Some(
             self.forward
                 .iter()
@@ -385,10 +518,12 @@ impl Session {
     /// session by one position like [`next_token`](Self::next_token).
     #[doc(hidden)]
     pub fn profile_step(&mut self) -> Result<Vec<(crate::kernels::Kernel, f64)>> {
+        if self.pending.is_none() {
+            return Err(Error::EmptyPrompt);
+        }
         self.check_room(1)?;
-        let gpu = &self.model.gpu;
-        let step = [self.len as u32, self.len as u32 + 1];
-        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        self.discard_queued()?;
+        let gpu = self.model.gpu.clone();
         let mut out = Vec::with_capacity(self.forward.len());
         for l in &self.forward {
             let t = std::time::Instant::now();
@@ -403,8 +538,11 @@ impl Session {
                 .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
             out.push((l.kernel, t.elapsed().as_secs_f64() * 1e6));
         }
-        self.len += 1;
-        gpu.check_fault()?;
+        let mut enc = self.encoder();
+        let slot = self.queue_readback(&mut enc, self.len + 1)?;
+        self.submit_with_readback(enc, slot);
+        self.gpu_pos += 1;
+        self.take_queued()?;
         Ok(out)
     }
 

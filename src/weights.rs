@@ -41,7 +41,8 @@ impl QuantMatrix {
 }
 
 /// One decoder layer. `qkv` stacks q_proj, k_proj, v_proj rows (in that
-/// order); `gate_up` stacks gate_proj then up_proj rows.
+/// order); `gate_up` interleaves gate_proj and up_proj rows (gate row i at
+/// 2i, up row i at 2i + 1), the layout of the SwiGLU matvec epilogue.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LayerWeights {
     pub input_norm: ByteRange,

@@ -126,7 +126,8 @@ fn stops_at_end_of_text() {
 
 /// Memory is bounded and accounted: the weights once per model, and per
 /// session exactly what its capacity needs (KV cache in f16, RoPE table,
-/// attention partials per chunk of positions), allocated up front.
+/// token sequence, attention partials per chunk of positions), allocated
+/// up front.
 #[test]
 fn memory_is_accounted_per_model_and_per_session_capacity() {
     let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
@@ -144,6 +145,7 @@ fn memory_is_accounted_per_model_and_per_session_capacity() {
     let large = model.session_with_capacity(64).unwrap().buffer_bytes();
     // (8 and 64 positions are both one attention chunk.)
     let per_position = cfg.num_hidden_layers * 2 * cfg.kv_dim() * 2 // K and V, f16
-        + cfg.head_dim * 4; // RoPE (cos, sin) pairs
+        + cfg.head_dim * 4 // RoPE (cos, sin) pairs
+        + 4; // the token sequence (u32)
     assert_eq!(large - small, (56 * per_position) as u64);
 }

@@ -185,16 +185,21 @@ fn reference_row(row: &[f32]) -> (Vec<i8>, Vec<f32>) {
     (q, s)
 }
 
-/// Asserts that rows `first_row..` of `m` hold exactly the reference
-/// quantization of `t`, padding included.
-fn assert_matrix_rows(model: &ConvertedModel, m: &QuantMatrix, first_row: usize, t: &Tensor) {
+/// Asserts that rows `first_row`, `first_row + stride`, ... of `m` hold
+/// exactly the reference quantization of `t`'s rows, padding included.
+fn assert_matrix_rows(
+    model: &ConvertedModel,
+    m: &QuantMatrix,
+    (first_row, stride): (usize, usize),
+    t: &Tensor,
+) {
     let cols = t.shape[1];
     assert_eq!(m.cols, cols, "{}", t.name);
     let data = model.bytes(m.data);
     let scales = model.f32s(m.scales);
     for r in 0..t.shape[0] {
         let (q, s) = reference_row(&t.values[r * cols..(r + 1) * cols]);
-        let row = first_row + r;
+        let row = first_row + r * stride;
         let got_q: Vec<i8> =
             data[row * m.padded_cols()..(row + 1) * m.padded_cols()].iter().map(|&b| b as i8).collect();
         assert_eq!(got_q, q, "{} row {r}", t.name);
@@ -218,19 +223,20 @@ fn by_name(tensors: &[Tensor]) -> HashMap<&str, &Tensor> {
 fn assert_model_matches(model: &ConvertedModel, tensors: &[Tensor]) {
     let t = by_name(tensors);
     let idx = &model.index;
-    assert_matrix_rows(model, &idx.embed, 0, t["model.embed_tokens.weight"]);
+    assert_matrix_rows(model, &idx.embed, (0, 1), t["model.embed_tokens.weight"]);
     for (i, l) in idx.layers.iter().enumerate() {
         let p = |s: &str| t[format!("model.layers.{i}.{s}").as_str()];
         let q = p("self_attn.q_proj.weight");
         let k = p("self_attn.k_proj.weight");
-        assert_matrix_rows(model, &l.qkv, 0, q);
-        assert_matrix_rows(model, &l.qkv, q.shape[0], k);
-        assert_matrix_rows(model, &l.qkv, q.shape[0] + k.shape[0], p("self_attn.v_proj.weight"));
-        assert_matrix_rows(model, &l.o_proj, 0, p("self_attn.o_proj.weight"));
+        assert_matrix_rows(model, &l.qkv, (0, 1), q);
+        assert_matrix_rows(model, &l.qkv, (q.shape[0], 1), k);
+        assert_matrix_rows(model, &l.qkv, (q.shape[0] + k.shape[0], 1), p("self_attn.v_proj.weight"));
+        assert_matrix_rows(model, &l.o_proj, (0, 1), p("self_attn.o_proj.weight"));
         let gate = p("mlp.gate_proj.weight");
-        assert_matrix_rows(model, &l.gate_up, 0, gate);
-        assert_matrix_rows(model, &l.gate_up, gate.shape[0], p("mlp.up_proj.weight"));
-        assert_matrix_rows(model, &l.down, 0, p("mlp.down_proj.weight"));
+        // Interleaved: gate row i at 2i, up row i at 2i + 1.
+        assert_matrix_rows(model, &l.gate_up, (0, 2), gate);
+        assert_matrix_rows(model, &l.gate_up, (1, 2), p("mlp.up_proj.weight"));
+        assert_matrix_rows(model, &l.down, (0, 1), p("mlp.down_proj.weight"));
         assert_eq!(model.f32s(l.input_norm), &p("input_layernorm.weight").values[..]);
         assert_eq!(model.f32s(l.q_norm), &p("self_attn.q_norm.weight").values[..]);
         assert_eq!(model.f32s(l.k_norm), &p("self_attn.k_norm.weight").values[..]);
@@ -238,7 +244,7 @@ fn assert_model_matches(model: &ConvertedModel, tensors: &[Tensor]) {
     }
     assert_eq!(model.f32s(idx.final_norm), &t["model.norm.weight"].values[..]);
     if let Some(head) = &idx.lm_head {
-        assert_matrix_rows(model, head, 0, t["lm_head.weight"]);
+        assert_matrix_rows(model, head, (0, 1), t["lm_head.weight"]);
     }
 }
 
@@ -958,19 +964,20 @@ fn mlx_fixtures_convert_losslessly() {
         let ckpt = Checkpoint::open(&dir).unwrap();
         let model = convert(&ckpt, &cfg).unwrap();
         let idx = &model.index;
-        let mut mats: Vec<(&QuantMatrix, usize, String)> =
-            vec![(&idx.embed, 0, "model.embed_tokens.weight".to_string())];
+        // (matrix, (first row, row stride), tensor)
+        let mut mats: Vec<(&QuantMatrix, (usize, usize), String)> =
+            vec![(&idx.embed, (0, 1), "model.embed_tokens.weight".to_string())];
         let mut norms = vec![(idx.final_norm, "model.norm.weight".to_string())];
         for (i, l) in idx.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
             mats.extend([
-                (&l.qkv, 0, format!("{p}.self_attn.q_proj.weight")),
-                (&l.qkv, cfg.q_dim(), format!("{p}.self_attn.k_proj.weight")),
-                (&l.qkv, cfg.q_dim() + cfg.kv_dim(), format!("{p}.self_attn.v_proj.weight")),
-                (&l.o_proj, 0, format!("{p}.self_attn.o_proj.weight")),
-                (&l.gate_up, 0, format!("{p}.mlp.gate_proj.weight")),
-                (&l.gate_up, cfg.intermediate_size, format!("{p}.mlp.up_proj.weight")),
-                (&l.down, 0, format!("{p}.mlp.down_proj.weight")),
+                (&l.qkv, (0, 1), format!("{p}.self_attn.q_proj.weight")),
+                (&l.qkv, (cfg.q_dim(), 1), format!("{p}.self_attn.k_proj.weight")),
+                (&l.qkv, (cfg.q_dim() + cfg.kv_dim(), 1), format!("{p}.self_attn.v_proj.weight")),
+                (&l.o_proj, (0, 1), format!("{p}.self_attn.o_proj.weight")),
+                (&l.gate_up, (0, 2), format!("{p}.mlp.gate_proj.weight")),
+                (&l.gate_up, (1, 2), format!("{p}.mlp.up_proj.weight")),
+                (&l.down, (0, 1), format!("{p}.mlp.down_proj.weight")),
             ]);
             norms.extend([
                 (l.input_norm, format!("{p}.input_layernorm.weight")),
@@ -980,17 +987,17 @@ fn mlx_fixtures_convert_losslessly() {
             ]);
         }
         if let Some(h) = &idx.lm_head {
-            mats.push((h, 0, "lm_head.weight".to_string()));
+            mats.push((h, (0, 1), "lm_head.weight".to_string()));
         }
         let mut checked = 0usize;
-        for (m, first_row, name) in mats {
+        for (m, (first_row, stride), name) in mats {
             let t = ckpt.require(&name).unwrap();
             assert_eq!(t.dtype, Dtype::BF16, "{name}");
             let mut row = vec![0f32; t.row_len()];
             for r in 0..t.rows() {
                 t.row_f32(r, &mut row).unwrap();
                 for (c, &w) in row.iter().enumerate() {
-                    let d = dequantize(&model, m, first_row + r, c).unwrap();
+                    let d = dequantize(&model, m, first_row + r * stride, c).unwrap();
                     // int8 has no negative zero: a stored -0.0 comes back
                     // as +0.0, equal as a number. Everything else must be
                     // the same bits.

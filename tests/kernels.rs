@@ -1,15 +1,17 @@
-//! Every WGSL kernel against a CPU reference, on random non-zero inputs, at
-//! several shapes (including ones that are not multiples of the workgroup or
+//! Every WGSL kernel against a CPU reference (tests/common/reference.rs,
+//! shared with the MSL twins' tests), on random non-zero inputs, at several
+//! shapes (including ones that are not multiples of the workgroup or
 //! subgroup size), in both reduction variants (subgroup and workgroup
 //! memory). Outputs are poisoned with NaN before each run so an unwritten
 //! element fails.
 
-use half::f16;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, WG};
-use qwen3_wgpu::{AdapterPolicy, Gpu};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+mod common;
 
-const POISON: u32 = 0x7fc0_dead; // a NaN
+use common::reference::*;
+use half::f16;
+use qwen3_wgpu::kernels::{self, Bind, Kernel, MATVEC_ROWS, WG};
+use qwen3_wgpu::{AdapterPolicy, Gpu};
+use rand::{rngs::StdRng, SeedableRng};
 
 fn gpu() -> Gpu {
     Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)")
@@ -21,18 +23,6 @@ fn variants(gpu: &Gpu) -> Vec<bool> {
     } else {
         vec![false]
     }
-}
-
-fn poisoned(n_words: usize) -> Vec<u8> {
-    bytemuck::cast_slice(&vec![POISON; n_words]).to_vec()
-}
-
-fn f32s(v: &[f32]) -> Vec<u8> {
-    bytemuck::cast_slice(v).to_vec()
-}
-
-fn to_f32(b: &[u8]) -> Vec<f32> {
-    bytemuck::pod_collect_to_vec(b)
 }
 
 /// Runs `kernel` once: `uniforms` and `storage` fill the kernel's bindings
@@ -109,93 +99,31 @@ fn dispatch_grid(
     out
 }
 
-fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64], rel: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
-        let tol = rel * s.max(1e-6);
-        assert!(
-            g.is_finite() && ((*g as f64) - w).abs() <= tol,
-            "{what}[{i}]: got {g}, want {w} (tolerance {tol})"
-        );
-    }
-}
-
-/// Random non-zero values in +-[0.05, 1].
-fn nonzero(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let v: f32 = rng.random_range(0.05..1.0);
-            if rng.random_bool(0.5) {
-                v
-            } else {
-                -v
-            }
-        })
-        .collect()
-}
-
-struct Quant {
-    padded: usize,
-    q: Vec<i8>,
-    scales: Vec<f32>,
-}
-
-fn random_quant(rng: &mut StdRng, rows: usize, cols: usize) -> Quant {
-    let padded = cols.div_ceil(64) * 64;
-    let groups = padded / 64;
-    let mut q = vec![0i8; rows * padded];
-    for r in 0..rows {
-        for c in 0..cols {
-            q[r * padded + c] = rng.random_range(-127..=127);
-            if q[r * padded + c] == 0 {
-                q[r * padded + c] = 1;
-            }
-        }
-    }
-    let scales = (0..rows * groups).map(|_| rng.random_range(0.001..0.02)).collect();
-    Quant { padded, q, scales }
-}
-
-impl Quant {
-    fn w(&self, r: usize, c: usize) -> f64 {
-        self.q[r * self.padded + c] as f64 * self.scales[r * (self.padded / 64) + c / 64] as f64
-    }
-    fn data(&self) -> Vec<u8> {
-        bytemuck::cast_slice(&self.q).to_vec()
-    }
-}
-
 #[test]
 fn int8_matvec_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(1);
     for sub in variants(&gpu) {
-        for &(rows, cols) in &[(1, 64), (3, 96), (5, 1000), (67, 128), (130, 1024), (9, 3072)] {
+        // Rows not a multiple of the 4 rows per team or the 8 per workgroup,
+        // K not a multiple of a team's stride (lavapipe: 8 lanes x 16 values).
+        for &(rows, cols) in &[(2, 64), (6, 96), (10, 1000), (66, 128), (130, 1024), (18, 3072), (4, 2048)] {
             for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
                 let variant = kernel.matvec_variant().unwrap();
-                let accumulate = variant.accumulate;
                 let m = random_quant(&mut rng, rows, cols);
-                let mut x = nonzero(&mut rng, m.padded);
-                x[cols..].iter_mut().for_each(|v| *v = 0.0); // padding stays zero
-                                                             // The fused RMSNorm's weight, zero-padded like the engine's.
-                let mut norm_w = nonzero(&mut rng, m.padded);
-                norm_w[cols..].iter_mut().for_each(|v| *v = 0.0);
+                let x = padded_input(&mut rng, cols);
+                // The fused RMSNorm's weight, zero-padded like the engine's.
+                let norm_w = padded_input(&mut rng, cols);
                 let eps = 1e-6f32;
-                // What the matrix multiplies: x, or rms_norm(x) * norm_w.
-                let xe: Vec<f64> = if variant.norm {
-                    let ms = x[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
-                    let inv = 1.0 / (ms + eps as f64).sqrt();
-                    x.iter().zip(&norm_w).map(|(v, w)| *v as f64 * inv * *w as f64).collect()
-                } else {
-                    x.iter().map(|v| *v as f64).collect()
-                };
-                let row_offset = 3usize;
-                let y0 = nonzero(&mut rng, rows + row_offset);
-                let init = if accumulate { f32s(&y0) } else { poisoned(rows + row_offset) };
+                // SWIGLU writes one output per row pair, from (row_offset / 2).
+                let row_offset = if variant.swiglu { 4usize } else { 3 };
+                let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
+                let outs = if variant.swiglu { rows / 2 } else { rows };
+                let y0 = nonzero(&mut rng, outs + first_out);
+                let init = if variant.accumulate { f32s(&y0) } else { poisoned(outs + first_out) };
                 let params = [
                     rows as u32,
-                    (m.padded / 4) as u32,
-                    (m.padded / 64) as u32,
+                    m.k_words() as u32,
+                    m.groups() as u32,
                     row_offset as u32,
                     cols as u32,
                     eps.to_bits(),
@@ -206,28 +134,23 @@ fn int8_matvec_matches_cpu() {
                     sub,
                     &[bytemuck::cast_slice(&params)],
                     &[f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
-                    (rows as u32).div_ceil(kernel.matvec_rows()),
+                    (rows as u32).div_ceil(MATVEC_ROWS),
                 );
                 let got = to_f32(&out[0]);
-                // Elements before row_offset are untouched.
-                for i in 0..row_offset {
-                    if accumulate {
+                // Elements before the first output are untouched.
+                for i in 0..first_out {
+                    if variant.accumulate {
                         assert_eq!(got[i], y0[i]);
                     } else {
                         assert_eq!(got[i].to_bits(), POISON, "wrote before row_offset");
                     }
                 }
-                let mut want = Vec::new();
-                let mut scale = Vec::new();
-                for r in 0..rows {
-                    let dot: f64 = (0..cols).map(|c| m.w(r, c) * xe[c]).sum();
-                    let mag: f64 = (0..cols).map(|c| (m.w(r, c) * xe[c]).abs()).sum();
-                    want.push(dot + if accumulate { y0[row_offset + r] as f64 } else { 0.0 });
-                    scale.push(mag + 1.0);
-                }
+                let norm = variant.norm.then_some((&norm_w[..], eps));
+                let acc = variant.accumulate.then_some(&y0[first_out..]);
+                let (want, scale) = matvec_ref(&m, &x, norm, acc, variant.swiglu);
                 assert_close(
                     &format!("{kernel:?} {rows}x{cols} sub={sub}"),
-                    &got[row_offset..],
+                    &got[first_out..],
                     &want,
                     &scale,
                     1e-5,
@@ -237,30 +160,9 @@ fn int8_matvec_matches_cpu() {
     }
 }
 
-#[test]
-fn swiglu_matches_cpu() {
-    let gpu = gpu();
-    let mut rng = StdRng::seed_from_u64(3);
-    for &n in &[1usize, 255, 257, 3072] {
-        let gu: Vec<f32> = nonzero(&mut rng, 2 * n).iter().map(|v| v * 8.0).collect();
-        let out = dispatch(
-            &gpu,
-            Kernel::Swiglu,
-            false,
-            &[bytemuck::bytes_of(&(n as u32))],
-            &[f32s(&gu), poisoned(n)],
-            (n as u32).div_ceil(WG),
-        );
-        let got = to_f32(&out[0]);
-        let want: Vec<f64> = (0..n)
-            .map(|i| {
-                let g = gu[i] as f64;
-                g / (1.0 + (-g).exp()) * gu[n + i] as f64
-            })
-            .collect();
-        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-        assert_close(&format!("swiglu {n}"), &got, &want, &scale, 1e-5);
-    }
+/// `{pos, fill_end}`, the GPU-resident step state.
+fn step(pos: usize, fill_end: usize) -> Vec<u8> {
+    bytemuck::cast_slice(&[pos as u32, fill_end as u32]).to_vec()
 }
 
 #[test]
@@ -274,18 +176,27 @@ fn embed_lookup_matches_cpu() {
         {
             // The kernel binds a chunk: the table from row_start on.
             let chunk = Quant {
+                rows: (row_end - row_start) as usize,
+                cols,
                 padded: m.padded,
                 q: m.q[row_start as usize * m.padded..row_end as usize * m.padded].to_vec(),
-                scales: m.scales[row_start as usize * (m.padded / 64)..row_end as usize * (m.padded / 64)]
-                    .to_vec(),
+                scales: m.scales[row_start as usize * m.groups()..row_end as usize * m.groups()].to_vec(),
             };
-            let params = [(m.padded / 4) as u32, (m.padded / 64) as u32, row_start, row_end];
+            let params = [m.k_words() as u32, m.groups() as u32, row_start, row_end];
+            // The token is read at the GPU's position (2) of the sequence.
+            let tokens = [7u32, 8, token, 9];
             let out = dispatch(
                 &gpu,
                 Kernel::EmbedLookup,
                 false,
                 &[bytemuck::cast_slice(&params)],
-                &[bytemuck::bytes_of(&token).to_vec(), chunk.data(), f32s(&chunk.scales), poisoned(m.padded)],
+                &[
+                    step(2, 3),
+                    bytemuck::cast_slice(&tokens).to_vec(),
+                    chunk.data(),
+                    f32s(&chunk.scales),
+                    poisoned(m.padded),
+                ],
                 (m.padded as u32 / 4).div_ceil(WG),
             );
             let got = to_f32(&out[0]);
@@ -302,19 +213,14 @@ fn embed_lookup_matches_cpu() {
 }
 
 #[test]
-fn argmax_matches_cpu_with_lowest_index_on_ties() {
+fn argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(5);
     for sub in variants(&gpu) {
         for &n in &[1usize, 7, 255, 1000, 151936] {
             for ties in [false, true] {
                 let mut v = nonzero(&mut rng, n);
-                let mut want = 0;
-                for i in 0..n {
-                    if v[i] > v[want] {
-                        want = i;
-                    }
-                }
+                let mut want = argmax_ref(&v);
                 if ties && n > 3 {
                     // Plant the maximum at three places (in different chunks
                     // when n is large); the lowest must win.
@@ -336,43 +242,48 @@ fn argmax_matches_cpu_with_lowest_index_on_ties() {
                     &[f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
                     parts,
                 );
-                let out = dispatch(
-                    &gpu,
-                    Kernel::ArgmaxFinal,
-                    sub,
-                    &[bytemuck::bytes_of(&parts)],
-                    &[out[0].clone(), out[1].clone(), poisoned(1)],
-                    1,
-                );
-                let got = u32::from_le_bytes(out[0][..4].try_into().unwrap());
-                assert_eq!(got as usize, want, "argmax n={n} ties={ties} sub={sub}");
+                // Position 3 of a 6-token sequence: the token goes to
+                // tokens[4] unless position 4 still holds a prompt token.
+                for (fill_end, writes) in [(4, true), (5, false)] {
+                    let p = [parts, 6];
+                    let fin = dispatch(
+                        &gpu,
+                        Kernel::ArgmaxFinal,
+                        sub,
+                        &[bytemuck::cast_slice(&p)],
+                        &[out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
+                        1,
+                    );
+                    let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&fin[0]);
+                    let st: Vec<u32> = bytemuck::pod_collect_to_vec(&fin[1]);
+                    assert_eq!(st, [4, fill_end as u32], "position advances");
+                    for (i, t) in tokens.iter().enumerate() {
+                        if i == 4 && writes {
+                            assert_eq!(*t as usize, want, "argmax n={n} ties={ties} sub={sub}");
+                        } else {
+                            assert_eq!(*t, POISON, "tokens[{i}] written (fill_end {fill_end})");
+                        }
+                    }
+                }
             }
         }
     }
 }
 
-fn rope_ref(v: &[f64], pos: usize, theta: f64) -> Vec<f64> {
-    let d = v.len();
-    let half = d / 2;
-    let mut out = vec![0.0; d];
-    for i in 0..half {
-        let a = pos as f64 * theta.powf(-((2 * i) as f64) / d as f64);
-        let (s, c) = a.sin_cos();
-        out[i] = v[i] * c - v[i + half] * s;
-        out[i + half] = v[i + half] * c + v[i] * s;
-    }
-    out
-}
-
-fn norm_ref(v: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
-    let ms: f64 = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / v.len() as f64;
-    let inv = 1.0 / (ms + eps).sqrt();
-    v.iter().zip(w).map(|(x, w)| *x as f64 * inv * *w as f64).collect()
-}
-
-fn unpack_f16(words: &[u8]) -> Vec<f32> {
-    let h: Vec<u16> = bytemuck::pod_collect_to_vec(words);
-    h.iter().map(|b| f16::from_bits(*b).to_f32()).collect()
+#[test]
+fn argmax_never_writes_past_the_token_array() {
+    let gpu = gpu();
+    let p = [1u32, 4];
+    let out = dispatch(
+        &gpu,
+        Kernel::ArgmaxFinal,
+        false,
+        &[bytemuck::cast_slice(&p)],
+        &[f32s(&[1.0]), bytemuck::bytes_of(&0u32).to_vec(), poisoned(5), step(3, 0)],
+        1,
+    );
+    let tokens: Vec<u32> = bytemuck::pod_collect_to_vec(&out[0]);
+    assert!(tokens.iter().all(|t| *t == POISON), "wrote past n_tokens: {tokens:?}");
 }
 
 #[test]
@@ -385,6 +296,7 @@ fn qk_norm_rope_matches_cpu() {
             (16, 8, 128, 40, 37),
             (3, 1, 32, 4, 0),
             (8, 8, 128, 3000, 2999),
+            (2, 1, 64, 4, 4), // a step queued past the capacity writes nothing
         ] {
             let theta = 1_000_000f32;
             let eps = 1e-6f32;
@@ -393,14 +305,14 @@ fn qk_norm_rope_matches_cpu() {
             let kn = nonzero(&mut rng, hd);
             let params: [u32; 5] = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits()];
             let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
-            let step = [pos as u32, pos as u32 + 1];
             let cache_words = nkv * cap * hd / 2;
             let out = dispatch(
                 &gpu,
                 Kernel::QkNormRope,
                 sub,
-                &[bytemuck::cast_slice(&params), bytemuck::cast_slice(&step)],
+                &[bytemuck::cast_slice(&params)],
                 &[
+                    step(pos, 0),
                     f32s(&qkv),
                     f32s(&qn),
                     f32s(&kn),
@@ -411,23 +323,27 @@ fn qk_norm_rope_matches_cpu() {
                 ],
                 (nh + 2 * nkv) as u32,
             );
+            if pos >= cap {
+                assert!(out.iter().flat_map(|o| to_f32(o)).all(|v| v.to_bits() == POISON));
+                continue;
+            }
             let q = to_f32(&out[0]);
             let kc = unpack_f16(&out[1]);
             let vc = unpack_f16(&out[2]);
+            let (th, ep) = (theta as f64, eps as f64);
             for h in 0..nh {
-                let want =
-                    rope_ref(&norm_ref(&qkv[h * hd..(h + 1) * hd], &qn, eps as f64), pos, theta as f64);
+                let want = qk_norm_rope_ref(&qkv[h * hd..(h + 1) * hd], Some(&qn), pos, th, ep);
                 let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
                 assert_close(&format!("q head {h} sub={sub}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
             }
             for g in 0..nkv {
                 let src = (nh + g) * hd;
-                let want = rope_ref(&norm_ref(&qkv[src..src + hd], &kn, eps as f64), pos, theta as f64);
+                let want = qk_norm_rope_ref(&qkv[src..src + hd], Some(&kn), pos, th, ep);
                 let at = (g * cap + pos) * hd;
                 let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
                 assert_close(&format!("k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
                 let vsrc = (nh + nkv + g) * hd;
-                let vwant: Vec<f64> = qkv[vsrc..vsrc + hd].iter().map(|v| *v as f64).collect();
+                let vwant = qk_norm_rope_ref(&qkv[vsrc..vsrc + hd], None, pos, th, ep);
                 assert_close(&format!("v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
                 // Other positions stay untouched.
                 let other = ((g * cap + (pos + 1) % cap) * hd) / 2;
@@ -458,7 +374,6 @@ fn attention_matches_cpu() {
             let v: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
             let scale_f = 1.0 / (hd as f32).sqrt();
             let params: [u32; 5] = [nh as u32, nkv as u32, hd as u32, cap as u32, scale_f.to_bits()];
-            let step = [seq as u32 - 1, seq as u32];
             // Chunks past the context must contribute nothing: size the grid
             // for the capacity, as the engine does.
             let chunks = cap.div_ceil(kernels::ATTENTION_CHUNK as usize);
@@ -466,8 +381,9 @@ fn attention_matches_cpu() {
                 &gpu,
                 Kernel::AttentionPartial,
                 sub,
-                &[bytemuck::cast_slice(&params), bytemuck::cast_slice(&step)],
+                &[bytemuck::cast_slice(&params)],
                 &[
+                    step(seq - 1, 0),
                     f32s(&q),
                     bytemuck::cast_slice(&k).to_vec(),
                     bytemuck::cast_slice(&v).to_vec(),
@@ -486,27 +402,8 @@ fn attention_matches_cpu() {
                 nh as u32,
             );
             let got = to_f32(&out[0]);
-            for h in 0..nh {
-                let g = h / (nh / nkv);
-                let kv = |t: usize, d: usize, x: &[f16]| x[(g * cap + t) * hd + d].to_f64();
-                let s: Vec<f64> = (0..seq)
-                    .map(|t| {
-                        (0..hd).map(|d| q[h * hd + d] as f64 * kv(t, d, &k)).sum::<f64>() * scale_f as f64
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::MIN, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let l: f64 = e.iter().sum();
-                let want: Vec<f64> =
-                    (0..hd).map(|d| (0..seq).map(|t| e[t] * kv(t, d, &v)).sum::<f64>() / l).collect();
-                assert_close(
-                    &format!("attention head {h} seq {seq} sub={sub}"),
-                    &got[h * hd..(h + 1) * hd],
-                    &want,
-                    &vec![1.0; hd],
-                    1e-4,
-                );
-            }
+            let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale_f as f64);
+            assert_close(&format!("attention seq {seq} sub={sub}"), &got, &want, &vec![1.0; nh * hd], 1e-4);
         }
     }
 }

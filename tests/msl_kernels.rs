@@ -8,10 +8,12 @@
 
 mod common;
 
-use common::reference::{argmax_ref, attention_ref};
-use common::{check_close, f32s, nonzero, poisoned, to_f32, to_u32, POISON};
+use common::reference::{
+    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, padded_input, poisoned,
+    qk_norm_rope_ref, random_quant, to_f32, unpack_f16, POISON,
+};
 use half::f16;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK, ATTENTION_CHUNK};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK, ATTENTION_CHUNK, MATVEC_ROWS};
 use qwen3_wgpu::msl;
 use rand::{rngs::StdRng, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -198,6 +200,11 @@ fn built(kernel: Kernel) -> PathBuf {
 /// Runs `bin` over `grid` with `kernel`'s threadgroup size; `buffers` fill
 /// the kernel's bindings in order. Returns the read_write buffers, in order.
 fn run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    try_run(bin, kernel, grid, buffers).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`run`], or why the harness failed (a crash, a timeout).
+fn try_run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
     let binds = kernel.bindings();
     assert_eq!(buffers.len(), binds.len(), "{kernel:?}: one buffer per binding");
     let outs: Vec<usize> = (0..binds.len()).filter(|i| binds[*i] == Bind::ReadWrite).collect();
@@ -226,7 +233,9 @@ fn run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Vec<V
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     let status = child.wait().unwrap();
     let _ = writer.join();
-    assert!(status.success(), "{kernel:?} harness failed ({status}) on grid {grid:?}:\n{stderr}");
+    if !status.success() {
+        return Err(format!("{kernel:?} harness failed ({status}) on grid {grid:?}:\n{stderr}"));
+    }
     let mut res = Vec::new();
     let mut at = 0;
     for _ in &outs {
@@ -235,7 +244,7 @@ fn run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Vec<V
         at += 8 + n;
     }
     assert_eq!(at, stdout.len(), "harness output length");
-    res
+    Ok(res)
 }
 
 // ---------------------------------------------------------------------------
@@ -325,11 +334,102 @@ fn signature_parser_reads_address_spaces() {
 // ---------------------------------------------------------------------------
 // Kernels.
 
-/// argmax_partial's per-chunk (value, index) and, when it has a twin,
-/// argmax_final's token, at the LM head's vocabulary and awkward sizes.
+fn u32s(v: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+fn to_u32(b: &[u8]) -> Vec<u32> {
+    bytemuck::pod_collect_to_vec(b)
+}
+
+/// `{pos, fill_end}`, the GPU-resident step state.
+fn step(pos: usize, fill_end: usize) -> Vec<u8> {
+    u32s(&[pos as u32, fill_end as u32])
+}
+
+/// One matvec launch of `bin` (built for `kernel`) on a random matrix, as
+/// the WGSL test runs it: checks the untouched prefix and returns the
+/// written outputs with the reference's (want, scale).
+fn matvec_case(
+    bin: &Path,
+    kernel: Kernel,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> (Vec<f32>, Vec<f64>, Vec<f64>) {
+    let variant = kernel.matvec_variant().unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let m = random_quant(&mut rng, rows, cols);
+    let x = padded_input(&mut rng, cols);
+    let norm_w = padded_input(&mut rng, cols);
+    let eps = 1e-6f32;
+    // SWIGLU writes one output per row pair, from (row_offset / 2).
+    let row_offset = if variant.swiglu { 4usize } else { 3 };
+    let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
+    let outs = if variant.swiglu { rows / 2 } else { rows };
+    let y0 = nonzero(&mut rng, outs + first_out);
+    let init = if variant.accumulate { f32s(&y0) } else { poisoned(outs + first_out) };
+    let params =
+        [rows as u32, m.k_words() as u32, m.groups() as u32, row_offset as u32, cols as u32, eps.to_bits()];
+    let out = run(
+        bin,
+        kernel,
+        kernels::grid((rows as u32).div_ceil(MATVEC_ROWS)),
+        &[u32s(&params), f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
+    );
+    let got = to_f32(&out[0]);
+    for i in 0..first_out {
+        if variant.accumulate {
+            assert_eq!(got[i], y0[i]);
+        } else {
+            assert_eq!(got[i].to_bits(), POISON, "{kernel:?} wrote before row_offset");
+        }
+    }
+    let norm = variant.norm.then_some((&norm_w[..], eps));
+    let acc = variant.accumulate.then_some(&y0[first_out..]);
+    let (want, scale) = matvec_ref(&m, &x, norm, acc, variant.swiglu);
+    (got[first_out..].to_vec(), want, scale)
+}
+
+/// Every matvec variant at awkward shapes (rows not a multiple of 4, 8 or
+/// 32; K not a multiple of a simdgroup's 512-value stride), and each at
+/// the Qwen3-0.6B shapes the engine launches it with.
 #[test]
-fn msl_argmax_matches_cpu() {
+fn msl_int8_matvec_matches_cpu() {
+    let mut seed = 1;
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        let bin = built(kernel);
+        let v = kernel.matvec_variant().unwrap();
+        let mut shapes = vec![
+            (2usize, 64usize),
+            (6, 96),
+            (10, 1000),
+            (66, 128),
+            (130, 1024),
+            (18, 3072),
+            (4, 2048),
+            (34, 704),
+        ];
+        shapes.extend(match (v.accumulate, v.norm, v.swiglu) {
+            (true, _, _) => vec![(1024, 2048), (1024, 3072)], // o_proj, down_proj
+            (_, true, true) => vec![(6144, 1024)],            // gate/up, interleaved
+            (_, true, false) => vec![(4096, 1024), (151936, 1024)], // qkv, LM head (final norm)
+            _ => vec![(1024, 2048)],
+        });
+        for (rows, cols) in shapes {
+            seed += 1;
+            let (got, want, scale) = matvec_case(&bin, kernel, rows, cols, seed);
+            assert_close(&format!("MSL {kernel:?} {rows}x{cols}"), &got, &want, &scale, 1e-5);
+        }
+    }
+}
+
+/// argmax_partial's per-chunk winners, then argmax_final's token and step,
+/// at the vocabulary size and awkward ones, with ties.
+#[test]
+fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
     let partial = built(Kernel::ArgmaxPartial);
+    let fin = built(Kernel::ArgmaxFinal);
     let mut rng = StdRng::seed_from_u64(5);
     for &(n, chunk) in
         &[(1usize, 1000u32), (7, 1000), (555, 256), (1000, 1000), (151936, ARGMAX_CHUNK), (151936, 1000)]
@@ -337,92 +437,183 @@ fn msl_argmax_matches_cpu() {
         for ties in [false, true] {
             let mut v = nonzero(&mut rng, n);
             if ties && n > 3 {
-                // The maximum at three places (in different chunks when n is
-                // large), and ties inside one chunk and one simdgroup.
+                // The maximum at several places: in different chunks when n
+                // is large, and within one chunk and one simdgroup.
                 for i in [n - 1, n / 2, n / 3 + 1, n / 2 + 1, n / 2 + 33] {
                     if i < n {
                         v[i] = 5.0;
                     }
                 }
             }
+            let want = argmax_ref(&v);
             let parts = (n as u32).div_ceil(chunk);
             let out = run(
                 &partial,
                 Kernel::ArgmaxPartial,
                 kernels::grid(parts),
-                &[
-                    common::u32s(&[n as u32, chunk]),
-                    f32s(&v),
-                    poisoned(parts as usize),
-                    poisoned(parts as usize),
-                ],
+                &[u32s(&[n as u32, chunk]), f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
             );
             let (val, idx) = (to_f32(&out[0]), to_u32(&out[1]));
             for c in 0..parts as usize {
                 let lo = c * chunk as usize;
-                let hi = n.min(lo + chunk as usize);
-                let want = lo + argmax_ref(&v[lo..hi]);
-                assert_eq!(idx[c] as usize, want, "argmax_partial n={n} chunk {c} ties={ties}");
-                assert_eq!(val[c], v[want], "argmax_partial value n={n} chunk {c}");
+                let w = lo + argmax_ref(&v[lo..n.min(lo + chunk as usize)]);
+                assert_eq!(idx[c] as usize, w, "argmax_partial n={n} chunk {c} ties={ties}");
+                assert_eq!(val[c], v[w], "argmax_partial value n={n} chunk {c}");
+            }
+            // Position 3 of a 6-token sequence: the token goes to tokens[4]
+            // unless position 4 still holds a prompt token.
+            for (fill_end, writes) in [(4, true), (5, false)] {
+                let f = run(
+                    &fin,
+                    Kernel::ArgmaxFinal,
+                    [1, 1, 1],
+                    &[u32s(&[parts, 6]), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
+                );
+                assert_eq!(to_u32(&f[1]), [4, fill_end as u32], "position advances");
+                for (i, t) in to_u32(&f[0]).iter().enumerate() {
+                    if i == 4 && writes {
+                        assert_eq!(*t as usize, want, "argmax n={n} ties={ties}");
+                    } else {
+                        assert_eq!(*t, POISON, "tokens[{i}] written (fill_end {fill_end})");
+                    }
+                }
+            }
+        }
+    }
+    // A position at the end of the token array writes no token.
+    let f = run(
+        &fin,
+        Kernel::ArgmaxFinal,
+        [1, 1, 1],
+        &[u32s(&[1, 4]), f32s(&[1.0]), u32s(&[0]), poisoned(5), step(3, 0)],
+    );
+    assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
+}
+
+#[test]
+fn msl_qk_norm_rope_matches_cpu() {
+    let bin = built(Kernel::QkNormRope);
+    let mut rng = StdRng::seed_from_u64(6);
+    for &(nh, nkv, hd, cap, pos) in &[
+        (16usize, 8usize, 128usize, 4096usize, 3999usize), // Qwen3-0.6B
+        (16, 8, 128, 4096, 0),
+        (4, 2, 64, 8, 5),
+        (16, 8, 128, 40, 37),
+        (3, 1, 32, 4, 0),
+        (8, 8, 128, 3000, 2999),
+        (2, 1, 64, 4, 4), // a step queued past the capacity writes nothing
+    ] {
+        let theta = 1_000_000f32;
+        let eps = 1e-6f32;
+        let qkv = nonzero(&mut rng, (nh + 2 * nkv) * hd);
+        let qn = nonzero(&mut rng, hd);
+        let kn = nonzero(&mut rng, hd);
+        let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits()];
+        let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
+        let cache_words = nkv * cap * hd / 2;
+        let out = run(
+            &bin,
+            Kernel::QkNormRope,
+            kernels::grid((nh + 2 * nkv) as u32),
+            &[
+                u32s(&params),
+                step(pos, 0),
+                f32s(&qkv),
+                f32s(&qn),
+                f32s(&kn),
+                f32s(&rope),
+                poisoned(nh * hd),
+                poisoned(cache_words),
+                poisoned(cache_words),
+            ],
+        );
+        if pos >= cap {
+            assert!(out.iter().flat_map(|o| to_f32(o)).all(|v| v.to_bits() == POISON));
+            continue;
+        }
+        let q = to_f32(&out[0]);
+        let kc = unpack_f16(&out[1]);
+        let vc = unpack_f16(&out[2]);
+        let (th, ep) = (theta as f64, eps as f64);
+        for h in 0..nh {
+            let want = qk_norm_rope_ref(&qkv[h * hd..(h + 1) * hd], Some(&qn), pos, th, ep);
+            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+            assert_close(&format!("MSL q head {h} hd {hd}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
+        }
+        for g in 0..nkv {
+            let src = (nh + g) * hd;
+            let want = qk_norm_rope_ref(&qkv[src..src + hd], Some(&kn), pos, th, ep);
+            let at = (g * cap + pos) * hd;
+            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+            assert_close(&format!("MSL k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
+            let vsrc = (nh + nkv + g) * hd;
+            let vwant = qk_norm_rope_ref(&qkv[vsrc..vsrc + hd], None, pos, th, ep);
+            assert_close(&format!("MSL v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
+        }
+        // Only position `pos` of the caches is written.
+        for (c, cache) in out[1..].iter().enumerate() {
+            let words = to_u32(cache);
+            for g in 0..nkv {
+                for t in (0..cap).filter(|t| *t != pos) {
+                    let row = &words[(g * cap + t) * hd / 2..(g * cap + t + 1) * hd / 2];
+                    assert!(row.iter().all(|w| *w == POISON), "cache {c} written at position {t}");
+                }
             }
         }
     }
 }
 
-/// attention_reduce on chunk statistics computed on the CPU (including
-/// empty chunks past the context), against the attention reference.
+/// attention_partial then attention_reduce, with the grid sized for the
+/// capacity as the engine does (chunks past the context contribute
+/// nothing), at contexts 1, 300 and 4000 of Qwen3-0.6B and awkward shapes.
 #[test]
-fn msl_attention_reduce_matches_cpu() {
-    let bin = built(Kernel::AttentionReduce);
-    let mut rng = StdRng::seed_from_u64(8);
-    let chunk = ATTENTION_CHUNK as usize;
-    for &(nh, nkv, hd, cap, seq) in
-        &[(16usize, 8usize, 128usize, 4096usize, 4000usize), (16, 8, 128, 300, 1), (3, 1, 64, 600, 517)]
-    {
+fn msl_attention_matches_cpu() {
+    let partial = built(Kernel::AttentionPartial);
+    let reduce = built(Kernel::AttentionReduce);
+    let mut rng = StdRng::seed_from_u64(7);
+    for &(nh, nkv, hd, cap, seq) in &[
+        (16usize, 8usize, 128usize, 4096usize, 1usize),
+        (16, 8, 128, 4096, 300),
+        (16, 8, 128, 4096, 4000),
+        (4, 2, 64, 16, 1),
+        (4, 1, 64, 300, 300),
+        (3, 3, 32, 600, 517),
+        (2, 1, 128, 1100, 1025),
+        (8, 4, 64, 333, 290),
+    ] {
         let q = nonzero(&mut rng, nh * hd);
         let kv_len = nkv * cap * hd;
-        let k: Vec<f64> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v).to_f64()).collect();
-        let v: Vec<f64> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v).to_f64()).collect();
-        let scale = 1.0 / (hd as f64).sqrt();
-        let n_chunks = cap.div_ceil(chunk);
-        let mut ml = Vec::new();
-        let mut acc = Vec::new();
-        for h in 0..nh {
-            let g = h / (nh / nkv);
-            for c in 0..n_chunks {
-                let ts = c * chunk..seq.min((c + 1) * chunk);
-                if ts.is_empty() {
-                    ml.extend([-3.0e38f32, 0.0]);
-                    acc.extend(std::iter::repeat_n(f32::from_bits(POISON), hd));
-                    continue;
-                }
-                let s: Vec<f64> = ts
-                    .clone()
-                    .map(|t| {
-                        (0..hd).map(|d| q[h * hd + d] as f64 * k[(g * cap + t) * hd + d]).sum::<f64>() * scale
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::MIN, f64::max);
-                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                ml.extend([m as f32, e.iter().sum::<f64>() as f32]);
-                acc.extend((0..hd).map(|d| {
-                    ts.clone().zip(&e).map(|(t, e)| e * v[(g * cap + t) * hd + d]).sum::<f64>() as f32
-                }));
-            }
-        }
+        let k: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+        let v: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits()];
+        let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+        let parts = run(
+            &partial,
+            Kernel::AttentionPartial,
+            [nh as u32, chunks as u32, 1],
+            &[
+                u32s(&params),
+                step(seq - 1, 0),
+                f32s(&q),
+                bytemuck::cast_slice(&k).to_vec(),
+                bytemuck::cast_slice(&v).to_vec(),
+                poisoned(2 * nh * chunks),
+                poisoned(nh * chunks * hd),
+            ],
+        );
         let out = run(
-            &bin,
+            &reduce,
             Kernel::AttentionReduce,
             kernels::grid(nh as u32),
-            &[common::u32s(&[hd as u32, n_chunks as u32]), f32s(&ml), f32s(&acc), poisoned(nh * hd)],
+            &[u32s(&[hd as u32, chunks as u32]), parts[0].clone(), parts[1].clone(), poisoned(nh * hd)],
         );
-        let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale);
-        let got = to_f32(&out[0]);
-        common::assert_close(
-            &format!("attention_reduce seq {seq}"),
-            &got,
+        let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale as f64);
+        assert_close(
+            &format!("MSL attention seq {seq} hd {hd}"),
+            &to_f32(&out[0]),
             &want,
-            &vec![1.0; want.len()],
+            &vec![1.0; nh * hd],
             1e-4,
         );
     }
@@ -431,10 +622,21 @@ fn msl_attention_reduce_matches_cpu() {
 // ---------------------------------------------------------------------------
 // Teeth: the comparisons catch a broken kernel.
 
+/// The matvec built with a simd_sum that drops one lane's contribution must
+/// fail the same comparison the real one passes.
+#[test]
+fn matvec_with_a_lane_dropped_from_simd_sum_fails() {
+    let kernel = Kernel::Int8MatvecNorm;
+    let bin = build(kernel, &msl::msl_source(kernel).unwrap(), &["MSL_SHIM_SIMD_SUM_DROPS_LANE=5"]);
+    let (got, want, scale) = matvec_case(&bin, kernel, 66, 1024, 99);
+    let caught = std::panic::catch_unwind(|| assert_close("broken matvec", &got, &want, &scale, 1e-5));
+    assert!(caught.is_err(), "a matvec missing one lane's products passed");
+}
+
 /// argmax_partial without its simdgroup maximum (each lane keeps its own)
 /// must give wrong chunk winners.
 #[test]
-fn broken_argmax_is_caught() {
+fn argmax_without_simd_max_fails() {
     let k = Kernel::ArgmaxPartial;
     let src = msl::msl_source(k).unwrap();
     let broken = src.replace("simd_max(best_v)", "best_v");
@@ -443,16 +645,28 @@ fn broken_argmax_is_caught() {
     let mut rng = StdRng::seed_from_u64(9);
     let n = 4096;
     let v = nonzero(&mut rng, n);
-    let parts = 4u32;
-    let out = run(
+    let out = run(&bin, k, kernels::grid(4), &[u32s(&[n as u32, 1024]), f32s(&v), poisoned(4), poisoned(4)]);
+    let idx = to_u32(&out[1]);
+    let right = (0..4).filter(|c| idx[*c] as usize == c * 1024 + argmax_ref(&v[c * 1024..(c + 1) * 1024]));
+    assert!(right.count() < 4, "a broken argmax passed");
+}
+
+/// A write one element past the end of a buffer (Metal would corrupt
+/// memory quietly) crashes the harness: buffers end at a guard page.
+#[test]
+fn out_of_bounds_write_fails() {
+    let k = Kernel::AttentionReduce;
+    let src = msl::msl_source(k).unwrap();
+    let broken = src.replace("out[h * p.head_dim + d] =", "out[h * p.head_dim + d + 1] =");
+    assert_ne!(src, broken, "the substitution applies");
+    let bin = build(k, &broken, &[]);
+    let (nh, hd) = (2usize, 64usize);
+    let res = try_run(
         &bin,
         k,
-        kernels::grid(parts),
-        &[common::u32s(&[n as u32, 1024]), f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
+        kernels::grid(nh as u32),
+        &[u32s(&[hd as u32, 1]), f32s(&[0.0, 1.0].repeat(nh)), f32s(&vec![1.0; nh * hd]), poisoned(nh * hd)],
     );
-    let idx = to_u32(&out[1]);
-    let right = (0..parts as usize)
-        .filter(|c| idx[*c] as usize == c * 1024 + argmax_ref(&v[c * 1024..(c + 1) * 1024]));
-    assert!(right.count() < parts as usize, "a broken argmax passed");
-    let _ = check_close; // used by the matvec teeth
+    let err = res.expect_err("an out-of-bounds write went unnoticed");
+    assert!(err.contains("SIGSEGV"), "failed, but not at the guard page: {err}");
 }

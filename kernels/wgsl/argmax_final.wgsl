@@ -1,14 +1,25 @@
 // Second argmax launch: one workgroup reduces the parts argmax_partial wrote
-// into token[0] (largest value; ties -> lowest token index).
+// (largest value; ties -> lowest token index), then advances the decode
+// position kept on the GPU: tokens[pos + 1] = the greedy token (unless that
+// position still holds a prompt token, pos + 1 < fill_end) and pos += 1.
+// The next step's embedding reads tokens[pos], so steps queue up on the GPU
+// without the host reading anything in between.
 
 struct Params {
-    n: u32, // parts
+    n: u32,          // parts
+    n_tokens: u32,   // length of `tokens` (capacity + 1)
+}
+
+struct Step {
+    pos: u32,
+    fill_end: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part_val: array<f32>;
 @group(0) @binding(2) var<storage, read> part_idx: array<u32>;
-@group(0) @binding(3) var<storage, read_write> token: array<u32>;
+@group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
+@group(0) @binding(4) var<storage, read_write> step: Step;
 
 const NONE: u32 = 0xffffffffu;
 
@@ -26,6 +37,10 @@ fn argmax_final(lane: Lane) {
     }
     let best = wg_argmax(best_v, best_i, lane);
     if lane.idx == 0u {
-        token[0] = best;
+        let next = step.pos + 1u;
+        if next >= step.fill_end && next < p.n_tokens {
+            tokens[next] = best;
+        }
+        step.pos = next;
     }
 }

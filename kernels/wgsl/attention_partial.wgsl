@@ -14,13 +14,14 @@ struct Params {
     scale: f32,
 }
 
+// The decode position, kept on the GPU (see qk_norm_rope).
 struct Step {
     pos: u32,
-    seq_len: u32,
+    fill_end: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> k_cache: array<u32>;
 @group(0) @binding(4) var<storage, read> v_cache: array<u32>;
@@ -42,7 +43,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let n_chunks = nwg.y;
     let part = h * n_chunks + c;
     let start = c * WG;
-    let end = min(step.seq_len, start + WG);
+    let end = min(min(step.pos + 1u, p.capacity), start + WG);
     if start >= end {
         // An empty chunk (past the context): contributes nothing.
         if lane.idx == 0u {

@@ -1,6 +1,6 @@
-// x = dequantised row `token[0]` of an int8 table, if that row lies in this
-// launch's chunk [row_start, row_end) (large tables are bound in chunks;
-// exactly one chunk writes). An out-of-range id writes nothing.
+// x = dequantised row `tokens[step.pos]` of an int8 table, if that row lies
+// in this launch's chunk [row_start, row_end) (large tables are bound in
+// chunks; exactly one chunk writes). An out-of-range id writes nothing.
 
 struct Params {
     k_words: u32,   // padded row length / 4
@@ -9,17 +9,24 @@ struct Params {
     row_end: u32,
 }
 
+// The decode position, kept on the GPU (see argmax_final).
+struct Step {
+    pos: u32,
+    fill_end: u32,
+}
+
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> token: array<u32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> scales: array<f32>;
-@group(0) @binding(4) var<storage, read_write> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> step: Step;
+@group(0) @binding(2) var<storage, read> tokens: array<u32>;
+@group(0) @binding(3) var<storage, read> w: array<u32>;
+@group(0) @binding(4) var<storage, read> scales: array<f32>;
+@group(0) @binding(5) var<storage, read_write> x: array<vec4<f32>>;
 
 override GROUP_WORDS: u32 = 16u;
 
 @compute @workgroup_size(WG)
 fn embed_lookup(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = token[0];
+    let t = tokens[min(step.pos, arrayLength(&tokens) - 1u)];
     let j = gid.x;
     if t < p.row_start || t >= p.row_end || j >= p.k_words {
         return;

@@ -1,32 +1,33 @@
 // y[row_offset + r] (+)= sum_k w[r][k] * x'[k], ROWS_PER_WG rows per workgroup,
 // where x' = x, or with NORM the RMSNorm of x fused in:
-// x' = x * rsqrt(mean(x^2) + eps) * norm_w (each workgroup reduces x itself,
-// which costs far less than a separate launch).
+// x' = x * rsqrt(mean(x^2) + eps) * norm_w.
 // w: int8, row-major, rows zero-padded to a multiple of the quant group,
 // four values packed per u32 (little-endian); one f32 scale per group.
 //
-// Two layouts, chosen per matrix by the host (SPLIT_K):
-// - rows per team (tall matrices, e.g. the LM head): each team (a subgroup
-//   where the device has them) takes blocks of 4 rows; its lanes stride over
-//   the row's u32 words (coalesced loads), accumulate the 4 rows at once and
-//   reduce with one team_sum4: no barriers, no workgroup memory (the layout
-//   of llama.cpp's and MLX's Metal matvecs);
-// - split K (matrices with few rows): the workgroup takes 4 rows and all its
-//   invocations stride over K, then one workgroup reduction. More
-//   workgroups in flight when rows alone cannot fill the GPU.
+// Layout (llama.cpp's kernel_mul_mv_q8_0_f32 and MLX's qmv_fast): each team
+// (a subgroup where the device has them) takes blocks of ROWS_PER_TEAM = 4
+// rows; its lanes stride over the row in steps of VALUES_PER_LANE = 16 int8
+// values (one vec4<u32> per row per step, coalesced), accumulate the 4 rows
+// at once and reduce with one team_sum4: no barriers, no workgroup memory.
+// NORM costs no extra pass: the team reads all of x once anyway, so it sums
+// x^2 on the way and scales the 4 dot products by rsqrt(mean + eps) at the end.
+//
+// SWIGLU (the gate/up projection): rows are stored interleaved, gate row i
+// at 2i and up row i at 2i+1, so a block of 4 rows yields
+// y[(row_offset + row0) / 2 + t] = silu(gate_t) * up_t for t = 0, 1.
 
 struct Params {
     rows: u32,       // rows in this launch (a chunk of the matrix)
-    k_words: u32,    // padded row length / 4
+    k_words: u32,    // padded row length / 4 (a multiple of 4)
     groups: u32,     // scales per row
-    row_offset: u32, // first output element written
+    row_offset: u32, // first output element written (SWIGLU: first matrix row)
     n_in: u32,       // NORM: elements of x (the padding is zero)
     eps: f32,        // NORM: rms_norm_eps
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 // NORM: the norm weight, zero-padded to k_words * 4 (otherwise unused).
@@ -34,41 +35,68 @@ struct Params {
 
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
 override GROUP_WORDS: u32 = 16u;
-// Rows per workgroup (a multiple of 4; 4 when SPLIT_K), set from Rust.
+// Rows per workgroup (a multiple of 4), set from Rust.
 override ROWS_PER_WG: u32 = 8u;
-override SPLIT_K: bool = false;
 override NORM: bool = false;
 // true: y += W x (fused residual add); false: y = W x.
 override ACCUMULATE: bool = false;
+override SWIGLU: bool = false;
 
-// Partial dot products of rows row0..row0+3 with x over the u32 words
-// j = first, first + stride, ... Rows past the end repeat the last row
-// (their results are dropped by store4).
-fn dot4_rows(row0: u32, first: u32, stride: u32, inv_rms: f32) -> vec4<f32> {
+fn silu(g: f32) -> f32 {
+    return g / (1.0 + exp(-g));
+}
+
+fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
+    return dot(vec4<f32>(unpack4xI8(wv.x)), x0) + dot(vec4<f32>(unpack4xI8(wv.y)), x1)
+        + dot(vec4<f32>(unpack4xI8(wv.z)), x2) + dot(vec4<f32>(unpack4xI8(wv.w)), x3);
+}
+
+// Rows row0..row0+3 (rows past the end repeat the last row; store4 drops
+// their results): the team's reduced dot products, NORM's rsqrt applied.
+fn rows4(row0: u32, lane: Lane) -> vec4<f32> {
+    let k_quads = p.k_words / 4u;
     let r1 = min(row0 + 1u, p.rows - 1u);
     let r2 = min(row0 + 2u, p.rows - 1u);
     let r3 = min(row0 + 3u, p.rows - 1u);
-    let b0 = row0 * p.k_words;
-    let b1 = r1 * p.k_words;
-    let b2 = r2 * p.k_words;
-    let b3 = r3 * p.k_words;
+    let quads_per_group = GROUP_WORDS / 4u;
     var acc = vec4<f32>(0.0);
-    for (var j = first; j < p.k_words; j += stride) {
-        var xv = x[j];
+    var ss = vec4<f32>(0.0);
+    for (var j = team_lane(lane); j < k_quads; j += team_size(lane)) {
+        var x0 = x[4u * j];
+        var x1 = x[4u * j + 1u];
+        var x2 = x[4u * j + 2u];
+        var x3 = x[4u * j + 3u];
         if NORM {
-            xv *= inv_rms * norm_w[j];
+            ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
+            x0 *= norm_w[4u * j];
+            x1 *= norm_w[4u * j + 1u];
+            x2 *= norm_w[4u * j + 2u];
+            x3 *= norm_w[4u * j + 3u];
         }
-        let g = j / GROUP_WORDS;
-        acc.x += dot(vec4<f32>(unpack4xI8(w[b0 + j])), xv) * scales[row0 * p.groups + g];
-        acc.y += dot(vec4<f32>(unpack4xI8(w[b1 + j])), xv) * scales[r1 * p.groups + g];
-        acc.z += dot(vec4<f32>(unpack4xI8(w[b2 + j])), xv) * scales[r2 * p.groups + g];
-        acc.w += dot(vec4<f32>(unpack4xI8(w[b3 + j])), xv) * scales[r3 * p.groups + g];
+        let g = j / quads_per_group;
+        acc.x += dot16(w[row0 * k_quads + j], x0, x1, x2, x3) * scales[row0 * p.groups + g];
+        acc.y += dot16(w[r1 * k_quads + j], x0, x1, x2, x3) * scales[r1 * p.groups + g];
+        acc.z += dot16(w[r2 * k_quads + j], x0, x1, x2, x3) * scales[r2 * p.groups + g];
+        acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * scales[r3 * p.groups + g];
     }
-    return acc;
+    var sums = team_sum4(acc, lane);
+    if NORM {
+        let t = team_sum4(ss, lane);
+        sums *= inverseSqrt((t.x + t.y + t.z + t.w) / f32(p.n_in) + p.eps);
+    }
+    return sums;
 }
 
-// Invocation `i` < 4 of the reducing group writes row row0 + i.
+// Team lane `i` < 4 writes row row0 + i (SWIGLU: lane i < 2 writes output
+// pair i of the block).
 fn store4(row0: u32, sums: vec4<f32>, i: u32) {
+    if SWIGLU {
+        if i < 2u && row0 + 2u * i < p.rows {
+            let o = (p.row_offset + row0) / 2u + i;
+            y[o] = silu(sums[2u * i]) * sums[2u * i + 1u];
+        }
+        return;
+    }
     if i < 4u && row0 + i < p.rows {
         let o = p.row_offset + row0 + i;
         var v = sums[i];
@@ -85,29 +113,11 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     if wg_row0 >= p.rows {
         return; // whole workgroup: uniform
     }
-    var inv_rms = 1.0;
-    if NORM {
-        var ss = vec4<f32>(0.0);
-        for (var j = lane.idx; j < p.k_words; j += WG) {
-            let v = x[j];
-            ss += v * v;
-        }
-        let t = wg_sum4(ss, lane);
-        inv_rms = inverseSqrt((t.x + t.y + t.z + t.w) / f32(p.n_in) + p.eps);
-    }
-    if SPLIT_K {
-        // All invocations share the 4 rows; one workgroup reduction.
-        let sums = wg_sum4(dot4_rows(wg_row0, lane.idx, WG, inv_rms), lane);
-        store4(wg_row0, sums, lane.idx);
-        return;
-    }
     // Each team takes whole blocks of 4 rows; a barrier-free team reduction.
-    let tl = team_lane(lane);
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < p.rows {
-            let sums = team_sum4(dot4_rows(row0, tl, team_size(lane), inv_rms), lane);
-            store4(row0, sums, tl);
+            store4(row0, rows4(row0, lane), team_lane(lane));
         }
     }
 }

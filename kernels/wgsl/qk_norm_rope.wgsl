@@ -17,13 +17,15 @@ struct Params {
     eps: f32,
 }
 
+// The decode position, kept on the GPU (argmax_final advances it), so
+// tokens can be queued without the host in the loop.
 struct Step {
-    pos: u32,     // position of the token being processed
-    seq_len: u32, // pos + 1
+    pos: u32,      // position of the token being processed
+    fill_end: u32, // first position argmax_final may write a token to
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
 @group(0) @binding(3) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(4) var<storage, read> k_norm: array<f32>;
@@ -44,6 +46,9 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let src = h * hd;
     let kv_first = p.n_heads;
     let v_first = p.n_heads + p.n_kv_heads;
+    if step.pos >= p.capacity {
+        return; // queued past the capacity: results are never read
+    }
     if h >= v_first {
         // Value head: no norm, no rope; straight into the cache.
         let kv = h - v_first;
