@@ -141,9 +141,43 @@ fn launcher(params: &[Param], entry: &str) -> String {
     )
 }
 
+/// Hex digest of `parts` and the shim's files (a cache key).
+fn digest(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    for f in ["metal_shim.h", "harness.cpp", "include/metal_stdlib"] {
+        h.update(std::fs::read(root().join("tests/msl").join(f)).unwrap());
+    }
+    h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs g++ with `args`, writing `out` (through a per-thread temporary name:
+/// tests build in parallel, maybe the same file). Cached: an existing `out`
+/// is kept.
+fn gxx(args: &[String], out: &Path, what: &str) {
+    if out.exists() {
+        return;
+    }
+    let tmp = out.with_extension(format!("tmp{:?}", std::thread::current().id()).replace(['(', ')'], ""));
+    let res = Command::new("g++")
+        .args(args)
+        .arg("-o")
+        .arg(&tmp)
+        .output()
+        .expect("g++ runs (scripts/test.sh installs it)");
+    assert!(res.status.success(), "g++ failed on {what}:\n{}", String::from_utf8_lossy(&res.stderr));
+    std::fs::rename(&tmp, out).unwrap();
+}
+
 /// Compiles `source` (a variant's full MSL) for `kernel` with extra `-D`
-/// `defines`; returns the harness binary. Binaries are cached under the
-/// target directory by a hash of everything that goes into them.
+/// `defines` into a harness binary. The kernel's translation unit is the
+/// source then a generated launcher; the shim comes first (`-include`), and
+/// the source's own `#include <metal_stdlib>` finds the shim's stand-in.
+/// Objects and binaries are cached under the target directory by a hash of
+/// everything that goes into them.
 fn build(kernel: Kernel, source: &str, defines: &[&str]) -> PathBuf {
     let entry = msl::msl_entry(kernel);
     let unit = format!("{source}\n{}", launcher(&entry_params(source, entry), entry));
@@ -153,42 +187,31 @@ fn build(kernel: Kernel, source: &str, defines: &[&str]) -> PathBuf {
         .map(|s| s.to_string())
         .collect();
     args.extend(defines.iter().map(|d| format!("-D{d}")));
-    let mut h = Sha256::new();
-    for part in [&unit, &args.join(" ")] {
-        h.update(part.as_bytes());
-    }
-    for f in ["metal_shim.h", "harness.cpp", "include/metal_stdlib"] {
-        h.update(std::fs::read(shim_dir.join(f)).unwrap());
-    }
-    let key: String = h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect();
+    args.extend([
+        format!("-I{}", shim_dir.join("include").display()),
+        "-include".into(),
+        shim_dir.join("metal_shim.h").display().to_string(),
+    ]);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("msl");
     std::fs::create_dir_all(&dir).unwrap();
+    // The harness's main, once per set of flags.
+    let harness = dir.join(format!("harness-{}.o", digest(&[&args.join(" ")])));
+    let mut c = args.clone();
+    c.extend(["-c".into(), shim_dir.join("harness.cpp").display().to_string()]);
+    gxx(&c, &harness, "harness.cpp");
+
+    let key = digest(&[&unit, &args.join(" ")]);
+    let cpp = dir.join(format!("{entry}-{key}.cpp"));
     let bin = dir.join(format!("{entry}-{key}"));
-    if bin.exists() {
-        return bin;
+    if !bin.exists() {
+        // Replaced whole, never rewritten in place: another test may be compiling it.
+        let tmp = cpp.with_extension(format!("{:?}", std::thread::current().id()).replace(['(', ')'], ""));
+        std::fs::write(&tmp, &unit).unwrap();
+        std::fs::rename(&tmp, &cpp).unwrap();
     }
-    // Unique temporary names: tests build in parallel, maybe the same unit.
-    let tmp = format!("{entry}-{key}-{:?}", std::thread::current().id()).replace(['(', ')'], "");
-    let cpp = dir.join(format!("{tmp}.cpp"));
-    std::fs::write(&cpp, &unit).unwrap();
-    let out = Command::new("g++")
-        .args(&args)
-        .arg(format!("-I{}", shim_dir.join("include").display()))
-        .arg("-include")
-        .arg(shim_dir.join("metal_shim.h"))
-        .arg(&cpp)
-        .arg(shim_dir.join("harness.cpp"))
-        .arg("-o")
-        .arg(dir.join(&tmp))
-        .output()
-        .expect("g++ runs (scripts/test.sh installs it)");
-    assert!(
-        out.status.success(),
-        "g++ failed on {} ({kernel:?}):\n{}",
-        cpp.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::rename(dir.join(&tmp), &bin).unwrap();
+    let mut l = args;
+    l.extend([cpp.display().to_string(), harness.display().to_string()]);
+    gxx(&l, &bin, &format!("{} ({kernel:?})", cpp.display()));
     bin
 }
 
@@ -425,7 +448,54 @@ fn msl_int8_matvec_matches_cpu() {
 }
 
 /// argmax_partial's per-chunk winners, then argmax_final's token and step,
-/// at the vocabulary size and awkward ones, with ties.
+/// for `n` random logits (with `ties`: the maximum at several places, in
+/// different chunks when n is large, and within one chunk and simdgroup).
+fn argmax_case(partial: &Path, fin: &Path, n: usize, chunk: u32, ties: bool, rng: &mut StdRng) {
+    let mut v = nonzero(rng, n);
+    if ties && n > 3 {
+        for i in [n - 1, n / 2, n / 3 + 1, n / 2 + 1, n / 2 + 33] {
+            if i < n {
+                v[i] = 5.0;
+            }
+        }
+    }
+    let want = argmax_ref(&v);
+    let parts = (n as u32).div_ceil(chunk);
+    let out = run(
+        partial,
+        Kernel::ArgmaxPartial,
+        kernels::grid(parts),
+        &[u32s(&[n as u32, chunk]), f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
+    );
+    let (val, idx) = (to_f32(&out[0]), to_u32(&out[1]));
+    for c in 0..parts as usize {
+        let lo = c * chunk as usize;
+        let w = lo + argmax_ref(&v[lo..n.min(lo + chunk as usize)]);
+        assert_eq!(idx[c] as usize, w, "argmax_partial n={n} chunk {c} ties={ties}");
+        assert_eq!(val[c], v[w], "argmax_partial value n={n} chunk {c}");
+    }
+    // Position 3 of a 6-token sequence: the token goes to tokens[4] unless
+    // position 4 still holds a prompt token.
+    for (fill_end, writes) in [(4, true), (5, false)] {
+        let f = run(
+            fin,
+            Kernel::ArgmaxFinal,
+            [1, 1, 1],
+            &[u32s(&[parts, 6]), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
+        );
+        assert_eq!(to_u32(&f[1]), [4, fill_end as u32], "position advances");
+        for (i, t) in to_u32(&f[0]).iter().enumerate() {
+            if i == 4 && writes {
+                assert_eq!(*t as usize, want, "argmax n={n} ties={ties}");
+            } else {
+                assert_eq!(*t, POISON, "tokens[{i}] written (fill_end {fill_end})");
+            }
+        }
+    }
+}
+
+/// At the vocabulary size and awkward ones (not multiples of the chunk, the
+/// threadgroup or the simdgroup).
 #[test]
 fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
     let partial = built(Kernel::ArgmaxPartial);
@@ -435,49 +505,7 @@ fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
         &[(1usize, 1000u32), (7, 1000), (555, 256), (1000, 1000), (151936, ARGMAX_CHUNK), (151936, 1000)]
     {
         for ties in [false, true] {
-            let mut v = nonzero(&mut rng, n);
-            if ties && n > 3 {
-                // The maximum at several places: in different chunks when n
-                // is large, and within one chunk and one simdgroup.
-                for i in [n - 1, n / 2, n / 3 + 1, n / 2 + 1, n / 2 + 33] {
-                    if i < n {
-                        v[i] = 5.0;
-                    }
-                }
-            }
-            let want = argmax_ref(&v);
-            let parts = (n as u32).div_ceil(chunk);
-            let out = run(
-                &partial,
-                Kernel::ArgmaxPartial,
-                kernels::grid(parts),
-                &[u32s(&[n as u32, chunk]), f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
-            );
-            let (val, idx) = (to_f32(&out[0]), to_u32(&out[1]));
-            for c in 0..parts as usize {
-                let lo = c * chunk as usize;
-                let w = lo + argmax_ref(&v[lo..n.min(lo + chunk as usize)]);
-                assert_eq!(idx[c] as usize, w, "argmax_partial n={n} chunk {c} ties={ties}");
-                assert_eq!(val[c], v[w], "argmax_partial value n={n} chunk {c}");
-            }
-            // Position 3 of a 6-token sequence: the token goes to tokens[4]
-            // unless position 4 still holds a prompt token.
-            for (fill_end, writes) in [(4, true), (5, false)] {
-                let f = run(
-                    &fin,
-                    Kernel::ArgmaxFinal,
-                    [1, 1, 1],
-                    &[u32s(&[parts, 6]), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
-                );
-                assert_eq!(to_u32(&f[1]), [4, fill_end as u32], "position advances");
-                for (i, t) in to_u32(&f[0]).iter().enumerate() {
-                    if i == 4 && writes {
-                        assert_eq!(*t as usize, want, "argmax n={n} ties={ties}");
-                    } else {
-                        assert_eq!(*t, POISON, "tokens[{i}] written (fill_end {fill_end})");
-                    }
-                }
-            }
+            argmax_case(&partial, &fin, n, chunk, ties, &mut rng);
         }
     }
     // A position at the end of the token array writes no token.
@@ -490,89 +518,139 @@ fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
     assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
 }
 
-#[test]
-fn msl_qk_norm_rope_matches_cpu() {
-    let bin = built(Kernel::QkNormRope);
-    let mut rng = StdRng::seed_from_u64(6);
-    for &(nh, nkv, hd, cap, pos) in &[
-        (16usize, 8usize, 128usize, 4096usize, 3999usize), // Qwen3-0.6B
-        (16, 8, 128, 4096, 0),
-        (4, 2, 64, 8, 5),
-        (16, 8, 128, 40, 37),
-        (3, 1, 32, 4, 0),
-        (8, 8, 128, 3000, 2999),
-        (2, 1, 64, 4, 4), // a step queued past the capacity writes nothing
-    ] {
-        let theta = 1_000_000f32;
-        let eps = 1e-6f32;
-        let qkv = nonzero(&mut rng, (nh + 2 * nkv) * hd);
-        let qn = nonzero(&mut rng, hd);
-        let kn = nonzero(&mut rng, hd);
-        let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits()];
-        let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
-        let cache_words = nkv * cap * hd / 2;
-        let out = run(
-            &bin,
-            Kernel::QkNormRope,
-            kernels::grid((nh + 2 * nkv) as u32),
-            &[
-                u32s(&params),
-                step(pos, 0),
-                f32s(&qkv),
-                f32s(&qn),
-                f32s(&kn),
-                f32s(&rope),
-                poisoned(nh * hd),
-                poisoned(cache_words),
-                poisoned(cache_words),
-            ],
-        );
-        if pos >= cap {
-            assert!(out.iter().flat_map(|o| to_f32(o)).all(|v| v.to_bits() == POISON));
-            continue;
-        }
-        let q = to_f32(&out[0]);
-        let kc = unpack_f16(&out[1]);
-        let vc = unpack_f16(&out[2]);
-        let (th, ep) = (theta as f64, eps as f64);
-        for h in 0..nh {
-            let want = qk_norm_rope_ref(&qkv[h * hd..(h + 1) * hd], Some(&qn), pos, th, ep);
-            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-            assert_close(&format!("MSL q head {h} hd {hd}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
-        }
+/// qk_norm_rope on a random qkv vector at position `pos` (one past the
+/// capacity: a step queued past it writes nothing).
+fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize), rng: &mut StdRng) {
+    let (nh, nkv, hd, cap, pos) = shape;
+    let theta = 1_000_000f32;
+    let eps = 1e-6f32;
+    let qkv = nonzero(rng, (nh + 2 * nkv) * hd);
+    let qn = nonzero(rng, hd);
+    let kn = nonzero(rng, hd);
+    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits()];
+    let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
+    let cache_words = nkv * cap * hd / 2;
+    let out = run(
+        bin,
+        Kernel::QkNormRope,
+        kernels::grid((nh + 2 * nkv) as u32),
+        &[
+            u32s(&params),
+            step(pos, 0),
+            f32s(&qkv),
+            f32s(&qn),
+            f32s(&kn),
+            f32s(&rope),
+            poisoned(nh * hd),
+            poisoned(cache_words),
+            poisoned(cache_words),
+        ],
+    );
+    if pos >= cap {
+        assert!(out.iter().flat_map(|o| to_f32(o)).all(|v| v.to_bits() == POISON));
+        return;
+    }
+    let q = to_f32(&out[0]);
+    let kc = unpack_f16(&out[1]);
+    let vc = unpack_f16(&out[2]);
+    let (th, ep) = (theta as f64, eps as f64);
+    for h in 0..nh {
+        let want = qk_norm_rope_ref(&qkv[h * hd..(h + 1) * hd], Some(&qn), pos, th, ep);
+        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+        assert_close(&format!("MSL q head {h} hd {hd}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
+    }
+    for g in 0..nkv {
+        let src = (nh + g) * hd;
+        let want = qk_norm_rope_ref(&qkv[src..src + hd], Some(&kn), pos, th, ep);
+        let at = (g * cap + pos) * hd;
+        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+        assert_close(&format!("MSL k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
+        let vsrc = (nh + nkv + g) * hd;
+        let vwant = qk_norm_rope_ref(&qkv[vsrc..vsrc + hd], None, pos, th, ep);
+        assert_close(&format!("MSL v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
+    }
+    // Only position `pos` of the caches is written.
+    for (c, cache) in out[1..].iter().enumerate() {
+        let words = to_u32(cache);
         for g in 0..nkv {
-            let src = (nh + g) * hd;
-            let want = qk_norm_rope_ref(&qkv[src..src + hd], Some(&kn), pos, th, ep);
-            let at = (g * cap + pos) * hd;
-            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-            assert_close(&format!("MSL k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
-            let vsrc = (nh + nkv + g) * hd;
-            let vwant = qk_norm_rope_ref(&qkv[vsrc..vsrc + hd], None, pos, th, ep);
-            assert_close(&format!("MSL v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
-        }
-        // Only position `pos` of the caches is written.
-        for (c, cache) in out[1..].iter().enumerate() {
-            let words = to_u32(cache);
-            for g in 0..nkv {
-                for t in (0..cap).filter(|t| *t != pos) {
-                    let row = &words[(g * cap + t) * hd / 2..(g * cap + t + 1) * hd / 2];
-                    assert!(row.iter().all(|w| *w == POISON), "cache {c} written at position {t}");
-                }
+            for t in (0..cap).filter(|t| *t != pos) {
+                let row = &words[(g * cap + t) * hd / 2..(g * cap + t + 1) * hd / 2];
+                assert!(row.iter().all(|w| *w == POISON), "cache {c} written at position {t}");
             }
         }
     }
 }
 
-/// attention_partial then attention_reduce, with the grid sized for the
-/// capacity as the engine does (chunks past the context contribute
-/// nothing), at contexts 1, 300 and 4000 of Qwen3-0.6B and awkward shapes.
+/// Qwen3-0.6B's heads at the first and a late position, and awkward shapes
+/// (head_dim 32 and 64, one kv head).
+#[test]
+fn msl_qk_norm_rope_matches_cpu() {
+    let bin = built(Kernel::QkNormRope);
+    let mut rng = StdRng::seed_from_u64(6);
+    for shape in [
+        (16, 8, 128, 4096, 3999),
+        (16, 8, 128, 4096, 0),
+        (4, 2, 64, 8, 5),
+        (16, 8, 128, 40, 37),
+        (3, 1, 32, 4, 0),
+        (8, 8, 128, 3000, 2999),
+        (2, 1, 64, 4, 4),
+    ] {
+        qk_norm_rope_case(&bin, shape, &mut rng);
+    }
+}
+
+/// attention_partial then attention_reduce on random q and caches, with
+/// the grid sized for the capacity as the engine does (chunks past the
+/// context contribute nothing).
+fn attention_case(
+    partial: &Path,
+    reduce: &Path,
+    shape: (usize, usize, usize, usize, usize),
+    rng: &mut StdRng,
+) {
+    let (nh, nkv, hd, cap, seq) = shape;
+    let q = nonzero(rng, nh * hd);
+    let kv_len = nkv * cap * hd;
+    let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits()];
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let parts = run(
+        partial,
+        Kernel::AttentionPartial,
+        [nh as u32, chunks as u32, 1],
+        &[
+            u32s(&params),
+            step(seq - 1, 0),
+            f32s(&q),
+            bytemuck::cast_slice(&k).to_vec(),
+            bytemuck::cast_slice(&v).to_vec(),
+            poisoned(2 * nh * chunks),
+            poisoned(nh * chunks * hd),
+        ],
+    );
+    let out = run(
+        reduce,
+        Kernel::AttentionReduce,
+        kernels::grid(nh as u32),
+        &[u32s(&[hd as u32, chunks as u32]), parts[0].clone(), parts[1].clone(), poisoned(nh * hd)],
+    );
+    let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale as f64);
+    let what = format!("MSL attention seq {seq} hd {hd}");
+    assert_close(&what, &to_f32(&out[0]), &want, &vec![1.0; nh * hd], 1e-4);
+}
+
+/// Contexts 1, 300 and 4000 of Qwen3-0.6B, and awkward shapes (contexts not
+/// a multiple of the 256-position chunk or of 32, head_dim 32 and 64).
 #[test]
 fn msl_attention_matches_cpu() {
     let partial = built(Kernel::AttentionPartial);
     let reduce = built(Kernel::AttentionReduce);
     let mut rng = StdRng::seed_from_u64(7);
-    for &(nh, nkv, hd, cap, seq) in &[
-        (16usize, 8usize, 128usize, 4096usize, 1usize),
+    for shape in [
+        (16, 8, 128, 4096, 1),
         (16, 8, 128, 4096, 300),
         (16, 8, 128, 4096, 4000),
         (4, 2, 64, 16, 1),
@@ -581,41 +659,36 @@ fn msl_attention_matches_cpu() {
         (2, 1, 128, 1100, 1025),
         (8, 4, 64, 333, 290),
     ] {
-        let q = nonzero(&mut rng, nh * hd);
-        let kv_len = nkv * cap * hd;
-        let k: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
-        let v: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
-        let scale = 1.0 / (hd as f32).sqrt();
-        let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits()];
-        let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
-        let parts = run(
-            &partial,
-            Kernel::AttentionPartial,
-            [nh as u32, chunks as u32, 1],
-            &[
-                u32s(&params),
-                step(seq - 1, 0),
-                f32s(&q),
-                bytemuck::cast_slice(&k).to_vec(),
-                bytemuck::cast_slice(&v).to_vec(),
-                poisoned(2 * nh * chunks),
-                poisoned(nh * chunks * hd),
-            ],
-        );
-        let out = run(
-            &reduce,
-            Kernel::AttentionReduce,
-            kernels::grid(nh as u32),
-            &[u32s(&[hd as u32, chunks as u32]), parts[0].clone(), parts[1].clone(), poisoned(nh * hd)],
-        );
-        let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale as f64);
-        assert_close(
-            &format!("MSL attention seq {seq} hd {hd}"),
-            &to_f32(&out[0]),
-            &want,
-            &vec![1.0; nh * hd],
-            1e-4,
-        );
+        attention_case(&partial, &reduce, shape, &mut rng);
+    }
+}
+
+/// The kernels take their simdgroup width and count from the builtins, so
+/// they hold on GPUs whose simdgroups are not 32 wide (Intel and AMD GPUs in
+/// Macs): the reducing kernels, built for 8- and 64-lane simdgroups.
+#[test]
+fn msl_kernels_hold_at_other_simdgroup_widths() {
+    for width in [8, 64] {
+        let def = format!("MSL_SHIM_SIMD_WIDTH={width}");
+        let with = |k: Kernel| build(k, &msl::msl_source(k).unwrap(), &[def.as_str()]);
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu, Kernel::Int8MatvecAccumulate] {
+            for (rows, cols) in [(66, 1000), (130, 704)] {
+                let (got, want, scale) = matvec_case(&with(kernel), kernel, rows, cols, 3);
+                assert_close(
+                    &format!("MSL {kernel:?} {rows}x{cols} width {width}"),
+                    &got,
+                    &want,
+                    &scale,
+                    1e-5,
+                );
+            }
+        }
+        let mut rng = StdRng::seed_from_u64(10);
+        let (partial, fin) = (with(Kernel::ArgmaxPartial), with(Kernel::ArgmaxFinal));
+        argmax_case(&partial, &fin, 5555, 1000, true, &mut rng);
+        let (partial, reduce) = (with(Kernel::AttentionPartial), with(Kernel::AttentionReduce));
+        attention_case(&partial, &reduce, (4, 2, 128, 600, 517), &mut rng);
+        qk_norm_rope_case(&with(Kernel::QkNormRope), (4, 2, 128, 40, 37), &mut rng);
     }
 }
 

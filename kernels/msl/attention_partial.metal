@@ -23,7 +23,7 @@ struct Step {
     uint fill_end;
 };
 
-constant uint MAX_HEAD_DIM = 256;
+constant constexpr uint MAX_HEAD_DIM = 256;
 
 kernel void attention_partial(
     constant Params& p [[buffer(0)]],

@@ -24,7 +24,7 @@ struct Step {
     uint fill_end; // first position argmax_final may write a token to
 };
 
-constant uint MAX_HEAD_DIM = 256;
+constant constexpr uint MAX_HEAD_DIM = 256;
 
 kernel void qk_norm_rope(
     constant Params& p [[buffer(0)]],

@@ -4,11 +4,12 @@
 //
 // Execution model: one threadgroup at a time, one OS thread per lane (the
 // lanes are created once per launch and walk the grid together), 32 lanes
-// per simdgroup as on Apple GPUs. threadgroup_barrier is a std::barrier
-// over the threadgroup; simdgroup functions are collective: every lane of
-// the simdgroup deposits its value in the simdgroup's scratch, waits on the
-// simdgroup's std::barrier, and reads everyone's values (two scratch sets
-// used alternately, so one barrier per operation suffices). A lane that
+// per simdgroup as on Apple GPUs (MSL_SHIM_SIMD_WIDTH changes it).
+// threadgroup_barrier is a std::barrier over the threadgroup; simdgroup
+// functions are collective: every lane of the simdgroup deposits its value
+// in the simdgroup's scratch, waits on the simdgroup's std::barrier, and
+// reads everyone's values (two scratch sets used alternately, so one
+// barrier per operation suffices). A lane that
 // skips a barrier or a simdgroup function its peers reach hangs the
 // harness, which the harness's alarm turns into a failure.
 //
@@ -236,7 +237,12 @@ namespace msl_rt {
 using metal::uint;
 using metal::uint3;
 
-constexpr uint SIMD_WIDTH = 32;
+// 32 lanes as on Apple GPUs; the tests also build other widths (Intel and
+// AMD GPUs in Macs have 8 to 64) to check nothing assumes 32.
+#ifndef MSL_SHIM_SIMD_WIDTH
+#define MSL_SHIM_SIMD_WIDTH 32
+#endif
+constexpr uint SIMD_WIDTH = MSL_SHIM_SIMD_WIDTH;
 // Largest value a simdgroup function carries (a float4 / uint4).
 constexpr size_t SLOT_BYTES = 16;
 
