@@ -2,7 +2,8 @@
 //! Qwen3-0.6B-Base shape, written to a temp dir). Prints one JSON line per
 //! measurement.
 //!
-//! `cargo run --release --example bench -- [--checkpoint DIR] [--backend portable] [--tokens 128] [--contexts 128,1024]`
+//! `cargo run --release --example bench -- [--checkpoint DIR] [--backend portable] [--tokens 128]
+//! [--contexts 128,1024] [--lookaheads 1,4]`
 
 use std::time::Instant;
 
@@ -24,6 +25,10 @@ struct Args {
     /// Context lengths (prompt tokens before the timed decode).
     #[arg(long, value_delimiter = ',', default_value = "128,1024")]
     contexts: Vec<usize>,
+    /// Decode steps queued ahead of the caller (`Session::set_lookahead`);
+    /// one measurement per value (1 = a wait on every token).
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    lookaheads: Vec<usize>,
 }
 
 /// Peak resident memory of this process so far (Linux VmHWM), in MiB.
@@ -64,9 +69,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = model.config().clone();
     // Bytes a token reads: every weight once, plus the K and V written so far.
     let weight_bytes = model.weight_bytes() as f64;
-    for &ctx in &args.contexts {
+    for (&ctx, &lookahead) in args.contexts.iter().flat_map(|c| args.lookaheads.iter().map(move |l| (c, l))) {
         let capacity = ctx + args.tokens + 17;
         let mut s = model.session_with_capacity(capacity)?;
+        s.set_lookahead(lookahead);
         let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % cfg.vocab_size as u32).collect();
         let t = Instant::now();
         s.feed(&prompt)?;
@@ -93,7 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
         println!(
             "{}",
-            json!({"bench": "decode", "context": ctx, "tokens": args.tokens, "decode_tokens_per_sec": tps,
+            json!({"bench": "decode", "context": ctx, "tokens": args.tokens, "lookahead": lookahead, "decode_tokens_per_sec": tps,
                    "ms_per_token": 1e3 * secs / args.tokens as f64, "prefill_tokens": ctx, "prefill_ms": prefill_ms,
                    "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
                    "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,

@@ -17,7 +17,7 @@ ckpt=$(mktemp -d)
 trap 'rm -rf "$ckpt"' EXIT
 date -u +'{"date": "%Y-%m-%dT%H:%M:%SZ"}'
 "$BIN/random_checkpoint" "$ckpt" >&2
-"$BIN/bench" --checkpoint "$ckpt" --backend portable --contexts "$CONTEXTS" --tokens "$TOKENS"
+"$BIN/bench" --checkpoint "$ckpt" --backend portable --contexts "$CONTEXTS" --tokens "$TOKENS" --lookaheads "${LOOKAHEADS:-1,4}"
 if python3 -c 'import torch, transformers' 2>/dev/null; then
     for mode in $MODES; do
         out=$(mktemp)

@@ -26,6 +26,51 @@ macro_rules! matvec_kernels {
     };
 }
 
+/// How `int8_matvec` splits its work, chosen once per device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatvecLayout {
+    /// Each subgroup takes blocks of [`MATVEC_ROWS_PER_TEAM`] rows, no
+    /// barriers ([`MATVEC_ROWS`] rows per workgroup): Apple GPUs (the
+    /// layout of the MSL twin), CPU adapters, and devices without subgroups.
+    RowsPerTeam,
+    /// The whole workgroup takes [`SPLIT_K_ROWS`] rows and splits K, then
+    /// one workgroup reduction: more workgroups in flight for the small
+    /// layer matrices on GPUs with many cores.
+    SplitK,
+}
+
+/// Environment variable that overrides the matvec layout (`rows` or
+/// `split`), for benchmarks.
+pub const MATVEC_LAYOUT_ENV: &str = "QWEN3_WGPU_MATVEC_LAYOUT";
+
+impl MatvecLayout {
+    /// The layout for a device: split K on discrete and integrated GPUs
+    /// other than Apple's, rows per team elsewhere. `QWEN3_WGPU_MATVEC_LAYOUT`
+    /// (`rows` or `split`) overrides it.
+    pub fn for_device(info: &wgpu::AdapterInfo) -> Self {
+        match std::env::var(MATVEC_LAYOUT_ENV).ok().as_deref() {
+            Some("rows") => return MatvecLayout::RowsPerTeam,
+            Some("split") => return MatvecLayout::SplitK,
+            _ => {}
+        }
+        let many_cores =
+            matches!(info.device_type, wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu);
+        if many_cores && info.backend != wgpu::Backend::Metal {
+            MatvecLayout::SplitK
+        } else {
+            MatvecLayout::RowsPerTeam
+        }
+    }
+
+    /// Output rows per workgroup.
+    pub fn rows_per_wg(self) -> u32 {
+        match self {
+            MatvecLayout::RowsPerTeam => MATVEC_ROWS,
+            MatvecLayout::SplitK => SPLIT_K_ROWS,
+        }
+    }
+}
+
 /// Epilogue of an `int8_matvec` variant (its override constants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatvecVariant {
@@ -82,6 +127,8 @@ pub const MATVEC_ROWS: u32 = 8;
 pub const MATVEC_ROWS_PER_TEAM: u32 = 4;
 /// int8 values one lane reads per row and step (one `vec4<u32>`).
 pub const MATVEC_VALUES_PER_LANE: u32 = 16;
+/// Rows per workgroup of the split-K layout.
+pub const SPLIT_K_ROWS: u32 = 4;
 
 const _: () = assert!(
     MATVEC_ROWS.is_multiple_of(MATVEC_ROWS_PER_TEAM)
@@ -182,13 +229,15 @@ impl Kernel {
         }
     }
 
-    /// Override constants this kernel is specialised with.
-    pub fn constants(self) -> Vec<(&'static str, f64)> {
+    /// Override constants this kernel is specialised with (`layout`: the
+    /// device's matvec layout).
+    pub fn constants(self, layout: MatvecLayout) -> Vec<(&'static str, f64)> {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let mut c = vec![("WG", self.workgroup_size() as f64)];
         if let Some(m) = self.matvec_variant() {
             c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
-            c.push(("ROWS_PER_WG", MATVEC_ROWS as f64));
+            c.push(("ROWS_PER_WG", layout.rows_per_wg() as f64));
+            c.push(("SPLIT_K", flag(layout == MatvecLayout::SplitK)));
             c.push(("ACCUMULATE", flag(m.accumulate)));
             c.push(("NORM", flag(m.norm)));
             c.push(("SWIGLU", flag(m.swiglu)));
@@ -296,17 +345,21 @@ pub fn compile(
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
+    /// The matvec layout the pipelines were built for.
+    pub matvec_layout: MatvecLayout,
 }
 
 impl Kernels {
     pub fn new(gpu: &Gpu) -> Result<Self> {
+        let matvec_layout = MatvecLayout::for_device(&gpu.info);
         let mut pipelines = Vec::new();
         for k in Kernel::ALL {
+            let constants = k.constants(matvec_layout);
             let (pipeline, layout) =
-                compile(gpu, k.entry(), &k.source(gpu.subgroups), k.entry(), k.bindings(), &k.constants())?;
+                compile(gpu, k.entry(), &k.source(gpu.subgroups), k.entry(), k.bindings(), &constants)?;
             pipelines.push(Pipeline { kernel: k, pipeline, layout });
         }
-        Ok(Kernels { pipelines })
+        Ok(Kernels { pipelines, matvec_layout })
     }
 
     pub fn get(&self, k: Kernel) -> &Pipeline {

@@ -20,7 +20,7 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, MATVEC_ROWS, WG};
+use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::SessionBuffers;
 
@@ -179,7 +179,7 @@ impl Builder<'_> {
             };
             // Without a norm the norm_w slot is never read: bind x there.
             let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
-            let groups = (c.rows as u32).div_ceil(MATVEC_ROWS);
+            let groups = (c.rows as u32).div_ceil(self.kernels.matvec_layout.rows_per_wg());
             self.launch(kernel, bytes_of(&p), &bufs, groups)?;
         }
         Ok(())

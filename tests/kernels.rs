@@ -9,7 +9,7 @@ mod common;
 
 use common::reference::*;
 use half::f16;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, MATVEC_ROWS, WG};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, WG};
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -35,14 +35,16 @@ fn dispatch(
     storage: &[Vec<u8>],
     workgroups: u32,
 ) -> Vec<Vec<u8>> {
-    dispatch_grid(gpu, kernel, subgroups, uniforms, storage, kernels::grid(workgroups))
+    let layout = MatvecLayout::RowsPerTeam;
+    dispatch_grid(gpu, kernel, subgroups, layout, uniforms, storage, kernels::grid(workgroups))
 }
 
-/// [`dispatch`] with an explicit (x, y, z) grid.
+/// [`dispatch`] with an explicit matvec layout and (x, y, z) grid.
 fn dispatch_grid(
     gpu: &Gpu,
     kernel: Kernel,
     subgroups: bool,
+    layout: MatvecLayout,
     uniforms: &[&[u8]],
     storage: &[Vec<u8>],
     grid: [u32; 3],
@@ -53,7 +55,7 @@ fn dispatch_grid(
         &kernel.source(subgroups),
         kernel.entry(),
         kernel.bindings(),
-        &kernel.constants(),
+        &kernel.constants(layout),
     )
     .expect("kernel compiles");
     let (mut u, mut s) = (uniforms.iter(), storage.iter());
@@ -107,7 +109,9 @@ fn int8_matvec_matches_cpu() {
         // Rows not a multiple of the 4 rows per team or the 8 per workgroup,
         // K not a multiple of a team's stride (lavapipe: 8 lanes x 16 values).
         for &(rows, cols) in &[(2, 64), (6, 96), (10, 1000), (66, 128), (130, 1024), (18, 3072), (4, 2048)] {
-            for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+            let kernels = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some());
+            let layouts = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK];
+            for (kernel, layout) in kernels.flat_map(|k| layouts.map(|l| (k, l))) {
                 let variant = kernel.matvec_variant().unwrap();
                 let m = random_quant(&mut rng, rows, cols);
                 let x = padded_input(&mut rng, cols);
@@ -128,13 +132,14 @@ fn int8_matvec_matches_cpu() {
                     cols as u32,
                     eps.to_bits(),
                 ];
-                let out = dispatch(
+                let out = dispatch_grid(
                     &gpu,
                     kernel,
                     sub,
+                    layout,
                     &[bytemuck::cast_slice(&params)],
                     &[f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
-                    (rows as u32).div_ceil(MATVEC_ROWS),
+                    kernels::grid((rows as u32).div_ceil(layout.rows_per_wg())),
                 );
                 let got = to_f32(&out[0]);
                 // Elements before the first output are untouched.
@@ -381,6 +386,7 @@ fn attention_matches_cpu() {
                 &gpu,
                 Kernel::AttentionPartial,
                 sub,
+                MatvecLayout::RowsPerTeam,
                 &[bytemuck::cast_slice(&params)],
                 &[
                     step(seq - 1, 0),
@@ -447,7 +453,7 @@ fn wgsl_bindings_match_the_kernel_table() {
 fn group_size_reaches_the_kernels() {
     let users = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some() || *k == Kernel::EmbedLookup);
     for k in users {
-        let c = k.constants();
+        let c = k.constants(MatvecLayout::RowsPerTeam);
         let gw = c.iter().find(|(n, _)| *n == "GROUP_WORDS").expect("GROUP_WORDS set").1;
         assert_eq!(gw as usize * 4, qwen3_wgpu::weights::QUANT_GROUP);
         assert!(k.wgsl().contains("override GROUP_WORDS"));

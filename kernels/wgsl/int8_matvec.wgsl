@@ -4,13 +4,19 @@
 // w: int8, row-major, rows zero-padded to a multiple of the quant group,
 // four values packed per u32 (little-endian); one f32 scale per group.
 //
-// Layout (llama.cpp's kernel_mul_mv_q8_0_f32 and MLX's qmv_fast): each team
+// Two layouts (SPLIT_K, chosen per device by the host; both read 16 int8
+// values per lane and step):
+// - rows per team (Apple GPUs, CPU adapters; llama.cpp's
+//   kernel_mul_mv_q8_0_f32 and MLX's qmv_fast): each team
 // (a subgroup where the device has them) takes blocks of ROWS_PER_TEAM = 4
 // rows; its lanes stride over the row in steps of VALUES_PER_LANE = 16 int8
 // values (one vec4<u32> per row per step, coalesced), accumulate the 4 rows
 // at once and reduce with one team_sum4: no barriers, no workgroup memory.
 // NORM costs no extra pass: the team reads all of x once anyway, so it sums
 // x^2 on the way and scales the 4 dot products by rsqrt(mean + eps) at the end.
+// - split K (GPUs with many cores, e.g. NVIDIA): the workgroup takes 4 rows
+//   and all its lanes stride over K, then one workgroup reduction: four
+//   times the workgroups in flight for the small layer matrices.
 //
 // SWIGLU (the gate/up projection): rows are stored interleaved, gate row i
 // at 2i and up row i at 2i+1, so a block of 4 rows yields
@@ -37,6 +43,7 @@ struct Params {
 override GROUP_WORDS: u32 = 16u;
 // Rows per workgroup (a multiple of 4), set from Rust.
 override ROWS_PER_WG: u32 = 8u;
+override SPLIT_K: bool = false;
 override NORM: bool = false;
 // true: y += W x (fused residual add); false: y = W x.
 override ACCUMULATE: bool = false;
@@ -51,9 +58,15 @@ fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
         + dot(vec4<f32>(unpack4xI8(wv.z)), x2) + dot(vec4<f32>(unpack4xI8(wv.w)), x3);
 }
 
-// Rows row0..row0+3 (rows past the end repeat the last row; store4 drops
-// their results): the team's reduced dot products, NORM's rsqrt applied.
-fn rows4(row0: u32, lane: Lane) -> vec4<f32> {
+// Partial sums of rows row0..row0+3 (rows past the end repeat the last
+// row; store4 drops their results) over the quads (16 values) j = first,
+// first + stride, ...; `ss`: the partial sum of x^2 (NORM).
+struct Partial {
+    acc: vec4<f32>,
+    ss: vec4<f32>,
+}
+
+fn partial4(row0: u32, first: u32, stride: u32) -> Partial {
     let k_quads = p.k_words / 4u;
     let r1 = min(row0 + 1u, p.rows - 1u);
     let r2 = min(row0 + 2u, p.rows - 1u);
@@ -61,7 +74,7 @@ fn rows4(row0: u32, lane: Lane) -> vec4<f32> {
     let quads_per_group = GROUP_WORDS / 4u;
     var acc = vec4<f32>(0.0);
     var ss = vec4<f32>(0.0);
-    for (var j = team_lane(lane); j < k_quads; j += team_size(lane)) {
+    for (var j = first; j < k_quads; j += stride) {
         var x0 = x[4u * j];
         var x1 = x[4u * j + 1u];
         var x2 = x[4u * j + 2u];
@@ -79,10 +92,13 @@ fn rows4(row0: u32, lane: Lane) -> vec4<f32> {
         acc.z += dot16(w[r2 * k_quads + j], x0, x1, x2, x3) * scales[r2 * p.groups + g];
         acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * scales[r3 * p.groups + g];
     }
-    var sums = team_sum4(acc, lane);
+    return Partial(acc, ss);
+}
+
+// The reduced dot products with NORM's rsqrt(mean(x^2) + eps) applied.
+fn finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
     if NORM {
-        let t = team_sum4(ss, lane);
-        sums *= inverseSqrt((t.x + t.y + t.z + t.w) / f32(p.n_in) + p.eps);
+        return sums * inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(p.n_in) + p.eps);
     }
     return sums;
 }
@@ -113,11 +129,29 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     if wg_row0 >= p.rows {
         return; // whole workgroup: uniform
     }
+    if SPLIT_K {
+        // All lanes share the 4 rows; one workgroup reduction.
+        let part = partial4(wg_row0, lane.idx, WG);
+        let sums = wg_sum4(part.acc, lane);
+        var ss = vec4<f32>(0.0);
+        if NORM {
+            ss = wg_sum4(part.ss, lane);
+        }
+        store4(wg_row0, finish(sums, ss), lane.idx);
+        return;
+    }
     // Each team takes whole blocks of 4 rows; a barrier-free team reduction.
+    let tl = team_lane(lane);
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < p.rows {
-            store4(row0, rows4(row0, lane), team_lane(lane));
+            let part = partial4(row0, tl, team_size(lane));
+            let sums = team_sum4(part.acc, lane);
+            var ss = vec4<f32>(0.0);
+            if NORM {
+                ss = team_sum4(part.ss, lane);
+            }
+            store4(row0, finish(sums, ss), tl);
         }
     }
 }
