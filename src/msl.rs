@@ -14,9 +14,15 @@
 //! compiled module per [`Kernel`] value, as with WGSL pipelines (the
 //! `int8_matvec` variants are `#if`s on their flags). The threadgroup size
 //! to dispatch with is [`Kernel::workgroup_size`] (also `WG` in the
-//! preamble).
+//! preamble). The `int8_matvec` twin implements the rows-per-team layout
+//! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
+//! matvec grids for that layout.
 
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, MatvecLayout};
+
+/// The matvec layout of the MSL twin (the one Apple GPUs get from
+/// [`MatvecLayout::for_device`]); its preamble is generated for it.
+pub const MSL_MATVEC_LAYOUT: MatvecLayout = MatvecLayout::RowsPerTeam;
 
 /// The kernel's `.metal` file, for kernels that have an MSL twin.
 pub fn msl_file(kernel: Kernel) -> Option<&'static str> {
@@ -48,7 +54,7 @@ pub fn msl_entry(kernel: Kernel) -> &'static str {
 /// appear in `#if`s).
 pub fn preamble(kernel: Kernel) -> String {
     kernel
-        .constants()
+        .constants(MSL_MATVEC_LAYOUT)
         .into_iter()
         .map(|(name, v)| {
             if v.fract() == 0.0 && v.abs() < 1e15 {

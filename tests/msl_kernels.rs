@@ -13,7 +13,7 @@ use common::reference::{
     qk_norm_rope_ref, random_quant, to_f32, unpack_f16, POISON,
 };
 use half::f16;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK, ATTENTION_CHUNK, MATVEC_ROWS};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK, ATTENTION_CHUNK};
 use qwen3_wgpu::msl;
 use rand::{rngs::StdRng, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -279,8 +279,8 @@ fn try_run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> R
 fn msl_source_is_the_preamble_then_the_file() {
     for k in twins() {
         let pre = msl::preamble(k);
-        assert_eq!(pre.lines().count(), k.constants().len(), "{k:?}");
-        for (name, v) in k.constants() {
+        assert_eq!(pre.lines().count(), k.constants(msl::MSL_MATVEC_LAYOUT).len(), "{k:?}");
+        for (name, v) in k.constants(msl::MSL_MATVEC_LAYOUT) {
             assert!(pre.contains(&format!("#define {name} {}\n", v as i64)), "{k:?}: {name}");
         }
         assert!(pre.contains(&format!("#define WG {}\n", k.workgroup_size())));
@@ -397,7 +397,7 @@ fn matvec_case(
     let out = run(
         bin,
         kernel,
-        kernels::grid((rows as u32).div_ceil(MATVEC_ROWS)),
+        kernels::grid((rows as u32).div_ceil(msl::MSL_MATVEC_LAYOUT.rows_per_wg())),
         &[u32s(&params), f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
     );
     let got = to_f32(&out[0]);

@@ -13,10 +13,15 @@
 // yields y[(row_offset + row0) / 2 + t] = silu(gate_t) * up_t, t = 0, 1.
 //
 // Preamble: WG, GROUP_WORDS (u32 words per quant group), ROWS_PER_WG (a
-// multiple of 4), ACCUMULATE (y += W x), NORM, SWIGLU.
+// multiple of 4), SPLIT_K (must be 0: the WGSL's split-K layout, for GPUs
+// other than Apple's, has no twin), ACCUMULATE (y += W x), NORM, SWIGLU.
 
 #include <metal_stdlib>
 using namespace metal;
+
+#if SPLIT_K
+#error "this twin implements the rows-per-simdgroup layout only"
+#endif
 
 struct Params {
     uint rows;       // rows in this launch (a chunk of the matrix)
