@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command: installs a Vulkan driver when none is present
-# (Mesa's lavapipe runs the kernels on the CPU), then format, lint, every
-# test (ignored ones included), and a smoke run of the decode example.
+# (Mesa's lavapipe runs the kernels on the CPU) and g++ (the MSL kernels run
+# on the CPU as C++, tests/msl_kernels.rs), then format, lint, every test
+# (ignored ones included), and a smoke run of the decode example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,13 @@ if ! have_vulkan_driver || ! ldconfig -p | grep libvulkan.so.1 >/dev/null; then
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+if ! command -v g++ >/dev/null; then
+    echo "== installing g++ (for the MSL kernel tests)"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq g++ >/dev/null
 fi
 
 echo "== cargo fmt --check"

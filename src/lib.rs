@@ -9,6 +9,7 @@ pub mod error;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
+pub mod msl;
 pub mod qwen3;
 pub mod session;
 #[doc(hidden)]

@@ -1,0 +1,131 @@
+// Decode attention, first of two launches (twin of attention_partial.wgsl):
+// threadgroup (h, c) attends query head h to cached positions
+// [c*WG, (c+1)*WG) and writes that chunk's softmax statistics: its max m,
+// its sum l = sum(exp(s - m)) and acc = sum(exp(s - m) * v).
+// attention_reduce combines the chunks. GQA by indexing: kv_head =
+// h / (n_heads / n_kv_heads). K/V: half pairs packed in uint,
+// [kv_head][capacity][head_dim/2]. Preamble: WG (= positions per chunk).
+
+#include <metal_stdlib>
+using namespace metal;
+
+struct Params {
+    uint n_heads;
+    uint n_kv_heads;
+    uint head_dim;
+    uint capacity;
+    float scale;
+};
+
+// The decode position, kept on the GPU (see qk_norm_rope).
+struct Step {
+    uint pos;
+    uint fill_end;
+};
+
+constant constexpr uint MAX_HEAD_DIM = 256;
+
+kernel void attention_partial(
+    constant Params& p [[buffer(0)]],
+    const device Step* step [[buffer(1)]],
+    const device float* q [[buffer(2)]],
+    const device uint* k_cache [[buffer(3)]],
+    const device uint* v_cache [[buffer(4)]],
+    device float2* part_ml [[buffer(5)]],  // [head][chunk]: (m, l)
+    device float* part_acc [[buffer(6)]],  // [head][chunk][head_dim]
+    uint3 wg [[threadgroup_position_in_grid]],
+    uint3 nwg [[threadgroups_per_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint sg_lane [[thread_index_in_simdgroup]],
+    uint sg_id [[simdgroup_index_in_threadgroup]],
+    uint n_sg [[simdgroups_per_threadgroup]])
+{
+    threadgroup float2 q_s[MAX_HEAD_DIM / 2];
+    threadgroup float e_s[WG];
+    threadgroup float2 acc_s[WG];
+    threadgroup float red[WG]; // one slot per simdgroup
+
+    const uint h = wg.x;
+    const uint c = wg.y;
+    const uint n_chunks = nwg.y;
+    const uint part = h * n_chunks + c;
+    const uint start = c * WG;
+    const uint end = min(min(step->pos + 1, p.capacity), start + WG);
+    if (start >= end) {
+        // An empty chunk (past the context): contributes nothing.
+        if (lid == 0) {
+            part_ml[part] = float2(-3.0e38f, 0.0f);
+        }
+        return; // whole threadgroup: uniform
+    }
+    const uint kvh = h / (p.n_heads / p.n_kv_heads);
+    const uint half_dim = p.head_dim / 2;
+    const uint kv_base = kvh * p.capacity * half_dim;
+
+    for (uint i = lid; i < half_dim; i += WG) {
+        q_s[i] = float2(q[h * p.head_dim + 2 * i], q[h * p.head_dim + 2 * i + 1]);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+
+    // One position per lane.
+    const uint t = start + lid;
+    float s = -3.0e38f;
+    if (t < end) {
+        const uint row = kv_base + t * half_dim;
+        float dot_qk = 0.0f;
+        for (uint i = 0; i < half_dim; i++) {
+            dot_qk += dot(q_s[i], float2(as_type<half2>(k_cache[row + i])));
+        }
+        s = dot_qk * p.scale;
+    }
+    // Threadgroup max: simdgroup maxima, then every lane combines them.
+    const float sm = simd_max(s);
+    if (sg_lane == 0) {
+        red[sg_id] = sm;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float m = red[0];
+    for (uint i = 1; i < n_sg; i++) {
+        m = max(m, red[i]);
+    }
+    const float e = t < end ? exp(s - m) : 0.0f;
+    e_s[lid] = e;
+    // Threadgroup sum; its barriers also publish e_s. The first one lets
+    // every lane finish reading the maxima before red is reused.
+    const float se = simd_sum(e);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (sg_lane == 0) {
+        red[sg_id] = se;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float l = 0.0f;
+    for (uint i = 0; i < n_sg; i++) {
+        l += red[i];
+    }
+
+    // Lane (slice, i) sums dims (2i, 2i+1) over positions start + slice,
+    // start + slice + n_slices, ...; then the slices are added.
+    const uint n_slices = WG / half_dim;
+    const uint slice = lid / half_dim;
+    const uint i = lid % half_dim;
+    float2 acc = float2(0.0f);
+    if (slice < n_slices) {
+        for (uint tt = start + slice; tt < end; tt += n_slices) {
+            acc += e_s[tt - start] * float2(as_type<half2>(v_cache[kv_base + tt * half_dim + i]));
+        }
+    }
+    acc_s[lid] = acc;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (lid < half_dim) {
+        float2 total = float2(0.0f);
+        for (uint sl = 0; sl < n_slices; sl++) {
+            total += acc_s[sl * half_dim + lid];
+        }
+        const uint o = part * p.head_dim + 2 * lid;
+        part_acc[o] = total.x;
+        part_acc[o + 1] = total.y;
+    }
+    if (lid == 0) {
+        part_ml[part] = float2(m, l);
+    }
+}

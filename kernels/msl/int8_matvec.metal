@@ -1,0 +1,136 @@
+// Twin of int8_matvec.wgsl: y[row_offset + r] (+)= sum_k w[r][k] * x'[k],
+// ROWS_PER_WG rows per threadgroup, where x' = x, or with NORM the RMSNorm
+// of x fused in: x' = x * rsqrt(mean(x^2) + eps) * norm_w.
+// w: int8, row-major, rows zero-padded to a multiple of the quant group,
+// four values packed per u32 (little-endian); one f32 scale per group.
+//
+// Layout: each simdgroup takes blocks of 4 rows; its lanes stride over the
+// row in steps of 16 int8 values (one uint4 per row per step), accumulate
+// the 4 rows at once and reduce with one simd_sum: no barriers, no
+// threadgroup memory. NORM sums x^2 in the same loop (the simdgroup reads
+// all of x anyway) and scales the 4 sums by rsqrt(mean + eps) at the end.
+// SWIGLU: rows interleave gate (2i) and up (2i+1), so a block of 4 rows
+// yields y[(row_offset + row0) / 2 + t] = silu(gate_t) * up_t, t = 0, 1.
+//
+// Preamble: WG, GROUP_WORDS (u32 words per quant group), ROWS_PER_WG (a
+// multiple of 4), SPLIT_K (must be 0: the WGSL's split-K layout, for GPUs
+// other than Apple's, has no twin), ACCUMULATE (y += W x), NORM, SWIGLU.
+
+#include <metal_stdlib>
+using namespace metal;
+
+#if SPLIT_K
+#error "this twin implements the rows-per-simdgroup layout only"
+#endif
+
+struct Params {
+    uint rows;       // rows in this launch (a chunk of the matrix)
+    uint k_words;    // padded row length / 4 (a multiple of 4)
+    uint groups;     // scales per row
+    uint row_offset; // first output element written (SWIGLU: first matrix row)
+    uint n_in;       // NORM: elements of x (the padding is zero)
+    float eps;       // NORM: rms_norm_eps
+};
+
+inline float silu(float g) {
+    return g / (1.0f + exp(-g));
+}
+
+inline float dot16(uint4 wv, float4 x0, float4 x1, float4 x2, float4 x3) {
+    return dot(float4(as_type<char4>(wv.x)), x0) + dot(float4(as_type<char4>(wv.y)), x1)
+        + dot(float4(as_type<char4>(wv.z)), x2) + dot(float4(as_type<char4>(wv.w)), x3);
+}
+
+// Rows row0..row0+3 (rows past the end repeat the last row; store4 drops
+// their results): the simdgroup's reduced dot products, NORM's rsqrt applied.
+inline float4 rows4(
+    constant Params& p,
+    const device float4* x,
+    const device uint4* w,
+    const device float* scales,
+    const device float4* norm_w,
+    uint row0,
+    uint lane,
+    uint lanes)
+{
+    const uint k_quads = p.k_words / 4;
+    const uint r1 = min(row0 + 1, p.rows - 1);
+    const uint r2 = min(row0 + 2, p.rows - 1);
+    const uint r3 = min(row0 + 3, p.rows - 1);
+    const uint quads_per_group = GROUP_WORDS / 4;
+    float4 acc = float4(0.0f);
+    float4 ss = float4(0.0f);
+    for (uint j = lane; j < k_quads; j += lanes) {
+        float4 x0 = x[4 * j];
+        float4 x1 = x[4 * j + 1];
+        float4 x2 = x[4 * j + 2];
+        float4 x3 = x[4 * j + 3];
+#if NORM
+        ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
+        x0 *= norm_w[4 * j];
+        x1 *= norm_w[4 * j + 1];
+        x2 *= norm_w[4 * j + 2];
+        x3 *= norm_w[4 * j + 3];
+#endif
+        const uint g = j / quads_per_group;
+        acc.x += dot16(w[row0 * k_quads + j], x0, x1, x2, x3) * scales[row0 * p.groups + g];
+        acc.y += dot16(w[r1 * k_quads + j], x0, x1, x2, x3) * scales[r1 * p.groups + g];
+        acc.z += dot16(w[r2 * k_quads + j], x0, x1, x2, x3) * scales[r2 * p.groups + g];
+        acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * scales[r3 * p.groups + g];
+    }
+    float4 sums = simd_sum(acc);
+#if NORM
+    const float4 t = simd_sum(ss);
+    sums *= rsqrt((t.x + t.y + t.z + t.w) / float(p.n_in) + p.eps);
+#endif
+    return sums;
+}
+
+// Simdgroup lane `i` < 4 writes row row0 + i (SWIGLU: lane i < 2 writes
+// output pair i of the block).
+inline void store4(constant Params& p, device float* y, uint row0, float4 sums, uint i) {
+#if SWIGLU
+    if (i < 2 && row0 + 2 * i < p.rows) {
+        const uint o = (p.row_offset + row0) / 2 + i;
+        y[o] = silu(sums[2 * i]) * sums[2 * i + 1];
+    }
+#else
+    if (i < 4 && row0 + i < p.rows) {
+        const uint o = p.row_offset + row0 + i;
+        float v = sums[i];
+#if ACCUMULATE
+        v += y[o];
+#endif
+        y[o] = v;
+    }
+#endif
+}
+
+kernel void int8_matvec(
+    constant Params& p [[buffer(0)]],
+    const device float4* x [[buffer(1)]],
+    const device uint4* w [[buffer(2)]],
+    const device float* scales [[buffer(3)]],
+    device float* y [[buffer(4)]],
+    const device float4* norm_w [[buffer(5)]],
+    uint3 wg [[threadgroup_position_in_grid]],
+    uint3 nwg [[threadgroups_per_grid]],
+    uint sg_lane [[thread_index_in_simdgroup]],
+    uint sg_size [[threads_per_simdgroup]],
+    uint sg_id [[simdgroup_index_in_threadgroup]],
+    uint n_sg [[simdgroups_per_threadgroup]])
+{
+    const uint wg_row0 = (wg.x + wg.y * nwg.x) * ROWS_PER_WG;
+    if (wg_row0 >= p.rows) {
+        return; // whole threadgroup: uniform
+    }
+    // A simdgroup wider than the threadgroup is partly empty.
+    const uint lanes = min(sg_size, uint(WG));
+    // Each simdgroup takes whole blocks of 4 rows; a barrier-free reduction.
+    for (uint rb = sg_id * 4; rb < ROWS_PER_WG; rb += n_sg * 4) {
+        const uint row0 = wg_row0 + rb;
+        if (row0 < p.rows) {
+            store4(p, y, row0, rows4(p, x, w, scales, norm_w, row0, sg_lane, lanes), sg_lane);
+        }
+    }
+}

@@ -1,0 +1,117 @@
+// Twin of qk_norm_rope.wgsl. One launch per layer and token, one
+// threadgroup per head of the fused qkv projection output:
+//   query heads:  q_out = rope(rms_norm(q_h) * q_norm)
+//   key heads:    k_cache[kv_h][pos] = half(rope(rms_norm(k_h) * k_norm))
+//   value heads:  v_cache[kv_h][pos] = half(v_h)
+// RoPE is rotate-half with (cos, sin) from the host's f64 table. The caches
+// hold half pairs packed in uint, layout [kv_head][capacity][head_dim / 2].
+// Preamble: WG.
+
+#include <metal_stdlib>
+using namespace metal;
+
+struct Params {
+    uint n_heads;
+    uint n_kv_heads;
+    uint head_dim;
+    uint capacity;
+    float eps;
+};
+
+// The decode position, kept on the GPU (argmax_final advances it).
+struct Step {
+    uint pos;      // position of the token being processed
+    uint fill_end; // first position argmax_final may write a token to
+};
+
+constant constexpr uint MAX_HEAD_DIM = 256;
+
+kernel void qk_norm_rope(
+    constant Params& p [[buffer(0)]],
+    const device Step* step [[buffer(1)]],
+    const device float* qkv [[buffer(2)]],
+    const device float* q_norm [[buffer(3)]],
+    const device float* k_norm [[buffer(4)]],
+    // rope[pos * head_dim / 2 + d] = (cos, sin) of pos * theta^(-2d/head_dim)
+    const device float2* rope [[buffer(5)]],
+    device float* q_out [[buffer(6)]],
+    device uint* k_cache [[buffer(7)]],
+    device uint* v_cache [[buffer(8)]],
+    uint3 wg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint sg_lane [[thread_index_in_simdgroup]],
+    uint sg_id [[simdgroup_index_in_threadgroup]],
+    uint n_sg [[simdgroups_per_threadgroup]])
+{
+    threadgroup float head[MAX_HEAD_DIM];
+    threadgroup float red[WG]; // one slot per simdgroup
+
+    const uint h = wg.x;
+    const uint hd = p.head_dim;
+    const uint half_dim = hd / 2;
+    const uint src = h * hd;
+    const uint kv_first = p.n_heads;
+    const uint v_first = p.n_heads + p.n_kv_heads;
+    const uint pos = step->pos;
+    if (pos >= p.capacity) {
+        return; // queued past the capacity: results are never read
+    }
+    if (h >= v_first) {
+        // Value head: no norm, no rope; straight into the cache.
+        const uint kv = h - v_first;
+        const uint dst = (kv * p.capacity + pos) * half_dim;
+        for (uint i = lid; i < half_dim; i += WG) {
+            v_cache[dst + i] = as_type<uint>(half2(float2(qkv[src + 2 * i], qkv[src + 2 * i + 1])));
+        }
+        return;
+    }
+    float ss = 0.0f;
+    for (uint d = lid; d < hd; d += WG) {
+        const float v = qkv[src + d];
+        ss += v * v;
+    }
+    // Threadgroup sum: simdgroup sums, then every lane adds the partials.
+    const float s = simd_sum(ss);
+    if (sg_lane == 0) {
+        red[sg_id] = s;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = 0.0f;
+    for (uint i = 0; i < n_sg; i++) {
+        total += red[i];
+    }
+    const float inv = rsqrt(total / float(hd) + p.eps);
+    const bool is_q = h < kv_first;
+    for (uint d = lid; d < hd; d += WG) {
+        const float nw = is_q ? q_norm[d] : k_norm[d];
+        head[d] = qkv[src + d] * inv * nw;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const uint rope_base = pos * half_dim;
+    if (is_q) {
+        for (uint d = lid; d < half_dim; d += WG) {
+            const float2 cs = rope[rope_base + d];
+            const float a = head[d];
+            const float b = head[d + half_dim];
+            q_out[src + d] = a * cs.x - b * cs.y;
+            q_out[src + d + half_dim] = b * cs.x + a * cs.y;
+        }
+    } else {
+        // Each lane writes the packed pair (2i, 2i+1): compute both.
+        const uint kv = h - kv_first;
+        const uint dst = (kv * p.capacity + pos) * half_dim;
+        for (uint i = lid; i < half_dim; i += WG) {
+            float2 pair;
+            for (uint e = 0; e < 2; e++) {
+                const uint d = 2 * i + e;
+                const float2 cs = rope[rope_base + d % half_dim];
+                if (d < half_dim) {
+                    pair[e] = head[d] * cs.x - head[d + half_dim] * cs.y;
+                } else {
+                    pair[e] = head[d] * cs.x + head[d - half_dim] * cs.y;
+                }
+            }
+            k_cache[dst + i] = as_type<uint>(half2(pair));
+        }
+    }
+}

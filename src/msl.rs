@@ -1,0 +1,67 @@
+//! Hand-written Metal Shading Language twins of the hot decode kernels
+//! (kernels/msl/), for loading on Metal as passthrough shaders instead of
+//! WGSL translated by naga: simdgroup reductions and no bounds-check code.
+//!
+//! Each twin implements the same algorithm and work split as its WGSL
+//! kernel, so the WGSL run elsewhere (Vulkan, lavapipe in the tests)
+//! exercises the same algorithm, and takes exactly its bind-group layout:
+//! binding `i` of group 0 is `[[buffer(i)]]`, which is where wgpu's Metal
+//! backend places group 0's buffers when a pipeline has no immediates.
+//!
+//! A passthrough module cannot be specialised with override constants, so
+//! [`msl_source`] prefixes the `.metal` file with a preamble of `#define`s
+//! generated from the same [`Kernel::constants`] list the WGSL gets: one
+//! compiled module per [`Kernel`] value, as with WGSL pipelines (the
+//! `int8_matvec` variants are `#if`s on their flags). The threadgroup size
+//! to dispatch with is [`Kernel::workgroup_size`] (also `WG` in the
+//! preamble). The `int8_matvec` twin implements the rows-per-team layout
+//! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
+//! matvec grids for that layout.
+
+use crate::kernels::{Kernel, MatvecLayout};
+
+/// The matvec layout of the MSL twin (the one Apple GPUs get from
+/// [`MatvecLayout::for_device`]); its preamble is generated for it.
+pub const MSL_MATVEC_LAYOUT: MatvecLayout = MatvecLayout::RowsPerTeam;
+
+/// The kernel's `.metal` file, for kernels that have an MSL twin.
+pub fn msl_file(kernel: Kernel) -> Option<&'static str> {
+    Some(match kernel.entry() {
+        "int8_matvec" => include_str!("../kernels/msl/int8_matvec.metal"),
+        "qk_norm_rope" => include_str!("../kernels/msl/qk_norm_rope.metal"),
+        "attention_partial" => include_str!("../kernels/msl/attention_partial.metal"),
+        "attention_reduce" => include_str!("../kernels/msl/attention_reduce.metal"),
+        "argmax_partial" => include_str!("../kernels/msl/argmax_partial.metal"),
+        "argmax_final" => include_str!("../kernels/msl/argmax_final.metal"),
+        _ => return None,
+    })
+}
+
+/// Full MSL source of `kernel`'s variant: [`preamble`], then its `.metal`
+/// file. `None` for kernels without a twin (they stay WGSL everywhere).
+pub fn msl_source(kernel: Kernel) -> Option<String> {
+    msl_file(kernel).map(|body| format!("{}{body}", preamble(kernel)))
+}
+
+/// The MSL function to use as the pipeline's entry point (the WGSL entry's
+/// name; none is called `main`, which MSL reserves).
+pub fn msl_entry(kernel: Kernel) -> &'static str {
+    kernel.entry()
+}
+
+/// `#define NAME value` for each of [`Kernel::constants`]: flags as 0/1,
+/// integers without a decimal point (they size threadgroup arrays and
+/// appear in `#if`s).
+pub fn preamble(kernel: Kernel) -> String {
+    kernel
+        .constants(MSL_MATVEC_LAYOUT)
+        .into_iter()
+        .map(|(name, v)| {
+            if v.fract() == 0.0 && v.abs() < 1e15 {
+                format!("#define {name} {}\n", v as i64)
+            } else {
+                format!("#define {name} {v:?}f\n")
+            }
+        })
+        .collect()
+}

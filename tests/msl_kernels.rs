@@ -1,0 +1,745 @@
+//! The MSL twins (kernels/msl/) executed on the CPU: each variant's source,
+//! exactly as `msl::msl_source` gives it to Metal, is compiled as C++20
+//! against tests/msl/metal_shim.h (one OS thread per lane, real barriers,
+//! collective simdgroup functions) and run by tests/msl/harness.cpp on
+//! random non-zero inputs with NaN-poisoned outputs, then compared with the
+//! CPU references the WGSL kernels are tested against. Shapes: Qwen3-0.6B's
+//! own, and awkward ones.
+
+mod common;
+
+use common::reference::{
+    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, padded_input, poisoned,
+    qk_norm_rope_ref, random_quant, to_f32, unpack_f16, POISON,
+};
+use half::f16;
+use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK, ATTENTION_CHUNK};
+use qwen3_wgpu::msl;
+use rand::{rngs::StdRng, SeedableRng};
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Kernels with an MSL twin (every variant of them).
+fn twins() -> Vec<Kernel> {
+    Kernel::ALL.into_iter().filter(|k| msl::msl_source(*k).is_some()).collect()
+}
+
+// ---------------------------------------------------------------------------
+// The entry point's signature, parsed from the source.
+
+/// One parameter of the entry point: its declared type, name and attribute
+/// (`buffer(3)`, `thread_index_in_simdgroup`, ...).
+#[derive(Debug)]
+struct Param {
+    ty: String,
+    name: String,
+    attr: String,
+}
+
+fn strip_comments(src: &str) -> String {
+    let mut out = String::new();
+    let mut rest = src;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("//") {
+            rest = r.find('\n').map_or("", |i| &r[i..]);
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.find("*/").map_or("", |i| &r[i + 2..]);
+            out.push(' ');
+        } else {
+            let c = rest.chars().next().unwrap();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
+}
+
+/// The parameters of `kernel void <entry>(...)` in `src`.
+fn entry_params(src: &str, entry: &str) -> Vec<Param> {
+    let src = strip_comments(src);
+    let words: Vec<&str> = src.split_whitespace().collect();
+    let decls = src.matches("kernel void").count();
+    assert_eq!(decls, 1, "{entry}: one kernel function per file");
+    let head = format!("kernel void {entry}");
+    let at = src
+        .find(&format!("{head}("))
+        .or_else(|| src.find(&format!("{head} (")))
+        .unwrap_or_else(|| panic!("no `{head}(` in the source ({} words)", words.len()));
+    let open = at + src[at..].find('(').unwrap();
+    let mut depth = 0;
+    let mut parts = vec![String::new()];
+    for c in src[open + 1..].chars() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' if depth > 0 => depth -= 1,
+            ')' => break,
+            ',' if depth == 0 => {
+                parts.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        parts.last_mut().unwrap().push(c);
+    }
+    parts
+        .iter()
+        .map(|p| {
+            let p = p.trim();
+            let a = p.find("[[").unwrap_or_else(|| panic!("{entry}: parameter `{p}` has no attribute"));
+            let attr = p[a + 2..p.rfind("]]").expect("closing ]]")].trim().to_string();
+            let decl = p[..a].trim();
+            let split = decl.rfind(|c: char| !(c.is_alphanumeric() || c == '_')).expect("type and name");
+            Param { ty: decl[..=split].trim().to_string(), name: decl[split + 1..].to_string(), attr }
+        })
+        .collect()
+}
+
+/// `Some(n)` for a `buffer(n)` attribute.
+fn buffer_index(attr: &str) -> Option<u32> {
+    let n = attr.strip_prefix("buffer(")?.strip_suffix(')')?;
+    Some(n.trim().parse().expect("buffer index"))
+}
+
+/// How a buffer parameter is bound, from its address space.
+fn bind_of(ty: &str) -> Option<Bind> {
+    let t: Vec<&str> = ty.split_whitespace().collect();
+    match t.as_slice() {
+        ["constant", .., last] if last.ends_with('&') => Some(Bind::Uniform),
+        ["const", "device", .., last] | ["device", "const", .., last] if last.ends_with('*') => {
+            Some(Bind::Read)
+        }
+        ["device", .., last] if last.ends_with('*') => Some(Bind::ReadWrite),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Build and run.
+
+/// A C++ function calling the entry point with buffer n = `b[n]` and the
+/// builtins from the lane's context (whose fields carry the attribute names).
+fn launcher(params: &[Param], entry: &str) -> String {
+    let args: Vec<String> = params
+        .iter()
+        .map(|p| match buffer_index(&p.attr) {
+            Some(n) if p.ty.ends_with('&') => {
+                format!("*static_cast<{}*>(b[{n}])", p.ty.trim_end_matches('&').trim())
+            }
+            Some(n) => format!("static_cast<{}>(b[{n}])", p.ty),
+            None => format!("msl_rt::builtin<{}>(c.{})", p.ty, p.attr),
+        })
+        .collect();
+    format!(
+        "\nvoid msl_launch(void* const* b, const msl_rt::LaneCtx& c) {{\n    {entry}({});\n}}\n",
+        args.join(",\n        ")
+    )
+}
+
+/// Hex digest of `parts` and the shim's files (a cache key).
+fn digest(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    for f in ["metal_shim.h", "harness.cpp", "include/metal_stdlib"] {
+        h.update(std::fs::read(root().join("tests/msl").join(f)).unwrap());
+    }
+    h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs g++ with `args`, writing `out` (through a per-thread temporary name:
+/// tests build in parallel, maybe the same file). Cached: an existing `out`
+/// is kept.
+fn gxx(args: &[String], out: &Path, what: &str) {
+    if out.exists() {
+        return;
+    }
+    let tmp = out.with_extension(format!("tmp{:?}", std::thread::current().id()).replace(['(', ')'], ""));
+    let res = Command::new("g++")
+        .args(args)
+        .arg("-o")
+        .arg(&tmp)
+        .output()
+        .expect("g++ runs (scripts/test.sh installs it)");
+    assert!(res.status.success(), "g++ failed on {what}:\n{}", String::from_utf8_lossy(&res.stderr));
+    std::fs::rename(&tmp, out).unwrap();
+}
+
+/// Compiles `source` (a variant's full MSL) for `kernel` with extra `-D`
+/// `defines` into a harness binary. The kernel's translation unit is the
+/// source then a generated launcher; the shim comes first (`-include`), and
+/// the source's own `#include <metal_stdlib>` finds the shim's stand-in.
+/// Objects and binaries are cached under the target directory by a hash of
+/// everything that goes into them.
+fn build(kernel: Kernel, source: &str, defines: &[&str]) -> PathBuf {
+    let entry = msl::msl_entry(kernel);
+    let unit = format!("{source}\n{}", launcher(&entry_params(source, entry), entry));
+    let shim_dir = root().join("tests/msl");
+    let mut args: Vec<String> = ["-std=c++20", "-O2", "-pthread", "-Wall", "-Wno-attributes", "-Wno-unused"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(defines.iter().map(|d| format!("-D{d}")));
+    args.extend([
+        format!("-I{}", shim_dir.join("include").display()),
+        "-include".into(),
+        shim_dir.join("metal_shim.h").display().to_string(),
+    ]);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("msl");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The harness's main, once per set of flags.
+    let harness = dir.join(format!("harness-{}.o", digest(&[&args.join(" ")])));
+    let mut c = args.clone();
+    c.extend(["-c".into(), shim_dir.join("harness.cpp").display().to_string()]);
+    gxx(&c, &harness, "harness.cpp");
+
+    let key = digest(&[&unit, &args.join(" ")]);
+    let cpp = dir.join(format!("{entry}-{key}.cpp"));
+    let bin = dir.join(format!("{entry}-{key}"));
+    if !bin.exists() {
+        // Replaced whole, never rewritten in place: another test may be compiling it.
+        let tmp = cpp.with_extension(format!("{:?}", std::thread::current().id()).replace(['(', ')'], ""));
+        std::fs::write(&tmp, &unit).unwrap();
+        std::fs::rename(&tmp, &cpp).unwrap();
+    }
+    let mut l = args;
+    l.extend([cpp.display().to_string(), harness.display().to_string()]);
+    gxx(&l, &bin, &format!("{} ({kernel:?})", cpp.display()));
+    bin
+}
+
+/// The harness binary of `kernel`'s variant, unmodified.
+fn built(kernel: Kernel) -> PathBuf {
+    build(kernel, &msl::msl_source(kernel).expect("an MSL twin"), &[])
+}
+
+/// Runs `bin` over `grid` with `kernel`'s threadgroup size; `buffers` fill
+/// the kernel's bindings in order. Returns the read_write buffers, in order.
+fn run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    try_run(bin, kernel, grid, buffers).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`run`], or why the harness failed (a crash, a timeout).
+fn try_run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
+    let binds = kernel.bindings();
+    assert_eq!(buffers.len(), binds.len(), "{kernel:?}: one buffer per binding");
+    let outs: Vec<usize> = (0..binds.len()).filter(|i| binds[*i] == Bind::ReadWrite).collect();
+    let mut child = Command::new(bin)
+        .args(grid.iter().map(|g| g.to_string()))
+        .arg(kernel.workgroup_size().to_string())
+        .args(outs.iter().map(|i| i.to_string()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("harness starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let input: Vec<Vec<u8>> = buffers.to_vec();
+    let writer = std::thread::spawn(move || {
+        stdin.write_all(&(input.len() as u32).to_le_bytes())?;
+        for b in &input {
+            stdin.write_all(&(b.len() as u64).to_le_bytes())?;
+            stdin.write_all(b)?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    let mut stdout = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    let _ = writer.join();
+    if !status.success() {
+        return Err(format!("{kernel:?} harness failed ({status}) on grid {grid:?}:\n{stderr}"));
+    }
+    let mut res = Vec::new();
+    let mut at = 0;
+    for _ in &outs {
+        let n = u64::from_le_bytes(stdout[at..at + 8].try_into().unwrap()) as usize;
+        res.push(stdout[at + 8..at + 8 + n].to_vec());
+        at += 8 + n;
+    }
+    assert_eq!(at, stdout.len(), "harness output length");
+    Ok(res)
+}
+
+// ---------------------------------------------------------------------------
+// Sources and bindings.
+
+/// Each twin's source is its preamble (one `#define` per override constant
+/// of the kernel table) followed by the `.metal` file.
+#[test]
+fn msl_source_is_the_preamble_then_the_file() {
+    for k in twins() {
+        let pre = msl::preamble(k);
+        assert_eq!(pre.lines().count(), k.constants(msl::MSL_MATVEC_LAYOUT).len(), "{k:?}");
+        for (name, v) in k.constants(msl::MSL_MATVEC_LAYOUT) {
+            assert!(pre.contains(&format!("#define {name} {}\n", v as i64)), "{k:?}: {name}");
+        }
+        assert!(pre.contains(&format!("#define WG {}\n", k.workgroup_size())));
+        let src = msl::msl_source(k).unwrap();
+        assert!(src.starts_with(&pre) && src.ends_with(msl::msl_file(k).unwrap()));
+    }
+}
+
+/// Every twin's entry point declares exactly the kernel table's bindings at
+/// wgpu's Metal slots (binding i of group 0 -> [[buffer(i)]], contiguous),
+/// with the matching address space, and only builtins the shim provides.
+#[test]
+fn msl_bindings_match_the_kernel_table() {
+    const BUILTINS: [&str; 10] = [
+        "thread_position_in_threadgroup",
+        "thread_index_in_threadgroup",
+        "threadgroup_position_in_grid",
+        "threadgroups_per_grid",
+        "threads_per_threadgroup",
+        "thread_position_in_grid",
+        "thread_index_in_simdgroup",
+        "simdgroup_index_in_threadgroup",
+        "simdgroups_per_threadgroup",
+        "threads_per_simdgroup",
+    ];
+    let mut seen = 0;
+    for k in twins() {
+        let entry = msl::msl_entry(k);
+        assert_ne!(entry, "main", "MSL reserves main");
+        let src = msl::msl_source(k).unwrap();
+        let params = entry_params(&src, entry);
+        let mut buffers: Vec<(u32, Bind)> = Vec::new();
+        for p in &params {
+            match buffer_index(&p.attr) {
+                Some(n) => buffers.push((
+                    n,
+                    bind_of(&p.ty)
+                        .unwrap_or_else(|| panic!("{entry}: `{}` has no known address space", p.ty)),
+                )),
+                None => assert!(
+                    BUILTINS.contains(&p.attr.as_str()),
+                    "{entry}: {} [[{}]] is neither a buffer nor a builtin the shim provides",
+                    p.name,
+                    p.attr
+                ),
+            }
+        }
+        let want: Vec<(u32, Bind)> = k.bindings().iter().enumerate().map(|(i, b)| (i as u32, *b)).collect();
+        assert_eq!(buffers, want, "{entry} ({k:?}): buffers in declaration order");
+        // Static threadgroup memory only (no [[threadgroup(n)]] parameters).
+        assert!(!src.contains("[[threadgroup("), "{entry}: dynamic threadgroup memory");
+        seen += 1;
+    }
+    assert!(seen >= 2, "twins found: {seen}");
+}
+
+#[test]
+fn signature_parser_reads_address_spaces() {
+    let src = "kernel void f(constant P& p [[buffer(0)]], const device float4* x [[buffer(1)]],\n\
+               device uint* y [[ buffer(2) ]], // comment, with a comma\n uint3 wg [[threadgroup_position_in_grid]])";
+    let p = entry_params(src, "f");
+    assert_eq!(p.len(), 4);
+    assert_eq!(
+        p.iter().map(|p| bind_of(&p.ty)).collect::<Vec<_>>(),
+        [Some(Bind::Uniform), Some(Bind::Read), Some(Bind::ReadWrite), None]
+    );
+    assert_eq!(
+        p.iter().map(|p| buffer_index(&p.attr)).collect::<Vec<_>>(),
+        [Some(0), Some(1), Some(2), None]
+    );
+    assert_eq!((p[3].ty.as_str(), p[3].name.as_str()), ("uint3", "wg"));
+}
+
+// ---------------------------------------------------------------------------
+// Kernels.
+
+fn u32s(v: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+fn to_u32(b: &[u8]) -> Vec<u32> {
+    bytemuck::pod_collect_to_vec(b)
+}
+
+/// `{pos, fill_end}`, the GPU-resident step state.
+fn step(pos: usize, fill_end: usize) -> Vec<u8> {
+    u32s(&[pos as u32, fill_end as u32])
+}
+
+/// One matvec launch of `bin` (built for `kernel`) on a random matrix, as
+/// the WGSL test runs it: checks the untouched prefix and returns the
+/// written outputs with the reference's (want, scale).
+fn matvec_case(
+    bin: &Path,
+    kernel: Kernel,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> (Vec<f32>, Vec<f64>, Vec<f64>) {
+    let variant = kernel.matvec_variant().unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let m = random_quant(&mut rng, rows, cols);
+    let x = padded_input(&mut rng, cols);
+    let norm_w = padded_input(&mut rng, cols);
+    let eps = 1e-6f32;
+    // SWIGLU writes one output per row pair, from (row_offset / 2).
+    let row_offset = if variant.swiglu { 4usize } else { 3 };
+    let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
+    let outs = if variant.swiglu { rows / 2 } else { rows };
+    let y0 = nonzero(&mut rng, outs + first_out);
+    let init = if variant.accumulate { f32s(&y0) } else { poisoned(outs + first_out) };
+    let params =
+        [rows as u32, m.k_words() as u32, m.groups() as u32, row_offset as u32, cols as u32, eps.to_bits()];
+    let out = run(
+        bin,
+        kernel,
+        kernels::grid((rows as u32).div_ceil(msl::MSL_MATVEC_LAYOUT.rows_per_wg())),
+        &[u32s(&params), f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
+    );
+    let got = to_f32(&out[0]);
+    for i in 0..first_out {
+        if variant.accumulate {
+            assert_eq!(got[i], y0[i]);
+        } else {
+            assert_eq!(got[i].to_bits(), POISON, "{kernel:?} wrote before row_offset");
+        }
+    }
+    let norm = variant.norm.then_some((&norm_w[..], eps));
+    let acc = variant.accumulate.then_some(&y0[first_out..]);
+    let (want, scale) = matvec_ref(&m, &x, norm, acc, variant.swiglu);
+    (got[first_out..].to_vec(), want, scale)
+}
+
+/// Every matvec variant at awkward shapes (rows not a multiple of 4, 8 or
+/// 32; K not a multiple of a simdgroup's 512-value stride), and each at
+/// the Qwen3-0.6B shapes the engine launches it with.
+#[test]
+fn msl_int8_matvec_matches_cpu() {
+    let mut seed = 1;
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        let bin = built(kernel);
+        let v = kernel.matvec_variant().unwrap();
+        let mut shapes = vec![
+            (2usize, 64usize),
+            (6, 96),
+            (10, 1000),
+            (66, 128),
+            (130, 1024),
+            (18, 3072),
+            (4, 2048),
+            (34, 704),
+        ];
+        shapes.extend(match (v.accumulate, v.norm, v.swiglu) {
+            (true, _, _) => vec![(1024, 2048), (1024, 3072)], // o_proj, down_proj
+            (_, true, true) => vec![(6144, 1024)],            // gate/up, interleaved
+            (_, true, false) => vec![(4096, 1024), (151936, 1024)], // qkv, LM head (final norm)
+            _ => vec![(1024, 2048)],
+        });
+        for (rows, cols) in shapes {
+            seed += 1;
+            let (got, want, scale) = matvec_case(&bin, kernel, rows, cols, seed);
+            assert_close(&format!("MSL {kernel:?} {rows}x{cols}"), &got, &want, &scale, 1e-5);
+        }
+    }
+}
+
+/// argmax_partial's per-chunk winners, then argmax_final's token and step,
+/// for `n` random logits (with `ties`: the maximum at several places, in
+/// different chunks when n is large, and within one chunk and simdgroup).
+fn argmax_case(partial: &Path, fin: &Path, n: usize, chunk: u32, ties: bool, rng: &mut StdRng) {
+    let mut v = nonzero(rng, n);
+    if ties && n > 3 {
+        for i in [n - 1, n / 2, n / 3 + 1, n / 2 + 1, n / 2 + 33] {
+            if i < n {
+                v[i] = 5.0;
+            }
+        }
+    }
+    let want = argmax_ref(&v);
+    let parts = (n as u32).div_ceil(chunk);
+    let out = run(
+        partial,
+        Kernel::ArgmaxPartial,
+        kernels::grid(parts),
+        &[u32s(&[n as u32, chunk]), f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
+    );
+    let (val, idx) = (to_f32(&out[0]), to_u32(&out[1]));
+    for c in 0..parts as usize {
+        let lo = c * chunk as usize;
+        let w = lo + argmax_ref(&v[lo..n.min(lo + chunk as usize)]);
+        assert_eq!(idx[c] as usize, w, "argmax_partial n={n} chunk {c} ties={ties}");
+        assert_eq!(val[c], v[w], "argmax_partial value n={n} chunk {c}");
+    }
+    // Position 3 of a 6-token sequence: the token goes to tokens[4] unless
+    // position 4 still holds a prompt token.
+    for (fill_end, writes) in [(4, true), (5, false)] {
+        let f = run(
+            fin,
+            Kernel::ArgmaxFinal,
+            [1, 1, 1],
+            &[u32s(&[parts, 6]), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
+        );
+        assert_eq!(to_u32(&f[1]), [4, fill_end as u32], "position advances");
+        for (i, t) in to_u32(&f[0]).iter().enumerate() {
+            if i == 4 && writes {
+                assert_eq!(*t as usize, want, "argmax n={n} ties={ties}");
+            } else {
+                assert_eq!(*t, POISON, "tokens[{i}] written (fill_end {fill_end})");
+            }
+        }
+    }
+}
+
+/// At the vocabulary size and awkward ones (not multiples of the chunk, the
+/// threadgroup or the simdgroup).
+#[test]
+fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
+    let partial = built(Kernel::ArgmaxPartial);
+    let fin = built(Kernel::ArgmaxFinal);
+    let mut rng = StdRng::seed_from_u64(5);
+    for &(n, chunk) in
+        &[(1usize, 1000u32), (7, 1000), (555, 256), (1000, 1000), (151936, ARGMAX_CHUNK), (151936, 1000)]
+    {
+        for ties in [false, true] {
+            argmax_case(&partial, &fin, n, chunk, ties, &mut rng);
+        }
+    }
+    // A position at the end of the token array writes no token.
+    let f = run(
+        &fin,
+        Kernel::ArgmaxFinal,
+        [1, 1, 1],
+        &[u32s(&[1, 4]), f32s(&[1.0]), u32s(&[0]), poisoned(5), step(3, 0)],
+    );
+    assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
+}
+
+/// qk_norm_rope on a random qkv vector at position `pos` (one past the
+/// capacity: a step queued past it writes nothing).
+fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize), rng: &mut StdRng) {
+    let (nh, nkv, hd, cap, pos) = shape;
+    let theta = 1_000_000f32;
+    let eps = 1e-6f32;
+    let qkv = nonzero(rng, (nh + 2 * nkv) * hd);
+    let qn = nonzero(rng, hd);
+    let kn = nonzero(rng, hd);
+    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits()];
+    let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
+    let cache_words = nkv * cap * hd / 2;
+    let out = run(
+        bin,
+        Kernel::QkNormRope,
+        kernels::grid((nh + 2 * nkv) as u32),
+        &[
+            u32s(&params),
+            step(pos, 0),
+            f32s(&qkv),
+            f32s(&qn),
+            f32s(&kn),
+            f32s(&rope),
+            poisoned(nh * hd),
+            poisoned(cache_words),
+            poisoned(cache_words),
+        ],
+    );
+    if pos >= cap {
+        assert!(out.iter().flat_map(|o| to_f32(o)).all(|v| v.to_bits() == POISON));
+        return;
+    }
+    let q = to_f32(&out[0]);
+    let kc = unpack_f16(&out[1]);
+    let vc = unpack_f16(&out[2]);
+    let (th, ep) = (theta as f64, eps as f64);
+    for h in 0..nh {
+        let want = qk_norm_rope_ref(&qkv[h * hd..(h + 1) * hd], Some(&qn), pos, th, ep);
+        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+        assert_close(&format!("MSL q head {h} hd {hd}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
+    }
+    for g in 0..nkv {
+        let src = (nh + g) * hd;
+        let want = qk_norm_rope_ref(&qkv[src..src + hd], Some(&kn), pos, th, ep);
+        let at = (g * cap + pos) * hd;
+        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+        assert_close(&format!("MSL k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
+        let vsrc = (nh + nkv + g) * hd;
+        let vwant = qk_norm_rope_ref(&qkv[vsrc..vsrc + hd], None, pos, th, ep);
+        assert_close(&format!("MSL v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
+    }
+    // Only position `pos` of the caches is written.
+    for (c, cache) in out[1..].iter().enumerate() {
+        let words = to_u32(cache);
+        for g in 0..nkv {
+            for t in (0..cap).filter(|t| *t != pos) {
+                let row = &words[(g * cap + t) * hd / 2..(g * cap + t + 1) * hd / 2];
+                assert!(row.iter().all(|w| *w == POISON), "cache {c} written at position {t}");
+            }
+        }
+    }
+}
+
+/// Qwen3-0.6B's heads at the first and a late position, and awkward shapes
+/// (head_dim 32 and 64, one kv head).
+#[test]
+fn msl_qk_norm_rope_matches_cpu() {
+    let bin = built(Kernel::QkNormRope);
+    let mut rng = StdRng::seed_from_u64(6);
+    for shape in [
+        (16, 8, 128, 4096, 3999),
+        (16, 8, 128, 4096, 0),
+        (4, 2, 64, 8, 5),
+        (16, 8, 128, 40, 37),
+        (3, 1, 32, 4, 0),
+        (8, 8, 128, 3000, 2999),
+        (2, 1, 64, 4, 4),
+    ] {
+        qk_norm_rope_case(&bin, shape, &mut rng);
+    }
+}
+
+/// attention_partial then attention_reduce on random q and caches, with
+/// the grid sized for the capacity as the engine does (chunks past the
+/// context contribute nothing).
+fn attention_case(
+    partial: &Path,
+    reduce: &Path,
+    shape: (usize, usize, usize, usize, usize),
+    rng: &mut StdRng,
+) {
+    let (nh, nkv, hd, cap, seq) = shape;
+    let q = nonzero(rng, nh * hd);
+    let kv_len = nkv * cap * hd;
+    let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits()];
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let parts = run(
+        partial,
+        Kernel::AttentionPartial,
+        [nh as u32, chunks as u32, 1],
+        &[
+            u32s(&params),
+            step(seq - 1, 0),
+            f32s(&q),
+            bytemuck::cast_slice(&k).to_vec(),
+            bytemuck::cast_slice(&v).to_vec(),
+            poisoned(2 * nh * chunks),
+            poisoned(nh * chunks * hd),
+        ],
+    );
+    let out = run(
+        reduce,
+        Kernel::AttentionReduce,
+        kernels::grid(nh as u32),
+        &[u32s(&[hd as u32, chunks as u32]), parts[0].clone(), parts[1].clone(), poisoned(nh * hd)],
+    );
+    let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale as f64);
+    let what = format!("MSL attention seq {seq} hd {hd}");
+    assert_close(&what, &to_f32(&out[0]), &want, &vec![1.0; nh * hd], 1e-4);
+}
+
+/// Contexts 1, 300 and 4000 of Qwen3-0.6B, and awkward shapes (contexts not
+/// a multiple of the 256-position chunk or of 32, head_dim 32 and 64).
+#[test]
+fn msl_attention_matches_cpu() {
+    let partial = built(Kernel::AttentionPartial);
+    let reduce = built(Kernel::AttentionReduce);
+    let mut rng = StdRng::seed_from_u64(7);
+    for shape in [
+        (16, 8, 128, 4096, 1),
+        (16, 8, 128, 4096, 300),
+        (16, 8, 128, 4096, 4000),
+        (4, 2, 64, 16, 1),
+        (4, 1, 64, 300, 300),
+        (3, 3, 32, 600, 517),
+        (2, 1, 128, 1100, 1025),
+        (8, 4, 64, 333, 290),
+    ] {
+        attention_case(&partial, &reduce, shape, &mut rng);
+    }
+}
+
+/// The kernels take their simdgroup width and count from the builtins, so
+/// they hold on GPUs whose simdgroups are not 32 wide (Intel and AMD GPUs in
+/// Macs): the reducing kernels, built for 8- and 64-lane simdgroups.
+#[test]
+fn msl_kernels_hold_at_other_simdgroup_widths() {
+    for width in [8, 64] {
+        let def = format!("MSL_SHIM_SIMD_WIDTH={width}");
+        let with = |k: Kernel| build(k, &msl::msl_source(k).unwrap(), &[def.as_str()]);
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu, Kernel::Int8MatvecAccumulate] {
+            for (rows, cols) in [(66, 1000), (130, 704)] {
+                let (got, want, scale) = matvec_case(&with(kernel), kernel, rows, cols, 3);
+                assert_close(
+                    &format!("MSL {kernel:?} {rows}x{cols} width {width}"),
+                    &got,
+                    &want,
+                    &scale,
+                    1e-5,
+                );
+            }
+        }
+        let mut rng = StdRng::seed_from_u64(10);
+        let (partial, fin) = (with(Kernel::ArgmaxPartial), with(Kernel::ArgmaxFinal));
+        argmax_case(&partial, &fin, 5555, 1000, true, &mut rng);
+        let (partial, reduce) = (with(Kernel::AttentionPartial), with(Kernel::AttentionReduce));
+        attention_case(&partial, &reduce, (4, 2, 128, 600, 517), &mut rng);
+        qk_norm_rope_case(&with(Kernel::QkNormRope), (4, 2, 128, 40, 37), &mut rng);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Teeth: the comparisons catch a broken kernel.
+
+/// The matvec built with a simd_sum that drops one lane's contribution must
+/// fail the same comparison the real one passes.
+#[test]
+fn matvec_with_a_lane_dropped_from_simd_sum_fails() {
+    let kernel = Kernel::Int8MatvecNorm;
+    let bin = build(kernel, &msl::msl_source(kernel).unwrap(), &["MSL_SHIM_SIMD_SUM_DROPS_LANE=5"]);
+    let (got, want, scale) = matvec_case(&bin, kernel, 66, 1024, 99);
+    let caught = std::panic::catch_unwind(|| assert_close("broken matvec", &got, &want, &scale, 1e-5));
+    assert!(caught.is_err(), "a matvec missing one lane's products passed");
+}
+
+/// argmax_partial without its simdgroup maximum (each lane keeps its own)
+/// must give wrong chunk winners.
+#[test]
+fn argmax_without_simd_max_fails() {
+    let k = Kernel::ArgmaxPartial;
+    let src = msl::msl_source(k).unwrap();
+    let broken = src.replace("simd_max(best_v)", "best_v");
+    assert_ne!(src, broken, "the substitution applies");
+    let bin = build(k, &broken, &[]);
+    let mut rng = StdRng::seed_from_u64(9);
+    let n = 4096;
+    let v = nonzero(&mut rng, n);
+    let out = run(&bin, k, kernels::grid(4), &[u32s(&[n as u32, 1024]), f32s(&v), poisoned(4), poisoned(4)]);
+    let idx = to_u32(&out[1]);
+    let right = (0..4).filter(|c| idx[*c] as usize == c * 1024 + argmax_ref(&v[c * 1024..(c + 1) * 1024]));
+    assert!(right.count() < 4, "a broken argmax passed");
+}
+
+/// A write one element past the end of a buffer (Metal would corrupt
+/// memory quietly) crashes the harness: buffers end at a guard page.
+#[test]
+fn out_of_bounds_write_fails() {
+    let k = Kernel::AttentionReduce;
+    let src = msl::msl_source(k).unwrap();
+    let broken = src.replace("out[h * p.head_dim + d] =", "out[h * p.head_dim + d + 1] =");
+    assert_ne!(src, broken, "the substitution applies");
+    let bin = build(k, &broken, &[]);
+    let (nh, hd) = (2usize, 64usize);
+    let res = try_run(
+        &bin,
+        k,
+        kernels::grid(nh as u32),
+        &[u32s(&[hd as u32, 1]), f32s(&[0.0, 1.0].repeat(nh)), f32s(&vec![1.0; nh * hd]), poisoned(nh * hd)],
+    );
+    let err = res.expect_err("an out-of-bounds write went unnoticed");
+    assert!(err.contains("SIGSEGV"), "failed, but not at the guard page: {err}");
+}
