@@ -10,7 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, ValueEnum};
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, Error, LoadOptions, ShapeProfile, Tokenizer};
+use qwen3_wgpu::{
+    AdapterPolicy, CachePolicy, Engine, Error, KernelChoice, LoadOptions, ShapeProfile, Tokenizer,
+};
 use serde_json::json;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -19,6 +21,14 @@ enum Backend {
     Metal,
     /// Any adapter wgpu offers (Vulkan, DX12, Metal).
     Portable,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Kernels {
+    /// The hand-written MSL twins on Metal, WGSL elsewhere.
+    Auto,
+    /// WGSL everywhere.
+    Wgsl,
 }
 
 #[derive(Parser)]
@@ -38,6 +48,10 @@ struct Args {
     max_new_tokens: usize,
     #[arg(long, value_enum, default_value = "metal")]
     backend: Backend,
+    /// Kernels: `auto` (the MSL twins on Metal, WGSL elsewhere) or `wgsl`
+    /// (WGSL on Metal too). Default: QWEN3_WGPU_KERNELS, else auto.
+    #[arg(long, value_enum)]
+    kernels: Option<Kernels>,
     /// Demand the exact Qwen3-0.6B-Base shape.
     #[arg(long)]
     exact_shape: bool,
@@ -77,7 +91,14 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         Backend::Metal => AdapterPolicy::MetalOnly,
         Backend::Portable => AdapterPolicy::Portable,
     };
-    let engine = Engine::builder().policy(policy).build()?;
+    let mut builder = Engine::builder().policy(policy);
+    if let Some(k) = args.kernels {
+        builder = builder.kernels(match k {
+            Kernels::Auto => KernelChoice::Auto,
+            Kernels::Wgsl => KernelChoice::Wgsl,
+        });
+    }
+    let engine = builder.build()?;
     let tokenizer = if args.prompt.is_some() || checkpoint.join("tokenizer.json").exists() {
         Some(Tokenizer::from_checkpoint(&checkpoint)?)
     } else {
@@ -122,7 +143,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         println!("prompt ids:    {:?}", prompt_ids);
         println!("generated ids: {:?}", out.generated_ids());
         println!(
-            "decode {:.1} tok/s, prefill {:.1} ms ({} tokens), load {:.0} ms{} [{} via {:?}, stop: {}]",
+            "decode {:.1} tok/s, prefill {:.1} ms ({} tokens), load {:.0} ms{} [{} via {:?}, {} kernels, stop: {}]",
             out.decode_tokens_per_sec,
             out.prefill_ms,
             out.n_prompt,
@@ -134,6 +155,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             },
             info.name,
             info.backend,
+            engine.kernel_source().as_str(),
             out.stop_reason.as_str(),
         );
     }
@@ -147,6 +169,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         "converted": out.converted,
         "stop_reason": out.stop_reason.as_str(),
         "adapter": {"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase()},
+        "kernels": engine.kernel_source().as_str(),
     }))
 }
 

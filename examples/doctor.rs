@@ -2,7 +2,7 @@
 //!
 //! `cargo run --example doctor [-- --backend portable]`
 
-use qwen3_wgpu::{AdapterPolicy, Gpu};
+use qwen3_wgpu::{AdapterPolicy, Engine, Gpu};
 
 fn main() {
     let portable = std::env::args().any(|a| a == "portable")
@@ -30,10 +30,14 @@ fn main() {
         );
     }
     println!("policy: {policy:?}");
-    match Gpu::new(policy) {
-        Ok(gpu) => println!(
-            "READY: {} via {:?} (subgroup kernels: {})",
-            gpu.info.name, gpu.info.backend, gpu.subgroups
+    // Builds the engine as an application would: device, probe, every kernel.
+    match Engine::builder().policy(policy).build() {
+        Ok(engine) => println!(
+            "READY: {} via {:?} (kernels: {}, subgroup reductions: {})",
+            engine.adapter_info().name,
+            engine.adapter_info().backend,
+            engine.kernel_source().as_str(),
+            engine.uses_subgroups()
         ),
         Err(e) => {
             println!("NOT READY: [{}] {e}", e.code());

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The decode example's contract: --json prints the result object as the last
-# line; without --backend portable a non-Metal machine exits 2 with
+# line (its "kernels": "msl" or "wgsl"); without --backend portable a non-Metal machine exits 2 with
 # non_metal_adapter; a missing checkpoint exits 2 with checkpoint_not_found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +16,13 @@ check_json() { # $1: stdout's last line, $2: python assertion on `d`
 
 last=$($bin --checkpoint $ckpt --prompt-ids 1,2,3 --max-new-tokens 5 --backend portable --cache-dir "$cache" --json | tail -n 1)
 echo "portable: $last"
-check_json "$last" 'assert d["n_prompt"]==3 and d["token_ids"][:3]==[1,2,3] and len(d["generated_ids"])>=1 and d["converted"] is True and d["adapter"]["backend"] and d["stop_reason"] in ("max_new_tokens","end_of_text") and d["decode_tokens_per_sec"]>=0 and "prefill_ms" in d and "load_ms" in d'
+check_json "$last" 'assert d["n_prompt"]==3 and d["token_ids"][:3]==[1,2,3] and len(d["generated_ids"])>=1 and d["converted"] is True and d["adapter"]["backend"] and d["stop_reason"] in ("max_new_tokens","end_of_text") and d["decode_tokens_per_sec"]>=0 and "prefill_ms" in d and "load_ms" in d and d["kernels"]=="wgsl"'
 last2=$($bin --checkpoint $ckpt --prompt-ids 1,2,3 --max-new-tokens 5 --backend portable --cache-dir "$cache" --json | tail -n 1)
 check_json "$last2" 'assert d["converted"] is False'
 python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['token_ids']==b['token_ids']" "$last" "$last2"
+# Forcing WGSL (flag and environment) gives the same tokens; off Metal it is WGSL anyway.
+last3=$(QWEN3_WGPU_KERNELS=wgsl $bin --checkpoint $ckpt --prompt-ids 1,2,3 --max-new-tokens 5 --backend portable --kernels wgsl --cache-dir "$cache" --json | tail -n 1)
+python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['token_ids']==b['token_ids'] and b['kernels']=='wgsl'" "$last" "$last3"
 
 expect_error() { # $1: code, rest: args
     local code=$1 out rc

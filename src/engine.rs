@@ -9,7 +9,7 @@ use crate::cache::{load_model, CachePolicy, LoadReport};
 use crate::config::{ModelConfig, ShapeProfile};
 use crate::error::{Error, Result};
 use crate::gpu::{AdapterPolicy, Gpu};
-use crate::kernels::Kernels;
+use crate::kernels::{KernelChoice, KernelSource, Kernels};
 use crate::model::GpuWeights;
 use crate::session::{check_prompt, ModelGpu, Session};
 
@@ -23,6 +23,7 @@ pub struct EngineBuilder {
     policy: Option<AdapterPolicy>,
     device: Option<(wgpu::Device, wgpu::Queue)>,
     no_subgroups: bool,
+    kernels: Option<KernelChoice>,
 }
 
 impl EngineBuilder {
@@ -47,6 +48,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Chooses the kernels: [`KernelChoice::Auto`] (the hand-written MSL
+    /// twins on Metal, WGSL elsewhere) or [`KernelChoice::Wgsl`]. Without
+    /// it: the `QWEN3_WGPU_KERNELS` environment variable (`wgsl` or `auto`)
+    /// if set, else `Auto`.
+    pub fn kernels(mut self, choice: KernelChoice) -> Self {
+        self.kernels = Some(choice);
+        self
+    }
+
     /// Picks (or adopts) the device and compiles every kernel.
     pub fn build(self) -> Result<Engine> {
         let policy = self.policy.or_else(AdapterPolicy::from_env).unwrap_or_default();
@@ -56,7 +66,8 @@ impl EngineBuilder {
         };
         gpu.subgroups &= !self.no_subgroups;
         gpu.probe()?;
-        let kernels = Arc::new(Kernels::new(&gpu)?);
+        let choice = self.kernels.or_else(KernelChoice::from_env).unwrap_or_default();
+        let kernels = Arc::new(Kernels::new(&gpu, choice)?);
         Ok(Engine { gpu, kernels })
     }
 }
@@ -95,6 +106,11 @@ impl Engine {
     /// The adapter in use.
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.gpu.info
+    }
+
+    /// Where the hot kernels came from: the MSL twins or WGSL.
+    pub fn kernel_source(&self) -> KernelSource {
+        self.kernels.source
     }
 
     /// True when the kernels use subgroup reductions.

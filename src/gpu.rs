@@ -97,7 +97,12 @@ impl Gpu {
         };
         let info = adapter.get_info();
         policy.check(&info)?;
-        let features = adapter.features() & wanted_features();
+        let mut wanted = wanted_features();
+        if info.backend == wgpu::Backend::Metal {
+            // For the MSL twins (src/msl.rs); elsewhere it would mean SPIR-V.
+            wanted |= wgpu::Features::PASSTHROUGH_SHADERS;
+        }
+        let features = adapter.features() & wanted;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("qwen3-wgpu"),
             required_features: features,

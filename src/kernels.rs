@@ -258,6 +258,76 @@ impl Kernel {
     }
 }
 
+/// Where the pipelines of the kernels that have a hand-written MSL twin
+/// (see [`crate::msl`]) come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelSource {
+    /// The MSL twins, passed straight to Metal (Apple GPUs).
+    Msl,
+    /// WGSL compiled by naga (every backend).
+    Wgsl,
+}
+
+impl KernelSource {
+    /// `"msl"` or `"wgsl"`, as the examples report it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelSource::Msl => "msl",
+            KernelSource::Wgsl => "wgsl",
+        }
+    }
+}
+
+/// The caller's kernel preference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelChoice {
+    /// The MSL twins on a Metal adapter that accepts passthrough shaders,
+    /// WGSL elsewhere.
+    #[default]
+    Auto,
+    /// WGSL everywhere (on Metal too: for comparison).
+    Wgsl,
+}
+
+/// Environment variable read when the caller sets no [`KernelChoice`]:
+/// `wgsl` forces the WGSL kernels, `auto` is the default.
+pub const KERNELS_ENV: &str = "QWEN3_WGPU_KERNELS";
+
+impl KernelChoice {
+    /// The choice `QWEN3_WGPU_KERNELS` names, if it is set to a known value.
+    pub fn from_env() -> Option<Self> {
+        match std::env::var(KERNELS_ENV).ok()?.to_ascii_lowercase().as_str() {
+            "wgsl" => Some(KernelChoice::Wgsl),
+            "auto" | "msl" => Some(KernelChoice::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// True when the MSL twins can be used on `gpu`: a Metal adapter with
+/// passthrough shaders, and simdgroup reductions not switched off.
+pub fn msl_available(gpu: &Gpu) -> bool {
+    gpu.info.backend == wgpu::Backend::Metal
+        && gpu.device.features().contains(wgpu::Features::PASSTHROUGH_SHADERS)
+        && gpu.subgroups
+}
+
+/// Builds with the MSL twins when `want_msl`, falling back to WGSL when
+/// that fails (the failure is logged): the fast path never stops the
+/// engine. Returns what was built and from which source.
+pub fn with_fallback<T>(
+    want_msl: bool,
+    mut build: impl FnMut(KernelSource) -> Result<T>,
+) -> Result<(T, KernelSource)> {
+    if want_msl {
+        match build(KernelSource::Msl) {
+            Ok(t) => return Ok((t, KernelSource::Msl)),
+            Err(e) => log::warn!("MSL kernels unavailable, using the WGSL ones: {e}"),
+        }
+    }
+    Ok((build(KernelSource::Wgsl)?, KernelSource::Wgsl))
+}
+
 /// A compiled kernel: pipeline plus its bind-group layout.
 pub struct Pipeline {
     pub kernel: Kernel,
@@ -342,24 +412,108 @@ pub fn compile(
     )
 }
 
+/// Builds a pipeline from hand-written MSL (a passthrough module, Metal
+/// only) with the explicit layout `bindings` describe: binding i of group 0
+/// is `[[buffer(i)]]`. Compile and validation errors (caught by an error
+/// scope) and panics in the backend become `shader_compile_failed`.
+pub fn compile_msl(
+    gpu: &Gpu,
+    label: &str,
+    source: &str,
+    entry: &str,
+    bindings: &[Bind],
+    workgroup_size: u32,
+) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    let fail = |reason: String| Error::ShaderCompileFailed { kernel: format!("{label} (MSL)"), reason };
+    if gpu.info.backend != wgpu::Backend::Metal {
+        return Err(fail(format!("MSL needs a Metal adapter, not {:?}", gpu.info.backend)));
+    }
+    let build = || {
+        gpu.scoped(
+            || {
+                let layout = bind_group_layout(gpu, label, bindings);
+                let pl = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(label),
+                    bind_group_layouts: &[Some(&layout)],
+                    immediate_size: 0,
+                });
+                let entry_points = [wgpu::PassthroughShaderEntryPoint {
+                    name: entry.into(),
+                    workgroup_size: (workgroup_size, 1, 1),
+                }];
+                // SAFETY: the source is one of the MSL twins: its buffer slots
+                // are checked against `bindings` (tests/msl_kernels.rs), it is
+                // executed against the CPU references through the C++ shim,
+                // and it guards every access against the sizes in its params.
+                let module = unsafe {
+                    gpu.device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                        label: Some(label),
+                        entry_points: entry_points.as_slice().into(),
+                        msl: Some(source.into()),
+                        ..Default::default()
+                    })
+                };
+                let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(label),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+                Ok((pipeline, layout))
+            },
+            fail,
+        )
+    };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(build))
+        .unwrap_or_else(|_| Err(fail("the Metal backend panicked while building the pipeline".into())))
+}
+
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,
+    /// Where the kernels with an MSL twin came from.
+    pub source: KernelSource,
 }
 
 impl Kernels {
-    pub fn new(gpu: &Gpu) -> Result<Self> {
-        let matvec_layout = MatvecLayout::for_device(&gpu.info);
+    /// Compiles every kernel for `gpu`: the MSL twins where `choice` and
+    /// the device allow (see [`msl_available`]), WGSL otherwise or when any
+    /// twin fails to build.
+    pub fn new(gpu: &Gpu, choice: KernelChoice) -> Result<Self> {
+        let want_msl = choice == KernelChoice::Auto && msl_available(gpu);
+        let ((pipelines, matvec_layout), source) =
+            with_fallback(want_msl, |source| Self::build(gpu, source))?;
+        Ok(Kernels { pipelines, matvec_layout, source })
+    }
+
+    fn build(gpu: &Gpu, source: KernelSource) -> Result<(Vec<Pipeline>, MatvecLayout)> {
+        let matvec_layout = match source {
+            KernelSource::Msl => crate::msl::MSL_MATVEC_LAYOUT,
+            KernelSource::Wgsl => MatvecLayout::for_device(&gpu.info),
+        };
         let mut pipelines = Vec::new();
         for k in Kernel::ALL {
-            let constants = k.constants(matvec_layout);
-            let (pipeline, layout) =
-                compile(gpu, k.entry(), &k.source(gpu.subgroups), k.entry(), k.bindings(), &constants)?;
+            let (pipeline, layout) = match (source, crate::msl::msl_source(k)) {
+                (KernelSource::Msl, Some(msl)) => compile_msl(
+                    gpu,
+                    k.entry(),
+                    &msl,
+                    crate::msl::msl_entry(k),
+                    k.bindings(),
+                    k.workgroup_size(),
+                )?,
+                _ => {
+                    let constants = k.constants(matvec_layout);
+                    compile(gpu, k.entry(), &k.source(gpu.subgroups), k.entry(), k.bindings(), &constants)?
+                }
+            };
             pipelines.push(Pipeline { kernel: k, pipeline, layout });
         }
-        Ok(Kernels { pipelines, matvec_layout })
+        Ok((pipelines, matvec_layout))
     }
 
     pub fn get(&self, k: Kernel) -> &Pipeline {
@@ -423,4 +577,47 @@ pub fn grid(n: u32) -> [u32; 3] {
 pub fn chunk_rows(row_bytes: usize, max_binding: u64) -> usize {
     let rows = (max_binding as usize / row_bytes.max(1)) / 64 * 64;
     rows.max(64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile_error() -> Error {
+        Error::ShaderCompileFailed { kernel: "int8_matvec (MSL)".into(), reason: "deliberate".into() }
+    }
+
+    #[test]
+    fn a_failing_msl_build_falls_back_to_wgsl() {
+        let mut tried = Vec::new();
+        let (built, source) = with_fallback(true, |s| {
+            tried.push(s);
+            match s {
+                KernelSource::Msl => Err(compile_error()),
+                KernelSource::Wgsl => Ok("wgsl pipelines"),
+            }
+        })
+        .unwrap();
+        assert_eq!((built, source), ("wgsl pipelines", KernelSource::Wgsl));
+        assert_eq!(tried, [KernelSource::Msl, KernelSource::Wgsl]);
+    }
+
+    #[test]
+    fn msl_is_used_when_it_builds_and_never_tried_when_not_wanted() {
+        let (_, source) = with_fallback(true, |s| Ok(s)).unwrap();
+        assert_eq!(source, KernelSource::Msl);
+        let mut tried = Vec::new();
+        let (_, source) = with_fallback(false, |s| {
+            tried.push(s);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((source, tried), (KernelSource::Wgsl, vec![KernelSource::Wgsl]));
+    }
+
+    #[test]
+    fn a_failing_wgsl_build_is_an_error() {
+        let r = with_fallback(true, |_| -> Result<()> { Err(compile_error()) });
+        assert_eq!(r.unwrap_err().code(), "shader_compile_failed");
+    }
 }

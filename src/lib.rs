@@ -22,5 +22,6 @@ pub use config::{ModelConfig, ShapeProfile};
 pub use engine::{decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason};
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
+pub use kernels::{KernelChoice, KernelSource, KERNELS_ENV};
 pub use session::{Session, StepTiming};
 pub use tokenizer::{TextStream, Tokenizer};
