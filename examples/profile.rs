@@ -1,6 +1,10 @@
-//! Per-kernel wall time of one decode step (a wait after every launch).
+//! GPU time per kernel of one decode step (timestamps between launches,
+//! or the wall time of each launch waited on where the device has no
+//! timestamps inside passes). With `--repeat N` every launch runs N times
+//! back to back, and the first run is reported beside the later ones (the
+//! later runs find their inputs in cache and their predecessor finished).
 //!
-//! `cargo run --release --example profile -- CHECKPOINT [--backend portable]`
+//! `cargo run --release --example profile -- CHECKPOINT [portable] [--repeat N] [--context N]`
 
 use std::collections::BTreeMap;
 
@@ -13,22 +17,60 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
         if args.iter().any(|a| a == "portable") { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
     let engine = Engine::builder().policy(policy).build()?;
     let model = engine.load(&dir, &LoadOptions { cache: CachePolicy::Default, ..Default::default() })?;
-    let mut s = model.session_with_capacity(256)?;
-    s.feed(&[1, 2, 3])?;
-    let (prof, how) = match s.profile_gpu()? {
+    let flag =
+        |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)?.parse::<usize>().ok());
+    let context = flag("--context").unwrap_or(3).max(1);
+    let mut s = model.session_with_capacity(context + 16)?;
+    let vocab = model.config().vocab_size as u32;
+    s.feed(&(0..context as u32).map(|i| (i * 7919) % vocab).collect::<Vec<_>>())?;
+    let repeat = flag("--repeat").unwrap_or(1) as u32;
+    let (prof, how) = match s.profile_gpu(repeat)? {
         Some(p) => (p, "GPU timestamps between launches"),
-        None => (s.profile_step()?, "wall time, each launch waited on"),
+        None => {
+            let p = s.profile_step()?.into_iter().map(|(k, us)| (k, vec![us])).collect();
+            (p, "wall time, each launch waited on")
+        }
     };
-    let mut by: BTreeMap<String, (usize, f64)> = BTreeMap::new();
-    for (k, us) in &prof {
+    // kernel -> (launches, first runs' µs, later runs' µs, later runs)
+    let mut by: BTreeMap<String, (usize, f64, f64, usize)> = BTreeMap::new();
+    for (k, runs) in &prof {
         let e = by.entry(format!("{k:?}")).or_default();
         e.0 += 1;
-        e.1 += us;
+        e.1 += runs[0];
+        e.2 += runs[1..].iter().sum::<f64>();
+        e.3 += runs.len() - 1;
     }
-    let total: f64 = prof.iter().map(|p| p.1).sum();
-    println!("{} launches, {:.0} us total ({how})", prof.len(), total);
-    for (k, (n, us)) in by {
-        println!("{k:24} {n:4} launches {us:10.0} us  ({:.0} us each)", us / n as f64);
+    let total: f64 = prof.iter().map(|p| p.1[0]).sum();
+    println!("context {context}: {} launches, {:.0} us total in first runs ({how})", prof.len(), total);
+    for (k, (n, first, later, n_later)) in by {
+        print!("{k:24} {n:4} launches {first:10.0} us  ({:.1} us each)", first / n as f64);
+        if n_later > 0 {
+            print!("  repeated back to back: {:.1} us each", later / n_later as f64);
+        }
+        println!();
+    }
+    // Each kind of kernel alone, in sequence, with no timestamps between
+    // launches: its cost inside the step, free of the timestamps' own cost.
+    let kinds: Vec<_> = {
+        let mut v: Vec<_> = prof.iter().map(|p| p.0).collect();
+        v.dedup();
+        v.sort_by_key(|k| format!("{k:?}"));
+        v.dedup();
+        v
+    };
+    let all = (0..5).filter_map(|_| s.gpu_time_of(|_| true).ok().flatten()).fold(f64::MAX, f64::min);
+    if all < f64::MAX {
+        println!("whole step, pass timestamps only: {all:.0} us");
+        for k in kinds {
+            let n = prof.iter().filter(|p| p.0 == k).count();
+            let alone =
+                (0..5).filter_map(|_| s.gpu_time_of(|x| x == k).ok().flatten()).fold(f64::MAX, f64::min);
+            println!(
+                "{:24} {n:4} launches alone: {alone:8.0} us ({:.1} us each)",
+                format!("{k:?}"),
+                alone / n as f64
+            );
+        }
     }
     Ok(())
 }

@@ -604,7 +604,7 @@ mod tests {
 
     #[test]
     fn msl_is_used_when_it_builds_and_never_tried_when_not_wanted() {
-        let (_, source) = with_fallback(true, |s| Ok(s)).unwrap();
+        let (_, source) = with_fallback(true, Ok).unwrap();
         assert_eq!(source, KernelSource::Msl);
         let mut tried = Vec::new();
         let (_, source) = with_fallback(false, |s| {

@@ -125,6 +125,10 @@ pub struct StepTiming {
     pub wall_us: f64,
 }
 
+/// Each launch of a step with its GPU times in microseconds (one per run;
+/// see [`Session::profile_gpu`]).
+pub type LaunchTimes = Vec<(crate::kernels::Kernel, Vec<f64>)>;
+
 /// A decoding session over a loaded model: feed tokens, get greedy tokens.
 ///
 /// The KV cache is allocated once, for `capacity` positions, and never grows.
@@ -459,10 +463,14 @@ impl Session {
 
     /// Runs one decode step with a GPU timestamp after every launch (needs
     /// `TIMESTAMP_QUERY_INSIDE_PASSES`) and returns each launch's GPU time
-    /// (kernel, microseconds). `None` when the device cannot time inside a
-    /// pass. Advances the session like [`next_token`](Self::next_token).
+    /// (kernel, microseconds per run). `None` when the device cannot time
+    /// inside a pass. With `repeats > 1` every launch runs that many times
+    /// back to back (its later runs find their inputs in cache): a
+    /// diagnostic whose step results are not the model's (residual adds run
+    /// repeatedly), so use a throwaway session for it. Advances the session
+    /// by one position like [`next_token`](Self::next_token).
     #[doc(hidden)]
-    pub fn profile_gpu(&mut self) -> Result<Option<Vec<(crate::kernels::Kernel, f64)>>> {
+    pub fn profile_gpu(&mut self, repeats: u32) -> Result<Option<LaunchTimes>> {
         let gpu = self.model.gpu.clone();
         if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
             return Ok(None);
@@ -472,7 +480,8 @@ impl Session {
         }
         self.check_room(1)?;
         self.discard_queued()?;
-        let n = self.forward.len() as u32 + 1;
+        let repeats = repeats.max(1);
+        let n = self.forward.len() as u32 * repeats + 1;
         let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("launch timestamps"),
             ty: wgpu::QueryType::Timestamp,
@@ -490,9 +499,13 @@ impl Session {
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             pass.write_timestamp(&set, 0);
-            for (i, l) in self.forward.iter().enumerate() {
-                l.record(&mut pass, &self.model.kernels);
-                pass.write_timestamp(&set, i as u32 + 1);
+            let mut q = 1;
+            for l in &self.forward {
+                for _ in 0..repeats {
+                    l.record(&mut pass, &self.model.kernels);
+                    pass.write_timestamp(&set, q);
+                    q += 1;
+                }
             }
         }
         enc.resolve_query_set(&set, 0..n, &resolve, 0);
@@ -501,15 +514,70 @@ impl Session {
         self.submit_with_readback(enc, slot);
         self.gpu_pos += 1;
         self.take_queued()?;
+        if repeats > 1 {
+            // argmax_final advanced the GPU's position once per run.
+            self.gpu_pos = usize::MAX;
+            self.discard_queued()?;
+        }
         let t: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(&readback)?);
         let period = gpu.queue.get_timestamp_period() as f64;
+        let us: Vec<f64> = t.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64 * period / 1e3).collect();
         Ok(Some(
             self.forward
                 .iter()
-                .zip(t.windows(2))
-                .map(|(l, w)| (l.kernel, w[1].saturating_sub(w[0]) as f64 * period / 1e3))
+                .zip(us.chunks(repeats as usize))
+                .map(|(l, runs)| (l.kernel, runs.to_vec()))
                 .collect(),
         ))
+    }
+
+    /// GPU time (microseconds, from timestamps at the start and end of one
+    /// pass) of the step's launches for which `keep` is true, run in order
+    /// without the others: how much a kind of kernel costs in sequence,
+    /// with no timestamps between launches. A diagnostic: the launches run
+    /// on whatever their inputs hold, so the session's results after it are
+    /// not the model's (use a throwaway session). `None` without timestamps.
+    #[doc(hidden)]
+    pub fn gpu_time_of(&mut self, keep: impl Fn(crate::kernels::Kernel) -> bool) -> Result<Option<f64>> {
+        let gpu = self.model.gpu.clone();
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Ok(None);
+        }
+        self.discard_queued()?;
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("subset timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("subset timestamps"),
+            size: 256,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let readback = gpu.readback("subset timestamps", 16);
+        let mut enc = self.encoder();
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("subset"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &set,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            });
+            for l in self.forward.iter().filter(|l| keep(l.kernel)) {
+                l.record(&mut pass, &self.model.kernels);
+            }
+        }
+        enc.resolve_query_set(&set, 0..2, &resolve, 0);
+        enc.copy_buffer_to_buffer(&resolve, 0, &readback, 0, 16);
+        gpu.queue.submit([enc.finish()]);
+        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(&readback)?);
+        // Whatever the subset did to the position, put it back.
+        self.write_step(self.len + 1);
+        let period = gpu.queue.get_timestamp_period() as f64;
+        Ok(Some(t[1].saturating_sub(t[0]) as f64 * period / 1e3))
     }
 
     /// Runs one decode step with a wait after every launch and returns the
