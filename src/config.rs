@@ -218,9 +218,10 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
             cfg.num_attention_heads,
         ));
     }
-    if !cfg.head_dim.is_multiple_of(2) {
-        // RoPE rotates pairs of dimensions.
-        m.push(mismatch("head_dim", "an even number", cfg.head_dim));
+    if !cfg.head_dim.is_multiple_of(crate::kernels::HEAD_DIM_MULTIPLE) {
+        // RoPE rotates pairs of dimensions; attention reads K 8 halves at a time.
+        let want = format_args!("a multiple of {}", crate::kernels::HEAD_DIM_MULTIPLE);
+        m.push(mismatch("head_dim", want, cfg.head_dim));
     } else if cfg.head_dim > crate::kernels::MAX_HEAD_DIM {
         // The attention kernels keep one head in workgroup memory.
         m.push(mismatch("head_dim", format_args!("<= {}", crate::kernels::MAX_HEAD_DIM), cfg.head_dim));

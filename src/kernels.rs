@@ -142,6 +142,9 @@ pub const ATTENTION_CHUNK: u32 = WG;
 
 /// Logits per `argmax_partial` workgroup.
 pub const ARGMAX_CHUNK: u32 = 1024;
+/// head_dim must be a multiple of this: attention_partial reads a K row as
+/// `vec4<u32>`s (8 f16 values each).
+pub const HEAD_DIM_MULTIPLE: usize = 8;
 /// Largest head_dim the attention kernels hold in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
 

@@ -372,6 +372,9 @@ fn attention_matches_cpu() {
             (16, 8, 128, 64, 33),
             (3, 3, 32, 600, 517),
             (2, 1, 128, 1100, 1025),
+            (2, 1, 40, 300, 257), // an odd number of 8-value K loads per row
+            (3, 1, 8, 20, 13),
+            (4, 2, 64, 1100, 100), // four chunks past the context (their acc stays poisoned)
         ] {
             let q = nonzero(&mut rng, nh * hd);
             let kv_len = nkv * cap * hd;

@@ -29,7 +29,7 @@ kernel void attention_partial(
     constant Params& p [[buffer(0)]],
     const device Step* step [[buffer(1)]],
     const device float* q [[buffer(2)]],
-    const device uint* k_cache [[buffer(3)]],
+    const device uint4* k_cache [[buffer(3)]], // 8 halves per load (head_dim % 8 == 0)
     const device uint* v_cache [[buffer(4)]],
     device float2* part_ml [[buffer(5)]],  // [head][chunk]: (m, l)
     device float* part_acc [[buffer(6)]],  // [head][chunk][head_dim]
@@ -40,7 +40,7 @@ kernel void attention_partial(
     uint sg_id [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]])
 {
-    threadgroup float2 q_s[MAX_HEAD_DIM / 2];
+    threadgroup float4 q_s[MAX_HEAD_DIM / 4];
     threadgroup float e_s[WG];
     threadgroup float2 acc_s[WG];
     threadgroup float red[WG]; // one slot per simdgroup
@@ -62,21 +62,32 @@ kernel void attention_partial(
     const uint half_dim = p.head_dim / 2;
     const uint kv_base = kvh * p.capacity * half_dim;
 
-    for (uint i = lid; i < half_dim; i += WG) {
-        q_s[i] = float2(q[h * p.head_dim + 2 * i], q[h * p.head_dim + 2 * i + 1]);
+    for (uint i = lid; i < p.head_dim / 4; i += WG) {
+        const uint o = h * p.head_dim + 4 * i;
+        q_s[i] = float4(q[o], q[o + 1], q[o + 2], q[o + 3]);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
-    // One position per lane.
+    // One position per lane; its K row in 16-byte loads, two at a time
+    // (independent loads in flight instead of a chain of one).
     const uint t = start + lid;
     float s = -3.0e38f;
     if (t < end) {
-        const uint row = kv_base + t * half_dim;
-        float dot_qk = 0.0f;
-        for (uint i = 0; i < half_dim; i++) {
-            dot_qk += dot(q_s[i], float2(as_type<half2>(k_cache[row + i])));
+        const uint quads = half_dim / 4;
+        const uint row = (kv_base + t * half_dim) / 4;
+        float d0 = 0.0f;
+        float d1 = 0.0f;
+        for (uint j = 0; j < quads; j += 2) {
+            const uint4 a = k_cache[row + j];
+            d0 += dot(q_s[2 * j], float4(float2(as_type<half2>(a.x)), float2(as_type<half2>(a.y))))
+                + dot(q_s[2 * j + 1], float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w))));
+            if (j + 1 < quads) {
+                const uint4 b = k_cache[row + j + 1];
+                d1 += dot(q_s[2 * j + 2], float4(float2(as_type<half2>(b.x)), float2(as_type<half2>(b.y))))
+                    + dot(q_s[2 * j + 3], float4(float2(as_type<half2>(b.z)), float2(as_type<half2>(b.w))));
+            }
         }
-        s = dot_qk * p.scale;
+        s = (d0 + d1) * p.scale;
     }
     // Threadgroup max: simdgroup maxima, then every lane combines them.
     const float sm = simd_max(s);
@@ -110,8 +121,21 @@ kernel void attention_partial(
     const uint i = lid % half_dim;
     float2 acc = float2(0.0f);
     if (slice < n_slices) {
-        for (uint tt = start + slice; tt < end; tt += n_slices) {
-            acc += e_s[tt - start] * float2(as_type<half2>(v_cache[kv_base + tt * half_dim + i]));
+        // Four positions per iteration: four independent loads in flight.
+        const uint vb = kv_base + i;
+        uint tt = start + slice;
+        for (; tt + 3 * n_slices < end; tt += 4 * n_slices) {
+            const uint t1 = tt + n_slices;
+            const uint t2 = t1 + n_slices;
+            const uint t3 = t2 + n_slices;
+            const float2 v0 = float2(as_type<half2>(v_cache[vb + tt * half_dim]));
+            const float2 v1 = float2(as_type<half2>(v_cache[vb + t1 * half_dim]));
+            const float2 v2 = float2(as_type<half2>(v_cache[vb + t2 * half_dim]));
+            const float2 v3 = float2(as_type<half2>(v_cache[vb + t3 * half_dim]));
+            acc += e_s[tt - start] * v0 + e_s[t1 - start] * v1 + e_s[t2 - start] * v2 + e_s[t3 - start] * v3;
+        }
+        for (; tt < end; tt += n_slices) {
+            acc += e_s[tt - start] * float2(as_type<half2>(v_cache[vb + tt * half_dim]));
         }
     }
     acc_s[lid] = acc;

@@ -23,7 +23,8 @@ struct Step {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
+// Read 8 f16 values (4 words) at a time: head_dim is a multiple of 8.
+@group(0) @binding(3) var<storage, read> k_cache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<u32>;
 // [head][chunk]: (m, l)
 @group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>;
@@ -32,7 +33,7 @@ struct Step {
 
 const MAX_HEAD_DIM: u32 = 256u;
 // Positions per workgroup = WG (one score per invocation).
-var<workgroup> q_s: array<vec2<f32>, MAX_HEAD_DIM / 2u>;
+var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
 var<workgroup> e_s: array<f32, WG>;
 var<workgroup> acc_s: array<vec2<f32>, WG>;
 
@@ -55,21 +56,32 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let half_dim = p.head_dim / 2u;
     let kv_base = kvh * p.capacity * half_dim;
 
-    for (var i = lane.idx; i < half_dim; i += WG) {
-        q_s[i] = vec2<f32>(q[h * p.head_dim + 2u * i], q[h * p.head_dim + 2u * i + 1u]);
+    for (var i = lane.idx; i < p.head_dim / 4u; i += WG) {
+        let o = h * p.head_dim + 4u * i;
+        q_s[i] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
     }
     workgroupBarrier();
 
-    // One position per invocation.
+    // One position per invocation; its K row in 16-byte loads, two at a
+    // time (independent loads in flight instead of a chain of one).
     let t = start + lane.idx;
     var s = -3.0e38;
     if t < end {
-        let row = kv_base + t * half_dim;
-        var dot_qk = 0.0;
-        for (var i = 0u; i < half_dim; i++) {
-            dot_qk += dot(q_s[i], unpack2x16float(k_cache[row + i]));
+        let quads = half_dim / 4u;
+        let row = (kv_base + t * half_dim) / 4u;
+        var d0 = 0.0;
+        var d1 = 0.0;
+        for (var j = 0u; j < quads; j += 2u) {
+            let a = k_cache[row + j];
+            d0 += dot(q_s[2u * j], vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y)))
+                + dot(q_s[2u * j + 1u], vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w)));
+            if j + 1u < quads {
+                let b = k_cache[row + j + 1u];
+                d1 += dot(q_s[2u * j + 2u], vec4<f32>(unpack2x16float(b.x), unpack2x16float(b.y)))
+                    + dot(q_s[2u * j + 3u], vec4<f32>(unpack2x16float(b.z), unpack2x16float(b.w)));
+            }
         }
-        s = dot_qk * p.scale;
+        s = (d0 + d1) * p.scale;
     }
     let m = wg_max(s, lane);
     var e = 0.0;
@@ -86,8 +98,21 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let i = lane.idx % half_dim;
     var acc = vec2<f32>(0.0);
     if slice < n_slices {
-        for (var tt = start + slice; tt < end; tt += n_slices) {
-            acc += e_s[tt - start] * unpack2x16float(v_cache[kv_base + tt * half_dim + i]);
+        // Four positions per iteration: four independent loads in flight.
+        let vb = kv_base + i;
+        var tt = start + slice;
+        for (; tt + 3u * n_slices < end; tt += 4u * n_slices) {
+            let t1 = tt + n_slices;
+            let t2 = t1 + n_slices;
+            let t3 = t2 + n_slices;
+            let v0 = unpack2x16float(v_cache[vb + tt * half_dim]);
+            let v1 = unpack2x16float(v_cache[vb + t1 * half_dim]);
+            let v2 = unpack2x16float(v_cache[vb + t2 * half_dim]);
+            let v3 = unpack2x16float(v_cache[vb + t3 * half_dim]);
+            acc += e_s[tt - start] * v0 + e_s[t1 - start] * v1 + e_s[t2 - start] * v2 + e_s[t3 - start] * v3;
+        }
+        for (; tt < end; tt += n_slices) {
+            acc += e_s[tt - start] * unpack2x16float(v_cache[vb + tt * half_dim]);
         }
     }
     acc_s[lane.idx] = acc;
