@@ -871,7 +871,7 @@ fn engine_rejects_unrunnable_shapes() {
             let fields: Vec<&str> = mismatches.iter().map(|m| m.field.as_str()).collect();
             assert_eq!(fields, vec!["intermediate_size", "num_attention_heads", "head_dim"]);
             assert_eq!(mismatches[1].found, "3");
-            assert_eq!(mismatches[2].expected, "an even number");
+            assert_eq!(mismatches[2].expected, "a multiple of 8");
         }
         Err(e) => panic!("{} ({e})", code(&e)),
         Ok(_) => panic!("accepted an unrunnable config"),
