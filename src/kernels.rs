@@ -556,10 +556,18 @@ impl Launch {
         Launch { kernel, bind_group, workgroups }
     }
 
+    /// Records the launch for one token (the decode step).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels) {
+        self.record_batch(pass, kernels, 1);
+    }
+
+    /// Records the launch for `tokens` consecutive tokens (batched
+    /// prefill): the grid's z dimension, which every batched kernel reads
+    /// as the token's index in the batch.
+    pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
         pass.set_pipeline(&kernels.get(self.kernel).pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]);
+        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2] * tokens);
     }
 }
 

@@ -22,7 +22,7 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, WG};
 use crate::model::{GpuMatrix, GpuWeights};
-use crate::session::SessionBuffers;
+use crate::session::{padded, SessionBuffers};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -33,6 +33,8 @@ struct MatvecParams {
     row_offset: u32,
     n_in: u32,
     eps: f32,
+    /// Elements between consecutive tokens' outputs (batched prefill).
+    y_stride: u32,
 }
 
 #[repr(C)]
@@ -44,6 +46,8 @@ struct HeadParams {
     capacity: u32,
     /// rms_norm_eps for qk_norm_rope, the softmax scale for attention.
     eps_or_scale: f32,
+    /// qk_norm_rope: elements between consecutive tokens' qkv rows.
+    qkv_stride: u32,
 }
 
 /// RoPE's (cos, sin) for every position below `capacity` and frequency
@@ -70,6 +74,16 @@ struct EmbedParams {
     row_end: u32,
 }
 
+/// The launches of one decode step, in order. `launches[..layers_end]`
+/// (embedding and decoder layers) also run batched over several prompt
+/// tokens (`Launch::record_batch`: token z of the batch in grid z, at
+/// position `step.pos + z`); the rest (final norm, LM head, argmax) run for
+/// one token.
+pub struct Forward {
+    pub launches: Vec<Launch>,
+    pub layers_end: usize,
+}
+
 /// Builds the launches of one decode step over `weights` and the session
 /// buffers `s`.
 pub fn forward(
@@ -78,7 +92,7 @@ pub fn forward(
     cfg: &ModelConfig,
     weights: &GpuWeights,
     s: &SessionBuffers,
-) -> Result<Vec<Launch>> {
+) -> Result<Forward> {
     use Matvec::{Accumulate, Normed, NormedSwiglu};
     let mut b = Builder { gpu, kernels, cfg, s, launches: Vec::new() };
     b.embed(&weights.embed)?;
@@ -90,9 +104,10 @@ pub fn forward(
         b.matvec(&layer.gate_up, &s.x, &s.h, NormedSwiglu(&layer.post_norm))?;
         b.matvec(&layer.down, &s.h, &s.x, Accumulate)?;
     }
+    let layers_end = b.launches.len();
     b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))?;
     b.argmax()?;
-    Ok(b.launches)
+    Ok(Forward { launches: b.launches, layers_end })
 }
 
 /// What a matvec computes from `x` (each is one `int8_matvec` variant):
@@ -168,6 +183,10 @@ impl Builder<'_> {
             Matvec::Normed(n) => (Kernel::Int8MatvecNorm, Some(n)),
             Matvec::NormedSwiglu(n) => (Kernel::Int8MatvecNormSwiglu, Some(n)),
         };
+        // Every activation buffer holds one row per token, padded to the
+        // quant group (what a consuming matvec's k_words expects).
+        let outputs = if kernel == Kernel::Int8MatvecNormSwiglu { w.rows / 2 } else { w.rows };
+        let y_stride = padded(outputs);
         for c in &w.chunks {
             let p = MatvecParams {
                 rows: c.rows as u32,
@@ -176,6 +195,7 @@ impl Builder<'_> {
                 row_offset: c.row_start as u32,
                 n_in: w.cols as u32,
                 eps: self.cfg.rms_norm_eps,
+                y_stride: y_stride as u32,
             };
             // Without a norm the norm_w slot is never read: bind x there.
             let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
@@ -192,6 +212,7 @@ impl Builder<'_> {
             head_dim: self.cfg.head_dim as u32,
             capacity: self.s.capacity as u32,
             eps_or_scale,
+            qkv_stride: padded(self.cfg.qkv_rows()) as u32,
         }
     }
 
@@ -235,7 +256,7 @@ impl Builder<'_> {
             &bufs,
             [heads, s.attention_chunks as u32, 1],
         )?;
-        let p = [self.cfg.head_dim as u32, s.attention_chunks as u32];
+        let p = [self.cfg.head_dim as u32, s.attention_chunks as u32, padded(self.cfg.q_dim()) as u32];
         let bufs = [whole(&s.attn_ml), whole(&s.attn_acc), whole(&s.attn)];
         self.launch(Kernel::AttentionReduce, bytemuck::cast_slice(&p), &bufs, heads)
     }

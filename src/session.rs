@@ -22,9 +22,16 @@ use crate::weights::QUANT_GROUP;
 /// the caller stops early.
 pub const DEFAULT_LOOKAHEAD: usize = 4;
 
+/// Prompt tokens run through the layers together (one launch per kernel
+/// for the whole batch; the activation buffers hold this many rows).
+pub const PREFILL_BATCH: usize = 64;
+
 /// Buffers of one session.
 pub struct SessionBuffers {
     pub capacity: usize,
+    /// Token rows of the activation buffers ([`PREFILL_BATCH`]); decode
+    /// uses row 0.
+    pub batch: usize,
     /// The token sequence (u32), `capacity + 1` entries: prompt tokens are
     /// written by the host, the rest by the argmax (`tokens[pos + 1]`).
     pub tokens: wgpu::Buffer,
@@ -52,7 +59,9 @@ pub struct SessionBuffers {
     pub v_cache: Vec<wgpu::Buffer>,
 }
 
-fn padded(n: usize) -> usize {
+/// `n` rounded up to the quant group: the row length of every activation
+/// buffer (a consuming matvec reads its input in whole groups).
+pub(crate) fn padded(n: usize) -> usize {
     n.div_ceil(QUANT_GROUP) * QUANT_GROUP
 }
 
@@ -61,22 +70,26 @@ impl SessionBuffers {
         let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
         let kv_words = cfg.num_key_value_heads * capacity * cfg.head_dim / 2;
         let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
+        // Prompts shorter than a batch need no more rows than they have.
+        let batch = PREFILL_BATCH.min(capacity);
+        let rows = |n: usize| batch * padded(n);
         Ok(SessionBuffers {
             capacity,
+            batch,
             tokens: f("tokens", capacity + 1),
             step: f("step", 2),
-            // Inputs of matvecs are padded to the quant group; the tail stays zero.
-            x: f("x", padded(cfg.hidden_size)),
-            qkv: f("qkv", cfg.qkv_rows()),
-            q: f("q", cfg.q_dim()),
-            attn: f("attn", padded(cfg.q_dim())),
-            h: f("h", padded(cfg.intermediate_size)),
+            // Rows are padded to the quant group; the padding stays zero.
+            x: f("x", rows(cfg.hidden_size)),
+            qkv: f("qkv", rows(cfg.qkv_rows())),
+            q: f("q", batch * cfg.q_dim()),
+            attn: f("attn", rows(cfg.q_dim())),
+            h: f("h", rows(cfg.intermediate_size)),
             logits: f("logits", cfg.vocab_size),
             part_val: f("part_val", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
             part_idx: f("part_idx", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
             attention_chunks: chunks,
-            attn_ml: f("attn_ml", 2 * cfg.num_attention_heads * chunks),
-            attn_acc: f("attn_acc", cfg.num_attention_heads * chunks * cfg.head_dim),
+            attn_ml: f("attn_ml", batch * 2 * cfg.num_attention_heads * chunks),
+            attn_acc: f("attn_acc", batch * cfg.num_attention_heads * chunks * cfg.head_dim),
             rope: gpu.storage_init(
                 "rope",
                 bytemuck::cast_slice(&crate::qwen3::rope_table(cfg.head_dim, capacity, cfg.rope_theta)),
@@ -142,6 +155,8 @@ pub struct Session {
     model: Arc<ModelGpu>,
     bufs: SessionBuffers,
     forward: Vec<Launch>,
+    /// `forward[..layers_end]` also runs batched over prompt tokens.
+    layers_end: usize,
     /// Positions consumed: the KV cache is valid below `len`.
     len: usize,
     /// Greedy prediction after the last consumed position (`tokens[len]`).
@@ -171,7 +186,8 @@ impl Session {
         let mut session = Session {
             model,
             bufs,
-            forward,
+            forward: forward.launches,
+            layers_end: forward.layers_end,
             len: 0,
             pending: None,
             gpu_pos: 0,
@@ -243,33 +259,41 @@ impl Session {
 
     /// Runs `ids` through the model (appending them to the context) and
     /// returns the greedy next token. Checks every id and the capacity
-    /// before touching the GPU.
+    /// before touching the GPU. All but the last token run through the
+    /// layers in batches of [`PREFILL_BATCH`] (one launch per kernel per
+    /// batch, causal attention within it); the last runs the whole step,
+    /// whose argmax is the returned token.
     pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
         check_prompt(ids, self.model.config.vocab_size)?;
         self.check_room(ids.len())?;
         self.discard_queued()?;
-        let gpu = &self.model.gpu;
+        let gpu = self.model.gpu.clone();
         gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(ids));
         let end = self.len + ids.len();
-        self.write_step(end);
-        // The prompt's steps queue up without a wait; only the last token's
-        // prediction is read back.
-        const STEPS_PER_SUBMIT: usize = 16;
-        let mut left = ids.len();
-        while left > 0 {
-            let n = left.min(STEPS_PER_SUBMIT);
-            left -= n;
+        // No waits in between: each batch's position is written before its
+        // submit (writes and submits run in queue order).
+        let mut at = self.len;
+        while at + 1 < end {
+            let n = (end - 1 - at).min(self.bufs.batch);
+            self.write_step_at(at, end);
             let mut enc = self.encoder();
-            for _ in 0..n {
-                self.record(&mut enc, None);
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("prefill"),
+                    timestamp_writes: None,
+                });
+                for l in &self.forward[..self.layers_end] {
+                    l.record_batch(&mut pass, &self.model.kernels, n as u32);
+                }
             }
-            if left == 0 {
-                let slot = self.queue_readback(&mut enc, end)?;
-                self.submit_with_readback(enc, slot);
-            } else {
-                self.model.gpu.queue.submit([enc.finish()]);
-            }
+            gpu.queue.submit([enc.finish()]);
+            at += n;
         }
+        self.write_step_at(end - 1, end);
+        let mut enc = self.encoder();
+        self.record(&mut enc, None);
+        let slot = self.queue_readback(&mut enc, end)?;
+        self.submit_with_readback(enc, slot);
         self.gpu_pos = end;
         self.len = end - 1;
         self.take_queued()
@@ -322,7 +346,11 @@ impl Session {
     /// Sets the GPU's position to `len` (the next step reads `tokens[len]`);
     /// the argmax may write tokens from position `fill_end` on.
     fn write_step(&self, fill_end: usize) {
-        let step = [self.len as u32, fill_end as u32];
+        self.write_step_at(self.len, fill_end);
+    }
+
+    fn write_step_at(&self, pos: usize, fill_end: usize) {
+        let step = [pos as u32, fill_end as u32];
         self.model.gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
     }
 

@@ -107,14 +107,24 @@ fn int8_matvec_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(1);
     for sub in variants(&gpu) {
         // Rows not a multiple of the 4 rows per team or the 8 per workgroup,
-        // K not a multiple of a team's stride (lavapipe: 8 lanes x 16 values).
-        for &(rows, cols) in &[(2, 64), (6, 96), (10, 1000), (66, 128), (130, 1024), (18, 3072), (4, 2048)] {
+        // K not a multiple of a team's stride (lavapipe: 8 lanes x 16 values);
+        // one token (decode) or a batch of 3 (prefill, grid z).
+        let shapes = [
+            (2, 64, 1),
+            (6, 96, 3),
+            (10, 1000, 1),
+            (66, 128, 3),
+            (130, 1024, 1),
+            (18, 3072, 3),
+            (4, 2048, 1),
+        ];
+        for &(rows, cols, tokens) in &shapes {
             let kernels = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some());
             let layouts = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK];
             for (kernel, layout) in kernels.flat_map(|k| layouts.map(|l| (k, l))) {
                 let variant = kernel.matvec_variant().unwrap();
                 let m = random_quant(&mut rng, rows, cols);
-                let x = padded_input(&mut rng, cols);
+                let xs: Vec<Vec<f32>> = (0..tokens).map(|_| padded_input(&mut rng, cols)).collect();
                 // The fused RMSNorm's weight, zero-padded like the engine's.
                 let norm_w = padded_input(&mut rng, cols);
                 let eps = 1e-6f32;
@@ -122,8 +132,10 @@ fn int8_matvec_matches_cpu() {
                 let row_offset = if variant.swiglu { 4usize } else { 3 };
                 let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
                 let outs = if variant.swiglu { rows / 2 } else { rows };
-                let y0 = nonzero(&mut rng, outs + first_out);
-                let init = if variant.accumulate { f32s(&y0) } else { poisoned(outs + first_out) };
+                // Token z's outputs start at z * y_stride (a gap after each).
+                let y_stride = first_out + outs + 5;
+                let y0 = nonzero(&mut rng, tokens * y_stride);
+                let init = if variant.accumulate { f32s(&y0) } else { poisoned(tokens * y_stride) };
                 let params = [
                     rows as u32,
                     m.k_words() as u32,
@@ -131,35 +143,46 @@ fn int8_matvec_matches_cpu() {
                     row_offset as u32,
                     cols as u32,
                     eps.to_bits(),
+                    y_stride as u32,
                 ];
+                let mut grid = kernels::grid((rows as u32).div_ceil(layout.rows_per_wg()));
+                grid[2] = tokens as u32;
                 let out = dispatch_grid(
                     &gpu,
                     kernel,
                     sub,
                     layout,
                     &[bytemuck::cast_slice(&params)],
-                    &[f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
-                    kernels::grid((rows as u32).div_ceil(layout.rows_per_wg())),
+                    &[f32s(&xs.concat()), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
+                    grid,
                 );
                 let got = to_f32(&out[0]);
-                // Elements before the first output are untouched.
-                for i in 0..first_out {
-                    if variant.accumulate {
-                        assert_eq!(got[i], y0[i]);
-                    } else {
-                        assert_eq!(got[i].to_bits(), POISON, "wrote before row_offset");
+                for (z, x) in xs.iter().enumerate() {
+                    let row = &got[z * y_stride..(z + 1) * y_stride];
+                    let row0 = &y0[z * y_stride..(z + 1) * y_stride];
+                    // Elements outside the outputs are untouched.
+                    for i in (0..first_out).chain(first_out + outs..y_stride) {
+                        if variant.accumulate {
+                            assert_eq!(row[i], row0[i]);
+                        } else {
+                            assert_eq!(
+                                row[i].to_bits(),
+                                POISON,
+                                "token {z}: wrote outside the outputs at {i}"
+                            );
+                        }
                     }
+                    let norm = variant.norm.then_some((&norm_w[..], eps));
+                    let acc = variant.accumulate.then_some(&row0[first_out..]);
+                    let (want, scale) = matvec_ref(&m, x, norm, acc, variant.swiglu);
+                    assert_close(
+                        &format!("{kernel:?} {layout:?} {rows}x{cols} token {z}/{tokens} sub={sub}"),
+                        &row[first_out..first_out + outs],
+                        &want,
+                        &scale,
+                        1e-5,
+                    );
                 }
-                let norm = variant.norm.then_some((&norm_w[..], eps));
-                let acc = variant.accumulate.then_some(&y0[first_out..]);
-                let (want, scale) = matvec_ref(&m, &x, norm, acc, variant.swiglu);
-                assert_close(
-                    &format!("{kernel:?} {rows}x{cols} sub={sub}"),
-                    &got[first_out..],
-                    &want,
-                    &scale,
-                    1e-5,
-                );
             }
         }
     }
@@ -214,6 +237,44 @@ fn embed_lookup_matches_cpu() {
                 assert!(got.iter().all(|v| v.to_bits() == POISON), "a chunk without the token wrote");
             }
         }
+    }
+}
+
+#[test]
+fn embed_lookup_batches_tokens_from_the_position() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(14);
+    let (rows, cols) = (40usize, 96usize);
+    let m = random_quant(&mut rng, rows, cols);
+    let tokens = [7u32, 8, 31, 0, 39, 5];
+    let params = [m.k_words() as u32, m.groups() as u32, 0, rows as u32];
+    let out = dispatch_grid(
+        &gpu,
+        Kernel::EmbedLookup,
+        false,
+        MatvecLayout::RowsPerTeam,
+        &[bytemuck::cast_slice(&params)],
+        &[
+            step(2, 6),
+            bytemuck::cast_slice(&tokens).to_vec(),
+            m.data(),
+            f32s(&m.scales),
+            poisoned(3 * m.padded),
+        ],
+        [(m.padded as u32 / 4).div_ceil(WG), 1, 3],
+    );
+    let got = to_f32(&out[0]);
+    for z in 0..3 {
+        let t = tokens[2 + z] as usize;
+        let want: Vec<f64> = (0..m.padded).map(|c| if c < cols { m.w(t, c) } else { 0.0 }).collect();
+        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1e-3).collect();
+        assert_close(
+            &format!("batched embed token {z}"),
+            &got[z * m.padded..(z + 1) * m.padded],
+            &want,
+            &scale,
+            1e-6,
+        );
     }
 }
 
@@ -296,25 +357,30 @@ fn qk_norm_rope_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(6);
     for sub in variants(&gpu) {
-        for &(nh, nkv, hd, cap, pos) in &[
-            (4usize, 2usize, 64usize, 8usize, 5usize),
-            (16, 8, 128, 40, 37),
-            (3, 1, 32, 4, 0),
-            (8, 8, 128, 3000, 2999),
-            (2, 1, 64, 4, 4), // a step queued past the capacity writes nothing
+        // (heads, kv heads, head_dim, capacity, first position, tokens)
+        for &(nh, nkv, hd, cap, pos, tokens) in &[
+            (4usize, 2usize, 64usize, 8usize, 5usize, 1usize),
+            (16, 8, 128, 40, 37, 3), // a batch: positions 37, 38, 39
+            (3, 1, 32, 4, 0, 1),
+            (8, 8, 128, 3000, 2999, 1),
+            (2, 1, 64, 4, 4, 1), // a step queued past the capacity writes nothing
         ] {
             let theta = 1_000_000f32;
             let eps = 1e-6f32;
-            let qkv = nonzero(&mut rng, (nh + 2 * nkv) * hd);
+            let rows = (nh + 2 * nkv) * hd;
+            let qkv_stride = rows + 8; // padded rows, as the engine's
+            let qkv = nonzero(&mut rng, tokens * qkv_stride);
             let qn = nonzero(&mut rng, hd);
             let kn = nonzero(&mut rng, hd);
-            let params: [u32; 5] = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits()];
+            let params: [u32; 6] =
+                [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits(), qkv_stride as u32];
             let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
             let cache_words = nkv * cap * hd / 2;
-            let out = dispatch(
+            let out = dispatch_grid(
                 &gpu,
                 Kernel::QkNormRope,
                 sub,
+                MatvecLayout::RowsPerTeam,
                 &[bytemuck::cast_slice(&params)],
                 &[
                     step(pos, 0),
@@ -322,11 +388,11 @@ fn qk_norm_rope_matches_cpu() {
                     f32s(&qn),
                     f32s(&kn),
                     f32s(&rope),
-                    poisoned(nh * hd),
+                    poisoned(tokens * nh * hd),
                     poisoned(cache_words),
                     poisoned(cache_words),
                 ],
-                (nh + 2 * nkv) as u32,
+                [(nh + 2 * nkv) as u32, 1, tokens as u32],
             );
             if pos >= cap {
                 assert!(out.iter().flat_map(|o| to_f32(o)).all(|v| v.to_bits() == POISON));
@@ -336,23 +402,34 @@ fn qk_norm_rope_matches_cpu() {
             let kc = unpack_f16(&out[1]);
             let vc = unpack_f16(&out[2]);
             let (th, ep) = (theta as f64, eps as f64);
-            for h in 0..nh {
-                let want = qk_norm_rope_ref(&qkv[h * hd..(h + 1) * hd], Some(&qn), pos, th, ep);
-                let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-                assert_close(&format!("q head {h} sub={sub}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
+            for z in 0..tokens {
+                let at_pos = pos + z;
+                let head = |h: usize| &qkv[z * qkv_stride + h * hd..z * qkv_stride + (h + 1) * hd];
+                for h in 0..nh {
+                    let want = qk_norm_rope_ref(head(h), Some(&qn), at_pos, th, ep);
+                    let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+                    let got = &q[(z * nh + h) * hd..(z * nh + h + 1) * hd];
+                    assert_close(&format!("q head {h} token {z} sub={sub}"), got, &want, &scale, 2e-4);
+                }
+                for g in 0..nkv {
+                    let want = qk_norm_rope_ref(head(nh + g), Some(&kn), at_pos, th, ep);
+                    let at = (g * cap + at_pos) * hd;
+                    let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+                    assert_close(&format!("k head {g} token {z}"), &kc[at..at + hd], &want, &scale, 2e-3);
+                    let vwant = qk_norm_rope_ref(head(nh + nkv + g), None, at_pos, th, ep);
+                    assert_close(
+                        &format!("v head {g} token {z}"),
+                        &vc[at..at + hd],
+                        &vwant,
+                        &vec![1.0; hd],
+                        1e-3,
+                    );
+                }
             }
+            // Positions outside the batch stay untouched.
             for g in 0..nkv {
-                let src = (nh + g) * hd;
-                let want = qk_norm_rope_ref(&qkv[src..src + hd], Some(&kn), pos, th, ep);
-                let at = (g * cap + pos) * hd;
-                let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-                assert_close(&format!("k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
-                let vsrc = (nh + nkv + g) * hd;
-                let vwant = qk_norm_rope_ref(&qkv[vsrc..vsrc + hd], None, pos, th, ep);
-                assert_close(&format!("v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
-                // Other positions stay untouched.
-                let other = ((g * cap + (pos + 1) % cap) * hd) / 2;
-                if cap > 1 {
+                let other = ((g * cap + (pos + tokens) % cap) * hd) / 2;
+                if cap > tokens {
                     let w = u32::from_le_bytes(out[1][4 * other..4 * other + 4].try_into().unwrap());
                     assert_eq!(w, POISON, "k cache written at another position");
                 }
@@ -366,17 +443,20 @@ fn attention_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(7);
     for sub in variants(&gpu) {
-        for &(nh, nkv, hd, cap, seq) in &[
-            (4usize, 2usize, 64usize, 16usize, 1usize),
-            (4, 1, 64, 300, 300),
-            (16, 8, 128, 64, 33),
-            (3, 3, 32, 600, 517),
-            (2, 1, 128, 1100, 1025),
-            (2, 1, 40, 300, 257), // an odd number of 8-value K loads per row
-            (3, 1, 8, 20, 13),
-            (4, 2, 64, 1100, 100), // four chunks past the context (their acc stays poisoned)
+        // (heads, kv heads, head_dim, capacity, context of the first token, tokens)
+        for &(nh, nkv, hd, cap, seq, tokens) in &[
+            (4usize, 2usize, 64usize, 16usize, 1usize, 1usize),
+            (4, 1, 64, 300, 300, 1),
+            (16, 8, 128, 64, 33, 1),
+            (3, 3, 32, 600, 517, 1),
+            (2, 1, 128, 1100, 1025, 1),
+            (2, 1, 40, 300, 257, 1), // an odd number of 8-value K loads per row
+            (3, 1, 8, 20, 13, 1),
+            (4, 2, 64, 1100, 100, 1), // four chunks past the context (their acc stays poisoned)
+            (4, 2, 64, 600, 250, 9),  // a causal batch: contexts 250..258, across a chunk edge
+            (2, 2, 32, 16, 1, 5),     // a batch from the first position
         ] {
-            let q = nonzero(&mut rng, nh * hd);
+            let q = nonzero(&mut rng, tokens * nh * hd);
             let kv_len = nkv * cap * hd;
             let k: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
             let v: Vec<f16> = nonzero(&mut rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
@@ -396,23 +476,31 @@ fn attention_matches_cpu() {
                     f32s(&q),
                     bytemuck::cast_slice(&k).to_vec(),
                     bytemuck::cast_slice(&v).to_vec(),
-                    poisoned(2 * nh * chunks),
-                    poisoned(nh * chunks * hd),
+                    poisoned(tokens * 2 * nh * chunks),
+                    poisoned(tokens * nh * chunks * hd),
                 ],
-                [nh as u32, chunks as u32, 1],
+                [nh as u32, chunks as u32, tokens as u32],
             );
-            let p2 = [hd as u32, chunks as u32];
-            let out = dispatch(
+            let out_stride = nh * hd + 3; // padded rows, as the engine's
+            let p2 = [hd as u32, chunks as u32, out_stride as u32];
+            let out = dispatch_grid(
                 &gpu,
                 Kernel::AttentionReduce,
                 sub,
+                MatvecLayout::RowsPerTeam,
                 &[bytemuck::cast_slice(&p2)],
-                &[parts[0].clone(), parts[1].clone(), poisoned(nh * hd)],
-                nh as u32,
+                &[parts[0].clone(), parts[1].clone(), poisoned(tokens * out_stride)],
+                [nh as u32, 1, tokens as u32],
             );
             let got = to_f32(&out[0]);
-            let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale_f as f64);
-            assert_close(&format!("attention seq {seq} sub={sub}"), &got, &want, &vec![1.0; nh * hd], 1e-4);
+            for z in 0..tokens {
+                let qz = &q[z * nh * hd..(z + 1) * nh * hd];
+                let want = attention_ref(qz, &k, &v, nh, nkv, hd, cap, seq + z, scale_f as f64);
+                let row = &got[z * out_stride..(z + 1) * out_stride];
+                let what = format!("attention seq {} token {z}/{tokens} sub={sub}", seq + z);
+                assert_close(&what, &row[..nh * hd], &want, &vec![1.0; nh * hd], 1e-4);
+                assert!(row[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the row");
+            }
         }
     }
 }

@@ -5,6 +5,8 @@
 // l = sum(exp(s - m)) and acc = sum(exp(s - m) * v). attention_reduce
 // combines the chunks. GQA by indexing: kv_head = h / (n_heads / n_kv_heads),
 // no K/V copies. K/V: f16 pairs packed in u32, [kv_head][capacity][head_dim/2].
+// Batched (prefill): workgroup (h, c, z) serves token z of the batch, at
+// position step.pos + z, over positions <= its own (causal).
 
 struct Params {
     n_heads: u32,
@@ -26,9 +28,9 @@ struct Step {
 // Read 8 f16 values (4 words) at a time: head_dim is a multiple of 8.
 @group(0) @binding(3) var<storage, read> k_cache: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<u32>;
-// [head][chunk]: (m, l)
+// [token][head][chunk]: (m, l)
 @group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>;
-// [head][chunk][head_dim]
+// [token][head][chunk][head_dim]
 @group(0) @binding(6) var<storage, read_write> part_acc: array<f32>;
 
 const MAX_HEAD_DIM: u32 = 256u;
@@ -41,10 +43,11 @@ var<workgroup> acc_s: array<vec2<f32>, WG>;
 fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let h = wg.x;
     let c = wg.y;
+    let z = wg.z;
     let n_chunks = nwg.y;
-    let part = h * n_chunks + c;
+    let part = (z * p.n_heads + h) * n_chunks + c;
     let start = c * WG;
-    let end = min(min(step.pos + 1u, p.capacity), start + WG);
+    let end = min(min(step.pos + z + 1u, p.capacity), start + WG);
     if start >= end {
         // An empty chunk (past the context): contributes nothing.
         if lane.idx == 0u {
@@ -57,7 +60,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let kv_base = kvh * p.capacity * half_dim;
 
     for (var i = lane.idx; i < p.head_dim / 4u; i += WG) {
-        let o = h * p.head_dim + 4u * i;
+        let o = (z * p.n_heads + h) * p.head_dim + 4u * i;
         q_s[i] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
     }
     workgroupBarrier();

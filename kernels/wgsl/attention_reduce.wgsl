@@ -4,11 +4,13 @@
 //   out = sum_c acc_c exp(m_c - M) / L.
 // M and L are reduced over the workgroup (one chunk per invocation), so
 // each invocation's output loop is a single pass over the chunks, four
-// independent loads at a time.
+// independent loads at a time. Batched (prefill): workgroup (h, 0, z)
+// combines token z's chunks into out[z * out_stride ..].
 
 struct Params {
     head_dim: u32,
     n_chunks: u32,
+    out_stride: u32, // elements between consecutive tokens' outputs
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,9 +30,10 @@ fn term(a: f32, ml: vec2<f32>, big_m: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn attention_reduce(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
+fn attention_reduce(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let h = wg.x;
-    let base = h * p.n_chunks;
+    let z = wg.z;
+    let base = (z * nwg.x + h) * p.n_chunks;
     var m = -3.0e38;
     for (var c = lane.idx; c < p.n_chunks; c += WG) {
         m = max(m, part_ml[base + c].x);
@@ -57,6 +60,6 @@ fn attention_reduce(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
         for (; c < p.n_chunks; c++) {
             o += term(part_acc[a + c * p.head_dim], part_ml[base + c], big_m);
         }
-        out[h * p.head_dim + d] = o / big_l;
+        out[z * p.out_stride + h * p.head_dim + d] = o / big_l;
     }
 }

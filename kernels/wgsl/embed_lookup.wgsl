@@ -1,6 +1,8 @@
 // x = dequantised row `tokens[step.pos]` of an int8 table, if that row lies
 // in this launch's chunk [row_start, row_end) (large tables are bound in
 // chunks; exactly one chunk writes). An out-of-range id writes nothing.
+// Batched (prefill): workgroup z embeds tokens[step.pos + z] into
+// x[z * k_words ..].
 
 struct Params {
     k_words: u32,   // padded row length / 4
@@ -26,11 +28,12 @@ override GROUP_WORDS: u32 = 16u;
 
 @compute @workgroup_size(WG)
 fn embed_lookup(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = tokens[min(step.pos, arrayLength(&tokens) - 1u)];
+    let z = gid.z;
+    let t = tokens[min(step.pos + z, arrayLength(&tokens) - 1u)];
     let j = gid.x;
     if t < p.row_start || t >= p.row_end || j >= p.k_words {
         return;
     }
     let r = t - p.row_start;
-    x[j] = vec4<f32>(unpack4xI8(w[r * p.k_words + j])) * scales[r * p.groups + j / GROUP_WORDS];
+    x[z * p.k_words + j] = vec4<f32>(unpack4xI8(w[r * p.k_words + j])) * scales[r * p.groups + j / GROUP_WORDS];
 }

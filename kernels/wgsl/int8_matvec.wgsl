@@ -21,6 +21,9 @@
 // SWIGLU (the gate/up projection): rows are stored interleaved, gate row i
 // at 2i and up row i at 2i+1, so a block of 4 rows yields
 // y[(row_offset + row0) / 2 + t] = silu(gate_t) * up_t for t = 0, 1.
+//
+// Batched (prefill): workgroup z applies the matrix to token z's input
+// x[z * k_words ..] and writes y[z * y_stride ..]; decode runs z = 0 only.
 
 struct Params {
     rows: u32,       // rows in this launch (a chunk of the matrix)
@@ -29,6 +32,7 @@ struct Params {
     row_offset: u32, // first output element written (SWIGLU: first matrix row)
     n_in: u32,       // NORM: elements of x (the padding is zero)
     eps: f32,        // NORM: rms_norm_eps
+    y_stride: u32,   // elements between consecutive tokens' outputs (batched)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -66,7 +70,7 @@ struct Partial {
     ss: vec4<f32>,
 }
 
-fn partial4(row0: u32, first: u32, stride: u32) -> Partial {
+fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
     let k_quads = p.k_words / 4u;
     let r1 = min(row0 + 1u, p.rows - 1u);
     let r2 = min(row0 + 2u, p.rows - 1u);
@@ -75,10 +79,10 @@ fn partial4(row0: u32, first: u32, stride: u32) -> Partial {
     var acc = vec4<f32>(0.0);
     var ss = vec4<f32>(0.0);
     for (var j = first; j < k_quads; j += stride) {
-        var x0 = x[4u * j];
-        var x1 = x[4u * j + 1u];
-        var x2 = x[4u * j + 2u];
-        var x3 = x[4u * j + 3u];
+        var x0 = x[xb + 4u * j];
+        var x1 = x[xb + 4u * j + 1u];
+        var x2 = x[xb + 4u * j + 2u];
+        var x3 = x[xb + 4u * j + 3u];
         if NORM {
             ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
             x0 *= norm_w[4u * j];
@@ -103,18 +107,19 @@ fn finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
     return sums;
 }
 
-// Team lane `i` < 4 writes row row0 + i (SWIGLU: lane i < 2 writes output
-// pair i of the block).
-fn store4(row0: u32, sums: vec4<f32>, i: u32) {
+// Team lane `i` < 4 writes row row0 + i of token z's output (SWIGLU: lane
+// i < 2 writes output pair i of the block).
+fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
+    let yb = z * p.y_stride;
     if SWIGLU {
         if i < 2u && row0 + 2u * i < p.rows {
-            let o = (p.row_offset + row0) / 2u + i;
+            let o = yb + (p.row_offset + row0) / 2u + i;
             y[o] = silu(sums[2u * i]) * sums[2u * i + 1u];
         }
         return;
     }
     if i < 4u && row0 + i < p.rows {
-        let o = p.row_offset + row0 + i;
+        let o = yb + p.row_offset + row0 + i;
         var v = sums[i];
         if ACCUMULATE {
             v += y[o];
@@ -129,15 +134,17 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     if wg_row0 >= p.rows {
         return; // whole workgroup: uniform
     }
+    let z = wg.z;
+    let xb = z * p.k_words;
     if SPLIT_K {
         // All lanes share the 4 rows; one workgroup reduction.
-        let part = partial4(wg_row0, lane.idx, WG);
+        let part = partial4(wg_row0, xb, lane.idx, WG);
         let sums = wg_sum4(part.acc, lane);
         var ss = vec4<f32>(0.0);
         if NORM {
             ss = wg_sum4(part.ss, lane);
         }
-        store4(wg_row0, finish(sums, ss), lane.idx);
+        store4(wg_row0, finish(sums, ss), lane.idx, z);
         return;
     }
     // Each team takes whole blocks of 4 rows; a barrier-free team reduction.
@@ -145,13 +152,13 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < p.rows {
-            let part = partial4(row0, tl, team_size(lane));
+            let part = partial4(row0, xb, tl, team_size(lane));
             let sums = team_sum4(part.acc, lane);
             var ss = vec4<f32>(0.0);
             if NORM {
                 ss = team_sum4(part.ss, lane);
             }
-            store4(row0, finish(sums, ss), tl);
+            store4(row0, finish(sums, ss), tl, z);
         }
     }
 }

@@ -8,6 +8,8 @@
 // host computes once per session in f64: GPU sin/cos of large angles are
 // far less precise (Vulkan allows 2^-11 absolute error). The caches hold
 // f16 pairs packed in u32, layout [kv_head][capacity][head_dim / 2].
+// Batched (prefill): workgroup (h, 0, z) handles token z of the batch, at
+// position step.pos + z, reading qkv[z] and writing q_out[z].
 
 struct Params {
     n_heads: u32,
@@ -15,6 +17,7 @@ struct Params {
     head_dim: u32,
     capacity: u32,
     eps: f32,
+    qkv_stride: u32, // elements between consecutive tokens' qkv rows (batched)
 }
 
 // The decode position, kept on the GPU (argmax_final advances it), so
@@ -41,18 +44,21 @@ var<workgroup> head: array<f32, MAX_HEAD_DIM>;
 @compute @workgroup_size(WG)
 fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
+    let z = wg.z;
+    let pos = step.pos + z;
     let hd = p.head_dim;
     let half_dim = hd / 2u;
-    let src = h * hd;
+    let src = z * p.qkv_stride + h * hd;
+    let q_dst = (z * p.n_heads + h) * hd;
     let kv_first = p.n_heads;
     let v_first = p.n_heads + p.n_kv_heads;
-    if step.pos >= p.capacity {
+    if pos >= p.capacity {
         return; // queued past the capacity: results are never read
     }
     if h >= v_first {
         // Value head: no norm, no rope; straight into the cache.
         let kv = h - v_first;
-        let dst = (kv * p.capacity + step.pos) * half_dim;
+        let dst = (kv * p.capacity + pos) * half_dim;
         for (var i = lane.idx; i < half_dim; i += WG) {
             v_cache[dst + i] = pack2x16float(vec2<f32>(qkv[src + 2u * i], qkv[src + 2u * i + 1u]));
         }
@@ -73,7 +79,7 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
         head[d] = qkv[src + d] * inv * nw;
     }
     workgroupBarrier();
-    let rope_base = step.pos * half_dim;
+    let rope_base = pos * half_dim;
     if is_q {
         for (var d = lane.idx; d < half_dim; d += WG) {
             let cs = rope[rope_base + d];
@@ -81,13 +87,13 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             let s = cs.y;
             let a = head[d];
             let b = head[d + half_dim];
-            q_out[src + d] = a * c - b * s;
-            q_out[src + d + half_dim] = b * c + a * s;
+            q_out[q_dst + d] = a * c - b * s;
+            q_out[q_dst + d + half_dim] = b * c + a * s;
         }
     } else {
         // Each invocation writes the packed pair (2i, 2i+1): compute both.
         let kv = h - kv_first;
-        let dst = (kv * p.capacity + step.pos) * half_dim;
+        let dst = (kv * p.capacity + pos) * half_dim;
         for (var i = lane.idx; i < half_dim; i += WG) {
             var pair: vec2<f32>;
             for (var e = 0u; e < 2u; e++) {
