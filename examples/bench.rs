@@ -69,6 +69,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = model.config().clone();
     // Bytes a token reads: every weight once, plus the K and V written so far.
     let weight_bytes = model.weight_bytes() as f64;
+    // Warm-up (first submits, GPU clocks), not measured.
+    {
+        let mut s = model.session_with_capacity(256)?;
+        s.feed(&(0..128u32).collect::<Vec<_>>())?;
+        for _ in 0..64 {
+            s.next_token()?;
+        }
+    }
     for (&ctx, &lookahead) in args.contexts.iter().flat_map(|c| args.lookaheads.iter().map(move |l| (c, l))) {
         let capacity = ctx + args.tokens + 17;
         let mut s = model.session_with_capacity(capacity)?;
