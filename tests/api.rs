@@ -141,9 +141,10 @@ fn memory_is_accounted_per_model_and_per_session_capacity() {
                 + 3 * cfg.intermediate_size * cfg.hidden_size);
     let w = model.weight_bytes() as usize;
     assert!(w >= params && w < params + params / 8 + (1 << 16), "{w} bytes for {params} parameters");
-    let small = model.session_with_capacity(8).unwrap().buffer_bytes();
-    let large = model.session_with_capacity(64).unwrap().buffer_bytes();
-    // (8 and 64 positions are both one attention chunk.)
+    let small = model.session_with_capacity(64).unwrap().buffer_bytes();
+    let large = model.session_with_capacity(120).unwrap().buffer_bytes();
+    // (64 and 120 positions are both one attention chunk and one full
+    // prefill batch of activation rows.)
     let per_position = cfg.num_hidden_layers * 2 * cfg.kv_dim() * 2 // K and V, f16
         + cfg.head_dim * 4 // RoPE (cos, sin) pairs
         + 4; // the token sequence (u32)
