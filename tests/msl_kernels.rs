@@ -370,79 +370,115 @@ fn step(pos: usize, fill_end: usize) -> Vec<u8> {
     u32s(&[pos as u32, fill_end as u32])
 }
 
+/// One token's matvec outputs with the reference's (want, scale).
+type MatvecOut = (Vec<f32>, Vec<f64>, Vec<f64>);
+
 /// One matvec launch of `bin` (built for `kernel`) on a random matrix, as
-/// the WGSL test runs it: checks the untouched prefix and returns the
-/// written outputs with the reference's (want, scale).
+/// the WGSL test runs it, for `tokens` inputs (grid z, token z's outputs
+/// from z * y_stride, with a gap after each): checks that the elements
+/// outside the outputs are untouched and returns each token's outputs.
 fn matvec_case(
     bin: &Path,
     kernel: Kernel,
     rows: usize,
     cols: usize,
+    tokens: usize,
     seed: u64,
-) -> (Vec<f32>, Vec<f64>, Vec<f64>) {
+) -> Vec<MatvecOut> {
     let variant = kernel.matvec_variant().unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let m = random_quant(&mut rng, rows, cols);
-    let x = padded_input(&mut rng, cols);
+    let xs: Vec<Vec<f32>> = (0..tokens).map(|_| padded_input(&mut rng, cols)).collect();
     let norm_w = padded_input(&mut rng, cols);
     let eps = 1e-6f32;
     // SWIGLU writes one output per row pair, from (row_offset / 2).
     let row_offset = if variant.swiglu { 4usize } else { 3 };
     let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
     let outs = if variant.swiglu { rows / 2 } else { rows };
-    let y0 = nonzero(&mut rng, outs + first_out);
-    let init = if variant.accumulate { f32s(&y0) } else { poisoned(outs + first_out) };
-    let params =
-        [rows as u32, m.k_words() as u32, m.groups() as u32, row_offset as u32, cols as u32, eps.to_bits()];
+    // Token z's outputs start at z * y_stride (a gap after each).
+    let y_stride = first_out + outs + 5;
+    let y0 = nonzero(&mut rng, tokens * y_stride);
+    let init = if variant.accumulate { f32s(&y0) } else { poisoned(tokens * y_stride) };
+    let params = [
+        rows as u32,
+        m.k_words() as u32,
+        m.groups() as u32,
+        row_offset as u32,
+        cols as u32,
+        eps.to_bits(),
+        y_stride as u32,
+    ];
+    let mut grid = kernels::grid((rows as u32).div_ceil(msl::MSL_MATVEC_LAYOUT.rows_per_wg()));
+    grid[2] = tokens as u32;
     let out = run(
         bin,
         kernel,
-        kernels::grid((rows as u32).div_ceil(msl::MSL_MATVEC_LAYOUT.rows_per_wg())),
-        &[u32s(&params), f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
+        grid,
+        &[u32s(&params), f32s(&xs.concat()), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
     );
     let got = to_f32(&out[0]);
-    for i in 0..first_out {
-        if variant.accumulate {
-            assert_eq!(got[i], y0[i]);
-        } else {
-            assert_eq!(got[i].to_bits(), POISON, "{kernel:?} wrote before row_offset");
+    let mut res = Vec::new();
+    for (z, x) in xs.iter().enumerate() {
+        let row = &got[z * y_stride..(z + 1) * y_stride];
+        let row0 = &y0[z * y_stride..(z + 1) * y_stride];
+        // Elements outside the outputs are untouched.
+        for i in (0..first_out).chain(first_out + outs..y_stride) {
+            if variant.accumulate {
+                assert_eq!(row[i], row0[i], "{kernel:?} token {z}: wrote outside the outputs at {i}");
+            } else {
+                assert_eq!(
+                    row[i].to_bits(),
+                    POISON,
+                    "{kernel:?} token {z}: wrote outside the outputs at {i}"
+                );
+            }
         }
+        let norm = variant.norm.then_some((&norm_w[..], eps));
+        let acc = variant.accumulate.then_some(&row0[first_out..]);
+        let (want, scale) = matvec_ref(&m, x, norm, acc, variant.swiglu);
+        res.push((row[first_out..first_out + outs].to_vec(), want, scale));
     }
-    let norm = variant.norm.then_some((&norm_w[..], eps));
-    let acc = variant.accumulate.then_some(&y0[first_out..]);
-    let (want, scale) = matvec_ref(&m, &x, norm, acc, variant.swiglu);
-    (got[first_out..].to_vec(), want, scale)
+    res
+}
+
+/// Compares each token's outputs of a [`matvec_case`].
+fn assert_matvec(what: &str, res: &[MatvecOut]) {
+    for (z, (got, want, scale)) in res.iter().enumerate() {
+        assert_close(&format!("{what} token {z}/{}", res.len()), got, want, scale, 1e-5);
+    }
 }
 
 /// Every matvec variant at awkward shapes (rows not a multiple of 4, 8 or
-/// 32; K not a multiple of a simdgroup's 512-value stride), and each at
-/// the Qwen3-0.6B shapes the engine launches it with.
+/// 32; K not a multiple of a simdgroup's 512-value stride), one token
+/// (decode) or a batch of 3 (prefill, grid z), and each at the Qwen3-0.6B
+/// shapes the engine launches it with.
 #[test]
 fn msl_int8_matvec_matches_cpu() {
     let mut seed = 1;
     for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
         let bin = built(kernel);
         let v = kernel.matvec_variant().unwrap();
+        // (rows, cols, tokens)
         let mut shapes = vec![
-            (2usize, 64usize),
-            (6, 96),
-            (10, 1000),
-            (66, 128),
-            (130, 1024),
-            (18, 3072),
-            (4, 2048),
-            (34, 704),
+            (2usize, 64usize, 1usize),
+            (6, 96, 3),
+            (10, 1000, 1),
+            (66, 128, 3),
+            (130, 1024, 1),
+            (18, 3072, 3),
+            (4, 2048, 1),
+            (34, 704, 3),
         ];
         shapes.extend(match (v.accumulate, v.norm, v.swiglu) {
-            (true, _, _) => vec![(1024, 2048), (1024, 3072)], // o_proj, down_proj
-            (_, true, true) => vec![(6144, 1024)],            // gate/up, interleaved
-            (_, true, false) => vec![(4096, 1024), (151936, 1024)], // qkv, LM head (final norm)
-            _ => vec![(1024, 2048)],
+            (true, _, _) => vec![(1024, 2048, 1), (1024, 3072, 2)], // o_proj, down_proj
+            (_, true, true) => vec![(6144, 1024, 2)],               // gate/up, interleaved
+            (_, true, false) => vec![(4096, 1024, 2), (151936, 1024, 1)], // qkv, LM head (final norm)
+            _ => vec![(1024, 2048, 2)],
         });
-        for (rows, cols) in shapes {
+        for (rows, cols, tokens) in shapes {
             seed += 1;
-            let (got, want, scale) = matvec_case(&bin, kernel, rows, cols, seed);
-            assert_close(&format!("MSL {kernel:?} {rows}x{cols}"), &got, &want, &scale, 1e-5);
+            let res = matvec_case(&bin, kernel, rows, cols, tokens, seed);
+            assert_matvec(&format!("MSL {kernel:?} {rows}x{cols}"), &res);
         }
     }
 }
@@ -518,22 +554,28 @@ fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
     assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
 }
 
-/// qk_norm_rope on a random qkv vector at position `pos` (one past the
-/// capacity: a step queued past it writes nothing).
-fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize), rng: &mut StdRng) {
-    let (nh, nkv, hd, cap, pos) = shape;
+/// qk_norm_rope on `tokens` random qkv rows (a padded stride apart) at
+/// positions `pos`, `pos + 1`, ... (a token at or past the capacity: a step
+/// queued past it writes nothing). Shape: (heads, kv heads, head_dim,
+/// capacity, first position, tokens).
+fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize, usize), rng: &mut StdRng) {
+    let (nh, nkv, hd, cap, pos, tokens) = shape;
     let theta = 1_000_000f32;
     let eps = 1e-6f32;
-    let qkv = nonzero(rng, (nh + 2 * nkv) * hd);
+    let rows = (nh + 2 * nkv) * hd;
+    let qkv_stride = rows + 8; // padded rows, as the engine's
+    let qkv = nonzero(rng, tokens * qkv_stride);
     let qn = nonzero(rng, hd);
     let kn = nonzero(rng, hd);
-    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits()];
+    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits(), qkv_stride as u32];
     let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
     let cache_words = nkv * cap * hd / 2;
+    let mut grid = kernels::grid((nh + 2 * nkv) as u32);
+    grid[2] = tokens as u32;
     let out = run(
         bin,
         Kernel::QkNormRope,
-        kernels::grid((nh + 2 * nkv) as u32),
+        grid,
         &[
             u32s(&params),
             step(pos, 0),
@@ -541,39 +583,49 @@ fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize), rng
             f32s(&qn),
             f32s(&kn),
             f32s(&rope),
-            poisoned(nh * hd),
+            poisoned(tokens * nh * hd),
             poisoned(cache_words),
             poisoned(cache_words),
         ],
     );
-    if pos >= cap {
-        assert!(out.iter().flat_map(|o| to_f32(o)).all(|v| v.to_bits() == POISON));
-        return;
-    }
     let q = to_f32(&out[0]);
     let kc = unpack_f16(&out[1]);
     let vc = unpack_f16(&out[2]);
     let (th, ep) = (theta as f64, eps as f64);
-    for h in 0..nh {
-        let want = qk_norm_rope_ref(&qkv[h * hd..(h + 1) * hd], Some(&qn), pos, th, ep);
-        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-        assert_close(&format!("MSL q head {h} hd {hd}"), &q[h * hd..(h + 1) * hd], &want, &scale, 2e-4);
+    for z in 0..tokens {
+        let at_pos = pos + z;
+        let q_row = &q[z * nh * hd..(z + 1) * nh * hd];
+        if at_pos >= cap {
+            assert!(q_row.iter().all(|v| v.to_bits() == POISON), "token {z} past the capacity wrote q");
+            continue;
+        }
+        let head = |h: usize| &qkv[z * qkv_stride + h * hd..z * qkv_stride + (h + 1) * hd];
+        for h in 0..nh {
+            let want = qk_norm_rope_ref(head(h), Some(&qn), at_pos, th, ep);
+            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+            let got = &q_row[h * hd..(h + 1) * hd];
+            assert_close(&format!("MSL q head {h} hd {hd} token {z}/{tokens}"), got, &want, &scale, 2e-4);
+        }
+        for g in 0..nkv {
+            let want = qk_norm_rope_ref(head(nh + g), Some(&kn), at_pos, th, ep);
+            let at = (g * cap + at_pos) * hd;
+            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+            assert_close(&format!("MSL k head {g} token {z}"), &kc[at..at + hd], &want, &scale, 2e-3);
+            let vwant = qk_norm_rope_ref(head(nh + nkv + g), None, at_pos, th, ep);
+            assert_close(
+                &format!("MSL v head {g} token {z}"),
+                &vc[at..at + hd],
+                &vwant,
+                &vec![1.0; hd],
+                1e-3,
+            );
+        }
     }
-    for g in 0..nkv {
-        let src = (nh + g) * hd;
-        let want = qk_norm_rope_ref(&qkv[src..src + hd], Some(&kn), pos, th, ep);
-        let at = (g * cap + pos) * hd;
-        let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-        assert_close(&format!("MSL k head {g}"), &kc[at..at + hd], &want, &scale, 2e-3);
-        let vsrc = (nh + nkv + g) * hd;
-        let vwant = qk_norm_rope_ref(&qkv[vsrc..vsrc + hd], None, pos, th, ep);
-        assert_close(&format!("MSL v head {g}"), &vc[at..at + hd], &vwant, &vec![1.0; hd], 1e-3);
-    }
-    // Only position `pos` of the caches is written.
+    // Only the batch's positions of the caches are written.
     for (c, cache) in out[1..].iter().enumerate() {
         let words = to_u32(cache);
         for g in 0..nkv {
-            for t in (0..cap).filter(|t| *t != pos) {
+            for t in (0..cap).filter(|t| !(pos..pos + tokens).contains(t)) {
                 let row = &words[(g * cap + t) * hd / 2..(g * cap + t + 1) * hd / 2];
                 assert!(row.iter().all(|w| *w == POISON), "cache {c} written at position {t}");
             }
@@ -582,19 +634,23 @@ fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize), rng
 }
 
 /// Qwen3-0.6B's heads at the first and a late position, and awkward shapes
-/// (head_dim 32 and 64, one kv head).
+/// (head_dim 32 and 64, one kv head); batches of tokens (grid z) at
+/// consecutive positions, one of them running past the capacity.
 #[test]
 fn msl_qk_norm_rope_matches_cpu() {
     let bin = built(Kernel::QkNormRope);
     let mut rng = StdRng::seed_from_u64(6);
+    // (heads, kv heads, head_dim, capacity, first position, tokens)
     for shape in [
-        (16, 8, 128, 4096, 3999),
-        (16, 8, 128, 4096, 0),
-        (4, 2, 64, 8, 5),
-        (16, 8, 128, 40, 37),
-        (3, 1, 32, 4, 0),
-        (8, 8, 128, 3000, 2999),
-        (2, 1, 64, 4, 4),
+        (16, 8, 128, 4096, 3999, 1),
+        (16, 8, 128, 4096, 0, 1),
+        (16, 8, 128, 4096, 100, 4), // a Qwen3-0.6B batch
+        (4, 2, 64, 8, 5, 1),
+        (16, 8, 128, 40, 37, 3), // a batch: positions 37, 38, 39
+        (3, 1, 32, 4, 0, 1),
+        (8, 8, 128, 3000, 2999, 1),
+        (2, 1, 64, 4, 4, 1), // a step queued past the capacity writes nothing
+        (2, 1, 64, 4, 2, 3), // a batch whose last token lies past the capacity
     ] {
         qk_norm_rope_case(&bin, shape, &mut rng);
     }
@@ -602,63 +658,85 @@ fn msl_qk_norm_rope_matches_cpu() {
 
 /// attention_partial then attention_reduce on random q and caches, with
 /// the grid sized for the capacity as the engine does (chunks past the
-/// context contribute nothing).
+/// context contribute nothing), for `tokens` queries (grid z) whose
+/// contexts are seq, seq + 1, ... (causal), and reduce's out_stride
+/// leaving a poisoned gap after each token's row. Shape: (heads, kv heads,
+/// head_dim, capacity, context of the first token, tokens).
 fn attention_case(
     partial: &Path,
     reduce: &Path,
-    shape: (usize, usize, usize, usize, usize),
+    shape: (usize, usize, usize, usize, usize, usize),
     rng: &mut StdRng,
 ) {
-    let (nh, nkv, hd, cap, seq) = shape;
-    let q = nonzero(rng, nh * hd);
+    let (nh, nkv, hd, cap, seq, tokens) = shape;
+    let q = nonzero(rng, tokens * nh * hd);
     let kv_len = nkv * cap * hd;
     let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
     let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
     let scale = 1.0 / (hd as f32).sqrt();
-    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits()];
+    let out_stride = nh * hd + 3; // padded rows, as the engine's
+                                  // The host's uniform also carries the qkv stride, which the kernel ignores.
+    let qkv_stride = (nh + 2 * nkv) * hd + 8;
+    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits(), qkv_stride as u32];
     let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
     let parts = run(
         partial,
         Kernel::AttentionPartial,
-        [nh as u32, chunks as u32, 1],
+        [nh as u32, chunks as u32, tokens as u32],
         &[
             u32s(&params),
             step(seq - 1, 0),
             f32s(&q),
             bytemuck::cast_slice(&k).to_vec(),
             bytemuck::cast_slice(&v).to_vec(),
-            poisoned(2 * nh * chunks),
-            poisoned(nh * chunks * hd),
+            poisoned(tokens * 2 * nh * chunks),
+            poisoned(tokens * nh * chunks * hd),
         ],
     );
     let out = run(
         reduce,
         Kernel::AttentionReduce,
-        kernels::grid(nh as u32),
-        &[u32s(&[hd as u32, chunks as u32]), parts[0].clone(), parts[1].clone(), poisoned(nh * hd)],
+        [nh as u32, 1, tokens as u32],
+        &[
+            u32s(&[hd as u32, chunks as u32, out_stride as u32]),
+            parts[0].clone(),
+            parts[1].clone(),
+            poisoned(tokens * out_stride),
+        ],
     );
-    let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, scale as f64);
-    let what = format!("MSL attention seq {seq} hd {hd}");
-    assert_close(&what, &to_f32(&out[0]), &want, &vec![1.0; nh * hd], 1e-4);
+    let got = to_f32(&out[0]);
+    for z in 0..tokens {
+        let qz = &q[z * nh * hd..(z + 1) * nh * hd];
+        let want = attention_ref(qz, &k, &v, nh, nkv, hd, cap, seq + z, scale as f64);
+        let row = &got[z * out_stride..(z + 1) * out_stride];
+        let what = format!("MSL attention seq {} hd {hd} token {z}/{tokens}", seq + z);
+        assert_close(&what, &row[..nh * hd], &want, &vec![1.0; nh * hd], 1e-4);
+        assert!(row[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the row");
+    }
 }
 
 /// Contexts 1, 300 and 4000 of Qwen3-0.6B, and awkward shapes (contexts not
-/// a multiple of the 256-position chunk or of 32, head_dim 32 and 64).
+/// a multiple of the 256-position chunk or of 32, head_dim 32 and 64);
+/// causal batches (grid z) across a chunk edge and from the first position.
 #[test]
 fn msl_attention_matches_cpu() {
     let partial = built(Kernel::AttentionPartial);
     let reduce = built(Kernel::AttentionReduce);
     let mut rng = StdRng::seed_from_u64(7);
+    // (heads, kv heads, head_dim, capacity, context of the first token, tokens)
     for shape in [
-        (16, 8, 128, 4096, 1),
-        (16, 8, 128, 4096, 300),
-        (16, 8, 128, 4096, 4000),
-        (4, 2, 64, 16, 1),
-        (4, 1, 64, 300, 300),
-        (3, 3, 32, 600, 517),
-        (2, 1, 128, 1100, 1025),
-        (8, 4, 64, 333, 290),
-        (2, 1, 40, 300, 257), // an odd number of 8-value K loads per row
+        (16, 8, 128, 4096, 1, 1),
+        (16, 8, 128, 4096, 300, 1),
+        (16, 8, 128, 4096, 4000, 1),
+        (16, 8, 128, 4096, 255, 3), // a Qwen3-0.6B batch: contexts 255..257, across a chunk edge
+        (4, 2, 64, 16, 1, 1),
+        (4, 1, 64, 300, 300, 1),
+        (3, 3, 32, 600, 517, 1),
+        (2, 1, 128, 1100, 1025, 1),
+        (8, 4, 64, 333, 290, 1),
+        (2, 1, 40, 300, 257, 1), // an odd number of 8-value K loads per row
+        (4, 2, 64, 600, 250, 9), // a causal batch: contexts 250..258, across a chunk edge
+        (2, 2, 32, 16, 1, 5),    // a batch from the first position
     ] {
         attention_case(&partial, &reduce, shape, &mut rng);
     }
@@ -673,23 +751,17 @@ fn msl_kernels_hold_at_other_simdgroup_widths() {
         let def = format!("MSL_SHIM_SIMD_WIDTH={width}");
         let with = |k: Kernel| build(k, &msl::msl_source(k).unwrap(), &[def.as_str()]);
         for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu, Kernel::Int8MatvecAccumulate] {
-            for (rows, cols) in [(66, 1000), (130, 704)] {
-                let (got, want, scale) = matvec_case(&with(kernel), kernel, rows, cols, 3);
-                assert_close(
-                    &format!("MSL {kernel:?} {rows}x{cols} width {width}"),
-                    &got,
-                    &want,
-                    &scale,
-                    1e-5,
-                );
+            for (rows, cols, tokens) in [(66, 1000, 1), (130, 704, 2)] {
+                let res = matvec_case(&with(kernel), kernel, rows, cols, tokens, 3);
+                assert_matvec(&format!("MSL {kernel:?} {rows}x{cols} width {width}"), &res);
             }
         }
         let mut rng = StdRng::seed_from_u64(10);
         let (partial, fin) = (with(Kernel::ArgmaxPartial), with(Kernel::ArgmaxFinal));
         argmax_case(&partial, &fin, 5555, 1000, true, &mut rng);
         let (partial, reduce) = (with(Kernel::AttentionPartial), with(Kernel::AttentionReduce));
-        attention_case(&partial, &reduce, (4, 2, 128, 600, 517), &mut rng);
-        qk_norm_rope_case(&with(Kernel::QkNormRope), (4, 2, 128, 40, 37), &mut rng);
+        attention_case(&partial, &reduce, (4, 2, 128, 600, 255, 3), &mut rng);
+        qk_norm_rope_case(&with(Kernel::QkNormRope), (4, 2, 128, 40, 36, 2), &mut rng);
     }
 }
 
@@ -702,8 +774,8 @@ fn msl_kernels_hold_at_other_simdgroup_widths() {
 fn matvec_with_a_lane_dropped_from_simd_sum_fails() {
     let kernel = Kernel::Int8MatvecNorm;
     let bin = build(kernel, &msl::msl_source(kernel).unwrap(), &["MSL_SHIM_SIMD_SUM_DROPS_LANE=5"]);
-    let (got, want, scale) = matvec_case(&bin, kernel, 66, 1024, 99);
-    let caught = std::panic::catch_unwind(|| assert_close("broken matvec", &got, &want, &scale, 1e-5));
+    let res = matvec_case(&bin, kernel, 66, 1024, 1, 99);
+    let caught = std::panic::catch_unwind(|| assert_matvec("broken matvec", &res));
     assert!(caught.is_err(), "a matvec missing one lane's products passed");
 }
 
@@ -731,7 +803,10 @@ fn argmax_without_simd_max_fails() {
 fn out_of_bounds_write_fails() {
     let k = Kernel::AttentionReduce;
     let src = msl::msl_source(k).unwrap();
-    let broken = src.replace("out[h * p.head_dim + d] =", "out[h * p.head_dim + d + 1] =");
+    let broken = src.replace(
+        "out[z * p.out_stride + h * p.head_dim + d] =",
+        "out[z * p.out_stride + h * p.head_dim + d + 1] =",
+    );
     assert_ne!(src, broken, "the substitution applies");
     let bin = build(k, &broken, &[]);
     let (nh, hd) = (2usize, 64usize);
@@ -739,8 +814,30 @@ fn out_of_bounds_write_fails() {
         &bin,
         k,
         kernels::grid(nh as u32),
-        &[u32s(&[hd as u32, 1]), f32s(&[0.0, 1.0].repeat(nh)), f32s(&vec![1.0; nh * hd]), poisoned(nh * hd)],
+        &[
+            u32s(&[hd as u32, 1, (nh * hd) as u32]),
+            f32s(&[0.0, 1.0].repeat(nh)),
+            f32s(&vec![1.0; nh * hd]),
+            poisoned(nh * hd),
+        ],
     );
     let err = res.expect_err("an out-of-bounds write went unnoticed");
     assert!(err.contains("SIGSEGV"), "failed, but not at the guard page: {err}");
+}
+
+/// The matvec twin implements the decode pipelines only (one token per
+/// threadgroup); the prefill pipelines' constants (several tokens per
+/// threadgroup, WGSL on every backend) must not build into a wrong kernel.
+#[test]
+fn matvec_twin_refuses_the_prefill_constants() {
+    let kernel = Kernel::Int8MatvecNorm;
+    let src = msl::msl_source(kernel).unwrap();
+    let tokens = kernel.prefill_constants(msl::MSL_MATVEC_LAYOUT);
+    let (_, n) = tokens.iter().find(|(name, _)| *name == "TOKENS").expect("a TOKENS constant");
+    let prefill = src.replace("#define TOKENS 1\n", &format!("#define TOKENS {}\n", *n as i64));
+    assert_ne!(src, prefill, "the substitution applies");
+    let caught = std::panic::catch_unwind(|| build(kernel, &prefill, &[]));
+    let err = caught.expect_err("the twin built for several tokens per threadgroup");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("one token per threadgroup"), "failed, but not at the #error: {msg}");
 }

@@ -4,7 +4,9 @@
 // its sum l = sum(exp(s - m)) and acc = sum(exp(s - m) * v).
 // attention_reduce combines the chunks. GQA by indexing: kv_head =
 // h / (n_heads / n_kv_heads). K/V: half pairs packed in uint,
-// [kv_head][capacity][head_dim/2]. Preamble: WG (= positions per chunk).
+// [kv_head][capacity][head_dim/2]. Batched (prefill): threadgroup (h, c, z)
+// serves token z of the batch, at position step.pos + z, over positions <=
+// its own (causal). Preamble: WG (= positions per chunk).
 
 #include <metal_stdlib>
 using namespace metal;
@@ -31,8 +33,8 @@ kernel void attention_partial(
     const device float* q [[buffer(2)]],
     const device uint4* k_cache [[buffer(3)]], // 8 halves per load (head_dim % 8 == 0)
     const device uint* v_cache [[buffer(4)]],
-    device float2* part_ml [[buffer(5)]],  // [head][chunk]: (m, l)
-    device float* part_acc [[buffer(6)]],  // [head][chunk][head_dim]
+    device float2* part_ml [[buffer(5)]],  // [token][head][chunk]: (m, l)
+    device float* part_acc [[buffer(6)]],  // [token][head][chunk][head_dim]
     uint3 wg [[threadgroup_position_in_grid]],
     uint3 nwg [[threadgroups_per_grid]],
     uint lid [[thread_index_in_threadgroup]],
@@ -47,10 +49,11 @@ kernel void attention_partial(
 
     const uint h = wg.x;
     const uint c = wg.y;
+    const uint z = wg.z;
     const uint n_chunks = nwg.y;
-    const uint part = h * n_chunks + c;
+    const uint part = (z * p.n_heads + h) * n_chunks + c;
     const uint start = c * WG;
-    const uint end = min(min(step->pos + 1, p.capacity), start + WG);
+    const uint end = min(min(step->pos + z + 1, p.capacity), start + WG);
     if (start >= end) {
         // An empty chunk (past the context): contributes nothing.
         if (lid == 0) {
@@ -63,7 +66,7 @@ kernel void attention_partial(
     const uint kv_base = kvh * p.capacity * half_dim;
 
     for (uint i = lid; i < p.head_dim / 4; i += WG) {
-        const uint o = h * p.head_dim + 4 * i;
+        const uint o = (z * p.n_heads + h) * p.head_dim + 4 * i;
         q_s[i] = float4(q[o], q[o + 1], q[o + 2], q[o + 3]);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);

@@ -4,7 +4,8 @@
 //   out = sum_c acc_c exp(m_c - M) / L.
 // M and L are reduced over the threadgroup (one chunk per lane), so each
 // lane's output loop is a single pass over the chunks, four independent
-// loads at a time. Preamble: WG.
+// loads at a time. Batched (prefill): threadgroup (h, 0, z) combines token
+// z's chunks into out[z * out_stride ..]. Preamble: WG.
 
 #include <metal_stdlib>
 using namespace metal;
@@ -12,6 +13,7 @@ using namespace metal;
 struct Params {
     uint head_dim;
     uint n_chunks;
+    uint out_stride; // elements between consecutive tokens' outputs
 };
 
 // a * exp(m_c - M), or 0 for a chunk past the context (whose acc was never
@@ -26,6 +28,7 @@ kernel void attention_reduce(
     const device float* part_acc [[buffer(2)]],
     device float* out [[buffer(3)]],
     uint3 wg [[threadgroup_position_in_grid]],
+    uint3 nwg [[threadgroups_per_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint sg_lane [[thread_index_in_simdgroup]],
     uint sg_id [[simdgroup_index_in_threadgroup]],
@@ -34,7 +37,8 @@ kernel void attention_reduce(
     threadgroup float red[WG]; // one slot per simdgroup
 
     const uint h = wg.x;
-    const uint base = h * p.n_chunks;
+    const uint z = wg.z;
+    const uint base = (z * nwg.x + h) * p.n_chunks;
     float m = -3.0e38f;
     for (uint c = lid; c < p.n_chunks; c += WG) {
         m = max(m, part_ml[base + c].x);
@@ -79,6 +83,6 @@ kernel void attention_reduce(
         for (; c < p.n_chunks; c++) {
             o += term(part_acc[a + c * p.head_dim], part_ml[base + c], big_m);
         }
-        out[h * p.head_dim + d] = o / big_l;
+        out[z * p.out_stride + h * p.head_dim + d] = o / big_l;
     }
 }

@@ -14,13 +14,21 @@
 //
 // Preamble: WG, GROUP_WORDS (u32 words per quant group), ROWS_PER_WG (a
 // multiple of 4), SPLIT_K (must be 0: the WGSL's split-K layout, for GPUs
-// other than Apple's, has no twin), ACCUMULATE (y += W x), NORM, SWIGLU.
+// other than Apple's, has no twin), ACCUMULATE (y += W x), NORM, SWIGLU,
+// TOKENS (must be 1: the WGSL's prefill pipelines, TOKENS tokens per
+// workgroup, run as WGSL on every backend and have no twin).
+//
+// Batched (prefill): threadgroup z applies the matrix to token z's input
+// x[z * k_words ..] and writes y[z * y_stride ..]; decode runs z = 0 only.
 
 #include <metal_stdlib>
 using namespace metal;
 
 #if SPLIT_K
 #error "this twin implements the rows-per-simdgroup layout only"
+#endif
+#if TOKENS != 1
+#error "this twin multiplies one token per threadgroup (the decode pipelines)"
 #endif
 
 struct Params {
@@ -30,6 +38,7 @@ struct Params {
     uint row_offset; // first output element written (SWIGLU: first matrix row)
     uint n_in;       // NORM: elements of x (the padding is zero)
     float eps;       // NORM: rms_norm_eps
+    uint y_stride;   // elements between consecutive tokens' outputs (batched)
 };
 
 inline float silu(float g) {
@@ -50,6 +59,7 @@ inline float4 rows4(
     const device float* scales,
     const device float4* norm_w,
     uint row0,
+    uint xb,
     uint lane,
     uint lanes)
 {
@@ -61,10 +71,10 @@ inline float4 rows4(
     float4 acc = float4(0.0f);
     float4 ss = float4(0.0f);
     for (uint j = lane; j < k_quads; j += lanes) {
-        float4 x0 = x[4 * j];
-        float4 x1 = x[4 * j + 1];
-        float4 x2 = x[4 * j + 2];
-        float4 x3 = x[4 * j + 3];
+        float4 x0 = x[xb + 4 * j];
+        float4 x1 = x[xb + 4 * j + 1];
+        float4 x2 = x[xb + 4 * j + 2];
+        float4 x3 = x[xb + 4 * j + 3];
 #if NORM
         ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
         x0 *= norm_w[4 * j];
@@ -86,17 +96,18 @@ inline float4 rows4(
     return sums;
 }
 
-// Simdgroup lane `i` < 4 writes row row0 + i (SWIGLU: lane i < 2 writes
-// output pair i of the block).
-inline void store4(constant Params& p, device float* y, uint row0, float4 sums, uint i) {
+// Simdgroup lane `i` < 4 writes row row0 + i of token z's output (SWIGLU:
+// lane i < 2 writes output pair i of the block).
+inline void store4(constant Params& p, device float* y, uint row0, float4 sums, uint i, uint z) {
+    const uint yb = z * p.y_stride;
 #if SWIGLU
     if (i < 2 && row0 + 2 * i < p.rows) {
-        const uint o = (p.row_offset + row0) / 2 + i;
+        const uint o = yb + (p.row_offset + row0) / 2 + i;
         y[o] = silu(sums[2 * i]) * sums[2 * i + 1];
     }
 #else
     if (i < 4 && row0 + i < p.rows) {
-        const uint o = p.row_offset + row0 + i;
+        const uint o = yb + p.row_offset + row0 + i;
         float v = sums[i];
 #if ACCUMULATE
         v += y[o];
@@ -124,13 +135,15 @@ kernel void int8_matvec(
     if (wg_row0 >= p.rows) {
         return; // whole threadgroup: uniform
     }
+    const uint z = wg.z;
+    const uint xb = z * p.k_words;
     // A simdgroup wider than the threadgroup is partly empty.
     const uint lanes = min(sg_size, uint(WG));
     // Each simdgroup takes whole blocks of 4 rows; a barrier-free reduction.
     for (uint rb = sg_id * 4; rb < ROWS_PER_WG; rb += n_sg * 4) {
         const uint row0 = wg_row0 + rb;
         if (row0 < p.rows) {
-            store4(p, y, row0, rows4(p, x, w, scales, norm_w, row0, sg_lane, lanes), sg_lane);
+            store4(p, y, row0, rows4(p, x, w, scales, norm_w, row0, xb, sg_lane, lanes), sg_lane, z);
         }
     }
 }

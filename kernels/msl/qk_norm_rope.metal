@@ -5,6 +5,8 @@
 //   value heads:  v_cache[kv_h][pos] = half(v_h)
 // RoPE is rotate-half with (cos, sin) from the host's f64 table. The caches
 // hold half pairs packed in uint, layout [kv_head][capacity][head_dim / 2].
+// Batched (prefill): threadgroup (h, 0, z) handles token z of the batch, at
+// position step.pos + z, reading qkv[z] and writing q_out[z].
 // Preamble: WG.
 
 #include <metal_stdlib>
@@ -16,6 +18,7 @@ struct Params {
     uint head_dim;
     uint capacity;
     float eps;
+    uint qkv_stride; // elements between consecutive tokens' qkv rows (batched)
 };
 
 // The decode position, kept on the GPU (argmax_final advances it).
@@ -47,12 +50,14 @@ kernel void qk_norm_rope(
     threadgroup float red[WG]; // one slot per simdgroup
 
     const uint h = wg.x;
+    const uint z = wg.z;
+    const uint pos = step->pos + z;
     const uint hd = p.head_dim;
     const uint half_dim = hd / 2;
-    const uint src = h * hd;
+    const uint src = z * p.qkv_stride + h * hd;
+    const uint q_dst = (z * p.n_heads + h) * hd;
     const uint kv_first = p.n_heads;
     const uint v_first = p.n_heads + p.n_kv_heads;
-    const uint pos = step->pos;
     if (pos >= p.capacity) {
         return; // queued past the capacity: results are never read
     }
@@ -93,8 +98,8 @@ kernel void qk_norm_rope(
             const float2 cs = rope[rope_base + d];
             const float a = head[d];
             const float b = head[d + half_dim];
-            q_out[src + d] = a * cs.x - b * cs.y;
-            q_out[src + d + half_dim] = b * cs.x + a * cs.y;
+            q_out[q_dst + d] = a * cs.x - b * cs.y;
+            q_out[q_dst + d + half_dim] = b * cs.x + a * cs.y;
         }
     } else {
         // Each lane writes the packed pair (2i, 2i+1): compute both.
