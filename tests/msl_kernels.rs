@@ -824,20 +824,3 @@ fn out_of_bounds_write_fails() {
     let err = res.expect_err("an out-of-bounds write went unnoticed");
     assert!(err.contains("SIGSEGV"), "failed, but not at the guard page: {err}");
 }
-
-/// The matvec twin implements the decode pipelines only (one token per
-/// threadgroup); the prefill pipelines' constants (several tokens per
-/// threadgroup, WGSL on every backend) must not build into a wrong kernel.
-#[test]
-fn matvec_twin_refuses_the_prefill_constants() {
-    let kernel = Kernel::Int8MatvecNorm;
-    let src = msl::msl_source(kernel).unwrap();
-    let tokens = kernel.prefill_constants(msl::MSL_MATVEC_LAYOUT);
-    let (_, n) = tokens.iter().find(|(name, _)| *name == "TOKENS").expect("a TOKENS constant");
-    let prefill = src.replace("#define TOKENS 1\n", &format!("#define TOKENS {}\n", *n as i64));
-    assert_ne!(src, prefill, "the substitution applies");
-    let caught = std::panic::catch_unwind(|| build(kernel, &prefill, &[]));
-    let err = caught.expect_err("the twin built for several tokens per threadgroup");
-    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
-    assert!(msg.contains("one token per threadgroup"), "failed, but not at the #error: {msg}");
-}

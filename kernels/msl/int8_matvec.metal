@@ -14,9 +14,7 @@
 //
 // Preamble: WG, GROUP_WORDS (u32 words per quant group), ROWS_PER_WG (a
 // multiple of 4), SPLIT_K (must be 0: the WGSL's split-K layout, for GPUs
-// other than Apple's, has no twin), ACCUMULATE (y += W x), NORM, SWIGLU,
-// TOKENS (must be 1: the WGSL's prefill pipelines, TOKENS tokens per
-// workgroup, run as WGSL on every backend and have no twin).
+// other than Apple's, has no twin), ACCUMULATE (y += W x), NORM, SWIGLU.
 //
 // Batched (prefill): threadgroup z applies the matrix to token z's input
 // x[z * k_words ..] and writes y[z * y_stride ..]; decode runs z = 0 only.
@@ -26,9 +24,6 @@ using namespace metal;
 
 #if SPLIT_K
 #error "this twin implements the rows-per-simdgroup layout only"
-#endif
-#if TOKENS != 1
-#error "this twin multiplies one token per threadgroup (the decode pipelines)"
 #endif
 
 struct Params {
