@@ -127,6 +127,10 @@ pub const MATVEC_ROWS: u32 = 8;
 pub const MATVEC_ROWS_PER_TEAM: u32 = 4;
 /// int8 values one lane reads per row and step (one `vec4<u32>`).
 pub const MATVEC_VALUES_PER_LANE: u32 = 16;
+/// Prompt tokens one prefill matvec workgroup multiplies at once (the
+/// WGSL `TOKENS` override of the prefill pipelines; at most the kernel's
+/// MAX_TOKENS).
+pub const PREFILL_TOKENS_PER_WG: u32 = 8;
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
 
@@ -244,8 +248,22 @@ impl Kernel {
             c.push(("ACCUMULATE", flag(m.accumulate)));
             c.push(("NORM", flag(m.norm)));
             c.push(("SWIGLU", flag(m.swiglu)));
+            c.push(("TOKENS", 1.0));
         } else if self == Kernel::EmbedLookup {
             c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
+        }
+        c
+    }
+
+    /// The constants of this kernel's prefill pipeline: a matvec variant
+    /// multiplies [`PREFILL_TOKENS_PER_WG`] tokens per workgroup; other
+    /// kernels are the same as for decode.
+    pub fn prefill_constants(self, layout: MatvecLayout) -> Vec<(&'static str, f64)> {
+        let mut c = self.constants(layout);
+        for (name, v) in c.iter_mut() {
+            if *name == "TOKENS" {
+                *v = PREFILL_TOKENS_PER_WG as f64;
+            }
         }
         c
     }
@@ -375,6 +393,20 @@ pub fn compile(
     bindings: &[Bind],
     constants: &[(&str, f64)],
 ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    compile_for_layout(gpu, label, source, entry, bindings, constants, None)
+}
+
+/// [`compile`], reusing `layout` (so bind groups made for another pipeline
+/// of the same kernel work with this one) when given.
+pub fn compile_for_layout(
+    gpu: &Gpu,
+    label: &str,
+    source: &str,
+    entry: &str,
+    bindings: &[Bind],
+    constants: &[(&str, f64)],
+    layout: Option<&wgpu::BindGroupLayout>,
+) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
     // naga first: its error names the line, and a parse failure never reaches the device.
     let module = naga::front::wgsl::parse_str(source).map_err(|e| Error::ShaderCompileFailed {
         kernel: label.to_string(),
@@ -388,7 +420,7 @@ pub fn compile(
     }
     gpu.scoped(
         || {
-            let layout = bind_group_layout(gpu, label, bindings);
+            let layout = layout.cloned().unwrap_or_else(|| bind_group_layout(gpu, label, bindings));
             let pl = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                 label: Some(label),
                 bind_group_layouts: &[Some(&layout)],
@@ -476,6 +508,10 @@ pub fn compile_msl(
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
+    /// Per kernel, the prefill pipeline where it differs from the decode one
+    /// (the matvecs, [`PREFILL_TOKENS_PER_WG`] tokens per workgroup; WGSL on
+    /// every backend, on the decode pipeline's bind-group layout).
+    prefill: Vec<Option<wgpu::ComputePipeline>>,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,
     /// Where the kernels with an MSL twin came from.
@@ -490,7 +526,20 @@ impl Kernels {
         let want_msl = choice == KernelChoice::Auto && msl_available(gpu);
         let ((pipelines, matvec_layout), source) =
             with_fallback(want_msl, |source| Self::build(gpu, source))?;
-        Ok(Kernels { pipelines, matvec_layout, source })
+        let prefill = pipelines
+            .iter()
+            .map(|p| {
+                let k = p.kernel;
+                if k.matvec_variant().is_none() {
+                    return Ok(None);
+                }
+                let constants = k.prefill_constants(matvec_layout);
+                let src = k.source(gpu.subgroups);
+                compile_for_layout(gpu, k.entry(), &src, k.entry(), k.bindings(), &constants, Some(&p.layout))
+                    .map(|(pipeline, _)| Some(pipeline))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Kernels { pipelines, prefill, matvec_layout, source })
     }
 
     fn build(gpu: &Gpu, source: KernelSource) -> Result<(Vec<Pipeline>, MatvecLayout)> {
@@ -563,11 +612,16 @@ impl Launch {
 
     /// Records the launch for `tokens` consecutive tokens (batched
     /// prefill): the grid's z dimension, which every batched kernel reads
-    /// as the token's index in the batch.
+    /// as the token's index in the batch (a matvec's prefill pipeline as
+    /// the index of its group of [`PREFILL_TOKENS_PER_WG`] tokens).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
-        pass.set_pipeline(&kernels.get(self.kernel).pipeline);
+        let (pipeline, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
+            (true, Some(p)) => (p, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
+            _ => (&kernels.get(self.kernel).pipeline, tokens),
+        };
+        pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2] * tokens);
+        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2] * z);
     }
 }
 

@@ -25,6 +25,7 @@ pub const DEFAULT_LOOKAHEAD: usize = 4;
 /// Prompt tokens run through the layers together (one launch per kernel
 /// for the whole batch; the activation buffers hold this many rows).
 pub const PREFILL_BATCH: usize = 64;
+const _: () = assert!(PREFILL_BATCH.is_multiple_of(crate::kernels::PREFILL_TOKENS_PER_WG as usize));
 
 /// Buffers of one session.
 pub struct SessionBuffers {
@@ -70,8 +71,10 @@ impl SessionBuffers {
         let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
         let kv_words = cfg.num_key_value_heads * capacity * cfg.head_dim / 2;
         let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
-        // Prompts shorter than a batch need no more rows than they have.
-        let batch = PREFILL_BATCH.min(capacity);
+        // Short contexts need no more rows than they have, rounded up to
+        // the prefill matvec's tokens per workgroup (it writes whole groups).
+        let batch =
+            PREFILL_BATCH.min(capacity.next_multiple_of(crate::kernels::PREFILL_TOKENS_PER_WG as usize));
         let rows = |n: usize| batch * padded(n);
         Ok(SessionBuffers {
             capacity,

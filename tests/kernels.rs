@@ -49,13 +49,26 @@ fn dispatch_grid(
     storage: &[Vec<u8>],
     grid: [u32; 3],
 ) -> Vec<Vec<u8>> {
+    dispatch_with(gpu, kernel, subgroups, &kernel.constants(layout), uniforms, storage, grid)
+}
+
+/// [`dispatch_grid`] with explicit override constants.
+fn dispatch_with(
+    gpu: &Gpu,
+    kernel: Kernel,
+    subgroups: bool,
+    constants: &[(&str, f64)],
+    uniforms: &[&[u8]],
+    storage: &[Vec<u8>],
+    grid: [u32; 3],
+) -> Vec<Vec<u8>> {
     let (pipeline, layout) = kernels::compile(
         gpu,
         kernel.entry(),
         &kernel.source(subgroups),
         kernel.entry(),
         kernel.bindings(),
-        &kernel.constants(layout),
+        constants,
     )
     .expect("kernel compiles");
     let (mut u, mut s) = (uniforms.iter(), storage.iter());
@@ -109,16 +122,21 @@ fn int8_matvec_matches_cpu() {
         // Rows not a multiple of the 4 rows per team or the 8 per workgroup,
         // K not a multiple of a team's stride (lavapipe: 8 lanes x 16 values);
         // one token (decode) or a batch of 3 (prefill, grid z).
+        // The prefill pipelines (PREFILL_TOKENS_PER_WG tokens per workgroup)
+        // run whole groups of tokens: 8 or 16.
+        let per_wg = kernels::PREFILL_TOKENS_PER_WG as usize;
         let shapes = [
-            (2, 64, 1),
-            (6, 96, 3),
-            (10, 1000, 1),
-            (66, 128, 3),
-            (130, 1024, 1),
-            (18, 3072, 3),
-            (4, 2048, 1),
+            (2, 64, 1, false),
+            (6, 96, 3, false),
+            (10, 1000, 1, false),
+            (66, 128, 3, false),
+            (130, 1024, 1, false),
+            (18, 3072, 3, false),
+            (4, 2048, 1, false),
+            (6, 96, per_wg, true),
+            (66, 1000, 2 * per_wg, true),
         ];
-        for &(rows, cols, tokens) in &shapes {
+        for &(rows, cols, tokens, prefill) in &shapes {
             let kernels = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some());
             let layouts = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK];
             for (kernel, layout) in kernels.flat_map(|k| layouts.map(|l| (k, l))) {
@@ -146,12 +164,14 @@ fn int8_matvec_matches_cpu() {
                     y_stride as u32,
                 ];
                 let mut grid = kernels::grid((rows as u32).div_ceil(layout.rows_per_wg()));
-                grid[2] = tokens as u32;
-                let out = dispatch_grid(
+                let constants =
+                    if prefill { kernel.prefill_constants(layout) } else { kernel.constants(layout) };
+                grid[2] = if prefill { (tokens / per_wg) as u32 } else { tokens as u32 };
+                let out = dispatch_with(
                     &gpu,
                     kernel,
                     sub,
-                    layout,
+                    &constants,
                     &[bytemuck::cast_slice(&params)],
                     &[f32s(&xs.concat()), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
                     grid,
@@ -176,7 +196,7 @@ fn int8_matvec_matches_cpu() {
                     let acc = variant.accumulate.then_some(&row0[first_out..]);
                     let (want, scale) = matvec_ref(&m, x, norm, acc, variant.swiglu);
                     assert_close(
-                        &format!("{kernel:?} {layout:?} {rows}x{cols} token {z}/{tokens} sub={sub}"),
+                        &format!("{kernel:?} {layout:?} {rows}x{cols} token {z}/{tokens} prefill={prefill} sub={sub}"),
                         &row[first_out..first_out + outs],
                         &want,
                         &scale,

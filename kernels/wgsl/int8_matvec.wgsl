@@ -22,8 +22,12 @@
 // at 2i and up row i at 2i+1, so a block of 4 rows yields
 // y[(row_offset + row0) / 2 + t] = silu(gate_t) * up_t for t = 0, 1.
 //
-// Batched (prefill): workgroup z applies the matrix to token z's input
-// x[z * k_words ..] and writes y[z * y_stride ..]; decode runs z = 0 only.
+// Batched (prefill): workgroup z applies the matrix to TOKENS consecutive
+// tokens t = z * TOKENS + i, inputs x[t * k_words ..], outputs
+// y[t * y_stride ..]. With TOKENS > 1 (the prefill pipelines) each weight
+// quad is loaded once for all of them: a matrix-matrix product whose
+// weight traffic is 1 / TOKENS of the per-token one. Decode runs TOKENS = 1
+// and z = 0 only.
 
 struct Params {
     rows: u32,       // rows in this launch (a chunk of the matrix)
@@ -52,6 +56,9 @@ override NORM: bool = false;
 // true: y += W x (fused residual add); false: y = W x.
 override ACCUMULATE: bool = false;
 override SWIGLU: bool = false;
+// Tokens per workgroup (1 for decode; at most MAX_TOKENS), set from Rust.
+override TOKENS: u32 = 1u;
+const MAX_TOKENS: u32 = 8u;
 
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
@@ -99,6 +106,70 @@ fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
     return Partial(acc, ss);
 }
 
+// partial4 for TOKENS tokens at once (rows as in partial4; token i's input
+// at x[xb + i * k_words ..]): each weight quad and scale is read once.
+struct Partials {
+    acc: array<vec4<f32>, MAX_TOKENS>,
+    ss: array<vec4<f32>, MAX_TOKENS>,
+}
+
+fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
+    let k_quads = p.k_words / 4u;
+    let r1 = min(row0 + 1u, p.rows - 1u);
+    let r2 = min(row0 + 2u, p.rows - 1u);
+    let r3 = min(row0 + 3u, p.rows - 1u);
+    let quads_per_group = GROUP_WORDS / 4u;
+    var out: Partials;
+    for (var i = 0u; i < TOKENS; i++) {
+        out.acc[i] = vec4<f32>(0.0);
+        out.ss[i] = vec4<f32>(0.0);
+    }
+    for (var j = first; j < k_quads; j += stride) {
+        let g = j / quads_per_group;
+        let w0 = w[row0 * k_quads + j];
+        let w1 = w[r1 * k_quads + j];
+        let w2 = w[r2 * k_quads + j];
+        let w3 = w[r3 * k_quads + j];
+        let s = vec4<f32>(
+            scales[row0 * p.groups + g],
+            scales[r1 * p.groups + g],
+            scales[r2 * p.groups + g],
+            scales[r3 * p.groups + g],
+        );
+        var n0 = vec4<f32>(1.0);
+        var n1 = vec4<f32>(1.0);
+        var n2 = vec4<f32>(1.0);
+        var n3 = vec4<f32>(1.0);
+        if NORM {
+            n0 = norm_w[4u * j];
+            n1 = norm_w[4u * j + 1u];
+            n2 = norm_w[4u * j + 2u];
+            n3 = norm_w[4u * j + 3u];
+        }
+        for (var i = 0u; i < TOKENS; i++) {
+            let b = xb + i * p.k_words + 4u * j;
+            var x0 = x[b];
+            var x1 = x[b + 1u];
+            var x2 = x[b + 2u];
+            var x3 = x[b + 3u];
+            if NORM {
+                out.ss[i] += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
+                x0 *= n0;
+                x1 *= n1;
+                x2 *= n2;
+                x3 *= n3;
+            }
+            out.acc[i] += vec4<f32>(
+                dot16(w0, x0, x1, x2, x3),
+                dot16(w1, x0, x1, x2, x3),
+                dot16(w2, x0, x1, x2, x3),
+                dot16(w3, x0, x1, x2, x3),
+            ) * s;
+        }
+    }
+    return out;
+}
+
 // The reduced dot products with NORM's rsqrt(mean(x^2) + eps) applied.
 fn finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
     if NORM {
@@ -134,6 +205,10 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     if wg_row0 >= p.rows {
         return; // whole workgroup: uniform
     }
+    if TOKENS > 1u {
+        matmul(lane, wg_row0, wg.z * TOKENS);
+        return;
+    }
     let z = wg.z;
     let xb = z * p.k_words;
     if SPLIT_K {
@@ -159,6 +234,38 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
                 ss = team_sum4(part.ss, lane);
             }
             store4(row0, finish(sums, ss), tl, z);
+        }
+    }
+}
+
+// TOKENS tokens from `t0` on (the prefill pipelines), in either layout.
+fn matmul(lane: Lane, wg_row0: u32, t0: u32) {
+    let xb = t0 * p.k_words;
+    if SPLIT_K {
+        let part = partial4_tokens(wg_row0, xb, lane.idx, WG);
+        for (var i = 0u; i < TOKENS; i++) {
+            let sums = wg_sum4(part.acc[i], lane);
+            var ss = vec4<f32>(0.0);
+            if NORM {
+                ss = wg_sum4(part.ss[i], lane);
+            }
+            store4(wg_row0, finish(sums, ss), lane.idx, t0 + i);
+        }
+        return;
+    }
+    let tl = team_lane(lane);
+    for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
+        let row0 = wg_row0 + rb;
+        if row0 < p.rows {
+            let part = partial4_tokens(row0, xb, tl, team_size(lane));
+            for (var i = 0u; i < TOKENS; i++) {
+                let sums = team_sum4(part.acc[i], lane);
+                var ss = vec4<f32>(0.0);
+                if NORM {
+                    ss = team_sum4(part.ss[i], lane);
+                }
+                store4(row0, finish(sums, ss), tl, t0 + i);
+            }
         }
     }
 }
