@@ -130,7 +130,7 @@ pub const MATVEC_VALUES_PER_LANE: u32 = 16;
 /// Prompt tokens one prefill matvec workgroup multiplies at once (the
 /// WGSL `TOKENS` override of the prefill pipelines; at most the kernel's
 /// MAX_TOKENS).
-pub const PREFILL_TOKENS_PER_WG: u32 = 8;
+pub const PREFILL_TOKENS_PER_WG: u32 = 4;
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
 
@@ -261,8 +261,13 @@ impl Kernel {
     pub fn prefill_constants(self, layout: MatvecLayout) -> Vec<(&'static str, f64)> {
         let mut c = self.constants(layout);
         for (name, v) in c.iter_mut() {
-            if *name == "TOKENS" {
-                *v = PREFILL_TOKENS_PER_WG as f64;
+            match *name {
+                "TOKENS" => *v = PREFILL_TOKENS_PER_WG as f64,
+                // Rows per team, on the decode grid: at least as many rows
+                // per workgroup (extra workgroups exit at once).
+                "SPLIT_K" => *v = 0.0,
+                "ROWS_PER_WG" => *v = MATVEC_ROWS.max(layout.rows_per_wg()) as f64,
+                _ => {}
             }
         }
         c

@@ -56,9 +56,9 @@ override NORM: bool = false;
 // true: y += W x (fused residual add); false: y = W x.
 override ACCUMULATE: bool = false;
 override SWIGLU: bool = false;
-// Tokens per workgroup (1 for decode; at most MAX_TOKENS), set from Rust.
+// Tokens per workgroup: 1 (decode) or 4 (the prefill pipelines, rows per
+// team only), set from Rust.
 override TOKENS: u32 = 1u;
-const MAX_TOKENS: u32 = 8u;
 
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
@@ -106,11 +106,44 @@ fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
     return Partial(acc, ss);
 }
 
-// partial4 for TOKENS tokens at once (rows as in partial4; token i's input
-// at x[xb + i * k_words ..]): each weight quad and scale is read once.
+// partial4 for 4 tokens at once (rows as in partial4; token i's input at
+// x[xb + i * k_words ..]): each weight quad and scale is read once, and the
+// sums live in plain registers (no arrays).
 struct Partials {
-    acc: array<vec4<f32>, MAX_TOKENS>,
-    ss: array<vec4<f32>, MAX_TOKENS>,
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    s0: vec4<f32>,
+    s1: vec4<f32>,
+    s2: vec4<f32>,
+    s3: vec4<f32>,
+}
+
+// One token's input quad j (16 values), normed with NORM; `sq`: its x^2.
+struct Quad {
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+    x2: vec4<f32>,
+    x3: vec4<f32>,
+    sq: vec4<f32>,
+}
+
+fn xq(b: u32, j: u32) -> Quad {
+    var q = Quad(x[b], x[b + 1u], x[b + 2u], x[b + 3u], vec4<f32>(0.0));
+    if NORM {
+        q.sq = q.x0 * q.x0 + q.x1 * q.x1 + q.x2 * q.x2 + q.x3 * q.x3;
+        q.x0 *= norm_w[4u * j];
+        q.x1 *= norm_w[4u * j + 1u];
+        q.x2 *= norm_w[4u * j + 2u];
+        q.x3 *= norm_w[4u * j + 3u];
+    }
+    return q;
+}
+
+fn rows4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, q: Quad) -> vec4<f32> {
+    return vec4<f32>(dot16(w0, q.x0, q.x1, q.x2, q.x3), dot16(w1, q.x0, q.x1, q.x2, q.x3),
+                     dot16(w2, q.x0, q.x1, q.x2, q.x3), dot16(w3, q.x0, q.x1, q.x2, q.x3));
 }
 
 fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
@@ -119,55 +152,31 @@ fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
     let r2 = min(row0 + 2u, p.rows - 1u);
     let r3 = min(row0 + 3u, p.rows - 1u);
     let quads_per_group = GROUP_WORDS / 4u;
-    var out: Partials;
-    for (var i = 0u; i < TOKENS; i++) {
-        out.acc[i] = vec4<f32>(0.0);
-        out.ss[i] = vec4<f32>(0.0);
-    }
+    var o = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0),
+                     vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     for (var j = first; j < k_quads; j += stride) {
         let g = j / quads_per_group;
         let w0 = w[row0 * k_quads + j];
         let w1 = w[r1 * k_quads + j];
         let w2 = w[r2 * k_quads + j];
         let w3 = w[r3 * k_quads + j];
-        let s = vec4<f32>(
-            scales[row0 * p.groups + g],
-            scales[r1 * p.groups + g],
-            scales[r2 * p.groups + g],
-            scales[r3 * p.groups + g],
-        );
-        var n0 = vec4<f32>(1.0);
-        var n1 = vec4<f32>(1.0);
-        var n2 = vec4<f32>(1.0);
-        var n3 = vec4<f32>(1.0);
-        if NORM {
-            n0 = norm_w[4u * j];
-            n1 = norm_w[4u * j + 1u];
-            n2 = norm_w[4u * j + 2u];
-            n3 = norm_w[4u * j + 3u];
-        }
-        for (var i = 0u; i < TOKENS; i++) {
-            let b = xb + i * p.k_words + 4u * j;
-            var x0 = x[b];
-            var x1 = x[b + 1u];
-            var x2 = x[b + 2u];
-            var x3 = x[b + 3u];
-            if NORM {
-                out.ss[i] += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
-                x0 *= n0;
-                x1 *= n1;
-                x2 *= n2;
-                x3 *= n3;
-            }
-            out.acc[i] += vec4<f32>(
-                dot16(w0, x0, x1, x2, x3),
-                dot16(w1, x0, x1, x2, x3),
-                dot16(w2, x0, x1, x2, x3),
-                dot16(w3, x0, x1, x2, x3),
-            ) * s;
-        }
+        let s = vec4<f32>(scales[row0 * p.groups + g], scales[r1 * p.groups + g], scales[r2 * p.groups + g],
+                          scales[r3 * p.groups + g]);
+        let b = xb + 4u * j;
+        let q0 = xq(b, j);
+        let q1 = xq(b + p.k_words, j);
+        let q2 = xq(b + 2u * p.k_words, j);
+        let q3 = xq(b + 3u * p.k_words, j);
+        o.a0 += rows4(w0, w1, w2, w3, q0) * s;
+        o.a1 += rows4(w0, w1, w2, w3, q1) * s;
+        o.a2 += rows4(w0, w1, w2, w3, q2) * s;
+        o.a3 += rows4(w0, w1, w2, w3, q3) * s;
+        o.s0 += q0.sq;
+        o.s1 += q1.sq;
+        o.s2 += q2.sq;
+        o.s3 += q3.sq;
     }
-    return out;
+    return o;
 }
 
 // The reduced dot products with NORM's rsqrt(mean(x^2) + eps) applied.
@@ -238,34 +247,26 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     }
 }
 
-// TOKENS tokens from `t0` on (the prefill pipelines), in either layout.
+// 4 tokens from `t0` on (the prefill pipelines), rows per team.
+fn team_finish(row0: u32, a: vec4<f32>, s: vec4<f32>, lane: Lane, t: u32) {
+    let sums = team_sum4(a, lane);
+    var ss = vec4<f32>(0.0);
+    if NORM {
+        ss = team_sum4(s, lane);
+    }
+    store4(row0, finish(sums, ss), team_lane(lane), t);
+}
+
 fn matmul(lane: Lane, wg_row0: u32, t0: u32) {
     let xb = t0 * p.k_words;
-    if SPLIT_K {
-        let part = partial4_tokens(wg_row0, xb, lane.idx, WG);
-        for (var i = 0u; i < TOKENS; i++) {
-            let sums = wg_sum4(part.acc[i], lane);
-            var ss = vec4<f32>(0.0);
-            if NORM {
-                ss = wg_sum4(part.ss[i], lane);
-            }
-            store4(wg_row0, finish(sums, ss), lane.idx, t0 + i);
-        }
-        return;
-    }
-    let tl = team_lane(lane);
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < p.rows {
-            let part = partial4_tokens(row0, xb, tl, team_size(lane));
-            for (var i = 0u; i < TOKENS; i++) {
-                let sums = team_sum4(part.acc[i], lane);
-                var ss = vec4<f32>(0.0);
-                if NORM {
-                    ss = team_sum4(part.ss[i], lane);
-                }
-                store4(row0, finish(sums, ss), tl, t0 + i);
-            }
+            let o = partial4_tokens(row0, xb, team_lane(lane), team_size(lane));
+            team_finish(row0, o.a0, o.s0, lane, t0);
+            team_finish(row0, o.a1, o.s1, lane, t0 + 1u);
+            team_finish(row0, o.a2, o.s2, lane, t0 + 2u);
+            team_finish(row0, o.a3, o.s3, lane, t0 + 3u);
         }
     }
 }
