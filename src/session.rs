@@ -608,7 +608,7 @@ impl Session {
         // Whatever the subset did to the position, put it back.
         self.write_step(self.len + 1);
         let period = gpu.queue.get_timestamp_period() as f64;
-        Ok(Some(t[1].saturating_sub(t[0]) as f64 * period / 1e3))
+        Ok(t.get(1).zip(t.first()).map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3))
     }
 
     /// Runs one decode step with a wait after every launch and returns the
