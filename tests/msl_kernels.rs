@@ -8,12 +8,12 @@
 
 mod common;
 
-use common::reference::{
-    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, padded_input, poisoned,
-    qk_norm_rope_ref, random_quant, to_f32, unpack_f16, POISON,
+use common::cases::{
+    argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case, matvec_case,
+    qk_norm_rope_case, to_u32, u32s,
 };
-use half::f16;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK, ATTENTION_CHUNK};
+use common::reference::{argmax_ref, f32s, nonzero, poisoned};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
 use qwen3_wgpu::msl;
 use rand::{rngs::StdRng, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -215,9 +215,12 @@ fn build(kernel: Kernel, source: &str, defines: &[&str]) -> PathBuf {
     bin
 }
 
-/// The harness binary of `kernel`'s variant, unmodified.
-fn built(kernel: Kernel) -> PathBuf {
-    build(kernel, &msl::msl_source(kernel).expect("an MSL twin"), &[])
+/// A [`Run`] over the twins built with `defines` (each kernel's harness
+/// binary is built on first use; builds are cached on disk).
+fn msl_run<'a>(defines: &'a [&'a str]) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
+    move |k, grid, buffers| {
+        run(&build(k, &msl::msl_source(k).expect("an MSL twin"), defines), k, grid, buffers)
+    }
 }
 
 /// Runs `bin` over `grid` with `kernel`'s threadgroup size; `buffers` fill
@@ -357,106 +360,16 @@ fn signature_parser_reads_address_spaces() {
 // ---------------------------------------------------------------------------
 // Kernels.
 
-fn u32s(v: &[u32]) -> Vec<u8> {
-    bytemuck::cast_slice(v).to_vec()
-}
-
-fn to_u32(b: &[u8]) -> Vec<u32> {
-    bytemuck::pod_collect_to_vec(b)
-}
-
-/// `{pos, fill_end}`, the GPU-resident step state.
-fn step(pos: usize, fill_end: usize) -> Vec<u8> {
-    u32s(&[pos as u32, fill_end as u32])
-}
-
-/// One token's matvec outputs with the reference's (want, scale).
-type MatvecOut = (Vec<f32>, Vec<f64>, Vec<f64>);
-
-/// One matvec launch of `bin` (built for `kernel`) on a random matrix, as
-/// the WGSL test runs it, for `tokens` inputs (grid z, token z's outputs
-/// from z * y_stride, with a gap after each): checks that the elements
-/// outside the outputs are untouched and returns each token's outputs.
-fn matvec_case(
-    bin: &Path,
-    kernel: Kernel,
-    rows: usize,
-    cols: usize,
-    tokens: usize,
-    seed: u64,
-) -> Vec<MatvecOut> {
-    let variant = kernel.matvec_variant().unwrap();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let m = random_quant(&mut rng, rows, cols);
-    let xs: Vec<Vec<f32>> = (0..tokens).map(|_| padded_input(&mut rng, cols)).collect();
-    let norm_w = padded_input(&mut rng, cols);
-    let eps = 1e-6f32;
-    // SWIGLU writes one output per row pair, from (row_offset / 2).
-    let row_offset = if variant.swiglu { 4usize } else { 3 };
-    let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
-    let outs = if variant.swiglu { rows / 2 } else { rows };
-    // Token z's outputs start at z * y_stride (a gap after each).
-    let y_stride = first_out + outs + 5;
-    let y0 = nonzero(&mut rng, tokens * y_stride);
-    let init = if variant.accumulate { f32s(&y0) } else { poisoned(tokens * y_stride) };
-    let params = [
-        rows as u32,
-        m.k_words() as u32,
-        m.groups() as u32,
-        row_offset as u32,
-        cols as u32,
-        eps.to_bits(),
-        y_stride as u32,
-    ];
-    let mut grid = kernels::grid((rows as u32).div_ceil(msl::MSL_MATVEC_LAYOUT.rows_per_wg()));
-    grid[2] = tokens as u32;
-    let out = run(
-        bin,
-        kernel,
-        grid,
-        &[u32s(&params), f32s(&xs.concat()), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
-    );
-    let got = to_f32(&out[0]);
-    let mut res = Vec::new();
-    for (z, x) in xs.iter().enumerate() {
-        let row = &got[z * y_stride..(z + 1) * y_stride];
-        let row0 = &y0[z * y_stride..(z + 1) * y_stride];
-        // Elements outside the outputs are untouched.
-        for i in (0..first_out).chain(first_out + outs..y_stride) {
-            if variant.accumulate {
-                assert_eq!(row[i], row0[i], "{kernel:?} token {z}: wrote outside the outputs at {i}");
-            } else {
-                assert_eq!(
-                    row[i].to_bits(),
-                    POISON,
-                    "{kernel:?} token {z}: wrote outside the outputs at {i}"
-                );
-            }
-        }
-        let norm = variant.norm.then_some((&norm_w[..], eps));
-        let acc = variant.accumulate.then_some(&row0[first_out..]);
-        let (want, scale) = matvec_ref(&m, x, norm, acc, variant.swiglu);
-        res.push((row[first_out..first_out + outs].to_vec(), want, scale));
-    }
-    res
-}
-
-/// Compares each token's outputs of a [`matvec_case`].
-fn assert_matvec(what: &str, res: &[MatvecOut]) {
-    for (z, (got, want, scale)) in res.iter().enumerate() {
-        assert_close(&format!("{what} token {z}/{}", res.len()), got, want, scale, 1e-5);
-    }
-}
-
 /// Every matvec variant at awkward shapes (rows not a multiple of 4, 8 or
 /// 32; K not a multiple of a simdgroup's 512-value stride), one token
 /// (decode) or a batch of 3 (prefill, grid z), and each at the Qwen3-0.6B
 /// shapes the engine launches it with.
 #[test]
 fn msl_int8_matvec_matches_cpu() {
+    let run = msl_run(&[]);
+    let rows_per_wg = msl::MSL_MATVEC_LAYOUT.rows_per_wg();
     let mut seed = 1;
     for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
-        let bin = built(kernel);
         let v = kernel.matvec_variant().unwrap();
         // (rows, cols, tokens)
         let mut shapes = vec![
@@ -477,55 +390,8 @@ fn msl_int8_matvec_matches_cpu() {
         });
         for (rows, cols, tokens) in shapes {
             seed += 1;
-            let res = matvec_case(&bin, kernel, rows, cols, tokens, seed);
+            let res = matvec_case(&run, kernel, rows_per_wg, 1, rows, cols, tokens, seed);
             assert_matvec(&format!("MSL {kernel:?} {rows}x{cols}"), &res);
-        }
-    }
-}
-
-/// argmax_partial's per-chunk winners, then argmax_final's token and step,
-/// for `n` random logits (with `ties`: the maximum at several places, in
-/// different chunks when n is large, and within one chunk and simdgroup).
-fn argmax_case(partial: &Path, fin: &Path, n: usize, chunk: u32, ties: bool, rng: &mut StdRng) {
-    let mut v = nonzero(rng, n);
-    if ties && n > 3 {
-        for i in [n - 1, n / 2, n / 3 + 1, n / 2 + 1, n / 2 + 33] {
-            if i < n {
-                v[i] = 5.0;
-            }
-        }
-    }
-    let want = argmax_ref(&v);
-    let parts = (n as u32).div_ceil(chunk);
-    let out = run(
-        partial,
-        Kernel::ArgmaxPartial,
-        kernels::grid(parts),
-        &[u32s(&[n as u32, chunk]), f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
-    );
-    let (val, idx) = (to_f32(&out[0]), to_u32(&out[1]));
-    for c in 0..parts as usize {
-        let lo = c * chunk as usize;
-        let w = lo + argmax_ref(&v[lo..n.min(lo + chunk as usize)]);
-        assert_eq!(idx[c] as usize, w, "argmax_partial n={n} chunk {c} ties={ties}");
-        assert_eq!(val[c], v[w], "argmax_partial value n={n} chunk {c}");
-    }
-    // Position 3 of a 6-token sequence: the token goes to tokens[4] unless
-    // position 4 still holds a prompt token.
-    for (fill_end, writes) in [(4, true), (5, false)] {
-        let f = run(
-            fin,
-            Kernel::ArgmaxFinal,
-            [1, 1, 1],
-            &[u32s(&[parts, 6]), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
-        );
-        assert_eq!(to_u32(&f[1]), [4, fill_end as u32], "position advances");
-        for (i, t) in to_u32(&f[0]).iter().enumerate() {
-            if i == 4 && writes {
-                assert_eq!(*t as usize, want, "argmax n={n} ties={ties}");
-            } else {
-                assert_eq!(*t, POISON, "tokens[{i}] written (fill_end {fill_end})");
-            }
         }
     }
 }
@@ -534,103 +400,16 @@ fn argmax_case(partial: &Path, fin: &Path, n: usize, chunk: u32, ties: bool, rng
 /// threadgroup or the simdgroup).
 #[test]
 fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
-    let partial = built(Kernel::ArgmaxPartial);
-    let fin = built(Kernel::ArgmaxFinal);
+    let run = msl_run(&[]);
     let mut rng = StdRng::seed_from_u64(5);
     for &(n, chunk) in
         &[(1usize, 1000u32), (7, 1000), (555, 256), (1000, 1000), (151936, ARGMAX_CHUNK), (151936, 1000)]
     {
         for ties in [false, true] {
-            argmax_case(&partial, &fin, n, chunk, ties, &mut rng);
+            argmax_case(&run, n, chunk, ties, &mut rng);
         }
     }
-    // A position at the end of the token array writes no token.
-    let f = run(
-        &fin,
-        Kernel::ArgmaxFinal,
-        [1, 1, 1],
-        &[u32s(&[1, 4]), f32s(&[1.0]), u32s(&[0]), poisoned(5), step(3, 0)],
-    );
-    assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
-}
-
-/// qk_norm_rope on `tokens` random qkv rows (a padded stride apart) at
-/// positions `pos`, `pos + 1`, ... (a token at or past the capacity: a step
-/// queued past it writes nothing). Shape: (heads, kv heads, head_dim,
-/// capacity, first position, tokens).
-fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize, usize), rng: &mut StdRng) {
-    let (nh, nkv, hd, cap, pos, tokens) = shape;
-    let theta = 1_000_000f32;
-    let eps = 1e-6f32;
-    let rows = (nh + 2 * nkv) * hd;
-    let qkv_stride = rows + 8; // padded rows, as the engine's
-    let qkv = nonzero(rng, tokens * qkv_stride);
-    let qn = nonzero(rng, hd);
-    let kn = nonzero(rng, hd);
-    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits(), qkv_stride as u32];
-    let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
-    let cache_words = nkv * cap * hd / 2;
-    let mut grid = kernels::grid((nh + 2 * nkv) as u32);
-    grid[2] = tokens as u32;
-    let out = run(
-        bin,
-        Kernel::QkNormRope,
-        grid,
-        &[
-            u32s(&params),
-            step(pos, 0),
-            f32s(&qkv),
-            f32s(&qn),
-            f32s(&kn),
-            f32s(&rope),
-            poisoned(tokens * nh * hd),
-            poisoned(cache_words),
-            poisoned(cache_words),
-        ],
-    );
-    let q = to_f32(&out[0]);
-    let kc = unpack_f16(&out[1]);
-    let vc = unpack_f16(&out[2]);
-    let (th, ep) = (theta as f64, eps as f64);
-    for z in 0..tokens {
-        let at_pos = pos + z;
-        let q_row = &q[z * nh * hd..(z + 1) * nh * hd];
-        if at_pos >= cap {
-            assert!(q_row.iter().all(|v| v.to_bits() == POISON), "token {z} past the capacity wrote q");
-            continue;
-        }
-        let head = |h: usize| &qkv[z * qkv_stride + h * hd..z * qkv_stride + (h + 1) * hd];
-        for h in 0..nh {
-            let want = qk_norm_rope_ref(head(h), Some(&qn), at_pos, th, ep);
-            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-            let got = &q_row[h * hd..(h + 1) * hd];
-            assert_close(&format!("MSL q head {h} hd {hd} token {z}/{tokens}"), got, &want, &scale, 2e-4);
-        }
-        for g in 0..nkv {
-            let want = qk_norm_rope_ref(head(nh + g), Some(&kn), at_pos, th, ep);
-            let at = (g * cap + at_pos) * hd;
-            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
-            assert_close(&format!("MSL k head {g} token {z}"), &kc[at..at + hd], &want, &scale, 2e-3);
-            let vwant = qk_norm_rope_ref(head(nh + nkv + g), None, at_pos, th, ep);
-            assert_close(
-                &format!("MSL v head {g} token {z}"),
-                &vc[at..at + hd],
-                &vwant,
-                &vec![1.0; hd],
-                1e-3,
-            );
-        }
-    }
-    // Only the batch's positions of the caches are written.
-    for (c, cache) in out[1..].iter().enumerate() {
-        let words = to_u32(cache);
-        for g in 0..nkv {
-            for t in (0..cap).filter(|t| !(pos..pos + tokens).contains(t)) {
-                let row = &words[(g * cap + t) * hd / 2..(g * cap + t + 1) * hd / 2];
-                assert!(row.iter().all(|w| *w == POISON), "cache {c} written at position {t}");
-            }
-        }
-    }
+    argmax_never_writes_past_the_token_array(&run);
 }
 
 /// Qwen3-0.6B's heads at the first and a late position, and awkward shapes
@@ -638,7 +417,7 @@ fn qk_norm_rope_case(bin: &Path, shape: (usize, usize, usize, usize, usize, usiz
 /// consecutive positions, one of them running past the capacity.
 #[test]
 fn msl_qk_norm_rope_matches_cpu() {
-    let bin = built(Kernel::QkNormRope);
+    let run = msl_run(&[]);
     let mut rng = StdRng::seed_from_u64(6);
     // (heads, kv heads, head_dim, capacity, first position, tokens)
     for shape in [
@@ -652,66 +431,7 @@ fn msl_qk_norm_rope_matches_cpu() {
         (2, 1, 64, 4, 4, 1), // a step queued past the capacity writes nothing
         (2, 1, 64, 4, 2, 3), // a batch whose last token lies past the capacity
     ] {
-        qk_norm_rope_case(&bin, shape, &mut rng);
-    }
-}
-
-/// attention_partial then attention_reduce on random q and caches, with
-/// the grid sized for the capacity as the engine does (chunks past the
-/// context contribute nothing), for `tokens` queries (grid z) whose
-/// contexts are seq, seq + 1, ... (causal), and reduce's out_stride
-/// leaving a poisoned gap after each token's row. Shape: (heads, kv heads,
-/// head_dim, capacity, context of the first token, tokens).
-fn attention_case(
-    partial: &Path,
-    reduce: &Path,
-    shape: (usize, usize, usize, usize, usize, usize),
-    rng: &mut StdRng,
-) {
-    let (nh, nkv, hd, cap, seq, tokens) = shape;
-    let q = nonzero(rng, tokens * nh * hd);
-    let kv_len = nkv * cap * hd;
-    let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
-    let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
-    let scale = 1.0 / (hd as f32).sqrt();
-    let out_stride = nh * hd + 3; // padded rows, as the engine's
-                                  // The host's uniform also carries the qkv stride, which the kernel ignores.
-    let qkv_stride = (nh + 2 * nkv) * hd + 8;
-    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits(), qkv_stride as u32];
-    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
-    let parts = run(
-        partial,
-        Kernel::AttentionPartial,
-        [nh as u32, chunks as u32, tokens as u32],
-        &[
-            u32s(&params),
-            step(seq - 1, 0),
-            f32s(&q),
-            bytemuck::cast_slice(&k).to_vec(),
-            bytemuck::cast_slice(&v).to_vec(),
-            poisoned(tokens * 2 * nh * chunks),
-            poisoned(tokens * nh * chunks * hd),
-        ],
-    );
-    let out = run(
-        reduce,
-        Kernel::AttentionReduce,
-        [nh as u32, 1, tokens as u32],
-        &[
-            u32s(&[hd as u32, chunks as u32, out_stride as u32]),
-            parts[0].clone(),
-            parts[1].clone(),
-            poisoned(tokens * out_stride),
-        ],
-    );
-    let got = to_f32(&out[0]);
-    for z in 0..tokens {
-        let qz = &q[z * nh * hd..(z + 1) * nh * hd];
-        let want = attention_ref(qz, &k, &v, nh, nkv, hd, cap, seq + z, scale as f64);
-        let row = &got[z * out_stride..(z + 1) * out_stride];
-        let what = format!("MSL attention seq {} hd {hd} token {z}/{tokens}", seq + z);
-        assert_close(&what, &row[..nh * hd], &want, &vec![1.0; nh * hd], 1e-4);
-        assert!(row[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the row");
+        qk_norm_rope_case(&run, shape, &mut rng);
     }
 }
 
@@ -720,8 +440,7 @@ fn attention_case(
 /// causal batches (grid z) across a chunk edge and from the first position.
 #[test]
 fn msl_attention_matches_cpu() {
-    let partial = built(Kernel::AttentionPartial);
-    let reduce = built(Kernel::AttentionReduce);
+    let run = msl_run(&[]);
     let mut rng = StdRng::seed_from_u64(7);
     // (heads, kv heads, head_dim, capacity, context of the first token, tokens)
     for shape in [
@@ -738,7 +457,7 @@ fn msl_attention_matches_cpu() {
         (4, 2, 64, 600, 250, 9), // a causal batch: contexts 250..258, across a chunk edge
         (2, 2, 32, 16, 1, 5),    // a batch from the first position
     ] {
-        attention_case(&partial, &reduce, shape, &mut rng);
+        attention_case(&run, shape, &mut rng);
     }
 }
 
@@ -749,19 +468,19 @@ fn msl_attention_matches_cpu() {
 fn msl_kernels_hold_at_other_simdgroup_widths() {
     for width in [8, 64] {
         let def = format!("MSL_SHIM_SIMD_WIDTH={width}");
-        let with = |k: Kernel| build(k, &msl::msl_source(k).unwrap(), &[def.as_str()]);
+        let defines = [def.as_str()];
+        let run = msl_run(&defines);
+        let rows_per_wg = msl::MSL_MATVEC_LAYOUT.rows_per_wg();
         for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu, Kernel::Int8MatvecAccumulate] {
             for (rows, cols, tokens) in [(66, 1000, 1), (130, 704, 2)] {
-                let res = matvec_case(&with(kernel), kernel, rows, cols, tokens, 3);
+                let res = matvec_case(&run, kernel, rows_per_wg, 1, rows, cols, tokens, 3);
                 assert_matvec(&format!("MSL {kernel:?} {rows}x{cols} width {width}"), &res);
             }
         }
         let mut rng = StdRng::seed_from_u64(10);
-        let (partial, fin) = (with(Kernel::ArgmaxPartial), with(Kernel::ArgmaxFinal));
-        argmax_case(&partial, &fin, 5555, 1000, true, &mut rng);
-        let (partial, reduce) = (with(Kernel::AttentionPartial), with(Kernel::AttentionReduce));
-        attention_case(&partial, &reduce, (4, 2, 128, 600, 255, 3), &mut rng);
-        qk_norm_rope_case(&with(Kernel::QkNormRope), (4, 2, 128, 40, 36, 2), &mut rng);
+        argmax_case(&run, 5555, 1000, true, &mut rng);
+        attention_case(&run, (4, 2, 128, 600, 255, 3), &mut rng);
+        qk_norm_rope_case(&run, (4, 2, 128, 40, 36, 2), &mut rng);
     }
 }
 
@@ -773,8 +492,8 @@ fn msl_kernels_hold_at_other_simdgroup_widths() {
 #[test]
 fn matvec_with_a_lane_dropped_from_simd_sum_fails() {
     let kernel = Kernel::Int8MatvecNorm;
-    let bin = build(kernel, &msl::msl_source(kernel).unwrap(), &["MSL_SHIM_SIMD_SUM_DROPS_LANE=5"]);
-    let res = matvec_case(&bin, kernel, 66, 1024, 1, 99);
+    let run = msl_run(&["MSL_SHIM_SIMD_SUM_DROPS_LANE=5"]);
+    let res = matvec_case(&run, kernel, msl::MSL_MATVEC_LAYOUT.rows_per_wg(), 1, 66, 1024, 1, 99);
     let caught = std::panic::catch_unwind(|| assert_matvec("broken matvec", &res));
     assert!(caught.is_err(), "a matvec missing one lane's products passed");
 }
