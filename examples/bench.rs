@@ -13,7 +13,7 @@ use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, ModelConfig};
 use serde_json::json;
 
 #[derive(Parser)]
-struct Args {
+pub struct Args {
     /// Checkpoint directory; default: a random exact-shape checkpoint in a temp dir.
     #[arg(long)]
     checkpoint: Option<std::path::PathBuf>,
@@ -29,6 +29,10 @@ struct Args {
     /// one measurement per value (1 = a wait on every token).
     #[arg(long, value_delimiter = ',', default_value = "4")]
     lookaheads: Vec<usize>,
+    /// Steps timed one by one after each decode run (CPU encode, GPU and
+    /// wall time per step; medians are printed).
+    #[arg(long, default_value_t = 16)]
+    timed_steps: usize,
 }
 
 /// Peak resident memory of this process so far (Linux VmHWM), in MiB.
@@ -39,7 +43,11 @@ fn peak_rss_mib() -> Option<f64> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+    run(Args::parse())
+}
+
+/// The measurements (also run by `cargo bench`, benches/decode.rs).
+pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let policy = if args.backend == "portable" { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
     let tmp = tempfile::tempdir()?;
     let ckpt = match &args.checkpoint {
@@ -69,16 +77,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = model.config().clone();
     // Bytes a token reads: every weight once, plus the K and V written so far.
     let weight_bytes = model.weight_bytes() as f64;
-    // Warm-up (first submits, GPU clocks), not measured.
+    // Warm-up (first submits, GPU clocks), not measured: up to 64 steps or
+    // half a second (a CPU adapter gets through a step or two).
     {
         let mut s = model.session_with_capacity(256)?;
         s.feed(&(0..128u32).collect::<Vec<_>>())?;
+        let t = Instant::now();
         for _ in 0..64 {
             s.next_token()?;
+            if t.elapsed().as_secs_f64() > 0.5 {
+                break;
+            }
         }
     }
     for (&ctx, &lookahead) in args.contexts.iter().flat_map(|c| args.lookaheads.iter().map(move |l| (c, l))) {
-        let capacity = ctx + args.tokens + 17;
+        let capacity = ctx + args.tokens + args.timed_steps + 1;
         let mut s = model.session_with_capacity(capacity)?;
         s.set_lookahead(lookahead);
         let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % cfg.vocab_size as u32).collect();
@@ -93,7 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tps = args.tokens as f64 / secs;
         // Where a step's time goes (medians of 16 timed steps).
         let mut timings = Vec::new();
-        for _ in 0..16 {
+        for _ in 0..args.timed_steps {
             timings.push(s.timed_step()?);
         }
         let median = |mut v: Vec<f64>| {
