@@ -107,6 +107,43 @@ fn streaming_session_matches_one_call_decode() {
     assert_eq!(s.len(), prompt.len() + 11);
 }
 
+/// Steps queued ahead of the caller are discarded when it runs a step
+/// alone or feeds more tokens: whatever the lookahead, the tokens are those
+/// of a wait on every token (lookahead 1), and of a fresh session fed the
+/// same context in one call (batched prefill).
+#[test]
+fn queued_steps_never_change_the_tokens() {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let (prompt, _) = expected();
+    let model = engine.load(fixture(), &no_cache()).unwrap();
+    let extra = [5u32, 17, 3];
+    let mut runs = Vec::new();
+    for lookahead in [1, 4, 8] {
+        let mut s = model.session_with_capacity(128).unwrap();
+        s.set_lookahead(lookahead);
+        let mut seq = vec![s.feed(&prompt).unwrap()];
+        seq.extend((0..3).map(|_| s.next_token().unwrap()));
+        // A timed step runs alone: the queued steps are dropped and the
+        // GPU's position is put back; then more than a lookahead's worth.
+        s.timed_step().unwrap();
+        seq.push(s.pending().unwrap());
+        seq.extend((0..10).map(|_| s.next_token().unwrap()));
+        assert_eq!(s.len(), prompt.len() + seq.len() - 1);
+        // The last token stays pending: `feed` appends after the consumed ones.
+        let after: Vec<u32> =
+            std::iter::once(s.feed(&extra).unwrap()).chain((0..4).map(|_| s.next_token().unwrap())).collect();
+        runs.push((seq, after));
+    }
+    assert!(runs.windows(2).all(|w| w[0] == w[1]), "lookaheads disagree: {runs:?}");
+    let (seq, after) = &runs[0];
+    let context: Vec<u32> = prompt.iter().chain(&seq[..seq.len() - 1]).chain(&extra).copied().collect();
+    let mut fresh = model.session_with_capacity(128).unwrap();
+    let again: Vec<u32> = std::iter::once(fresh.feed(&context).unwrap())
+        .chain((0..4).map(|_| fresh.next_token().unwrap()))
+        .collect();
+    assert_eq!(&again, after, "one-call prefill of the same context");
+}
+
 #[test]
 fn stops_at_end_of_text() {
     // Make the fixture's 3rd greedy token the end-of-text id.
