@@ -108,6 +108,8 @@ impl SessionBuffers {
 struct InFlight {
     slot: usize,
     mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    /// The mapping's outcome once seen (by a non-blocking check).
+    done: Option<std::result::Result<(), wgpu::BufferAsyncError>>,
 }
 
 /// What a session shares with its model.
@@ -305,6 +307,49 @@ impl Session {
     /// Feeds the pending greedy token back in and returns the next one
     /// (the streaming step). Fails with `empty_prompt` before any `feed`.
     pub fn next_token(&mut self) -> Result<u32> {
+        self.queue_ahead()?;
+        self.take_queued()
+    }
+
+    /// [`next_token`](Self::next_token) that never waits for the GPU: it
+    /// queues steps the same way and returns `Ok(None)` while the next
+    /// token is still on its way (call again later, e.g. next frame: a host
+    /// that renders keeps its frame rate). The tokens are those
+    /// `next_token` would return.
+    ///
+    /// ```no_run
+    /// # fn frame(session: &mut qwen3_wgpu::Session) -> qwen3_wgpu::Result<()> {
+    /// if let Some(token) = session.try_next_token()? {
+    ///     println!("{token}");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_next_token(&mut self) -> Result<Option<u32>> {
+        self.queue_ahead()?;
+        let gpu = &self.model.gpu;
+        gpu.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        gpu.check_fault()?;
+        let Some(front) = self.queued.front_mut() else {
+            return Err(Error::GpuDeviceFailed { reason: "no decode step in flight".into() });
+        };
+        if front.done.is_none() {
+            match front.mapped.try_recv() {
+                Ok(r) => front.done = Some(r),
+                Err(mpsc::TryRecvError::Empty) => return Ok(None),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err(Error::GpuDeviceFailed { reason: "map_async callback never ran".into() })
+                }
+            }
+        }
+        self.take_queued().map(Some)
+    }
+
+    /// Checks that a token can follow, then keeps `lookahead` decode steps
+    /// queued (never past the capacity).
+    fn queue_ahead(&mut self) -> Result<()> {
         if self.pending.is_none() {
             return Err(Error::EmptyPrompt);
         }
@@ -316,7 +361,7 @@ impl Session {
             self.submit_with_readback(enc, slot);
             self.gpu_pos += 1;
         }
-        self.take_queued()
+        Ok(())
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
@@ -377,7 +422,7 @@ impl Session {
         self.slots[slot].slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.queued.push_back(InFlight { slot, mapped });
+        self.queued.push_back(InFlight { slot, mapped, done: None });
     }
 
     /// Waits for the oldest queued step's token, consumes its position and
@@ -402,6 +447,9 @@ impl Session {
     fn wait_slot(&mut self, q: InFlight) -> Result<u32> {
         let gpu = &self.model.gpu;
         let mapped = loop {
+            if let Some(r) = q.done {
+                break r;
+            }
             match q.mapped.try_recv() {
                 Ok(r) => break r,
                 Err(mpsc::TryRecvError::Empty) => {

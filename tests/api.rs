@@ -144,6 +144,30 @@ fn queued_steps_never_change_the_tokens() {
     assert_eq!(&again, after, "one-call prefill of the same context");
 }
 
+/// The non-blocking token API gives the tokens `next_token` gives, and
+/// needs a prompt first like it.
+#[test]
+fn try_next_token_gives_the_same_tokens_without_waiting() {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let (prompt, want) = expected();
+    let model = engine.load(fixture(), &no_cache()).unwrap();
+    let mut s = model.session_with_capacity(64).unwrap();
+    assert_eq!(s.try_next_token().err().map(|e| e.code()), Some("empty_prompt"));
+    let mut got = vec![s.feed(&prompt).unwrap()];
+    while got.len() < 8 {
+        match s.try_next_token().unwrap() {
+            Some(t) => got.push(t),
+            // A host would render a frame here.
+            None => std::thread::sleep(std::time::Duration::from_micros(200)),
+        }
+    }
+    assert_eq!(&got[..], &want[..8]);
+    assert_eq!(s.len(), prompt.len() + 7);
+    // Mixed with the blocking call, the sequence goes on unchanged.
+    got.push(s.next_token().unwrap());
+    assert_eq!(&got[..], &want[..9]);
+}
+
 #[test]
 fn stops_at_end_of_text() {
     // Make the fixture's 3rd greedy token the end-of-text id.
