@@ -263,6 +263,56 @@ impl Gpu {
     }
 }
 
+/// `count` GPU timestamp queries with the buffers that resolve them and
+/// bring them back (the diagnostics' timing: see `Session::timed_step`).
+pub struct Timestamps {
+    pub set: wgpu::QuerySet,
+    count: u32,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+}
+
+impl Timestamps {
+    pub fn new(gpu: &Gpu, label: &str, count: u32) -> Self {
+        let bytes = 8 * count as u64;
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some(label),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.div_ceil(256) * 256,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Timestamps { set, count, resolve, readback: gpu.readback(label, bytes as usize) }
+    }
+
+    /// The pass's start and end as timestamps 0 and 1.
+    pub fn pass_writes(&self) -> wgpu::ComputePassTimestampWrites<'_> {
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.set,
+            beginning_of_pass_write_index: Some(0),
+            end_of_pass_write_index: Some(1),
+        }
+    }
+
+    /// Records the resolve and the copy back (after the timed passes).
+    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.resolve_query_set(&self.set, 0..self.count, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, 8 * self.count as u64);
+    }
+
+    /// Waits for the submitted commands and returns the time between
+    /// consecutive timestamps, in microseconds.
+    pub fn intervals_us(&self, gpu: &Gpu) -> Result<Vec<f64>> {
+        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(&self.readback)?);
+        let period = gpu.queue.get_timestamp_period() as f64;
+        Ok(t.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64 * period / 1e3).collect())
+    }
+}
+
 /// Features used when the adapter has them.
 pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES

@@ -19,10 +19,7 @@ pub enum Bind {
 /// each per-kernel table below).
 macro_rules! matvec_kernels {
     () => {
-        Kernel::Int8Matvec
-            | Kernel::Int8MatvecAccumulate
-            | Kernel::Int8MatvecNorm
-            | Kernel::Int8MatvecNormSwiglu
+        Kernel::Int8MatvecAccumulate | Kernel::Int8MatvecNorm | Kernel::Int8MatvecNormSwiglu
     };
 }
 
@@ -85,11 +82,9 @@ pub struct MatvecVariant {
 /// One compute kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// `y = W x`.
-    Int8Matvec,
-    /// `y += W x` (fused residual add).
+    /// `y += W x` (fused residual add: o_proj, down).
     Int8MatvecAccumulate,
-    /// `y = W rms_norm(x)` (fused input RMSNorm).
+    /// `y = W rms_norm(x)` (fused input RMSNorm: qkv, the LM head).
     Int8MatvecNorm,
     /// `h = silu(gate) * up` with `[gate; up] = W rms_norm(x)` (the MLP's
     /// gate/up projection, rows interleaved).
@@ -154,8 +149,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 10] = [
-        Kernel::Int8Matvec,
+    pub const ALL: [Kernel; 9] = [
         Kernel::Int8MatvecAccumulate,
         Kernel::Int8MatvecNorm,
         Kernel::Int8MatvecNormSwiglu,
@@ -220,7 +214,6 @@ impl Kernel {
     pub fn matvec_variant(self) -> Option<MatvecVariant> {
         let v = |accumulate, norm, swiglu| Some(MatvecVariant { accumulate, norm, swiglu });
         match self {
-            Kernel::Int8Matvec => v(false, false, false),
             Kernel::Int8MatvecAccumulate => v(true, false, false),
             Kernel::Int8MatvecNorm => v(false, true, false),
             Kernel::Int8MatvecNormSwiglu => v(false, true, true),
@@ -273,14 +266,17 @@ impl Kernel {
         c
     }
 
-    /// Full WGSL source: the reduction prelude for this device, then the kernel.
+    /// Full WGSL source: the reduction prelude for this device, the GPU
+    /// decode state's `Step` struct (shared by the kernels that read it),
+    /// then the kernel.
     pub fn source(self, subgroups: bool) -> String {
         let prelude = if subgroups {
             include_str!("../kernels/wgsl/prelude_subgroup.wgsl")
         } else {
             include_str!("../kernels/wgsl/prelude_workgroup.wgsl")
         };
-        format!("{prelude}\n{}", self.wgsl())
+        let step = include_str!("../kernels/wgsl/step.wgsl");
+        format!("{prelude}\n{step}\n{}", self.wgsl())
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, Timestamps};
 use crate::kernels::{Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK};
 use crate::model::GpuWeights;
 use crate::weights::QUANT_GROUP;
@@ -378,12 +378,8 @@ impl Session {
 
     /// Records one decode step: one compute pass (optionally timestamped at
     /// its start and end).
-    fn record(&self, enc: &mut wgpu::CommandEncoder, timestamps: Option<&wgpu::QuerySet>) {
-        let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
-            query_set,
-            beginning_of_pass_write_index: Some(0),
-            end_of_pass_write_index: Some(1),
-        });
+    fn record(&self, enc: &mut wgpu::CommandEncoder, timestamps: Option<&Timestamps>) {
+        let timestamp_writes = timestamps.map(Timestamps::pass_writes);
         let mut pass =
             enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes });
         for l in &self.forward {
@@ -502,27 +498,17 @@ impl Session {
         self.check_room(1)?;
         self.discard_queued()?;
         let gpu = self.model.gpu.clone();
-        let timestamps = gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
-            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("step timestamps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2,
-            });
-            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("timestamps"),
-                size: 16,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            (set, resolve, gpu.readback("timestamps", 16))
-        });
+        let timestamps = gpu
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+            .then(|| Timestamps::new(&gpu, "step timestamps", 2));
         let t0 = std::time::Instant::now();
         let mut enc = self.encoder();
-        self.record(&mut enc, timestamps.as_ref().map(|t| &t.0));
+        self.record(&mut enc, timestamps.as_ref());
         let encode_us = t0.elapsed().as_secs_f64() * 1e6;
-        if let Some((set, resolve, readback)) = &timestamps {
-            enc.resolve_query_set(set, 0..2, resolve, 0);
-            enc.copy_buffer_to_buffer(resolve, 0, readback, 0, 16);
+        if let Some(t) = &timestamps {
+            t.resolve(&mut enc);
         }
         let slot = self.queue_readback(&mut enc, self.len + 1)?;
         self.submit_with_readback(enc, slot);
@@ -530,11 +516,7 @@ impl Session {
         self.take_queued()?;
         let wall_us = t0.elapsed().as_secs_f64() * 1e6;
         let gpu_us = match &timestamps {
-            Some((_, _, readback)) => {
-                let b: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(readback)?);
-                let period = gpu.queue.get_timestamp_period() as f64;
-                b.get(1).zip(b.first()).map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3)
-            }
+            Some(t) => t.intervals_us(&gpu)?.first().copied(),
             None => None,
         };
         Ok(StepTiming { encode_us, gpu_us, wall_us })
@@ -561,34 +543,21 @@ impl Session {
         self.discard_queued()?;
         let repeats = repeats.max(1);
         let n = self.forward.len() as u32 * repeats + 1;
-        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("launch timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count: n,
-        });
-        let bytes = 8 * n as u64;
-        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("launch timestamps"),
-            size: bytes.div_ceil(256) * 256,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let readback = gpu.readback("launch timestamps", bytes as usize);
+        let ts = Timestamps::new(&gpu, "launch timestamps", n);
         let mut enc = self.encoder();
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.write_timestamp(&set, 0);
+            pass.write_timestamp(&ts.set, 0);
             let mut q = 1;
             for l in &self.forward {
                 for _ in 0..repeats {
                     l.record(&mut pass, &self.model.kernels);
-                    pass.write_timestamp(&set, q);
+                    pass.write_timestamp(&ts.set, q);
                     q += 1;
                 }
             }
         }
-        enc.resolve_query_set(&set, 0..n, &resolve, 0);
-        enc.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
+        ts.resolve(&mut enc);
         let slot = self.queue_readback(&mut enc, self.len + 1)?;
         self.submit_with_readback(enc, slot);
         self.gpu_pos += 1;
@@ -598,9 +567,7 @@ impl Session {
             self.gpu_pos = usize::MAX;
             self.discard_queued()?;
         }
-        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(&readback)?);
-        let period = gpu.queue.get_timestamp_period() as f64;
-        let us: Vec<f64> = t.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64 * period / 1e3).collect();
+        let us = ts.intervals_us(&gpu)?;
         Ok(Some(
             self.forward
                 .iter()
@@ -623,40 +590,23 @@ impl Session {
             return Ok(None);
         }
         self.discard_queued()?;
-        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("subset timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        });
-        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("subset timestamps"),
-            size: 256,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let readback = gpu.readback("subset timestamps", 16);
+        let ts = Timestamps::new(&gpu, "subset timestamps", 2);
         let mut enc = self.encoder();
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("subset"),
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &set,
-                    beginning_of_pass_write_index: Some(0),
-                    end_of_pass_write_index: Some(1),
-                }),
+                timestamp_writes: Some(ts.pass_writes()),
             });
             for l in self.forward.iter().filter(|l| keep(l.kernel)) {
                 l.record(&mut pass, &self.model.kernels);
             }
         }
-        enc.resolve_query_set(&set, 0..2, &resolve, 0);
-        enc.copy_buffer_to_buffer(&resolve, 0, &readback, 0, 16);
+        ts.resolve(&mut enc);
         gpu.queue.submit([enc.finish()]);
-        let t: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.read(&readback)?);
+        let us = ts.intervals_us(&gpu)?;
         // Whatever the subset did to the position, put it back.
         self.write_step(self.len + 1);
-        let period = gpu.queue.get_timestamp_period() as f64;
-        Ok(t.get(1).zip(t.first()).map(|(end, start)| end.saturating_sub(*start) as f64 * period / 1e3))
+        Ok(us.first().copied())
     }
 
     /// Runs one decode step with a wait after every launch and returns the

@@ -10,11 +10,6 @@ struct Params {
     n_tokens: u32,   // length of `tokens` (capacity + 1)
 }
 
-struct Step {
-    pos: u32,
-    fill_end: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part_val: array<f32>;
 @group(0) @binding(2) var<storage, read> part_idx: array<u32>;

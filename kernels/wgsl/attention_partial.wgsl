@@ -16,12 +16,6 @@ struct Params {
     scale: f32,
 }
 
-// The decode position, kept on the GPU (see qk_norm_rope).
-struct Step {
-    pos: u32,
-    fill_end: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;

@@ -11,12 +11,6 @@ struct Params {
     row_end: u32,
 }
 
-// The decode position, kept on the GPU (see argmax_final).
-struct Step {
-    pos: u32,
-    fill_end: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;

@@ -20,13 +20,6 @@ struct Params {
     qkv_stride: u32, // elements between consecutive tokens' qkv rows (batched)
 }
 
-// The decode position, kept on the GPU (argmax_final advances it), so
-// tokens can be queued without the host in the loop.
-struct Step {
-    pos: u32,      // position of the token being processed
-    fill_end: u32, // first position argmax_final may write a token to
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
