@@ -23,6 +23,13 @@ macro_rules! matvec_kernels {
     };
 }
 
+/// The pattern matching every `attention_partial` variant.
+macro_rules! attention_kernels {
+    () => {
+        Kernel::AttentionPartial | Kernel::AttentionStep | Kernel::AttentionStepDirect
+    };
+}
+
 /// How `int8_matvec` splits its work, chosen once per device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatvecLayout {
@@ -90,8 +97,15 @@ pub enum Kernel {
     /// gate/up projection, rows interleaved).
     Int8MatvecNormSwiglu,
     QkNormRope,
-    /// Decode attention over one chunk of positions per workgroup.
+    /// Attention of a batch of prompt tokens over one chunk of positions
+    /// per workgroup (q and the batch's K/V from `QkNormRope`).
     AttentionPartial,
+    /// Attention of one decode step over one chunk of positions per
+    /// workgroup, with `QkNormRope`'s work for its head folded in.
+    AttentionStep,
+    /// [`Kernel::AttentionStep`] for a context that fits one chunk: writes
+    /// the attention output itself (no `AttentionReduce` launch).
+    AttentionStepDirect,
     /// Combines the chunks' softmax statistics into the attention output.
     AttentionReduce,
     EmbedLookup,
@@ -149,12 +163,14 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::Int8MatvecAccumulate,
         Kernel::Int8MatvecNorm,
         Kernel::Int8MatvecNormSwiglu,
         Kernel::QkNormRope,
         Kernel::AttentionPartial,
+        Kernel::AttentionStep,
+        Kernel::AttentionStepDirect,
         Kernel::AttentionReduce,
         Kernel::EmbedLookup,
         Kernel::ArgmaxPartial,
@@ -166,7 +182,7 @@ impl Kernel {
         match self {
             matvec_kernels!() => "int8_matvec",
             Kernel::QkNormRope => "qk_norm_rope",
-            Kernel::AttentionPartial => "attention_partial",
+            attention_kernels!() => "attention_partial",
             Kernel::AttentionReduce => "attention_reduce",
             Kernel::EmbedLookup => "embed_lookup",
             Kernel::ArgmaxPartial => "argmax_partial",
@@ -181,7 +197,7 @@ impl Kernel {
                 include_str!("../kernels/wgsl/int8_matvec.wgsl")
             }
             Kernel::QkNormRope => include_str!("../kernels/wgsl/qk_norm_rope.wgsl"),
-            Kernel::AttentionPartial => include_str!("../kernels/wgsl/attention_partial.wgsl"),
+            attention_kernels!() => include_str!("../kernels/wgsl/attention_partial.wgsl"),
             Kernel::AttentionReduce => include_str!("../kernels/wgsl/attention_reduce.wgsl"),
             Kernel::EmbedLookup => include_str!("../kernels/wgsl/embed_lookup.wgsl"),
             Kernel::ArgmaxPartial => include_str!("../kernels/wgsl/argmax_partial.wgsl"),
@@ -195,10 +211,14 @@ impl Kernel {
         match self {
             // params, x, w, scales, y, norm_w
             matvec_kernels!() => &[Uniform, Read, Read, Read, ReadWrite, Read],
-            // params, step, qkv, q_norm, k_norm, rope, q_out, k_cache, v_cache
-            Kernel::QkNormRope => &[Uniform, Read, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
-            // params, step, q, k_cache, v_cache, part_ml, part_acc
-            Kernel::AttentionPartial => &[Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite],
+            // params, step, qkv, qk_norm, rope, q_out, k_cache, v_cache
+            Kernel::QkNormRope => &[Uniform, Read, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+            // params, step, q (or qkv), k_cache, v_cache, part_ml, part_acc (or
+            // the output), qk_norm, rope: 8 storage buffers at most, the
+            // default limit (a host application's device)
+            attention_kernels!() => {
+                &[Uniform, Read, Read, ReadWrite, ReadWrite, ReadWrite, ReadWrite, Read, Read]
+            }
             // params, part_ml, part_acc, out
             Kernel::AttentionReduce => &[Uniform, Read, Read, ReadWrite],
             // params, step, tokens, w, scales, x
@@ -217,6 +237,17 @@ impl Kernel {
             Kernel::Int8MatvecAccumulate => v(true, false, false),
             Kernel::Int8MatvecNorm => v(false, true, false),
             Kernel::Int8MatvecNormSwiglu => v(false, true, true),
+            _ => None,
+        }
+    }
+
+    /// For the `attention_partial` variants: (FUSED, DIRECT), see the
+    /// kernel's header.
+    pub fn attention_variant(self) -> Option<(bool, bool)> {
+        match self {
+            Kernel::AttentionPartial => Some((false, false)),
+            Kernel::AttentionStep => Some((true, false)),
+            Kernel::AttentionStepDirect => Some((true, true)),
             _ => None,
         }
     }
@@ -242,6 +273,9 @@ impl Kernel {
             c.push(("NORM", flag(m.norm)));
             c.push(("SWIGLU", flag(m.swiglu)));
             c.push(("TOKENS", 1.0));
+        } else if let Some((fused, direct)) = self.attention_variant() {
+            c.push(("FUSED", flag(fused)));
+            c.push(("DIRECT", flag(direct)));
         } else if self == Kernel::EmbedLookup {
             c.push(("GROUP_WORDS", (QUANT_GROUP / 4) as f64));
         }
@@ -576,6 +610,7 @@ impl Kernels {
 }
 
 /// One recorded kernel launch: pipeline, its bound buffers, and a grid.
+#[derive(Clone)]
 pub struct Launch {
     pub kernel: Kernel,
     pub bind_group: wgpu::BindGroup,

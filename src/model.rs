@@ -71,8 +71,8 @@ impl GpuMatrix {
 pub struct GpuLayer {
     pub input_norm: wgpu::Buffer,
     pub qkv: GpuMatrix,
-    pub q_norm: wgpu::Buffer,
-    pub k_norm: wgpu::Buffer,
+    /// The q norm weight, then the k norm weight (one binding for both).
+    pub qk_norm: wgpu::Buffer,
     pub o_proj: GpuMatrix,
     pub post_norm: wgpu::Buffer,
     pub gate_up: GpuMatrix,
@@ -109,8 +109,10 @@ impl GpuWeights {
                     layers.push(GpuLayer {
                         input_norm: vec(l.input_norm, "input_norm")?,
                         qkv: GpuMatrix::upload(gpu, model, &l.qkv, &format!("layers.{i}.qkv"))?,
-                        q_norm: vec(l.q_norm, "q_norm")?,
-                        k_norm: vec(l.k_norm, "k_norm")?,
+                        qk_norm: gpu.storage_init(
+                            "qk_norm",
+                            &[model.bytes(l.q_norm), model.bytes(l.k_norm)].concat(),
+                        )?,
                         o_proj: GpuMatrix::upload(gpu, model, &l.o_proj, &format!("layers.{i}.o_proj"))?,
                         post_norm: vec(l.post_norm, "post_norm")?,
                         gate_up: GpuMatrix::upload(gpu, model, &l.gate_up, &format!("layers.{i}.gate_up"))?,
@@ -139,7 +141,7 @@ impl GpuWeights {
         let matrices = std::iter::once(&self.embed)
             .chain(self.lm_head.as_ref())
             .chain(self.layers.iter().flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down]));
-        let vectors = self.layers.iter().flat_map(|l| [&l.input_norm, &l.q_norm, &l.k_norm, &l.post_norm]);
+        let vectors = self.layers.iter().flat_map(|l| [&l.input_norm, &l.qk_norm, &l.post_norm]);
         matrices.flat_map(|m| [&m.data, &m.scales]).chain(vectors).chain(std::iter::once(&self.final_norm))
     }
 

@@ -5,22 +5,27 @@
 //! x = embed(token)
 //! for each layer:
 //!     q, k, v = split(qkv_proj(rms_norm(x, input_norm)))     # norm fused into the matvec
-//!     q, k = rope(rms_norm(q, q_norm)), rope(rms_norm(k, k_norm)); cache k, v
-//!     x += o_proj(attention(q, k_cache, v_cache))            # add fused into the matvec
+//!     q, k = rope(rms_norm(q, q_norm)), rope(rms_norm(k, k_norm)); cache k, v   # } one launch at
+//!     attn = attention(q, k_cache, v_cache)                                      # } short contexts
+//!     x += o_proj(attn)                                      # add fused into the matvec
 //!     h = silu(gate) * up, [gate; up] = gate_up_proj(rms_norm(x, post_attention_norm))   # one launch
 //!     x += down(h)
 //! token = argmax(lm_head(rms_norm(x, norm)))   # on the GPU; feeds the next step
 //! ```
 //! Built once per session. The position lives on the GPU (`step`, advanced
-//! by the argmax), so the same launches run every token and steps can be
-//! queued without the host reading anything in between.
+//! by the argmax), so steps can be queued without the host reading anything
+//! in between; the host still knows each queued step's position, which
+//! picks the attention launches (one chunk: one launch; more: the chunks,
+//! then their reduce). Prompt batches run the layers with the q/k norm,
+//! RoPE and cache write as a launch of their own (a token's attention reads
+//! the K/V the batch's other tokens write).
 
 use bytemuck::{bytes_of, Pod, Zeroable};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, WG};
+use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::{padded, SessionBuffers};
 
@@ -37,6 +42,8 @@ struct MatvecParams {
     y_stride: u32,
 }
 
+/// The uniform of `qk_norm_rope` and `attention_partial` (the former reads
+/// the fields up to `qkv_stride`).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct HeadParams {
@@ -44,10 +51,12 @@ struct HeadParams {
     n_kv_heads: u32,
     head_dim: u32,
     capacity: u32,
-    /// rms_norm_eps for qk_norm_rope, the softmax scale for attention.
-    eps_or_scale: f32,
+    /// rms_norm_eps of the q/k norms.
+    eps: f32,
     /// qk_norm_rope: elements between consecutive tokens' qkv rows.
     qkv_stride: u32,
+    /// The softmax scale, 1/sqrt(head_dim).
+    scale: f32,
 }
 
 /// RoPE's (cos, sin) for every position below `capacity` and frequency
@@ -74,18 +83,42 @@ struct EmbedParams {
     row_end: u32,
 }
 
-/// The launches of one decode step, in order. `launches[..layers_end]`
-/// (embedding and decoder layers) also run batched over several prompt
-/// tokens (`Launch::record_batch`: token z of the batch in grid z, at
-/// position `step.pos + z`); the rest (final norm, LM head, argmax) run for
-/// one token.
-pub struct Forward {
-    pub launches: Vec<Launch>,
-    pub layers_end: usize,
+/// One launch of the decode step, or the attention of one layer, whose
+/// launches depend on the step's position.
+pub enum StepLaunch {
+    Always(Launch),
+    /// `direct` when the context (position + 1) fits one chunk of
+    /// [`ATTENTION_CHUNK`] positions; otherwise `chunks`, then `reduce`.
+    Attention {
+        direct: Launch,
+        chunks: Launch,
+        reduce: Launch,
+    },
 }
 
-/// Builds the launches of one decode step over `weights` and the session
-/// buffers `s`.
+/// The launches of one decode step, and those running the embedding and
+/// the decoder layers for a batch of prompt tokens
+/// (`Launch::record_batch`: token z of the batch in grid z, at position
+/// `step.pos + z`).
+pub struct Forward {
+    step: Vec<StepLaunch>,
+    pub prefill: Vec<Launch>,
+}
+
+impl Forward {
+    /// The decode step at position `pos`, in order.
+    pub fn step_at(&self, pos: usize) -> impl Iterator<Item = &Launch> + '_ {
+        let one_chunk = pos < ATTENTION_CHUNK as usize;
+        self.step.iter().flat_map(move |l| match l {
+            StepLaunch::Always(l) => vec![l],
+            StepLaunch::Attention { direct, .. } if one_chunk => vec![direct],
+            StepLaunch::Attention { chunks, reduce, .. } => vec![chunks, reduce],
+        })
+    }
+}
+
+/// Builds the launches of one decode step and of a prompt batch over
+/// `weights` and the session buffers `s`.
 pub fn forward(
     gpu: &Gpu,
     kernels: &Kernels,
@@ -94,20 +127,39 @@ pub fn forward(
     s: &SessionBuffers,
 ) -> Result<Forward> {
     use Matvec::{Accumulate, Normed, NormedSwiglu};
-    let mut b = Builder { gpu, kernels, cfg, s, launches: Vec::new() };
-    b.embed(&weights.embed)?;
+    let b = Builder { gpu, kernels, cfg, s };
+    let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
+    let embed = b.embed(&weights.embed)?;
+    let mut step: Vec<StepLaunch> = always(embed.clone()).collect();
+    let mut prefill = embed;
     for (l, layer) in weights.layers.iter().enumerate() {
-        b.matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm))?;
-        b.qk_norm_rope(&layer.q_norm, &layer.k_norm, l)?;
-        b.attention(l)?;
-        b.matvec(&layer.o_proj, &s.attn, &s.x, Accumulate)?;
-        b.matvec(&layer.gate_up, &s.x, &s.h, NormedSwiglu(&layer.post_norm))?;
-        b.matvec(&layer.down, &s.h, &s.x, Accumulate)?;
+        let norms = &layer.qk_norm;
+        let qkv = b.matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm))?;
+        let mlp = [
+            b.matvec(&layer.o_proj, &s.attn, &s.x, Accumulate)?,
+            b.matvec(&layer.gate_up, &s.x, &s.h, NormedSwiglu(&layer.post_norm))?,
+            b.matvec(&layer.down, &s.h, &s.x, Accumulate)?,
+        ]
+        .concat();
+        // A prompt batch: q/k norm, RoPE and the cache write for the whole
+        // batch first, then attention.
+        prefill.extend(qkv.iter().cloned());
+        prefill.push(b.qk_norm_rope(norms, l)?);
+        prefill.push(b.attention(Kernel::AttentionPartial, norms, l)?);
+        prefill.push(b.attention_reduce()?);
+        prefill.extend(mlp.iter().cloned());
+        // A decode step: the norm and RoPE folded into attention.
+        step.extend(always(qkv));
+        step.push(StepLaunch::Attention {
+            direct: b.attention(Kernel::AttentionStepDirect, norms, l)?,
+            chunks: b.attention(Kernel::AttentionStep, norms, l)?,
+            reduce: b.attention_reduce()?,
+        });
+        step.extend(always(mlp));
     }
-    let layers_end = b.launches.len();
-    b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))?;
-    b.argmax()?;
-    Ok(Forward { launches: b.launches, layers_end })
+    step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))?));
+    step.extend(always(b.argmax()?));
+    Ok(Forward { step, prefill })
 }
 
 /// What a matvec computes from `x` (each is one `int8_matvec` variant):
@@ -120,13 +172,13 @@ enum Matvec<'a> {
     NormedSwiglu(&'a wgpu::Buffer),
 }
 
-/// Records launches for one forward pass, owning their uniform buffers.
+/// Makes launches (each with its own uniform buffer) over the session's
+/// buffers.
 struct Builder<'a> {
     gpu: &'a Gpu,
     kernels: &'a Kernels,
     cfg: &'a ModelConfig,
     s: &'a SessionBuffers,
-    launches: Vec<Launch>,
 }
 
 fn whole(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
@@ -135,49 +187,57 @@ fn whole(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
 
 impl Builder<'_> {
     fn launch(
-        &mut self,
-        kernel: Kernel,
-        params: &[u8],
-        buffers: &[wgpu::BindingResource<'_>],
-        workgroups: u32,
-    ) -> Result<()> {
-        self.launch_grid(kernel, params, buffers, grid(workgroups))
-    }
-
-    fn launch_grid(
-        &mut self,
+        &self,
         kernel: Kernel,
         params: &[u8],
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
-    ) -> Result<()> {
+    ) -> Result<Launch> {
         let u = self.gpu.uniform(kernel.entry(), params)?;
         let mut all = vec![whole(&u)];
         all.extend_from_slice(buffers);
-        self.launches.push(Launch::new(self.gpu, self.kernels, kernel, &all, workgroups));
-        Ok(())
+        Ok(Launch::new(self.gpu, self.kernels, kernel, &all, workgroups))
     }
 
     /// x = embed[token], one launch per bound chunk of the table (only the
     /// chunk holding the token writes).
-    fn embed(&mut self, table: &GpuMatrix) -> Result<()> {
-        for c in &table.chunks {
-            let p = EmbedParams {
-                k_words: table.k_words as u32,
-                groups: table.groups as u32,
-                row_start: c.row_start as u32,
-                row_end: (c.row_start + c.rows) as u32,
-            };
-            let s = self.s;
-            let bufs =
-                [whole(&s.step), whole(&s.tokens), table.data_range(c), table.scales_range(c), whole(&s.x)];
-            self.launch(Kernel::EmbedLookup, bytes_of(&p), &bufs, (table.k_words as u32).div_ceil(WG))?;
-        }
-        Ok(())
+    fn embed(&self, table: &GpuMatrix) -> Result<Vec<Launch>> {
+        let s = self.s;
+        table
+            .chunks
+            .iter()
+            .map(|c| {
+                let p = EmbedParams {
+                    k_words: table.k_words as u32,
+                    groups: table.groups as u32,
+                    row_start: c.row_start as u32,
+                    row_end: (c.row_start + c.rows) as u32,
+                };
+                let bufs = [
+                    whole(&s.step),
+                    whole(&s.tokens),
+                    table.data_range(c),
+                    table.scales_range(c),
+                    whole(&s.x),
+                ];
+                self.launch(
+                    Kernel::EmbedLookup,
+                    bytes_of(&p),
+                    &bufs,
+                    grid((table.k_words as u32).div_ceil(WG)),
+                )
+            })
+            .collect()
     }
 
     /// One matvec (see [`Matvec`]), one launch per bound row chunk of W.
-    fn matvec(&mut self, w: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, what: Matvec<'_>) -> Result<()> {
+    fn matvec(
+        &self,
+        w: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        what: Matvec<'_>,
+    ) -> Result<Vec<Launch>> {
         let (kernel, norm) = match what {
             Matvec::Accumulate => (Kernel::Int8MatvecAccumulate, None),
             Matvec::Normed(n) => (Kernel::Int8MatvecNorm, Some(n)),
@@ -187,90 +247,102 @@ impl Builder<'_> {
         // quant group (what a consuming matvec's k_words expects).
         let outputs = if kernel == Kernel::Int8MatvecNormSwiglu { w.rows / 2 } else { w.rows };
         let y_stride = padded(outputs);
-        for c in &w.chunks {
-            let p = MatvecParams {
-                rows: c.rows as u32,
-                k_words: w.k_words as u32,
-                groups: w.groups as u32,
-                row_offset: c.row_start as u32,
-                n_in: w.cols as u32,
-                eps: self.cfg.rms_norm_eps,
-                y_stride: y_stride as u32,
-            };
-            // Without a norm the norm_w slot is never read: bind x there.
-            let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
-            let groups = (c.rows as u32).div_ceil(self.kernels.matvec_layout.rows_per_wg());
-            self.launch(kernel, bytes_of(&p), &bufs, groups)?;
-        }
-        Ok(())
+        w.chunks
+            .iter()
+            .map(|c| {
+                let p = MatvecParams {
+                    rows: c.rows as u32,
+                    k_words: w.k_words as u32,
+                    groups: w.groups as u32,
+                    row_offset: c.row_start as u32,
+                    n_in: w.cols as u32,
+                    eps: self.cfg.rms_norm_eps,
+                    y_stride: y_stride as u32,
+                };
+                // Without a norm the norm_w slot is never read: bind x there.
+                let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
+                let groups = (c.rows as u32).div_ceil(self.kernels.matvec_layout.rows_per_wg());
+                self.launch(kernel, bytes_of(&p), &bufs, grid(groups))
+            })
+            .collect()
     }
 
-    fn head_params(&self, eps_or_scale: f32) -> HeadParams {
+    fn head_params(&self) -> HeadParams {
         HeadParams {
             n_heads: self.cfg.num_attention_heads as u32,
             n_kv_heads: self.cfg.num_key_value_heads as u32,
             head_dim: self.cfg.head_dim as u32,
             capacity: self.s.capacity as u32,
-            eps_or_scale,
+            eps: self.cfg.rms_norm_eps,
             qkv_stride: padded(self.cfg.qkv_rows()) as u32,
+            scale: 1.0 / (self.cfg.head_dim as f32).sqrt(),
         }
     }
 
     /// q = rope(rms_norm(q) * q_norm); k_cache[pos] = rope(rms_norm(k) *
     /// k_norm); v_cache[pos] = v. One workgroup per q, k and v head.
-    fn qk_norm_rope(&mut self, q_norm: &wgpu::Buffer, k_norm: &wgpu::Buffer, layer: usize) -> Result<()> {
+    fn qk_norm_rope(&self, qk_norm: &wgpu::Buffer, layer: usize) -> Result<Launch> {
         let s = self.s;
-        let p = self.head_params(self.cfg.rms_norm_eps);
         let heads = (self.cfg.num_attention_heads + 2 * self.cfg.num_key_value_heads) as u32;
         let bufs = [
             whole(&s.step),
             whole(&s.qkv),
-            whole(q_norm),
-            whole(k_norm),
+            whole(qk_norm),
             whole(&s.rope),
             whole(&s.q),
             whole(&s.k_cache[layer]),
             whole(&s.v_cache[layer]),
         ];
-        self.launch(Kernel::QkNormRope, bytes_of(&p), &bufs, heads)
+        self.launch(Kernel::QkNormRope, bytes_of(&self.head_params()), &bufs, grid(heads))
     }
 
-    /// attn = softmax(q k^T / sqrt(head_dim)) v over the cached positions:
-    /// one workgroup per (head, chunk of positions), then one per head to
-    /// combine the chunks.
-    fn attention(&mut self, layer: usize) -> Result<()> {
+    /// attn = softmax(q k^T / sqrt(head_dim)) v over the cached positions,
+    /// one workgroup per (head, chunk of positions): `kernel` is an
+    /// `attention_partial` variant (prompt batches read q normed and
+    /// rotated; decode steps read the qkv output and do that themselves).
+    /// The direct variant runs one chunk and writes `attn`; the others
+    /// cover the capacity and leave the chunks to [`Self::attention_reduce`].
+    fn attention(&self, kernel: Kernel, qk_norm: &wgpu::Buffer, layer: usize) -> Result<Launch> {
         let s = self.s;
-        let heads = self.cfg.num_attention_heads as u32;
-        let p = self.head_params(1.0 / (self.cfg.head_dim as f32).sqrt());
+        let (fused, direct) = kernel.attention_variant().expect("an attention_partial variant");
         let bufs = [
             whole(&s.step),
-            whole(&s.q),
+            whole(if fused { &s.qkv } else { &s.q }),
             whole(&s.k_cache[layer]),
             whole(&s.v_cache[layer]),
             whole(&s.attn_ml),
-            whole(&s.attn_acc),
+            whole(if direct { &s.attn } else { &s.attn_acc }),
+            whole(qk_norm),
+            whole(&s.rope),
         ];
-        self.launch_grid(
-            Kernel::AttentionPartial,
-            bytes_of(&p),
-            &bufs,
-            [heads, s.attention_chunks as u32, 1],
-        )?;
+        let chunks = if direct { 1 } else { s.attention_chunks as u32 };
+        let heads = self.cfg.num_attention_heads as u32;
+        self.launch(kernel, bytes_of(&self.head_params()), &bufs, [heads, chunks, 1])
+    }
+
+    /// Combines the chunks of an attention launch into `attn`, one
+    /// workgroup per head.
+    fn attention_reduce(&self) -> Result<Launch> {
+        let s = self.s;
         let p = [self.cfg.head_dim as u32, s.attention_chunks as u32, padded(self.cfg.q_dim()) as u32];
         let bufs = [whole(&s.attn_ml), whole(&s.attn_acc), whole(&s.attn)];
-        self.launch(Kernel::AttentionReduce, bytemuck::cast_slice(&p), &bufs, heads)
+        let heads = self.cfg.num_attention_heads as u32;
+        self.launch(Kernel::AttentionReduce, bytemuck::cast_slice(&p), &bufs, grid(heads))
     }
 
     /// tokens[pos + 1] = argmax(logits), ties to the lowest id: per-chunk,
     /// then final (which also advances the position).
-    fn argmax(&mut self) -> Result<()> {
+    fn argmax(&self) -> Result<Vec<Launch>> {
         let s = self.s;
         let n = self.cfg.vocab_size as u32;
         let parts = n.div_ceil(ARGMAX_CHUNK);
         let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
-        self.launch(Kernel::ArgmaxPartial, bytemuck::cast_slice(&[n, ARGMAX_CHUNK]), &bufs, parts)?;
+        let partial =
+            self.launch(Kernel::ArgmaxPartial, bytemuck::cast_slice(&[n, ARGMAX_CHUNK]), &bufs, grid(parts))?;
         let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.tokens), whole(&s.step)];
         let n_tokens = (s.capacity + 1) as u32;
-        self.launch(Kernel::ArgmaxFinal, bytemuck::cast_slice(&[parts, n_tokens]), &bufs, 1)
+        let last =
+            self.launch(Kernel::ArgmaxFinal, bytemuck::cast_slice(&[parts, n_tokens]), &bufs, grid(1))?;
+        Ok(vec![partial, last])
     }
 }

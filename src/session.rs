@@ -12,8 +12,9 @@ use std::sync::{mpsc, Arc};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Timestamps};
-use crate::kernels::{Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK};
+use crate::kernels::{Kernels, ARGMAX_CHUNK, ATTENTION_CHUNK};
 use crate::model::GpuWeights;
+use crate::qwen3::Forward;
 use crate::weights::QUANT_GROUP;
 
 /// Decode steps queued on the GPU ahead of the caller by default (see
@@ -159,9 +160,7 @@ pub type LaunchTimes = Vec<(crate::kernels::Kernel, Vec<f64>)>;
 pub struct Session {
     model: Arc<ModelGpu>,
     bufs: SessionBuffers,
-    forward: Vec<Launch>,
-    /// `forward[..layers_end]` also runs batched over prompt tokens.
-    layers_end: usize,
+    forward: Forward,
     /// Positions consumed: the KV cache is valid below `len`.
     len: usize,
     /// Greedy prediction after the last consumed position (`tokens[len]`).
@@ -191,8 +190,7 @@ impl Session {
         let mut session = Session {
             model,
             bufs,
-            forward: forward.launches,
-            layers_end: forward.layers_end,
+            forward,
             len: 0,
             pending: None,
             gpu_pos: 0,
@@ -252,9 +250,11 @@ impl Session {
         fixed.into_iter().chain(caches).map(|buf| buf.size()).sum()
     }
 
-    /// Kernel launches (dispatches) per token.
+    /// Kernel launches (dispatches) of the next decode step (at the
+    /// current context length: attention takes one launch per layer while
+    /// the context fits one chunk of positions, two after).
     pub fn dispatches_per_token(&self) -> usize {
-        self.forward.len()
+        self.forward.step_at(self.len).count()
     }
 
     /// The greedy prediction after the last token fed, if any.
@@ -287,7 +287,7 @@ impl Session {
                     label: Some("prefill"),
                     timestamp_writes: None,
                 });
-                for l in &self.forward[..self.layers_end] {
+                for l in &self.forward.prefill {
                     l.record_batch(&mut pass, &self.model.kernels, n as u32);
                 }
             }
@@ -296,7 +296,7 @@ impl Session {
         }
         self.write_step_at(end - 1, end);
         let mut enc = self.encoder();
-        self.record(&mut enc, None);
+        self.record(&mut enc, end - 1, None);
         let slot = self.queue_readback(&mut enc, end)?;
         self.submit_with_readback(enc, slot);
         self.gpu_pos = end;
@@ -356,7 +356,7 @@ impl Session {
         self.check_room(1)?;
         while self.queued.len() < self.lookahead && self.gpu_pos < self.bufs.capacity {
             let mut enc = self.encoder();
-            self.record(&mut enc, None);
+            self.record(&mut enc, self.gpu_pos, None);
             let slot = self.queue_readback(&mut enc, self.gpu_pos + 1)?;
             self.submit_with_readback(enc, slot);
             self.gpu_pos += 1;
@@ -376,13 +376,13 @@ impl Session {
         gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode") })
     }
 
-    /// Records one decode step: one compute pass (optionally timestamped at
-    /// its start and end).
-    fn record(&self, enc: &mut wgpu::CommandEncoder, timestamps: Option<&Timestamps>) {
+    /// Records the decode step at position `pos`: one compute pass
+    /// (optionally timestamped at its start and end).
+    fn record(&self, enc: &mut wgpu::CommandEncoder, pos: usize, timestamps: Option<&Timestamps>) {
         let timestamp_writes = timestamps.map(Timestamps::pass_writes);
         let mut pass =
             enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes });
-        for l in &self.forward {
+        for l in self.forward.step_at(pos) {
             l.record(&mut pass, &self.model.kernels);
         }
     }
@@ -505,7 +505,7 @@ impl Session {
             .then(|| Timestamps::new(&gpu, "step timestamps", 2));
         let t0 = std::time::Instant::now();
         let mut enc = self.encoder();
-        self.record(&mut enc, timestamps.as_ref());
+        self.record(&mut enc, self.len, timestamps.as_ref());
         let encode_us = t0.elapsed().as_secs_f64() * 1e6;
         if let Some(t) = &timestamps {
             t.resolve(&mut enc);
@@ -542,14 +542,15 @@ impl Session {
         self.check_room(1)?;
         self.discard_queued()?;
         let repeats = repeats.max(1);
-        let n = self.forward.len() as u32 * repeats + 1;
+        let launches: Vec<crate::kernels::Launch> = self.forward.step_at(self.len).cloned().collect();
+        let n = launches.len() as u32 * repeats + 1;
         let ts = Timestamps::new(&gpu, "launch timestamps", n);
         let mut enc = self.encoder();
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             pass.write_timestamp(&ts.set, 0);
             let mut q = 1;
-            for l in &self.forward {
+            for l in &launches {
                 for _ in 0..repeats {
                     l.record(&mut pass, &self.model.kernels);
                     pass.write_timestamp(&ts.set, q);
@@ -569,7 +570,7 @@ impl Session {
         }
         let us = ts.intervals_us(&gpu)?;
         Ok(Some(
-            self.forward
+            launches
                 .iter()
                 .zip(us.chunks(repeats as usize))
                 .map(|(l, runs)| (l.kernel, runs.to_vec()))
@@ -597,7 +598,7 @@ impl Session {
                 label: Some("subset"),
                 timestamp_writes: Some(ts.pass_writes()),
             });
-            for l in self.forward.iter().filter(|l| keep(l.kernel)) {
+            for l in self.forward.step_at(self.len).filter(|l| keep(l.kernel)) {
                 l.record(&mut pass, &self.model.kernels);
             }
         }
@@ -621,8 +622,8 @@ impl Session {
         self.check_room(1)?;
         self.discard_queued()?;
         let gpu = self.model.gpu.clone();
-        let mut out = Vec::with_capacity(self.forward.len());
-        for l in &self.forward {
+        let mut out = Vec::new();
+        for l in self.forward.step_at(self.len) {
             let t = std::time::Instant::now();
             let mut enc = gpu.device.create_command_encoder(&Default::default());
             {

@@ -8,8 +8,8 @@
 mod common;
 
 use common::cases::{
-    argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case, matvec_case,
-    qk_norm_rope_case, step,
+    argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
+    attention_step_case, matvec_case, qk_norm_rope_case, step,
 };
 use common::reference::*;
 use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, WG};
@@ -324,6 +324,32 @@ fn attention_matches_cpu() {
             (2, 2, 32, 16, 1, 5),     // a batch from the first position
         ] {
             attention_case(&run, shape, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn attention_step_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(11);
+    for sub in variants(&gpu) {
+        let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+        // (heads, kv heads, head_dim, capacity, position)
+        for shape in [
+            (4, 2, 64, 16, 0),
+            (16, 8, 128, 300, 255), // the last position one chunk holds
+            (3, 1, 40, 20, 13),
+            (2, 2, 32, 256, 100),
+        ] {
+            attention_step_case(&run, Kernel::AttentionStepDirect, shape, &mut rng);
+        }
+        for shape in [
+            (16, 8, 128, 600, 256), // the first position of the second chunk
+            (4, 2, 64, 1100, 700),
+            (2, 1, 40, 300, 299), // the last position of the capacity
+            (4, 1, 64, 300, 5),   // chunks past the context
+        ] {
+            attention_step_case(&run, Kernel::AttentionStep, shape, &mut rng);
         }
     }
 }

@@ -9,8 +9,8 @@
 mod common;
 
 use common::cases::{
-    argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case, matvec_case,
-    qk_norm_rope_case, to_u32, u32s,
+    argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
+    attention_step_case, matvec_case, qk_norm_rope_case, to_u32, u32s,
 };
 use common::reference::{argmax_ref, f32s, nonzero, poisoned};
 use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
@@ -460,6 +460,23 @@ fn msl_attention_matches_cpu() {
     }
 }
 
+/// A decode step's attention with the q/k norm, RoPE and cache write folded
+/// in: Qwen3-0.6B at positions 0, 255 (one chunk, output written directly),
+/// 256 and 4000 (chunks, then the reduce), and awkward shapes.
+#[test]
+fn msl_attention_step_matches_cpu() {
+    let run = msl_run(&[]);
+    let mut rng = StdRng::seed_from_u64(11);
+    // (heads, kv heads, head_dim, capacity, position)
+    for shape in [(16, 8, 128, 4096, 0), (16, 8, 128, 4096, 255), (3, 1, 40, 20, 13), (2, 2, 32, 256, 100)] {
+        attention_step_case(&run, Kernel::AttentionStepDirect, shape, &mut rng);
+    }
+    for shape in [(16, 8, 128, 4096, 256), (16, 8, 128, 4096, 4000), (2, 1, 40, 300, 299), (4, 1, 64, 300, 5)]
+    {
+        attention_step_case(&run, Kernel::AttentionStep, shape, &mut rng);
+    }
+}
+
 /// The kernels take their simdgroup width and count from the builtins, so
 /// they hold on GPUs whose simdgroups are not 32 wide (Intel and AMD GPUs in
 /// Macs): the reducing kernels, built for 8- and 64-lane simdgroups.
@@ -479,6 +496,8 @@ fn msl_kernels_hold_at_other_simdgroup_widths() {
         let mut rng = StdRng::seed_from_u64(10);
         argmax_case(&run, 5555, 1000, true, &mut rng);
         attention_case(&run, (4, 2, 128, 600, 255, 3), &mut rng);
+        attention_step_case(&run, Kernel::AttentionStepDirect, (4, 2, 128, 300, 200), &mut rng);
+        attention_step_case(&run, Kernel::AttentionStep, (4, 2, 128, 600, 300), &mut rng);
         qk_norm_rope_case(&run, (4, 2, 128, 40, 36, 2), &mut rng);
     }
 }

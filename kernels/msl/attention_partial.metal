@@ -1,12 +1,21 @@
-// Decode attention, first of two launches (twin of attention_partial.wgsl):
+// Decode attention, split over positions (twin of attention_partial.wgsl):
 // threadgroup (h, c) attends query head h to cached positions
 // [c*WG, (c+1)*WG) and writes that chunk's softmax statistics: its max m,
 // its sum l = sum(exp(s - m)) and acc = sum(exp(s - m) * v).
 // attention_reduce combines the chunks. GQA by indexing: kv_head =
 // h / (n_heads / n_kv_heads). K/V: half pairs packed in uint,
-// [kv_head][capacity][head_dim/2]. Batched (prefill): threadgroup (h, c, z)
-// serves token z of the batch, at position step.pos + z, over positions <=
-// its own (causal). Preamble: WG (= positions per chunk).
+// [kv_head][capacity][head_dim/2]. Batched (prompt tokens): threadgroup
+// (h, c, z) serves token z of the batch, at position step.pos + z, over
+// positions <= its own (causal), q normed and rotated by qk_norm_rope.
+// Decode steps (one token):
+// - FUSED: q is read raw from the qkv projection's output and normed and
+//   rotated here; the threadgroup whose chunk holds the new position first
+//   writes that position's k (normed, rotated) and v to the caches (both
+//   query heads of a KV head write the same values), then reads them back.
+// - DIRECT (one chunk, grid (heads, 1, 1)): the chunk's result is the
+//   output, normalised and written to part_acc's binding (bound to the
+//   output); no reduce.
+// Preamble: WG (= positions per chunk), FUSED, DIRECT.
 
 #include <metal_stdlib>
 using namespace metal;
@@ -16,7 +25,9 @@ struct Params {
     uint n_kv_heads;
     uint head_dim;
     uint capacity;
-    float scale;
+    float eps;       // FUSED: rms_norm_eps of the q/k norms
+    uint qkv_stride; // (qk_norm_rope's; unused here)
+    float scale;     // softmax scale, 1/sqrt(head_dim)
 };
 
 // The decode position, kept on the GPU (see qk_norm_rope).
@@ -27,14 +38,25 @@ struct Step {
 
 constant constexpr uint MAX_HEAD_DIM = 256;
 
+// Element d of rotate-half RoPE: a = x[d], b = x[d +- head_dim/2], cs the
+// table's (cos, sin) for d mod head_dim/2; `low`: d < head_dim/2.
+static inline float rope_at(float a, float b, float2 cs, bool low) {
+    return low ? a * cs.x - b * cs.y : a * cs.x + b * cs.y;
+}
+
 kernel void attention_partial(
     constant Params& p [[buffer(0)]],
     const device Step* step [[buffer(1)]],
+    // FUSED: the qkv projection's output (q, k, v heads); else each
+    // token's normed, rotated q.
     const device float* q [[buffer(2)]],
-    const device uint4* k_cache [[buffer(3)]], // 8 halves per load (head_dim % 8 == 0)
-    const device uint* v_cache [[buffer(4)]],
+    device uint4* k_cache [[buffer(3)]], // 8 halves per load (head_dim % 8 == 0)
+    device uint* v_cache [[buffer(4)]],
     device float2* part_ml [[buffer(5)]],  // [token][head][chunk]: (m, l)
-    device float* part_acc [[buffer(6)]],  // [token][head][chunk][head_dim]
+    // [token][head][chunk][head_dim]; DIRECT: the output, [head][head_dim]
+    device float* part_acc [[buffer(6)]],
+    const device float* qk_norm [[buffer(7)]], // FUSED: q norm weight, then k norm weight
+    const device float2* rope [[buffer(8)]],   // FUSED: rope[pos * head_dim / 2 + d] = (cos, sin)
     uint3 wg [[threadgroup_position_in_grid]],
     uint3 nwg [[threadgroups_per_grid]],
     uint lid [[thread_index_in_threadgroup]],
@@ -46,6 +68,9 @@ kernel void attention_partial(
     threadgroup float e_s[WG];
     threadgroup float2 acc_s[WG];
     threadgroup float red[WG]; // one slot per simdgroup
+    threadgroup float2 red2[WG];
+    threadgroup float qh[MAX_HEAD_DIM]; // FUSED: normed q and k, before rotation
+    threadgroup float kh[MAX_HEAD_DIM];
 
     const uint h = wg.x;
     const uint c = wg.y;
@@ -65,11 +90,78 @@ kernel void attention_partial(
     const uint half_dim = p.head_dim / 2;
     const uint kv_base = kvh * p.capacity * half_dim;
 
-    for (uint i = lid; i < p.head_dim / 4; i += WG) {
-        const uint o = (z * p.n_heads + h) * p.head_dim + 4 * i;
-        q_s[i] = float4(q[o], q[o + 1], q[o + 2], q[o + 3]);
+    if (FUSED) {
+        // q_s = rope(rms_norm(q_h) * q_norm); the chunk holding the new
+        // position also writes its k = rope(rms_norm(k) * k_norm) and v.
+        const uint pos = step->pos; // one token: z = 0
+        const bool writes_kv = pos >= start && pos < end;
+        const uint hd = p.head_dim;
+        const uint q_src = h * hd;
+        const uint k_src = (p.n_heads + kvh) * hd;
+        const uint v_src = (p.n_heads + p.n_kv_heads + kvh) * hd;
+        float2 sq = float2(0.0f);
+        for (uint d = lid; d < hd; d += WG) {
+            const float a = q[q_src + d];
+            sq.x += a * a;
+            if (writes_kv) {
+                const float b = q[k_src + d];
+                sq.y += b * b;
+            }
+        }
+        const float2 ssg = float2(simd_sum(sq.x), simd_sum(sq.y));
+        if (sg_lane == 0) {
+            red2[sg_id] = ssg;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        float2 ss = float2(0.0f);
+        for (uint i = 0; i < n_sg; i++) {
+            ss += red2[i];
+        }
+        const float inv_q = rsqrt(ss.x / float(hd) + p.eps);
+        const float inv_k = rsqrt(ss.y / float(hd) + p.eps);
+        for (uint d = lid; d < hd; d += WG) {
+            qh[d] = q[q_src + d] * inv_q * qk_norm[d];
+            if (writes_kv) {
+                kh[d] = q[k_src + d] * inv_k * qk_norm[hd + d];
+            }
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        const uint base = pos * half_dim;
+        for (uint i = lid; i < hd / 4; i += WG) {
+            float4 r;
+            for (uint e = 0; e < 4; e++) {
+                const uint d = 4 * i + e;
+                r[e] = rope_at(qh[d], qh[(d + half_dim) % hd], rope[base + d % half_dim], d < half_dim);
+            }
+            q_s[i] = r;
+        }
+        if (writes_kv) {
+            const uint row = (kvh * p.capacity + pos) * half_dim;
+            for (uint i = lid; i < hd / 8; i += WG) {
+                uint4 w;
+                for (uint e = 0; e < 4; e++) {
+                    const uint d = 8 * i + 2 * e;
+                    const float k0 = rope_at(kh[d], kh[(d + half_dim) % hd], rope[base + d % half_dim], d < half_dim);
+                    const uint d1 = d + 1;
+                    const float k1 =
+                        rope_at(kh[d1], kh[(d1 + half_dim) % hd], rope[base + d1 % half_dim], d1 < half_dim);
+                    w[e] = as_type<uint>(half2(float2(k0, k1)));
+                }
+                k_cache[row / 4 + i] = w;
+            }
+            for (uint i = lid; i < half_dim; i += WG) {
+                v_cache[row + i] = as_type<uint>(half2(float2(q[v_src + 2 * i], q[v_src + 2 * i + 1])));
+            }
+        }
+        // The new row is read back below by other lanes.
+        threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+    } else {
+        for (uint i = lid; i < p.head_dim / 4; i += WG) {
+            const uint o = (z * p.n_heads + h) * p.head_dim + 4 * i;
+            q_s[i] = float4(q[o], q[o + 1], q[o + 2], q[o + 3]);
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
     }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
 
     // One position per lane; its K row in 16-byte loads, two at a time
     // (independent loads in flight instead of a chain of one).
@@ -148,11 +240,17 @@ kernel void attention_partial(
         for (uint sl = 0; sl < n_slices; sl++) {
             total += acc_s[sl * half_dim + lid];
         }
-        const uint o = part * p.head_dim + 2 * lid;
-        part_acc[o] = total.x;
-        part_acc[o + 1] = total.y;
+        if (DIRECT) {
+            const uint o = h * p.head_dim + 2 * lid;
+            part_acc[o] = total.x / l;
+            part_acc[o + 1] = total.y / l;
+        } else {
+            const uint o = part * p.head_dim + 2 * lid;
+            part_acc[o] = total.x;
+            part_acc[o + 1] = total.y;
+        }
     }
-    if (lid == 0) {
+    if (lid == 0 && !DIRECT) {
         part_ml[part] = float2(m, l);
     }
 }

@@ -33,13 +33,12 @@ kernel void qk_norm_rope(
     constant Params& p [[buffer(0)]],
     const device Step* step [[buffer(1)]],
     const device float* qkv [[buffer(2)]],
-    const device float* q_norm [[buffer(3)]],
-    const device float* k_norm [[buffer(4)]],
+    const device float* qk_norm [[buffer(3)]], // q norm weight, then k norm weight
     // rope[pos * head_dim / 2 + d] = (cos, sin) of pos * theta^(-2d/head_dim)
-    const device float2* rope [[buffer(5)]],
-    device float* q_out [[buffer(6)]],
-    device uint* k_cache [[buffer(7)]],
-    device uint* v_cache [[buffer(8)]],
+    const device float2* rope [[buffer(4)]],
+    device float* q_out [[buffer(5)]],
+    device uint* k_cache [[buffer(6)]],
+    device uint* v_cache [[buffer(7)]],
     uint3 wg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint sg_lane [[thread_index_in_simdgroup]],
@@ -88,7 +87,7 @@ kernel void qk_norm_rope(
     const float inv = rsqrt(total / float(hd) + p.eps);
     const bool is_q = h < kv_first;
     for (uint d = lid; d < hd; d += WG) {
-        const float nw = is_q ? q_norm[d] : k_norm[d];
+        const float nw = is_q ? qk_norm[d] : qk_norm[hd + d];
         head[d] = qkv[src + d] * inv * nw;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);

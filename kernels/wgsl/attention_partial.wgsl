@@ -1,37 +1,136 @@
-// Decode attention, first of two launches (split over positions, as
-// llama.cpp's flash_attn_ext_vec and MLX's sdpa_vector 2-pass): workgroup
-// (h, c) attends query head h to cached positions [c*CHUNK, (c+1)*CHUNK)
-// and writes that chunk's softmax statistics: its max m, its sum
-// l = sum(exp(s - m)) and acc = sum(exp(s - m) * v). attention_reduce
-// combines the chunks. GQA by indexing: kv_head = h / (n_heads / n_kv_heads),
-// no K/V copies. K/V: f16 pairs packed in u32, [kv_head][capacity][head_dim/2].
-// Batched (prefill): workgroup (h, c, z) serves token z of the batch, at
-// position step.pos + z, over positions <= its own (causal).
+// Decode attention, split over positions (as llama.cpp's flash_attn_ext_vec
+// and MLX's sdpa_vector 2-pass): workgroup (h, c) attends query head h to
+// cached positions [c*CHUNK, (c+1)*CHUNK) and writes that chunk's softmax
+// statistics: its max m, its sum l = sum(exp(s - m)) and
+// acc = sum(exp(s - m) * v). attention_reduce combines the chunks. GQA by
+// indexing: kv_head = h / (n_heads / n_kv_heads), no K/V copies. K/V: f16
+// pairs packed in u32, [kv_head][capacity][head_dim/2].
+// Batched (prompt tokens): workgroup (h, c, z) serves token z of the batch,
+// at position step.pos + z, over positions <= its own (causal); q comes
+// normed and rotated from qk_norm_rope, which also wrote the batch's K/V.
+//
+// Decode steps (one token) fold in qk_norm_rope's work and, at short
+// contexts, the reduce, saving two dependent launches per layer:
+// - FUSED: q is read raw from the qkv projection's output and normed and
+//   rotated here; the workgroup whose chunk holds the new position first
+//   writes that position's k (normed, rotated) and v to the caches, then
+//   reads them back like any other position. The two query heads of a KV
+//   head both write it, the same values.
+// - DIRECT (the context fits one chunk; grid (heads, 1, 1)): the chunk's
+//   result is the output, normalised and written to part_acc's binding
+//   (bound to the output), no reduce.
 
 struct Params {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
     capacity: u32,
-    scale: f32,
+    eps: f32,        // FUSED: rms_norm_eps of the q/k norms
+    qkv_stride: u32, // (qk_norm_rope's; unused here)
+    scale: f32,      // softmax scale, 1/sqrt(head_dim)
 }
+
+override FUSED: bool = false;
+override DIRECT: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
+// FUSED: the qkv projection's output (q heads, then k heads, then v heads);
+// otherwise each token's normed, rotated q.
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 // Read 8 f16 values (4 words) at a time: head_dim is a multiple of 8.
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
 // [token][head][chunk]: (m, l)
 @group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>;
-// [token][head][chunk][head_dim]
+// [token][head][chunk][head_dim]; DIRECT: the attention output,
+// [head][head_dim] (one binding for both keeps the kernel within 8 storage
+// buffers, the default limit a host application's device may have).
 @group(0) @binding(6) var<storage, read_write> part_acc: array<f32>;
+// FUSED: the q norm weight, then the k norm weight (head_dim each), and
+// RoPE's (cos, sin) table (rope[pos * head_dim / 2 + d], as qk_norm_rope's).
+@group(0) @binding(7) var<storage, read> qk_norm: array<f32>;
+@group(0) @binding(8) var<storage, read> rope: array<vec2<f32>>;
 
 const MAX_HEAD_DIM: u32 = 256u;
 // Positions per workgroup = WG (one score per invocation).
 var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
 var<workgroup> e_s: array<f32, WG>;
 var<workgroup> acc_s: array<vec2<f32>, WG>;
+// FUSED: the normed q and k heads, before rotation.
+var<workgroup> qh: array<f32, MAX_HEAD_DIM>;
+var<workgroup> kh: array<f32, MAX_HEAD_DIM>;
+
+// Element d of rope(x) at the RoPE table's row `base` (rotate-half: d
+// pairs with d +- head_dim/2), x = qh (is_q) or kh.
+fn rotated(is_q: bool, d: u32, base: u32) -> f32 {
+    let half_dim = p.head_dim / 2u;
+    let cs = rope[base + d % half_dim];
+    var a: f32;
+    var b: f32;
+    if is_q {
+        a = qh[d];
+        b = qh[(d + half_dim) % p.head_dim];
+    } else {
+        a = kh[d];
+        b = kh[(d + half_dim) % p.head_dim];
+    }
+    if d < half_dim {
+        return a * cs.x - b * cs.y;
+    }
+    return a * cs.x + b * cs.y;
+}
+
+// FUSED: q_s = rope(rms_norm(q_h) * q_norm); with `writes_kv`, also the new
+// position's k_cache = f16(rope(rms_norm(k) * k_norm)) and v_cache = f16(v).
+fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane) {
+    let hd = p.head_dim;
+    let half_dim = hd / 2u;
+    let q_src = h * hd;
+    let k_src = (p.n_heads + kvh) * hd;
+    let v_src = (p.n_heads + p.n_kv_heads + kvh) * hd;
+    var sq = vec4<f32>(0.0);
+    for (var d = lane.idx; d < hd; d += WG) {
+        let a = q[q_src + d];
+        sq.x += a * a;
+        if writes_kv {
+            let b = q[k_src + d];
+            sq.y += b * b;
+        }
+    }
+    let ss = wg_sum4(sq, lane);
+    let inv_q = inverseSqrt(ss.x / f32(hd) + p.eps);
+    let inv_k = inverseSqrt(ss.y / f32(hd) + p.eps);
+    for (var d = lane.idx; d < hd; d += WG) {
+        qh[d] = q[q_src + d] * inv_q * qk_norm[d];
+        if writes_kv {
+            kh[d] = q[k_src + d] * inv_k * qk_norm[hd + d];
+        }
+    }
+    workgroupBarrier();
+    let base = pos * half_dim;
+    for (var i = lane.idx; i < hd / 4u; i += WG) {
+        q_s[i] = vec4<f32>(rotated(true, 4u * i, base), rotated(true, 4u * i + 1u, base),
+                           rotated(true, 4u * i + 2u, base), rotated(true, 4u * i + 3u, base));
+    }
+    if writes_kv {
+        let row = (kvh * p.capacity + pos) * half_dim;
+        for (var i = lane.idx; i < hd / 8u; i += WG) {
+            var w: vec4<u32>;
+            for (var e = 0u; e < 4u; e++) {
+                let d = 8u * i + 2u * e;
+                w[e] = pack2x16float(vec2<f32>(rotated(false, d, base), rotated(false, d + 1u, base)));
+            }
+            k_cache[row / 4u + i] = w;
+        }
+        for (var i = lane.idx; i < half_dim; i += WG) {
+            v_cache[row + i] = pack2x16float(vec2<f32>(q[v_src + 2u * i], q[v_src + 2u * i + 1u]));
+        }
+    }
+    // The new row is read back below by other invocations.
+    storageBarrier();
+    workgroupBarrier();
+}
 
 @compute @workgroup_size(WG)
 fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -53,11 +152,16 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let half_dim = p.head_dim / 2u;
     let kv_base = kvh * p.capacity * half_dim;
 
-    for (var i = lane.idx; i < p.head_dim / 4u; i += WG) {
-        let o = (z * p.n_heads + h) * p.head_dim + 4u * i;
-        q_s[i] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
+    if FUSED {
+        let pos = step.pos; // one token: z = 0
+        fused_qk(h, kvh, pos, pos >= start && pos < end, lane);
+    } else {
+        for (var i = lane.idx; i < p.head_dim / 4u; i += WG) {
+            let o = (z * p.n_heads + h) * p.head_dim + 4u * i;
+            q_s[i] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
+        }
+        workgroupBarrier();
     }
-    workgroupBarrier();
 
     // One position per invocation; its K row in 16-byte loads, two at a
     // time (independent loads in flight instead of a chain of one).
@@ -119,11 +223,17 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         for (var sl = 0u; sl < n_slices; sl++) {
             total += acc_s[sl * half_dim + lane.idx];
         }
-        let o = part * p.head_dim + 2u * lane.idx;
-        part_acc[o] = total.x;
-        part_acc[o + 1u] = total.y;
+        if DIRECT {
+            let o = h * p.head_dim + 2u * lane.idx;
+            part_acc[o] = total.x / l;
+            part_acc[o + 1u] = total.y / l;
+        } else {
+            let o = part * p.head_dim + 2u * lane.idx;
+            part_acc[o] = total.x;
+            part_acc[o + 1u] = total.y;
+        }
     }
-    if lane.idx == 0u {
+    if lane.idx == 0u && !DIRECT {
         part_ml[part] = vec2<f32>(m, l);
     }
 }

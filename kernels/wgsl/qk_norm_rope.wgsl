@@ -23,13 +23,13 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
-@group(0) @binding(3) var<storage, read> q_norm: array<f32>;
-@group(0) @binding(4) var<storage, read> k_norm: array<f32>;
+// The q norm weight, then the k norm weight (head_dim each).
+@group(0) @binding(3) var<storage, read> qk_norm: array<f32>;
 // rope[pos * head_dim / 2 + d] = (cos, sin) of pos * theta^(-2d/head_dim)
-@group(0) @binding(5) var<storage, read> rope: array<vec2<f32>>;
-@group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
-@group(0) @binding(7) var<storage, read_write> k_cache: array<u32>;
-@group(0) @binding(8) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(4) var<storage, read> rope: array<vec2<f32>>;
+@group(0) @binding(5) var<storage, read_write> q_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(7) var<storage, read_write> v_cache: array<u32>;
 
 const MAX_HEAD_DIM: u32 = 256u;
 var<workgroup> head: array<f32, MAX_HEAD_DIM>;
@@ -65,9 +65,9 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let inv = inverseSqrt(wg_sum4(vec4<f32>(ss, 0.0, 0.0, 0.0), lane).x / f32(hd) + p.eps);
     let is_q = h < kv_first;
     for (var d = lane.idx; d < hd; d += WG) {
-        var nw = k_norm[d];
+        var nw = qk_norm[hd + d];
         if is_q {
-            nw = q_norm[d];
+            nw = qk_norm[d];
         }
         head[d] = qkv[src + d] * inv * nw;
     }

@@ -183,8 +183,7 @@ pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize
             u32s(&params),
             step(pos, 0),
             f32s(&qkv),
-            f32s(&qn),
-            f32s(&kn),
+            f32s(&[qn.clone(), kn.clone()].concat()),
             f32s(&rope),
             poisoned(tokens * nh * hd),
             poisoned(cache_words),
@@ -230,37 +229,27 @@ pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize
     }
 }
 
-/// attention_partial then attention_reduce on random q and caches, with
-/// the grid sized for the capacity as the engine does (chunks past the
-/// context contribute nothing), for `tokens` queries (grid z) whose
-/// contexts are seq, seq + 1, ... (causal), and reduce's out_stride
-/// leaving a poisoned gap after each token's row. Shape: (heads, kv heads,
-/// head_dim, capacity, context of the first token, tokens).
-pub fn attention_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, usize), rng: &mut StdRng) {
-    let (nh, nkv, hd, cap, seq, tokens) = shape;
-    let q = nonzero(rng, tokens * nh * hd);
-    let kv_len = nkv * cap * hd;
-    let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
-    let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+/// The attention uniform: (heads, kv heads, head_dim, capacity, eps, qkv
+/// stride, scale), as the host's.
+fn head_params(nh: usize, nkv: usize, hd: usize, cap: usize) -> (Vec<u8>, f32) {
     let scale = 1.0 / (hd as f32).sqrt();
-    let out_stride = nh * hd + 3; // padded rows, as the engine's
-                                  // The host's uniform also carries the qkv stride, which the kernel ignores.
     let qkv_stride = (nh + 2 * nkv) * hd + 8;
-    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, scale.to_bits(), qkv_stride as u32];
-    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
-    let parts = run(
-        Kernel::AttentionPartial,
-        [nh as u32, chunks as u32, tokens as u32],
-        &[
-            u32s(&params),
-            step(seq - 1, 0),
-            f32s(&q),
-            bytemuck::cast_slice(&k).to_vec(),
-            bytemuck::cast_slice(&v).to_vec(),
-            poisoned(tokens * 2 * nh * chunks),
-            poisoned(tokens * nh * chunks * hd),
-        ],
-    );
+    let eps = 1e-6f32;
+    let p = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits(), qkv_stride as u32, scale.to_bits()];
+    (u32s(&p), scale)
+}
+
+/// attention_reduce over `chunks` chunks of `parts` (part_ml, part_acc),
+/// for `tokens` tokens, rows `out_stride` apart: the output buffer.
+fn reduce(
+    run: Run<'_>,
+    parts: &[Vec<u8>],
+    nh: usize,
+    hd: usize,
+    chunks: usize,
+    tokens: usize,
+    out_stride: usize,
+) -> Vec<f32> {
     let out = run(
         Kernel::AttentionReduce,
         [nh as u32, 1, tokens as u32],
@@ -271,7 +260,45 @@ pub fn attention_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, u
             poisoned(tokens * out_stride),
         ],
     );
-    let got = to_f32(&out[0]);
+    to_f32(&out[0])
+}
+
+/// attention_partial (the prompt-batch variant: q from the q buffer) then
+/// attention_reduce on random q and caches, with the grid sized for the
+/// capacity as the engine does (chunks past the context contribute
+/// nothing), for `tokens` queries (grid z) whose contexts are seq, seq + 1,
+/// ... (causal), and reduce's out_stride leaving a poisoned gap after each
+/// token's row. Shape: (heads, kv heads, head_dim, capacity, context of the
+/// first token, tokens).
+pub fn attention_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, usize), rng: &mut StdRng) {
+    let (nh, nkv, hd, cap, seq, tokens) = shape;
+    let q = nonzero(rng, tokens * nh * hd);
+    let kv_len = nkv * cap * hd;
+    let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let (params, scale) = head_params(nh, nkv, hd, cap);
+    let out_stride = nh * hd + 3; // padded rows, as the engine's
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let unused = f32s(&[1.0; 4]);
+    let out = run(
+        Kernel::AttentionPartial,
+        [nh as u32, chunks as u32, tokens as u32],
+        &[
+            params,
+            step(seq - 1, 0),
+            f32s(&q),
+            bytemuck::cast_slice(&k).to_vec(),
+            bytemuck::cast_slice(&v).to_vec(),
+            poisoned(tokens * 2 * nh * chunks),
+            poisoned(tokens * nh * chunks * hd),
+            unused.clone(),
+            unused,
+        ],
+    );
+    // The caches are only read.
+    assert_eq!(out[0], bytemuck::cast_slice::<f16, u8>(&k), "k_cache written");
+    assert_eq!(out[1], bytemuck::cast_slice::<f16, u8>(&v), "v_cache written");
+    let got = reduce(run, &out[2..4], nh, hd, chunks, tokens, out_stride);
     for z in 0..tokens {
         let qz = &q[z * nh * hd..(z + 1) * nh * hd];
         let want = attention_ref(qz, &k, &v, nh, nkv, hd, cap, seq + z, scale as f64);
@@ -280,6 +307,88 @@ pub fn attention_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, u
         assert_close(&what, &row[..nh * hd], &want, &vec![1.0; nh * hd], 1e-4);
         assert!(row[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the row");
     }
+}
+
+/// A decode step's attention with the q/k norm, RoPE and cache write
+/// folded in: `Kernel::AttentionStepDirect` (one chunk, output written
+/// directly) or `Kernel::AttentionStep` (chunks over the capacity, then
+/// attention_reduce), on a random qkv row at position `pos` over random
+/// caches. Checks the new cache row against the references, every other
+/// cache row untouched, and the output against the reference attention
+/// of the normed, rotated q over the caches as written. Shape: (heads, kv
+/// heads, head_dim, capacity, position).
+pub fn attention_step_case(
+    run: Run<'_>,
+    kernel: Kernel,
+    shape: (usize, usize, usize, usize, usize),
+    rng: &mut StdRng,
+) {
+    let (nh, nkv, hd, cap, pos) = shape;
+    let (fused, direct) = kernel.attention_variant().expect("an attention_partial variant");
+    assert!(fused);
+    let theta = 1_000_000f32;
+    let (params, scale) = head_params(nh, nkv, hd, cap);
+    let eps = 1e-6f64;
+    let qkv = nonzero(rng, (nh + 2 * nkv) * hd + 8);
+    let (qn, kn) = (nonzero(rng, hd), nonzero(rng, hd));
+    let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
+    let kv_len = nkv * cap * hd;
+    let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
+    let chunks = if direct { 1 } else { cap.div_ceil(ATTENTION_CHUNK as usize) };
+    let out = run(
+        kernel,
+        [nh as u32, chunks as u32, 1],
+        &[
+            params,
+            step(pos, 0),
+            f32s(&qkv),
+            bytemuck::cast_slice(&k).to_vec(),
+            bytemuck::cast_slice(&v).to_vec(),
+            poisoned(2 * nh * chunks),
+            // DIRECT: the output (with a gap that must stay poisoned).
+            if direct { poisoned(nh * hd + 3) } else { poisoned(nh * chunks * hd) },
+            f32s(&[qn.clone(), kn.clone()].concat()),
+            f32s(&rope),
+        ],
+    );
+    let (kc, vc) = (unpack_f16(&out[0]), unpack_f16(&out[1]));
+    let head = |h: usize| &qkv[h * hd..(h + 1) * hd];
+    let what = format!("{kernel:?} pos {pos} hd {hd}");
+    for g in 0..nkv {
+        for t in 0..cap {
+            let at = (g * cap + t) * hd;
+            if t == pos {
+                let want = qk_norm_rope_ref(head(nh + g), Some(&kn), pos, theta as f64, eps);
+                let sc: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+                assert_close(&format!("{what}: k head {g}"), &kc[at..at + hd], &want, &sc, 2e-3);
+                let want = qk_norm_rope_ref(head(nh + nkv + g), None, pos, theta as f64, eps);
+                assert_close(&format!("{what}: v head {g}"), &vc[at..at + hd], &want, &vec![1.0; hd], 1e-3);
+            } else {
+                let same = |c: &[f32], x: &[f16]| {
+                    c[at..at + hd].iter().zip(&x[at..at + hd]).all(|(a, b)| *a == b.to_f32())
+                };
+                assert!(same(&kc, &k) && same(&vc, &v), "{what}: cache row {t} of kv head {g} changed");
+            }
+        }
+    }
+    let got = if direct {
+        assert!(to_u32(&out[2]).iter().all(|w| *w == POISON), "{what}: (m, l) written");
+        to_f32(&out[3])
+    } else {
+        reduce(run, &out[2..4], nh, hd, chunks, 1, nh * hd + 3)
+    };
+    // The reference attention: q normed and rotated in f64, the caches as
+    // the kernel wrote them.
+    let q: Vec<f32> = (0..nh)
+        .flat_map(|h| qk_norm_rope_ref(head(h), Some(&qn), pos, theta as f64, eps))
+        .map(|x| x as f32)
+        .collect();
+    let (k16, v16): (Vec<f16>, Vec<f16>) =
+        (kc.iter().map(|x| f16::from_f32(*x)).collect(), vc.iter().map(|x| f16::from_f32(*x)).collect());
+    let want = attention_ref(&q, &k16, &v16, nh, nkv, hd, cap, pos + 1, scale as f64);
+    assert_close(&what, &got[..nh * hd], &want, &vec![1.0; nh * hd], 2e-4);
+    assert!(got[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the output");
 }
 
 /// argmax_final at the last position of the token array writes no token.
