@@ -9,7 +9,7 @@ use crate::cache::{load_model, CachePolicy, LoadReport};
 use crate::config::{ModelConfig, ShapeProfile};
 use crate::error::{Error, Result};
 use crate::gpu::{AdapterPolicy, Gpu};
-use crate::kernels::{KernelChoice, KernelSource, Kernels};
+use crate::kernels::{KernelChoice, KernelSource, Kernels, MatvecLayout};
 use crate::model::GpuWeights;
 use crate::session::{check_prompt, ModelGpu, Session};
 
@@ -24,6 +24,7 @@ pub struct EngineBuilder {
     device: Option<(wgpu::Device, wgpu::Queue)>,
     no_subgroups: bool,
     kernels: Option<KernelChoice>,
+    matvec_layout: Option<MatvecLayout>,
 }
 
 impl EngineBuilder {
@@ -57,6 +58,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Forces the WGSL matvec's work split (for comparison and testing).
+    /// Without it: `QWEN3_WGPU_MATVEC_LAYOUT` (`rows` or `split`) if set,
+    /// else the device's ([`MatvecLayout::for_device`]). The MSL twin has
+    /// one layout of its own.
+    pub fn matvec_layout(mut self, layout: MatvecLayout) -> Self {
+        self.matvec_layout = Some(layout);
+        self
+    }
+
     /// Picks (or adopts) the device and compiles every kernel.
     pub fn build(self) -> Result<Engine> {
         let policy = self.policy.or_else(AdapterPolicy::from_env).unwrap_or_default();
@@ -67,7 +77,7 @@ impl EngineBuilder {
         gpu.subgroups &= !self.no_subgroups;
         gpu.probe()?;
         let choice = self.kernels.or_else(KernelChoice::from_env).unwrap_or_default();
-        let kernels = Arc::new(Kernels::new(&gpu, choice)?);
+        let kernels = Arc::new(Kernels::new(&gpu, choice, self.matvec_layout)?);
         Ok(Engine { gpu, kernels })
     }
 }

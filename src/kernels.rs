@@ -73,6 +73,22 @@ impl MatvecLayout {
             MatvecLayout::SplitK => SPLIT_K_ROWS,
         }
     }
+
+    /// Workgroup size of the decode matvec over rows of `k_words` u32
+    /// words: [`MATVEC_WG`] for rows per team; for split K the smallest of
+    /// [`SPLIT_K_WGS`] that gives each lane at most one step (16 values) per
+    /// row, or the largest. A lane's steps are a chain of dependent memory
+    /// round trips: one step each keeps the launch at one round trip.
+    pub fn workgroup_size(self, k_words: usize) -> u32 {
+        match self {
+            MatvecLayout::RowsPerTeam => MATVEC_WG,
+            MatvecLayout::SplitK => {
+                let steps = (4 * k_words).div_ceil(MATVEC_VALUES_PER_LANE as usize);
+                let last = SPLIT_K_WGS[SPLIT_K_WGS.len() - 1];
+                SPLIT_K_WGS.into_iter().find(|&w| w as usize >= steps).unwrap_or(last)
+            }
+        }
+    }
 }
 
 /// Epilogue of an `int8_matvec` variant (its override constants).
@@ -142,6 +158,9 @@ pub const MATVEC_VALUES_PER_LANE: u32 = 16;
 pub const PREFILL_TOKENS_PER_WG: u32 = 4;
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
+/// Workgroup sizes the split-K matvec pipelines are built with (see
+/// [`MatvecLayout::workgroup_size`]; the first is [`MATVEC_WG`]).
+pub const SPLIT_K_WGS: [u32; 3] = [MATVEC_WG, 128, 256];
 
 const _: () = assert!(
     MATVEC_ROWS.is_multiple_of(MATVEC_ROWS_PER_TEAM)
@@ -543,6 +562,10 @@ pub fn compile_msl(
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
+    /// Split K only: the matvec variants' decode pipelines at the wider
+    /// workgroup sizes of [`SPLIT_K_WGS`] (kernel, size, pipeline), on the
+    /// default pipeline's bind-group layout.
+    wide: Vec<(Kernel, u32, wgpu::ComputePipeline)>,
     /// Per kernel, the prefill pipeline where it differs from the decode one
     /// (the matvecs, [`PREFILL_TOKENS_PER_WG`] tokens per workgroup; WGSL on
     /// every backend, on the decode pipeline's bind-group layout).
@@ -556,11 +579,12 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles every kernel for `gpu`: the MSL twins where `choice` and
     /// the device allow (see [`msl_available`]), WGSL otherwise or when any
-    /// twin fails to build.
-    pub fn new(gpu: &Gpu, choice: KernelChoice) -> Result<Self> {
+    /// twin fails to build. The WGSL matvec takes `layout`, or the device's
+    /// ([`MatvecLayout::for_device`]).
+    pub fn new(gpu: &Gpu, choice: KernelChoice, layout: Option<MatvecLayout>) -> Result<Self> {
         let want_msl = choice == KernelChoice::Auto && msl_available(gpu);
         let ((pipelines, matvec_layout), source) =
-            with_fallback(want_msl, |source| Self::build(gpu, source))?;
+            with_fallback(want_msl, |source| Self::build(gpu, source, layout))?;
         let prefill = pipelines
             .iter()
             .map(|p| {
@@ -574,13 +598,48 @@ impl Kernels {
                     .map(|(pipeline, _)| Some(pipeline))
             })
             .collect::<Result<_>>()?;
-        Ok(Kernels { pipelines, prefill, matvec_layout, source })
+        let mut wide = Vec::new();
+        if matvec_layout == MatvecLayout::SplitK {
+            for p in pipelines.iter().filter(|p| p.kernel.matvec_variant().is_some()) {
+                let k = p.kernel;
+                for wg in SPLIT_K_WGS.into_iter().filter(|w| *w != k.workgroup_size()) {
+                    let mut constants = k.constants(matvec_layout);
+                    constants.iter_mut().filter(|c| c.0 == "WG").for_each(|c| c.1 = wg as f64);
+                    let src = k.source(gpu.subgroups);
+                    let (pipeline, _) = compile_for_layout(
+                        gpu,
+                        k.entry(),
+                        &src,
+                        k.entry(),
+                        k.bindings(),
+                        &constants,
+                        Some(&p.layout),
+                    )?;
+                    wide.push((k, wg, pipeline));
+                }
+            }
+        }
+        Ok(Kernels { pipelines, wide, prefill, matvec_layout, source })
     }
 
-    fn build(gpu: &Gpu, source: KernelSource) -> Result<(Vec<Pipeline>, MatvecLayout)> {
+    /// The decode pipeline of `kernel` at workgroup size `wg` (the
+    /// kernel's own size, or one of [`SPLIT_K_WGS`] for a split-K matvec).
+    pub fn decode_pipeline(&self, kernel: Kernel, wg: u32) -> &wgpu::ComputePipeline {
+        self.wide
+            .iter()
+            .find(|(k, w, _)| *k == kernel && *w == wg)
+            .map(|(_, _, p)| p)
+            .unwrap_or(&self.get(kernel).pipeline)
+    }
+
+    fn build(
+        gpu: &Gpu,
+        source: KernelSource,
+        layout: Option<MatvecLayout>,
+    ) -> Result<(Vec<Pipeline>, MatvecLayout)> {
         let matvec_layout = match source {
             KernelSource::Msl => crate::msl::MSL_MATVEC_LAYOUT,
-            KernelSource::Wgsl => MatvecLayout::for_device(&gpu.info),
+            KernelSource::Wgsl => layout.unwrap_or_else(|| MatvecLayout::for_device(&gpu.info)),
         };
         let mut pipelines = Vec::new();
         for k in Kernel::ALL {
@@ -615,6 +674,8 @@ pub struct Launch {
     pub kernel: Kernel,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
+    /// Workgroup size of the decode pipeline (see [`Kernels::decode_pipeline`]).
+    pub workgroup_size: u32,
 }
 
 impl Launch {
@@ -638,7 +699,7 @@ impl Launch {
             layout: &p.layout,
             entries: &entries,
         });
-        Launch { kernel, bind_group, workgroups }
+        Launch { kernel, bind_group, workgroups, workgroup_size: kernel.workgroup_size() }
     }
 
     /// Records the launch for one token (the decode step).
@@ -653,7 +714,7 @@ impl Launch {
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
         let (pipeline, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
             (true, Some(p)) => (p, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
-            _ => (&kernels.get(self.kernel).pipeline, tokens),
+            _ => (kernels.decode_pipeline(self.kernel, self.workgroup_size), tokens),
         };
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
@@ -714,6 +775,16 @@ mod tests {
         })
         .unwrap();
         assert_eq!((source, tried), (KernelSource::Wgsl, vec![KernelSource::Wgsl]));
+    }
+
+    #[test]
+    fn split_k_gives_each_lane_one_step_per_row_where_it_can() {
+        let wg = |cols: usize| MatvecLayout::SplitK.workgroup_size(cols / 4);
+        // Qwen3-0.6B: hidden 1024, q_dim 2048, intermediate 3072.
+        assert_eq!((wg(1024), wg(2048), wg(3072)), (64, 128, 256));
+        // Short rows keep the smallest size; long ones take the largest.
+        assert_eq!((wg(64), wg(1088), wg(8192)), (64, 128, 256));
+        assert_eq!(MatvecLayout::RowsPerTeam.workgroup_size(768), MATVEC_WG);
     }
 
     #[test]

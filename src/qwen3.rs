@@ -261,8 +261,11 @@ impl Builder<'_> {
                 };
                 // Without a norm the norm_w slot is never read: bind x there.
                 let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
-                let groups = (c.rows as u32).div_ceil(self.kernels.matvec_layout.rows_per_wg());
-                self.launch(kernel, bytes_of(&p), &bufs, grid(groups))
+                let layout = self.kernels.matvec_layout;
+                let groups = (c.rows as u32).div_ceil(layout.rows_per_wg());
+                let mut l = self.launch(kernel, bytes_of(&p), &bufs, grid(groups))?;
+                l.workgroup_size = layout.workgroup_size(w.k_words);
+                Ok(l)
             })
             .collect()
     }

@@ -108,6 +108,8 @@ impl SessionBuffers {
 /// into and the signal that the slot is mapped.
 struct InFlight {
     slot: usize,
+    /// The submit that carries the step (a wait waits for it alone).
+    submission: wgpu::SubmissionIndex,
     mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
     /// The mapping's outcome once seen (by a non-blocking check).
     done: Option<std::result::Result<(), wgpu::BufferAsyncError>>,
@@ -347,20 +349,31 @@ impl Session {
         self.take_queued().map(Some)
     }
 
-    /// Checks that a token can follow, then keeps `lookahead` decode steps
-    /// queued (never past the capacity).
+    /// Checks that a token can follow, then keeps between half the
+    /// lookahead and the lookahead of decode steps queued (never past the
+    /// capacity): once at most half are left, the steps up to the
+    /// lookahead go in one submit (each submit costs the host and the
+    /// driver a round of work, so several steps share one).
     fn queue_ahead(&mut self) -> Result<()> {
         if self.pending.is_none() {
             return Err(Error::EmptyPrompt);
         }
         self.check_room(1)?;
-        while self.queued.len() < self.lookahead && self.gpu_pos < self.bufs.capacity {
-            let mut enc = self.encoder();
-            self.record(&mut enc, self.gpu_pos, None);
-            let slot = self.queue_readback(&mut enc, self.gpu_pos + 1)?;
-            self.submit_with_readback(enc, slot);
-            self.gpu_pos += 1;
+        if self.queued.len() > self.lookahead / 2 {
+            return Ok(());
         }
+        let n = (self.lookahead - self.queued.len()).min(self.bufs.capacity - self.gpu_pos);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut enc = self.encoder();
+        let mut slots = Vec::with_capacity(n);
+        for i in 0..n {
+            self.record(&mut enc, self.gpu_pos + i, None);
+            slots.push(self.queue_readback(&mut enc, self.gpu_pos + i + 1)?);
+        }
+        self.submit_with_readbacks(enc, &slots);
+        self.gpu_pos += n;
         Ok(())
     }
 
@@ -399,7 +412,7 @@ impl Session {
     }
 
     /// Records a copy of `tokens[at]` into a free readback slot; once the
-    /// commands are submitted, [`Self::submit_with_readback`] maps it.
+    /// commands are submitted, [`Self::submit_with_readbacks`] maps it.
     fn queue_readback(&mut self, enc: &mut wgpu::CommandEncoder, at: usize) -> Result<usize> {
         let slot = self
             .free_slots
@@ -413,12 +426,20 @@ impl Session {
     /// queues the slot's mapping (a buffer pending a map cannot be used by
     /// a submit, so the map comes after).
     fn submit_with_readback(&mut self, enc: wgpu::CommandEncoder, slot: usize) {
-        self.model.gpu.queue.submit([enc.finish()]);
-        let (tx, mapped) = mpsc::channel();
-        self.slots[slot].slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.queued.push_back(InFlight { slot, mapped, done: None });
+        self.submit_with_readbacks(enc, &[slot]);
+    }
+
+    /// [`Self::submit_with_readback`] for an encoder holding several steps,
+    /// each copying its token into one of `slots`, in order.
+    fn submit_with_readbacks(&mut self, enc: wgpu::CommandEncoder, slots: &[usize]) {
+        let submission = self.model.gpu.queue.submit([enc.finish()]);
+        for &slot in slots {
+            let (tx, mapped) = mpsc::channel();
+            self.slots[slot].slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            self.queued.push_back(InFlight { slot, submission: submission.clone(), mapped, done: None });
+        }
     }
 
     /// Waits for the oldest queued step's token, consumes its position and
@@ -449,8 +470,12 @@ impl Session {
             match q.mapped.try_recv() {
                 Ok(r) => break r,
                 Err(mpsc::TryRecvError::Empty) => {
+                    // Only this step's submit: the steps queued after it
+                    // keep the GPU busy meanwhile.
+                    let wait =
+                        wgpu::PollType::Wait { submission_index: Some(q.submission.clone()), timeout: None };
                     gpu.device
-                        .poll(wgpu::PollType::wait_indefinitely())
+                        .poll(wait)
                         .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
                     gpu.check_fault()?;
                 }

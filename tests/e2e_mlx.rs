@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use qwen3_wgpu::kernels::MatvecLayout;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
 
 #[derive(serde::Deserialize)]
@@ -112,6 +113,65 @@ fn without_subgroups() {
     assert!(!engine.uses_subgroups());
     for case in ["gqa4_hd128", "odd_dims"] {
         check_case(&engine, case);
+    }
+}
+
+/// The split-K matvec layout (NVIDIA and other many-core GPUs; lavapipe
+/// gets rows per team), with its per-row-length workgroup sizes, agrees
+/// too, with and without subgroups.
+#[test]
+fn split_k_matvec_layout() {
+    let split = || Engine::builder().policy(AdapterPolicy::Portable).matvec_layout(MatvecLayout::SplitK);
+    for engine in [split().build().unwrap(), split().without_subgroups().build().unwrap()] {
+        for case in ["gqa4_hd128", "odd_dims", "prompt_300tok", "untied_head"] {
+            check_case(&engine, case);
+        }
+    }
+}
+
+/// The split-K layout's wider workgroups (rows of 2048 and 3072 values, as
+/// the 0.6B model's o_proj and down) against rows per team, on a random
+/// checkpoint of the 0.6B layer shape with 2 layers: the same logits at
+/// every step, and the same tokens unless the top two are near-tied.
+#[test]
+fn split_k_wide_workgroups_agree_with_rows_per_team() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = qwen3_wgpu::ModelConfig {
+        num_hidden_layers: 2,
+        vocab_size: 1000,
+        eos_token_ids: vec![],
+        ..qwen3_wgpu::ModelConfig::qwen3_0_6b_base()
+    };
+    qwen3_wgpu::testing::write_random_checkpoint(tmp.path(), &cfg, 3).unwrap();
+    let sessions: Vec<_> = [MatvecLayout::SplitK, MatvecLayout::RowsPerTeam]
+        .into_iter()
+        .map(|layout| {
+            let engine =
+                Engine::builder().policy(AdapterPolicy::Portable).matvec_layout(layout).build().unwrap();
+            let model = engine
+                .load(tmp.path(), &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() })
+                .unwrap();
+            let mut s = model.session_with_capacity(64).unwrap();
+            s.set_lookahead(1); // the logits buffer then holds the step just taken
+            s
+        })
+        .collect();
+    let [mut split, mut rows] = <[_; 2]>::try_from(sessions).ok().unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37) % 1000).collect();
+    let (mut a, mut b) = (split.feed(&prompt).unwrap(), rows.feed(&prompt).unwrap());
+    for step in 0..6 {
+        let (la, lb) = (split.debug_logits().unwrap(), rows.debug_logits().unwrap());
+        let rms = (lb.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / lb.len() as f64).sqrt();
+        for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
+            assert!(((x - y) as f64).abs() <= 1e-3 * rms, "step {step}: logit {i}: split {x}, rows {y}");
+        }
+        let mut sorted = lb.clone();
+        sorted.sort_by(|x, y| y.total_cmp(x));
+        if ((sorted[0] - sorted[1]) as f64) < 1e-2 * rms {
+            break; // a near-tie: either token is right
+        }
+        assert_eq!(a, b, "step {step}");
+        (a, b) = (split.next_token().unwrap(), rows.next_token().unwrap());
     }
 }
 

@@ -157,13 +157,19 @@ fn int8_matvec_matches_cpu() {
         ];
         for &(rows, cols, tokens, prefill) in &shapes {
             let kernels = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some());
-            let layouts = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK];
-            for (kernel, layout) in kernels.flat_map(|k| layouts.map(|l| (k, l))) {
+            // Rows per team, and split K at each of its workgroup sizes.
+            let layouts = std::iter::once((MatvecLayout::RowsPerTeam, kernels::MATVEC_WG))
+                .chain(kernels::SPLIT_K_WGS.map(|wg| (MatvecLayout::SplitK, wg)))
+                .filter(|(_, wg)| !prefill || *wg == kernels::MATVEC_WG)
+                .collect::<Vec<_>>();
+            for (kernel, (layout, wg)) in kernels.flat_map(|k| layouts.iter().map(move |l| (k, *l))) {
                 let constants = move |k: Kernel| {
                     if prefill {
                         k.prefill_constants(layout)
                     } else {
-                        k.constants(layout)
+                        let mut c = k.constants(layout);
+                        c.iter_mut().filter(|c| c.0 == "WG").for_each(|c| c.1 = wg as f64);
+                        c
                     }
                 };
                 let run = wgsl_run(&gpu, sub, constants);
@@ -173,7 +179,7 @@ fn int8_matvec_matches_cpu() {
                 let res =
                     matvec_case(&run, kernel, layout.rows_per_wg(), tokens_per_wg, rows, cols, tokens, seed);
                 assert_matvec(
-                    &format!("{kernel:?} {layout:?} {rows}x{cols} prefill={prefill} sub={sub}"),
+                    &format!("{kernel:?} {layout:?} wg {wg} {rows}x{cols} prefill={prefill} sub={sub}"),
                     &res,
                 );
             }

@@ -221,14 +221,12 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     let z = wg.z;
     let xb = z * p.k_words;
     if SPLIT_K {
-        // All lanes share the 4 rows; one workgroup reduction.
+        // All lanes share the 4 rows; one workgroup reduction (NORM's sum
+        // of squares rides along).
         let part = partial4(wg_row0, xb, lane.idx, WG);
-        let sums = wg_sum4(part.acc, lane);
-        var ss = vec4<f32>(0.0);
-        if NORM {
-            ss = wg_sum4(part.ss, lane);
-        }
-        store4(wg_row0, finish(sums, ss), lane.idx, z);
+        let ss = part.ss;
+        let r = wg_sum5(part.acc, ss.x + ss.y + ss.z + ss.w, lane);
+        store4(wg_row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z);
         return;
     }
     // Each team takes whole blocks of 4 rows; a barrier-free team reduction.

@@ -51,6 +51,29 @@ fn wg_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
     return t;
 }
 
+// wg_sum4 of `v` and the sum of `s` in one exchange (one barrier pair).
+struct Sum5 {
+    v: vec4<f32>,
+    s: f32,
+}
+
+fn wg_sum5(v: vec4<f32>, s: f32, lane: Lane) -> Sum5 {
+    let a = subgroupAdd(v);
+    let b = subgroupAdd(s);
+    workgroupBarrier(); // earlier readers of red_f / red_u are done
+    if lane.sg_lane == 0u {
+        red_f[lane.sg_id] = a;
+        red_u[lane.sg_id] = bitcast<u32>(b);
+    }
+    workgroupBarrier();
+    var t = Sum5(vec4<f32>(0.0), 0.0);
+    for (var i = 0u; i < lane.n_sg; i++) {
+        t.v += red_f[i];
+        t.s += bitcast<f32>(red_u[i]);
+    }
+    return t;
+}
+
 fn wg_max(v: f32, lane: Lane) -> f32 {
     let s = subgroupMax(v);
     workgroupBarrier();

@@ -41,6 +41,17 @@ fn wg_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
     return red_f[0];
 }
 
+// wg_sum4 of `v` and the sum of `s` (two tree reductions here).
+struct Sum5 {
+    v: vec4<f32>,
+    s: f32,
+}
+
+fn wg_sum5(v: vec4<f32>, s: f32, lane: Lane) -> Sum5 {
+    let a = wg_sum4(v, lane);
+    return Sum5(a, wg_sum4(vec4<f32>(s, 0.0, 0.0, 0.0), lane).x);
+}
+
 fn wg_max(v: f32, lane: Lane) -> f32 {
     workgroupBarrier();
     red_f[lane.idx].x = v;
