@@ -23,6 +23,15 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
     let mut s = model.session_with_capacity(context + 16)?;
     let vocab = model.config().vocab_size as u32;
     s.feed(&(0..context as u32).map(|i| (i * 7919) % vocab).collect::<Vec<_>>())?;
+    // Warm-up, in a session of its own: the GPU's clocks rise under load
+    // (an idle GPU runs the first steps several times slower).
+    let mut warm = model.session_with_capacity(4096)?;
+    warm.feed(&[1, 2, 3])?;
+    let t0 = std::time::Instant::now();
+    while t0.elapsed().as_secs_f64() < 1.0 && warm.len() + 1 < warm.capacity() {
+        warm.next_token()?;
+    }
+    drop(warm);
     let repeat = flag("--repeat").unwrap_or(1) as u32;
     let (prof, how) = match s.profile_gpu(repeat)? {
         Some(p) => (p, "GPU timestamps between launches"),

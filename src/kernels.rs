@@ -179,6 +179,8 @@ pub const ARGMAX_CHUNK: u32 = 1024;
 pub const HEAD_DIM_MULTIPLE: usize = 8;
 /// Largest head_dim the attention kernels hold in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
+// attention_partial's last step gives each output dim an invocation.
+const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).

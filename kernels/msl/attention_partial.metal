@@ -38,6 +38,20 @@ struct Step {
 
 constant constexpr uint MAX_HEAD_DIM = 256;
 
+// A K row quad (8 halves) dotted with the matching 8 dims of q (qa, qb).
+static inline float dot8(float4 qa, float4 qb, uint4 a) {
+    return dot(qa, float4(float2(as_type<half2>(a.x)), float2(as_type<half2>(a.y))))
+        + dot(qb, float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w))));
+}
+
+// The first and last 4 of the 8 halves of a V row quad.
+static inline float4 lo4(uint4 a) {
+    return float4(float2(as_type<half2>(a.x)), float2(as_type<half2>(a.y)));
+}
+static inline float4 hi4(uint4 a) {
+    return float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w)));
+}
+
 // Element d of rotate-half RoPE: a = x[d], b = x[d +- head_dim/2], cs the
 // table's (cos, sin) for d mod head_dim/2; `low`: d < head_dim/2.
 static inline float rope_at(float a, float b, float2 cs, bool low) {
@@ -51,7 +65,7 @@ kernel void attention_partial(
     // token's normed, rotated q.
     const device float* q [[buffer(2)]],
     device uint4* k_cache [[buffer(3)]], // 8 halves per load (head_dim % 8 == 0)
-    device uint* v_cache [[buffer(4)]],
+    device uint4* v_cache [[buffer(4)]], // 8 halves per load
     device float2* part_ml [[buffer(5)]],  // [token][head][chunk]: (m, l)
     // [token][head][chunk][head_dim]; DIRECT: the output, [head][head_dim]
     device float* part_acc [[buffer(6)]],
@@ -66,7 +80,7 @@ kernel void attention_partial(
 {
     threadgroup float4 q_s[MAX_HEAD_DIM / 4];
     threadgroup float e_s[WG];
-    threadgroup float2 acc_s[WG];
+    threadgroup float4 acc_s[2 * WG];
     threadgroup float red[WG]; // one slot per simdgroup
     threadgroup float2 red2[WG];
     threadgroup float qh[MAX_HEAD_DIM]; // FUSED: normed q and k, before rotation
@@ -149,8 +163,11 @@ kernel void attention_partial(
                 }
                 k_cache[row / 4 + i] = w;
             }
-            for (uint i = lid; i < half_dim; i += WG) {
-                v_cache[row + i] = as_type<uint>(half2(float2(q[v_src + 2 * i], q[v_src + 2 * i + 1])));
+            for (uint i = lid; i < hd / 8; i += WG) {
+                const uint v = v_src + 8 * i;
+                v_cache[row / 4 + i] = uint4(as_type<uint>(half2(float2(q[v], q[v + 1]))),
+                    as_type<uint>(half2(float2(q[v + 2], q[v + 3]))), as_type<uint>(half2(float2(q[v + 4], q[v + 5]))),
+                    as_type<uint>(half2(float2(q[v + 6], q[v + 7]))));
             }
         }
         // The new row is read back below by other lanes.
@@ -163,26 +180,27 @@ kernel void attention_partial(
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 
-    // One position per lane; its K row in 16-byte loads, two at a time
+    // One position per lane; its K row in 16-byte loads, four at a time
     // (independent loads in flight instead of a chain of one).
     const uint t = start + lid;
     float s = -3.0e38f;
     if (t < end) {
         const uint quads = half_dim / 4;
         const uint row = (kv_base + t * half_dim) / 4;
-        float d0 = 0.0f;
-        float d1 = 0.0f;
-        for (uint j = 0; j < quads; j += 2) {
+        float4 d = float4(0.0f);
+        uint j = 0;
+        for (; j + 3 < quads; j += 4) {
             const uint4 a = k_cache[row + j];
-            d0 += dot(q_s[2 * j], float4(float2(as_type<half2>(a.x)), float2(as_type<half2>(a.y))))
-                + dot(q_s[2 * j + 1], float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w))));
-            if (j + 1 < quads) {
-                const uint4 b = k_cache[row + j + 1];
-                d1 += dot(q_s[2 * j + 2], float4(float2(as_type<half2>(b.x)), float2(as_type<half2>(b.y))))
-                    + dot(q_s[2 * j + 3], float4(float2(as_type<half2>(b.z)), float2(as_type<half2>(b.w))));
-            }
+            const uint4 b = k_cache[row + j + 1];
+            const uint4 c = k_cache[row + j + 2];
+            const uint4 e = k_cache[row + j + 3];
+            d += float4(dot8(q_s[2 * j], q_s[2 * j + 1], a), dot8(q_s[2 * j + 2], q_s[2 * j + 3], b),
+                        dot8(q_s[2 * j + 4], q_s[2 * j + 5], c), dot8(q_s[2 * j + 6], q_s[2 * j + 7], e));
         }
-        s = (d0 + d1) * p.scale;
+        for (; j < quads; j++) {
+            d.x += dot8(q_s[2 * j], q_s[2 * j + 1], k_cache[row + j]);
+        }
+        s = (d.x + d.y + d.z + d.w) * p.scale;
     }
     // Threadgroup max: simdgroup maxima, then every lane combines them.
     const float sm = simd_max(s);
@@ -209,45 +227,55 @@ kernel void attention_partial(
         l += red[i];
     }
 
-    // Lane (slice, i) sums dims (2i, 2i+1) over positions start + slice,
-    // start + slice + n_slices, ...; then the slices are added.
-    const uint n_slices = WG / half_dim;
-    const uint slice = lid / half_dim;
-    const uint i = lid % half_dim;
-    float2 acc = float2(0.0f);
+    // Lane (slice, i) sums dims 8i..8i+7 (one 16-byte load per position)
+    // over positions start + slice, start + slice + n_slices, ...; then the
+    // slices are added.
+    const uint row_quads = p.head_dim / 8;
+    const uint n_slices = WG / row_quads;
+    const uint slice = lid / row_quads;
+    const uint i = lid % row_quads;
+    float4 lo = float4(0.0f);
+    float4 hi = float4(0.0f);
     if (slice < n_slices) {
         // Four positions per iteration: four independent loads in flight.
-        const uint vb = kv_base + i;
+        const uint vb = kv_base / 4 + i;
         uint tt = start + slice;
         for (; tt + 3 * n_slices < end; tt += 4 * n_slices) {
             const uint t1 = tt + n_slices;
             const uint t2 = t1 + n_slices;
             const uint t3 = t2 + n_slices;
-            const float2 v0 = float2(as_type<half2>(v_cache[vb + tt * half_dim]));
-            const float2 v1 = float2(as_type<half2>(v_cache[vb + t1 * half_dim]));
-            const float2 v2 = float2(as_type<half2>(v_cache[vb + t2 * half_dim]));
-            const float2 v3 = float2(as_type<half2>(v_cache[vb + t3 * half_dim]));
-            acc += e_s[tt - start] * v0 + e_s[t1 - start] * v1 + e_s[t2 - start] * v2 + e_s[t3 - start] * v3;
+            const uint4 v0 = v_cache[vb + tt * row_quads];
+            const uint4 v1 = v_cache[vb + t1 * row_quads];
+            const uint4 v2 = v_cache[vb + t2 * row_quads];
+            const uint4 v3 = v_cache[vb + t3 * row_quads];
+            const float e0 = e_s[tt - start];
+            const float e1 = e_s[t1 - start];
+            const float e2 = e_s[t2 - start];
+            const float e3 = e_s[t3 - start];
+            lo += e0 * lo4(v0) + e1 * lo4(v1) + e2 * lo4(v2) + e3 * lo4(v3);
+            hi += e0 * hi4(v0) + e1 * hi4(v1) + e2 * hi4(v2) + e3 * hi4(v3);
         }
         for (; tt < end; tt += n_slices) {
-            acc += e_s[tt - start] * float2(as_type<half2>(v_cache[vb + tt * half_dim]));
+            const uint4 v = v_cache[vb + tt * row_quads];
+            lo += e_s[tt - start] * lo4(v);
+            hi += e_s[tt - start] * hi4(v);
         }
     }
-    acc_s[lid] = acc;
+    acc_s[2 * lid] = lo;
+    acc_s[2 * lid + 1] = hi;
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (lid < half_dim) {
-        float2 total = float2(0.0f);
+    // Lane d < head_dim adds dim d (= 8i + r) over the slices.
+    if (lid < p.head_dim) {
+        const uint qi = lid / 8;
+        const uint r = lid % 8;
+        float total = 0.0f;
         for (uint sl = 0; sl < n_slices; sl++) {
-            total += acc_s[sl * half_dim + lid];
+            total += acc_s[2 * (sl * row_quads + qi) + r / 4][r % 4];
         }
         if (DIRECT) {
-            const uint o = h * p.head_dim + 2 * lid;
-            part_acc[o] = total.x / l;
-            part_acc[o + 1] = total.y / l;
+            part_acc[h * p.head_dim + lid] = total / l;
         } else {
-            const uint o = part * p.head_dim + 2 * lid;
-            part_acc[o] = total.x;
-            part_acc[o + 1] = total.y;
+            part_acc[part * p.head_dim + lid] = total;
         }
     }
     if (lid == 0 && !DIRECT) {

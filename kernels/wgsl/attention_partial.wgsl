@@ -38,9 +38,10 @@ override DIRECT: bool = false;
 // FUSED: the qkv projection's output (q heads, then k heads, then v heads);
 // otherwise each token's normed, rotated q.
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-// Read 8 f16 values (4 words) at a time: head_dim is a multiple of 8.
+// K and V rows are read 8 f16 values (4 words) at a time: head_dim is a
+// multiple of 8.
 @group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<vec4<u32>>;
 // [token][head][chunk]: (m, l)
 @group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>;
 // [token][head][chunk][head_dim]; DIRECT: the attention output,
@@ -56,7 +57,21 @@ const MAX_HEAD_DIM: u32 = 256u;
 // Positions per workgroup = WG (one score per invocation).
 var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
 var<workgroup> e_s: array<f32, WG>;
-var<workgroup> acc_s: array<vec2<f32>, WG>;
+var<workgroup> acc_s: array<vec4<f32>, 2u * WG>;
+// K row quad j (8 f16 values) dotted with q's dims 8j..8j+7.
+fn dot8(a: vec4<u32>, j: u32) -> f32 {
+    return dot(q_s[2u * j], vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y)))
+        + dot(q_s[2u * j + 1u], vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w)));
+}
+
+// The first and last 4 of the 8 f16 values of a V row quad.
+fn lo4(a: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y));
+}
+fn hi4(a: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w));
+}
+
 // FUSED: the normed q and k heads, before rotation.
 var<workgroup> qh: array<f32, MAX_HEAD_DIM>;
 var<workgroup> kh: array<f32, MAX_HEAD_DIM>;
@@ -123,8 +138,11 @@ fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane) {
             }
             k_cache[row / 4u + i] = w;
         }
-        for (var i = lane.idx; i < half_dim; i += WG) {
-            v_cache[row + i] = pack2x16float(vec2<f32>(q[v_src + 2u * i], q[v_src + 2u * i + 1u]));
+        for (var i = lane.idx; i < hd / 8u; i += WG) {
+            let v = v_src + 8u * i;
+            v_cache[row / 4u + i] = vec4<u32>(pack2x16float(vec2<f32>(q[v], q[v + 1u])),
+                pack2x16float(vec2<f32>(q[v + 2u], q[v + 3u])), pack2x16float(vec2<f32>(q[v + 4u], q[v + 5u])),
+                pack2x16float(vec2<f32>(q[v + 6u], q[v + 7u])));
         }
     }
     // The new row is read back below by other invocations.
@@ -163,26 +181,26 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         workgroupBarrier();
     }
 
-    // One position per invocation; its K row in 16-byte loads, two at a
+    // One position per invocation; its K row in 16-byte loads, four at a
     // time (independent loads in flight instead of a chain of one).
     let t = start + lane.idx;
     var s = -3.0e38;
     if t < end {
         let quads = half_dim / 4u;
         let row = (kv_base + t * half_dim) / 4u;
-        var d0 = 0.0;
-        var d1 = 0.0;
-        for (var j = 0u; j < quads; j += 2u) {
+        var d = vec4<f32>(0.0);
+        var j = 0u;
+        for (; j + 3u < quads; j += 4u) {
             let a = k_cache[row + j];
-            d0 += dot(q_s[2u * j], vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y)))
-                + dot(q_s[2u * j + 1u], vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w)));
-            if j + 1u < quads {
-                let b = k_cache[row + j + 1u];
-                d1 += dot(q_s[2u * j + 2u], vec4<f32>(unpack2x16float(b.x), unpack2x16float(b.y)))
-                    + dot(q_s[2u * j + 3u], vec4<f32>(unpack2x16float(b.z), unpack2x16float(b.w)));
-            }
+            let b = k_cache[row + j + 1u];
+            let c = k_cache[row + j + 2u];
+            let e = k_cache[row + j + 3u];
+            d += vec4<f32>(dot8(a, j), dot8(b, j + 1u), dot8(c, j + 2u), dot8(e, j + 3u));
         }
-        s = (d0 + d1) * p.scale;
+        for (; j < quads; j++) {
+            d.x += dot8(k_cache[row + j], j);
+        }
+        s = (d.x + d.y + d.z + d.w) * p.scale;
     }
     let m = wg_max(s, lane);
     var e = 0.0;
@@ -192,45 +210,55 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     e_s[lane.idx] = e;
     let l = wg_sum4(vec4<f32>(e, 0.0, 0.0, 0.0), lane).x; // its barriers also publish e_s
 
-    // Invocation (slice, i) sums dims (2i, 2i+1) over positions
-    // start + slice, start + slice + n_slices, ...; then the slices are added.
-    let n_slices = WG / half_dim;
-    let slice = lane.idx / half_dim;
-    let i = lane.idx % half_dim;
-    var acc = vec2<f32>(0.0);
+    // Invocation (slice, i) sums dims 8i..8i+7 (one 16-byte load per
+    // position) over positions start + slice, start + slice + n_slices, ...;
+    // then the slices are added.
+    let row_quads = p.head_dim / 8u;
+    let n_slices = WG / row_quads;
+    let slice = lane.idx / row_quads;
+    let i = lane.idx % row_quads;
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
     if slice < n_slices {
         // Four positions per iteration: four independent loads in flight.
-        let vb = kv_base + i;
+        let vb = kv_base / 4u + i;
         var tt = start + slice;
         for (; tt + 3u * n_slices < end; tt += 4u * n_slices) {
             let t1 = tt + n_slices;
             let t2 = t1 + n_slices;
             let t3 = t2 + n_slices;
-            let v0 = unpack2x16float(v_cache[vb + tt * half_dim]);
-            let v1 = unpack2x16float(v_cache[vb + t1 * half_dim]);
-            let v2 = unpack2x16float(v_cache[vb + t2 * half_dim]);
-            let v3 = unpack2x16float(v_cache[vb + t3 * half_dim]);
-            acc += e_s[tt - start] * v0 + e_s[t1 - start] * v1 + e_s[t2 - start] * v2 + e_s[t3 - start] * v3;
+            let v0 = v_cache[vb + tt * row_quads];
+            let v1 = v_cache[vb + t1 * row_quads];
+            let v2 = v_cache[vb + t2 * row_quads];
+            let v3 = v_cache[vb + t3 * row_quads];
+            let e0 = e_s[tt - start];
+            let e1 = e_s[t1 - start];
+            let e2 = e_s[t2 - start];
+            let e3 = e_s[t3 - start];
+            lo += e0 * lo4(v0) + e1 * lo4(v1) + e2 * lo4(v2) + e3 * lo4(v3);
+            hi += e0 * hi4(v0) + e1 * hi4(v1) + e2 * hi4(v2) + e3 * hi4(v3);
         }
         for (; tt < end; tt += n_slices) {
-            acc += e_s[tt - start] * unpack2x16float(v_cache[vb + tt * half_dim]);
+            let v = v_cache[vb + tt * row_quads];
+            lo += e_s[tt - start] * lo4(v);
+            hi += e_s[tt - start] * hi4(v);
         }
     }
-    acc_s[lane.idx] = acc;
+    acc_s[2u * lane.idx] = lo;
+    acc_s[2u * lane.idx + 1u] = hi;
     workgroupBarrier();
-    if lane.idx < half_dim {
-        var total = vec2<f32>(0.0);
+    // Invocation d < head_dim adds dim d (= 8i + r) over the slices.
+    if lane.idx < p.head_dim {
+        let qi = lane.idx / 8u;
+        let r = lane.idx % 8u;
+        var total = 0.0;
         for (var sl = 0u; sl < n_slices; sl++) {
-            total += acc_s[sl * half_dim + lane.idx];
+            total += acc_s[2u * (sl * row_quads + qi) + r / 4u][r % 4u];
         }
         if DIRECT {
-            let o = h * p.head_dim + 2u * lane.idx;
-            part_acc[o] = total.x / l;
-            part_acc[o + 1u] = total.y / l;
+            part_acc[h * p.head_dim + lane.idx] = total / l;
         } else {
-            let o = part * p.head_dim + 2u * lane.idx;
-            part_acc[o] = total.x;
-            part_acc[o + 1u] = total.y;
+            part_acc[part * p.head_dim + lane.idx] = total;
         }
     }
     if lane.idx == 0u && !DIRECT {
