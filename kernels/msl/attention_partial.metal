@@ -85,6 +85,7 @@ kernel void attention_partial(
     threadgroup float2 red2[WG];
     threadgroup float qh[MAX_HEAD_DIM]; // FUSED: normed q and k, before rotation
     threadgroup float kh[MAX_HEAD_DIM];
+    threadgroup float kr[MAX_HEAD_DIM]; // FUSED: k after rotation
 
     const uint h = wg.x;
     const uint c = wg.y;
@@ -107,21 +108,34 @@ kernel void attention_partial(
     if (FUSED) {
         // q_s = rope(rms_norm(q_h) * q_norm); the chunk holding the new
         // position also writes its k = rope(rms_norm(k) * k_norm) and v.
+        // Lane d < head_dim handles dim d (WG >= head_dim); every load is
+        // issued up front, so the prologue waits on memory once.
         const uint pos = step->pos; // one token: z = 0
         const bool writes_kv = pos >= start && pos < end;
         const uint hd = p.head_dim;
-        const uint q_src = h * hd;
-        const uint k_src = (p.n_heads + kvh) * hd;
-        const uint v_src = (p.n_heads + p.n_kv_heads + kvh) * hd;
-        float2 sq = float2(0.0f);
-        for (uint d = lid; d < hd; d += WG) {
-            const float a = q[q_src + d];
-            sq.x += a * a;
-            if (writes_kv) {
-                const float b = q[k_src + d];
-                sq.y += b * b;
+        const uint d = lid;
+        const bool in_head = d < hd;
+        const uint dd = min(d, hd - 1); // in-range index for the other lanes
+        const bool low = dd < half_dim;
+        const uint partner = low ? dd + half_dim : dd - half_dim;
+        const float a = q[h * hd + dd];
+        const float nq = qk_norm[dd];
+        const float2 cs = rope[pos * half_dim + dd % half_dim];
+        float b = 0.0f;
+        float nk = 0.0f;
+        if (writes_kv) {
+            b = q[(p.n_heads + kvh) * hd + dd];
+            nk = qk_norm[hd + dd];
+        }
+        // Lane i < head_dim / 8 packs V values 8i..8i+7.
+        const uint vs = (p.n_heads + p.n_kv_heads + kvh) * hd + 8 * d;
+        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (writes_kv && d < hd / 8) {
+            for (uint u = 0; u < 8; u++) {
+                v[u] = q[vs + u];
             }
         }
+        const float2 sq = in_head ? float2(a * a, b * b) : float2(0.0f);
         const float2 ssg = float2(simd_sum(sq.x), simd_sum(sq.y));
         if (sg_lane == 0) {
             red2[sg_id] = ssg;
@@ -131,44 +145,26 @@ kernel void attention_partial(
         for (uint i = 0; i < n_sg; i++) {
             ss += red2[i];
         }
-        const float inv_q = rsqrt(ss.x / float(hd) + p.eps);
-        const float inv_k = rsqrt(ss.y / float(hd) + p.eps);
-        for (uint d = lid; d < hd; d += WG) {
-            qh[d] = q[q_src + d] * inv_q * qk_norm[d];
-            if (writes_kv) {
-                kh[d] = q[k_src + d] * inv_k * qk_norm[hd + d];
-            }
+        const float qn = a * rsqrt(ss.x / float(hd) + p.eps) * nq;
+        const float kn = b * rsqrt(ss.y / float(hd) + p.eps) * nk;
+        if (in_head) {
+            qh[d] = qn;
+            kh[d] = kn;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        const uint base = pos * half_dim;
-        for (uint i = lid; i < hd / 4; i += WG) {
-            float4 r;
-            for (uint e = 0; e < 4; e++) {
-                const uint d = 4 * i + e;
-                r[e] = rope_at(qh[d], qh[(d + half_dim) % hd], rope[base + d % half_dim], d < half_dim);
-            }
-            q_s[i] = r;
+        if (in_head) {
+            q_s[d / 4][d % 4] = rope_at(qn, qh[partner], cs, low);
+            kr[d] = rope_at(kn, kh[partner], cs, low);
         }
-        if (writes_kv) {
-            const uint row = (kvh * p.capacity + pos) * half_dim;
-            for (uint i = lid; i < hd / 8; i += WG) {
-                uint4 w;
-                for (uint e = 0; e < 4; e++) {
-                    const uint d = 8 * i + 2 * e;
-                    const float k0 = rope_at(kh[d], kh[(d + half_dim) % hd], rope[base + d % half_dim], d < half_dim);
-                    const uint d1 = d + 1;
-                    const float k1 =
-                        rope_at(kh[d1], kh[(d1 + half_dim) % hd], rope[base + d1 % half_dim], d1 < half_dim);
-                    w[e] = as_type<uint>(half2(float2(k0, k1)));
-                }
-                k_cache[row / 4 + i] = w;
-            }
-            for (uint i = lid; i < hd / 8; i += WG) {
-                const uint v = v_src + 8 * i;
-                v_cache[row / 4 + i] = uint4(as_type<uint>(half2(float2(q[v], q[v + 1]))),
-                    as_type<uint>(half2(float2(q[v + 2], q[v + 3]))), as_type<uint>(half2(float2(q[v + 4], q[v + 5]))),
-                    as_type<uint>(half2(float2(q[v + 6], q[v + 7]))));
-            }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (writes_kv && d < hd / 8) {
+            const uint row = ((kvh * p.capacity + pos) * half_dim) / 4 + d;
+            const uint k8 = 8 * d;
+            k_cache[row] = uint4(as_type<uint>(half2(float2(kr[k8], kr[k8 + 1]))),
+                as_type<uint>(half2(float2(kr[k8 + 2], kr[k8 + 3]))), as_type<uint>(half2(float2(kr[k8 + 4], kr[k8 + 5]))),
+                as_type<uint>(half2(float2(kr[k8 + 6], kr[k8 + 7]))));
+            v_cache[row] = uint4(as_type<uint>(half2(float2(v[0], v[1]))), as_type<uint>(half2(float2(v[2], v[3]))),
+                as_type<uint>(half2(float2(v[4], v[5]))), as_type<uint>(half2(float2(v[6], v[7]))));
         }
         // The new row is read back below by other lanes.
         threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
@@ -180,7 +176,7 @@ kernel void attention_partial(
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 
-    // One position per lane; its K row in 16-byte loads, four at a time
+    // One position per lane; its K row in 16-byte loads, eight at a time
     // (independent loads in flight instead of a chain of one).
     const uint t = start + lid;
     float s = -3.0e38f;
@@ -189,13 +185,19 @@ kernel void attention_partial(
         const uint row = (kv_base + t * half_dim) / 4;
         float4 d = float4(0.0f);
         uint j = 0;
-        for (; j + 3 < quads; j += 4) {
-            const uint4 a = k_cache[row + j];
-            const uint4 b = k_cache[row + j + 1];
-            const uint4 c = k_cache[row + j + 2];
-            const uint4 e = k_cache[row + j + 3];
-            d += float4(dot8(q_s[2 * j], q_s[2 * j + 1], a), dot8(q_s[2 * j + 2], q_s[2 * j + 3], b),
-                        dot8(q_s[2 * j + 4], q_s[2 * j + 5], c), dot8(q_s[2 * j + 6], q_s[2 * j + 7], e));
+        for (; j + 7 < quads; j += 8) {
+            const uint4 k0 = k_cache[row + j];
+            const uint4 k1 = k_cache[row + j + 1];
+            const uint4 k2 = k_cache[row + j + 2];
+            const uint4 k3 = k_cache[row + j + 3];
+            const uint4 k4 = k_cache[row + j + 4];
+            const uint4 k5 = k_cache[row + j + 5];
+            const uint4 k6 = k_cache[row + j + 6];
+            const uint4 k7 = k_cache[row + j + 7];
+            d += float4(dot8(q_s[2 * j], q_s[2 * j + 1], k0) + dot8(q_s[2 * j + 8], q_s[2 * j + 9], k4),
+                        dot8(q_s[2 * j + 2], q_s[2 * j + 3], k1) + dot8(q_s[2 * j + 10], q_s[2 * j + 11], k5),
+                        dot8(q_s[2 * j + 4], q_s[2 * j + 5], k2) + dot8(q_s[2 * j + 12], q_s[2 * j + 13], k6),
+                        dot8(q_s[2 * j + 6], q_s[2 * j + 7], k3) + dot8(q_s[2 * j + 14], q_s[2 * j + 15], k7));
         }
         for (; j < quads; j++) {
             d.x += dot8(q_s[2 * j], q_s[2 * j + 1], k_cache[row + j]);
@@ -237,23 +239,26 @@ kernel void attention_partial(
     float4 lo = float4(0.0f);
     float4 hi = float4(0.0f);
     if (slice < n_slices) {
-        // Four positions per iteration: four independent loads in flight.
+        // Eight positions per iteration: eight independent loads in flight.
         const uint vb = kv_base / 4 + i;
         uint tt = start + slice;
-        for (; tt + 3 * n_slices < end; tt += 4 * n_slices) {
-            const uint t1 = tt + n_slices;
-            const uint t2 = t1 + n_slices;
-            const uint t3 = t2 + n_slices;
+        const uint ns = n_slices;
+        for (; tt + 7 * ns < end; tt += 8 * ns) {
             const uint4 v0 = v_cache[vb + tt * row_quads];
-            const uint4 v1 = v_cache[vb + t1 * row_quads];
-            const uint4 v2 = v_cache[vb + t2 * row_quads];
-            const uint4 v3 = v_cache[vb + t3 * row_quads];
-            const float e0 = e_s[tt - start];
-            const float e1 = e_s[t1 - start];
-            const float e2 = e_s[t2 - start];
-            const float e3 = e_s[t3 - start];
-            lo += e0 * lo4(v0) + e1 * lo4(v1) + e2 * lo4(v2) + e3 * lo4(v3);
-            hi += e0 * hi4(v0) + e1 * hi4(v1) + e2 * hi4(v2) + e3 * hi4(v3);
+            const uint4 v1 = v_cache[vb + (tt + ns) * row_quads];
+            const uint4 v2 = v_cache[vb + (tt + 2 * ns) * row_quads];
+            const uint4 v3 = v_cache[vb + (tt + 3 * ns) * row_quads];
+            const uint4 v4 = v_cache[vb + (tt + 4 * ns) * row_quads];
+            const uint4 v5 = v_cache[vb + (tt + 5 * ns) * row_quads];
+            const uint4 v6 = v_cache[vb + (tt + 6 * ns) * row_quads];
+            const uint4 v7 = v_cache[vb + (tt + 7 * ns) * row_quads];
+            const uint e = tt - start;
+            const float4 ea = float4(e_s[e], e_s[e + ns], e_s[e + 2 * ns], e_s[e + 3 * ns]);
+            const float4 eb = float4(e_s[e + 4 * ns], e_s[e + 5 * ns], e_s[e + 6 * ns], e_s[e + 7 * ns]);
+            lo += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
+                + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
+            hi += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
+                + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
         }
         for (; tt < end; tt += n_slices) {
             const uint4 v = v_cache[vb + tt * row_quads];

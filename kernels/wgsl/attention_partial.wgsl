@@ -72,25 +72,15 @@ fn hi4(a: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w));
 }
 
-// FUSED: the normed q and k heads, before rotation.
+// FUSED: the normed q and k heads, before rotation, and k after it.
 var<workgroup> qh: array<f32, MAX_HEAD_DIM>;
 var<workgroup> kh: array<f32, MAX_HEAD_DIM>;
+var<workgroup> kr: array<f32, MAX_HEAD_DIM>;
 
-// Element d of rope(x) at the RoPE table's row `base` (rotate-half: d
-// pairs with d +- head_dim/2), x = qh (is_q) or kh.
-fn rotated(is_q: bool, d: u32, base: u32) -> f32 {
-    let half_dim = p.head_dim / 2u;
-    let cs = rope[base + d % half_dim];
-    var a: f32;
-    var b: f32;
-    if is_q {
-        a = qh[d];
-        b = qh[(d + half_dim) % p.head_dim];
-    } else {
-        a = kh[d];
-        b = kh[(d + half_dim) % p.head_dim];
-    }
-    if d < half_dim {
+// Element d of rotate-half RoPE: a = x[d], b = x[d +- head_dim/2], cs the
+// table's (cos, sin) for d mod head_dim/2; `low`: d < head_dim/2.
+fn rope_at(a: f32, b: f32, cs: vec2<f32>, low: bool) -> f32 {
+    if low {
         return a * cs.x - b * cs.y;
     }
     return a * cs.x + b * cs.y;
@@ -98,52 +88,53 @@ fn rotated(is_q: bool, d: u32, base: u32) -> f32 {
 
 // FUSED: q_s = rope(rms_norm(q_h) * q_norm); with `writes_kv`, also the new
 // position's k_cache = f16(rope(rms_norm(k) * k_norm)) and v_cache = f16(v).
+// Invocation d < head_dim handles dim d (WG >= head_dim); every load is
+// issued up front, so the prologue waits on memory once.
 fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane) {
     let hd = p.head_dim;
     let half_dim = hd / 2u;
-    let q_src = h * hd;
-    let k_src = (p.n_heads + kvh) * hd;
-    let v_src = (p.n_heads + p.n_kv_heads + kvh) * hd;
-    var sq = vec4<f32>(0.0);
-    for (var d = lane.idx; d < hd; d += WG) {
-        let a = q[q_src + d];
-        sq.x += a * a;
-        if writes_kv {
-            let b = q[k_src + d];
-            sq.y += b * b;
-        }
+    let d = lane.idx;
+    let in_head = d < hd;
+    let dd = min(d, hd - 1u); // in-range index for the inactive invocations
+    let low = dd < half_dim;
+    let partner = select(dd - half_dim, dd + half_dim, low);
+    let a = q[h * hd + dd];
+    let nq = qk_norm[dd];
+    let cs = rope[pos * half_dim + dd % half_dim];
+    var b = 0.0;
+    var nk = 0.0;
+    if writes_kv {
+        b = q[(p.n_heads + kvh) * hd + dd];
+        nk = qk_norm[hd + dd];
     }
+    // Invocation i < head_dim / 8 packs V values 8i..8i+7.
+    let vs = (p.n_heads + p.n_kv_heads + kvh) * hd + 8u * d;
+    var v = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    if writes_kv && d < hd / 8u {
+        v = array<f32, 8>(q[vs], q[vs + 1u], q[vs + 2u], q[vs + 3u], q[vs + 4u], q[vs + 5u], q[vs + 6u], q[vs + 7u]);
+    }
+    let sq = select(vec4<f32>(0.0), vec4<f32>(a * a, b * b, 0.0, 0.0), in_head);
     let ss = wg_sum4(sq, lane);
-    let inv_q = inverseSqrt(ss.x / f32(hd) + p.eps);
-    let inv_k = inverseSqrt(ss.y / f32(hd) + p.eps);
-    for (var d = lane.idx; d < hd; d += WG) {
-        qh[d] = q[q_src + d] * inv_q * qk_norm[d];
-        if writes_kv {
-            kh[d] = q[k_src + d] * inv_k * qk_norm[hd + d];
-        }
+    let qn = a * inverseSqrt(ss.x / f32(hd) + p.eps) * nq;
+    let kn = b * inverseSqrt(ss.y / f32(hd) + p.eps) * nk;
+    if in_head {
+        qh[d] = qn;
+        kh[d] = kn;
     }
     workgroupBarrier();
-    let base = pos * half_dim;
-    for (var i = lane.idx; i < hd / 4u; i += WG) {
-        q_s[i] = vec4<f32>(rotated(true, 4u * i, base), rotated(true, 4u * i + 1u, base),
-                           rotated(true, 4u * i + 2u, base), rotated(true, 4u * i + 3u, base));
+    if in_head {
+        q_s[d / 4u][d % 4u] = rope_at(qn, qh[partner], cs, low);
+        kr[d] = rope_at(kn, kh[partner], cs, low);
     }
-    if writes_kv {
-        let row = (kvh * p.capacity + pos) * half_dim;
-        for (var i = lane.idx; i < hd / 8u; i += WG) {
-            var w: vec4<u32>;
-            for (var e = 0u; e < 4u; e++) {
-                let d = 8u * i + 2u * e;
-                w[e] = pack2x16float(vec2<f32>(rotated(false, d, base), rotated(false, d + 1u, base)));
-            }
-            k_cache[row / 4u + i] = w;
-        }
-        for (var i = lane.idx; i < hd / 8u; i += WG) {
-            let v = v_src + 8u * i;
-            v_cache[row / 4u + i] = vec4<u32>(pack2x16float(vec2<f32>(q[v], q[v + 1u])),
-                pack2x16float(vec2<f32>(q[v + 2u], q[v + 3u])), pack2x16float(vec2<f32>(q[v + 4u], q[v + 5u])),
-                pack2x16float(vec2<f32>(q[v + 6u], q[v + 7u])));
-        }
+    workgroupBarrier();
+    if writes_kv && d < hd / 8u {
+        let row = ((kvh * p.capacity + pos) * half_dim) / 4u + d;
+        let k8 = 8u * d;
+        k_cache[row] = vec4<u32>(pack2x16float(vec2<f32>(kr[k8], kr[k8 + 1u])),
+            pack2x16float(vec2<f32>(kr[k8 + 2u], kr[k8 + 3u])), pack2x16float(vec2<f32>(kr[k8 + 4u], kr[k8 + 5u])),
+            pack2x16float(vec2<f32>(kr[k8 + 6u], kr[k8 + 7u])));
+        v_cache[row] = vec4<u32>(pack2x16float(vec2<f32>(v[0], v[1])), pack2x16float(vec2<f32>(v[2], v[3])),
+            pack2x16float(vec2<f32>(v[4], v[5])), pack2x16float(vec2<f32>(v[6], v[7])));
     }
     // The new row is read back below by other invocations.
     storageBarrier();
@@ -181,7 +172,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         workgroupBarrier();
     }
 
-    // One position per invocation; its K row in 16-byte loads, four at a
+    // One position per invocation; its K row in 16-byte loads, eight at a
     // time (independent loads in flight instead of a chain of one).
     let t = start + lane.idx;
     var s = -3.0e38;
@@ -190,12 +181,17 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         let row = (kv_base + t * half_dim) / 4u;
         var d = vec4<f32>(0.0);
         var j = 0u;
-        for (; j + 3u < quads; j += 4u) {
-            let a = k_cache[row + j];
-            let b = k_cache[row + j + 1u];
-            let c = k_cache[row + j + 2u];
-            let e = k_cache[row + j + 3u];
-            d += vec4<f32>(dot8(a, j), dot8(b, j + 1u), dot8(c, j + 2u), dot8(e, j + 3u));
+        for (; j + 7u < quads; j += 8u) {
+            let k0 = k_cache[row + j];
+            let k1 = k_cache[row + j + 1u];
+            let k2 = k_cache[row + j + 2u];
+            let k3 = k_cache[row + j + 3u];
+            let k4 = k_cache[row + j + 4u];
+            let k5 = k_cache[row + j + 5u];
+            let k6 = k_cache[row + j + 6u];
+            let k7 = k_cache[row + j + 7u];
+            d += vec4<f32>(dot8(k0, j) + dot8(k4, j + 4u), dot8(k1, j + 1u) + dot8(k5, j + 5u),
+                           dot8(k2, j + 2u) + dot8(k6, j + 6u), dot8(k3, j + 3u) + dot8(k7, j + 7u));
         }
         for (; j < quads; j++) {
             d.x += dot8(k_cache[row + j], j);
@@ -220,23 +216,26 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
     if slice < n_slices {
-        // Four positions per iteration: four independent loads in flight.
+        // Eight positions per iteration: eight independent loads in flight.
         let vb = kv_base / 4u + i;
         var tt = start + slice;
-        for (; tt + 3u * n_slices < end; tt += 4u * n_slices) {
-            let t1 = tt + n_slices;
-            let t2 = t1 + n_slices;
-            let t3 = t2 + n_slices;
+        let ns = n_slices;
+        for (; tt + 7u * ns < end; tt += 8u * ns) {
             let v0 = v_cache[vb + tt * row_quads];
-            let v1 = v_cache[vb + t1 * row_quads];
-            let v2 = v_cache[vb + t2 * row_quads];
-            let v3 = v_cache[vb + t3 * row_quads];
-            let e0 = e_s[tt - start];
-            let e1 = e_s[t1 - start];
-            let e2 = e_s[t2 - start];
-            let e3 = e_s[t3 - start];
-            lo += e0 * lo4(v0) + e1 * lo4(v1) + e2 * lo4(v2) + e3 * lo4(v3);
-            hi += e0 * hi4(v0) + e1 * hi4(v1) + e2 * hi4(v2) + e3 * hi4(v3);
+            let v1 = v_cache[vb + (tt + ns) * row_quads];
+            let v2 = v_cache[vb + (tt + 2u * ns) * row_quads];
+            let v3 = v_cache[vb + (tt + 3u * ns) * row_quads];
+            let v4 = v_cache[vb + (tt + 4u * ns) * row_quads];
+            let v5 = v_cache[vb + (tt + 5u * ns) * row_quads];
+            let v6 = v_cache[vb + (tt + 6u * ns) * row_quads];
+            let v7 = v_cache[vb + (tt + 7u * ns) * row_quads];
+            let e = tt - start;
+            let ea = vec4<f32>(e_s[e], e_s[e + ns], e_s[e + 2u * ns], e_s[e + 3u * ns]);
+            let eb = vec4<f32>(e_s[e + 4u * ns], e_s[e + 5u * ns], e_s[e + 6u * ns], e_s[e + 7u * ns]);
+            lo += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
+                + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
+            hi += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
+                + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
         }
         for (; tt < end; tt += n_slices) {
             let v = v_cache[vb + tt * row_quads];
