@@ -603,6 +603,50 @@ impl Session {
         ))
     }
 
+    /// GPU time per step (microseconds) of `n` decode steps recorded back to
+    /// back in one submit, with no readbacks in between (timestamps at the
+    /// start of the first step and the end of the last): the GPU's own
+    /// rate, to set beside the rate a caller sees. Leaves the session as it
+    /// was (the steps' tokens and KV entries lie past its length). `None`
+    /// without timestamps.
+    #[doc(hidden)]
+    pub fn gpu_time_of_steps(&mut self, n: usize) -> Result<Option<f64>> {
+        let gpu = self.model.gpu.clone();
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) || n == 0 {
+            return Ok(None);
+        }
+        if self.pending.is_none() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.check_room(n)?;
+        self.discard_queued()?;
+        let ts = Timestamps::new(&gpu, "steps timestamps", 2);
+        let mut enc = self.encoder();
+        for i in 0..n {
+            let (first, last) = ((i == 0).then_some(0), (i + 1 == n).then_some(1));
+            let timestamp_writes =
+                (first.is_some() || last.is_some()).then_some(wgpu::ComputePassTimestampWrites {
+                    query_set: &ts.set,
+                    beginning_of_pass_write_index: first,
+                    end_of_pass_write_index: last,
+                });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward"),
+                timestamp_writes,
+            });
+            for l in self.forward.step_at(self.len + i) {
+                l.record(&mut pass, &self.model.kernels);
+            }
+        }
+        ts.resolve(&mut enc);
+        gpu.queue.submit([enc.finish()]);
+        let us = ts.intervals_us(&gpu)?;
+        // argmax_final advanced the GPU's position n times: put it back.
+        self.gpu_pos = usize::MAX;
+        self.discard_queued()?;
+        Ok(us.first().map(|t| t / n as f64))
+    }
+
     /// GPU time (microseconds, from timestamps at the start and end of one
     /// pass) of the step's launches for which `keep` is true, run in order
     /// without the others: how much a kind of kernel costs in sequence,

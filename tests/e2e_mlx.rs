@@ -192,4 +192,12 @@ fn timed_step_agrees() {
         }
     }
     assert_eq!(s.len(), exp.prompt_ids.len() + 3);
+    // Steps timed back to back leave the session where it was.
+    if let Some(us) = s.gpu_time_of_steps(5).unwrap() {
+        assert!(us > 0.0 && us < 1e9, "{us}");
+    }
+    assert_eq!(s.len(), exp.prompt_ids.len() + 3);
+    for want in &exp.generated_ids[4..7] {
+        assert_eq!(s.next_token().unwrap(), *want);
+    }
 }

@@ -158,17 +158,27 @@ fn int8_matvec_matches_cpu() {
         for &(rows, cols, tokens, prefill) in &shapes {
             let kernels = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some());
             // Rows per team, and split K at each of its workgroup sizes.
-            let layouts = std::iter::once((MatvecLayout::RowsPerTeam, kernels::MATVEC_WG))
-                .chain(kernels::SPLIT_K_WGS.map(|wg| (MatvecLayout::SplitK, wg)))
-                .filter(|(_, wg)| !prefill || *wg == kernels::MATVEC_WG)
-                .collect::<Vec<_>>();
-            for (kernel, (layout, wg)) in kernels.flat_map(|k| layouts.iter().map(move |l| (k, *l))) {
+            let split = kernels::SPLIT_K_WGS.map(|wg| (MatvecLayout::SplitK, wg, kernels::SPLIT_K_ROWS));
+            let layouts =
+                std::iter::once((MatvecLayout::RowsPerTeam, kernels::MATVEC_WG, kernels::MATVEC_ROWS))
+                    .chain(split)
+                    .filter(|(_, wg, _)| !prefill || *wg == kernels::MATVEC_WG)
+                    .collect::<Vec<_>>();
+            for (kernel, (layout, wg, rows_per_wg)) in
+                kernels.flat_map(|k| layouts.iter().map(move |l| (k, *l)))
+            {
                 let constants = move |k: Kernel| {
                     if prefill {
                         k.prefill_constants(layout)
                     } else {
                         let mut c = k.constants(layout);
-                        c.iter_mut().filter(|c| c.0 == "WG").for_each(|c| c.1 = wg as f64);
+                        for (name, v) in c.iter_mut() {
+                            match *name {
+                                "WG" => *v = wg as f64,
+                                "ROWS_PER_WG" => *v = rows_per_wg as f64,
+                                _ => {}
+                            }
+                        }
                         c
                     }
                 };
@@ -176,10 +186,9 @@ fn int8_matvec_matches_cpu() {
                 seed += 1;
                 let tokens_per_wg = if prefill { per_wg } else { 1 };
                 // The engine sizes the grid for the decode layout, also for prefill.
-                let res =
-                    matvec_case(&run, kernel, layout.rows_per_wg(), tokens_per_wg, rows, cols, tokens, seed);
+                let res = matvec_case(&run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, seed);
                 assert_matvec(
-                    &format!("{kernel:?} {layout:?} wg {wg} {rows}x{cols} prefill={prefill} sub={sub}"),
+                    &format!("{kernel:?} {layout:?} wg {wg} rows/wg {rows_per_wg} {rows}x{cols} prefill={prefill} sub={sub}"),
                     &res,
                 );
             }

@@ -64,9 +64,19 @@ fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
 }
 
+// The 4 int8 values of `w` as floats, exactly, without int-to-float
+// conversions (a quarter-rate instruction on many GPUs, and the bulk of
+// this kernel's arithmetic): byte u = q + 128 (the sign bit flipped) set
+// into the mantissa of 2^23 is the float 2^23 + u, and subtracting
+// 2^23 + 128 leaves q.
+fn i8x4(w: u32) -> vec4<f32> {
+    let u = w ^ 0x80808080u;
+    let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
+    return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
+}
+
 fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
-    return dot(vec4<f32>(unpack4xI8(wv.x)), x0) + dot(vec4<f32>(unpack4xI8(wv.y)), x1)
-        + dot(vec4<f32>(unpack4xI8(wv.z)), x2) + dot(vec4<f32>(unpack4xI8(wv.w)), x3);
+    return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);
 }
 
 // Partial sums of rows row0..row0+3 (rows past the end repeat the last
