@@ -46,9 +46,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("split wg128 r4".into(), MatvecLayout::SplitK, 128, 4),
         ("split wg256 r4".into(), MatvecLayout::SplitK, 256, 4),
         ("rows wg32 r4".into(), MatvecLayout::RowsPerTeam, 32, 4),
+        ("rows wg32 r8".into(), MatvecLayout::RowsPerTeam, 32, 8),
+        ("rows wg32 r16".into(), MatvecLayout::RowsPerTeam, 32, 16),
         ("rows wg64 r8".into(), MatvecLayout::RowsPerTeam, 64, 8),
+        ("rows wg64 r16".into(), MatvecLayout::RowsPerTeam, 64, 16),
         ("rows wg128 r16".into(), MatvecLayout::RowsPerTeam, 128, 16),
-        ("rows wg256 r32".into(), MatvecLayout::RowsPerTeam, 256, 32),
+        ("rows wg128 r32".into(), MatvecLayout::RowsPerTeam, 128, 32),
     ];
     let repeat = std::env::args()
         .collect::<Vec<_>>()
