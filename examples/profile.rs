@@ -32,6 +32,25 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
         warm.next_token()?;
     }
     drop(warm);
+    if let Some(n) = flag("--prefill") {
+        // One prompt batch of n tokens after the context, per kernel.
+        let ids: Vec<u32> = (0..n as u32).map(|i| (i * 104729) % vocab).collect();
+        let mut p = model.session_with_capacity(context + n + 16)?;
+        p.feed(&(0..context as u32).map(|i| (i * 7919) % vocab).collect::<Vec<_>>())?;
+        if let Some(prof) = p.profile_prefill(&ids)? {
+            let mut by: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+            for (k, us) in &prof {
+                let e = by.entry(format!("{k:?}")).or_default();
+                e.0 += 1;
+                e.1 += us[0];
+            }
+            let total: f64 = prof.iter().map(|p| p.1[0]).sum();
+            println!("prefill batch of {n} tokens after {context}: {} launches, {total:.0} us", prof.len());
+            for (k, (launches, us)) in by {
+                println!("{k:24} {launches:4} launches {us:10.0} us  ({:.1} us each)", us / launches as f64);
+            }
+        }
+    }
     let repeat = flag("--repeat").unwrap_or(1) as u32;
     let (prof, how) = match s.profile_gpu(repeat)? {
         Some(p) => (p, "GPU timestamps between launches"),

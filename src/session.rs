@@ -603,6 +603,44 @@ impl Session {
         ))
     }
 
+    /// Runs one prompt batch of `ids` (at most the batch size) through the
+    /// layers with a GPU timestamp after every launch and returns each
+    /// launch's GPU time (kernel, microseconds). `None` when the device
+    /// cannot time inside a pass. A diagnostic: appends the tokens to the
+    /// context like [`feed`](Self::feed) minus its last step (no pending
+    /// prediction is made).
+    #[doc(hidden)]
+    pub fn profile_prefill(&mut self, ids: &[u32]) -> Result<Option<LaunchTimes>> {
+        let gpu = self.model.gpu.clone();
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            return Ok(None);
+        }
+        check_prompt(ids, self.model.config.vocab_size)?;
+        self.check_room(ids.len())?;
+        let n = ids.len().min(self.bufs.batch);
+        self.discard_queued()?;
+        gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(&ids[..n]));
+        self.write_step_at(self.len, self.len + n);
+        let launches = &self.forward.prefill;
+        let ts = Timestamps::new(&gpu, "prefill timestamps", launches.len() as u32 + 1);
+        let mut enc = self.encoder();
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.write_timestamp(&ts.set, 0);
+            for (i, l) in launches.iter().enumerate() {
+                l.record_batch(&mut pass, &self.model.kernels, n as u32);
+                pass.write_timestamp(&ts.set, i as u32 + 1);
+            }
+        }
+        ts.resolve(&mut enc);
+        gpu.queue.submit([enc.finish()]);
+        let us = ts.intervals_us(&gpu)?;
+        self.len += n;
+        self.gpu_pos = self.len;
+        self.pending = None;
+        Ok(Some(launches.iter().zip(us).map(|(l, t)| (l.kernel, vec![t])).collect()))
+    }
+
     /// GPU time per step (microseconds) of `n` decode steps recorded back to
     /// back in one submit, with no readbacks in between (timestamps at the
     /// start of the first step and the end of the last): the GPU's own
