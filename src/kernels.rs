@@ -152,10 +152,17 @@ pub const MATVEC_ROWS: u32 = 8;
 pub const MATVEC_ROWS_PER_TEAM: u32 = 4;
 /// int8 values one lane reads per row and step (one `vec4<u32>`).
 pub const MATVEC_VALUES_PER_LANE: u32 = 16;
-/// Prompt tokens one prefill matvec workgroup multiplies at once (the
-/// WGSL `TOKENS` override of the prefill pipelines; at most the kernel's
-/// MAX_TOKENS).
+/// Prompt tokens one per-token prefill matvec workgroup multiplies at once
+/// (the WGSL `TOKENS` override of those prefill pipelines).
 pub const PREFILL_TOKENS_PER_WG: u32 = 4;
+/// Rows and prompt tokens of one `int8_matmul` tile (the tiled prefill
+/// pipelines: MM_ROWS and MM_TOKENS in its preamble); each invocation
+/// computes 2 rows x 2 tokens.
+pub const MATMUL_ROWS_PER_WG: u32 = 32;
+pub const MATMUL_TOKENS_PER_WG: u32 = 32;
+/// Workgroup size of `int8_matmul`.
+pub const MATMUL_WG: u32 = (MATMUL_ROWS_PER_WG / 2) * (MATMUL_TOKENS_PER_WG / 2);
+const _: () = assert!(MATMUL_WG <= 256 && MATMUL_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG));
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
 /// Workgroup sizes the split-K matvec pipelines are built with (see
@@ -319,6 +326,49 @@ impl Kernel {
             }
         }
         c
+    }
+
+    /// Whether prompt batches run this matvec variant through the tiled
+    /// `int8_matmul` rather than the per-token matvec (4 tokens per
+    /// workgroup). Tiled for the projections out of an RMSNorm (qkv,
+    /// gate/up: 4096 and 6144 rows in the 0.6B model, 128+ tiles of 32
+    /// rows); per token for those into the residual stream (o_proj, down:
+    /// `hidden` rows, 1024 in the 0.6B model, too few tiles to fill the GPU):
+    /// measured in BENCHMARKS.md.
+    pub fn prefill_tiled(self) -> bool {
+        matches!(self, Kernel::Int8MatvecNorm | Kernel::Int8MatvecNormSwiglu)
+    }
+
+    /// The tiled prefill pipeline's WGSL (`int8_matmul`) and override
+    /// constants, for the variants [`Kernel::prefill_tiled`] names. The tile
+    /// sizes and the quant group come in a `const` preamble: they size the
+    /// kernel's workgroup arrays.
+    pub fn matmul_source(self) -> Option<(String, Vec<(&'static str, f64)>)> {
+        let m = self.matvec_variant()?;
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        let src = format!(
+            "const MM_ROWS: u32 = {MATMUL_ROWS_PER_WG}u;\nconst MM_TOKENS: u32 = {MATMUL_TOKENS_PER_WG}u;\n\
+             const GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {MATMUL_WG}u;\n{}",
+            QUANT_GROUP / 4,
+            include_str!("../kernels/wgsl/int8_matmul.wgsl")
+        );
+        let constants = vec![
+            ("WG", MATMUL_WG as f64),
+            ("ACCUMULATE", flag(m.accumulate)),
+            ("NORM", flag(m.norm)),
+            ("SWIGLU", flag(m.swiglu)),
+        ];
+        Some((src, constants))
+    }
+
+    /// Tokens one workgroup of this kernel's prefill pipeline takes (grid
+    /// z counts groups of them).
+    pub fn prefill_tokens_per_wg(self) -> u32 {
+        match (self.matvec_variant(), self.prefill_tiled()) {
+            (Some(_), true) => MATMUL_TOKENS_PER_WG,
+            (Some(_), false) => PREFILL_TOKENS_PER_WG,
+            (None, _) => 1,
+        }
     }
 
     /// Full WGSL source: the reduction prelude for this device, the GPU
@@ -569,8 +619,8 @@ pub struct Kernels {
     /// default pipeline's bind-group layout.
     wide: Vec<(Kernel, u32, wgpu::ComputePipeline)>,
     /// Per kernel, the prefill pipeline where it differs from the decode one
-    /// (the matvecs, [`PREFILL_TOKENS_PER_WG`] tokens per workgroup; WGSL on
-    /// every backend, on the decode pipeline's bind-group layout).
+    /// (the matvecs: tiled or per token, see [`Kernel::prefill_tiled`]; WGSL
+    /// on every backend, on the decode pipeline's bind-group layout).
     prefill: Vec<Option<wgpu::ComputePipeline>>,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,
@@ -594,10 +644,24 @@ impl Kernels {
                 if k.matvec_variant().is_none() {
                     return Ok(None);
                 }
-                let constants = k.prefill_constants(matvec_layout);
-                let src = k.source(gpu.subgroups);
-                compile_for_layout(gpu, k.entry(), &src, k.entry(), k.bindings(), &constants, Some(&p.layout))
-                    .map(|(pipeline, _)| Some(pipeline))
+                let layout = Some(&p.layout);
+                let built = match k.matmul_source() {
+                    Some((src, constants)) if k.prefill_tiled() => compile_for_layout(
+                        gpu,
+                        "int8_matmul",
+                        &src,
+                        "int8_matmul",
+                        k.bindings(),
+                        &constants,
+                        layout,
+                    ),
+                    _ => {
+                        let constants = k.prefill_constants(matvec_layout);
+                        let src = k.source(gpu.subgroups);
+                        compile_for_layout(gpu, k.entry(), &src, k.entry(), k.bindings(), &constants, layout)
+                    }
+                };
+                built.map(|(pipeline, _)| Some(pipeline))
             })
             .collect::<Result<_>>()?;
         let mut wide = Vec::new();
@@ -678,6 +742,10 @@ pub struct Launch {
     pub workgroups: [u32; 3],
     /// Workgroup size of the decode pipeline (see [`Kernels::decode_pipeline`]).
     pub workgroup_size: u32,
+    /// The prefill pipeline's grid for one group of
+    /// [`Kernel::prefill_tokens_per_wg`] tokens (the tiled matvecs: one
+    /// workgroup per [`MATMUL_ROWS_PER_WG`] rows).
+    pub prefill_workgroups: [u32; 3],
 }
 
 impl Launch {
@@ -701,7 +769,13 @@ impl Launch {
             layout: &p.layout,
             entries: &entries,
         });
-        Launch { kernel, bind_group, workgroups, workgroup_size: kernel.workgroup_size() }
+        Launch {
+            kernel,
+            bind_group,
+            workgroups,
+            workgroup_size: kernel.workgroup_size(),
+            prefill_workgroups: workgroups,
+        }
     }
 
     /// Records the launch for one token (the decode step).
@@ -714,13 +788,15 @@ impl Launch {
     /// as the token's index in the batch (a matvec's prefill pipeline as
     /// the index of its group of [`PREFILL_TOKENS_PER_WG`] tokens).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
-        let (pipeline, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
-            (true, Some(p)) => (p, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
-            _ => (kernels.decode_pipeline(self.kernel, self.workgroup_size), tokens),
+        let (pipeline, grid, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
+            (true, Some(p)) => {
+                (p, self.prefill_workgroups, tokens.div_ceil(self.kernel.prefill_tokens_per_wg()))
+            }
+            _ => (kernels.decode_pipeline(self.kernel, self.workgroup_size), self.workgroups, tokens),
         };
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2] * z);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2] * z);
     }
 }
 

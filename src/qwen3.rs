@@ -25,7 +25,7 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK, WG};
+use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::{padded, SessionBuffers};
 
@@ -265,6 +265,9 @@ impl Builder<'_> {
                 let groups = (c.rows as u32).div_ceil(layout.rows_per_wg());
                 let mut l = self.launch(kernel, bytes_of(&p), &bufs, grid(groups))?;
                 l.workgroup_size = layout.workgroup_size(w.k_words);
+                if kernel.prefill_tiled() {
+                    l.prefill_workgroups = grid((c.rows as u32).div_ceil(MATMUL_ROWS_PER_WG));
+                }
                 Ok(l)
             })
             .collect()

@@ -26,7 +26,7 @@ pub const DEFAULT_LOOKAHEAD: usize = 4;
 /// Prompt tokens run through the layers together (one launch per kernel
 /// for the whole batch; the activation buffers hold this many rows).
 pub const PREFILL_BATCH: usize = 64;
-const _: () = assert!(PREFILL_BATCH.is_multiple_of(crate::kernels::PREFILL_TOKENS_PER_WG as usize));
+const _: () = assert!(PREFILL_BATCH.is_multiple_of(crate::kernels::MATMUL_TOKENS_PER_WG as usize));
 
 /// Buffers of one session.
 pub struct SessionBuffers {
@@ -73,9 +73,10 @@ impl SessionBuffers {
         let kv_words = cfg.num_key_value_heads * capacity * cfg.head_dim / 2;
         let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
         // Short contexts need no more rows than they have, rounded up to
-        // the prefill matvec's tokens per workgroup (it writes whole groups).
+        // the tiled prefill matvec's tokens per workgroup (it reads and
+        // writes whole tiles; the per-token one's groups divide them).
         let batch =
-            PREFILL_BATCH.min(capacity.next_multiple_of(crate::kernels::PREFILL_TOKENS_PER_WG as usize));
+            PREFILL_BATCH.min(capacity.next_multiple_of(crate::kernels::MATMUL_TOKENS_PER_WG as usize));
         let rows = |n: usize| batch * padded(n);
         Ok(SessionBuffers {
             capacity,

@@ -65,15 +65,29 @@ fn dispatch_with(
     storage: &[Vec<u8>],
     grid: [u32; 3],
 ) -> Vec<Vec<u8>> {
-    let (pipeline, layout) = kernels::compile(
+    dispatch_source(
         gpu,
-        kernel.entry(),
-        &kernel.source(subgroups),
-        kernel.entry(),
-        kernel.bindings(),
+        kernel,
+        (kernel.source(subgroups), kernel.entry()),
         constants,
+        uniforms,
+        storage,
+        grid,
     )
-    .expect("kernel compiles");
+}
+
+/// [`dispatch_with`] for an explicit (source, entry point).
+fn dispatch_source(
+    gpu: &Gpu,
+    kernel: Kernel,
+    (source, entry): (String, &str),
+    constants: &[(&str, f64)],
+    uniforms: &[&[u8]],
+    storage: &[Vec<u8>],
+    grid: [u32; 3],
+) -> Vec<Vec<u8>> {
+    let (pipeline, layout) =
+        kernels::compile(gpu, entry, &source, entry, kernel.bindings(), constants).expect("kernel compiles");
     let (mut u, mut s) = (uniforms.iter(), storage.iter());
     let bufs: Vec<(Bind, wgpu::Buffer, usize)> = kernel
         .bindings()
@@ -125,13 +139,29 @@ fn wgsl_run<'a>(
     constants: impl Fn(Kernel) -> Vec<(&'static str, f64)> + 'a,
 ) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
     move |k, grid, buffers| {
-        let binds = k.bindings();
-        let uniforms: Vec<&[u8]> =
-            buffers.iter().zip(binds).filter(|(_, b)| **b == Bind::Uniform).map(|(d, _)| &d[..]).collect();
-        let storage: Vec<Vec<u8>> =
-            buffers.iter().zip(binds).filter(|(_, b)| **b != Bind::Uniform).map(|(d, _)| d.clone()).collect();
-        dispatch_with(gpu, k, subgroups, &constants(k), &uniforms, &storage, grid)
+        let (uniforms, storage) = split_buffers(k, buffers);
+        let source = (k.source(subgroups), k.entry());
+        dispatch_source(gpu, k, source, &constants(k), &uniforms, &storage, grid)
     }
+}
+
+/// [`wgsl_run`] over the matvec variants' tiled prefill kernel (int8_matmul).
+fn matmul_run(gpu: &Gpu) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + '_ {
+    move |k, grid, buffers| {
+        let (uniforms, storage) = split_buffers(k, buffers);
+        let (source, constants) = k.matmul_source().expect("a matvec variant");
+        dispatch_source(gpu, k, (source, "int8_matmul"), &constants, &uniforms, &storage, grid)
+    }
+}
+
+/// A kernel's buffers (in binding order) split into uniforms and storage.
+fn split_buffers(k: Kernel, buffers: &[Vec<u8>]) -> (Vec<&[u8]>, Vec<Vec<u8>>) {
+    let binds = k.bindings();
+    let uniforms =
+        buffers.iter().zip(binds).filter(|(_, b)| **b == Bind::Uniform).map(|(d, _)| &d[..]).collect();
+    let storage =
+        buffers.iter().zip(binds).filter(|(_, b)| **b != Bind::Uniform).map(|(d, _)| d.clone()).collect();
+    (uniforms, storage)
 }
 
 #[test]
@@ -192,6 +222,27 @@ fn int8_matvec_matches_cpu() {
                     &res,
                 );
             }
+        }
+    }
+}
+
+/// The tiled prefill kernel (int8_matmul, tiles of 32 rows x 32 tokens) in
+/// every epilogue: row counts not multiples of the tile (and odd ones), one
+/// and two token tiles, K of 1 to 32 quant groups.
+#[test]
+fn int8_matmul_matches_cpu() {
+    let gpu = gpu();
+    let run = matmul_run(&gpu);
+    let per_wg = kernels::MATMUL_TOKENS_PER_WG as usize;
+    let mut seed = 100;
+    for &(rows, cols, tokens) in
+        &[(6, 96, per_wg), (66, 1000, 2 * per_wg), (130, 64, per_wg), (40, 2048, per_wg)]
+    {
+        for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+            seed += 1;
+            let res =
+                matvec_case(&run, kernel, kernels::MATMUL_ROWS_PER_WG, per_wg, rows, cols, tokens, seed);
+            assert_matvec(&format!("int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
         }
     }
 }
@@ -374,8 +425,9 @@ fn attention_step_matches_cpu() {
 #[test]
 fn wgsl_bindings_match_the_kernel_table() {
     for k in Kernel::ALL {
-        for sub in [true, false] {
-            let module = naga::front::wgsl::parse_str(&k.source(sub)).expect("parses");
+        let matmul = k.matmul_source().map(|(src, _)| src);
+        for src in [k.source(true), k.source(false)].into_iter().chain(matmul) {
+            let module = naga::front::wgsl::parse_str(&src).expect("parses");
             let mut found: Vec<(u32, Bind)> = module
                 .global_variables
                 .iter()
