@@ -160,6 +160,10 @@ pub const PREFILL_TOKENS_PER_WG: u32 = 4;
 /// computes 2 rows x 2 tokens.
 pub const MATMUL_ROWS_PER_WG: u32 = 32;
 pub const MATMUL_TOKENS_PER_WG: u32 = 32;
+/// What the two int8 matrix kernels share (params, bindings, flags, the
+/// int8-to-float conversion), prepended to each.
+const INT8_COMMON: &str = include_str!("../kernels/wgsl/int8_common.wgsl");
+
 /// Workgroup size of `int8_matmul`.
 pub const MATMUL_WG: u32 = (MATMUL_ROWS_PER_WG / 2) * (MATMUL_TOKENS_PER_WG / 2);
 const _: () = assert!(MATMUL_WG <= 256 && MATMUL_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG));
@@ -348,7 +352,7 @@ impl Kernel {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         let src = format!(
             "const MM_ROWS: u32 = {MATMUL_ROWS_PER_WG}u;\nconst MM_TOKENS: u32 = {MATMUL_TOKENS_PER_WG}u;\n\
-             const GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {MATMUL_WG}u;\n{}",
+             const GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {MATMUL_WG}u;\n{INT8_COMMON}\n{}",
             QUANT_GROUP / 4,
             include_str!("../kernels/wgsl/int8_matmul.wgsl")
         );
@@ -373,7 +377,8 @@ impl Kernel {
 
     /// Full WGSL source: the reduction prelude for this device, the GPU
     /// decode state's `Step` struct (shared by the kernels that read it),
-    /// then the kernel.
+    /// for the matvec variants what they share with `int8_matmul`, then the
+    /// kernel.
     pub fn source(self, subgroups: bool) -> String {
         let prelude = if subgroups {
             include_str!("../kernels/wgsl/prelude_subgroup.wgsl")
@@ -381,7 +386,8 @@ impl Kernel {
             include_str!("../kernels/wgsl/prelude_workgroup.wgsl")
         };
         let step = include_str!("../kernels/wgsl/step.wgsl");
-        format!("{prelude}\n{step}\n{}", self.wgsl())
+        let int8 = if self.matvec_variant().is_some() { INT8_COMMON } else { "" };
+        format!("{prelude}\n{step}\n{int8}\n{}", self.wgsl())
     }
 }
 

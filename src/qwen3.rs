@@ -109,10 +109,13 @@ impl Forward {
     /// The decode step at position `pos`, in order.
     pub fn step_at(&self, pos: usize) -> impl Iterator<Item = &Launch> + '_ {
         let one_chunk = pos < ATTENTION_CHUNK as usize;
-        self.step.iter().flat_map(move |l| match l {
-            StepLaunch::Always(l) => vec![l],
-            StepLaunch::Attention { direct, .. } if one_chunk => vec![direct],
-            StepLaunch::Attention { chunks, reduce, .. } => vec![chunks, reduce],
+        self.step.iter().flat_map(move |l| {
+            let (first, then) = match l {
+                StepLaunch::Always(l) => (l, None),
+                StepLaunch::Attention { direct, .. } if one_chunk => (direct, None),
+                StepLaunch::Attention { chunks, reduce, .. } => (chunks, Some(reduce)),
+            };
+            std::iter::once(first).chain(then)
         })
     }
 }

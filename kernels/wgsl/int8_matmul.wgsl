@@ -10,30 +10,10 @@
 // MM_TOKENS tokens, each input once per MM_ROWS rows: the per-token matvec
 // re-reads the inputs for every 4 rows, which is what bounds it on a batch.
 // Same bindings, params and epilogues (ACCUMULATE, NORM, SWIGLU; token t's
-// inputs at x[t * k_words ..], outputs at y[t * y_stride ..]) as int8_matvec.
+// inputs at x[t * k_words ..], outputs at y[t * y_stride ..]) as int8_matvec:
+// int8_common.wgsl, prepended by Rust.
 // Preamble (from Rust): MM_ROWS, MM_TOKENS, GROUP_WORDS (u32 words per quant
 // group), with (MM_ROWS / 2) * (MM_TOKENS / 2) == WG.
-
-struct Params {
-    rows: u32,
-    k_words: u32,
-    groups: u32,
-    row_offset: u32,
-    n_in: u32,
-    eps: f32,
-    y_stride: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> scales: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
-
-override NORM: bool = false;
-override ACCUMULATE: bool = false;
-override SWIGLU: bool = false;
 
 const ROW_PAIRS: u32 = MM_ROWS / 2u;
 const TOKEN_PAIRS: u32 = MM_TOKENS / 2u;
@@ -48,17 +28,6 @@ var<workgroup> w_odd: array<vec4<f32>, ROW_PAIRS * STRIDE>;
 var<workgroup> x_s: array<vec4<f32>, MM_TOKENS * CHUNK>;
 // NORM: per-invocation sums of x^2, then per token.
 var<workgroup> ss_s: array<f32, MM_TOKENS * CHUNK>;
-
-fn silu(g: f32) -> f32 {
-    return g / (1.0 + exp(-g));
-}
-
-// The 4 int8 values of `v` as floats (see int8_matvec's i8x4).
-fn i8x4(v: u32) -> vec4<f32> {
-    let u = v ^ 0x80808080u;
-    let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
-    return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
-}
 
 // Token `t`'s output for row `r` of the tile (rows past the matrix are
 // skipped); SWIGLU: `r` is a gate row, `r + 1` its up row.

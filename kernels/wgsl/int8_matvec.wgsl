@@ -24,56 +24,21 @@
 //
 // Batched (prefill): workgroup z applies the matrix to TOKENS consecutive
 // tokens t = z * TOKENS + i, inputs x[t * k_words ..], outputs
-// y[t * y_stride ..]. With TOKENS > 1 (the prefill pipelines) each weight
-// quad is loaded once for all of them: a matrix-matrix product whose
-// weight traffic is 1 / TOKENS of the per-token one. Decode runs TOKENS = 1
-// and z = 0 only.
-
-struct Params {
-    rows: u32,       // rows in this launch (a chunk of the matrix)
-    k_words: u32,    // padded row length / 4 (a multiple of 4)
-    groups: u32,     // scales per row
-    row_offset: u32, // first output element written (SWIGLU: first matrix row)
-    n_in: u32,       // NORM: elements of x (the padding is zero)
-    eps: f32,        // NORM: rms_norm_eps
-    y_stride: u32,   // elements between consecutive tokens' outputs (batched)
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> scales: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-// NORM: the norm weight, zero-padded to k_words * 4 (otherwise unused).
-@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
+// y[t * y_stride ..]. With TOKENS > 1 (the prefill pipelines of the
+// ACCUMULATE variant; int8_matmul.wgsl serves the others) each weight quad
+// is loaded once for all of them. Decode runs TOKENS = 1 and z = 0 only.
+//
+// Params, bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
+// int8_common.wgsl, prepended by Rust.
 
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
 override GROUP_WORDS: u32 = 16u;
 // Rows per workgroup (a multiple of 4), set from Rust.
 override ROWS_PER_WG: u32 = 8u;
 override SPLIT_K: bool = false;
-override NORM: bool = false;
-// true: y += W x (fused residual add); false: y = W x.
-override ACCUMULATE: bool = false;
-override SWIGLU: bool = false;
 // Tokens per workgroup: 1 (decode) or 4 (the prefill pipelines, rows per
 // team only), set from Rust.
 override TOKENS: u32 = 1u;
-
-fn silu(g: f32) -> f32 {
-    return g / (1.0 + exp(-g));
-}
-
-// The 4 int8 values of `w` as floats, exactly, without int-to-float
-// conversions (a quarter-rate instruction on many GPUs, and the bulk of
-// this kernel's arithmetic): byte u = q + 128 (the sign bit flipped) set
-// into the mantissa of 2^23 is the float 2^23 + u, and subtracting
-// 2^23 + 128 leaves q.
-fn i8x4(w: u32) -> vec4<f32> {
-    let u = w ^ 0x80808080u;
-    let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
-    return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
-}
 
 fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
     return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);

@@ -1,0 +1,44 @@
+// What int8_matvec (decode steps) and int8_matmul (prompt batches) share:
+// one bind-group layout and params struct (a launch's bind group serves
+// both pipelines), the epilogue flags, and the int8-to-float conversion.
+// Prepended to both by Rust.
+
+struct Params {
+    rows: u32,       // rows in this launch (a chunk of the matrix)
+    k_words: u32,    // padded row length / 4 (a multiple of 4)
+    groups: u32,     // scales per row
+    row_offset: u32, // first output element written (SWIGLU: first matrix row)
+    n_in: u32,       // NORM: elements of x (the padding is zero)
+    eps: f32,        // NORM: rms_norm_eps
+    y_stride: u32,   // elements between consecutive tokens' outputs (batched)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> scales: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+// NORM: the norm weight, zero-padded to k_words * 4 (otherwise unused).
+@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
+
+// x' = x * rsqrt(mean(x^2) + eps) * norm_w instead of x.
+override NORM: bool = false;
+// true: y += W x' (fused residual add); false: y = W x'.
+override ACCUMULATE: bool = false;
+// Rows interleave gate (2i) and up (2i + 1): y[i] = silu(gate_i) * up_i.
+override SWIGLU: bool = false;
+
+fn silu(g: f32) -> f32 {
+    return g / (1.0 + exp(-g));
+}
+
+// The 4 int8 values of `v` as floats, exactly, without int-to-float
+// conversions (a quarter-rate instruction on many GPUs, and the bulk of a
+// matvec's arithmetic): byte u = q + 128 (the sign bit flipped) set into
+// the mantissa of 2^23 is the float 2^23 + u, and subtracting 2^23 + 128
+// leaves q.
+fn i8x4(v: u32) -> vec4<f32> {
+    let u = v ^ 0x80808080u;
+    let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
+    return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
+}
