@@ -332,9 +332,9 @@ impl Kernel {
         c
     }
 
-    /// Whether prompt batches run this matvec variant through the tiled
-    /// `int8_matmul` rather than the per-token matvec (4 tokens per
-    /// workgroup). Tiled for the projections out of an RMSNorm (qkv,
+    /// Whether prompt batches of a tile or more run this matvec variant
+    /// through the tiled `int8_matmul` rather than the per-token matvec (4
+    /// tokens per workgroup). Tiled for the projections out of an RMSNorm (qkv,
     /// gate/up: 4096 and 6144 rows in the 0.6B model, 128+ tiles of 32
     /// rows); per token for those into the residual stream (o_proj, down:
     /// `hidden` rows, 1024 in the 0.6B model, too few tiles to fill the GPU):
@@ -363,16 +363,6 @@ impl Kernel {
             ("SWIGLU", flag(m.swiglu)),
         ];
         Some((src, constants))
-    }
-
-    /// Tokens one workgroup of this kernel's prefill pipeline takes (grid
-    /// z counts groups of them).
-    pub fn prefill_tokens_per_wg(self) -> u32 {
-        match (self.matvec_variant(), self.prefill_tiled()) {
-            (Some(_), true) => MATMUL_TOKENS_PER_WG,
-            (Some(_), false) => PREFILL_TOKENS_PER_WG,
-            (None, _) => 1,
-        }
     }
 
     /// Full WGSL source: the reduction prelude for this device, the GPU
@@ -617,6 +607,16 @@ pub fn compile_msl(
         .unwrap_or_else(|_| Err(fail("the Metal backend panicked while building the pipeline".into())))
 }
 
+/// A matvec variant's pipelines for prompt batches.
+struct PrefillPipelines {
+    /// [`PREFILL_TOKENS_PER_WG`] tokens per workgroup, on the decode grid.
+    per_token: wgpu::ComputePipeline,
+    /// `int8_matmul`, for the variants [`Kernel::prefill_tiled`] names, used
+    /// for batches that fill a tile (smaller ones would compute a whole
+    /// tile of [`MATMUL_TOKENS_PER_WG`] tokens for a few).
+    tiled: Option<wgpu::ComputePipeline>,
+}
+
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
@@ -624,10 +624,10 @@ pub struct Kernels {
     /// workgroup sizes of [`SPLIT_K_WGS`] (kernel, size, pipeline), on the
     /// default pipeline's bind-group layout.
     wide: Vec<(Kernel, u32, wgpu::ComputePipeline)>,
-    /// Per kernel, the prefill pipeline where it differs from the decode one
-    /// (the matvecs: tiled or per token, see [`Kernel::prefill_tiled`]; WGSL
-    /// on every backend, on the decode pipeline's bind-group layout).
-    prefill: Vec<Option<wgpu::ComputePipeline>>,
+    /// Per kernel, the prefill pipelines where they differ from the decode
+    /// one (the matvecs; WGSL on every backend, on the decode pipeline's
+    /// bind-group layout).
+    prefill: Vec<Option<PrefillPipelines>>,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,
     /// Where the kernels with an MSL twin came from.
@@ -651,23 +651,18 @@ impl Kernels {
                     return Ok(None);
                 }
                 let layout = Some(&p.layout);
-                let built = match k.matmul_source() {
-                    Some((src, constants)) if k.prefill_tiled() => compile_for_layout(
-                        gpu,
-                        "int8_matmul",
-                        &src,
-                        "int8_matmul",
-                        k.bindings(),
-                        &constants,
-                        layout,
-                    ),
-                    _ => {
-                        let constants = k.prefill_constants(matvec_layout);
-                        let src = k.source(gpu.subgroups);
-                        compile_for_layout(gpu, k.entry(), &src, k.entry(), k.bindings(), &constants, layout)
+                let constants = k.prefill_constants(matvec_layout);
+                let src = k.source(gpu.subgroups);
+                let (per_token, _) =
+                    compile_for_layout(gpu, k.entry(), &src, k.entry(), k.bindings(), &constants, layout)?;
+                let tiled = match k.matmul_source() {
+                    Some((src, constants)) if k.prefill_tiled() => {
+                        let entry = "int8_matmul";
+                        Some(compile_for_layout(gpu, entry, &src, entry, k.bindings(), &constants, layout)?.0)
                     }
+                    _ => None,
                 };
-                built.map(|(pipeline, _)| Some(pipeline))
+                Ok(Some(PrefillPipelines { per_token, tiled }))
             })
             .collect::<Result<_>>()?;
         let mut wide = Vec::new();
@@ -748,9 +743,9 @@ pub struct Launch {
     pub workgroups: [u32; 3],
     /// Workgroup size of the decode pipeline (see [`Kernels::decode_pipeline`]).
     pub workgroup_size: u32,
-    /// The prefill pipeline's grid for one group of
-    /// [`Kernel::prefill_tokens_per_wg`] tokens (the tiled matvecs: one
-    /// workgroup per [`MATMUL_ROWS_PER_WG`] rows).
+    /// The tiled prefill pipeline's grid for one tile of
+    /// [`MATMUL_TOKENS_PER_WG`] tokens (one workgroup per
+    /// [`MATMUL_ROWS_PER_WG`] rows); see [`Kernel::prefill_tiled`].
     pub prefill_workgroups: [u32; 3],
 }
 
@@ -791,13 +786,17 @@ impl Launch {
 
     /// Records the launch for `tokens` consecutive tokens (batched
     /// prefill): the grid's z dimension, which every batched kernel reads
-    /// as the token's index in the batch (a matvec's prefill pipeline as
-    /// the index of its group of [`PREFILL_TOKENS_PER_WG`] tokens).
+    /// as the token's index in the batch (a matvec's prefill pipelines as
+    /// the index of its group of [`PREFILL_TOKENS_PER_WG`] tokens, or of its
+    /// tile of [`MATMUL_TOKENS_PER_WG`] for a batch that fills one).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
         let (pipeline, grid, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
-            (true, Some(p)) => {
-                (p, self.prefill_workgroups, tokens.div_ceil(self.kernel.prefill_tokens_per_wg()))
-            }
+            (true, Some(pp)) => match &pp.tiled {
+                Some(tiled) if tokens >= MATMUL_TOKENS_PER_WG => {
+                    (tiled, self.prefill_workgroups, tokens.div_ceil(MATMUL_TOKENS_PER_WG))
+                }
+                _ => (&pp.per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
+            },
             _ => (kernels.decode_pipeline(self.kernel, self.workgroup_size), self.workgroups, tokens),
         };
         pass.set_pipeline(pipeline);
