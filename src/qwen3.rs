@@ -85,7 +85,7 @@ struct EmbedParams {
 
 /// One launch of the decode step, or the attention of one layer, whose
 /// launches depend on the step's position.
-pub enum StepLaunch {
+enum StepLaunch {
     Always(Launch),
     /// `direct` when the context (position + 1) fits one chunk of
     /// [`ATTENTION_CHUNK`] positions; otherwise `chunks`, then `reduce`.
@@ -148,15 +148,16 @@ pub fn forward(
         // batch first, then attention.
         prefill.extend(qkv.iter().cloned());
         prefill.push(b.qk_norm_rope(norms, l)?);
+        let reduce = b.attention_reduce()?; // the same launch for both
         prefill.push(b.attention(Kernel::AttentionPartial, norms, l)?);
-        prefill.push(b.attention_reduce()?);
+        prefill.push(reduce.clone());
         prefill.extend(mlp.iter().cloned());
         // A decode step: the norm and RoPE folded into attention.
         step.extend(always(qkv));
         step.push(StepLaunch::Attention {
             direct: b.attention(Kernel::AttentionStepDirect, norms, l)?,
             chunks: b.attention(Kernel::AttentionStep, norms, l)?,
-            reduce: b.attention_reduce()?,
+            reduce,
         });
         step.extend(always(mlp));
     }

@@ -9,7 +9,8 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_step_case, matvec_case, qk_norm_rope_case, step,
+    attention_step_case, matvec_case, qk_norm_rope_case, step, ATTENTION_SHAPES,
+    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, WG};
@@ -356,15 +357,7 @@ fn qk_norm_rope_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(6);
     for sub in variants(&gpu) {
         let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
-        // (heads, kv heads, head_dim, capacity, first position, tokens)
-        for shape in [
-            (4, 2, 64, 8, 5, 1),
-            (16, 8, 128, 40, 37, 3), // a batch: positions 37, 38, 39
-            (3, 1, 32, 4, 0, 1),
-            (8, 8, 128, 3000, 2999, 1),
-            (2, 1, 64, 4, 4, 1), // a step queued past the capacity writes nothing
-            (2, 1, 64, 4, 2, 3), // a batch whose last token lies past the capacity
-        ] {
+        for shape in QK_NORM_ROPE_SHAPES {
             qk_norm_rope_case(&run, shape, &mut rng);
         }
     }
@@ -376,19 +369,7 @@ fn attention_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(7);
     for sub in variants(&gpu) {
         let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
-        // (heads, kv heads, head_dim, capacity, context of the first token, tokens)
-        for shape in [
-            (4, 2, 64, 16, 1, 1),
-            (4, 1, 64, 300, 300, 1),
-            (16, 8, 128, 64, 33, 1),
-            (3, 3, 32, 600, 517, 1),
-            (2, 1, 128, 1100, 1025, 1),
-            (2, 1, 40, 300, 257, 1), // an odd number of 8-value K loads per row
-            (3, 1, 8, 20, 13, 1),
-            (4, 2, 64, 1100, 100, 1), // four chunks past the context (their acc stays poisoned)
-            (4, 2, 64, 600, 250, 9),  // a causal batch: contexts 250..258, across a chunk edge
-            (2, 2, 32, 16, 1, 5),     // a batch from the first position
-        ] {
+        for shape in ATTENTION_SHAPES {
             attention_case(&run, shape, &mut rng);
         }
     }
@@ -400,21 +381,10 @@ fn attention_step_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(11);
     for sub in variants(&gpu) {
         let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
-        // (heads, kv heads, head_dim, capacity, position)
-        for shape in [
-            (4, 2, 64, 16, 0),
-            (16, 8, 128, 300, 255), // the last position one chunk holds
-            (3, 1, 40, 20, 13),
-            (2, 2, 32, 256, 100),
-        ] {
+        for shape in ATTENTION_STEP_DIRECT_SHAPES {
             attention_step_case(&run, Kernel::AttentionStepDirect, shape, &mut rng);
         }
-        for shape in [
-            (16, 8, 128, 600, 256), // the first position of the second chunk
-            (4, 2, 64, 1100, 700),
-            (2, 1, 40, 300, 299), // the last position of the capacity
-            (4, 1, 64, 300, 5),   // chunks past the context
-        ] {
+        for shape in ATTENTION_STEP_CHUNKED_SHAPES {
             attention_step_case(&run, Kernel::AttentionStep, shape, &mut rng);
         }
     }

@@ -10,7 +10,8 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_step_case, matvec_case, qk_norm_rope_case, to_u32, u32s,
+    attention_step_case, matvec_case, qk_norm_rope_case, to_u32, u32s, ATTENTION_SHAPES,
+    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::{argmax_ref, f32s, nonzero, poisoned};
 use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
@@ -418,18 +419,10 @@ fn msl_argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
 fn msl_qk_norm_rope_matches_cpu() {
     let run = msl_run(&[]);
     let mut rng = StdRng::seed_from_u64(6);
-    // (heads, kv heads, head_dim, capacity, first position, tokens)
-    for shape in [
-        (16, 8, 128, 4096, 3999, 1),
-        (16, 8, 128, 4096, 0, 1),
-        (16, 8, 128, 4096, 100, 4), // a Qwen3-0.6B batch
-        (4, 2, 64, 8, 5, 1),
-        (16, 8, 128, 40, 37, 3), // a batch: positions 37, 38, 39
-        (3, 1, 32, 4, 0, 1),
-        (8, 8, 128, 3000, 2999, 1),
-        (2, 1, 64, 4, 4, 1), // a step queued past the capacity writes nothing
-        (2, 1, 64, 4, 2, 3), // a batch whose last token lies past the capacity
-    ] {
+    // Qwen3-0.6B (heads, kv heads, head_dim, capacity, first position,
+    // tokens), then the shared awkward shapes.
+    let qwen = [(16, 8, 128, 4096, 3999, 1), (16, 8, 128, 4096, 0, 1), (16, 8, 128, 4096, 100, 4)];
+    for shape in qwen.into_iter().chain(QK_NORM_ROPE_SHAPES) {
         qk_norm_rope_case(&run, shape, &mut rng);
     }
 }
@@ -441,21 +434,15 @@ fn msl_qk_norm_rope_matches_cpu() {
 fn msl_attention_matches_cpu() {
     let run = msl_run(&[]);
     let mut rng = StdRng::seed_from_u64(7);
-    // (heads, kv heads, head_dim, capacity, context of the first token, tokens)
-    for shape in [
+    // Qwen3-0.6B (heads, kv heads, head_dim, capacity, context of the first
+    // token, tokens), then the shared awkward shapes.
+    let qwen = [
         (16, 8, 128, 4096, 1, 1),
         (16, 8, 128, 4096, 300, 1),
         (16, 8, 128, 4096, 4000, 1),
-        (16, 8, 128, 4096, 255, 3), // a Qwen3-0.6B batch: contexts 255..257, across a chunk edge
-        (4, 2, 64, 16, 1, 1),
-        (4, 1, 64, 300, 300, 1),
-        (3, 3, 32, 600, 517, 1),
-        (2, 1, 128, 1100, 1025, 1),
-        (8, 4, 64, 333, 290, 1),
-        (2, 1, 40, 300, 257, 1), // an odd number of 8-value K loads per row
-        (4, 2, 64, 600, 250, 9), // a causal batch: contexts 250..258, across a chunk edge
-        (2, 2, 32, 16, 1, 5),    // a batch from the first position
-    ] {
+        (16, 8, 128, 4096, 255, 3), // a batch: contexts 255..257, across a chunk edge
+    ];
+    for shape in qwen.into_iter().chain(ATTENTION_SHAPES) {
         attention_case(&run, shape, &mut rng);
     }
 }
@@ -467,11 +454,15 @@ fn msl_attention_matches_cpu() {
 fn msl_attention_step_matches_cpu() {
     let run = msl_run(&[]);
     let mut rng = StdRng::seed_from_u64(11);
-    // (heads, kv heads, head_dim, capacity, position)
-    for shape in [(16, 8, 128, 4096, 0), (16, 8, 128, 4096, 255), (3, 1, 40, 20, 13), (2, 2, 32, 256, 100)] {
+    // Qwen3-0.6B (heads, kv heads, head_dim, capacity, position), then the
+    // shared awkward shapes.
+    for shape in
+        [(16, 8, 128, 4096, 0), (16, 8, 128, 4096, 255)].into_iter().chain(ATTENTION_STEP_DIRECT_SHAPES)
+    {
         attention_step_case(&run, Kernel::AttentionStepDirect, shape, &mut rng);
     }
-    for shape in [(16, 8, 128, 4096, 256), (16, 8, 128, 4096, 4000), (2, 1, 40, 300, 299), (4, 1, 64, 300, 5)]
+    for shape in
+        [(16, 8, 128, 4096, 256), (16, 8, 128, 4096, 4000)].into_iter().chain(ATTENTION_STEP_CHUNKED_SHAPES)
     {
         attention_step_case(&run, Kernel::AttentionStep, shape, &mut rng);
     }

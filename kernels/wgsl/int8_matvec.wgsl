@@ -44,57 +44,6 @@ fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
     return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);
 }
 
-// Partial sums of rows row0..row0+3 (rows past the end repeat the last
-// row; store4 drops their results) over the quads (16 values) j = first,
-// first + stride, ...; `ss`: the partial sum of x^2 (NORM).
-struct Partial {
-    acc: vec4<f32>,
-    ss: vec4<f32>,
-}
-
-fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
-    let k_quads = p.k_words / 4u;
-    let r1 = min(row0 + 1u, p.rows - 1u);
-    let r2 = min(row0 + 2u, p.rows - 1u);
-    let r3 = min(row0 + 3u, p.rows - 1u);
-    let quads_per_group = GROUP_WORDS / 4u;
-    var acc = vec4<f32>(0.0);
-    var ss = vec4<f32>(0.0);
-    for (var j = first; j < k_quads; j += stride) {
-        var x0 = x[xb + 4u * j];
-        var x1 = x[xb + 4u * j + 1u];
-        var x2 = x[xb + 4u * j + 2u];
-        var x3 = x[xb + 4u * j + 3u];
-        if NORM {
-            ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
-            x0 *= norm_w[4u * j];
-            x1 *= norm_w[4u * j + 1u];
-            x2 *= norm_w[4u * j + 2u];
-            x3 *= norm_w[4u * j + 3u];
-        }
-        let g = j / quads_per_group;
-        acc.x += dot16(w[row0 * k_quads + j], x0, x1, x2, x3) * scales[row0 * p.groups + g];
-        acc.y += dot16(w[r1 * k_quads + j], x0, x1, x2, x3) * scales[r1 * p.groups + g];
-        acc.z += dot16(w[r2 * k_quads + j], x0, x1, x2, x3) * scales[r2 * p.groups + g];
-        acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * scales[r3 * p.groups + g];
-    }
-    return Partial(acc, ss);
-}
-
-// partial4 for 4 tokens at once (rows as in partial4; token i's input at
-// x[xb + i * k_words ..]): each weight quad and scale is read once, and the
-// sums live in plain registers (no arrays).
-struct Partials {
-    a0: vec4<f32>,
-    a1: vec4<f32>,
-    a2: vec4<f32>,
-    a3: vec4<f32>,
-    s0: vec4<f32>,
-    s1: vec4<f32>,
-    s2: vec4<f32>,
-    s3: vec4<f32>,
-}
-
 // One token's input quad j (16 values), normed with NORM; `sq`: its x^2.
 struct Quad {
     x0: vec4<f32>,
@@ -119,6 +68,47 @@ fn xq(b: u32, j: u32) -> Quad {
 fn rows4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, q: Quad) -> vec4<f32> {
     return vec4<f32>(dot16(w0, q.x0, q.x1, q.x2, q.x3), dot16(w1, q.x0, q.x1, q.x2, q.x3),
                      dot16(w2, q.x0, q.x1, q.x2, q.x3), dot16(w3, q.x0, q.x1, q.x2, q.x3));
+}
+
+// Partial sums of rows row0..row0+3 (rows past the end repeat the last
+// row; store4 drops their results) over the quads (16 values) j = first,
+// first + stride, ...; `ss`: the partial sum of x^2 (NORM).
+struct Partial {
+    acc: vec4<f32>,
+    ss: vec4<f32>,
+}
+
+fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
+    let k_quads = p.k_words / 4u;
+    let r1 = min(row0 + 1u, p.rows - 1u);
+    let r2 = min(row0 + 2u, p.rows - 1u);
+    let r3 = min(row0 + 3u, p.rows - 1u);
+    let quads_per_group = GROUP_WORDS / 4u;
+    var acc = vec4<f32>(0.0);
+    var ss = vec4<f32>(0.0);
+    for (var j = first; j < k_quads; j += stride) {
+        let q = xq(xb + 4u * j, j);
+        ss += q.sq;
+        let g = j / quads_per_group;
+        let s = vec4<f32>(scales[row0 * p.groups + g], scales[r1 * p.groups + g], scales[r2 * p.groups + g],
+                          scales[r3 * p.groups + g]);
+        acc += rows4(w[row0 * k_quads + j], w[r1 * k_quads + j], w[r2 * k_quads + j], w[r3 * k_quads + j], q) * s;
+    }
+    return Partial(acc, ss);
+}
+
+// partial4 for 4 tokens at once (rows as in partial4; token i's input at
+// x[xb + i * k_words ..]): each weight quad and scale is read once, and the
+// sums live in plain registers (no arrays).
+struct Partials {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    s0: vec4<f32>,
+    s1: vec4<f32>,
+    s2: vec4<f32>,
+    s3: vec4<f32>,
 }
 
 fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {

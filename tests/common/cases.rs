@@ -31,6 +31,49 @@ pub fn step(pos: usize, fill_end: usize) -> Vec<u8> {
     u32s(&[pos as u32, fill_end as u32])
 }
 
+/// The awkward shapes every backend's qk_norm_rope test runs: (heads, kv
+/// heads, head_dim, capacity, first position, tokens).
+pub const QK_NORM_ROPE_SHAPES: [(usize, usize, usize, usize, usize, usize); 6] = [
+    (4, 2, 64, 8, 5, 1),
+    (16, 8, 128, 40, 37, 3), // a batch: positions 37, 38, 39
+    (3, 1, 32, 4, 0, 1),
+    (8, 8, 128, 3000, 2999, 1),
+    (2, 1, 64, 4, 4, 1), // a step queued past the capacity writes nothing
+    (2, 1, 64, 4, 2, 3), // a batch whose last token lies past the capacity
+];
+
+/// The awkward shapes every backend's prompt-batch attention test runs:
+/// (heads, kv heads, head_dim, capacity, context of the first token, tokens).
+pub const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
+    (4, 2, 64, 16, 1, 1),
+    (4, 1, 64, 300, 300, 1),
+    (16, 8, 128, 64, 33, 1),
+    (3, 3, 32, 600, 517, 1),
+    (2, 1, 128, 1100, 1025, 1),
+    (8, 4, 64, 333, 290, 1),
+    (2, 1, 40, 300, 257, 1), // an odd number of 8-value K loads per row
+    (3, 1, 8, 20, 13, 1),
+    (4, 2, 64, 1100, 100, 1), // four chunks past the context (their acc stays poisoned)
+    (4, 2, 64, 600, 250, 9),  // a causal batch: contexts 250..258, across a chunk edge
+    (2, 2, 32, 16, 1, 5),     // a batch from the first position
+];
+
+/// The awkward shapes every backend's decode-step attention test runs:
+/// (heads, kv heads, head_dim, capacity, position), for the direct variant
+/// (one chunk) and the chunked one.
+pub const ATTENTION_STEP_DIRECT_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
+    (4, 2, 64, 16, 0),
+    (16, 8, 128, 300, 255), // the last position one chunk holds
+    (3, 1, 40, 20, 13),
+    (2, 2, 32, 256, 100),
+];
+pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
+    (16, 8, 128, 600, 256), // the first position of the second chunk
+    (4, 2, 64, 1100, 700),
+    (2, 1, 40, 300, 299), // the last position of the capacity
+    (4, 1, 64, 300, 5),   // chunks past the context
+];
+
 /// One token's matvec outputs with the reference's (want, scale).
 pub type MatvecOut = (Vec<f32>, Vec<f64>, Vec<f64>);
 
