@@ -24,8 +24,11 @@ use crate::weights::QUANT_GROUP;
 pub const DEFAULT_LOOKAHEAD: usize = 4;
 
 /// Prompt tokens run through the layers together (one launch per kernel
-/// for the whole batch; the activation buffers hold this many rows).
-pub const PREFILL_BATCH: usize = 64;
+/// for the whole batch; the activation buffers hold this many rows, and the
+/// attention partials this many per chunk of the capacity: 8 KiB per
+/// position of capacity for the 0.6B model, 7% of its KV cache). 256
+/// measured best on the H200 short of 512 (BENCHMARKS.md).
+pub const PREFILL_BATCH: usize = 256;
 const _: () = assert!(PREFILL_BATCH.is_multiple_of(crate::kernels::MATMUL_TOKENS_PER_WG as usize));
 
 /// Buffers of one session.

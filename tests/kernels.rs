@@ -236,9 +236,13 @@ fn int8_matmul_matches_cpu() {
     let run = matmul_run(&gpu);
     let per_wg = kernels::MATMUL_TOKENS_PER_WG as usize;
     let mut seed = 100;
-    for &(rows, cols, tokens) in
-        &[(6, 96, per_wg), (66, 1000, 2 * per_wg), (130, 64, per_wg), (40, 2048, per_wg)]
-    {
+    for &(rows, cols, tokens) in &[
+        (6, 96, per_wg),
+        (66, 1000, 2 * per_wg),
+        (130, 64, per_wg),
+        (40, 2048, per_wg),
+        (20, 160, 2 * per_wg),
+    ] {
         for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
             seed += 1;
             let res =
