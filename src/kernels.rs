@@ -153,13 +153,31 @@ pub const MATVEC_ROWS_PER_TEAM: u32 = 4;
 /// int8 values one lane reads per row and step (one `vec4<u32>`).
 pub const MATVEC_VALUES_PER_LANE: u32 = 16;
 /// Prompt tokens one per-token prefill matvec workgroup multiplies at once
-/// (the WGSL `TOKENS` override of those prefill pipelines).
+/// (the WGSL `TOKENS` override of those prefill pipelines), and the tokens
+/// one `attention_prefill` workgroup serves.
 pub const PREFILL_TOKENS_PER_WG: u32 = 4;
 /// Rows and prompt tokens of one `int8_matmul` tile (the tiled prefill
 /// pipelines: MM_ROWS and MM_TOKENS in its preamble); each invocation
 /// computes 2 rows x 2 tokens.
 pub const MATMUL_ROWS_PER_WG: u32 = 32;
 pub const MATMUL_TOKENS_PER_WG: u32 = 32;
+/// What the attention kernels share (params, bindings, f16 unpacking),
+/// prepended to `attention_partial` and `attention_prefill`.
+const ATTENTION_COMMON: &str = include_str!("../kernels/wgsl/attention_common.wgsl");
+// attention_prefill carries its tokens in vec4s.
+const _: () = assert!(PREFILL_TOKENS_PER_WG == 4);
+
+/// The WGSL of `attention_prefill`, the prompt-batch pipeline of
+/// [`Kernel::AttentionPartial`]: [`PREFILL_TOKENS_PER_WG`] tokens per
+/// workgroup, on its bind-group layout.
+pub fn attention_prefill_source(subgroups: bool) -> String {
+    let body = include_str!("../kernels/wgsl/attention_prefill.wgsl");
+    format!(
+        "const TOKENS: u32 = {PREFILL_TOKENS_PER_WG}u;\n{}",
+        Kernel::AttentionPartial.source_with(subgroups, body)
+    )
+}
+
 /// What the two int8 matrix kernels share (params, bindings, flags, the
 /// int8-to-float conversion), prepended to each.
 const INT8_COMMON: &str = include_str!("../kernels/wgsl/int8_common.wgsl");
@@ -370,14 +388,25 @@ impl Kernel {
     /// for the matvec variants what they share with `int8_matmul`, then the
     /// kernel.
     pub fn source(self, subgroups: bool) -> String {
+        self.source_with(subgroups, self.wgsl())
+    }
+
+    /// [`Kernel::source`] with `body` in place of the kernel's own WGSL.
+    fn source_with(self, subgroups: bool, body: &str) -> String {
         let prelude = if subgroups {
             include_str!("../kernels/wgsl/prelude_subgroup.wgsl")
         } else {
             include_str!("../kernels/wgsl/prelude_workgroup.wgsl")
         };
         let step = include_str!("../kernels/wgsl/step.wgsl");
-        let int8 = if self.matvec_variant().is_some() { INT8_COMMON } else { "" };
-        format!("{prelude}\n{step}\n{int8}\n{}", self.wgsl())
+        let common = if self.matvec_variant().is_some() {
+            INT8_COMMON
+        } else if self.attention_variant().is_some() {
+            ATTENTION_COMMON
+        } else {
+            ""
+        };
+        format!("{prelude}\n{step}\n{common}\n{body}")
     }
 }
 
@@ -607,7 +636,8 @@ pub fn compile_msl(
         .unwrap_or_else(|_| Err(fail("the Metal backend panicked while building the pipeline".into())))
 }
 
-/// A matvec variant's pipelines for prompt batches.
+/// A kernel's pipelines for prompt batches (the matvec variants', and
+/// `attention_prefill` for [`Kernel::AttentionPartial`]).
 struct PrefillPipelines {
     /// [`PREFILL_TOKENS_PER_WG`] tokens per workgroup, on the decode grid.
     per_token: wgpu::ComputePipeline,
@@ -647,10 +677,17 @@ impl Kernels {
             .iter()
             .map(|p| {
                 let k = p.kernel;
+                let layout = Some(&p.layout);
+                if k == Kernel::AttentionPartial {
+                    let (src, entry) = (attention_prefill_source(gpu.subgroups), "attention_prefill");
+                    let constants = [("WG", k.workgroup_size() as f64)];
+                    let (per_token, _) =
+                        compile_for_layout(gpu, entry, &src, entry, k.bindings(), &constants, layout)?;
+                    return Ok(Some(PrefillPipelines { per_token, tiled: None }));
+                }
                 if k.matvec_variant().is_none() {
                     return Ok(None);
                 }
-                let layout = Some(&p.layout);
                 let constants = k.prefill_constants(matvec_layout);
                 let src = k.source(gpu.subgroups);
                 let (per_token, _) =
@@ -786,9 +823,10 @@ impl Launch {
 
     /// Records the launch for `tokens` consecutive tokens (batched
     /// prefill): the grid's z dimension, which every batched kernel reads
-    /// as the token's index in the batch (a matvec's prefill pipelines as
-    /// the index of its group of [`PREFILL_TOKENS_PER_WG`] tokens, or of its
-    /// tile of [`MATMUL_TOKENS_PER_WG`] for a batch that fills one).
+    /// as the token's index in the batch (a matvec's prefill pipelines and
+    /// `attention_prefill` as the index of its group of
+    /// [`PREFILL_TOKENS_PER_WG`] tokens, `int8_matmul` as that of its tile
+    /// of [`MATMUL_TOKENS_PER_WG`] for a batch that fills one).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
         let (pipeline, grid, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
             (true, Some(pp)) => match &pp.tiled {

@@ -9,7 +9,7 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_step_case, matvec_case, qk_norm_rope_case, step, ATTENTION_SHAPES,
+    attention_case_rows, attention_step_case, matvec_case, qk_norm_rope_case, step, ATTENTION_SHAPES,
     ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
@@ -375,6 +375,32 @@ fn attention_matches_cpu() {
         let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         for shape in ATTENTION_SHAPES {
             attention_case(&run, shape, &mut rng);
+        }
+    }
+}
+
+/// The prompt-batch pipeline of attention_partial (attention_prefill, 4
+/// tokens per workgroup) on the same cases, batches of 1 to 9 tokens
+/// included (a partial last group).
+#[test]
+fn attention_prefill_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(12);
+    let per_wg = kernels::PREFILL_TOKENS_PER_WG;
+    for sub in variants(&gpu) {
+        let plain = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+        let run = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+            if k != Kernel::AttentionPartial {
+                return plain(k, grid, buffers);
+            }
+            let (uniforms, storage) = split_buffers(k, buffers);
+            let source = (kernels::attention_prefill_source(sub), "attention_prefill");
+            let constants = [("WG", k.workgroup_size() as f64)];
+            let grid = [grid[0], grid[1], grid[2].div_ceil(per_wg)];
+            dispatch_source(&gpu, k, source, &constants, &uniforms, &storage, grid)
+        };
+        for shape in ATTENTION_SHAPES {
+            attention_case_rows(&run, shape, per_wg as usize, &mut rng);
         }
     }
 }

@@ -20,56 +20,21 @@
 //   result is the output, normalised and written to part_acc's binding
 //   (bound to the output), no reduce.
 
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    capacity: u32,
-    eps: f32,        // FUSED: rms_norm_eps of the q/k norms
-    qkv_stride: u32, // (qk_norm_rope's; unused here)
-    scale: f32,      // softmax scale, 1/sqrt(head_dim)
-}
-
 override FUSED: bool = false;
 override DIRECT: bool = false;
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> step: Step;
-// FUSED: the qkv projection's output (q heads, then k heads, then v heads);
-// otherwise each token's normed, rotated q.
-@group(0) @binding(2) var<storage, read> q: array<f32>;
-// K and V rows are read 8 f16 values (4 words) at a time: head_dim is a
-// multiple of 8.
-@group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read_write> v_cache: array<vec4<u32>>;
-// [token][head][chunk]: (m, l)
-@group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>;
-// [token][head][chunk][head_dim]; DIRECT: the attention output,
-// [head][head_dim] (one binding for both keeps the kernel within 8 storage
-// buffers, the default limit a host application's device may have).
-@group(0) @binding(6) var<storage, read_write> part_acc: array<f32>;
 // FUSED: the q norm weight, then the k norm weight (head_dim each), and
 // RoPE's (cos, sin) table (rope[pos * head_dim / 2 + d], as qk_norm_rope's).
 @group(0) @binding(7) var<storage, read> qk_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> rope: array<vec2<f32>>;
 
-const MAX_HEAD_DIM: u32 = 256u;
 // Positions per workgroup = WG (one score per invocation).
 var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
 var<workgroup> e_s: array<f32, WG>;
 var<workgroup> acc_s: array<vec4<f32>, 2u * WG>;
 // K row quad j (8 f16 values) dotted with q's dims 8j..8j+7.
 fn dot8(a: vec4<u32>, j: u32) -> f32 {
-    return dot(q_s[2u * j], vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y)))
-        + dot(q_s[2u * j + 1u], vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w)));
-}
-
-// The first and last 4 of the 8 f16 values of a V row quad.
-fn lo4(a: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y));
-}
-fn hi4(a: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w));
+    return dot(q_s[2u * j], lo4(a)) + dot(q_s[2u * j + 1u], hi4(a));
 }
 
 // FUSED: the normed q and k heads, before rotation, and k after it.

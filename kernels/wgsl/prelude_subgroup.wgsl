@@ -88,6 +88,21 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     return t;
 }
 
+// wg_max of four values at once (one barrier pair).
+fn wg_max4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
+    let s = subgroupMax(v);
+    workgroupBarrier();
+    if lane.sg_lane == 0u {
+        red_f[lane.sg_id] = s;
+    }
+    workgroupBarrier();
+    var t = red_f[0];
+    for (var i = 1u; i < lane.n_sg; i++) {
+        t = max(t, red_f[i]);
+    }
+    return t;
+}
+
 // Index of the largest `v` over the workgroup (ties -> lowest index).
 fn wg_argmax(v: f32, i: u32, lane: Lane) -> u32 {
     let m = subgroupMax(v);

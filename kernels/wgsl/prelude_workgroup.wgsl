@@ -65,6 +65,19 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     return red_f[0].x;
 }
 
+fn wg_max4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
+    workgroupBarrier();
+    red_f[lane.idx] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if lane.idx < s {
+            red_f[lane.idx] = max(red_f[lane.idx], red_f[lane.idx + s]);
+        }
+        workgroupBarrier();
+    }
+    return red_f[0];
+}
+
 fn wg_argmax(v: f32, i: u32, lane: Lane) -> u32 {
     workgroupBarrier();
     red_f[lane.idx].x = v;

@@ -314,8 +314,21 @@ fn reduce(
 /// token's row. Shape: (heads, kv heads, head_dim, capacity, context of the
 /// first token, tokens).
 pub fn attention_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, usize), rng: &mut StdRng) {
+    attention_case_rows(run, shape, 1, rng)
+}
+
+/// [`attention_case`] with the q and partial-result buffers holding the
+/// tokens rounded up to `rows_multiple` (as the engine's batch buffers do,
+/// for kernels that serve several tokens per workgroup).
+pub fn attention_case_rows(
+    run: Run<'_>,
+    shape: (usize, usize, usize, usize, usize, usize),
+    rows_multiple: usize,
+    rng: &mut StdRng,
+) {
     let (nh, nkv, hd, cap, seq, tokens) = shape;
-    let q = nonzero(rng, tokens * nh * hd);
+    let rows = tokens.next_multiple_of(rows_multiple);
+    let q = nonzero(rng, rows * nh * hd);
     let kv_len = nkv * cap * hd;
     let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
     let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
@@ -332,8 +345,8 @@ pub fn attention_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, u
             f32s(&q),
             bytemuck::cast_slice(&k).to_vec(),
             bytemuck::cast_slice(&v).to_vec(),
-            poisoned(tokens * 2 * nh * chunks),
-            poisoned(tokens * nh * chunks * hd),
+            poisoned(rows * 2 * nh * chunks),
+            poisoned(rows * nh * chunks * hd),
             unused.clone(),
             unused,
         ],

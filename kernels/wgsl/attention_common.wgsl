@@ -1,0 +1,39 @@
+// What the attention kernels share (attention_partial's variants and
+// attention_prefill): params, the bindings up to the partial results, and
+// the f16 unpacking of K/V rows. Prepended to each by Rust.
+
+struct Params {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,
+    eps: f32,        // FUSED: rms_norm_eps of the q/k norms
+    qkv_stride: u32, // (qk_norm_rope's; unused here)
+    scale: f32,      // softmax scale, 1/sqrt(head_dim)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> step: Step;
+// FUSED: the qkv projection's output (q heads, then k heads, then v heads);
+// otherwise each token's normed, rotated q.
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+// K and V rows are read 8 f16 values (4 words) at a time: head_dim is a
+// multiple of 8.
+@group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<vec4<u32>>;
+// [token][head][chunk]: (m, l)
+@group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>;
+// [token][head][chunk][head_dim]; DIRECT: the attention output,
+// [head][head_dim] (one binding for both keeps the kernel within 8 storage
+// buffers, the default limit a host application's device may have).
+@group(0) @binding(6) var<storage, read_write> part_acc: array<f32>;
+
+const MAX_HEAD_DIM: u32 = 256u;
+
+// The first and last 4 of the 8 f16 values of a V row quad.
+fn lo4(a: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y));
+}
+fn hi4(a: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w));
+}
