@@ -20,7 +20,7 @@
 //! | 24 | 8 | blob offset `B` (a multiple of 4096, >= 104 + `H`) |
 //! | 32 | 8 | blob length `L` |
 //! | 40 | 64 | key, lower-case hex |
-//! | 104 | `H` | JSON header: `{"config": ModelConfig, "index": WeightIndex, "blob_len": L}` |
+//! | 104 | `H` | JSON header: `{"config": ModelConfig, "index": WeightIndex, "blob_len": L, "source": checkpoint directory}` |
 //! | 104 + `H` | | zero padding up to `B` |
 //! | `B` | `L` | the blob (see [`crate::weights`]) |
 //! | `B + L` | 4 | crc32 of the header bytes followed by the blob bytes |
@@ -32,12 +32,18 @@
 //! rebuilt; it is never used. Files are written to a unique temporary name
 //! in the same directory, fsynced and renamed into place, so the final name
 //! only ever holds a complete file.
+//!
+//! Housekeeping after each write, so the directory does not grow without
+//! bound: cache files of this format whose `source` is the same checkpoint
+//! directory under another key (the checkpoint changed since) are deleted,
+//! and so are temporary files no writer has touched for
+//! [`ABANDONED_TEMP_AGE`] (left by a process killed mid-write).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use memmap2::Mmap;
 
@@ -66,6 +72,10 @@ pub const FOOTER_LEN: usize = 16;
 /// the GPU upload page-aligned data.
 pub const BLOB_FILE_ALIGN: usize = 4096;
 const _: () = assert!(BLOB_FILE_ALIGN.is_multiple_of(BLOB_ALIGN));
+
+/// Temporary cache files untouched for this long are taken for the
+/// leftovers of a killed writer (a writer writes its file within seconds).
+pub const ABANDONED_TEMP_AGE: Duration = Duration::from_secs(600);
 
 /// Where converted weights are cached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +127,8 @@ pub fn load_model(
     let ckpt = Checkpoint::open(dir)?;
     ckpt.validate(&cfg)?;
     let key = ckpt.fingerprint(CACHE_FORMAT_VERSION)?;
+    let source = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let source = source.to_string_lossy();
 
     let explicit = matches!(cache, CachePolicy::Dir(_));
     let mut cache_path = cache_dir(cache).map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
@@ -161,12 +173,14 @@ pub fn load_model(
     drop(ckpt);
 
     if let Some(path) = &cache_path {
-        if let Err(err) = write_cache(path, &key, &model) {
+        if let Err(err) = write_cache(path, &key, &source, &model) {
             if explicit {
                 return Err(err);
             }
             log::warn!("{err}; the converted weights will not be cached");
             cache_path = None;
+        } else if let Some(dir) = path.parent() {
+            remove_stale_files(dir, &key, &source);
         }
     }
     let report = LoadReport { converted: true, cache_path, convert_ms, load_ms: ms_since(started) };
@@ -198,6 +212,9 @@ struct HeaderOut<'a> {
     config: &'a ModelConfig,
     index: &'a WeightIndex,
     blob_len: usize,
+    /// The checkpoint directory converted (canonical where possible): what
+    /// the housekeeping matches on.
+    source: &'a str,
 }
 
 #[derive(serde::Deserialize)]
@@ -340,15 +357,19 @@ fn create_temp_file(dir: &Path, key: &str) -> std::io::Result<(File, PathBuf)> {
 }
 
 /// Writes `model` to `path` atomically (see the module docs).
-pub(crate) fn write_cache(path: &Path, key: &str, model: &ConvertedModel) -> Result<()> {
+pub(crate) fn write_cache(path: &Path, key: &str, source: &str, model: &ConvertedModel) -> Result<()> {
     let io = |what: &str, e: &dyn std::fmt::Display| Error::cache_io(path, format!("{what}: {e}"));
     if key.len() != KEY_LEN {
         return Err(io("bad key", &key));
     }
     let blob = blob_bytes(model).ok_or_else(|| io("bad blob", &"blob_start past the end"))?;
-    let header =
-        serde_json::to_vec(&HeaderOut { config: &model.config, index: &model.index, blob_len: blob.len() })
-            .map_err(|e| io("cannot serialize header", &e))?;
+    let header = serde_json::to_vec(&HeaderOut {
+        config: &model.config,
+        index: &model.index,
+        blob_len: blob.len(),
+        source,
+    })
+    .map_err(|e| io("cannot serialize header", &e))?;
     let blob_offset = (PREAMBLE_LEN + header.len()).next_multiple_of(BLOB_FILE_ALIGN);
 
     let mut preamble = Vec::with_capacity(PREAMBLE_LEN);
@@ -387,4 +408,64 @@ pub(crate) fn write_cache(path: &Path, key: &str, model: &ConvertedModel) -> Res
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// The housekeeping after writing the cache file of `key` for the checkpoint
+/// `source` into `dir` (see the module docs). Failures are only logged: a
+/// file another process holds, or one that vanished meanwhile, stays or
+/// goes on its own.
+fn remove_stale_files(dir: &Path, key: &str, source: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let own = format!("{key}.{CACHE_EXTENSION}");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = entry.path();
+        let stale = if is_temp_name(name) {
+            let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            age.is_some_and(|a| a >= ABANDONED_TEMP_AGE)
+        } else if name != own && name.ends_with(&format!(".{CACHE_EXTENSION}")) {
+            cache_source(&path).as_deref() == Some(source)
+        } else {
+            false
+        };
+        if stale {
+            match std::fs::remove_file(&path) {
+                Ok(()) => log::info!("deleted stale weight cache file {}", path.display()),
+                Err(e) => log::warn!("cannot delete stale weight cache file {}: {e}", path.display()),
+            }
+        }
+    }
+}
+
+/// Whether `name` is a temporary file of [`create_temp_file`]:
+/// `.{64 hex}.{pid}.{n}.{nanos}.tmp`.
+fn is_temp_name(name: &str) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { return false };
+    let parts: Vec<&str> = inner.split('.').collect();
+    parts.len() == 4
+        && parts[0].len() == KEY_LEN
+        && parts[0].bytes().all(|b| b.is_ascii_hexdigit())
+        && parts[1..].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The `source` of a cache file of this format version, read from its
+/// preamble and JSON header only; `None` for anything else.
+fn cache_source(path: &Path) -> Option<String> {
+    use std::io::Read;
+    #[derive(serde::Deserialize)]
+    struct Source {
+        source: Option<String>,
+    }
+    let mut file = File::open(path).ok()?;
+    let mut preamble = [0u8; PREAMBLE_LEN];
+    file.read_exact(&mut preamble).ok()?;
+    if &preamble[0..8] != MAGIC || u32_at(&preamble, 8) != CACHE_FORMAT_VERSION {
+        return None;
+    }
+    // A header is a few hundred kB at most; anything larger is not ours.
+    let header_len = usize::try_from(u64_at(&preamble, 16)).ok().filter(|&n| n <= 1 << 24)?;
+    let mut header = vec![0u8; header_len];
+    file.read_exact(&mut header).ok()?;
+    serde_json::from_slice::<Source>(&header).ok()?.source
 }

@@ -655,8 +655,8 @@ pub struct Kernels {
     /// default pipeline's bind-group layout.
     wide: Vec<(Kernel, u32, wgpu::ComputePipeline)>,
     /// Per kernel, the prefill pipelines where they differ from the decode
-    /// one (the matvecs; WGSL on every backend, on the decode pipeline's
-    /// bind-group layout).
+    /// one (the matvecs, and `attention_partial`'s `attention_prefill`; WGSL
+    /// on every backend, on the decode pipeline's bind-group layout).
     prefill: Vec<Option<PrefillPipelines>>,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,

@@ -77,7 +77,8 @@ impl SessionBuffers {
         let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
         // Short contexts need no more rows than they have, rounded up to
         // the tiled prefill matvec's tokens per workgroup (it reads and
-        // writes whole tiles; the per-token one's groups divide them).
+        // writes whole tiles; the groups of 4 tokens of the per-token
+        // matvec and of attention_prefill divide them).
         let batch =
             PREFILL_BATCH.min(capacity.next_multiple_of(crate::kernels::MATMUL_TOKENS_PER_WG as usize));
         let rows = |n: usize| batch * padded(n);

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::cache::{load_model, CachePolicy, LoadReport, CACHE_FORMAT_VERSION};
+use qwen3_wgpu::cache::{load_model, CachePolicy, LoadReport, ABANDONED_TEMP_AGE, CACHE_FORMAT_VERSION};
 use qwen3_wgpu::checkpoint::{expected_tensors, Checkpoint};
 use qwen3_wgpu::config::{check_profile, load_config, ModelConfig, ShapeProfile};
 use qwen3_wgpu::convert::{convert, dequantize};
@@ -563,6 +563,72 @@ fn cache_of_another_checkpoint_is_not_used() {
     assert!(ra2.converted);
     assert_ne!(ra2.cache_path, ra.cache_path);
     assert_eq!(ma2.config.eos_token_ids, vec![7, 9]);
+}
+
+/// A changed checkpoint's new cache file replaces its old one; another
+/// checkpoint's cache in the same directory stays.
+#[test]
+fn changed_checkpoint_replaces_its_stale_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache_dir = tmp.path().join("cache");
+    let policy = CachePolicy::Dir(cache_dir.clone());
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    tiny_checkpoint(&a);
+    let cfg = tiny_config();
+    write_checkpoint(&b, &cfg, &make_tensors(&cfg, 99), Dtype::BF16);
+    let (_, ra) = load(&a, &policy);
+    let (_, rb) = load(&b, &policy);
+    let name = |r: &LoadReport| cache_file(r).file_name().unwrap().to_string_lossy().into_owned();
+    let mut both = vec![name(&ra), name(&rb)];
+    both.sort();
+    assert_eq!(dir_entries(&cache_dir), both);
+    // a changes (its generation_config is part of the key): its next load
+    // converts under a new key and deletes the old file, not b's.
+    std::fs::write(a.join("generation_config.json"), r#"{"eos_token_id": [7, 9]}"#).unwrap();
+    let (_, ra2) = load(&a, &policy);
+    assert!(ra2.converted);
+    let mut now = vec![name(&ra2), name(&rb)];
+    now.sort();
+    assert_eq!(dir_entries(&cache_dir), now);
+    // The same checkpoint through another spelling of its path is the same
+    // source: loading it again finds its cache.
+    let (_, ra3) = load(&tmp.path().join("b/../a"), &policy);
+    assert!(!ra3.converted);
+}
+
+/// Temporary files a killed writer left behind (untouched for
+/// ABANDONED_TEMP_AGE) are deleted when a cache file is written; a fresh
+/// one (a writer at work) and files that are not ours stay.
+#[test]
+fn abandoned_temp_files_are_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let cache_dir = tmp.path().join("cache");
+    tiny_checkpoint(&ckpt);
+    std::fs::create_dir_all(&cache_dir).unwrap();
+    let key = "0123456789abcdef".repeat(4);
+    let old = std::time::SystemTime::now() - 2 * ABANDONED_TEMP_AGE;
+    let files = [
+        (format!(".{key}.4242.0.17.tmp"), true, false), // abandoned
+        (format!(".{key}.4243.1.18.tmp"), false, true), // being written
+        ("notes.tmp".to_string(), true, true),
+        (format!(".{key}.x.0.17.tmp"), true, true),
+        ("user-file.q3w".to_string(), true, true), // not a cache file of ours
+    ];
+    for (name, is_old, _) in &files {
+        let path = cache_dir.join(name);
+        std::fs::write(&path, b"partial").unwrap();
+        if *is_old {
+            std::fs::File::options().write(true).open(&path).unwrap().set_modified(old).unwrap();
+        }
+    }
+    let (_, r) = load(&ckpt, &CachePolicy::Dir(cache_dir.clone()));
+    assert!(r.converted);
+    let mut want: Vec<String> = files.iter().filter(|f| f.2).map(|f| f.0.clone()).collect();
+    want.push(cache_file(&r).file_name().unwrap().to_string_lossy().into_owned());
+    want.sort();
+    assert_eq!(dir_entries(&cache_dir), want);
 }
 
 #[test]
