@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use qwen3_wgpu::kernels::{ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG};
+use qwen3_wgpu::session::PREFILL_BATCH;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, BACKEND_ENV};
 
 fn fixture() -> PathBuf {
@@ -202,12 +204,17 @@ fn memory_is_accounted_per_model_and_per_session_capacity() {
                 + 3 * cfg.intermediate_size * cfg.hidden_size);
     let w = model.weight_bytes() as usize;
     assert!(w >= params && w < params + params / 8 + (1 << 16), "{w} bytes for {params} parameters");
-    let small = model.session_with_capacity(64).unwrap().buffer_bytes();
-    let large = model.session_with_capacity(120).unwrap().buffer_bytes();
-    // (64 and 120 positions are both one attention chunk and one full
-    // prefill batch of activation rows.)
+    // Both capacities hold one chunk of attention positions and one full
+    // prompt batch of activation rows.
+    let (small_cap, large_cap) = (PREFILL_BATCH - 24, PREFILL_BATCH);
+    assert!(
+        large_cap <= ATTENTION_CHUNK as usize
+            && small_cap.next_multiple_of(MATMUL_TOKENS_PER_WG as usize) >= PREFILL_BATCH
+    );
+    let small = model.session_with_capacity(small_cap).unwrap().buffer_bytes();
+    let large = model.session_with_capacity(large_cap).unwrap().buffer_bytes();
     let per_position = cfg.num_hidden_layers * 2 * cfg.kv_dim() * 2 // K and V, f16
         + cfg.head_dim * 4 // RoPE (cos, sin) pairs
         + 4; // the token sequence (u32)
-    assert_eq!(large - small, (56 * per_position) as u64);
+    assert_eq!(large - small, (24 * per_position) as u64);
 }
