@@ -25,6 +25,14 @@ if ! command -v g++ >/dev/null; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq g++ >/dev/null
 fi
 
+# Mesa's Vulkan loader warns on stderr for every device when XDG_RUNTIME_DIR
+# is unset or missing (as in containers and CI); give the run a private one.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
+    XDG_RUNTIME_DIR=$(mktemp -d)
+    export XDG_RUNTIME_DIR
+    trap 'rm -rf "$XDG_RUNTIME_DIR"' EXIT
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
