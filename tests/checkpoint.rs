@@ -531,16 +531,23 @@ fn stale_version_is_rebuilt() {
     assert_rebuilt_after(|p| rewrite(p, |b| b[8..12].copy_from_slice(&0u32.to_le_bytes())));
 }
 
-#[test]
-fn cache_of_another_checkpoint_is_not_used() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cache_dir = tmp.path().join("cache");
+/// Two checkpoints `a` and `b` under `root` with the same config, shapes
+/// and dtypes but different values (as two fine-tunes of one base model),
+/// and a cache directory for both: (cache dir, its policy, a, b).
+fn two_checkpoints(root: &Path) -> (PathBuf, CachePolicy, PathBuf, PathBuf) {
+    let cache_dir = root.join("cache");
     let policy = CachePolicy::Dir(cache_dir.clone());
-    let a = tmp.path().join("a");
-    let b = tmp.path().join("b");
+    let (a, b) = (root.join("a"), root.join("b"));
     tiny_checkpoint(&a);
     let cfg = tiny_config();
     write_checkpoint(&b, &cfg, &make_tensors(&cfg, 99), Dtype::BF16);
+    (cache_dir, policy, a, b)
+}
+
+#[test]
+fn cache_of_another_checkpoint_is_not_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, policy, a, b) = two_checkpoints(tmp.path());
     assert_eq!(
         std::fs::metadata(a.join("model.safetensors")).unwrap().len(),
         std::fs::metadata(b.join("model.safetensors")).unwrap().len()
@@ -570,13 +577,7 @@ fn cache_of_another_checkpoint_is_not_used() {
 #[test]
 fn changed_checkpoint_replaces_its_stale_cache() {
     let tmp = tempfile::tempdir().unwrap();
-    let cache_dir = tmp.path().join("cache");
-    let policy = CachePolicy::Dir(cache_dir.clone());
-    let a = tmp.path().join("a");
-    let b = tmp.path().join("b");
-    tiny_checkpoint(&a);
-    let cfg = tiny_config();
-    write_checkpoint(&b, &cfg, &make_tensors(&cfg, 99), Dtype::BF16);
+    let (cache_dir, policy, a, b) = two_checkpoints(tmp.path());
     let (_, ra) = load(&a, &policy);
     let (_, rb) = load(&b, &policy);
     let name = |r: &LoadReport| cache_file(r).file_name().unwrap().to_string_lossy().into_owned();
