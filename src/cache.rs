@@ -127,8 +127,6 @@ pub fn load_model(
     let ckpt = Checkpoint::open(dir)?;
     ckpt.validate(&cfg)?;
     let key = ckpt.fingerprint(CACHE_FORMAT_VERSION)?;
-    let source = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let source = source.to_string_lossy();
 
     let explicit = matches!(cache, CachePolicy::Dir(_));
     let mut cache_path = cache_dir(cache).map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
@@ -173,6 +171,8 @@ pub fn load_model(
     drop(ckpt);
 
     if let Some(path) = &cache_path {
+        let source = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let source = source.to_string_lossy();
         if let Err(err) = write_cache(path, &key, &source, &model) {
             if explicit {
                 return Err(err);
@@ -224,6 +224,18 @@ struct HeaderIn {
     blob_len: usize,
 }
 
+/// The magic and format version at the start of a cache file's preamble.
+fn check_format(preamble: &[u8]) -> Result<(), String> {
+    if &preamble[0..8] != MAGIC {
+        return Err("bad magic".into());
+    }
+    let version = u32_at(preamble, 8);
+    if version != CACHE_FORMAT_VERSION {
+        return Err(format!("format version {version}, expected {CACHE_FORMAT_VERSION}"));
+    }
+    Ok(())
+}
+
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&bytes[at..at + 8]);
@@ -258,13 +270,7 @@ fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<Conver
     let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot memory-map: {e}"))?;
     let b: &[u8] = &map;
     // From here every index into `b` is below PREAMBLE_LEN or checked.
-    if &b[0..8] != MAGIC {
-        return Err("bad magic".into());
-    }
-    let version = u32_at(b, 8);
-    if version != CACHE_FORMAT_VERSION {
-        return Err(format!("format version {version}, expected {CACHE_FORMAT_VERSION}"));
-    }
+    check_format(b)?;
     let marker = u32::from_ne_bytes([b[12], b[13], b[14], b[15]]);
     if marker != BYTE_ORDER_MARKER {
         return Err("written on a host with another byte order".into());
@@ -417,6 +423,7 @@ pub(crate) fn write_cache(path: &Path, key: &str, source: &str, model: &Converte
 fn remove_stale_files(dir: &Path, key: &str, source: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let own = format!("{key}.{CACHE_EXTENSION}");
+    let extension = format!(".{CACHE_EXTENSION}");
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
@@ -424,7 +431,7 @@ fn remove_stale_files(dir: &Path, key: &str, source: &str) {
         let stale = if is_temp_name(name) {
             let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
             age.is_some_and(|a| a >= ABANDONED_TEMP_AGE)
-        } else if name != own && name.ends_with(&format!(".{CACHE_EXTENSION}")) {
+        } else if name != own && name.ends_with(&extension) {
             cache_source(&path).as_deref() == Some(source)
         } else {
             false
@@ -460,9 +467,7 @@ fn cache_source(path: &Path) -> Option<String> {
     let mut file = File::open(path).ok()?;
     let mut preamble = [0u8; PREAMBLE_LEN];
     file.read_exact(&mut preamble).ok()?;
-    if &preamble[0..8] != MAGIC || u32_at(&preamble, 8) != CACHE_FORMAT_VERSION {
-        return None;
-    }
+    check_format(&preamble).ok()?;
     // A header is a few hundred kB at most; anything larger is not ours.
     let header_len = usize::try_from(u64_at(&preamble, 16)).ok().filter(|&n| n <= 1 << 24)?;
     let mut header = vec![0u8; header_len];

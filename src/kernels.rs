@@ -167,15 +167,14 @@ const ATTENTION_COMMON: &str = include_str!("../kernels/wgsl/attention_common.wg
 // attention_prefill carries its tokens in vec4s.
 const _: () = assert!(PREFILL_TOKENS_PER_WG == 4);
 
-/// The WGSL of `attention_prefill`, the prompt-batch pipeline of
-/// [`Kernel::AttentionPartial`]: [`PREFILL_TOKENS_PER_WG`] tokens per
-/// workgroup, on its bind-group layout.
-pub fn attention_prefill_source(subgroups: bool) -> String {
+/// The WGSL and override constants of `attention_prefill`, the
+/// prompt-batch pipeline of [`Kernel::AttentionPartial`]:
+/// [`PREFILL_TOKENS_PER_WG`] tokens per workgroup, on its bind-group layout.
+pub fn attention_prefill_source(subgroups: bool) -> (String, Vec<(&'static str, f64)>) {
+    let k = Kernel::AttentionPartial;
     let body = include_str!("../kernels/wgsl/attention_prefill.wgsl");
-    format!(
-        "const TOKENS: u32 = {PREFILL_TOKENS_PER_WG}u;\n{}",
-        Kernel::AttentionPartial.source_with(subgroups, body)
-    )
+    let src = format!("const TOKENS: u32 = {PREFILL_TOKENS_PER_WG}u;\n{}", k.source_with(subgroups, body));
+    (src, vec![("WG", k.workgroup_size() as f64)])
 }
 
 /// What the two int8 matrix kernels share (params, bindings, flags, the
@@ -679,8 +678,8 @@ impl Kernels {
                 let k = p.kernel;
                 let layout = Some(&p.layout);
                 if k == Kernel::AttentionPartial {
-                    let (src, entry) = (attention_prefill_source(gpu.subgroups), "attention_prefill");
-                    let constants = [("WG", k.workgroup_size() as f64)];
+                    let ((src, constants), entry) =
+                        (attention_prefill_source(gpu.subgroups), "attention_prefill");
                     let (per_token, _) =
                         compile_for_layout(gpu, entry, &src, entry, k.bindings(), &constants, layout)?;
                     return Ok(Some(PrefillPipelines { per_token, tiled: None }));

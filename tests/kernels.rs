@@ -394,10 +394,9 @@ fn attention_prefill_matches_cpu() {
                 return plain(k, grid, buffers);
             }
             let (uniforms, storage) = split_buffers(k, buffers);
-            let source = (kernels::attention_prefill_source(sub), "attention_prefill");
-            let constants = [("WG", k.workgroup_size() as f64)];
+            let (source, constants) = kernels::attention_prefill_source(sub);
             let grid = [grid[0], grid[1], grid[2].div_ceil(per_wg)];
-            dispatch_source(&gpu, k, source, &constants, &uniforms, &storage, grid)
+            dispatch_source(&gpu, k, (source, "attention_prefill"), &constants, &uniforms, &storage, grid)
         };
         for shape in ATTENTION_SHAPES {
             attention_case_rows(&run, shape, per_wg as usize, &mut rng);

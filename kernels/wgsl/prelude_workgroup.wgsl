@@ -53,16 +53,7 @@ fn wg_sum5(v: vec4<f32>, s: f32, lane: Lane) -> Sum5 {
 }
 
 fn wg_max(v: f32, lane: Lane) -> f32 {
-    workgroupBarrier();
-    red_f[lane.idx].x = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if lane.idx < s {
-            red_f[lane.idx].x = max(red_f[lane.idx].x, red_f[lane.idx + s].x);
-        }
-        workgroupBarrier();
-    }
-    return red_f[0].x;
+    return wg_max4(vec4<f32>(v), lane).x;
 }
 
 fn wg_max4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
