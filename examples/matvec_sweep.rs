@@ -6,7 +6,9 @@
 //! from cache), timed with timestamps at the pass's start and end, after a
 //! warm-up. Random weights: only the time matters here.
 //!
-//! `cargo run --release --example matvec_sweep [-- --repeat N]`
+//! `cargo run --release --example matvec_sweep [-- --repeat N] [--copies N]`
+//! (`--copies 1`: every launch reads the same copy, from cache when it
+//! fits: what the launch costs once its weights are in L2).
 
 use qwen3_wgpu::kernels::{compile, Kernel, MatvecLayout};
 use qwen3_wgpu::weights::QUANT_GROUP;
@@ -53,12 +55,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("rows wg128 r16".into(), MatvecLayout::RowsPerTeam, 128, 16),
         ("rows wg128 r32".into(), MatvecLayout::RowsPerTeam, 128, 32),
     ];
-    let repeat = std::env::args()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .find(|w| w[0] == "--repeat")
-        .and_then(|w| w[1].parse().ok())
-        .unwrap_or(5);
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: u32| -> u32 {
+        args.windows(2).find(|w| w[0] == name).and_then(|w| w[1].parse().ok()).unwrap_or(default)
+    };
+    let repeat = arg("--repeat", 5);
+    let layer_copies = arg("--copies", LAYERS).clamp(1, LAYERS);
 
     let mut seed = 0x9e3779b9u32;
     let mut rand_words = |n: usize| -> Vec<u32> {
@@ -81,7 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let words = (s.rows * s.cols / 4) as usize;
             let groups = (s.rows * s.cols) as usize / QUANT_GROUP;
             let data = rand_words(words);
-            let n_copies = if s.rows > 100_000 { 1 } else { LAYERS };
+            let n_copies = if s.rows > 100_000 { 1 } else { layer_copies };
             let copies: Vec<_> = (0..n_copies)
                 .map(|_| {
                     let w = gpu.storage_init(s.name, bytemuck::cast_slice(&data)).unwrap();

@@ -7,6 +7,7 @@
 //! its own small readback buffer without stalling the queue.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::{mpsc, Arc};
 
 use crate::config::ModelConfig;
@@ -303,7 +304,7 @@ impl Session {
         }
         self.write_step_at(end - 1, end);
         let mut enc = self.encoder();
-        self.record(&mut enc, end - 1, None);
+        self.record(&mut enc, end - 1..end, None);
         let slot = self.queue_readback(&mut enc, end)?;
         self.submit_with_readback(enc, slot);
         self.gpu_pos = end;
@@ -372,9 +373,11 @@ impl Session {
             return Ok(());
         }
         let mut enc = self.encoder();
+        self.record(&mut enc, self.gpu_pos..self.gpu_pos + n, None);
+        // Each step's token is read back once the whole submit is done
+        // anyway, so the copies can all follow the one pass.
         let mut slots = Vec::with_capacity(n);
         for i in 0..n {
-            self.record(&mut enc, self.gpu_pos + i, None);
             slots.push(self.queue_readback(&mut enc, self.gpu_pos + i + 1)?);
         }
         self.submit_with_readbacks(enc, &slots);
@@ -394,14 +397,22 @@ impl Session {
         gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode") })
     }
 
-    /// Records the decode step at position `pos`: one compute pass
-    /// (optionally timestamped at its start and end).
-    fn record(&self, enc: &mut wgpu::CommandEncoder, pos: usize, timestamps: Option<&Timestamps>) {
+    /// Records the decode steps at `positions`, in order, in one compute
+    /// pass (optionally timestamped at its start and end): a pass per step
+    /// cost ~40 µs of GPU time per step on an H200 (BENCHMARKS.md).
+    fn record(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        positions: Range<usize>,
+        timestamps: Option<&Timestamps>,
+    ) {
         let timestamp_writes = timestamps.map(Timestamps::pass_writes);
         let mut pass =
             enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes });
-        for l in self.forward.step_at(pos) {
-            l.record(&mut pass, &self.model.kernels);
+        for pos in positions {
+            for l in self.forward.step_at(pos) {
+                l.record(&mut pass, &self.model.kernels);
+            }
         }
     }
 
@@ -535,7 +546,7 @@ impl Session {
             .then(|| Timestamps::new(&gpu, "step timestamps", 2));
         let t0 = std::time::Instant::now();
         let mut enc = self.encoder();
-        self.record(&mut enc, self.len, timestamps.as_ref());
+        self.record(&mut enc, self.len..self.len + 1, timestamps.as_ref());
         let encode_us = t0.elapsed().as_secs_f64() * 1e6;
         if let Some(t) = &timestamps {
             t.resolve(&mut enc);
@@ -647,8 +658,8 @@ impl Session {
     }
 
     /// GPU time per step (microseconds) of `n` decode steps recorded back to
-    /// back in one submit, with no readbacks in between (timestamps at the
-    /// start of the first step and the end of the last): the GPU's own
+    /// back in one pass, as decode records a submit's steps, with no
+    /// readbacks (timestamps at the pass's start and end): the GPU's own
     /// rate, to set beside the rate a caller sees. Leaves the session as it
     /// was (the steps' tokens and KV entries lie past its length). `None`
     /// without timestamps.
@@ -665,22 +676,7 @@ impl Session {
         self.discard_queued()?;
         let ts = Timestamps::new(&gpu, "steps timestamps", 2);
         let mut enc = self.encoder();
-        for i in 0..n {
-            let (first, last) = ((i == 0).then_some(0), (i + 1 == n).then_some(1));
-            let timestamp_writes =
-                (first.is_some() || last.is_some()).then_some(wgpu::ComputePassTimestampWrites {
-                    query_set: &ts.set,
-                    beginning_of_pass_write_index: first,
-                    end_of_pass_write_index: last,
-                });
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("forward"),
-                timestamp_writes,
-            });
-            for l in self.forward.step_at(self.len + i) {
-                l.record(&mut pass, &self.model.kernels);
-            }
-        }
+        self.record(&mut enc, self.len..self.len + n, Some(&ts));
         ts.resolve(&mut enc);
         gpu.queue.submit([enc.finish()]);
         let us = ts.intervals_us(&gpu)?;
