@@ -66,6 +66,42 @@ impl MatvecLayout {
         }
     }
 
+    /// How the decode matvec of a matrix with `rows` rows of `k_words` u32
+    /// words runs. Split-K devices run matrices of more than
+    /// [`SPLIT_K_MAX_ROWS`] rows (the LM head) rows per team, one subgroup
+    /// of [`LONG_MATRIX_WG`] lanes per 4 rows: they have workgroups enough
+    /// to fill the GPU without splitting K, and skip its reduction (the
+    /// 0.6B LM head on an H200: 63 against 77 µs, BENCHMARKS.md).
+    pub fn split(self, rows: usize, k_words: usize) -> MatvecSplit {
+        match self {
+            MatvecLayout::SplitK if rows > SPLIT_K_MAX_ROWS => MatvecSplit {
+                layout: MatvecLayout::RowsPerTeam,
+                workgroup_size: LONG_MATRIX_WG,
+                rows_per_wg: MATVEC_ROWS_PER_TEAM,
+            },
+            _ => MatvecSplit {
+                layout: self,
+                workgroup_size: self.workgroup_size(k_words),
+                rows_per_wg: self.rows_per_wg(),
+            },
+        }
+    }
+
+    /// Every split [`Self::split`] can give; the first is that of the
+    /// matvec kernels' default pipelines ([`Kernel::constants`]).
+    pub fn splits(self) -> Vec<MatvecSplit> {
+        let at =
+            |workgroup_size| MatvecSplit { layout: self, workgroup_size, rows_per_wg: self.rows_per_wg() };
+        match self {
+            MatvecLayout::RowsPerTeam => vec![at(MATVEC_WG)],
+            MatvecLayout::SplitK => SPLIT_K_WGS
+                .into_iter()
+                .map(at)
+                .chain(std::iter::once(self.split(SPLIT_K_MAX_ROWS + 1, 0)))
+                .collect(),
+        }
+    }
+
     /// Output rows per workgroup.
     pub fn rows_per_wg(self) -> u32 {
         match self {
@@ -89,6 +125,16 @@ impl MatvecLayout {
             }
         }
     }
+}
+
+/// How one matrix's decode matvec splits its work: the layout, the
+/// workgroup size and the output rows per workgroup (its pipeline's `SPLIT_K`,
+/// `WG` and `ROWS_PER_WG`), from [`MatvecLayout::split`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatvecSplit {
+    pub layout: MatvecLayout,
+    pub workgroup_size: u32,
+    pub rows_per_wg: u32,
 }
 
 /// Epilogue of an `int8_matvec` variant (its override constants).
@@ -186,6 +232,12 @@ pub const MATMUL_WG: u32 = (MATMUL_ROWS_PER_WG / 2) * (MATMUL_TOKENS_PER_WG / 2)
 const _: () = assert!(MATMUL_WG <= 256 && MATMUL_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG));
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
+/// Split-K devices run matrices with more rows than this rows per team
+/// (see [`MatvecLayout::split`]).
+pub const SPLIT_K_MAX_ROWS: usize = 16384;
+/// Workgroup size of those rows-per-team matvecs: one subgroup on NVIDIA
+/// GPUs (measured by `matvec_sweep`: 32 lanes and 4 rows beat 64 and 8).
+pub const LONG_MATRIX_WG: u32 = 32;
 /// Workgroup sizes the split-K matvec pipelines are built with (see
 /// [`MatvecLayout::workgroup_size`]; the first is [`MATVEC_WG`]).
 pub const SPLIT_K_WGS: [u32; 3] = [MATVEC_WG, 128, 256];
@@ -307,6 +359,19 @@ impl Kernel {
             Some(_) => MATVEC_WG,
             None => WG,
         }
+    }
+
+    /// [`Self::constants`] of a matvec variant under `split`.
+    pub fn split_constants(self, split: MatvecSplit) -> Vec<(&'static str, f64)> {
+        let mut c = self.constants(split.layout);
+        for (name, v) in c.iter_mut() {
+            match *name {
+                "WG" => *v = split.workgroup_size as f64,
+                "ROWS_PER_WG" => *v = split.rows_per_wg as f64,
+                _ => {}
+            }
+        }
+        c
     }
 
     /// Override constants this kernel is specialised with (`layout`: the
@@ -649,10 +714,10 @@ struct PrefillPipelines {
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
-    /// Split K only: the matvec variants' decode pipelines at the wider
-    /// workgroup sizes of [`SPLIT_K_WGS`] (kernel, size, pipeline), on the
-    /// default pipeline's bind-group layout.
-    wide: Vec<(Kernel, u32, wgpu::ComputePipeline)>,
+    /// The matvec variants' decode pipelines for the other splits of
+    /// [`MatvecLayout::splits`] (split K's wider workgroups, the long
+    /// matrices' rows per team), on the default pipeline's bind-group layout.
+    splits: Vec<(Kernel, MatvecSplit, wgpu::ComputePipeline)>,
     /// Per kernel, the prefill pipelines where they differ from the decode
     /// one (the matvecs, and `attention_partial`'s `attention_prefill`; WGSL
     /// on every backend, on the decode pipeline's bind-group layout).
@@ -701,36 +766,26 @@ impl Kernels {
                 Ok(Some(PrefillPipelines { per_token, tiled }))
             })
             .collect::<Result<_>>()?;
-        let mut wide = Vec::new();
-        if matvec_layout == MatvecLayout::SplitK {
-            for p in pipelines.iter().filter(|p| p.kernel.matvec_variant().is_some()) {
-                let k = p.kernel;
-                for wg in SPLIT_K_WGS.into_iter().filter(|w| *w != k.workgroup_size()) {
-                    let mut constants = k.constants(matvec_layout);
-                    constants.iter_mut().filter(|c| c.0 == "WG").for_each(|c| c.1 = wg as f64);
-                    let src = k.source(gpu.subgroups);
-                    let (pipeline, _) = compile_for_layout(
-                        gpu,
-                        k.entry(),
-                        &src,
-                        k.entry(),
-                        k.bindings(),
-                        &constants,
-                        Some(&p.layout),
-                    )?;
-                    wide.push((k, wg, pipeline));
-                }
+        let mut splits = Vec::new();
+        for p in pipelines.iter().filter(|p| p.kernel.matvec_variant().is_some()) {
+            let k = p.kernel;
+            for split in matvec_layout.splits().into_iter().skip(1) {
+                let src = k.source(gpu.subgroups);
+                let constants = k.split_constants(split);
+                let layout = Some(&p.layout);
+                let (pipeline, _) =
+                    compile_for_layout(gpu, k.entry(), &src, k.entry(), k.bindings(), &constants, layout)?;
+                splits.push((k, split, pipeline));
             }
         }
-        Ok(Kernels { pipelines, wide, prefill, matvec_layout, source })
+        Ok(Kernels { pipelines, splits, prefill, matvec_layout, source })
     }
 
-    /// The decode pipeline of `kernel` at workgroup size `wg` (the
-    /// kernel's own size, or one of [`SPLIT_K_WGS`] for a split-K matvec).
-    pub fn decode_pipeline(&self, kernel: Kernel, wg: u32) -> &wgpu::ComputePipeline {
-        self.wide
+    /// The decode pipeline of `kernel` (a matvec variant's: under `split`).
+    pub fn decode_pipeline(&self, kernel: Kernel, split: Option<MatvecSplit>) -> &wgpu::ComputePipeline {
+        self.splits
             .iter()
-            .find(|(k, w, _)| *k == kernel && *w == wg)
+            .find(|(k, s, _)| *k == kernel && Some(*s) == split)
             .map(|(_, _, p)| p)
             .unwrap_or(&self.get(kernel).pipeline)
     }
@@ -777,8 +832,9 @@ pub struct Launch {
     pub kernel: Kernel,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
-    /// Workgroup size of the decode pipeline (see [`Kernels::decode_pipeline`]).
-    pub workgroup_size: u32,
+    /// A matvec's split (see [`Kernels::decode_pipeline`]); `None`: the
+    /// kernel's default pipeline.
+    pub matvec_split: Option<MatvecSplit>,
     /// The tiled prefill pipeline's grid for one tile of
     /// [`MATMUL_TOKENS_PER_WG`] tokens (one workgroup per
     /// [`MATMUL_ROWS_PER_WG`] rows); see [`Kernel::prefill_tiled`].
@@ -806,13 +862,7 @@ impl Launch {
             layout: &p.layout,
             entries: &entries,
         });
-        Launch {
-            kernel,
-            bind_group,
-            workgroups,
-            workgroup_size: kernel.workgroup_size(),
-            prefill_workgroups: workgroups,
-        }
+        Launch { kernel, bind_group, workgroups, matvec_split: None, prefill_workgroups: workgroups }
     }
 
     /// Records the launch for one token (the decode step).
@@ -834,7 +884,7 @@ impl Launch {
                 }
                 _ => (&pp.per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
             },
-            _ => (kernels.decode_pipeline(self.kernel, self.workgroup_size), self.workgroups, tokens),
+            _ => (kernels.decode_pipeline(self.kernel, self.matvec_split), self.workgroups, tokens),
         };
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
@@ -905,6 +955,25 @@ mod tests {
         // Short rows keep the smallest size; long ones take the largest.
         assert_eq!((wg(64), wg(1088), wg(8192)), (64, 128, 256));
         assert_eq!(MatvecLayout::RowsPerTeam.workgroup_size(768), MATVEC_WG);
+    }
+
+    #[test]
+    fn every_split_has_a_pipeline_and_the_first_is_the_default() {
+        for layout in [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK] {
+            let splits = layout.splits();
+            for k in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+                assert_eq!(k.split_constants(splits[0]), k.constants(layout), "{k:?} {layout:?}");
+            }
+            // Qwen3-0.6B's matrices (rows, k_words) and longer rows.
+            for (rows, k_words) in
+                [(4096, 256), (1024, 512), (6144, 256), (1024, 768), (151936, 256), (64, 4096)]
+            {
+                assert!(splits.contains(&layout.split(rows, k_words)), "{layout:?} {rows}x{k_words}");
+            }
+        }
+        let lm_head = MatvecLayout::SplitK.split(151936, 256);
+        assert_eq!((lm_head.layout, lm_head.workgroup_size), (MatvecLayout::RowsPerTeam, LONG_MATRIX_WG));
+        assert_eq!(MatvecLayout::SplitK.split(SPLIT_K_MAX_ROWS, 256).layout, MatvecLayout::SplitK);
     }
 
     #[test]

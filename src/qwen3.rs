@@ -265,10 +265,10 @@ impl Builder<'_> {
                 };
                 // Without a norm the norm_w slot is never read: bind x there.
                 let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
-                let layout = self.kernels.matvec_layout;
-                let groups = (c.rows as u32).div_ceil(layout.rows_per_wg());
+                let split = self.kernels.matvec_layout.split(w.rows, w.k_words);
+                let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
                 let mut l = self.launch(kernel, bytes_of(&p), &bufs, grid(groups))?;
-                l.workgroup_size = layout.workgroup_size(w.k_words);
+                l.matvec_split = Some(split);
                 if kernel.prefill_tiled() {
                     l.prefill_workgroups = grid((c.rows as u32).div_ceil(MATMUL_ROWS_PER_WG));
                 }

@@ -130,7 +130,8 @@ fn split_k_matvec_layout() {
 }
 
 /// The split-K layout's wider workgroups (rows of 2048 and 3072 values, as
-/// the 0.6B model's o_proj and down) against rows per team, on a random
+/// the 0.6B model's o_proj and down) and its rows-per-team LM head (a
+/// vocabulary past `SPLIT_K_MAX_ROWS`) against rows per team, on a random
 /// checkpoint of the 0.6B layer shape with 2 layers: the same logits at
 /// every step, and the same tokens unless the top two are near-tied.
 #[test]
@@ -138,7 +139,7 @@ fn split_k_wide_workgroups_agree_with_rows_per_team() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = qwen3_wgpu::ModelConfig {
         num_hidden_layers: 2,
-        vocab_size: 1000,
+        vocab_size: qwen3_wgpu::kernels::SPLIT_K_MAX_ROWS + 1000,
         eos_token_ids: vec![],
         ..qwen3_wgpu::ModelConfig::qwen3_0_6b_base()
     };

@@ -13,7 +13,7 @@ use common::cases::{
     ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, WG};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit, WG};
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -188,29 +188,20 @@ fn int8_matvec_matches_cpu() {
         ];
         for &(rows, cols, tokens, prefill) in &shapes {
             let kernels = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some());
-            // Rows per team, and split K at each of its workgroup sizes.
-            let split = kernels::SPLIT_K_WGS.map(|wg| (MatvecLayout::SplitK, wg, kernels::SPLIT_K_ROWS));
-            let layouts =
-                std::iter::once((MatvecLayout::RowsPerTeam, kernels::MATVEC_WG, kernels::MATVEC_ROWS))
-                    .chain(split)
-                    .filter(|(_, wg, _)| !prefill || *wg == kernels::MATVEC_WG)
-                    .collect::<Vec<_>>();
-            for (kernel, (layout, wg, rows_per_wg)) in
-                kernels.flat_map(|k| layouts.iter().map(move |l| (k, *l)))
-            {
+            // Every split the engine can pick (rows per team; split K at each
+            // of its workgroup sizes, and its long matrices' rows per team);
+            // prefill pipelines per device layout.
+            let splits = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK]
+                .into_iter()
+                .flat_map(|layout| if prefill { vec![layout.splits()[0]] } else { layout.splits() })
+                .collect::<Vec<_>>();
+            for (kernel, split) in kernels.flat_map(|k| splits.iter().map(move |s| (k, *s))) {
+                let MatvecSplit { layout, workgroup_size: wg, rows_per_wg } = split;
                 let constants = move |k: Kernel| {
                     if prefill {
                         k.prefill_constants(layout)
                     } else {
-                        let mut c = k.constants(layout);
-                        for (name, v) in c.iter_mut() {
-                            match *name {
-                                "WG" => *v = wg as f64,
-                                "ROWS_PER_WG" => *v = rows_per_wg as f64,
-                                _ => {}
-                            }
-                        }
-                        c
+                        k.split_constants(split)
                     }
                 };
                 let run = wgsl_run(&gpu, sub, constants);
