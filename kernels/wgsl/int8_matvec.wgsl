@@ -78,23 +78,34 @@ struct Partial {
     ss: vec4<f32>,
 }
 
+// Quad j of `rows` (row indices) against x's quad j.
+fn step4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
+    let k_quads = p.k_words / 4u;
+    let q = xq(xb + 4u * j, j);
+    let g = j / (GROUP_WORDS / 4u);
+    let s = vec4<f32>(scales[rows.x * p.groups + g], scales[rows.y * p.groups + g], scales[rows.z * p.groups + g],
+                      scales[rows.w * p.groups + g]);
+    let acc = rows4(w[rows.x * k_quads + j], w[rows.y * k_quads + j], w[rows.z * k_quads + j],
+                    w[rows.w * k_quads + j], q) * s;
+    return Partial(acc, q.sq);
+}
+
 fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
     let k_quads = p.k_words / 4u;
-    let r1 = min(row0 + 1u, p.rows - 1u);
-    let r2 = min(row0 + 2u, p.rows - 1u);
-    let r3 = min(row0 + 3u, p.rows - 1u);
-    let quads_per_group = GROUP_WORDS / 4u;
-    var acc = vec4<f32>(0.0);
-    var ss = vec4<f32>(0.0);
-    for (var j = first; j < k_quads; j += stride) {
-        let q = xq(xb + 4u * j, j);
-        ss += q.sq;
-        let g = j / quads_per_group;
-        let s = vec4<f32>(scales[row0 * p.groups + g], scales[r1 * p.groups + g], scales[r2 * p.groups + g],
-                          scales[r3 * p.groups + g]);
-        acc += rows4(w[row0 * k_quads + j], w[r1 * k_quads + j], w[r2 * k_quads + j], w[r3 * k_quads + j], q) * s;
+    let rows = vec4<u32>(row0, min(row0 + 1u, p.rows - 1u), min(row0 + 2u, p.rows - 1u), min(row0 + 3u, p.rows - 1u));
+    // The first step outside the loop: straight-line code for the split-K
+    // lanes, which take one step per row (measured: 5.8 against 6.8 µs for
+    // the 0.6B qkv matvec on an H200).
+    var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
+    if first < k_quads {
+        o = step4(rows, xb, first);
     }
-    return Partial(acc, ss);
+    for (var j = first + stride; j < k_quads; j += stride) {
+        let a = step4(rows, xb, j);
+        o.acc += a.acc;
+        o.ss += a.ss;
+    }
+    return o;
 }
 
 // partial4 for 4 tokens at once (rows as in partial4; token i's input at
