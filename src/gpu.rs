@@ -265,6 +265,61 @@ impl Gpu {
 
 /// `count` GPU timestamp queries with the buffers that resolve them and
 /// bring them back (the diagnostics' timing: see `Session::timed_step`).
+/// Bytes of one [`UniformPages`] buffer.
+pub const UNIFORM_PAGE_BYTES: u64 = 16 * 1024;
+
+/// Small uniform blocks (each launch's parameters) packed into shared
+/// buffers of [`UNIFORM_PAGE_BYTES`] at the device's offset alignment: a
+/// session's ~300 launches take a handful of buffers, not one each (Metal
+/// gives every buffer at least a page of memory).
+pub struct UniformPages {
+    pages: Vec<wgpu::Buffer>,
+    /// Bytes used in the last page.
+    used: u64,
+}
+
+impl UniformPages {
+    pub fn new() -> Self {
+        UniformPages { pages: Vec::new(), used: UNIFORM_PAGE_BYTES }
+    }
+
+    /// Copies `data` (a multiple of 4 bytes) into a page; returns the page
+    /// and the offset and size to bind (the size rounded up to 16 bytes, a
+    /// uniform struct's granularity).
+    pub fn push(&mut self, gpu: &Gpu, data: &[u8]) -> (wgpu::Buffer, u64, u64) {
+        let align = gpu.device.limits().min_uniform_buffer_offset_alignment as u64;
+        let size = (data.len() as u64).div_ceil(16).max(1) * 16;
+        let offset = self.used.next_multiple_of(align);
+        let (page, offset) = match self.pages.last() {
+            Some(page) if offset + size <= UNIFORM_PAGE_BYTES => (page.clone(), offset),
+            _ => {
+                let page = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("launch parameters"),
+                    size: UNIFORM_PAGE_BYTES.max(size),
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                self.pages.push(page.clone());
+                (page, 0)
+            }
+        };
+        gpu.queue.write_buffer(&page, offset, data);
+        self.used = offset + size;
+        (page, offset, size)
+    }
+
+    /// Bytes of every page.
+    pub fn bytes(&self) -> u64 {
+        self.pages.iter().map(|p| p.size()).sum()
+    }
+}
+
+impl Default for UniformPages {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 pub struct Timestamps {
     pub set: wgpu::QuerySet,
     count: u32,

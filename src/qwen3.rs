@@ -20,11 +20,13 @@
 //! RoPE and cache write as a launch of their own (a token's attention reads
 //! the K/V the batch's other tokens write).
 
+use std::cell::RefCell;
+
 use bytemuck::{bytes_of, Pod, Zeroable};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, UniformPages};
 use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::{padded, SessionBuffers};
@@ -103,6 +105,8 @@ enum StepLaunch {
 pub struct Forward {
     step: Vec<StepLaunch>,
     pub prefill: Vec<Launch>,
+    /// Bytes of the buffers holding every launch's parameters.
+    pub uniform_bytes: u64,
 }
 
 impl Forward {
@@ -130,7 +134,7 @@ pub fn forward(
     s: &SessionBuffers,
 ) -> Result<Forward> {
     use Matvec::{Accumulate, Normed, NormedSwiglu};
-    let b = Builder { gpu, kernels, cfg, s };
+    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new()) };
     let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
     let embed = b.embed(&weights.embed)?;
     let mut step: Vec<StepLaunch> = always(embed.clone()).collect();
@@ -163,7 +167,8 @@ pub fn forward(
     }
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))?));
     step.extend(always(b.argmax()?));
-    Ok(Forward { step, prefill })
+    let uniform_bytes = b.uniforms.borrow().bytes();
+    Ok(Forward { step, prefill, uniform_bytes })
 }
 
 /// What a matvec computes from `x` (each is one `int8_matvec` variant):
@@ -176,13 +181,14 @@ enum Matvec<'a> {
     NormedSwiglu(&'a wgpu::Buffer),
 }
 
-/// Makes launches (each with its own uniform buffer) over the session's
-/// buffers.
+/// Makes launches over the session's buffers (their parameters packed in
+/// shared uniform buffers).
 struct Builder<'a> {
     gpu: &'a Gpu,
     kernels: &'a Kernels,
     cfg: &'a ModelConfig,
     s: &'a SessionBuffers,
+    uniforms: RefCell<UniformPages>,
 }
 
 fn whole(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
@@ -197,8 +203,9 @@ impl Builder<'_> {
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) -> Result<Launch> {
-        let u = self.gpu.uniform(kernel.entry(), params)?;
-        let mut all = vec![whole(&u)];
+        let (page, offset, size) = self.uniforms.borrow_mut().push(self.gpu, params);
+        let u = wgpu::BufferBinding { buffer: &page, offset, size: wgpu::BufferSize::new(size) };
+        let mut all = vec![wgpu::BindingResource::Buffer(u)];
         all.extend_from_slice(buffers);
         Ok(Launch::new(self.gpu, self.kernels, kernel, &all, workgroups))
     }

@@ -236,7 +236,8 @@ impl Session {
         }
     }
 
-    /// GPU memory this session allocated (KV cache, activations, scratch), bytes.
+    /// GPU memory this session allocated (KV cache, activations, scratch,
+    /// launch parameters), bytes.
     pub fn buffer_bytes(&self) -> u64 {
         let b = &self.bufs;
         let fixed = [
@@ -255,7 +256,7 @@ impl Session {
             &b.rope,
         ];
         let caches = b.k_cache.iter().chain(&b.v_cache);
-        fixed.into_iter().chain(caches).map(|buf| buf.size()).sum()
+        fixed.into_iter().chain(caches).map(|buf| buf.size()).sum::<u64>() + self.forward.uniform_bytes
     }
 
     /// Kernel launches (dispatches) of the next decode step (at the

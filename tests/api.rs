@@ -218,3 +218,29 @@ fn memory_is_accounted_per_model_and_per_session_capacity() {
         + 4; // the token sequence (u32)
     assert_eq!(large - small, (24 * per_position) as u64);
 }
+
+/// Launch parameters are packed into a few shared uniform buffers, each
+/// block at the device's offset alignment and none overlapping another.
+#[test]
+fn launch_parameters_share_a_few_uniform_buffers() {
+    use qwen3_wgpu::gpu::{UniformPages, UNIFORM_PAGE_BYTES};
+    let gpu = qwen3_wgpu::Gpu::new(AdapterPolicy::Portable).unwrap();
+    let align = gpu.device.limits().min_uniform_buffer_offset_alignment as u64;
+    let mut pages = UniformPages::new();
+    let n = 300u64;
+    let blocks: Vec<_> = (0..n as u32).map(|i| pages.push(&gpu, bytemuck::cast_slice(&[i; 7]))).collect();
+    let mut buffers: Vec<&wgpu::Buffer> = Vec::new();
+    for (i, (page, offset, size)) in blocks.iter().enumerate() {
+        assert!(offset % align == 0 && *size == 32 && offset + size <= page.size(), "block {i}");
+        if !buffers.contains(&page) {
+            buffers.push(page);
+        }
+        for (page2, offset2, size2) in &blocks[..i] {
+            let apart = offset + size <= *offset2 || offset2 + size2 <= *offset;
+            assert!(page != page2 || apart, "blocks {i} and one before overlap");
+        }
+    }
+    let per_page = UNIFORM_PAGE_BYTES / align.max(32);
+    assert_eq!(buffers.len() as u64, n.div_ceil(per_page));
+    assert_eq!(pages.bytes(), buffers.len() as u64 * UNIFORM_PAGE_BYTES);
+}
