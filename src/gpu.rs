@@ -263,15 +263,13 @@ impl Gpu {
     }
 }
 
-/// `count` GPU timestamp queries with the buffers that resolve them and
-/// bring them back (the diagnostics' timing: see `Session::timed_step`).
 /// Bytes of one [`UniformPages`] buffer.
 pub const UNIFORM_PAGE_BYTES: u64 = 16 * 1024;
 
 /// Small uniform blocks (each launch's parameters) packed into shared
 /// buffers of [`UNIFORM_PAGE_BYTES`] at the device's offset alignment: a
-/// session's ~300 launches take a handful of buffers, not one each (Metal
-/// gives every buffer at least a page of memory).
+/// session's ~300 launches take a handful of buffers, not one allocation
+/// each.
 pub struct UniformPages {
     pages: Vec<wgpu::Buffer>,
     /// Bytes used in the last page.
@@ -279,6 +277,7 @@ pub struct UniformPages {
 }
 
 impl UniformPages {
+    /// No pages yet: the first [`Self::push`] creates one.
     pub fn new() -> Self {
         UniformPages { pages: Vec::new(), used: UNIFORM_PAGE_BYTES }
     }
@@ -320,6 +319,8 @@ impl Default for UniformPages {
     }
 }
 
+/// `count` GPU timestamp queries with the buffers that resolve them and
+/// bring them back (the diagnostics' timing: see `Session::timed_step`).
 pub struct Timestamps {
     pub set: wgpu::QuerySet,
     count: u32,
