@@ -100,6 +100,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         s.feed(&prompt)?;
         let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
         let dispatches = s.dispatches_per_token();
+        // The GPU's own rate at this context: steps back to back in one
+        // submit (best of 3; leaves the session as it was).
+        let back_to_back_us =
+            (0..3).filter_map(|_| s.gpu_time_of_steps(args.timed_steps).ok().flatten()).reduce(f64::min);
         let t = Instant::now();
         for _ in 0..args.tokens {
             s.next_token()?;
@@ -118,9 +122,6 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let encode_us = median(timings.iter().map(|t| t.encode_us).collect());
         let gpu_us = median(timings.iter().filter_map(|t| t.gpu_us).collect());
         let wall_us = median(timings.iter().map(|t| t.wall_us).collect());
-        // The GPU's own rate: steps back to back in one submit (best of 3).
-        let back_to_back_us =
-            (0..3).filter_map(|_| s.gpu_time_of_steps(args.timed_steps).ok().flatten()).reduce(f64::min);
         // KV bytes read per token at this context (f16 K and V).
         let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
         println!(
