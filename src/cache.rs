@@ -34,9 +34,11 @@
 //! only ever holds a complete file.
 //!
 //! Housekeeping after each write, so the directory does not grow without
-//! bound: cache files of this format whose `source` is the same checkpoint
-//! directory under another key (the checkpoint changed since) are deleted,
-//! and so are temporary files no writer has touched for
+//! bound: cache files of this format are deleted whose `source` is the same
+//! checkpoint directory under another key (the checkpoint changed since)
+//! or a directory that no longer exists (the checkpoint was deleted or
+//! moved; a moved one converts again at its new path once its file is
+//! gone), and so are temporary files no writer has touched for
 //! [`ABANDONED_TEMP_AGE`] (left by a process killed mid-write).
 
 use std::fs::{File, OpenOptions};
@@ -432,7 +434,7 @@ fn remove_stale_files(dir: &Path, key: &str, source: &str) {
             let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
             age.is_some_and(|a| a >= ABANDONED_TEMP_AGE)
         } else if name != own && name.ends_with(&extension) {
-            cache_source(&path).as_deref() == Some(source)
+            cache_source(&path).is_some_and(|s| s == source || !Path::new(&s).is_dir())
         } else {
             false
         };

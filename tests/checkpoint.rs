@@ -598,6 +598,34 @@ fn changed_checkpoint_replaces_its_stale_cache() {
     assert!(!ra3.converted);
 }
 
+/// The cache file of a checkpoint directory that no longer exists (deleted,
+/// or moved: it converts again at its new path) is deleted when another
+/// checkpoint's file is written; files of checkpoints that exist stay.
+#[test]
+fn cache_of_a_deleted_checkpoint_is_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache_dir, policy, a, b) = two_checkpoints(tmp.path());
+    let (_, ra) = load(&a, &policy);
+    let (_, rb) = load(&b, &policy);
+    let name = |r: &LoadReport| cache_file(r).file_name().unwrap().to_string_lossy().into_owned();
+    // a moves: its file stays until the next cache write.
+    let moved = tmp.path().join("a-moved");
+    std::fs::rename(&a, &moved).unwrap();
+    assert_eq!(dir_entries(&cache_dir).len(), 2);
+    // b changes and converts again: a's orphan goes with b's old file.
+    std::fs::write(b.join("generation_config.json"), r#"{"eos_token_id": [7, 9]}"#).unwrap();
+    let (_, rb2) = load(&b, &policy);
+    assert!(rb2.converted);
+    assert_eq!(dir_entries(&cache_dir), vec![name(&rb2)]);
+    assert_ne!(name(&ra), name(&rb));
+    // At its new path a converts again and b's file stays.
+    let (_, ra2) = load(&moved, &policy);
+    assert!(ra2.converted);
+    let mut both = vec![name(&ra2), name(&rb2)];
+    both.sort();
+    assert_eq!(dir_entries(&cache_dir), both);
+}
+
 /// Temporary files a killed writer left behind (untouched for
 /// ABANDONED_TEMP_AGE) are deleted when a cache file is written; a fresh
 /// one (a writer at work) and files that are not ours stay.
