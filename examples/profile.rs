@@ -40,14 +40,14 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
         if let Some(prof) = p.profile_prefill(&ids)? {
             let mut by: BTreeMap<String, (usize, f64)> = BTreeMap::new();
             for (k, us) in &prof {
-                let e = by.entry(format!("{k:?}")).or_default();
+                let e = by.entry(k.to_string()).or_default();
                 e.0 += 1;
                 e.1 += us[0];
             }
             let total: f64 = prof.iter().map(|p| p.1[0]).sum();
             println!("prefill batch of {n} tokens after {context}: {} launches, {total:.0} us", prof.len());
             for (k, (launches, us)) in by {
-                println!("{k:24} {launches:4} launches {us:10.0} us  ({:.1} us each)", us / launches as f64);
+                println!("{k:42} {launches:4} launches {us:10.0} us  ({:.1} us each)", us / launches as f64);
             }
         }
     }
@@ -62,7 +62,7 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
     // kernel -> (launches, first runs' µs, later runs' µs, later runs)
     let mut by: BTreeMap<String, (usize, f64, f64, usize)> = BTreeMap::new();
     for (k, runs) in &prof {
-        let e = by.entry(format!("{k:?}")).or_default();
+        let e = by.entry(k.to_string()).or_default();
         e.0 += 1;
         e.1 += runs[0];
         e.2 += runs[1..].iter().sum::<f64>();
@@ -71,18 +71,17 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
     let total: f64 = prof.iter().map(|p| p.1[0]).sum();
     println!("context {context}: {} launches, {:.0} us total in first runs ({how})", prof.len(), total);
     for (k, (n, first, later, n_later)) in by {
-        print!("{k:24} {n:4} launches {first:10.0} us  ({:.1} us each)", first / n as f64);
+        print!("{k:42} {n:4} launches {first:10.0} us  ({:.1} us each)", first / n as f64);
         if n_later > 0 {
             print!("  repeated back to back: {:.1} us each", later / n_later as f64);
         }
         println!();
     }
-    // Each kind of kernel alone, in sequence, with no timestamps between
+    // Each kind of launch alone, in sequence, with no timestamps between
     // launches: its cost inside the step, free of the timestamps' own cost.
     let kinds: Vec<_> = {
         let mut v: Vec<_> = prof.iter().map(|p| p.0).collect();
-        v.dedup();
-        v.sort_by_key(|k| format!("{k:?}"));
+        v.sort_by_key(|k| k.to_string());
         v.dedup();
         v
     };
@@ -94,8 +93,8 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
             let alone =
                 (0..5).filter_map(|_| s.gpu_time_of(|x| x == k).ok().flatten()).fold(f64::MAX, f64::min);
             println!(
-                "{:24} {n:4} launches alone: {alone:8.0} us ({:.1} us each)",
-                format!("{k:?}"),
+                "{:42} {n:4} launches alone: {alone:8.0} us ({:.1} us each)",
+                k.to_string(),
                 alone / n as f64
             );
         }

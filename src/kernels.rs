@@ -826,6 +826,29 @@ impl Kernels {
     }
 }
 
+/// What a launch runs, as diagnostics name it: the kernel and, for a
+/// matvec, its split (e.g. `Int8MatvecNorm [rows per team x32]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchKind {
+    pub kernel: Kernel,
+    pub split: Option<MatvecSplit>,
+}
+
+impl std::fmt::Display for LaunchKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.kernel)?;
+        match self.split {
+            Some(MatvecSplit { layout: MatvecLayout::SplitK, workgroup_size, .. }) => {
+                write!(f, " [split K x{workgroup_size}]")
+            }
+            Some(MatvecSplit { layout: MatvecLayout::RowsPerTeam, workgroup_size, .. }) => {
+                write!(f, " [rows per team x{workgroup_size}]")
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 /// One recorded kernel launch: pipeline, its bound buffers, and a grid.
 #[derive(Clone)]
 pub struct Launch {
@@ -863,6 +886,11 @@ impl Launch {
             entries: &entries,
         });
         Launch { kernel, bind_group, workgroups, matvec_split: None, prefill_workgroups: workgroups }
+    }
+
+    /// What this launch runs (for diagnostics).
+    pub fn kind(&self) -> LaunchKind {
+        LaunchKind { kernel: self.kernel, split: self.matvec_split }
     }
 
     /// Records the launch for one token (the decode step).

@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Timestamps};
-use crate::kernels::{Kernels, ARGMAX_CHUNK, ATTENTION_CHUNK};
+use crate::kernels::{Kernels, LaunchKind, ARGMAX_CHUNK, ATTENTION_CHUNK};
 use crate::model::GpuWeights;
 use crate::qwen3::Forward;
 use crate::weights::QUANT_GROUP;
@@ -154,7 +154,7 @@ pub struct StepTiming {
 
 /// Each launch of a step with its GPU times in microseconds (one per run;
 /// see [`Session::profile_gpu`]).
-pub type LaunchTimes = Vec<(crate::kernels::Kernel, Vec<f64>)>;
+pub type LaunchTimes = Vec<(LaunchKind, Vec<f64>)>;
 
 /// A decoding session over a loaded model: feed tokens, get greedy tokens.
 ///
@@ -615,7 +615,7 @@ impl Session {
             launches
                 .iter()
                 .zip(us.chunks(repeats as usize))
-                .map(|(l, runs)| (l.kernel, runs.to_vec()))
+                .map(|(l, runs)| (l.kind(), runs.to_vec()))
                 .collect(),
         ))
     }
@@ -655,7 +655,7 @@ impl Session {
         self.len += n;
         self.gpu_pos = self.len;
         self.pending = None;
-        Ok(Some(launches.iter().zip(us).map(|(l, t)| (l.kernel, vec![t])).collect()))
+        Ok(Some(launches.iter().zip(us).map(|(l, t)| (l.kind(), vec![t])).collect()))
     }
 
     /// GPU time per step (microseconds) of `n` decode steps recorded back to
@@ -689,12 +689,12 @@ impl Session {
 
     /// GPU time (microseconds, from timestamps at the start and end of one
     /// pass) of the step's launches for which `keep` is true, run in order
-    /// without the others: how much a kind of kernel costs in sequence,
+    /// without the others: how much a kind of launch costs in sequence,
     /// with no timestamps between launches. A diagnostic: the launches run
     /// on whatever their inputs hold, so the session's results after it are
     /// not the model's (use a throwaway session). `None` without timestamps.
     #[doc(hidden)]
-    pub fn gpu_time_of(&mut self, keep: impl Fn(crate::kernels::Kernel) -> bool) -> Result<Option<f64>> {
+    pub fn gpu_time_of(&mut self, keep: impl Fn(LaunchKind) -> bool) -> Result<Option<f64>> {
         let gpu = self.model.gpu.clone();
         if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
             return Ok(None);
@@ -707,7 +707,7 @@ impl Session {
                 label: Some("subset"),
                 timestamp_writes: Some(ts.pass_writes()),
             });
-            for l in self.forward.step_at(self.len).filter(|l| keep(l.kernel)) {
+            for l in self.forward.step_at(self.len).filter(|l| keep(l.kind())) {
                 l.record(&mut pass, &self.model.kernels);
             }
         }
@@ -720,11 +720,11 @@ impl Session {
     }
 
     /// Runs one decode step with a wait after every launch and returns the
-    /// wall time of each (kernel, microseconds): a coarse per-kernel profile
+    /// wall time of each (kind, microseconds): a coarse per-kernel profile
     /// for adapters without timestamp queries inside passes. Advances the
     /// session by one position like [`next_token`](Self::next_token).
     #[doc(hidden)]
-    pub fn profile_step(&mut self) -> Result<Vec<(crate::kernels::Kernel, f64)>> {
+    pub fn profile_step(&mut self) -> Result<Vec<(LaunchKind, f64)>> {
         if self.pending.is_none() {
             return Err(Error::EmptyPrompt);
         }
@@ -743,7 +743,7 @@ impl Session {
             gpu.device
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-            out.push((l.kernel, t.elapsed().as_secs_f64() * 1e6));
+            out.push((l.kind(), t.elapsed().as_secs_f64() * 1e6));
         }
         let mut enc = self.encoder();
         let slot = self.queue_readback(&mut enc, self.len + 1)?;
