@@ -274,21 +274,23 @@ pub struct UniformPages {
     pages: Vec<wgpu::Buffer>,
     /// Bytes used in the last page.
     used: u64,
+    /// The device's uniform offset alignment.
+    align: u64,
 }
 
 impl UniformPages {
     /// No pages yet: the first [`Self::push`] creates one.
-    pub fn new() -> Self {
-        UniformPages { pages: Vec::new(), used: UNIFORM_PAGE_BYTES }
+    pub fn new(gpu: &Gpu) -> Self {
+        let align = gpu.device.limits().min_uniform_buffer_offset_alignment as u64;
+        UniformPages { pages: Vec::new(), used: UNIFORM_PAGE_BYTES, align }
     }
 
     /// Copies `data` (a multiple of 4 bytes) into a page; returns the page
     /// and the offset and size to bind (the size rounded up to 16 bytes, a
     /// uniform struct's granularity).
     pub fn push(&mut self, gpu: &Gpu, data: &[u8]) -> (wgpu::Buffer, u64, u64) {
-        let align = gpu.device.limits().min_uniform_buffer_offset_alignment as u64;
         let size = (data.len() as u64).div_ceil(16).max(1) * 16;
-        let offset = self.used.next_multiple_of(align);
+        let offset = self.used.next_multiple_of(self.align);
         let (page, offset) = match self.pages.last() {
             Some(page) if offset + size <= UNIFORM_PAGE_BYTES => (page.clone(), offset),
             _ => {
@@ -310,12 +312,6 @@ impl UniformPages {
     /// Bytes of every page.
     pub fn bytes(&self) -> u64 {
         self.pages.iter().map(|p| p.size()).sum()
-    }
-}
-
-impl Default for UniformPages {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

@@ -25,7 +25,6 @@ use std::cell::RefCell;
 use bytemuck::{bytes_of, Pod, Zeroable};
 
 use crate::config::ModelConfig;
-use crate::error::Result;
 use crate::gpu::{Gpu, UniformPages};
 use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG};
 use crate::model::{GpuMatrix, GpuWeights};
@@ -132,43 +131,43 @@ pub fn forward(
     cfg: &ModelConfig,
     weights: &GpuWeights,
     s: &SessionBuffers,
-) -> Result<Forward> {
+) -> Forward {
     use Matvec::{Accumulate, Normed, NormedSwiglu};
-    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new()) };
+    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
     let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
-    let embed = b.embed(&weights.embed)?;
+    let embed = b.embed(&weights.embed);
     let mut step: Vec<StepLaunch> = always(embed.clone()).collect();
     let mut prefill = embed;
     for (l, layer) in weights.layers.iter().enumerate() {
         let norms = &layer.qk_norm;
-        let qkv = b.matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm))?;
+        let qkv = b.matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm));
         let mlp = [
-            b.matvec(&layer.o_proj, &s.attn, &s.x, Accumulate)?,
-            b.matvec(&layer.gate_up, &s.x, &s.h, NormedSwiglu(&layer.post_norm))?,
-            b.matvec(&layer.down, &s.h, &s.x, Accumulate)?,
+            b.matvec(&layer.o_proj, &s.attn, &s.x, Accumulate),
+            b.matvec(&layer.gate_up, &s.x, &s.h, NormedSwiglu(&layer.post_norm)),
+            b.matvec(&layer.down, &s.h, &s.x, Accumulate),
         ]
         .concat();
         // A prompt batch: q/k norm, RoPE and the cache write for the whole
         // batch first, then attention.
         prefill.extend(qkv.iter().cloned());
-        prefill.push(b.qk_norm_rope(norms, l)?);
-        let reduce = b.attention_reduce()?; // the same launch for both
-        prefill.push(b.attention(Kernel::AttentionPartial, norms, l)?);
+        prefill.push(b.qk_norm_rope(norms, l));
+        let reduce = b.attention_reduce(); // the same launch for both
+        prefill.push(b.attention(Kernel::AttentionPartial, norms, l));
         prefill.push(reduce.clone());
         prefill.extend(mlp.iter().cloned());
         // A decode step: the norm and RoPE folded into attention.
         step.extend(always(qkv));
         step.push(StepLaunch::Attention {
-            direct: b.attention(Kernel::AttentionStepDirect, norms, l)?,
-            chunks: b.attention(Kernel::AttentionStep, norms, l)?,
+            direct: b.attention(Kernel::AttentionStepDirect, norms, l),
+            chunks: b.attention(Kernel::AttentionStep, norms, l),
             reduce,
         });
         step.extend(always(mlp));
     }
-    step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))?));
-    step.extend(always(b.argmax()?));
+    step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
+    step.extend(always(b.argmax()));
     let uniform_bytes = b.uniforms.borrow().bytes();
-    Ok(Forward { step, prefill, uniform_bytes })
+    Forward { step, prefill, uniform_bytes }
 }
 
 /// What a matvec computes from `x` (each is one `int8_matvec` variant):
@@ -202,17 +201,17 @@ impl Builder<'_> {
         params: &[u8],
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
-    ) -> Result<Launch> {
+    ) -> Launch {
         let (page, offset, size) = self.uniforms.borrow_mut().push(self.gpu, params);
         let u = wgpu::BufferBinding { buffer: &page, offset, size: wgpu::BufferSize::new(size) };
         let mut all = vec![wgpu::BindingResource::Buffer(u)];
         all.extend_from_slice(buffers);
-        Ok(Launch::new(self.gpu, self.kernels, kernel, &all, workgroups))
+        Launch::new(self.gpu, self.kernels, kernel, &all, workgroups)
     }
 
     /// x = embed[token], one launch per bound chunk of the table (only the
     /// chunk holding the token writes).
-    fn embed(&self, table: &GpuMatrix) -> Result<Vec<Launch>> {
+    fn embed(&self, table: &GpuMatrix) -> Vec<Launch> {
         let s = self.s;
         table
             .chunks
@@ -242,13 +241,7 @@ impl Builder<'_> {
     }
 
     /// One matvec (see [`Matvec`]), one launch per bound row chunk of W.
-    fn matvec(
-        &self,
-        w: &GpuMatrix,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        what: Matvec<'_>,
-    ) -> Result<Vec<Launch>> {
+    fn matvec(&self, w: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, what: Matvec<'_>) -> Vec<Launch> {
         let (kernel, norm) = match what {
             Matvec::Accumulate => (Kernel::Int8MatvecAccumulate, None),
             Matvec::Normed(n) => (Kernel::Int8MatvecNorm, Some(n)),
@@ -274,12 +267,12 @@ impl Builder<'_> {
                 let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
                 let split = self.kernels.matvec_layout.split(w.rows, w.k_words);
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
-                let mut l = self.launch(kernel, bytes_of(&p), &bufs, grid(groups))?;
+                let mut l = self.launch(kernel, bytes_of(&p), &bufs, grid(groups));
                 l.matvec_split = Some(split);
                 if kernel.prefill_tiled() {
                     l.prefill_workgroups = grid((c.rows as u32).div_ceil(MATMUL_ROWS_PER_WG));
                 }
-                Ok(l)
+                l
             })
             .collect()
     }
@@ -298,7 +291,7 @@ impl Builder<'_> {
 
     /// q = rope(rms_norm(q) * q_norm); k_cache[pos] = rope(rms_norm(k) *
     /// k_norm); v_cache[pos] = v. One workgroup per q, k and v head.
-    fn qk_norm_rope(&self, qk_norm: &wgpu::Buffer, layer: usize) -> Result<Launch> {
+    fn qk_norm_rope(&self, qk_norm: &wgpu::Buffer, layer: usize) -> Launch {
         let s = self.s;
         let heads = (self.cfg.num_attention_heads + 2 * self.cfg.num_key_value_heads) as u32;
         let bufs = [
@@ -319,7 +312,7 @@ impl Builder<'_> {
     /// rotated; decode steps read the qkv output and do that themselves).
     /// The direct variant runs one chunk and writes `attn`; the others
     /// cover the capacity and leave the chunks to [`Self::attention_reduce`].
-    fn attention(&self, kernel: Kernel, qk_norm: &wgpu::Buffer, layer: usize) -> Result<Launch> {
+    fn attention(&self, kernel: Kernel, qk_norm: &wgpu::Buffer, layer: usize) -> Launch {
         let s = self.s;
         let (fused, direct) = kernel.attention_variant().expect("an attention_partial variant");
         let bufs = [
@@ -339,7 +332,7 @@ impl Builder<'_> {
 
     /// Combines the chunks of an attention launch into `attn`, one
     /// workgroup per head.
-    fn attention_reduce(&self) -> Result<Launch> {
+    fn attention_reduce(&self) -> Launch {
         let s = self.s;
         let p = [self.cfg.head_dim as u32, s.attention_chunks as u32, padded(self.cfg.q_dim()) as u32];
         let bufs = [whole(&s.attn_ml), whole(&s.attn_acc), whole(&s.attn)];
@@ -349,17 +342,16 @@ impl Builder<'_> {
 
     /// tokens[pos + 1] = argmax(logits), ties to the lowest id: per-chunk,
     /// then final (which also advances the position).
-    fn argmax(&self) -> Result<Vec<Launch>> {
+    fn argmax(&self) -> Vec<Launch> {
         let s = self.s;
         let n = self.cfg.vocab_size as u32;
         let parts = n.div_ceil(ARGMAX_CHUNK);
         let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
         let partial =
-            self.launch(Kernel::ArgmaxPartial, bytemuck::cast_slice(&[n, ARGMAX_CHUNK]), &bufs, grid(parts))?;
+            self.launch(Kernel::ArgmaxPartial, bytemuck::cast_slice(&[n, ARGMAX_CHUNK]), &bufs, grid(parts));
         let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.tokens), whole(&s.step)];
         let n_tokens = (s.capacity + 1) as u32;
-        let last =
-            self.launch(Kernel::ArgmaxFinal, bytemuck::cast_slice(&[parts, n_tokens]), &bufs, grid(1))?;
-        Ok(vec![partial, last])
+        let last = self.launch(Kernel::ArgmaxFinal, bytemuck::cast_slice(&[parts, n_tokens]), &bufs, grid(1));
+        vec![partial, last]
     }
 }

@@ -190,7 +190,7 @@ impl Session {
         let (bufs, forward) = model.gpu.scoped(
             || {
                 let bufs = SessionBuffers::new(&model.gpu, cfg, capacity)?;
-                let forward = crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs)?;
+                let forward = crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs);
                 Ok((bufs, forward))
             },
             |reason| Error::GpuDeviceFailed { reason: format!("creating session: {reason}") },

@@ -226,7 +226,7 @@ fn launch_parameters_share_a_few_uniform_buffers() {
     use qwen3_wgpu::gpu::{UniformPages, UNIFORM_PAGE_BYTES};
     let gpu = qwen3_wgpu::Gpu::new(AdapterPolicy::Portable).unwrap();
     let align = gpu.device.limits().min_uniform_buffer_offset_alignment as u64;
-    let mut pages = UniformPages::new();
+    let mut pages = UniformPages::new(&gpu);
     let n = 300u64;
     let blocks: Vec<_> = (0..n as u32).map(|i| pages.push(&gpu, bytemuck::cast_slice(&[i; 7]))).collect();
     let mut buffers: Vec<&wgpu::Buffer> = Vec::new();

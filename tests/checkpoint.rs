@@ -266,6 +266,23 @@ fn cache_file(report: &LoadReport) -> PathBuf {
     report.cache_path.clone().expect("a cache path")
 }
 
+/// The file name of a load's cache file.
+fn cache_name(report: &LoadReport) -> String {
+    cache_file(report).file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// Asserts that `dir` holds exactly the files `names`, in any order.
+fn assert_holds(dir: &Path, mut names: Vec<String>) {
+    names.sort();
+    assert_eq!(dir_entries(dir), names);
+}
+
+/// Changes a checkpoint's cache key: its generation_config.json (part of
+/// the key) names end-of-text ids 7 and 9.
+fn change_key(ckpt: &Path) {
+    std::fs::write(ckpt.join("generation_config.json"), r#"{"eos_token_id": [7, 9]}"#).unwrap();
+}
+
 fn code(e: &Error) -> &'static str {
     e.code()
 }
@@ -565,7 +582,7 @@ fn cache_of_another_checkpoint_is_not_used() {
     assert!(rb2.converted);
     assert_eq!(blob_bytes(&mb2), blob_bytes(&mb));
     // generation_config.json is part of the key.
-    std::fs::write(a.join("generation_config.json"), r#"{"eos_token_id": [7, 9]}"#).unwrap();
+    change_key(&a);
     let (ma2, ra2) = load(&a, &policy);
     assert!(ra2.converted);
     assert_ne!(ra2.cache_path, ra.cache_path);
@@ -580,18 +597,13 @@ fn changed_checkpoint_replaces_its_stale_cache() {
     let (cache_dir, policy, a, b) = two_checkpoints(tmp.path());
     let (_, ra) = load(&a, &policy);
     let (_, rb) = load(&b, &policy);
-    let name = |r: &LoadReport| cache_file(r).file_name().unwrap().to_string_lossy().into_owned();
-    let mut both = vec![name(&ra), name(&rb)];
-    both.sort();
-    assert_eq!(dir_entries(&cache_dir), both);
-    // a changes (its generation_config is part of the key): its next load
-    // converts under a new key and deletes the old file, not b's.
-    std::fs::write(a.join("generation_config.json"), r#"{"eos_token_id": [7, 9]}"#).unwrap();
+    assert_holds(&cache_dir, vec![cache_name(&ra), cache_name(&rb)]);
+    // a changes: its next load converts under a new key and deletes the old
+    // file, not b's.
+    change_key(&a);
     let (_, ra2) = load(&a, &policy);
     assert!(ra2.converted);
-    let mut now = vec![name(&ra2), name(&rb)];
-    now.sort();
-    assert_eq!(dir_entries(&cache_dir), now);
+    assert_holds(&cache_dir, vec![cache_name(&ra2), cache_name(&rb)]);
     // The same checkpoint through another spelling of its path is the same
     // source: loading it again finds its cache.
     let (_, ra3) = load(&tmp.path().join("b/../a"), &policy);
@@ -607,23 +619,20 @@ fn cache_of_a_deleted_checkpoint_is_deleted() {
     let (cache_dir, policy, a, b) = two_checkpoints(tmp.path());
     let (_, ra) = load(&a, &policy);
     let (_, rb) = load(&b, &policy);
-    let name = |r: &LoadReport| cache_file(r).file_name().unwrap().to_string_lossy().into_owned();
+    assert_ne!(cache_name(&ra), cache_name(&rb));
     // a moves: its file stays until the next cache write.
     let moved = tmp.path().join("a-moved");
     std::fs::rename(&a, &moved).unwrap();
-    assert_eq!(dir_entries(&cache_dir).len(), 2);
+    assert_holds(&cache_dir, vec![cache_name(&ra), cache_name(&rb)]);
     // b changes and converts again: a's orphan goes with b's old file.
-    std::fs::write(b.join("generation_config.json"), r#"{"eos_token_id": [7, 9]}"#).unwrap();
+    change_key(&b);
     let (_, rb2) = load(&b, &policy);
     assert!(rb2.converted);
-    assert_eq!(dir_entries(&cache_dir), vec![name(&rb2)]);
-    assert_ne!(name(&ra), name(&rb));
+    assert_holds(&cache_dir, vec![cache_name(&rb2)]);
     // At its new path a converts again and b's file stays.
     let (_, ra2) = load(&moved, &policy);
     assert!(ra2.converted);
-    let mut both = vec![name(&ra2), name(&rb2)];
-    both.sort();
-    assert_eq!(dir_entries(&cache_dir), both);
+    assert_holds(&cache_dir, vec![cache_name(&ra2), cache_name(&rb2)]);
 }
 
 /// Temporary files a killed writer left behind (untouched for
@@ -655,9 +664,8 @@ fn abandoned_temp_files_are_deleted() {
     let (_, r) = load(&ckpt, &CachePolicy::Dir(cache_dir.clone()));
     assert!(r.converted);
     let mut want: Vec<String> = files.iter().filter(|f| f.2).map(|f| f.0.clone()).collect();
-    want.push(cache_file(&r).file_name().unwrap().to_string_lossy().into_owned());
-    want.sort();
-    assert_eq!(dir_entries(&cache_dir), want);
+    want.push(cache_name(&r));
+    assert_holds(&cache_dir, want);
 }
 
 #[test]
