@@ -122,10 +122,9 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     }
     let model = engine.load(&checkpoint, &options)?;
     let mut stream = tokenizer.as_ref().map(|t| t.stream());
-    if !args.json {
-        if let (Some(text), Some(_)) = (&args.prompt, &stream) {
-            print!("{text}");
-        }
+    let echo = !args.json && args.prompt.is_some() && stream.is_some();
+    if echo {
+        print!("{}", args.prompt.as_deref().unwrap_or_default());
     }
     let out = model.generate(&prompt_ids, args.max_new_tokens, |id| {
         if let (false, Some(s)) = (args.json, stream.as_mut()) {
@@ -135,7 +134,11 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
                 let _ = std::io::stdout().flush();
             }
         }
-    })?;
+    });
+    if echo && out.is_err() {
+        println!(); // the error goes on a line of its own
+    }
+    let out = out?;
     let info = engine.adapter_info();
     let report = model.load_report();
     if !args.json {
