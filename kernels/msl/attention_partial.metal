@@ -81,7 +81,6 @@ kernel void attention_partial(
     threadgroup float4 q_s[MAX_HEAD_DIM / 4];
     threadgroup float e_s[WG];
     threadgroup float4 acc_s[2 * WG];
-    threadgroup float red[WG]; // one slot per simdgroup
     threadgroup float2 red2[WG];
     threadgroup float qh[MAX_HEAD_DIM]; // FUSED: normed q and k, before rotation
     threadgroup float kh[MAX_HEAD_DIM];
@@ -204,30 +203,26 @@ kernel void attention_partial(
         }
         s = (d.x + d.y + d.z + d.w) * p.scale;
     }
-    // Threadgroup max: simdgroup maxima, then every lane combines them.
-    const float sm = simd_max(s);
+    // Softmax statistics in one exchange: each simdgroup publishes its max
+    // and its sum of exp(s - its max); every lane rescales them to the
+    // common max. (A simdgroup with no position left sums exp(0), weighed
+    // by exp(-3e38 - m) = 0.)
+    const float m_sg = simd_max(s);
+    const float l_sg = simd_sum(exp(s - m_sg));
     if (sg_lane == 0) {
-        red[sg_id] = sm;
+        red2[sg_id] = float2(m_sg, l_sg);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    float m = red[0];
+    float m = red2[0].x;
     for (uint i = 1; i < n_sg; i++) {
-        m = max(m, red[i]);
+        m = max(m, red2[i].x);
     }
-    const float e = t < end ? exp(s - m) : 0.0f;
-    e_s[lid] = e;
-    // Threadgroup sum; its barriers also publish e_s. The first one lets
-    // every lane finish reading the maxima before red is reused.
-    const float se = simd_sum(e);
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (sg_lane == 0) {
-        red[sg_id] = se;
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
     float l = 0.0f;
     for (uint i = 0; i < n_sg; i++) {
-        l += red[i];
+        l += red2[i].y * exp(red2[i].x - m);
     }
+    e_s[lid] = t < end ? exp(s - m) : 0.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
 
     // Lane (slice, i) sums dims 8i..8i+7 (one 16-byte load per position)
     // over positions start + slice, start + slice + n_slices, ...; then the
@@ -239,31 +234,32 @@ kernel void attention_partial(
     float4 lo = float4(0.0f);
     float4 hi = float4(0.0f);
     if (slice < n_slices) {
-        // Eight positions per iteration: eight independent loads in flight.
+        // Eight positions per iteration, eight independent loads in flight;
+        // the last iteration's positions past the end load the last row
+        // and weigh 0 (no one-at-a-time tail: each would be a round trip).
         const uint vb = kv_base / 4 + i;
-        uint tt = start + slice;
         const uint ns = n_slices;
-        for (; tt + 7 * ns < end; tt += 8 * ns) {
-            const uint4 v0 = v_cache[vb + tt * row_quads];
-            const uint4 v1 = v_cache[vb + (tt + ns) * row_quads];
-            const uint4 v2 = v_cache[vb + (tt + 2 * ns) * row_quads];
-            const uint4 v3 = v_cache[vb + (tt + 3 * ns) * row_quads];
-            const uint4 v4 = v_cache[vb + (tt + 4 * ns) * row_quads];
-            const uint4 v5 = v_cache[vb + (tt + 5 * ns) * row_quads];
-            const uint4 v6 = v_cache[vb + (tt + 6 * ns) * row_quads];
-            const uint4 v7 = v_cache[vb + (tt + 7 * ns) * row_quads];
-            const uint e = tt - start;
-            const float4 ea = float4(e_s[e], e_s[e + ns], e_s[e + 2 * ns], e_s[e + 3 * ns]);
-            const float4 eb = float4(e_s[e + 4 * ns], e_s[e + 5 * ns], e_s[e + 6 * ns], e_s[e + 7 * ns]);
+        const uint last = end - 1;
+        for (uint tt = start + slice; tt < end; tt += 8 * ns) {
+            const uint4 ta = min(uint4(tt, tt + ns, tt + 2 * ns, tt + 3 * ns), uint4(last));
+            const uint4 tb = min(uint4(tt + 4 * ns, tt + 5 * ns, tt + 6 * ns, tt + 7 * ns), uint4(last));
+            const uint4 v0 = v_cache[vb + ta.x * row_quads];
+            const uint4 v1 = v_cache[vb + ta.y * row_quads];
+            const uint4 v2 = v_cache[vb + ta.z * row_quads];
+            const uint4 v3 = v_cache[vb + ta.w * row_quads];
+            const uint4 v4 = v_cache[vb + tb.x * row_quads];
+            const uint4 v5 = v_cache[vb + tb.y * row_quads];
+            const uint4 v6 = v_cache[vb + tb.z * row_quads];
+            const uint4 v7 = v_cache[vb + tb.w * row_quads];
+            const float4 ea = float4(e_s[ta.x - start], tt + ns < end ? e_s[ta.y - start] : 0.0f,
+                tt + 2 * ns < end ? e_s[ta.z - start] : 0.0f, tt + 3 * ns < end ? e_s[ta.w - start] : 0.0f);
+            const float4 eb = float4(tt + 4 * ns < end ? e_s[tb.x - start] : 0.0f,
+                tt + 5 * ns < end ? e_s[tb.y - start] : 0.0f, tt + 6 * ns < end ? e_s[tb.z - start] : 0.0f,
+                tt + 7 * ns < end ? e_s[tb.w - start] : 0.0f);
             lo += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
                 + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
             hi += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
                 + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
-        }
-        for (; tt < end; tt += n_slices) {
-            const uint4 v = v_cache[vb + tt * row_quads];
-            lo += e_s[tt - start] * lo4(v);
-            hi += e_s[tt - start] * hi4(v);
         }
     }
     acc_s[2 * lid] = lo;

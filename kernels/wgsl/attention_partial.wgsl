@@ -163,13 +163,15 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         }
         s = (d.x + d.y + d.z + d.w) * p.scale;
     }
-    let m = wg_max(s, lane);
+    let ml = wg_softmax_stats(s, lane);
+    let m = ml.x;
+    let l = ml.y;
     var e = 0.0;
     if t < end {
         e = exp(s - m);
     }
     e_s[lane.idx] = e;
-    let l = wg_sum4(vec4<f32>(e, 0.0, 0.0, 0.0), lane).x; // its barriers also publish e_s
+    workgroupBarrier(); // publishes e_s
 
     // Invocation (slice, i) sums dims 8i..8i+7 (one 16-byte load per
     // position) over positions start + slice, start + slice + n_slices, ...;
@@ -181,31 +183,33 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
     if slice < n_slices {
-        // Eight positions per iteration: eight independent loads in flight.
+        // Eight positions per iteration, eight independent loads in flight;
+        // the last iteration's positions past the end load the last row
+        // and weigh 0 (no one-at-a-time tail: each would be a round trip).
         let vb = kv_base / 4u + i;
-        var tt = start + slice;
         let ns = n_slices;
-        for (; tt + 7u * ns < end; tt += 8u * ns) {
-            let v0 = v_cache[vb + tt * row_quads];
-            let v1 = v_cache[vb + (tt + ns) * row_quads];
-            let v2 = v_cache[vb + (tt + 2u * ns) * row_quads];
-            let v3 = v_cache[vb + (tt + 3u * ns) * row_quads];
-            let v4 = v_cache[vb + (tt + 4u * ns) * row_quads];
-            let v5 = v_cache[vb + (tt + 5u * ns) * row_quads];
-            let v6 = v_cache[vb + (tt + 6u * ns) * row_quads];
-            let v7 = v_cache[vb + (tt + 7u * ns) * row_quads];
-            let e = tt - start;
-            let ea = vec4<f32>(e_s[e], e_s[e + ns], e_s[e + 2u * ns], e_s[e + 3u * ns]);
-            let eb = vec4<f32>(e_s[e + 4u * ns], e_s[e + 5u * ns], e_s[e + 6u * ns], e_s[e + 7u * ns]);
+        let last = end - 1u;
+        for (var tt = start + slice; tt < end; tt += 8u * ns) {
+            let t = vec4<u32>(tt, tt + ns, tt + 2u * ns, tt + 3u * ns);
+            let u = t + vec4<u32>(4u * ns);
+            let ta = min(t, vec4<u32>(last));
+            let tb = min(u, vec4<u32>(last));
+            let v0 = v_cache[vb + ta.x * row_quads];
+            let v1 = v_cache[vb + ta.y * row_quads];
+            let v2 = v_cache[vb + ta.z * row_quads];
+            let v3 = v_cache[vb + ta.w * row_quads];
+            let v4 = v_cache[vb + tb.x * row_quads];
+            let v5 = v_cache[vb + tb.y * row_quads];
+            let v6 = v_cache[vb + tb.z * row_quads];
+            let v7 = v_cache[vb + tb.w * row_quads];
+            let ea = select(vec4<f32>(0.0), vec4<f32>(e_s[ta.x - start], e_s[ta.y - start], e_s[ta.z - start],
+                e_s[ta.w - start]), t < vec4<u32>(end));
+            let eb = select(vec4<f32>(0.0), vec4<f32>(e_s[tb.x - start], e_s[tb.y - start], e_s[tb.z - start],
+                e_s[tb.w - start]), u < vec4<u32>(end));
             lo += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
                 + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
             hi += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
                 + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
-        }
-        for (; tt < end; tt += n_slices) {
-            let v = v_cache[vb + tt * row_quads];
-            lo += e_s[tt - start] * lo4(v);
-            hi += e_s[tt - start] * hi4(v);
         }
     }
     acc_s[2u * lane.idx] = lo;

@@ -88,6 +88,28 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     return t;
 }
 
+// Softmax statistics of `s` over the workgroup: (max m, sum of exp(s - m)),
+// to every invocation, in one exchange (one barrier pair): each subgroup
+// publishes its own max and sum, rescaled to the common max after.
+fn wg_softmax_stats(s: f32, lane: Lane) -> vec2<f32> {
+    let m_sg = subgroupMax(s);
+    let l_sg = subgroupAdd(exp(s - m_sg));
+    workgroupBarrier(); // earlier readers of red_f are done
+    if lane.sg_lane == 0u {
+        red_f[lane.sg_id] = vec4<f32>(m_sg, l_sg, 0.0, 0.0);
+    }
+    workgroupBarrier();
+    var m = red_f[0].x;
+    for (var i = 1u; i < lane.n_sg; i++) {
+        m = max(m, red_f[i].x);
+    }
+    var l = 0.0;
+    for (var i = 0u; i < lane.n_sg; i++) {
+        l += red_f[i].y * exp(red_f[i].x - m);
+    }
+    return vec2<f32>(m, l);
+}
+
 // wg_max of four values at once (one barrier pair).
 fn wg_max4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
     let s = subgroupMax(v);
