@@ -6,11 +6,13 @@
 //! from cache), timed with timestamps at the pass's start and end, after a
 //! warm-up. Random weights: only the time matters here.
 //!
-//! `cargo run --release --example matvec_sweep [-- --repeat N] [--copies N]`
-//! (`--copies 1`: every launch reads the same copy, from cache when it
-//! fits: what the launch costs once its weights are in L2).
+//! `cargo run --release --example matvec_sweep [-- --repeat N] [--copies N]
+//! [--shapes] [--only LABEL,LABEL]` (`--copies 1`: every launch reads the
+//! same copy, from cache when it fits: what the launch costs once its
+//! weights are in L2; `--shapes`: the pipelines specialised to each shape,
+//! as the engine's decode step runs them; `--only`: the named configs).
 
-use qwen3_wgpu::kernels::{compile, Kernel, MatvecLayout};
+use qwen3_wgpu::kernels::{compile, Kernel, MatvecLayout, MatvecShape};
 use qwen3_wgpu::weights::QUANT_GROUP;
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 
@@ -61,6 +63,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let repeat = arg("--repeat", 5);
     let layer_copies = arg("--copies", LAYERS).clamp(1, LAYERS);
+    let shape_consts = args.iter().any(|a| a == "--shapes");
+    let only: Option<String> = args.windows(2).find(|w| w[0] == "--only").map(|w| w[1].clone());
 
     let mut seed = 0x9e3779b9u32;
     let mut rand_words = |n: usize| -> Vec<u32> {
@@ -103,6 +107,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(" {:>12}", "4 kinds x28");
     for (label, layout, wg, rows_per_wg) in &configs {
+        if let Some(o) = &only {
+            if !o.split(',').any(|o| label == o) {
+                continue;
+            }
+        }
         print!("{label:18}");
         let mut pipes = Vec::new();
         for s in &shapes {
@@ -114,6 +123,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "NORM" if s.name.ends_with("plain") => *v = 0.0,
                     _ => {}
                 }
+            }
+            if shape_consts {
+                let groups = s.cols / QUANT_GROUP as u32;
+                let shape = MatvecShape { rows: s.rows, k_words: s.cols / 4, groups, n_in: s.cols };
+                constants.extend(shape.constants());
             }
             let src = s.kernel.source(gpu.subgroups);
             let (pipeline, layout) =

@@ -137,6 +137,36 @@ pub struct MatvecSplit {
     pub rows_per_wg: u32,
 }
 
+/// The shape of one decode matvec launch (a row chunk of a matrix): the
+/// `int8_matvec` pipeline specialised with it ([`Kernels::matvec_pipeline`])
+/// has it compiled in (its `SHAPE_*` override constants) instead of reading
+/// it from the launch's uniform, so its first loads wait on nothing and its
+/// index arithmetic folds (a 0.6B step's matvecs on an H200: 671 against
+/// 715 µs, BENCHMARKS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatvecShape {
+    /// Rows in this launch.
+    pub rows: u32,
+    /// Padded row length in u32 words.
+    pub k_words: u32,
+    /// Scales per row.
+    pub groups: u32,
+    /// Elements of the input (the RMSNorm's count).
+    pub n_in: u32,
+}
+
+impl MatvecShape {
+    /// The `SHAPE_*` override constants (the `int8_common.wgsl` names).
+    pub fn constants(self) -> [(&'static str, f64); 4] {
+        [
+            ("SHAPE_ROWS", self.rows as f64),
+            ("SHAPE_K_WORDS", self.k_words as f64),
+            ("SHAPE_GROUPS", self.groups as f64),
+            ("SHAPE_N_IN", self.n_in as f64),
+        ]
+    }
+}
+
 /// Epilogue of an `int8_matvec` variant (its override constants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatvecVariant {
@@ -711,6 +741,8 @@ struct PrefillPipelines {
     tiled: Option<wgpu::ComputePipeline>,
 }
 
+type SpecialisedMatvec = ((Kernel, MatvecSplit, MatvecShape), wgpu::ComputePipeline);
+
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
@@ -722,6 +754,9 @@ pub struct Kernels {
     /// one (the matvecs, and `attention_partial`'s `attention_prefill`; WGSL
     /// on every backend, on the decode pipeline's bind-group layout).
     prefill: Vec<Option<PrefillPipelines>>,
+    /// Decode matvec pipelines specialised to a launch shape, built on
+    /// first use ([`Self::matvec_pipeline`]) and shared by every session.
+    specialised: std::sync::Mutex<Vec<SpecialisedMatvec>>,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,
     /// Where the kernels with an MSL twin came from.
@@ -778,7 +813,51 @@ impl Kernels {
                 splits.push((k, split, pipeline));
             }
         }
-        Ok(Kernels { pipelines, splits, prefill, matvec_layout, source })
+        Ok(Kernels { pipelines, splits, prefill, specialised: Default::default(), matvec_layout, source })
+    }
+
+    /// The decode pipeline of matvec variant `kernel` under `split`,
+    /// specialised to `shape` (compiled once per engine). `None` where
+    /// the matvec is an MSL twin, which reads its shape from the launch's
+    /// parameters, or if the specialised build fails (the general
+    /// pipeline then serves: the same kernel, reading the shape).
+    pub fn matvec_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+    ) -> Option<wgpu::ComputePipeline> {
+        if self.source == KernelSource::Msl || kernel.matvec_variant().is_none() {
+            return None;
+        }
+        let key = (kernel, split, shape);
+        let mut cache = self.specialised.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = cache.iter().find(|(k, _)| *k == key) {
+            return Some(p.clone());
+        }
+        let mut constants = kernel.split_constants(split);
+        constants.extend(shape.constants());
+        let layout = Some(&self.get(kernel).layout);
+        let src = kernel.source(gpu.subgroups);
+        match compile_for_layout(
+            gpu,
+            kernel.entry(),
+            &src,
+            kernel.entry(),
+            kernel.bindings(),
+            &constants,
+            layout,
+        ) {
+            Ok((p, _)) => {
+                cache.push((key, p.clone()));
+                Some(p)
+            }
+            Err(e) => {
+                log::warn!("specialising {kernel:?} to {shape:?} failed ({e}); the general pipeline serves");
+                None
+            }
+        }
     }
 
     /// The decode pipeline of `kernel` (a matvec variant's: under `split`).
@@ -858,6 +937,9 @@ pub struct Launch {
     /// A matvec's split (see [`Kernels::decode_pipeline`]); `None`: the
     /// kernel's default pipeline.
     pub matvec_split: Option<MatvecSplit>,
+    /// The decode pipeline specialised to this launch's shape
+    /// ([`Kernels::matvec_pipeline`]); `None`: the split's pipeline.
+    pub decode_pipeline: Option<wgpu::ComputePipeline>,
     /// The tiled prefill pipeline's grid for one tile of
     /// [`MATMUL_TOKENS_PER_WG`] tokens (one workgroup per
     /// [`MATMUL_ROWS_PER_WG`] rows); see [`Kernel::prefill_tiled`].
@@ -885,7 +967,14 @@ impl Launch {
             layout: &p.layout,
             entries: &entries,
         });
-        Launch { kernel, bind_group, workgroups, matvec_split: None, prefill_workgroups: workgroups }
+        Launch {
+            kernel,
+            bind_group,
+            workgroups,
+            matvec_split: None,
+            decode_pipeline: None,
+            prefill_workgroups: workgroups,
+        }
     }
 
     /// What this launch runs (for diagnostics).
@@ -912,7 +1001,10 @@ impl Launch {
                 }
                 _ => (&pp.per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
             },
-            _ => (kernels.decode_pipeline(self.kernel, self.matvec_split), self.workgroups, tokens),
+            _ => match &self.decode_pipeline {
+                Some(p) => (p, self.workgroups, tokens),
+                None => (kernels.decode_pipeline(self.kernel, self.matvec_split), self.workgroups, tokens),
+            },
         };
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);

@@ -26,7 +26,9 @@ use bytemuck::{bytes_of, Pod, Zeroable};
 
 use crate::config::ModelConfig;
 use crate::gpu::{Gpu, UniformPages};
-use crate::kernels::{grid, Kernel, Kernels, Launch, ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG};
+use crate::kernels::{
+    grid, Kernel, Kernels, Launch, MatvecShape, ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG,
+};
 use crate::model::{GpuMatrix, GpuWeights};
 use crate::session::{padded, SessionBuffers};
 
@@ -269,6 +271,8 @@ impl Builder<'_> {
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
                 let mut l = self.launch(kernel, bytes_of(&p), &bufs, grid(groups));
                 l.matvec_split = Some(split);
+                let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
+                l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape);
                 if kernel.prefill_tiled() {
                     l.prefill_workgroups = grid((c.rows as u32).div_ceil(MATMUL_ROWS_PER_WG));
                 }

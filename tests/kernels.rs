@@ -13,7 +13,8 @@ use common::cases::{
     ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit, WG};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG};
+use qwen3_wgpu::weights::QUANT_GROUP;
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -195,13 +196,32 @@ fn int8_matvec_matches_cpu() {
                 .into_iter()
                 .flat_map(|layout| if prefill { vec![layout.splits()[0]] } else { layout.splits() })
                 .collect::<Vec<_>>();
-            for (kernel, split) in kernels.flat_map(|k| splits.iter().map(move |s| (k, *s))) {
+            // Decode pipelines also specialised to the launch's shape (its
+            // SHAPE_* constants; what the engine runs), as
+            // `Kernels::matvec_pipeline` builds them.
+            let groups = usize::div_ceil(cols, QUANT_GROUP);
+            let shape = MatvecShape {
+                rows: rows as u32,
+                k_words: (groups * QUANT_GROUP / 4) as u32,
+                groups: groups as u32,
+                n_in: cols as u32,
+            };
+            let shapes = if prefill { vec![None] } else { vec![None, Some(shape)] };
+            let mut cases = Vec::new();
+            for k in kernels {
+                for &s in &splits {
+                    cases.extend(shapes.iter().map(|&sh| (k, s, sh)));
+                }
+            }
+            for (kernel, split, shape) in cases {
                 let MatvecSplit { layout, workgroup_size: wg, rows_per_wg } = split;
                 let constants = move |k: Kernel| {
                     if prefill {
                         k.prefill_constants(layout)
                     } else {
-                        k.split_constants(split)
+                        let mut c = k.split_constants(split);
+                        c.extend(shape.iter().flat_map(|s| s.constants()));
+                        c
                     }
                 };
                 let run = wgsl_run(&gpu, sub, constants);
@@ -209,8 +229,9 @@ fn int8_matvec_matches_cpu() {
                 let tokens_per_wg = if prefill { per_wg } else { 1 };
                 // The engine sizes the grid for the decode layout, also for prefill.
                 let res = matvec_case(&run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, seed);
+                let specialised = shape.is_some();
                 assert_matvec(
-                    &format!("{kernel:?} {layout:?} wg {wg} rows/wg {rows_per_wg} {rows}x{cols} prefill={prefill} sub={sub}"),
+                    &format!("{kernel:?} {layout:?} wg {wg} rows/wg {rows_per_wg} {rows}x{cols} prefill={prefill} specialised={specialised} sub={sub}"),
                     &res,
                 );
             }

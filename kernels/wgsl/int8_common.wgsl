@@ -21,6 +21,27 @@ struct Params {
 // NORM: the norm weight, zero-padded to k_words * 4 (otherwise unused).
 @group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
 
+// The launch's shape (p.rows, p.k_words, p.groups, p.n_in) compiled in,
+// where the host specialises the pipeline (the decode matvecs, see
+// MatvecShape in kernels.rs); 0: read from p. Compiled in, a lane's first
+// loads wait on no uniform read, and its index arithmetic folds.
+override SHAPE_ROWS: u32 = 0u;
+override SHAPE_K_WORDS: u32 = 0u;
+override SHAPE_GROUPS: u32 = 0u;
+override SHAPE_N_IN: u32 = 0u;
+fn n_rows() -> u32 {
+    return select(p.rows, SHAPE_ROWS, SHAPE_ROWS != 0u);
+}
+fn n_k_words() -> u32 {
+    return select(p.k_words, SHAPE_K_WORDS, SHAPE_K_WORDS != 0u);
+}
+fn n_groups() -> u32 {
+    return select(p.groups, SHAPE_GROUPS, SHAPE_GROUPS != 0u);
+}
+fn n_inputs() -> u32 {
+    return select(p.n_in, SHAPE_N_IN, SHAPE_N_IN != 0u);
+}
+
 // x' = x * rsqrt(mean(x^2) + eps) * norm_w instead of x.
 override NORM: bool = false;
 // true: y += W x' (fused residual add); false: y = W x'.

@@ -80,19 +80,19 @@ struct Partial {
 
 // Quad j of `rows` (row indices) against x's quad j.
 fn step4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
-    let k_quads = p.k_words / 4u;
+    let k_quads = n_k_words() / 4u;
     let q = xq(xb + 4u * j, j);
     let g = j / (GROUP_WORDS / 4u);
-    let s = vec4<f32>(scales[rows.x * p.groups + g], scales[rows.y * p.groups + g], scales[rows.z * p.groups + g],
-                      scales[rows.w * p.groups + g]);
+    let s = vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
+                      scales[rows.w * n_groups() + g]);
     let acc = rows4(w[rows.x * k_quads + j], w[rows.y * k_quads + j], w[rows.z * k_quads + j],
                     w[rows.w * k_quads + j], q) * s;
     return Partial(acc, q.sq);
 }
 
 fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
-    let k_quads = p.k_words / 4u;
-    let rows = vec4<u32>(row0, min(row0 + 1u, p.rows - 1u), min(row0 + 2u, p.rows - 1u), min(row0 + 3u, p.rows - 1u));
+    let k_quads = n_k_words() / 4u;
+    let rows = vec4<u32>(row0, min(row0 + 1u, n_rows() - 1u), min(row0 + 2u, n_rows() - 1u), min(row0 + 3u, n_rows() - 1u));
     // The first step outside the loop: straight-line code for the split-K
     // lanes, which take one step per row (measured: 5.9 against 6.75 µs for
     // the 0.6B qkv matvec on an H200).
@@ -123,10 +123,10 @@ struct Partials {
 }
 
 fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
-    let k_quads = p.k_words / 4u;
-    let r1 = min(row0 + 1u, p.rows - 1u);
-    let r2 = min(row0 + 2u, p.rows - 1u);
-    let r3 = min(row0 + 3u, p.rows - 1u);
+    let k_quads = n_k_words() / 4u;
+    let r1 = min(row0 + 1u, n_rows() - 1u);
+    let r2 = min(row0 + 2u, n_rows() - 1u);
+    let r3 = min(row0 + 3u, n_rows() - 1u);
     let quads_per_group = GROUP_WORDS / 4u;
     var o = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0),
                      vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
@@ -136,13 +136,13 @@ fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
         let w1 = w[r1 * k_quads + j];
         let w2 = w[r2 * k_quads + j];
         let w3 = w[r3 * k_quads + j];
-        let s = vec4<f32>(scales[row0 * p.groups + g], scales[r1 * p.groups + g], scales[r2 * p.groups + g],
-                          scales[r3 * p.groups + g]);
+        let s = vec4<f32>(scales[row0 * n_groups() + g], scales[r1 * n_groups() + g], scales[r2 * n_groups() + g],
+                          scales[r3 * n_groups() + g]);
         let b = xb + 4u * j;
         let q0 = xq(b, j);
-        let q1 = xq(b + p.k_words, j);
-        let q2 = xq(b + 2u * p.k_words, j);
-        let q3 = xq(b + 3u * p.k_words, j);
+        let q1 = xq(b + n_k_words(), j);
+        let q2 = xq(b + 2u * n_k_words(), j);
+        let q3 = xq(b + 3u * n_k_words(), j);
         o.a0 += rows4(w0, w1, w2, w3, q0) * s;
         o.a1 += rows4(w0, w1, w2, w3, q1) * s;
         o.a2 += rows4(w0, w1, w2, w3, q2) * s;
@@ -158,7 +158,7 @@ fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
 // The reduced dot products with NORM's rsqrt(mean(x^2) + eps) applied.
 fn finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
     if NORM {
-        return sums * inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(p.n_in) + p.eps);
+        return sums * inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(n_inputs()) + p.eps);
     }
     return sums;
 }
@@ -168,13 +168,13 @@ fn finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
 fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
     let yb = z * p.y_stride;
     if SWIGLU {
-        if i < 2u && row0 + 2u * i < p.rows {
+        if i < 2u && row0 + 2u * i < n_rows() {
             let o = yb + (p.row_offset + row0) / 2u + i;
             y[o] = silu(sums[2u * i]) * sums[2u * i + 1u];
         }
         return;
     }
-    if i < 4u && row0 + i < p.rows {
+    if i < 4u && row0 + i < n_rows() {
         let o = yb + p.row_offset + row0 + i;
         var v = sums[i];
         if ACCUMULATE {
@@ -187,7 +187,7 @@ fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
 @compute @workgroup_size(WG)
 fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let wg_row0 = (wg.x + wg.y * nwg.x) * ROWS_PER_WG;
-    if wg_row0 >= p.rows {
+    if wg_row0 >= n_rows() {
         return; // whole workgroup: uniform
     }
     if TOKENS > 1u {
@@ -195,7 +195,7 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         return;
     }
     let z = wg.z;
-    let xb = z * p.k_words;
+    let xb = z * n_k_words();
     if SPLIT_K {
         // All lanes share the 4 rows; one workgroup reduction (NORM's sum
         // of squares rides along).
@@ -209,7 +209,7 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     let tl = team_lane(lane);
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
-        if row0 < p.rows {
+        if row0 < n_rows() {
             let part = partial4(row0, xb, tl, team_size(lane));
             let sums = team_sum4(part.acc, lane);
             var ss = vec4<f32>(0.0);
@@ -232,10 +232,10 @@ fn team_finish(row0: u32, a: vec4<f32>, s: vec4<f32>, lane: Lane, t: u32) {
 }
 
 fn matmul(lane: Lane, wg_row0: u32, t0: u32) {
-    let xb = t0 * p.k_words;
+    let xb = t0 * n_k_words();
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
-        if row0 < p.rows {
+        if row0 < n_rows() {
             let o = partial4_tokens(row0, xb, team_lane(lane), team_size(lane));
             team_finish(row0, o.a0, o.s0, lane, t0);
             team_finish(row0, o.a1, o.s1, lane, t0 + 1u);
