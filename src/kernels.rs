@@ -234,9 +234,9 @@ pub const MATVEC_VALUES_PER_LANE: u32 = 16;
 pub const PREFILL_TOKENS_PER_WG: u32 = 4;
 /// Rows and prompt tokens of one `int8_matmul` tile (the tiled prefill
 /// pipelines: MM_ROWS and MM_TOKENS in its preamble); each invocation
-/// computes 2 rows x 2 tokens.
-pub const MATMUL_ROWS_PER_WG: u32 = 32;
-pub const MATMUL_TOKENS_PER_WG: u32 = 32;
+/// computes 4 rows x 4 tokens.
+pub const MATMUL_ROWS_PER_WG: u32 = 64;
+pub const MATMUL_TOKENS_PER_WG: u32 = 64;
 /// What the attention kernels share (params, bindings, f16 unpacking),
 /// prepended to `attention_partial` and `attention_prefill`.
 const ATTENTION_COMMON: &str = include_str!("../kernels/wgsl/attention_common.wgsl");
@@ -258,8 +258,10 @@ pub fn attention_prefill_source(subgroups: bool) -> (String, Vec<(&'static str, 
 const INT8_COMMON: &str = include_str!("../kernels/wgsl/int8_common.wgsl");
 
 /// Workgroup size of `int8_matmul`.
-pub const MATMUL_WG: u32 = (MATMUL_ROWS_PER_WG / 2) * (MATMUL_TOKENS_PER_WG / 2);
+pub const MATMUL_WG: u32 = (MATMUL_ROWS_PER_WG / 4) * (MATMUL_TOKENS_PER_WG / 4);
 const _: () = assert!(MATMUL_WG <= 256 && MATMUL_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG));
+// int8_matmul's K chunks of 32 values divide the quant group.
+const _: () = assert!(QUANT_GROUP.is_multiple_of(32));
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
 /// Split-K devices run matrices with more rows than this rows per team

@@ -239,7 +239,8 @@ fn int8_matvec_matches_cpu() {
     }
 }
 
-/// The tiled prefill kernel (int8_matmul, tiles of 32 rows x 32 tokens) in
+/// The tiled prefill kernel (int8_matmul, tiles of MATMUL_ROWS_PER_WG rows x
+/// MATMUL_TOKENS_PER_WG tokens) in
 /// every epilogue: row counts not multiples of the tile (and odd ones), one
 /// and two token tiles, K of 1 to 32 quant groups.
 #[test]
