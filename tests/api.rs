@@ -244,3 +244,24 @@ fn launch_parameters_share_a_few_uniform_buffers() {
     assert_eq!(buffers.len() as u64, n.div_ceil(per_page));
     assert_eq!(pages.bytes(), buffers.len() as u64 * UNIFORM_PAGE_BYTES);
 }
+
+/// The decode matvec pipelines specialised to a launch shape are built once
+/// per shape and split, then shared: a second request gets the same
+/// pipeline, another shape a pipeline of its own.
+#[test]
+fn specialised_matvec_pipelines_are_built_once_per_shape() {
+    use qwen3_wgpu::kernels::{Kernel, KernelChoice, Kernels, MatvecShape};
+    let gpu = qwen3_wgpu::Gpu::new(AdapterPolicy::Portable).unwrap();
+    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None).unwrap();
+    let qkv = MatvecShape { rows: 4096, k_words: 256, groups: 16, n_in: 1024 };
+    let o = MatvecShape { rows: 1024, k_words: 512, groups: 32, n_in: 2048 };
+    let split = kernels.matvec_layout.split(qkv.rows as usize, qkv.k_words as usize);
+    let get =
+        |kernel, shape| kernels.matvec_pipeline(&gpu, kernel, split, shape).expect("a specialised pipeline");
+    let first = get(Kernel::Int8MatvecNorm, qkv);
+    assert_eq!(first, get(Kernel::Int8MatvecNorm, qkv));
+    assert_ne!(first, get(Kernel::Int8MatvecNorm, o));
+    assert_ne!(first, get(Kernel::Int8MatvecNormSwiglu, qkv));
+    // Kernels other than the matvecs have no specialised pipelines.
+    assert!(kernels.matvec_pipeline(&gpu, Kernel::EmbedLookup, split, qkv).is_none());
+}
