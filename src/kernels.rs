@@ -236,7 +236,12 @@ pub const PREFILL_TOKENS_PER_WG: u32 = 4;
 /// pipelines: MM_ROWS and MM_TOKENS in its preamble); each invocation
 /// computes 4 rows x 4 tokens.
 pub const MATMUL_ROWS_PER_WG: u32 = 64;
+/// The most tokens of any `int8_matmul` tile (see
+/// [`Kernel::matmul_tokens_per_wg`]): activation buffers hold a multiple.
 pub const MATMUL_TOKENS_PER_WG: u32 = 64;
+/// Tokens of the SwiGLU (gate/up) variant's tiles: its 6,144 rows fill an
+/// H200 better in twice the workgroups of half the tokens (BENCHMARKS.md).
+pub const MATMUL_SWIGLU_TOKENS_PER_WG: u32 = 32;
 /// What the attention kernels share (params, bindings, f16 unpacking),
 /// prepended to `attention_partial` and `attention_prefill`.
 const ATTENTION_COMMON: &str = include_str!("../kernels/wgsl/attention_common.wgsl");
@@ -257,9 +262,16 @@ pub fn attention_prefill_source(subgroups: bool) -> (String, Vec<(&'static str, 
 /// int8-to-float conversion), prepended to each.
 const INT8_COMMON: &str = include_str!("../kernels/wgsl/int8_common.wgsl");
 
-/// Workgroup size of `int8_matmul`.
-pub const MATMUL_WG: u32 = (MATMUL_ROWS_PER_WG / 4) * (MATMUL_TOKENS_PER_WG / 4);
-const _: () = assert!(MATMUL_WG <= 256 && MATMUL_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG));
+/// Workgroup size of `int8_matmul` for tiles of `tokens` tokens.
+pub const fn matmul_wg(tokens: u32) -> u32 {
+    (MATMUL_ROWS_PER_WG / 4) * (tokens / 4)
+}
+const _: () = assert!(
+    matmul_wg(MATMUL_TOKENS_PER_WG) <= 256
+        && MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_SWIGLU_TOKENS_PER_WG)
+        && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(16)
+        && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG)
+);
 // int8_matmul's K chunks of 32 values divide the quant group.
 const _: () = assert!(QUANT_GROUP.is_multiple_of(32));
 /// Rows per workgroup of the split-K layout.
@@ -457,6 +469,14 @@ impl Kernel {
         matches!(self, Kernel::Int8MatvecNorm | Kernel::Int8MatvecNormSwiglu)
     }
 
+    /// Tokens of one tile of this variant's `int8_matmul`.
+    pub fn matmul_tokens_per_wg(self) -> u32 {
+        match self {
+            Kernel::Int8MatvecNormSwiglu => MATMUL_SWIGLU_TOKENS_PER_WG,
+            _ => MATMUL_TOKENS_PER_WG,
+        }
+    }
+
     /// The tiled prefill pipeline's WGSL (`int8_matmul`) and override
     /// constants, for the variants [`Kernel::prefill_tiled`] names. The tile
     /// sizes and the quant group come in a `const` preamble: they size the
@@ -464,14 +484,16 @@ impl Kernel {
     pub fn matmul_source(self) -> Option<(String, Vec<(&'static str, f64)>)> {
         let m = self.matvec_variant()?;
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        let tokens = self.matmul_tokens_per_wg();
+        let wg = matmul_wg(tokens);
         let src = format!(
-            "const MM_ROWS: u32 = {MATMUL_ROWS_PER_WG}u;\nconst MM_TOKENS: u32 = {MATMUL_TOKENS_PER_WG}u;\n\
-             const GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {MATMUL_WG}u;\n{INT8_COMMON}\n{}",
+            "const MM_ROWS: u32 = {MATMUL_ROWS_PER_WG}u;\nconst MM_TOKENS: u32 = {tokens}u;\n\
+             const GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {wg}u;\n{INT8_COMMON}\n{}",
             QUANT_GROUP / 4,
             include_str!("../kernels/wgsl/int8_matmul.wgsl")
         );
         let constants = vec![
-            ("WG", MATMUL_WG as f64),
+            ("WG", wg as f64),
             ("ACCUMULATE", flag(m.accumulate)),
             ("NORM", flag(m.norm)),
             ("SWIGLU", flag(m.swiglu)),
@@ -998,8 +1020,8 @@ impl Launch {
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
         let (pipeline, grid, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
             (true, Some(pp)) => match &pp.tiled {
-                Some(tiled) if tokens >= MATMUL_TOKENS_PER_WG => {
-                    (tiled, self.prefill_workgroups, tokens.div_ceil(MATMUL_TOKENS_PER_WG))
+                Some(tiled) if tokens >= self.kernel.matmul_tokens_per_wg() => {
+                    (tiled, self.prefill_workgroups, tokens.div_ceil(self.kernel.matmul_tokens_per_wg()))
                 }
                 _ => (&pp.per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
             },

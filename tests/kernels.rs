@@ -240,23 +240,18 @@ fn int8_matvec_matches_cpu() {
 }
 
 /// The tiled prefill kernel (int8_matmul, tiles of MATMUL_ROWS_PER_WG rows x
-/// MATMUL_TOKENS_PER_WG tokens) in
-/// every epilogue: row counts not multiples of the tile (and odd ones), one
-/// and two token tiles, K of 1 to 32 quant groups.
+/// each variant's `matmul_tokens_per_wg` tokens) in every epilogue: row
+/// counts not multiples of the tile (and odd ones), one and two token tiles,
+/// K of 1 to 32 quant groups.
 #[test]
 fn int8_matmul_matches_cpu() {
     let gpu = gpu();
     let run = matmul_run(&gpu);
-    let per_wg = kernels::MATMUL_TOKENS_PER_WG as usize;
     let mut seed = 100;
-    for &(rows, cols, tokens) in &[
-        (6, 96, per_wg),
-        (66, 1000, 2 * per_wg),
-        (130, 64, per_wg),
-        (40, 2048, per_wg),
-        (20, 160, 2 * per_wg),
-    ] {
+    for &(rows, cols, tiles) in &[(6, 96, 1), (66, 1000, 2), (130, 64, 1), (40, 2048, 1), (20, 160, 2)] {
         for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+            let per_wg = kernel.matmul_tokens_per_wg() as usize;
+            let tokens = tiles * per_wg;
             seed += 1;
             let res =
                 matvec_case(&run, kernel, kernels::MATMUL_ROWS_PER_WG, per_wg, rows, cols, tokens, seed);
