@@ -761,7 +761,7 @@ struct PrefillPipelines {
     per_token: wgpu::ComputePipeline,
     /// `int8_matmul`, for the variants [`Kernel::prefill_tiled`] names, used
     /// for batches that fill a tile (smaller ones would compute a whole
-    /// tile of [`MATMUL_TOKENS_PER_WG`] tokens for a few).
+    /// tile of [`Kernel::matmul_tokens_per_wg`] tokens for a few).
     tiled: Option<wgpu::ComputePipeline>,
 }
 
@@ -964,8 +964,8 @@ pub struct Launch {
     /// The decode pipeline specialised to this launch's shape
     /// ([`Kernels::matvec_pipeline`]); `None`: the split's pipeline.
     pub decode_pipeline: Option<wgpu::ComputePipeline>,
-    /// The tiled prefill pipeline's grid for one tile of
-    /// [`MATMUL_TOKENS_PER_WG`] tokens (one workgroup per
+    /// The tiled prefill pipeline's grid for one tile of tokens
+    /// ([`Kernel::matmul_tokens_per_wg`]; one workgroup per
     /// [`MATMUL_ROWS_PER_WG`] rows); see [`Kernel::prefill_tiled`].
     pub prefill_workgroups: [u32; 3],
 }
@@ -1016,7 +1016,7 @@ impl Launch {
     /// as the token's index in the batch (a matvec's prefill pipelines and
     /// `attention_prefill` as the index of its group of
     /// [`PREFILL_TOKENS_PER_WG`] tokens, `int8_matmul` as that of its tile
-    /// of [`MATMUL_TOKENS_PER_WG`] for a batch that fills one).
+    /// of [`Kernel::matmul_tokens_per_wg`] for a batch that fills one).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels, tokens: u32) {
         let (pipeline, grid, z) = match (tokens > 1, &kernels.prefill[self.kernel as usize]) {
             (true, Some(pp)) => match &pp.tiled {
