@@ -76,15 +76,13 @@ kernel void attention_partial(
     uint lid [[thread_index_in_threadgroup]],
     uint sg_lane [[thread_index_in_simdgroup]],
     uint sg_id [[simdgroup_index_in_threadgroup]],
-    uint n_sg [[simdgroups_per_threadgroup]])
+    uint n_sg [[simdgroups_per_threadgroup]],
+    uint sg_size [[threads_per_simdgroup]])
 {
     threadgroup float4 q_s[MAX_HEAD_DIM / 4];
     threadgroup float e_s[WG];
     threadgroup float4 acc_s[2 * WG];
     threadgroup float2 red2[WG];
-    threadgroup float qh[MAX_HEAD_DIM]; // FUSED: normed q and k, before rotation
-    threadgroup float kh[MAX_HEAD_DIM];
-    threadgroup float kr[MAX_HEAD_DIM]; // FUSED: k after rotation
 
     const uint h = wg.x;
     const uint c = wg.y;
@@ -107,65 +105,74 @@ kernel void attention_partial(
     if (FUSED) {
         // q_s = rope(rms_norm(q_h) * q_norm); the chunk holding the new
         // position also writes its k = rope(rms_norm(k) * k_norm) and v.
-        // Lane d < head_dim handles dim d (WG >= head_dim); every load is
-        // issued up front, so the prologue waits on memory once.
+        // Every load is issued up front, and nothing is exchanged through
+        // threadgroup memory before the one barrier that publishes q_s and
+        // the new K/V row: each simdgroup sums the heads' squares itself
+        // (lane t: dims t, t + width, ...); lane d < head_dim rotates q's
+        // dim d, loading its RoPE partner itself; lane j < head_dim / 4
+        // rotates k's dims 2j, 2j+1 and their partners 2j+h, 2j+1+h
+        // (h = head_dim / 2) and writes them, and v's, as the half pairs
+        // (words j and j + h/2) of the new K and V rows.
         const uint pos = step->pos; // one token: z = 0
         const bool writes_kv = pos >= start && pos < end;
         const uint hd = p.head_dim;
+        const uint qb = h * hd;
+        const uint kb = (p.n_heads + kvh) * hd;
+        const uint vb = (p.n_heads + p.n_kv_heads + kvh) * hd;
         const uint d = lid;
-        const bool in_head = d < hd;
         const uint dd = min(d, hd - 1); // in-range index for the other lanes
         const bool low = dd < half_dim;
         const uint partner = low ? dd + half_dim : dd - half_dim;
-        const float a = q[h * hd + dd];
-        const float nq = qk_norm[dd];
+        const float qa = q[qb + dd];
+        const float qp = q[qb + partner];
+        const float nqa = qk_norm[dd];
+        const float nqp = qk_norm[partner];
         const float2 cs = rope[pos * half_dim + dd % half_dim];
-        float b = 0.0f;
-        float nk = 0.0f;
-        if (writes_kv) {
-            b = q[(p.n_heads + kvh) * hd + dd];
-            nk = qk_norm[hd + dd];
+        const uint j = min(d, half_dim / 2 - 1);
+        const bool kv_lane = writes_kv && d < half_dim / 2;
+        float4 k4 = float4(0.0f);
+        float4 nk4 = float4(0.0f);
+        float4 v4 = float4(0.0f);
+        float2 cs0 = float2(0.0f);
+        float2 cs1 = float2(0.0f);
+        if (kv_lane) {
+            const uint e = 2 * j;
+            k4 = float4(q[kb + e], q[kb + e + 1], q[kb + e + half_dim], q[kb + e + 1 + half_dim]);
+            nk4 = float4(qk_norm[hd + e], qk_norm[hd + e + 1], qk_norm[hd + e + half_dim],
+                qk_norm[hd + e + 1 + half_dim]);
+            v4 = float4(q[vb + e], q[vb + e + 1], q[vb + e + half_dim], q[vb + e + 1 + half_dim]);
+            cs0 = rope[pos * half_dim + e];
+            cs1 = rope[pos * half_dim + e + 1];
         }
-        // Lane i < head_dim / 8 packs V values 8i..8i+7.
-        const uint vs = (p.n_heads + p.n_kv_heads + kvh) * hd + 8 * d;
-        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        if (writes_kv && d < hd / 8) {
-            for (uint u = 0; u < 8; u++) {
-                v[u] = q[vs + u];
+        // The heads' sums of squares (q, k), in every simdgroup.
+        float2 sq = float2(0.0f);
+        for (uint i = sg_lane; i < hd; i += sg_size) {
+            const float a = q[qb + i];
+            sq.x += a * a;
+            if (writes_kv) {
+                const float b = q[kb + i];
+                sq.y += b * b;
             }
         }
-        const float2 sq = in_head ? float2(a * a, b * b) : float2(0.0f);
-        const float2 ssg = float2(simd_sum(sq.x), simd_sum(sq.y));
-        if (sg_lane == 0) {
-            red2[sg_id] = ssg;
+        const float2 ss = float2(simd_sum(sq.x), simd_sum(sq.y));
+        const float rq = rsqrt(ss.x / float(hd) + p.eps);
+        if (d < hd) {
+            q_s[d / 4][d % 4] = rope_at(qa * rq * nqa, qp * rq * nqp, cs, low);
         }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        float2 ss = float2(0.0f);
-        for (uint i = 0; i < n_sg; i++) {
-            ss += red2[i];
+        if (kv_lane) {
+            const float4 kn = k4 * rsqrt(ss.y / float(hd) + p.eps) * nk4;
+            // (2j, 2j+h) and (2j+1, 2j+1+h) are RoPE pairs.
+            const float2 klo = float2(rope_at(kn.x, kn.z, cs0, true), rope_at(kn.y, kn.w, cs1, true));
+            const float2 khi = float2(rope_at(kn.z, kn.x, cs0, false), rope_at(kn.w, kn.y, cs1, false));
+            const uint row = ((kvh * p.capacity + pos) * half_dim) / 4;
+            const uint w_lo = j;
+            const uint w_hi = j + half_dim / 2;
+            k_cache[row + w_lo / 4][w_lo % 4] = as_type<uint>(half2(klo));
+            k_cache[row + w_hi / 4][w_hi % 4] = as_type<uint>(half2(khi));
+            v_cache[row + w_lo / 4][w_lo % 4] = as_type<uint>(half2(float2(v4.x, v4.y)));
+            v_cache[row + w_hi / 4][w_hi % 4] = as_type<uint>(half2(float2(v4.z, v4.w)));
         }
-        const float qn = a * rsqrt(ss.x / float(hd) + p.eps) * nq;
-        const float kn = b * rsqrt(ss.y / float(hd) + p.eps) * nk;
-        if (in_head) {
-            qh[d] = qn;
-            kh[d] = kn;
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (in_head) {
-            q_s[d / 4][d % 4] = rope_at(qn, qh[partner], cs, low);
-            kr[d] = rope_at(kn, kh[partner], cs, low);
-        }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (writes_kv && d < hd / 8) {
-            const uint row = ((kvh * p.capacity + pos) * half_dim) / 4 + d;
-            const uint k8 = 8 * d;
-            k_cache[row] = uint4(as_type<uint>(half2(float2(kr[k8], kr[k8 + 1]))),
-                as_type<uint>(half2(float2(kr[k8 + 2], kr[k8 + 3]))), as_type<uint>(half2(float2(kr[k8 + 4], kr[k8 + 5]))),
-                as_type<uint>(half2(float2(kr[k8 + 6], kr[k8 + 7]))));
-            v_cache[row] = uint4(as_type<uint>(half2(float2(v[0], v[1]))), as_type<uint>(half2(float2(v[2], v[3]))),
-                as_type<uint>(half2(float2(v[4], v[5]))), as_type<uint>(half2(float2(v[6], v[7]))));
-        }
-        // The new row is read back below by other lanes.
+        // Publishes q_s, and the new row that other lanes read back below.
         threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
     } else {
         for (uint i = lid; i < p.head_dim / 4; i += WG) {

@@ -37,11 +37,6 @@ fn dot8(a: vec4<u32>, j: u32) -> f32 {
     return dot(q_s[2u * j], lo4(a)) + dot(q_s[2u * j + 1u], hi4(a));
 }
 
-// FUSED: the normed q and k heads, before rotation, and k after it.
-var<workgroup> qh: array<f32, MAX_HEAD_DIM>;
-var<workgroup> kh: array<f32, MAX_HEAD_DIM>;
-var<workgroup> kr: array<f32, MAX_HEAD_DIM>;
-
 // Element d of rotate-half RoPE: a = x[d], b = x[d +- head_dim/2], cs the
 // table's (cos, sin) for d mod head_dim/2; `low`: d < head_dim/2.
 fn rope_at(a: f32, b: f32, cs: vec2<f32>, low: bool) -> f32 {
@@ -53,55 +48,78 @@ fn rope_at(a: f32, b: f32, cs: vec2<f32>, low: bool) -> f32 {
 
 // FUSED: q_s = rope(rms_norm(q_h) * q_norm); with `writes_kv`, also the new
 // position's k_cache = f16(rope(rms_norm(k) * k_norm)) and v_cache = f16(v).
-// Invocation d < head_dim handles dim d (WG >= head_dim); every load is
-// issued up front, so the prologue waits on memory once.
+// Every load is issued up front, so the prologue waits on memory once, and
+// nothing is exchanged through workgroup memory before the one barrier that
+// publishes q_s and the new K/V row:
+// - each team sums the heads' squares itself (lane t: dims t, t + team
+//   size, ...), so the norms need no workgroup reduction;
+// - invocation d < head_dim rotates q's dim d, loading its RoPE partner
+//   d +- head_dim/2 itself;
+// - invocation j < head_dim/4 rotates k's dims 2j, 2j+1 and their partners
+//   2j+h, 2j+1+h (h = head_dim/2) and writes them, and v's, as the two f16
+//   pairs (u32 words j and j + h/2) of the new K and V rows.
 fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane) {
     let hd = p.head_dim;
     let half_dim = hd / 2u;
+    let qb = h * hd;
+    let kb = (p.n_heads + kvh) * hd;
+    let vb = (p.n_heads + p.n_kv_heads + kvh) * hd;
+    // q: dim d and its partner.
     let d = lane.idx;
-    let in_head = d < hd;
     let dd = min(d, hd - 1u); // in-range index for the inactive invocations
     let low = dd < half_dim;
     let partner = select(dd - half_dim, dd + half_dim, low);
-    let a = q[h * hd + dd];
-    let nq = qk_norm[dd];
+    let qa = q[qb + dd];
+    let qp = q[qb + partner];
+    let nqa = qk_norm[dd];
+    let nqp = qk_norm[partner];
     let cs = rope[pos * half_dim + dd % half_dim];
-    var b = 0.0;
-    var nk = 0.0;
-    if writes_kv {
-        b = q[(p.n_heads + kvh) * hd + dd];
-        nk = qk_norm[hd + dd];
+    // k and v: dims 2j, 2j+1 and 2j+h, 2j+1+h (h = half_dim).
+    let j = min(d, half_dim / 2u - 1u);
+    let kv_lane = writes_kv && d < half_dim / 2u;
+    var k4 = vec4<f32>(0.0);
+    var nk4 = vec4<f32>(0.0);
+    var v4 = vec4<f32>(0.0);
+    var cs0 = vec2<f32>(0.0);
+    var cs1 = vec2<f32>(0.0);
+    if kv_lane {
+        let e = 2u * j;
+        k4 = vec4<f32>(q[kb + e], q[kb + e + 1u], q[kb + e + half_dim], q[kb + e + 1u + half_dim]);
+        nk4 = vec4<f32>(qk_norm[hd + e], qk_norm[hd + e + 1u], qk_norm[hd + e + half_dim],
+                        qk_norm[hd + e + 1u + half_dim]);
+        v4 = vec4<f32>(q[vb + e], q[vb + e + 1u], q[vb + e + half_dim], q[vb + e + 1u + half_dim]);
+        cs0 = rope[pos * half_dim + e];
+        cs1 = rope[pos * half_dim + e + 1u];
     }
-    // Invocation i < head_dim / 8 packs V values 8i..8i+7.
-    let vs = (p.n_heads + p.n_kv_heads + kvh) * hd + 8u * d;
-    var v = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    if writes_kv && d < hd / 8u {
-        v = array<f32, 8>(q[vs], q[vs + 1u], q[vs + 2u], q[vs + 3u], q[vs + 4u], q[vs + 5u], q[vs + 6u], q[vs + 7u]);
+    // The heads' sums of squares, q in x and k in y, in every team.
+    var sq = vec4<f32>(0.0);
+    for (var i = team_lane(lane); i < hd; i += team_size(lane)) {
+        let a = q[qb + i];
+        sq.x += a * a;
+        if writes_kv {
+            let b = q[kb + i];
+            sq.y += b * b;
+        }
     }
-    let sq = select(vec4<f32>(0.0), vec4<f32>(a * a, b * b, 0.0, 0.0), in_head);
-    let ss = wg_sum4(sq, lane);
-    let qn = a * inverseSqrt(ss.x / f32(hd) + p.eps) * nq;
-    let kn = b * inverseSqrt(ss.y / f32(hd) + p.eps) * nk;
-    if in_head {
-        qh[d] = qn;
-        kh[d] = kn;
+    let ss = team_sum4(sq, lane);
+    let rq = inverseSqrt(ss.x / f32(hd) + p.eps);
+    if d < hd {
+        q_s[d / 4u][d % 4u] = rope_at(qa * rq * nqa, qp * rq * nqp, cs, low);
     }
-    workgroupBarrier();
-    if in_head {
-        q_s[d / 4u][d % 4u] = rope_at(qn, qh[partner], cs, low);
-        kr[d] = rope_at(kn, kh[partner], cs, low);
+    if kv_lane {
+        let kn = k4 * inverseSqrt(ss.y / f32(hd) + p.eps) * nk4;
+        // (2j, 2j+h) and (2j+1, 2j+1+h) are RoPE pairs.
+        let lo = vec2<f32>(rope_at(kn.x, kn.z, cs0, true), rope_at(kn.y, kn.w, cs1, true));
+        let hi = vec2<f32>(rope_at(kn.z, kn.x, cs0, false), rope_at(kn.w, kn.y, cs1, false));
+        let row = ((kvh * p.capacity + pos) * half_dim) / 4u;
+        let w_lo = j;
+        let w_hi = j + half_dim / 2u;
+        k_cache[row + w_lo / 4u][w_lo % 4u] = pack2x16float(lo);
+        k_cache[row + w_hi / 4u][w_hi % 4u] = pack2x16float(hi);
+        v_cache[row + w_lo / 4u][w_lo % 4u] = pack2x16float(v4.xy);
+        v_cache[row + w_hi / 4u][w_hi % 4u] = pack2x16float(v4.zw);
     }
-    workgroupBarrier();
-    if writes_kv && d < hd / 8u {
-        let row = ((kvh * p.capacity + pos) * half_dim) / 4u + d;
-        let k8 = 8u * d;
-        k_cache[row] = vec4<u32>(pack2x16float(vec2<f32>(kr[k8], kr[k8 + 1u])),
-            pack2x16float(vec2<f32>(kr[k8 + 2u], kr[k8 + 3u])), pack2x16float(vec2<f32>(kr[k8 + 4u], kr[k8 + 5u])),
-            pack2x16float(vec2<f32>(kr[k8 + 6u], kr[k8 + 7u])));
-        v_cache[row] = vec4<u32>(pack2x16float(vec2<f32>(v[0], v[1])), pack2x16float(vec2<f32>(v[2], v[3])),
-            pack2x16float(vec2<f32>(v[4], v[5])), pack2x16float(vec2<f32>(v[6], v[7])));
-    }
-    // The new row is read back below by other invocations.
+    // Publishes q_s, and the new K/V row that other invocations read back.
     storageBarrier();
     workgroupBarrier();
 }
