@@ -28,6 +28,8 @@ const CHUNK_WORDS: u32 = CHUNK_K / 4u;
 const X_LOADS: u32 = MM_TOKENS * (CHUNK_K / 4u);
 const W_LOADS: u32 = MM_ROWS * (CHUNK_K / 16u);
 const X_PER: u32 = (X_LOADS + MM_WG - 1u) / MM_WG;
+// One weight load per invocation at most (the staging below takes one).
+const_assert W_LOADS <= MM_WG;
 // w_t[k * ROW_QUADS + q]: rows 4q..4q+3 of the tile at the chunk's value k.
 var<workgroup> w_t: array<vec4<f32>, CHUNK_K * ROW_QUADS>;
 // x_t[k * TOKEN_QUADS + q]: tokens 4q..4q+3 at the chunk's value k.
