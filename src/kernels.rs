@@ -770,10 +770,6 @@ type SpecialisedMatvec = ((Kernel, MatvecSplit, MatvecShape), wgpu::ComputePipel
 /// Every kernel compiled for one device.
 pub struct Kernels {
     pipelines: Vec<Pipeline>,
-    /// The matvec variants' decode pipelines for the other splits of
-    /// [`MatvecLayout::splits`] (split K's wider workgroups, the long
-    /// matrices' rows per team), on the default pipeline's bind-group layout.
-    splits: Vec<(Kernel, MatvecSplit, wgpu::ComputePipeline)>,
     /// Per kernel, the prefill pipelines where they differ from the decode
     /// one (the matvecs, and `attention_partial`'s `attention_prefill`; WGSL
     /// on every backend, on the decode pipeline's bind-group layout).
@@ -825,26 +821,16 @@ impl Kernels {
                 Ok(Some(PrefillPipelines { per_token, tiled }))
             })
             .collect::<Result<_>>()?;
-        let mut splits = Vec::new();
-        for p in pipelines.iter().filter(|p| p.kernel.matvec_variant().is_some()) {
-            let k = p.kernel;
-            for split in matvec_layout.splits().into_iter().skip(1) {
-                let src = k.source(gpu.subgroups);
-                let constants = k.split_constants(split);
-                let layout = Some(&p.layout);
-                let (pipeline, _) =
-                    compile_for_layout(gpu, k.entry(), &src, k.entry(), k.bindings(), &constants, layout)?;
-                splits.push((k, split, pipeline));
-            }
-        }
-        Ok(Kernels { pipelines, splits, prefill, specialised: Default::default(), matvec_layout, source })
+        Ok(Kernels { pipelines, prefill, specialised: Default::default(), matvec_layout, source })
     }
 
     /// The decode pipeline of matvec variant `kernel` under `split`,
-    /// specialised to `shape` (compiled once per engine). `None` where
-    /// the matvec is an MSL twin, which reads its shape from the launch's
-    /// parameters, or if the specialised build fails (the general
-    /// pipeline then serves: the same kernel, reading the shape).
+    /// specialised to `shape` (compiled on first use, once per engine, on
+    /// the kernel's bind-group layout). `None` where the matvec is an MSL
+    /// twin, which reads its shape from the launch's parameters, or if the
+    /// build fails: the kernel's default pipeline then serves, which reads
+    /// the shape and has every split's rows per workgroup, so the launch's
+    /// grid holds (only its speed differs).
     pub fn matvec_pipeline(
         &self,
         gpu: &Gpu,
@@ -882,15 +868,6 @@ impl Kernels {
                 None
             }
         }
-    }
-
-    /// The decode pipeline of `kernel` (a matvec variant's: under `split`).
-    pub fn decode_pipeline(&self, kernel: Kernel, split: Option<MatvecSplit>) -> &wgpu::ComputePipeline {
-        self.splits
-            .iter()
-            .find(|(k, s, _)| *k == kernel && Some(*s) == split)
-            .map(|(_, _, p)| p)
-            .unwrap_or(&self.get(kernel).pipeline)
     }
 
     fn build(
@@ -958,11 +935,12 @@ pub struct Launch {
     pub kernel: Kernel,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
-    /// A matvec's split (see [`Kernels::decode_pipeline`]); `None`: the
-    /// kernel's default pipeline.
+    /// A matvec's split (see [`MatvecLayout::split`]); `None` for the
+    /// other kernels.
     pub matvec_split: Option<MatvecSplit>,
-    /// The decode pipeline specialised to this launch's shape
-    /// ([`Kernels::matvec_pipeline`]); `None`: the split's pipeline.
+    /// A matvec's decode pipeline, under its split and specialised to its
+    /// shape ([`Kernels::matvec_pipeline`]); `None`: the kernel's default
+    /// pipeline.
     pub decode_pipeline: Option<wgpu::ComputePipeline>,
     /// The tiled prefill pipeline's grid for one tile of tokens
     /// ([`Kernel::matmul_tokens_per_wg`]; one workgroup per
@@ -1025,10 +1003,11 @@ impl Launch {
                 }
                 _ => (&pp.per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
             },
-            _ => match &self.decode_pipeline {
-                Some(p) => (p, self.workgroups, tokens),
-                None => (kernels.decode_pipeline(self.kernel, self.matvec_split), self.workgroups, tokens),
-            },
+            _ => (
+                self.decode_pipeline.as_ref().unwrap_or(&kernels.get(self.kernel).pipeline),
+                self.workgroups,
+                tokens,
+            ),
         };
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
@@ -1114,6 +1093,9 @@ mod tests {
             {
                 assert!(splits.contains(&layout.split(rows, k_words)), "{layout:?} {rows}x{k_words}");
             }
+            // The default pipeline, which serves when a split's fails to
+            // build, runs any split's grid.
+            assert!(splits.iter().all(|s| s.rows_per_wg == splits[0].rows_per_wg), "{layout:?}");
         }
         let lm_head = MatvecLayout::SplitK.split(151936, 256);
         assert_eq!((lm_head.layout, lm_head.workgroup_size), (MatvecLayout::RowsPerTeam, LONG_MATRIX_WG));
