@@ -3,23 +3,30 @@
 //!
 //! `cargo run --release --example random_checkpoint -- OUT_DIR [SEED]`
 
+use clap::Parser;
 use qwen3_wgpu::testing::write_random_checkpoint;
 use qwen3_wgpu::ModelConfig;
 
+#[derive(Parser)]
+#[command(about = "Writes a random Qwen3 checkpoint of the exact Qwen3-0.6B-Base shape")]
+struct Args {
+    /// Directory to write config.json and model.safetensors into (created if missing)
+    out_dir: std::path::PathBuf,
+    /// Seed of the random weights
+    #[arg(default_value_t = 1)]
+    seed: u64,
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let Some(out) = args.next() else {
-        eprintln!("usage: random_checkpoint OUT_DIR [SEED]");
-        std::process::exit(2);
-    };
-    let seed = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let args = Args::parse();
     let cfg = ModelConfig::qwen3_0_6b_base();
-    let dir = std::path::Path::new(&out);
-    if let Err(e) = std::fs::create_dir_all(dir)
-        .map_err(|e| e.to_string())
-        .and_then(|_| write_random_checkpoint(dir, &cfg, seed).map_err(|e| e.to_string()))
-    {
-        eprintln!("error: {e}");
+    let dir = args.out_dir.as_path();
+    let written =
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display())).and_then(|_| {
+            write_random_checkpoint(dir, &cfg, args.seed).map_err(|e| format!("[{}]: {e}", e.code()))
+        });
+    if let Err(e) = written {
+        eprintln!("error {e}");
         std::process::exit(2);
     }
     println!("wrote {}", dir.display());
