@@ -5,8 +5,14 @@
 use qwen3_wgpu::{AdapterPolicy, Engine, Gpu};
 
 fn main() {
-    let portable = std::env::args().any(|a| a == "portable")
-        || AdapterPolicy::from_env() == Some(AdapterPolicy::Portable);
+    let from_env = match AdapterPolicy::from_env() {
+        Ok(p) => p,
+        Err(e) => {
+            println!("NOT READY: [{}] {e}", e.code());
+            std::process::exit(2);
+        }
+    };
+    let portable = std::env::args().any(|a| a == "portable") || from_env == Some(AdapterPolicy::Portable);
     let policy = if portable { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
     let adapters = Gpu::adapters();
     println!("adapters ({}):", adapters.len());

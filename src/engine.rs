@@ -69,15 +69,27 @@ impl EngineBuilder {
 
     /// Picks (or adopts) the device and compiles every kernel.
     pub fn build(self) -> Result<Engine> {
-        let policy = self.policy.or_else(AdapterPolicy::from_env).unwrap_or_default();
+        // Every setting is read before the device is touched: a bad value
+        // fails fast, whatever else is wrong.
+        let policy = match self.policy {
+            Some(p) => p,
+            None => AdapterPolicy::from_env()?.unwrap_or_default(),
+        };
+        let choice = match self.kernels {
+            Some(c) => c,
+            None => KernelChoice::from_env()?.unwrap_or_default(),
+        };
+        let matvec_layout = match self.matvec_layout {
+            Some(l) => Some(l),
+            None => MatvecLayout::from_env()?,
+        };
         let mut gpu = match self.device {
             Some((device, queue)) => Gpu::from_device(device, queue, policy)?,
             None => Gpu::new(policy)?,
         };
         gpu.subgroups &= !self.no_subgroups;
         gpu.probe()?;
-        let choice = self.kernels.or_else(KernelChoice::from_env).unwrap_or_default();
-        let kernels = Arc::new(Kernels::new(&gpu, choice, self.matvec_layout)?);
+        let kernels = Arc::new(Kernels::new(&gpu, choice, matvec_layout)?);
         Ok(Engine { gpu, kernels })
     }
 }

@@ -79,6 +79,17 @@ pub enum Error {
     /// checkpoint could not be read for conversion).
     #[error("cache i/o failed at {path}: {reason}")]
     CacheIo { path: PathBuf, reason: String },
+
+    /// An argument or configuration value is not one the engine accepts
+    /// (an unknown `QWEN3_WGPU_*` value, a malformed command-line flag).
+    /// Names the argument and what is allowed.
+    #[error("invalid argument {name}: {reason}")]
+    InvalidArgument { name: String, reason: String },
+
+    /// An allocation the engine needs is larger than the memory available
+    /// (host memory for conversion, say). Names the bytes needed and available.
+    #[error("out of memory: {what} needs {needed} bytes, {available} available")]
+    OutOfMemory { what: String, needed: u64, available: u64 },
 }
 
 impl Error {
@@ -102,11 +113,13 @@ impl Error {
             Error::EmptyPrompt => "empty_prompt",
             Error::ContextOverflow { .. } => "context_overflow",
             Error::CacheIo { .. } => "cache_io",
+            Error::InvalidArgument { .. } => "invalid_argument",
+            Error::OutOfMemory { .. } => "out_of_memory",
         }
     }
 
     /// Every code, in declaration order (for documentation and tests).
-    pub const ALL_CODES: [&'static str; 12] = [
+    pub const ALL_CODES: [&'static str; 14] = [
         "checkpoint_not_found",
         "checkpoint_invalid",
         "unsupported_checkpoint_architecture",
@@ -119,10 +132,16 @@ impl Error {
         "empty_prompt",
         "context_overflow",
         "cache_io",
+        "invalid_argument",
+        "out_of_memory",
     ];
 
     pub(crate) fn cache_io(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {
         Error::CacheIo { path: path.into(), reason: e.to_string() }
+    }
+
+    pub(crate) fn invalid_argument(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { name: name.into(), reason: reason.into() }
     }
 
     pub(crate) fn invalid(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {

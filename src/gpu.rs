@@ -22,13 +22,20 @@ pub enum AdapterPolicy {
 }
 
 impl AdapterPolicy {
-    /// The policy named by [`BACKEND_ENV`], if it is set to a known value.
-    pub fn from_env() -> Option<Self> {
-        match std::env::var(BACKEND_ENV).ok()?.to_ascii_lowercase().as_str() {
-            "portable" => Some(AdapterPolicy::Portable),
-            "metal" => Some(AdapterPolicy::MetalOnly),
-            _ => None,
-        }
+    /// The names [`Self::from_name`] accepts: `metal` and `portable`.
+    pub const NAMES: [(&'static str, AdapterPolicy); 2] =
+        [("metal", AdapterPolicy::MetalOnly), ("portable", AdapterPolicy::Portable)];
+
+    /// The policy named `metal` or `portable` (case-insensitive); anything
+    /// else is `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        crate::settings::parse_choice(what, value, &Self::NAMES)
+    }
+
+    /// The policy named by [`BACKEND_ENV`]: `None` when it is unset,
+    /// `invalid_argument` when it names no policy.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(BACKEND_ENV, &Self::NAMES)
     }
 
     /// Refuses an adapter this policy does not accept.

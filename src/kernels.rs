@@ -48,15 +48,25 @@ pub enum MatvecLayout {
 pub const MATVEC_LAYOUT_ENV: &str = "QWEN3_WGPU_MATVEC_LAYOUT";
 
 impl MatvecLayout {
+    /// The names [`Self::from_name`] accepts: `rows` and `split`.
+    pub const NAMES: [(&'static str, MatvecLayout); 2] =
+        [("rows", MatvecLayout::RowsPerTeam), ("split", MatvecLayout::SplitK)];
+
+    /// The layout named `rows` or `split`; anything else is
+    /// `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        crate::settings::parse_choice(what, value, &Self::NAMES)
+    }
+
+    /// The layout [`MATVEC_LAYOUT_ENV`] names: `None` when it is unset,
+    /// `invalid_argument` when it names no layout.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(MATVEC_LAYOUT_ENV, &Self::NAMES)
+    }
+
     /// The layout for a device: split K on discrete and integrated GPUs
-    /// other than Apple's, rows per team elsewhere. `QWEN3_WGPU_MATVEC_LAYOUT`
-    /// (`rows` or `split`) overrides it.
+    /// other than Apple's, rows per team elsewhere.
     pub fn for_device(info: &wgpu::AdapterInfo) -> Self {
-        match std::env::var(MATVEC_LAYOUT_ENV).ok().as_deref() {
-            Some("rows") => return MatvecLayout::RowsPerTeam,
-            Some("split") => return MatvecLayout::SplitK,
-            _ => {}
-        }
         let many_cores =
             matches!(info.device_type, wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu);
         if many_cores && info.backend != wgpu::Backend::Metal {
@@ -564,13 +574,20 @@ pub enum KernelChoice {
 pub const KERNELS_ENV: &str = "QWEN3_WGPU_KERNELS";
 
 impl KernelChoice {
-    /// The choice `QWEN3_WGPU_KERNELS` names, if it is set to a known value.
-    pub fn from_env() -> Option<Self> {
-        match std::env::var(KERNELS_ENV).ok()?.to_ascii_lowercase().as_str() {
-            "wgsl" => Some(KernelChoice::Wgsl),
-            "auto" | "msl" => Some(KernelChoice::Auto),
-            _ => None,
-        }
+    /// The names [`Self::from_name`] accepts: `auto` (also `msl`) and `wgsl`.
+    pub const NAMES: [(&'static str, KernelChoice); 3] =
+        [("auto", KernelChoice::Auto), ("msl", KernelChoice::Auto), ("wgsl", KernelChoice::Wgsl)];
+
+    /// The choice named `auto`, `msl` or `wgsl`; anything else is
+    /// `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        crate::settings::parse_choice(what, value, &Self::NAMES)
+    }
+
+    /// The choice `QWEN3_WGPU_KERNELS` names: `None` when it is unset,
+    /// `invalid_argument` when it names no choice.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(KERNELS_ENV, &Self::NAMES)
     }
 }
 

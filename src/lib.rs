@@ -12,6 +12,7 @@ pub mod model;
 pub mod msl;
 pub mod qwen3;
 pub mod session;
+mod settings;
 #[doc(hidden)]
 pub mod testing;
 pub mod tokenizer;

@@ -34,7 +34,7 @@ fn codes_are_stable_and_distinct() {
     let mut codes = Error::ALL_CODES.to_vec();
     codes.sort();
     codes.dedup();
-    assert_eq!(codes.len(), 12);
+    assert_eq!(codes.len(), Error::ALL_CODES.len());
     assert_eq!(Error::EmptyPrompt.code(), "empty_prompt");
 }
 
