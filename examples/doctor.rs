@@ -38,13 +38,23 @@ fn main() {
     println!("policy: {policy:?}");
     // Builds the engine as an application would: device, probe, every kernel.
     match Engine::builder().policy(policy).build() {
-        Ok(engine) => println!(
-            "READY: {} via {:?} (kernels: {}, subgroup reductions: {})",
-            engine.adapter_info().name,
-            engine.adapter_info().backend,
-            engine.kernel_source().as_str(),
-            engine.uses_subgroups()
-        ),
+        Ok(engine) => {
+            let report = engine.kernel_report();
+            let check = &report.self_check;
+            let verdict =
+                if check.ok { "ok".to_string() } else { format!("FAILED: {}", check.describe_failures()) };
+            println!("self-check: {verdict} ({} pipelines, {:.1} ms)", check.pipelines, check.ms);
+            if let Some((kernel, reason)) = &report.fallback {
+                println!("MSL kernels rejected ({kernel}), WGSL in use: {reason}");
+            }
+            println!(
+                "READY: {} via {:?} (kernels: {}, subgroup reductions: {})",
+                engine.adapter_info().name,
+                engine.adapter_info().backend,
+                engine.kernel_source().as_str(),
+                engine.uses_subgroups()
+            )
+        }
         Err(e) => {
             println!("NOT READY: [{}] {e}", e.code());
             std::process::exit(2);

@@ -9,7 +9,7 @@ use crate::cache::{load_model, CachePolicy, LoadReport};
 use crate::config::{ModelConfig, ShapeProfile};
 use crate::error::{Error, Result};
 use crate::gpu::{AdapterPolicy, Gpu};
-use crate::kernels::{KernelChoice, KernelSource, Kernels, MatvecLayout};
+use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLayout};
 use crate::model::GpuWeights;
 use crate::session::{check_prompt, ModelGpu, Session};
 
@@ -25,6 +25,7 @@ pub struct EngineBuilder {
     no_subgroups: bool,
     kernels: Option<KernelChoice>,
     matvec_layout: Option<MatvecLayout>,
+    msl_off_metal: bool,
 }
 
 impl EngineBuilder {
@@ -67,7 +68,16 @@ impl EngineBuilder {
         self
     }
 
-    /// Picks (or adopts) the device and compiles every kernel.
+    /// Attempts the MSL twins whatever the adapter (wgpu rejects them off
+    /// Metal): drives the fallback through wgpu's own error route in tests.
+    #[doc(hidden)]
+    pub fn attempt_msl_on_any_adapter(mut self) -> Self {
+        self.msl_off_metal = true;
+        self
+    }
+
+    /// Picks (or adopts) the device, compiles every kernel and runs the
+    /// start-up self-check ([`Engine::kernel_report`]).
     pub fn build(self) -> Result<Engine> {
         // Every setting is read before the device is touched: a bad value
         // fails fast, whatever else is wrong.
@@ -89,7 +99,12 @@ impl EngineBuilder {
         };
         gpu.subgroups &= !self.no_subgroups;
         gpu.probe()?;
-        let kernels = Arc::new(Kernels::new(&gpu, choice, matvec_layout)?);
+        let kernels = if self.msl_off_metal && choice == KernelChoice::Auto {
+            Kernels::new_with(&gpu, true, matvec_layout)?
+        } else {
+            Kernels::new(&gpu, choice, matvec_layout)?
+        };
+        let kernels = Arc::new(kernels);
         Ok(Engine { gpu, kernels })
     }
 }
@@ -133,6 +148,39 @@ impl Engine {
     /// Where the hot kernels came from: the MSL twins or WGSL.
     pub fn kernel_source(&self) -> KernelSource {
         self.kernels.source
+    }
+
+    /// How the kernels were chosen and checked at start-up: the source in
+    /// use, the self-check's result and time, and why the MSL twins were
+    /// rejected if they were.
+    ///
+    /// ```no_run
+    /// let engine = qwen3_wgpu::Engine::new()?;
+    /// let report = engine.kernel_report();
+    /// println!("{} kernels, self-check ok: {} ({:.1} ms)", report.source.as_str(), report.self_check.ok, report.self_check.ms);
+    /// if let Some((kernel, reason)) = &report.fallback {
+    ///     eprintln!("MSL rejected ({kernel}): {reason}");
+    /// }
+    /// # Ok::<(), qwen3_wgpu::Error>(())
+    /// ```
+    pub fn kernel_report(&self) -> &KernelReport {
+        &self.kernels.report
+    }
+
+    /// The features to request on `adapter` for the engine's full-speed
+    /// path (subgroup reductions, timestamps, and on Metal passthrough
+    /// shaders for the MSL twins), for a host creating the device it will
+    /// share ([`EngineBuilder::device`]). Only what the adapter offers.
+    pub fn required_features(adapter: &wgpu::Adapter) -> wgpu::Features {
+        crate::gpu::engine_features(adapter)
+    }
+
+    /// The limits to request on `adapter` for a shared device: the
+    /// defaults, raised to the adapter's own where the engine uses more
+    /// (buffer and binding sizes for the embedding and LM head, workgroup
+    /// memory for the prefill tiles).
+    pub fn required_limits(adapter: &wgpu::Adapter) -> wgpu::Limits {
+        crate::gpu::engine_limits(adapter)
     }
 
     /// True when the kernels use subgroup reductions.

@@ -77,8 +77,20 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// True when kernels use subgroup reductions.
     pub subgroups: bool,
-    /// First uncaptured device error or loss, if any.
-    fault: Arc<Mutex<Option<String>>>,
+    /// What the engine's own handlers saw on a device it created (an
+    /// adopted device keeps its host's handlers: the engine relies on its
+    /// error scopes there).
+    faults: Arc<Mutex<Faults>>,
+}
+
+/// Errors reported outside any error scope, on a device the engine owns.
+#[derive(Default)]
+struct Faults {
+    /// The device was lost: every later call fails.
+    lost: Option<String>,
+    /// An uncaptured error, reported once by the next check and then
+    /// cleared: one failed call does not fail unrelated later ones.
+    uncaptured: Option<String>,
 }
 
 impl Gpu {
@@ -104,26 +116,25 @@ impl Gpu {
         };
         let info = adapter.get_info();
         policy.check(&info)?;
-        let mut wanted = wanted_features();
-        if info.backend == wgpu::Backend::Metal {
-            // For the MSL twins (src/msl.rs); elsewhere it would mean SPIR-V.
-            wanted |= wgpu::Features::PASSTHROUGH_SHADERS;
-        }
-        let features = adapter.features() & wanted;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("qwen3-wgpu"),
-            required_features: features,
+            required_features: engine_features(&adapter),
             required_limits: adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| Error::GpuDeviceFailed { reason: format!("request_device on {}: {e}", info.name) })?;
-        Ok(Self::wrap(device, queue, info))
+        let gpu = Self::wrap(device, queue, info);
+        gpu.watch_faults();
+        Ok(gpu)
     }
 
     /// Adopts a device the host application already owns (e.g. its
     /// renderer's). No second device is created; the policy still applies.
+    /// The host's uncaptured-error handler and device-lost callback stay
+    /// as the host set them: the engine catches its own errors with error
+    /// scopes.
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, policy: AdapterPolicy) -> Result<Self> {
         let info = device.adapter_info();
         policy.check(&info)?;
@@ -131,21 +142,25 @@ impl Gpu {
     }
 
     fn wrap(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
-        let fault = Arc::new(Mutex::new(None));
-        let sink = fault.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        Gpu { device, queue, info, subgroups, faults: Default::default() }
+    }
+
+    /// On a device the engine created: records errors no scope caught and
+    /// the device's loss, for [`Self::check_fault`].
+    fn watch_faults(&self) {
+        let sink = self.faults.clone();
+        self.device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             if let Ok(mut f) = sink.lock() {
-                f.get_or_insert_with(|| e.to_string());
+                f.uncaptured.get_or_insert_with(|| e.to_string());
             }
         }));
-        let sink = fault.clone();
-        device.set_device_lost_callback(move |reason, msg| {
+        let sink = self.faults.clone();
+        self.device.set_device_lost_callback(move |reason, msg| {
             if let Ok(mut f) = sink.lock() {
-                f.get_or_insert_with(|| format!("device lost ({reason:?}): {msg}"));
+                f.lost.get_or_insert_with(|| format!("device lost ({reason:?}): {msg}"));
             }
         });
-        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        Gpu { device, queue, info, subgroups, fault }
     }
 
     /// One tiny upload and readback: proves the device and queue work (an
@@ -160,28 +175,35 @@ impl Gpu {
         Ok(())
     }
 
-    /// Fails with `gpu_device_failed` if the device reported an error or was lost.
+    /// Fails with `gpu_device_failed` if the device was lost (every call
+    /// after) or reported an error outside any scope since the last check
+    /// (that call only).
     pub fn check_fault(&self) -> Result<()> {
-        match self.fault.lock().ok().and_then(|f| f.clone()) {
+        let Ok(mut f) = self.faults.lock() else { return Ok(()) };
+        match f.lost.clone().or_else(|| f.uncaptured.take()) {
             Some(reason) => Err(Error::GpuDeviceFailed { reason }),
             None => Ok(()),
         }
     }
 
-    /// Runs `f` inside a validation + out-of-memory error scope and turns a
+    /// Runs `f` inside error scopes for every class wgpu reports
+    /// (validation, out of memory, and internal: a backend compiler
+    /// rejecting a shader, a pipeline that fails to link) and turns a
     /// captured error into `make_err(message)`.
     pub fn scoped<T>(
         &self,
         f: impl FnOnce() -> Result<T>,
         make_err: impl FnOnce(String) -> Error,
     ) -> Result<T> {
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
         let v = pollster::block_on(val.pop());
         let o = pollster::block_on(oom.pop());
-        if let Some(e) = v.or(o) {
-            return Err(make_err(e.to_string()));
+        let i = pollster::block_on(internal.pop());
+        if let Some(e) = v.or(o).or(i) {
+            return Err(make_err(error_text(&e)));
         }
         self.check_fault()?;
         out
@@ -372,9 +394,50 @@ impl Timestamps {
     }
 }
 
+/// A wgpu error's text with its sources (wgpu's `Display` is the first
+/// line only for some errors).
+fn error_text(e: &wgpu::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let line = s.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// Features used when the adapter has them.
 pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+}
+
+/// The features of [`wanted_features`] `adapter` offers, plus passthrough
+/// shaders on Metal (for the MSL twins, src/msl.rs; elsewhere it would
+/// mean SPIR-V).
+pub(crate) fn engine_features(adapter: &wgpu::Adapter) -> wgpu::Features {
+    let mut wanted = wanted_features();
+    if adapter.get_info().backend == wgpu::Backend::Metal {
+        wanted |= wgpu::Features::PASSTHROUGH_SHADERS;
+    }
+    adapter.features() & wanted
+}
+
+/// wgpu's default limits, raised to `adapter`'s where the engine uses more.
+pub(crate) fn engine_limits(adapter: &wgpu::Adapter) -> wgpu::Limits {
+    let a = adapter.limits();
+    wgpu::Limits {
+        max_buffer_size: a.max_buffer_size,
+        max_storage_buffer_binding_size: a.max_storage_buffer_binding_size,
+        max_compute_workgroup_storage_size: a.max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup: a.max_compute_invocations_per_workgroup,
+        max_compute_workgroup_size_x: a.max_compute_workgroup_size_x,
+        max_compute_workgroups_per_dimension: a.max_compute_workgroups_per_dimension,
+        ..wgpu::Limits::default()
+    }
 }
 
 /// Writes `data` into a buffer created `mapped_at_creation`, then unmaps it.

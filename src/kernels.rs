@@ -600,19 +600,24 @@ pub fn msl_available(gpu: &Gpu) -> bool {
 }
 
 /// Builds with the MSL twins when `want_msl`, falling back to WGSL when
-/// that fails (the failure is logged): the fast path never stops the
-/// engine. Returns what was built and from which source.
+/// that fails (the failure is logged and returned): the fast path never
+/// stops the engine. Returns what was built, from which source, and why
+/// MSL was rejected if it was.
 pub fn with_fallback<T>(
     want_msl: bool,
     mut build: impl FnMut(KernelSource) -> Result<T>,
-) -> Result<(T, KernelSource)> {
+) -> Result<(T, KernelSource, Option<Error>)> {
+    let mut rejected = None;
     if want_msl {
         match build(KernelSource::Msl) {
-            Ok(t) => return Ok((t, KernelSource::Msl)),
-            Err(e) => log::warn!("MSL kernels unavailable, using the WGSL ones: {e}"),
+            Ok(t) => return Ok((t, KernelSource::Msl, None)),
+            Err(e) => {
+                log::warn!("MSL kernels unavailable, using the WGSL ones: {e}");
+                rejected = Some(e);
+            }
         }
     }
-    Ok((build(KernelSource::Wgsl)?, KernelSource::Wgsl))
+    Ok((build(KernelSource::Wgsl)?, KernelSource::Wgsl, rejected))
 }
 
 /// A compiled kernel: pipeline plus its bind-group layout.
@@ -725,10 +730,9 @@ pub fn compile_msl(
     bindings: &[Bind],
     workgroup_size: u32,
 ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
+    // Off Metal, wgpu itself rejects the module (a validation error): the
+    // fallback's tests run that real route on Vulkan.
     let fail = |reason: String| Error::ShaderCompileFailed { kernel: format!("{label} (MSL)"), reason };
-    if gpu.info.backend != wgpu::Backend::Metal {
-        return Err(fail(format!("MSL needs a Metal adapter, not {:?}", gpu.info.backend)));
-    }
     let build = || {
         gpu.scoped(
             || {
@@ -798,17 +802,80 @@ pub struct Kernels {
     pub matvec_layout: MatvecLayout,
     /// Where the kernels with an MSL twin came from.
     pub source: KernelSource,
+    /// How the kernels were chosen and checked.
+    pub report: KernelReport,
+}
+
+/// How the engine's kernels were chosen and checked at start-up
+/// ([`crate::Engine::kernel_report`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct KernelReport {
+    /// Where the kernels with an MSL twin come from.
+    pub source: KernelSource,
+    /// The start-up self-check of the pipelines in use.
+    pub self_check: crate::self_check::SelfCheck,
+    /// Why the MSL twins are not in use although they were wanted: the
+    /// kernel that failed (or `self-check`) and the reason, wgpu's message
+    /// included. A shader compiler's own text is logged by wgpu at error
+    /// level (target `wgpu_core`). `None` when MSL is in use or was not
+    /// wanted (not a Metal adapter, or WGSL chosen).
+    pub fallback: Option<(String, String)>,
+}
+
+impl KernelReport {
+    fn unchecked(source: KernelSource) -> Self {
+        let self_check = crate::self_check::SelfCheck { ok: false, pipelines: 0, ms: 0.0, failures: vec![] };
+        KernelReport { source, self_check, fallback: None }
+    }
 }
 
 impl Kernels {
     /// Compiles every kernel for `gpu`: the MSL twins where `choice` and
     /// the device allow (see [`msl_available`]), WGSL otherwise or when any
-    /// twin fails to build. The WGSL matvec takes `layout`, or the device's
-    /// ([`MatvecLayout::for_device`]).
+    /// twin fails to build or the self-check ([`crate::self_check`]) finds
+    /// one computing a wrong value. The WGSL matvec takes `layout`, or the
+    /// device's ([`MatvecLayout::for_device`]). The pipelines in use pass the
+    /// self-check, or this fails.
     pub fn new(gpu: &Gpu, choice: KernelChoice, layout: Option<MatvecLayout>) -> Result<Self> {
         let want_msl = choice == KernelChoice::Auto && msl_available(gpu);
-        let ((pipelines, matvec_layout), source) =
-            with_fallback(want_msl, |source| Self::build(gpu, source, layout))?;
+        Self::new_with(gpu, want_msl, layout)
+    }
+
+    /// [`Self::new`] with the MSL attempt decided by the caller (tests try
+    /// it on a non-Metal adapter, where wgpu itself rejects the twins).
+    pub(crate) fn new_with(gpu: &Gpu, want_msl: bool, layout: Option<MatvecLayout>) -> Result<Self> {
+        let ((mut kernels, self_check), source, rejected) = with_fallback(want_msl, |source| {
+            let (pipelines, matvec_layout) = Self::build(gpu, source, layout)?;
+            let kernels = Self::assemble(gpu, pipelines, matvec_layout, source)?;
+            let check = crate::self_check::run(gpu, &kernels)?;
+            if !check.ok {
+                return Err(Error::GpuDeviceFailed {
+                    reason: format!(
+                        "the {} kernels failed the start-up self-check: {}",
+                        source.as_str(),
+                        check.describe_failures()
+                    ),
+                });
+            }
+            Ok((kernels, check))
+        })?;
+        let fallback = rejected.map(|e| match e {
+            Error::ShaderCompileFailed { kernel, reason } => (kernel, reason),
+            other => ("self-check".to_string(), other.to_string()),
+        });
+        kernels.report = KernelReport { source, self_check, fallback };
+        Ok(kernels)
+    }
+
+    /// The kernel set around the decode pipelines `pipelines`: the prefill
+    /// pipelines (WGSL on every backend) on their bind-group layouts.
+    fn assemble(
+        gpu: &Gpu,
+        pipelines: Vec<Pipeline>,
+        matvec_layout: MatvecLayout,
+        source: KernelSource,
+    ) -> Result<Self> {
         let prefill = pipelines
             .iter()
             .map(|p| {
@@ -838,7 +905,14 @@ impl Kernels {
                 Ok(Some(PrefillPipelines { per_token, tiled }))
             })
             .collect::<Result<_>>()?;
-        Ok(Kernels { pipelines, prefill, specialised: Default::default(), matvec_layout, source })
+        Ok(Kernels {
+            pipelines,
+            prefill,
+            specialised: Default::default(),
+            matvec_layout,
+            source,
+            report: KernelReport::unchecked(source),
+        })
     }
 
     /// The decode pipeline of matvec variant `kernel` under `split`,
@@ -915,6 +989,13 @@ impl Kernels {
             pipelines.push(Pipeline { kernel: k, pipeline, layout });
         }
         Ok((pipelines, matvec_layout))
+    }
+
+    /// Puts `pipeline` in place of `k`'s decode pipeline (the self-check's
+    /// tests: a wrong kernel must be caught).
+    #[cfg(test)]
+    pub(crate) fn replace_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
+        self.pipelines[k as usize].pipeline = pipeline;
     }
 
     pub fn get(&self, k: Kernel) -> &Pipeline {
@@ -1062,7 +1143,7 @@ mod tests {
     #[test]
     fn a_failing_msl_build_falls_back_to_wgsl() {
         let mut tried = Vec::new();
-        let (built, source) = with_fallback(true, |s| {
+        let (built, source, rejected) = with_fallback(true, |s| {
             tried.push(s);
             match s {
                 KernelSource::Msl => Err(compile_error()),
@@ -1071,15 +1152,17 @@ mod tests {
         })
         .unwrap();
         assert_eq!((built, source), ("wgsl pipelines", KernelSource::Wgsl));
+        assert!(rejected.unwrap().to_string().contains("deliberate"));
         assert_eq!(tried, [KernelSource::Msl, KernelSource::Wgsl]);
     }
 
     #[test]
     fn msl_is_used_when_it_builds_and_never_tried_when_not_wanted() {
-        let (_, source) = with_fallback(true, Ok).unwrap();
+        let (_, source, rejected) = with_fallback(true, Ok).unwrap();
         assert_eq!(source, KernelSource::Msl);
+        assert!(rejected.is_none());
         let mut tried = Vec::new();
-        let (_, source) = with_fallback(false, |s| {
+        let (_, source, _) = with_fallback(false, |s| {
             tried.push(s);
             Ok(())
         })

@@ -11,6 +11,9 @@ pub mod kernels;
 pub mod model;
 pub mod msl;
 pub mod qwen3;
+#[doc(hidden)]
+pub mod reference;
+pub mod self_check;
 pub mod session;
 mod settings;
 #[doc(hidden)]
@@ -23,6 +26,8 @@ pub use config::{ModelConfig, ShapeProfile};
 pub use engine::{decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason};
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
-pub use kernels::{KernelChoice, KernelSource, KERNELS_ENV};
+pub use kernels::{KernelChoice, KernelReport, KernelSource, KERNELS_ENV};
+pub use self_check::SelfCheck;
 pub use session::{Session, StepTiming};
 pub use tokenizer::{TextStream, Tokenizer};
+pub use wgpu;

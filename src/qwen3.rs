@@ -34,32 +34,32 @@ use crate::session::{padded, SessionBuffers};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct MatvecParams {
-    rows: u32,
-    k_words: u32,
-    groups: u32,
-    row_offset: u32,
-    n_in: u32,
-    eps: f32,
+pub(crate) struct MatvecParams {
+    pub(crate) rows: u32,
+    pub(crate) k_words: u32,
+    pub(crate) groups: u32,
+    pub(crate) row_offset: u32,
+    pub(crate) n_in: u32,
+    pub(crate) eps: f32,
     /// Elements between consecutive tokens' outputs (batched prefill).
-    y_stride: u32,
+    pub(crate) y_stride: u32,
 }
 
 /// The uniform of `qk_norm_rope` and `attention_partial` (the former reads
 /// the fields up to `qkv_stride`).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct HeadParams {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    capacity: u32,
+pub(crate) struct HeadParams {
+    pub(crate) n_heads: u32,
+    pub(crate) n_kv_heads: u32,
+    pub(crate) head_dim: u32,
+    pub(crate) capacity: u32,
     /// rms_norm_eps of the q/k norms.
-    eps: f32,
+    pub(crate) eps: f32,
     /// qk_norm_rope: elements between consecutive tokens' qkv rows.
-    qkv_stride: u32,
+    pub(crate) qkv_stride: u32,
     /// The softmax scale, 1/sqrt(head_dim).
-    scale: f32,
+    pub(crate) scale: f32,
 }
 
 /// RoPE's (cos, sin) for every position below `capacity` and frequency
@@ -79,11 +79,11 @@ pub fn rope_table(head_dim: usize, capacity: usize, theta: f32) -> Vec<f32> {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct EmbedParams {
-    k_words: u32,
-    groups: u32,
-    row_start: u32,
-    row_end: u32,
+pub(crate) struct EmbedParams {
+    pub(crate) k_words: u32,
+    pub(crate) groups: u32,
+    pub(crate) row_start: u32,
+    pub(crate) row_end: u32,
 }
 
 /// One launch of the decode step, or the attention of one layer, whose

@@ -265,3 +265,103 @@ fn specialised_matvec_pipelines_are_built_once_per_shape() {
     // Kernels other than the matvecs have no specialised pipelines.
     assert!(kernels.matvec_pipeline(&gpu, Kernel::EmbedLookup, split, qkv).is_none());
 }
+
+/// A host's device made with what the engine asks for
+/// (`Engine::required_features` / `required_limits`).
+fn host_device_for_the_engine() -> (wgpu::Device, wgpu::Queue) {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::PRIMARY;
+    let instance = wgpu::Instance::new(desc);
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default())).expect("an adapter");
+    let wanted = wgpu::DeviceDescriptor {
+        required_features: Engine::required_features(&adapter),
+        required_limits: Engine::required_limits(&adapter),
+        ..Default::default()
+    };
+    pollster::block_on(adapter.request_device(&wanted)).expect("a device")
+}
+
+/// A validation error of the host's own, outside any error scope: a bind
+/// group with no entries for a layout that has one.
+fn host_validation_error(device: &wgpu::Device) {
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("host layout"),
+        entries: &[wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }],
+    });
+    let _ = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("host bind group"),
+        layout: &layout,
+        entries: &[],
+    });
+}
+
+#[test]
+fn host_error_handler_survives_adoption() {
+    let (device, queue) = host_device_for_the_engine();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = seen.clone();
+    device.on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| {
+        sink.lock().unwrap().push(e.to_string());
+    }));
+    let engine =
+        Engine::builder().policy(AdapterPolicy::Portable).device(device.clone(), queue).build().unwrap();
+    host_validation_error(&device);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "the host's handler must receive the host's own error: {seen:?}");
+    assert!(seen[0].contains("host bind group"), "{seen:?}");
+    drop(engine);
+}
+
+#[test]
+fn engine_works_after_host_error() {
+    let (device, queue) = host_device_for_the_engine();
+    // The host's handler swallows its errors (without one, wgpu panics).
+    device.on_uncaptured_error(std::sync::Arc::new(|_e: wgpu::Error| {}));
+    let engine =
+        Engine::builder().policy(AdapterPolicy::Portable).device(device.clone(), queue).build().unwrap();
+    assert!(engine.uses_subgroups() == device.features().contains(wgpu::Features::SUBGROUP));
+    host_validation_error(&device);
+    let (prompt, want) = expected();
+    let model = engine.load(fixture(), &no_cache()).unwrap();
+    host_validation_error(&device);
+    let out = model.generate(&prompt, 8, |_| {}).unwrap();
+    assert_eq!(out.generated_ids(), &want[..8]);
+}
+
+/// An MSL build rejected by wgpu itself (here: passthrough MSL on a Vulkan
+/// adapter, a validation error raised inside wgpu) leaves the engine on
+/// WGSL, self-checked, with the reason recorded.
+#[test]
+fn a_rejected_msl_build_falls_back_to_wgsl_through_wgpus_error_route() {
+    let engine =
+        Engine::builder().policy(AdapterPolicy::Portable).attempt_msl_on_any_adapter().build().unwrap();
+    let report = engine.kernel_report();
+    assert_eq!(report.source, qwen3_wgpu::KernelSource::Wgsl);
+    let (kernel, reason) = report.fallback.clone().expect("the MSL rejection is recorded");
+    assert!(kernel.ends_with("(MSL)"), "{kernel}: {reason}");
+    assert!(reason.to_lowercase().contains("passthrough") || reason.contains("MSL"), "{reason}");
+    assert!(report.self_check.ok && report.self_check.pipelines > 0, "{:?}", report.self_check);
+    // And it decodes.
+    let (prompt, want) = expected();
+    let out = engine.load(fixture(), &no_cache()).unwrap().generate(&prompt, 4, |_| {}).unwrap();
+    assert_eq!(out.generated_ids(), &want[..4]);
+}
+
+#[test]
+fn every_engine_build_runs_the_self_check() {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let report = engine.kernel_report();
+    assert!(report.self_check.ok, "{:?}", report.self_check);
+    assert_eq!(report.self_check.pipelines, qwen3_wgpu::kernels::Kernel::ALL.len());
+    assert!(report.self_check.ms > 0.0);
+    assert!(report.fallback.is_none(), "MSL was not wanted on {:?}", engine.adapter_info().backend);
+}

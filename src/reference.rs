@@ -1,0 +1,221 @@
+//! CPU references of the kernels, in f64, with the magnitude each output's
+//! tolerance scales with: the kernel tests (WGSL on Vulkan, the MSL twins
+//! through the C++ shim) and the engine's start-up self-check
+//! ([`crate::self_check`]) compare against the same functions.
+
+use half::f16;
+
+use crate::weights::QUANT_GROUP;
+
+/// Fills outputs before a run: a NaN, so an element never written fails.
+pub const POISON: u32 = 0x7fc0_dead;
+
+pub fn poisoned(n_words: usize) -> Vec<u8> {
+    bytemuck::cast_slice(&vec![POISON; n_words]).to_vec()
+}
+
+pub fn f32s(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+pub fn to_f32(b: &[u8]) -> Vec<f32> {
+    bytemuck::pod_collect_to_vec(b)
+}
+
+/// The first element where `|got - want| > rel * scale` (or `got` is not
+/// finite), described; `None` when every element is close.
+pub fn first_mismatch(what: &str, got: &[f32], want: &[f64], scale: &[f64], rel: f64) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{what}: {} values, expected {}", got.len(), want.len()));
+    }
+    got.iter().zip(want).zip(scale).enumerate().find_map(|(i, ((g, w), s))| {
+        let tol = rel * s.max(1e-6);
+        (!(g.is_finite() && ((*g as f64) - w).abs() <= tol))
+            .then(|| format!("{what}[{i}]: got {g}, want {w} (tolerance {tol})"))
+    })
+}
+
+/// Asserts `|got - want| <= rel * scale` element-wise (and finite).
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], scale: &[f64], rel: f64) {
+    if let Some(m) = first_mismatch(what, got, want, scale, rel) {
+        panic!("{m}");
+    }
+}
+
+/// `n` deterministic pseudo-random non-zero values in +-[0.05, 1]
+/// (xorshift64*, for checks that must not depend on a random crate).
+pub fn pseudo_nonzero(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
+            let v = 0.05 + 0.95 * r;
+            if s & (1 << 20) != 0 {
+                v
+            } else {
+                -v
+            }
+        })
+        .collect()
+}
+
+/// An int8 matrix in the engine's layout: rows zero-padded to
+/// [`QUANT_GROUP`] values, one f32 scale per group.
+pub struct Quant {
+    pub rows: usize,
+    pub cols: usize,
+    pub padded: usize,
+    pub q: Vec<i8>,
+    pub scales: Vec<f32>,
+}
+
+impl Quant {
+    pub fn w(&self, r: usize, c: usize) -> f64 {
+        self.q[r * self.padded + c] as f64 * self.scales[r * self.groups() + c / QUANT_GROUP] as f64
+    }
+    pub fn data(&self) -> Vec<u8> {
+        bytemuck::cast_slice(&self.q).to_vec()
+    }
+    pub fn k_words(&self) -> usize {
+        self.padded / 4
+    }
+    pub fn groups(&self) -> usize {
+        self.padded / QUANT_GROUP
+    }
+
+    /// A deterministic matrix of non-zero values in `-127..=127` (the
+    /// padding zero) with scales in [0.001, 0.02].
+    pub fn pseudo(seed: u64, rows: usize, cols: usize) -> Self {
+        let padded = cols.div_ceil(QUANT_GROUP) * QUANT_GROUP;
+        let values = pseudo_nonzero(seed, rows * cols);
+        let mut q = vec![0i8; rows * padded];
+        for r in 0..rows {
+            for c in 0..cols {
+                q[r * padded + c] = ((values[r * cols + c] * 127.0).round() as i8).clamp(-127, 127);
+                if q[r * padded + c] == 0 {
+                    q[r * padded + c] = 1;
+                }
+            }
+        }
+        let groups = padded / QUANT_GROUP;
+        let scales =
+            pseudo_nonzero(seed ^ 0x5ca1e, rows * groups).iter().map(|v| 0.001 + 0.019 * v.abs()).collect();
+        Quant { rows, cols, padded, q, scales }
+    }
+}
+
+pub fn silu(g: f64) -> f64 {
+    g / (1.0 + (-g).exp())
+}
+
+/// `int8_matvec`: the values written at `y[out_offset..]`, with their
+/// tolerance scales. `norm`: the fused RMSNorm (weight, eps); `y0`: the
+/// accumulated values (`y += W x`); `swiglu`: rows interleave gate and up,
+/// output i = silu(row 2i . x) * (row 2i+1 . x).
+pub fn matvec_ref(
+    m: &Quant,
+    x: &[f32],
+    norm: Option<(&[f32], f32)>,
+    y0: Option<&[f32]>,
+    swiglu: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let cols = m.cols;
+    let xe: Vec<f64> = match norm {
+        Some((w, eps)) => {
+            let ms = x[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            x.iter().zip(w).map(|(v, w)| *v as f64 * inv * *w as f64).collect()
+        }
+        None => x.iter().map(|v| *v as f64).collect(),
+    };
+    let dot = |r: usize| (0..cols).map(|c| m.w(r, c) * xe[c]).sum::<f64>();
+    let mag = |r: usize| (0..cols).map(|c| (m.w(r, c) * xe[c]).abs()).sum::<f64>() + 1.0;
+    if swiglu {
+        (0..m.rows / 2)
+            .map(|i| {
+                let (g, u) = (dot(2 * i), dot(2 * i + 1));
+                (silu(g) * u, mag(2 * i) * (u.abs() + 1.0) + mag(2 * i + 1) * (g.abs() + 1.0))
+            })
+            .unzip()
+    } else {
+        (0..m.rows).map(|r| (dot(r) + y0.map_or(0.0, |y| y[r] as f64), mag(r))).unzip()
+    }
+}
+
+/// Index of the largest value, the lowest one among equals.
+pub fn argmax_ref(v: &[f32]) -> usize {
+    let mut best = 0;
+    for i in 0..v.len() {
+        if v[i] > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Rotate-half RoPE of one head at `pos`.
+pub fn rope_ref(v: &[f64], pos: usize, theta: f64) -> Vec<f64> {
+    let d = v.len();
+    let half = d / 2;
+    let mut out = vec![0.0; d];
+    for i in 0..half {
+        let a = pos as f64 * theta.powf(-((2 * i) as f64) / d as f64);
+        let (s, c) = a.sin_cos();
+        out[i] = v[i] * c - v[i + half] * s;
+        out[i + half] = v[i + half] * c + v[i] * s;
+    }
+    out
+}
+
+pub fn norm_ref(v: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
+    let ms: f64 = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / v.len() as f64;
+    let inv = 1.0 / (ms + eps).sqrt();
+    v.iter().zip(w).map(|(x, w)| *x as f64 * inv * *w as f64).collect()
+}
+
+/// `qk_norm_rope` for one head of the qkv vector: a query head (q_norm +
+/// RoPE), a key head (k_norm + RoPE) or a value head (as is).
+pub fn qk_norm_rope_ref(head: &[f32], norm_w: Option<&[f32]>, pos: usize, theta: f64, eps: f64) -> Vec<f64> {
+    match norm_w {
+        Some(w) => rope_ref(&norm_ref(head, w, eps), pos, theta),
+        None => head.iter().map(|v| *v as f64).collect(),
+    }
+}
+
+pub fn unpack_f16(words: &[u8]) -> Vec<f32> {
+    let h: Vec<u16> = bytemuck::pod_collect_to_vec(words);
+    h.iter().map(|b| f16::from_bits(*b).to_f32()).collect()
+}
+
+/// Decode attention of every query head over positions `0..seq` of f16
+/// caches laid out `[kv_head][cap][hd]` (GQA: head h reads kv head
+/// h / (nh / nkv)). Returns `[nh][hd]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ref(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    cap: usize,
+    seq: usize,
+    scale: f64,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(nh * hd);
+    for h in 0..nh {
+        let g = h / (nh / nkv);
+        let kv = |t: usize, d: usize, x: &[f16]| x[(g * cap + t) * hd + d].to_f64();
+        let s: Vec<f64> = (0..seq)
+            .map(|t| (0..hd).map(|d| q[h * hd + d] as f64 * kv(t, d, k)).sum::<f64>() * scale)
+            .collect();
+        let m = s.iter().cloned().fold(f64::MIN, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        out.extend((0..hd).map(|d| (0..seq).map(|t| e[t] * kv(t, d, v)).sum::<f64>() / l));
+    }
+    out
+}

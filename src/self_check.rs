@@ -1,0 +1,634 @@
+//! The start-up self-check: every pipeline the engine built for the decode
+//! step runs once on small known-answer inputs and is compared with the CPU
+//! references ([`crate::reference`]) before the engine is returned. It
+//! proves the hand-written MSL twins on the device they run on (a shifted
+//! buffer slot, a compiler difference or a fast-math surprise shows up as a
+//! mismatch, and the engine falls back to WGSL); the same code checks the
+//! WGSL pipelines, which is how it runs on every backend.
+//!
+//! A wrong binding cannot pass: every binding holds distinct non-trivial
+//! data, outputs start as NaN, the accumulating matvec starts from a
+//! non-zero `y`, row counts are not multiples of 4, attention runs over two
+//! chunks plus the reduce and within one chunk, the new KV row is compared
+//! value by value with every other row compared bit for bit, and the
+//! argmax's maximum is tied across chunks. One submit and one wait.
+
+use std::time::Instant;
+
+use bytemuck::bytes_of;
+use half::f16;
+
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::{grid, Kernel, Kernels, ARGMAX_CHUNK, ATTENTION_CHUNK, WG};
+use crate::qwen3::{rope_table, EmbedParams, HeadParams, MatvecParams};
+use crate::reference::{
+    argmax_ref, attention_ref, first_mismatch, matvec_ref, poisoned, pseudo_nonzero, qk_norm_rope_ref,
+    unpack_f16, Quant, POISON,
+};
+
+/// Relative tolerance of the matvecs: well above f32 rounding (the kernel
+/// tests use 1e-5), low enough that a wrong weight, scale or input fails.
+const MATVEC_TOLERANCE: f64 = 1e-3;
+/// Attention outputs and rotated heads: Metal's fast exp and rsqrt.
+const ATTENTION_TOLERANCE: f64 = 2e-3;
+/// A value rounded to f16 in the KV cache.
+const F16_TOLERANCE: f64 = 4e-3;
+
+/// The outcome of the self-check of one pipeline set.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SelfCheck {
+    /// True when every pipeline matched its reference.
+    pub ok: bool,
+    /// Pipelines run.
+    pub pipelines: usize,
+    /// Wall time of the check (upload, one submit, readback, compare), ms.
+    pub ms: f64,
+    /// Each kernel that did not match, and how (the first wrong value).
+    pub failures: Vec<(String, String)>,
+}
+
+impl SelfCheck {
+    /// `kernel: how; kernel: how` for the failures.
+    pub fn describe_failures(&self) -> String {
+        self.failures.iter().map(|(k, how)| format!("{k}: {how}")).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// Runs every decode pipeline of `kernels` once and compares with the CPU
+/// references. A device error during the check is an `Err`; a wrong result
+/// is a [`SelfCheck`] with `ok: false`.
+pub(crate) fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
+    let t0 = Instant::now();
+    let mut rig = Rig::new(gpu, kernels);
+    let checks = gpu.scoped(
+        || {
+            let checks = vec![
+                matvec(&mut rig, Kernel::Int8MatvecAccumulate)?,
+                matvec(&mut rig, Kernel::Int8MatvecNorm)?,
+                matvec(&mut rig, Kernel::Int8MatvecNormSwiglu)?,
+                qk_norm_rope(&mut rig)?,
+                attention_prompt(&mut rig)?,
+                attention_step(&mut rig, Kernel::AttentionStepDirect, 16, 9)?,
+                attention_step(&mut rig, Kernel::AttentionStep, 300, 270)?,
+                argmax(&mut rig)?,
+                embed(&mut rig)?,
+            ];
+            Ok(checks)
+        },
+        |reason| Error::GpuDeviceFailed { reason: format!("self-check: {reason}") },
+    )?;
+    let outputs = rig.finish()?;
+    let mut failures = Vec::new();
+    for check in checks {
+        failures.extend(check(&outputs));
+    }
+    let pipelines = rig.ran.len();
+    Ok(SelfCheck { ok: failures.is_empty(), pipelines, ms: t0.elapsed().as_secs_f64() * 1e3, failures })
+}
+
+/// Compares the read-back outputs: each failure as (kernel, how).
+type Check = Box<dyn FnOnce(&[Vec<u8>]) -> Vec<(String, String)>>;
+
+/// Records launches of the engine's pipelines into one encoder and the
+/// copies of their outputs into readback buffers.
+struct Rig<'a> {
+    gpu: &'a Gpu,
+    kernels: &'a Kernels,
+    enc: wgpu::CommandEncoder,
+    /// Readback buffers and the bytes each holds.
+    readbacks: Vec<(wgpu::Buffer, usize)>,
+    /// The kernels launched (each has its own pipeline).
+    ran: Vec<Kernel>,
+}
+
+impl<'a> Rig<'a> {
+    fn new(gpu: &'a Gpu, kernels: &'a Kernels) -> Self {
+        let enc =
+            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("self-check") });
+        Rig { gpu, kernels, enc, readbacks: Vec::new(), ran: Vec::new() }
+    }
+
+    fn storage(&self, data: &[u8]) -> Result<wgpu::Buffer> {
+        self.gpu.storage_init("self-check", data)
+    }
+
+    fn uniform(&self, data: &[u8]) -> Result<wgpu::Buffer> {
+        self.gpu.uniform("self-check", data)
+    }
+
+    /// One launch of `kernel`'s engine pipeline with `buffers` in binding order.
+    fn dispatch(&mut self, kernel: Kernel, workgroups: [u32; 3], buffers: &[&wgpu::Buffer]) {
+        let p = self.kernels.get(kernel);
+        let entries: Vec<_> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("self-check"),
+            layout: &p.layout,
+            entries: &entries,
+        });
+        let mut pass = self.enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&p.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        if !self.ran.contains(&kernel) {
+            self.ran.push(kernel);
+        }
+    }
+
+    /// Copies `buf`'s first `bytes` back after the launches; returns the
+    /// index of its contents in [`Self::finish`]'s result.
+    fn read(&mut self, buf: &wgpu::Buffer, bytes: usize) -> usize {
+        let staging = self.gpu.readback("self-check", bytes);
+        self.enc.copy_buffer_to_buffer(buf, 0, &staging, 0, staging.size());
+        self.readbacks.push((staging, bytes));
+        self.readbacks.len() - 1
+    }
+
+    /// Submits everything, waits once, and returns every read buffer.
+    fn finish(&mut self) -> Result<Vec<Vec<u8>>> {
+        let enc = std::mem::replace(
+            &mut self.enc,
+            self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }),
+        );
+        self.gpu.scoped(
+            || {
+                self.gpu.queue.submit([enc.finish()]);
+                Ok(())
+            },
+            |reason| Error::GpuDeviceFailed { reason: format!("self-check submit: {reason}") },
+        )?;
+        self.readbacks
+            .iter()
+            .map(|(b, bytes)| {
+                let mut out = self.gpu.read(b)?;
+                out.truncate(*bytes);
+                Ok(out)
+            })
+            .collect()
+    }
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+fn u32s(v: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+fn to_f32(b: &[u8]) -> Vec<f32> {
+    bytemuck::pod_collect_to_vec(b)
+}
+
+fn to_u32(b: &[u8]) -> Vec<u32> {
+    bytemuck::pod_collect_to_vec(b)
+}
+
+fn f16s(v: &[f32]) -> Vec<f16> {
+    v.iter().map(|x| f16::from_f32(*x)).collect()
+}
+
+/// The GPU decode state `{pos, fill_end}`.
+fn step(pos: usize, fill_end: usize) -> Vec<u8> {
+    u32s(&[pos as u32, fill_end as u32])
+}
+
+fn fail(kernel: Kernel, how: impl Into<String>) -> Vec<(String, String)> {
+    vec![(format!("{kernel:?}"), how.into())]
+}
+
+/// A matvec variant over 13 rows (14 for SwiGLU: 7 outputs) of 200
+/// columns (a padded tail), writing from row 3 of a `y` whose other
+/// elements must stay as they were.
+fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
+    let variant = kernel.matvec_variant().expect("a matvec variant");
+    let seed = kernel as u64 * 101;
+    let (rows, cols) = if variant.swiglu { (14, 200) } else { (13, 200) };
+    let m = Quant::pseudo(seed + 1, rows, cols);
+    let mut x = pseudo_nonzero(seed + 2, m.padded);
+    x[cols..].iter_mut().for_each(|v| *v = 0.0);
+    let norm_w = pseudo_nonzero(seed + 3, m.padded);
+    let eps = 1e-6f32;
+    let row_offset = if variant.swiglu { 4 } else { 3 };
+    let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
+    let outs = if variant.swiglu { rows / 2 } else { rows };
+    let y_len = first_out + outs + 5;
+    let y0 = pseudo_nonzero(seed + 4, y_len);
+    let init = if variant.accumulate { f32s(&y0) } else { poisoned(y_len) };
+    let p = MatvecParams {
+        rows: rows as u32,
+        k_words: m.k_words() as u32,
+        groups: m.groups() as u32,
+        row_offset: row_offset as u32,
+        n_in: cols as u32,
+        eps,
+        y_stride: y_len as u32,
+    };
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&f32s(&x))?,
+        rig.storage(&m.data())?,
+        rig.storage(&f32s(&m.scales))?,
+        rig.storage(&init)?,
+        rig.storage(&f32s(&norm_w))?,
+    ];
+    let rows_per_wg = rig.kernels.matvec_layout.rows_per_wg();
+    rig.dispatch(kernel, grid((rows as u32).div_ceil(rows_per_wg)), &bufs.each_ref());
+    let y = rig.read(&bufs[4], 4 * y_len);
+    Ok(Box::new(move |out| {
+        let got = to_f32(&out[y]);
+        let init: Vec<u32> = to_u32(&init);
+        for i in (0..first_out).chain(first_out + outs..y_len) {
+            if got[i].to_bits() != init[i] {
+                return fail(kernel, format!("wrote y[{i}] outside its rows"));
+            }
+        }
+        let norm = variant.norm.then_some((&norm_w[..], eps));
+        let acc = variant.accumulate.then_some(&y0[first_out..]);
+        let (want, scale) = matvec_ref(&m, &x, norm, acc, variant.swiglu);
+        let what = "y";
+        match first_mismatch(what, &got[first_out..first_out + outs], &want, &scale, MATVEC_TOLERANCE) {
+            Some(m) => fail(kernel, m),
+            None => vec![],
+        }
+    }))
+}
+
+/// Attention's head shape for the checks: 4 query heads over 2 KV heads of
+/// 64 dims (GQA), and the uniform for `capacity`.
+const HEADS: (usize, usize, usize) = (4, 2, 64);
+
+fn head_params(capacity: usize) -> HeadParams {
+    let (nh, nkv, hd) = HEADS;
+    HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: capacity as u32,
+        eps: 1e-6,
+        qkv_stride: ((nh + 2 * nkv) * hd + 8) as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+    }
+}
+
+const THETA: f32 = 1_000_000.0;
+
+/// Compares KV cache `got` (f16 words) with `before` bit for bit except row
+/// `pos` of each KV head, which must match `want(kv_head)` within the f16
+/// tolerance.
+fn check_cache_row(
+    what: &str,
+    got: &[u8],
+    before: &[u8],
+    capacity: usize,
+    pos: usize,
+    want: &dyn Fn(usize) -> Vec<f64>,
+) -> Option<String> {
+    let (_, nkv, hd) = HEADS;
+    let (words, before_words) = (to_u32(got), to_u32(before));
+    let values = unpack_f16(got);
+    for g in 0..nkv {
+        for t in 0..capacity {
+            let row = (g * capacity + t) * hd;
+            if t == pos {
+                let want = want(g);
+                let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+                let got = &values[row..row + hd];
+                if let Some(m) =
+                    first_mismatch(&format!("{what} kv head {g}"), got, &want, &scale, F16_TOLERANCE)
+                {
+                    return Some(m);
+                }
+            } else if words[row / 2..(row + hd) / 2] != before_words[row / 2..(row + hd) / 2] {
+                return Some(format!("{what}: row {t} of kv head {g} changed"));
+            }
+        }
+    }
+    None
+}
+
+/// `qk_norm_rope` for one token at position 5 of a capacity of 8.
+fn qk_norm_rope(rig: &mut Rig<'_>) -> Result<Check> {
+    let kernel = Kernel::QkNormRope;
+    let (nh, nkv, hd) = HEADS;
+    let (cap, pos) = (8, 5);
+    let p = head_params(cap);
+    let qkv = pseudo_nonzero(11, p.qkv_stride as usize);
+    let norms = pseudo_nonzero(12, 2 * hd);
+    let rope = rope_table(hd, cap, THETA);
+    let cache_words = nkv * cap * hd / 2;
+    let (k0, v0) = (poisoned(cache_words), poisoned(cache_words));
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(pos, 0))?,
+        rig.storage(&f32s(&qkv))?,
+        rig.storage(&f32s(&norms))?,
+        rig.storage(&f32s(&rope))?,
+        rig.storage(&poisoned(nh * hd))?,
+        rig.storage(&k0)?,
+        rig.storage(&v0)?,
+    ];
+    rig.dispatch(kernel, grid((nh + 2 * nkv) as u32), &bufs.each_ref());
+    let (q, k, v) = (
+        rig.read(&bufs[5], 4 * nh * hd),
+        rig.read(&bufs[6], 4 * cache_words),
+        rig.read(&bufs[7], 4 * cache_words),
+    );
+    Ok(Box::new(move |out| {
+        let head = |h: usize| &qkv[h * hd..(h + 1) * hd];
+        let (qn, kn) = norms.split_at(hd);
+        let eps = p.eps as f64;
+        let got = to_f32(&out[q]);
+        for h in 0..nh {
+            let want = qk_norm_rope_ref(head(h), Some(qn), pos, THETA as f64, eps);
+            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+            if let Some(m) = first_mismatch(
+                &format!("q head {h}"),
+                &got[h * hd..(h + 1) * hd],
+                &want,
+                &scale,
+                ATTENTION_TOLERANCE,
+            ) {
+                return fail(kernel, m);
+            }
+        }
+        let want_k = |g: usize| qk_norm_rope_ref(head(nh + g), Some(kn), pos, THETA as f64, eps);
+        let want_v = |g: usize| qk_norm_rope_ref(head(nh + nkv + g), None, pos, THETA as f64, eps);
+        check_cache_row("k_cache", &out[k], &k0, cap, pos, &want_k)
+            .or_else(|| check_cache_row("v_cache", &out[v], &v0, cap, pos, &want_v))
+            .map_or(vec![], |m| fail(kernel, m))
+    }))
+}
+
+/// Records `attention_reduce` over `chunks` chunks of `parts` for one
+/// token; returns the readback index of its output (`nh * hd` values and 3
+/// that must stay poisoned).
+fn reduce(
+    rig: &mut Rig<'_>,
+    part_ml: &wgpu::Buffer,
+    part_acc: &wgpu::Buffer,
+    chunks: usize,
+) -> Result<usize> {
+    let (nh, _, hd) = HEADS;
+    let out_len = nh * hd + 3;
+    let params = rig.uniform(&u32s(&[hd as u32, chunks as u32, out_len as u32]))?;
+    let out = rig.storage(&poisoned(out_len))?;
+    rig.dispatch(Kernel::AttentionReduce, [nh as u32, 1, 1], &[&params, part_ml, part_acc, &out]);
+    Ok(rig.read(&out, 4 * out_len))
+}
+
+/// The attention output (`nh * hd` values, then a poisoned tail) against
+/// the reference.
+fn check_attention(kernel: Kernel, got: &[f32], want: &[f64]) -> Vec<(String, String)> {
+    let n = want.len();
+    if got[n..].iter().any(|v| v.to_bits() != POISON) {
+        return fail(kernel, "wrote past the attention output");
+    }
+    match first_mismatch("attention output", &got[..n], want, &vec![1.0; n], ATTENTION_TOLERANCE) {
+        Some(m) => fail(kernel, m),
+        None => vec![],
+    }
+}
+
+/// The prompt-batch `attention_partial` over two chunks (context 290 of a
+/// capacity of 300), then `attention_reduce`.
+fn attention_prompt(rig: &mut Rig<'_>) -> Result<Check> {
+    let kernel = Kernel::AttentionPartial;
+    let (nh, nkv, hd) = HEADS;
+    let (cap, seq) = (300, 290);
+    let p = head_params(cap);
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let q = pseudo_nonzero(21, nh * hd);
+    let k = f16s(&pseudo_nonzero(22, nkv * cap * hd));
+    let v = f16s(&pseudo_nonzero(23, nkv * cap * hd));
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(seq - 1, 0))?,
+        rig.storage(&f32s(&q))?,
+        rig.storage(bytemuck::cast_slice(&k))?,
+        rig.storage(bytemuck::cast_slice(&v))?,
+        rig.storage(&poisoned(2 * nh * chunks))?,
+        rig.storage(&poisoned(nh * chunks * hd))?,
+        rig.storage(&f32s(&[1.0; 4]))?,
+        rig.storage(&f32s(&[2.0; 4]))?,
+    ];
+    rig.dispatch(kernel, [nh as u32, chunks as u32, 1], &bufs.each_ref());
+    let out = reduce(rig, &bufs[5], &bufs[6], chunks)?;
+    Ok(Box::new(move |outs| {
+        let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, p.scale as f64);
+        check_attention(kernel, &to_f32(&outs[out]), &want)
+    }))
+}
+
+/// A decode step's attention with the q/k norm, RoPE and KV write folded
+/// in, at `pos` of `capacity`: [`Kernel::AttentionStepDirect`] within one
+/// chunk, [`Kernel::AttentionStep`] over the chunks plus the reduce.
+fn attention_step(rig: &mut Rig<'_>, kernel: Kernel, capacity: usize, pos: usize) -> Result<Check> {
+    let (_, direct) = kernel.attention_variant().expect("an attention variant");
+    let (nh, nkv, hd) = HEADS;
+    let p = head_params(capacity);
+    let seed = kernel as u64 * 31;
+    let qkv = pseudo_nonzero(seed + 1, p.qkv_stride as usize);
+    let norms = pseudo_nonzero(seed + 2, 2 * hd);
+    let rope = rope_table(hd, capacity, THETA);
+    let k = f16s(&pseudo_nonzero(seed + 3, nkv * capacity * hd));
+    let v = f16s(&pseudo_nonzero(seed + 4, nkv * capacity * hd));
+    let (k0, v0) =
+        (bytemuck::cast_slice::<f16, u8>(&k).to_vec(), bytemuck::cast_slice::<f16, u8>(&v).to_vec());
+    let chunks = if direct { 1 } else { capacity.div_ceil(ATTENTION_CHUNK as usize) };
+    let out_len = nh * hd + 3;
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(pos, 0))?,
+        rig.storage(&f32s(&qkv))?,
+        rig.storage(&k0)?,
+        rig.storage(&v0)?,
+        rig.storage(&poisoned(2 * nh * chunks))?,
+        rig.storage(&poisoned(if direct { out_len } else { nh * chunks * hd }))?,
+        rig.storage(&f32s(&norms))?,
+        rig.storage(&f32s(&rope))?,
+    ];
+    rig.dispatch(kernel, [nh as u32, chunks as u32, 1], &bufs.each_ref());
+    let (kr, vr) = (rig.read(&bufs[3], k0.len()), rig.read(&bufs[4], v0.len()));
+    let out = if direct { rig.read(&bufs[6], 4 * out_len) } else { reduce(rig, &bufs[5], &bufs[6], chunks)? };
+    Ok(Box::new(move |outs| {
+        let head = |h: usize| &qkv[h * hd..(h + 1) * hd];
+        let (qn, kn) = norms.split_at(hd);
+        let eps = p.eps as f64;
+        let want_k = |g: usize| qk_norm_rope_ref(head(nh + g), Some(kn), pos, THETA as f64, eps);
+        let want_v = |g: usize| qk_norm_rope_ref(head(nh + nkv + g), None, pos, THETA as f64, eps);
+        if let Some(m) = check_cache_row("k_cache", &outs[kr], &k0, capacity, pos, &want_k)
+            .or_else(|| check_cache_row("v_cache", &outs[vr], &v0, capacity, pos, &want_v))
+        {
+            return fail(kernel, m);
+        }
+        // The reference attention: q normed and rotated in f64, over the
+        // caches as the kernel wrote them.
+        let q: Vec<f32> = (0..nh)
+            .flat_map(|h| qk_norm_rope_ref(head(h), Some(qn), pos, THETA as f64, eps))
+            .map(|x| x as f32)
+            .collect();
+        let (k, v) = (f16s(&unpack_f16(&outs[kr])), f16s(&unpack_f16(&outs[vr])));
+        let want = attention_ref(&q, &k, &v, nh, nkv, hd, capacity, pos + 1, p.scale as f64);
+        check_attention(kernel, &to_f32(&outs[out]), &want)
+    }))
+}
+
+/// `argmax_partial` over 2,500 logits (three chunks) whose maximum is tied
+/// in two chunks and within one, then `argmax_final` at position 3 of a
+/// 6-token sequence.
+fn argmax(rig: &mut Rig<'_>) -> Result<Check> {
+    let n = 2500;
+    let mut logits = pseudo_nonzero(41, n);
+    for i in [2100, 1500, 1501, 1533] {
+        logits[i] = 5.0;
+    }
+    let parts = n.div_ceil(ARGMAX_CHUNK as usize);
+    let bufs = [
+        rig.uniform(&u32s(&[n as u32, ARGMAX_CHUNK]))?,
+        rig.storage(&f32s(&logits))?,
+        rig.storage(&poisoned(parts))?,
+        rig.storage(&poisoned(parts))?,
+    ];
+    rig.dispatch(Kernel::ArgmaxPartial, grid(parts as u32), &bufs.each_ref());
+    let final_params = rig.uniform(&u32s(&[parts as u32, 6]))?;
+    let tokens = rig.storage(&poisoned(6))?;
+    let state = rig.storage(&step(3, 0))?;
+    rig.dispatch(Kernel::ArgmaxFinal, [1, 1, 1], &[&final_params, &bufs[2], &bufs[3], &tokens, &state]);
+    let (idx, tok, st) = (rig.read(&bufs[3], 4 * parts), rig.read(&tokens, 24), rig.read(&state, 8));
+    Ok(Box::new(move |outs| {
+        let idx = to_u32(&outs[idx]);
+        for (c, got) in idx.iter().enumerate() {
+            let lo = c * ARGMAX_CHUNK as usize;
+            let want = lo + argmax_ref(&logits[lo..n.min(lo + ARGMAX_CHUNK as usize)]);
+            if *got as usize != want {
+                return fail(Kernel::ArgmaxPartial, format!("chunk {c}: index {got}, want {want}"));
+            }
+        }
+        let want = argmax_ref(&logits) as u32;
+        let tokens = to_u32(&outs[tok]);
+        let expected: Vec<u32> = (0..6).map(|i| if i == 4 { want } else { POISON }).collect();
+        if tokens != expected || to_u32(&outs[st]) != [4, 0] {
+            return fail(
+                Kernel::ArgmaxFinal,
+                format!(
+                    "tokens {tokens:?} and step {:?}, want token {want} at 4 and step [4, 0]",
+                    to_u32(&outs[st])
+                ),
+            );
+        }
+        vec![]
+    }))
+}
+
+/// `embed_lookup` of token 5 (the sequence's position 1) from a 7-row
+/// table bound from row 2.
+fn embed(rig: &mut Rig<'_>) -> Result<Check> {
+    let (rows, cols, row_start) = (7, 200, 2);
+    let m = Quant::pseudo(51, rows, cols);
+    let token = 5u32;
+    let p = EmbedParams {
+        k_words: m.k_words() as u32,
+        groups: m.groups() as u32,
+        row_start,
+        row_end: row_start + rows as u32,
+    };
+    let x_len = m.padded + 4;
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(1, 0))?,
+        rig.storage(&u32s(&[3, token, 4]))?,
+        rig.storage(&m.data())?,
+        rig.storage(&f32s(&m.scales))?,
+        rig.storage(&poisoned(x_len))?,
+    ];
+    rig.dispatch(Kernel::EmbedLookup, grid((m.k_words() as u32).div_ceil(WG)), &bufs.each_ref());
+    let x = rig.read(&bufs[5], 4 * x_len);
+    Ok(Box::new(move |outs| {
+        let got = to_f32(&outs[x]);
+        let r = (token - row_start) as usize;
+        let want: Vec<f64> = (0..m.padded).map(|c| if c < cols { m.w(r, c) } else { 0.0 }).collect();
+        if got[m.padded..].iter().any(|v| v.to_bits() != POISON) {
+            return fail(Kernel::EmbedLookup, "wrote past the row");
+        }
+        match first_mismatch("x", &got[..m.padded], &want, &vec![1.0; m.padded], 1e-6) {
+            Some(msg) => fail(Kernel::EmbedLookup, msg),
+            None => vec![],
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::AdapterPolicy;
+    use crate::kernels::{compile_for_layout, KernelChoice};
+
+    fn wgsl_kernels() -> (Gpu, Kernels) {
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None).expect("the WGSL kernels build");
+        (gpu, kernels)
+    }
+
+    /// `kernel`'s WGSL with the source edited by `edit`, on its layout.
+    fn edited(
+        gpu: &Gpu,
+        kernels: &Kernels,
+        kernel: Kernel,
+        edit: impl Fn(String) -> String,
+    ) -> wgpu::ComputePipeline {
+        let src = edit(kernel.source(gpu.subgroups));
+        let constants = kernel.constants(kernels.matvec_layout);
+        let layout = Some(&kernels.get(kernel).layout);
+        compile_for_layout(gpu, "edited", &src, kernel.entry(), kernel.bindings(), &constants, layout)
+            .expect("the edited kernel compiles")
+            .0
+    }
+
+    #[test]
+    fn every_pipeline_of_a_correct_set_passes() {
+        let (gpu, kernels) = wgsl_kernels();
+        let check = run(&gpu, &kernels).unwrap();
+        assert!(check.ok, "{}", check.describe_failures());
+        assert_eq!(check.pipelines, Kernel::ALL.len());
+        // Engine construction ran it too.
+        assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == Kernel::ALL.len());
+    }
+
+    #[test]
+    fn a_swapped_buffer_slot_is_caught() {
+        let (gpu, mut kernels) = wgsl_kernels();
+        // x and norm_w trade slots: both are f32 vectors of the input length.
+        let swap = |s: String| {
+            s.replace("@binding(1) var<storage, read> x:", "@binding(9) var<storage, read> x:")
+                .replace("@binding(5) var<storage, read> norm_w:", "@binding(1) var<storage, read> norm_w:")
+                .replace("@binding(9) var<storage, read> x:", "@binding(5) var<storage, read> x:")
+        };
+        let wrong = edited(&gpu, &kernels, Kernel::Int8MatvecNorm, swap);
+        kernels.replace_pipeline(Kernel::Int8MatvecNorm, wrong);
+        let check = run(&gpu, &kernels).unwrap();
+        assert!(!check.ok);
+        let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+    }
+
+    #[test]
+    fn a_wrong_epilogue_and_a_wrong_attention_are_caught() {
+        let (gpu, mut kernels) = wgsl_kernels();
+        // The accumulate slot runs the plain normed matvec: y is overwritten.
+        let plain = kernels.get(Kernel::Int8MatvecNorm).pipeline.clone();
+        kernels.replace_pipeline(Kernel::Int8MatvecAccumulate, plain);
+        // The chunked decode attention runs the direct variant's pipeline.
+        let direct = kernels.get(Kernel::AttentionStepDirect).pipeline.clone();
+        kernels.replace_pipeline(Kernel::AttentionStep, direct);
+        let check = run(&gpu, &kernels).unwrap();
+        let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(failed.contains(&"Int8MatvecAccumulate"), "{}", check.describe_failures());
+        assert!(failed.contains(&"AttentionStep"), "{}", check.describe_failures());
+    }
+}
