@@ -99,10 +99,11 @@ impl EngineBuilder {
         };
         gpu.subgroups &= !self.no_subgroups;
         gpu.probe()?;
+        let check = crate::self_check::run;
         let kernels = if self.msl_off_metal && choice == KernelChoice::Auto {
-            Kernels::new_with(&gpu, true, matvec_layout)?
+            Kernels::new_with(&gpu, true, matvec_layout, check)?
         } else {
-            Kernels::new(&gpu, choice, matvec_layout)?
+            Kernels::new(&gpu, choice, matvec_layout, check)?
         };
         let kernels = Arc::new(kernels);
         Ok(Engine { gpu, kernels })

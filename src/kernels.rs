@@ -806,6 +806,30 @@ pub struct Kernels {
     pub report: KernelReport,
 }
 
+/// The outcome of the self-check of one pipeline set.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SelfCheck {
+    /// True when every pipeline matched its reference.
+    pub ok: bool,
+    /// Pipelines run.
+    pub pipelines: usize,
+    /// Wall time of the check (upload, one submit, readback, compare), ms.
+    pub ms: f64,
+    /// Each kernel that did not match, and how (the first wrong value).
+    pub failures: Vec<(String, String)>,
+}
+
+impl SelfCheck {
+    /// `kernel: how; kernel: how` for the failures.
+    pub fn describe_failures(&self) -> String {
+        self.failures.iter().map(|(k, how)| format!("{k}: {how}")).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// Runs a built kernel set on known answers ([`crate::self_check::run`]).
+pub type SelfChecker = fn(&Gpu, &Kernels) -> Result<SelfCheck>;
+
 /// How the engine's kernels were chosen and checked at start-up
 /// ([`crate::Engine::kernel_report`]).
 #[derive(Debug, Clone)]
@@ -814,7 +838,7 @@ pub struct KernelReport {
     /// Where the kernels with an MSL twin come from.
     pub source: KernelSource,
     /// The start-up self-check of the pipelines in use.
-    pub self_check: crate::self_check::SelfCheck,
+    pub self_check: SelfCheck,
     /// Why the MSL twins are not in use although they were wanted: the
     /// kernel that failed (or `self-check`) and the reason, wgpu's message
     /// included. A shader compiler's own text is logged by wgpu at error
@@ -825,7 +849,7 @@ pub struct KernelReport {
 
 impl KernelReport {
     fn unchecked(source: KernelSource) -> Self {
-        let self_check = crate::self_check::SelfCheck { ok: false, pipelines: 0, ms: 0.0, failures: vec![] };
+        let self_check = SelfCheck { ok: false, pipelines: 0, ms: 0.0, failures: vec![] };
         KernelReport { source, self_check, fallback: None }
     }
 }
@@ -835,20 +859,31 @@ impl Kernels {
     /// the device allow (see [`msl_available`]), WGSL otherwise or when any
     /// twin fails to build or the self-check ([`crate::self_check`]) finds
     /// one computing a wrong value. The WGSL matvec takes `layout`, or the
-    /// device's ([`MatvecLayout::for_device`]). The pipelines in use pass the
-    /// self-check, or this fails.
-    pub fn new(gpu: &Gpu, choice: KernelChoice, layout: Option<MatvecLayout>) -> Result<Self> {
+    /// device's ([`MatvecLayout::for_device`]). `self_check` checks a built
+    /// set ([`crate::self_check::run`]); the pipelines in use pass it, or
+    /// this fails.
+    pub fn new(
+        gpu: &Gpu,
+        choice: KernelChoice,
+        layout: Option<MatvecLayout>,
+        self_check: SelfChecker,
+    ) -> Result<Self> {
         let want_msl = choice == KernelChoice::Auto && msl_available(gpu);
-        Self::new_with(gpu, want_msl, layout)
+        Self::new_with(gpu, want_msl, layout, self_check)
     }
 
     /// [`Self::new`] with the MSL attempt decided by the caller (tests try
     /// it on a non-Metal adapter, where wgpu itself rejects the twins).
-    pub(crate) fn new_with(gpu: &Gpu, want_msl: bool, layout: Option<MatvecLayout>) -> Result<Self> {
+    pub(crate) fn new_with(
+        gpu: &Gpu,
+        want_msl: bool,
+        layout: Option<MatvecLayout>,
+        self_check: SelfChecker,
+    ) -> Result<Self> {
         let ((mut kernels, self_check), source, rejected) = with_fallback(want_msl, |source| {
             let (pipelines, matvec_layout) = Self::build(gpu, source, layout)?;
             let kernels = Self::assemble(gpu, pipelines, matvec_layout, source)?;
-            let check = crate::self_check::run(gpu, &kernels)?;
+            let check = self_check(gpu, &kernels)?;
             if !check.ok {
                 return Err(Error::GpuDeviceFailed {
                     reason: format!(

@@ -20,7 +20,7 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::{grid, Kernel, Kernels, ARGMAX_CHUNK, ATTENTION_CHUNK, WG};
+use crate::kernels::{grid, Kernel, Kernels, SelfCheck, ARGMAX_CHUNK, ATTENTION_CHUNK, WG};
 use crate::qwen3::{rope_table, EmbedParams, HeadParams, MatvecParams};
 use crate::reference::{
     argmax_ref, attention_ref, first_mismatch, matvec_ref, poisoned, pseudo_nonzero, qk_norm_rope_ref,
@@ -35,31 +35,10 @@ const ATTENTION_TOLERANCE: f64 = 2e-3;
 /// A value rounded to f16 in the KV cache.
 const F16_TOLERANCE: f64 = 4e-3;
 
-/// The outcome of the self-check of one pipeline set.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct SelfCheck {
-    /// True when every pipeline matched its reference.
-    pub ok: bool,
-    /// Pipelines run.
-    pub pipelines: usize,
-    /// Wall time of the check (upload, one submit, readback, compare), ms.
-    pub ms: f64,
-    /// Each kernel that did not match, and how (the first wrong value).
-    pub failures: Vec<(String, String)>,
-}
-
-impl SelfCheck {
-    /// `kernel: how; kernel: how` for the failures.
-    pub fn describe_failures(&self) -> String {
-        self.failures.iter().map(|(k, how)| format!("{k}: {how}")).collect::<Vec<_>>().join("; ")
-    }
-}
-
 /// Runs every decode pipeline of `kernels` once and compares with the CPU
 /// references. A device error during the check is an `Err`; a wrong result
 /// is a [`SelfCheck`] with `ok: false`.
-pub(crate) fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
+pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
     let t0 = Instant::now();
     let mut rig = Rig::new(gpu, kernels);
     let checks = gpu.scoped(
@@ -571,7 +550,7 @@ mod tests {
 
     fn wgsl_kernels() -> (Gpu, Kernels) {
         let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None).expect("the WGSL kernels build");
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, run).expect("the WGSL kernels build");
         (gpu, kernels)
     }
 
