@@ -277,19 +277,66 @@ fn try_run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> R
 // ---------------------------------------------------------------------------
 // Sources and bindings.
 
-/// Each twin's source is its preamble (one `#define` per override constant
-/// of the kernel table) followed by the `.metal` file.
+/// Each twin's source is its preamble (the `<metal_stdlib>` include, then
+/// one prefixed `#define` per override constant of the kernel table)
+/// followed by the `.metal` file.
 #[test]
 fn msl_source_is_the_preamble_then_the_file() {
     for k in twins() {
         let pre = msl::preamble(k);
-        assert_eq!(pre.lines().count(), k.constants(msl::MSL_MATVEC_LAYOUT).len(), "{k:?}");
+        let defines = pre.strip_prefix(msl::MSL_HEADER).expect("the preamble starts with the header");
+        assert_eq!(defines.lines().count(), k.constants(msl::MSL_MATVEC_LAYOUT).len(), "{k:?}");
         for (name, v) in k.constants(msl::MSL_MATVEC_LAYOUT) {
-            assert!(pre.contains(&format!("#define {name} {}\n", v as i64)), "{k:?}: {name}");
+            assert!(defines.contains(&format!("#define Q3W_{name} {}\n", v as i64)), "{k:?}: {name}");
         }
-        assert!(pre.contains(&format!("#define WG {}\n", k.workgroup_size())));
+        assert!(pre.contains(&format!("#define Q3W_WG {}\n", k.workgroup_size())));
         let src = msl::msl_source(k).unwrap();
         assert!(src.starts_with(&pre) && src.ends_with(msl::msl_file(k).unwrap()));
+    }
+}
+
+/// Whether `word` occurs in `text` as a whole identifier.
+fn has_identifier(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, _)| {
+        !text[..i].chars().next_back().is_some_and(ident)
+            && !text[i + word.len()..].chars().next().is_some_and(ident)
+    })
+}
+
+/// Apple's headers are parsed before any generated macro exists, and no
+/// generated macro can shadow a name of theirs: in every variant's source
+/// (as the engine compiles it), `#include <metal_stdlib>` and `using
+/// namespace metal;` precede the first `#define`, every `#define` names a
+/// `Q3W_` macro, the `.metal` file includes nothing itself, and it uses no
+/// generated constant by its bare name (`WG`, `NORM`, ...).
+#[test]
+fn msl_includes_precede_the_prefixed_defines() {
+    let bare: std::collections::BTreeSet<&str> = Kernel::ALL
+        .into_iter()
+        .flat_map(|k| {
+            let mut c = k.constants(msl::MSL_MATVEC_LAYOUT);
+            c.extend(k.prefill_constants(msl::MSL_MATVEC_LAYOUT));
+            c.into_iter().map(|(name, _)| name)
+        })
+        .collect();
+    assert!(bare.contains("WG") && bare.contains("NORM") && bare.contains("TOKENS"));
+    assert!(has_identifier("a[WG]", "WG") && !has_identifier("a[Q3W_WG]", "WG"));
+    for k in twins() {
+        let src = msl::msl_source(k).unwrap();
+        let include = src.find("#include <metal_stdlib>").unwrap_or_else(|| panic!("{k:?}: no include"));
+        let using = src.find("using namespace metal;").unwrap_or_else(|| panic!("{k:?}: no using"));
+        let first_define = src.find("#define").unwrap_or(src.len());
+        assert!(include < using && using < first_define, "{k:?}: a #define precedes the include");
+        for line in src.lines().filter(|l| l.trim_start().starts_with("#define")) {
+            let name = line.split_whitespace().nth(1).unwrap_or_default();
+            assert!(name.starts_with(msl::MACRO_PREFIX), "{k:?}: unprefixed macro in `{line}`");
+        }
+        let body = strip_comments(msl::msl_file(k).unwrap());
+        assert!(!body.contains("#include"), "{k:?}: the .metal file includes a header itself");
+        for name in &bare {
+            assert!(!has_identifier(&body, name), "{k:?}: the body uses the bare name {name}");
+        }
     }
 }
 

@@ -15,10 +15,7 @@
 // - DIRECT (one chunk, grid (heads, 1, 1)): the chunk's result is the
 //   output, normalised and written to part_acc's binding (bound to the
 //   output); no reduce.
-// Preamble: WG (= positions per chunk), FUSED, DIRECT.
-
-#include <metal_stdlib>
-using namespace metal;
+// Preamble (names prefixed Q3W_): WG (= positions per chunk), FUSED, DIRECT.
 
 struct Params {
     uint n_heads;
@@ -80,17 +77,17 @@ kernel void attention_partial(
     uint sg_size [[threads_per_simdgroup]])
 {
     threadgroup float4 q_s[MAX_HEAD_DIM / 4];
-    threadgroup float e_s[WG];
-    threadgroup float4 acc_s[2 * WG];
-    threadgroup float2 red2[WG];
+    threadgroup float e_s[Q3W_WG];
+    threadgroup float4 acc_s[2 * Q3W_WG];
+    threadgroup float2 red2[Q3W_WG];
 
     const uint h = wg.x;
     const uint c = wg.y;
     const uint z = wg.z;
     const uint n_chunks = nwg.y;
     const uint part = (z * p.n_heads + h) * n_chunks + c;
-    const uint start = c * WG;
-    const uint end = min(min(step->pos + z + 1, p.capacity), start + WG);
+    const uint start = c * Q3W_WG;
+    const uint end = min(min(step->pos + z + 1, p.capacity), start + Q3W_WG);
     if (start >= end) {
         // An empty chunk (past the context): contributes nothing.
         if (lid == 0) {
@@ -102,7 +99,7 @@ kernel void attention_partial(
     const uint half_dim = p.head_dim / 2;
     const uint kv_base = kvh * p.capacity * half_dim;
 
-    if (FUSED) {
+    if (Q3W_FUSED) {
         // q_s = rope(rms_norm(q_h) * q_norm); the chunk holding the new
         // position also writes its k = rope(rms_norm(k) * k_norm) and v.
         // Every load is issued up front, and nothing is exchanged through
@@ -175,7 +172,7 @@ kernel void attention_partial(
         // Publishes q_s, and the new row that other lanes read back below.
         threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
     } else {
-        for (uint i = lid; i < p.head_dim / 4; i += WG) {
+        for (uint i = lid; i < p.head_dim / 4; i += Q3W_WG) {
             const uint o = (z * p.n_heads + h) * p.head_dim + 4 * i;
             q_s[i] = float4(q[o], q[o + 1], q[o + 2], q[o + 3]);
         }
@@ -235,7 +232,7 @@ kernel void attention_partial(
     // over positions start + slice, start + slice + n_slices, ...; then the
     // slices are added.
     const uint row_quads = p.head_dim / 8;
-    const uint n_slices = WG / row_quads;
+    const uint n_slices = Q3W_WG / row_quads;
     const uint slice = lid / row_quads;
     const uint i = lid % row_quads;
     float4 lo = float4(0.0f);
@@ -280,13 +277,13 @@ kernel void attention_partial(
         for (uint sl = 0; sl < n_slices; sl++) {
             total += acc_s[2 * (sl * row_quads + qi) + r / 4][r % 4];
         }
-        if (DIRECT) {
+        if (Q3W_DIRECT) {
             part_acc[h * p.head_dim + lid] = total / l;
         } else {
             part_acc[part * p.head_dim + lid] = total;
         }
     }
-    if (lid == 0 && !DIRECT) {
+    if (lid == 0 && !Q3W_DIRECT) {
         part_ml[part] = float2(m, l);
     }
 }
