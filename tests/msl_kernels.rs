@@ -599,3 +599,96 @@ fn out_of_bounds_write_fails() {
     let err = res.expect_err("an out-of-bounds write went unnoticed");
     assert!(err.contains("SIGSEGV"), "failed, but not at the guard page: {err}");
 }
+
+// ---------------------------------------------------------------------------
+// Vector stores.
+
+/// The left-hand side of each assignment in `src` (comments stripped): the
+/// text before a `=`, `+=`, `-=`, `*=` or `/=` that is not a comparison, on
+/// its line.
+fn assignment_targets(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in strip_comments(src).lines() {
+        let b = line.as_bytes();
+        for (i, _) in line.match_indices('=') {
+            let prev = if i > 0 { b[i - 1] } else { b' ' };
+            let next = b.get(i + 1).copied().unwrap_or(b' ');
+            if next == b'=' || matches!(prev, b'=' | b'<' | b'>' | b'!') {
+                continue; // ==, <=, >=, !=
+            }
+            let lhs = line[..i].trim_end().trim_end_matches(['+', '-', '*', '/']).trim_end();
+            // The statement's target: from the last `;`, `{` or `(`-free start.
+            let start = lhs.rfind([';', '{']).map_or(0, |s| s + 1);
+            out.push(lhs[start..].trim().to_string());
+        }
+    }
+    out
+}
+
+/// Whether an assignment target stores one component of a vector that is
+/// an array element (`a[i][c]`, `a[i].x`): in workgroup or device memory,
+/// lanes storing different components of one vector race, because a
+/// compiler may store the whole vector back.
+fn stores_a_component(target: &str) -> bool {
+    let t = target.trim_end();
+    if let Some(rest) = t.strip_suffix(['x', 'y', 'z', 'w']) {
+        return rest.trim_end().strip_suffix('.').is_some_and(|r| r.trim_end().ends_with(']'));
+    }
+    // `...][...]` at the end: two index groups in a row.
+    let Some(inner) = t.strip_suffix(']') else { return false };
+    let mut depth = 0;
+    for (i, c) in inner.char_indices().rev() {
+        match c {
+            ']' => depth += 1,
+            '[' if depth > 0 => depth -= 1,
+            '[' => return inner[..i].trim_end().ends_with(']'),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// No kernel (WGSL or MSL) stores a single component of a vector array
+/// element: lanes writing different components of one vector in workgroup
+/// or device memory (`q_s[d / 4][d % 4] = ...`) may be compiled to
+/// read-modify-writes of the whole vector that lose each other's
+/// components, which neither lavapipe nor the shim would show. Such stores
+/// go through scalar arrays, or one lane writes the whole vector.
+#[test]
+fn no_kernel_stores_one_component_of_a_vector_element() {
+    // The check's own teeth.
+    let caught = |s: &str| assignment_targets(s).iter().any(|t| stores_a_component(t));
+    for hazard in [
+        "q_s[d / 4][d % 4] = rope_at(a, b);",
+        "    k_cache[row + w / 4u][w % 4u] = pack2x16float(lo);",
+        "x_t[o][lane] = v.x;",
+        "if (c) { red_f[lane.sg_id].x = s; }",
+        "acc[i][j] += v;",
+    ] {
+        assert!(caught(hazard), "missed: {hazard}");
+    }
+    for fine in [
+        "q_s[i] = vec4<f32>(a, b, c, d);",
+        "sq.x += a * a;",
+        "if a[i][j] == b[k] { t = a[i][j]; }",
+        "let v = w[r * k + q / 4u][q % 4u];",
+        "for (var i = 0u; i <= n[k][0]; i++) {",
+        "total += acc_s[2 * r][r % 4];",
+    ] {
+        assert!(!caught(fine), "flagged: {fine}");
+    }
+
+    let mut files = Vec::new();
+    for dir in ["kernels/msl", "kernels/wgsl"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            files.push(entry.unwrap().path());
+        }
+    }
+    assert!(files.len() >= 20, "kernel sources found: {}", files.len());
+    for path in files {
+        let src = std::fs::read_to_string(&path).unwrap();
+        for t in assignment_targets(&src) {
+            assert!(!stores_a_component(&t), "{}: stores one component of a vector: `{t}`", path.display());
+        }
+    }
+}
