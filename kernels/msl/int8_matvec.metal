@@ -61,7 +61,9 @@ inline float4 rows4(
     const uint r3 = min(row0 + 3, p.rows - 1);
     const uint quads_per_group = Q3W_GROUP_WORDS / 4;
     float4 acc = float4(0.0f);
-    float4 ss = float4(0.0f);
+#if Q3W_NORM
+    float4 ss = float4(0.0f); // (declared only where used: no unused-variable warning)
+#endif
     for (uint j = lane; j < k_quads; j += lanes) {
         float4 x0 = x[xb + 4 * j];
         float4 x1 = x[xb + 4 * j + 1];
