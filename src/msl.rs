@@ -9,12 +9,16 @@
 //! backend places group 0's buffers when a pipeline has no immediates.
 //!
 //! A passthrough module cannot be specialised with override constants, so
-//! [`msl_source`] prefixes the `.metal` file with a preamble of `#define`s
-//! generated from the same [`Kernel::constants`] list the WGSL gets: one
-//! compiled module per [`Kernel`] value, as with WGSL pipelines (the
-//! `int8_matvec` variants are `#if`s on their flags). The threadgroup size
-//! to dispatch with is [`Kernel::workgroup_size`] (also `WG` in the
-//! preamble). The `int8_matvec` twin implements the rows-per-team layout
+//! [`msl_source`] prefixes the `.metal` file with a preamble: the
+//! `<metal_stdlib>` include and `using namespace metal;` first (Apple's
+//! headers are parsed before any macro exists), then a `#define` per entry
+//! of the same [`Kernel::constants`] list the WGSL gets, named with
+//! [`MACRO_PREFIX`] (`Q3W_WG`, `Q3W_NORM`, ...) so no macro can collide
+//! with a name in those headers: one compiled module per [`Kernel`] value,
+//! as with WGSL pipelines (the `int8_matvec` variants are `#if`s on their
+//! flags). The `.metal` files include nothing themselves. The threadgroup
+//! size to dispatch with is [`Kernel::workgroup_size`] (also `Q3W_WG` in
+//! the preamble). The `int8_matvec` twin implements the rows-per-team layout
 //! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
 //! matvec grids for that layout.
 
@@ -23,6 +27,12 @@ use crate::kernels::{Kernel, MatvecLayout};
 /// The matvec layout of the MSL twin (the one Apple GPUs get from
 /// [`MatvecLayout::for_device`]); its preamble is generated for it.
 pub const MSL_MATVEC_LAYOUT: MatvecLayout = MatvecLayout::RowsPerTeam;
+
+/// Prefix of every macro the preamble defines (`WG` becomes `Q3W_WG`).
+pub const MACRO_PREFIX: &str = "Q3W_";
+
+/// What every MSL source starts with, before any generated macro.
+pub const MSL_HEADER: &str = "#include <metal_stdlib>\nusing namespace metal;\n";
 
 /// The kernel's `.metal` file, for kernels that have an MSL twin.
 pub fn msl_file(kernel: Kernel) -> Option<&'static str> {
@@ -49,19 +59,16 @@ pub fn msl_entry(kernel: Kernel) -> &'static str {
     kernel.entry()
 }
 
-/// `#define NAME value` for each of [`Kernel::constants`]: flags as 0/1,
-/// integers without a decimal point (they size threadgroup arrays and
-/// appear in `#if`s).
+/// [`MSL_HEADER`], then `#define Q3W_NAME value` for each of
+/// [`Kernel::constants`]: flags as 0/1, integers without a decimal point
+/// (they size threadgroup arrays and appear in `#if`s).
 pub fn preamble(kernel: Kernel) -> String {
-    kernel
-        .constants(MSL_MATVEC_LAYOUT)
-        .into_iter()
-        .map(|(name, v)| {
-            if v.fract() == 0.0 && v.abs() < 1e15 {
-                format!("#define {name} {}\n", v as i64)
-            } else {
-                format!("#define {name} {v:?}f\n")
-            }
-        })
-        .collect()
+    let defines = kernel.constants(MSL_MATVEC_LAYOUT).into_iter().map(|(name, v)| {
+        if v.fract() == 0.0 && v.abs() < 1e15 {
+            format!("#define {MACRO_PREFIX}{name} {}\n", v as i64)
+        } else {
+            format!("#define {MACRO_PREFIX}{name} {v:?}f\n")
+        }
+    });
+    std::iter::once(MSL_HEADER.to_string()).chain(defines).collect()
 }

@@ -277,19 +277,66 @@ fn try_run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> R
 // ---------------------------------------------------------------------------
 // Sources and bindings.
 
-/// Each twin's source is its preamble (one `#define` per override constant
-/// of the kernel table) followed by the `.metal` file.
+/// Each twin's source is its preamble (the `<metal_stdlib>` include, then
+/// one prefixed `#define` per override constant of the kernel table)
+/// followed by the `.metal` file.
 #[test]
 fn msl_source_is_the_preamble_then_the_file() {
     for k in twins() {
         let pre = msl::preamble(k);
-        assert_eq!(pre.lines().count(), k.constants(msl::MSL_MATVEC_LAYOUT).len(), "{k:?}");
+        let defines = pre.strip_prefix(msl::MSL_HEADER).expect("the preamble starts with the header");
+        assert_eq!(defines.lines().count(), k.constants(msl::MSL_MATVEC_LAYOUT).len(), "{k:?}");
         for (name, v) in k.constants(msl::MSL_MATVEC_LAYOUT) {
-            assert!(pre.contains(&format!("#define {name} {}\n", v as i64)), "{k:?}: {name}");
+            assert!(defines.contains(&format!("#define Q3W_{name} {}\n", v as i64)), "{k:?}: {name}");
         }
-        assert!(pre.contains(&format!("#define WG {}\n", k.workgroup_size())));
+        assert!(pre.contains(&format!("#define Q3W_WG {}\n", k.workgroup_size())));
         let src = msl::msl_source(k).unwrap();
         assert!(src.starts_with(&pre) && src.ends_with(msl::msl_file(k).unwrap()));
+    }
+}
+
+/// Whether `word` occurs in `text` as a whole identifier.
+fn has_identifier(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, _)| {
+        !text[..i].chars().next_back().is_some_and(ident)
+            && !text[i + word.len()..].chars().next().is_some_and(ident)
+    })
+}
+
+/// Apple's headers are parsed before any generated macro exists, and no
+/// generated macro can shadow a name of theirs: in every variant's source
+/// (as the engine compiles it), `#include <metal_stdlib>` and `using
+/// namespace metal;` precede the first `#define`, every `#define` names a
+/// `Q3W_` macro, the `.metal` file includes nothing itself, and it uses no
+/// generated constant by its bare name (`WG`, `NORM`, ...).
+#[test]
+fn msl_includes_precede_the_prefixed_defines() {
+    let bare: std::collections::BTreeSet<&str> = Kernel::ALL
+        .into_iter()
+        .flat_map(|k| {
+            let mut c = k.constants(msl::MSL_MATVEC_LAYOUT);
+            c.extend(k.prefill_constants(msl::MSL_MATVEC_LAYOUT));
+            c.into_iter().map(|(name, _)| name)
+        })
+        .collect();
+    assert!(bare.contains("WG") && bare.contains("NORM") && bare.contains("TOKENS"));
+    assert!(has_identifier("a[WG]", "WG") && !has_identifier("a[Q3W_WG]", "WG"));
+    for k in twins() {
+        let src = msl::msl_source(k).unwrap();
+        let include = src.find("#include <metal_stdlib>").unwrap_or_else(|| panic!("{k:?}: no include"));
+        let using = src.find("using namespace metal;").unwrap_or_else(|| panic!("{k:?}: no using"));
+        let first_define = src.find("#define").unwrap_or(src.len());
+        assert!(include < using && using < first_define, "{k:?}: a #define precedes the include");
+        for line in src.lines().filter(|l| l.trim_start().starts_with("#define")) {
+            let name = line.split_whitespace().nth(1).unwrap_or_default();
+            assert!(name.starts_with(msl::MACRO_PREFIX), "{k:?}: unprefixed macro in `{line}`");
+        }
+        let body = strip_comments(msl::msl_file(k).unwrap());
+        assert!(!body.contains("#include"), "{k:?}: the .metal file includes a header itself");
+        for name in &bare {
+            assert!(!has_identifier(&body, name), "{k:?}: the body uses the bare name {name}");
+        }
     }
 }
 
@@ -551,4 +598,97 @@ fn out_of_bounds_write_fails() {
     );
     let err = res.expect_err("an out-of-bounds write went unnoticed");
     assert!(err.contains("SIGSEGV"), "failed, but not at the guard page: {err}");
+}
+
+// ---------------------------------------------------------------------------
+// Vector stores.
+
+/// The left-hand side of each assignment in `src` (comments stripped): the
+/// text before a `=`, `+=`, `-=`, `*=` or `/=` that is not a comparison, on
+/// its line.
+fn assignment_targets(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in strip_comments(src).lines() {
+        let b = line.as_bytes();
+        for (i, _) in line.match_indices('=') {
+            let prev = if i > 0 { b[i - 1] } else { b' ' };
+            let next = b.get(i + 1).copied().unwrap_or(b' ');
+            if next == b'=' || matches!(prev, b'=' | b'<' | b'>' | b'!') {
+                continue; // ==, <=, >=, !=
+            }
+            let lhs = line[..i].trim_end().trim_end_matches(['+', '-', '*', '/']).trim_end();
+            // The statement's target: from the last `;`, `{` or `(`-free start.
+            let start = lhs.rfind([';', '{']).map_or(0, |s| s + 1);
+            out.push(lhs[start..].trim().to_string());
+        }
+    }
+    out
+}
+
+/// Whether an assignment target stores one component of a vector that is
+/// an array element (`a[i][c]`, `a[i].x`): in workgroup or device memory,
+/// lanes storing different components of one vector race, because a
+/// compiler may store the whole vector back.
+fn stores_a_component(target: &str) -> bool {
+    let t = target.trim_end();
+    if let Some(rest) = t.strip_suffix(['x', 'y', 'z', 'w']) {
+        return rest.trim_end().strip_suffix('.').is_some_and(|r| r.trim_end().ends_with(']'));
+    }
+    // `...][...]` at the end: two index groups in a row.
+    let Some(inner) = t.strip_suffix(']') else { return false };
+    let mut depth = 0;
+    for (i, c) in inner.char_indices().rev() {
+        match c {
+            ']' => depth += 1,
+            '[' if depth > 0 => depth -= 1,
+            '[' => return inner[..i].trim_end().ends_with(']'),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// No kernel (WGSL or MSL) stores a single component of a vector array
+/// element: lanes writing different components of one vector in workgroup
+/// or device memory (`q_s[d / 4][d % 4] = ...`) may be compiled to
+/// read-modify-writes of the whole vector that lose each other's
+/// components, which neither lavapipe nor the shim would show. Such stores
+/// go through scalar arrays, or one lane writes the whole vector.
+#[test]
+fn no_kernel_stores_one_component_of_a_vector_element() {
+    // The check's own teeth.
+    let caught = |s: &str| assignment_targets(s).iter().any(|t| stores_a_component(t));
+    for hazard in [
+        "q_s[d / 4][d % 4] = rope_at(a, b);",
+        "    k_cache[row + w / 4u][w % 4u] = pack2x16float(lo);",
+        "x_t[o][lane] = v.x;",
+        "if (c) { red_f[lane.sg_id].x = s; }",
+        "acc[i][j] += v;",
+    ] {
+        assert!(caught(hazard), "missed: {hazard}");
+    }
+    for fine in [
+        "q_s[i] = vec4<f32>(a, b, c, d);",
+        "sq.x += a * a;",
+        "if a[i][j] == b[k] { t = a[i][j]; }",
+        "let v = w[r * k + q / 4u][q % 4u];",
+        "for (var i = 0u; i <= n[k][0]; i++) {",
+        "total += acc_s[2 * r][r % 4];",
+    ] {
+        assert!(!caught(fine), "flagged: {fine}");
+    }
+
+    let mut files = Vec::new();
+    for dir in ["kernels/msl", "kernels/wgsl"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            files.push(entry.unwrap().path());
+        }
+    }
+    assert!(files.len() >= 20, "kernel sources found: {}", files.len());
+    for path in files {
+        let src = std::fs::read_to_string(&path).unwrap();
+        for t in assignment_targets(&src) {
+            assert!(!stores_a_component(&t), "{}: stores one component of a vector: `{t}`", path.display());
+        }
+    }
 }

@@ -2,10 +2,7 @@
 // the parts argmax_partial wrote (largest value; ties -> lowest token
 // index), then advances the decode position kept on the GPU:
 // tokens[pos + 1] = the greedy token (unless that position still holds a
-// prompt token, pos + 1 < fill_end) and pos += 1. Preamble: WG.
-
-#include <metal_stdlib>
-using namespace metal;
+// prompt token, pos + 1 < fill_end) and pos += 1. Preamble (names prefixed Q3W_): WG.
 
 struct Params {
     uint n;        // parts
@@ -31,12 +28,12 @@ kernel void argmax_final(
     uint n_sg [[simdgroups_per_threadgroup]])
 {
     // One slot per simdgroup (sized for the narrowest possible simdgroup).
-    threadgroup float red_v[WG];
-    threadgroup uint red_i[WG];
+    threadgroup float red_v[Q3W_WG];
+    threadgroup uint red_i[Q3W_WG];
 
     float best_v = -3.0e38f;
     uint best_i = NONE;
-    for (uint k = lid; k < p.n; k += WG) {
+    for (uint k = lid; k < p.n; k += Q3W_WG) {
         const float v = part_val[k];
         const uint i = part_idx[k];
         if (i != NONE && (best_i == NONE || v > best_v || (v == best_v && i < best_i))) {

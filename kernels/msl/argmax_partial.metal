@@ -1,10 +1,7 @@
 // First of two argmax launches (twin of argmax_partial.wgsl; ties -> lowest
 // index): threadgroup w scans logits[w*chunk, (w+1)*chunk) and writes its
 // best (value, index) to part_val/part_idx[w]. argmax_final reduces the
-// parts. Preamble: WG.
-
-#include <metal_stdlib>
-using namespace metal;
+// parts. Preamble (names prefixed Q3W_): WG.
 
 struct Params {
     uint n;     // logits
@@ -25,15 +22,15 @@ kernel void argmax_partial(
     uint n_sg [[simdgroups_per_threadgroup]])
 {
     // One slot per simdgroup (sized for the narrowest possible simdgroup).
-    threadgroup float red_v[WG];
-    threadgroup uint red_i[WG];
+    threadgroup float red_v[Q3W_WG];
+    threadgroup uint red_i[Q3W_WG];
 
     const uint start = wg.x * p.chunk;
     const uint end = min(p.n, start + p.chunk);
     float best_v = -3.0e38f;
     uint best_i = NONE;
     // Ascending scan with strict '>' keeps the lowest index among equals.
-    for (uint i = start + lid; i < end; i += WG) {
+    for (uint i = start + lid; i < end; i += Q3W_WG) {
         const float v = logits[i];
         if (v > best_v || best_i == NONE) {
             best_v = v;

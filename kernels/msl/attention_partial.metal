@@ -15,10 +15,7 @@
 // - DIRECT (one chunk, grid (heads, 1, 1)): the chunk's result is the
 //   output, normalised and written to part_acc's binding (bound to the
 //   output); no reduce.
-// Preamble: WG (= positions per chunk), FUSED, DIRECT.
-
-#include <metal_stdlib>
-using namespace metal;
+// Preamble (names prefixed Q3W_): WG (= positions per chunk), FUSED, DIRECT.
 
 struct Params {
     uint n_heads;
@@ -52,10 +49,53 @@ static inline float4 hi4(uint4 a) {
     return float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w)));
 }
 
-// Element d of rotate-half RoPE: a = x[d], b = x[d +- head_dim/2], cs the
-// table's (cos, sin) for d mod head_dim/2; `low`: d < head_dim/2.
-static inline float rope_at(float a, float b, float2 cs, bool low) {
-    return low ? a * cs.x - b * cs.y : a * cs.x + b * cs.y;
+// Four consecutive dims e..e+3 of one head of the qkv output (at `base`),
+// their rotate-half RoPE partners (e +- head_dim/2: head_dim is a multiple
+// of 8, so the four lie on one side of head_dim/2 and so do their
+// partners), both norm weights (at `nbase`) and the table's (cos, sin).
+struct Dims4 {
+    float4 a;
+    float4 b;
+    float4 na;
+    float4 nb;
+    float4 cosine;
+    float4 sine;
+    bool low;
+};
+
+static inline Dims4 load_dims4(const device float* q, const device float* qk_norm,
+    const device float2* rope, uint head_dim, uint base, uint nbase, uint e, uint pos)
+{
+    const uint half_dim = head_dim / 2;
+    const bool low = e < half_dim;
+    const uint f = low ? e + half_dim : e - half_dim;
+    const uint c = pos * half_dim + e % half_dim;
+    const float2 r0 = rope[c];
+    const float2 r1 = rope[c + 1];
+    const float2 r2 = rope[c + 2];
+    const float2 r3 = rope[c + 3];
+    Dims4 x;
+    x.a = float4(q[base + e], q[base + e + 1], q[base + e + 2], q[base + e + 3]);
+    x.b = float4(q[base + f], q[base + f + 1], q[base + f + 2], q[base + f + 3]);
+    x.na = float4(qk_norm[nbase + e], qk_norm[nbase + e + 1], qk_norm[nbase + e + 2], qk_norm[nbase + e + 3]);
+    x.nb = float4(qk_norm[nbase + f], qk_norm[nbase + f + 1], qk_norm[nbase + f + 2], qk_norm[nbase + f + 3]);
+    x.cosine = float4(r0.x, r1.x, r2.x, r3.x);
+    x.sine = float4(r0.y, r1.y, r2.y, r3.y);
+    x.low = low;
+    return x;
+}
+
+// rope(rms_norm(x) * norm) of the four dims, `inv` the head's 1/rms.
+static inline float4 rope4(Dims4 x, float inv) {
+    const float4 a = x.a * inv * x.na;
+    const float4 b = x.b * inv * x.nb;
+    return x.low ? a * x.cosine - b * x.sine : a * x.cosine + b * x.sine;
+}
+
+// 8 floats as a K/V row quad of half pairs.
+static inline uint4 pack8(float4 lo, float4 hi) {
+    return uint4(as_type<uint>(half2(float2(lo.x, lo.y))), as_type<uint>(half2(float2(lo.z, lo.w))),
+        as_type<uint>(half2(float2(hi.x, hi.y))), as_type<uint>(half2(float2(hi.z, hi.w))));
 }
 
 kernel void attention_partial(
@@ -80,17 +120,17 @@ kernel void attention_partial(
     uint sg_size [[threads_per_simdgroup]])
 {
     threadgroup float4 q_s[MAX_HEAD_DIM / 4];
-    threadgroup float e_s[WG];
-    threadgroup float4 acc_s[2 * WG];
-    threadgroup float2 red2[WG];
+    threadgroup float e_s[Q3W_WG];
+    threadgroup float4 acc_s[2 * Q3W_WG];
+    threadgroup float2 red2[Q3W_WG];
 
     const uint h = wg.x;
     const uint c = wg.y;
     const uint z = wg.z;
     const uint n_chunks = nwg.y;
     const uint part = (z * p.n_heads + h) * n_chunks + c;
-    const uint start = c * WG;
-    const uint end = min(min(step->pos + z + 1, p.capacity), start + WG);
+    const uint start = c * Q3W_WG;
+    const uint end = min(min(step->pos + z + 1, p.capacity), start + Q3W_WG);
     if (start >= end) {
         // An empty chunk (past the context): contributes nothing.
         if (lid == 0) {
@@ -102,80 +142,67 @@ kernel void attention_partial(
     const uint half_dim = p.head_dim / 2;
     const uint kv_base = kvh * p.capacity * half_dim;
 
-    if (FUSED) {
+    if (Q3W_FUSED) {
         // q_s = rope(rms_norm(q_h) * q_norm); the chunk holding the new
         // position also writes its k = rope(rms_norm(k) * k_norm) and v.
         // Every load is issued up front, and nothing is exchanged through
         // threadgroup memory before the one barrier that publishes q_s and
         // the new K/V row: each simdgroup sums the heads' squares itself
-        // (lane t: dims t, t + width, ...); lane d < head_dim rotates q's
-        // dim d, loading its RoPE partner itself; lane j < head_dim / 4
-        // rotates k's dims 2j, 2j+1 and their partners 2j+h, 2j+1+h
-        // (h = head_dim / 2) and writes them, and v's, as the half pairs
-        // (words j and j + h/2) of the new K and V rows.
+        // (lane t: dims t, t + width, ...); lane i < head_dim / 4 rotates
+        // q's dims 4i..4i+3, loading their RoPE partners itself, and writes
+        // q_s[i]; lane j < head_dim / 8 rotates k's dims 8j..8j+7 likewise
+        // and writes them, and v's, as quad j of the new K and V rows. Each
+        // vector in threadgroup or device memory is written whole by one
+        // lane: lanes writing different components of one vector could be
+        // compiled to read-modify-writes of the whole vector that lose each
+        // other's components.
         const uint pos = step->pos; // one token: z = 0
         const bool writes_kv = pos >= start && pos < end;
         const uint hd = p.head_dim;
         const uint qb = h * hd;
         const uint kb = (p.n_heads + kvh) * hd;
         const uint vb = (p.n_heads + p.n_kv_heads + kvh) * hd;
-        const uint d = lid;
-        const uint dd = min(d, hd - 1); // in-range index for the other lanes
-        const bool low = dd < half_dim;
-        const uint partner = low ? dd + half_dim : dd - half_dim;
-        const float qa = q[qb + dd];
-        const float qp = q[qb + partner];
-        const float nqa = qk_norm[dd];
-        const float nqp = qk_norm[partner];
-        const float2 cs = rope[pos * half_dim + dd % half_dim];
-        const uint j = min(d, half_dim / 2 - 1);
-        const bool kv_lane = writes_kv && d < half_dim / 2;
-        float4 k4 = float4(0.0f);
-        float4 nk4 = float4(0.0f);
-        float4 v4 = float4(0.0f);
-        float2 cs0 = float2(0.0f);
-        float2 cs1 = float2(0.0f);
+        // q: dims 4i..4i+3, in range for the other lanes too.
+        const uint i = min(lid, hd / 4 - 1);
+        const Dims4 qd = load_dims4(q, qk_norm, rope, hd, qb, 0, 4 * i, pos);
+        // k and v: dims 8j..8j+7.
+        const uint j = min(lid, hd / 8 - 1);
+        const bool kv_lane = writes_kv && lid < hd / 8;
+        Dims4 k0 = {};
+        Dims4 k1 = {};
+        float4 v0 = float4(0.0f);
+        float4 v1 = float4(0.0f);
         if (kv_lane) {
-            const uint e = 2 * j;
-            k4 = float4(q[kb + e], q[kb + e + 1], q[kb + e + half_dim], q[kb + e + 1 + half_dim]);
-            nk4 = float4(qk_norm[hd + e], qk_norm[hd + e + 1], qk_norm[hd + e + half_dim],
-                qk_norm[hd + e + 1 + half_dim]);
-            v4 = float4(q[vb + e], q[vb + e + 1], q[vb + e + half_dim], q[vb + e + 1 + half_dim]);
-            cs0 = rope[pos * half_dim + e];
-            cs1 = rope[pos * half_dim + e + 1];
+            const uint e = 8 * j;
+            k0 = load_dims4(q, qk_norm, rope, hd, kb, hd, e, pos);
+            k1 = load_dims4(q, qk_norm, rope, hd, kb, hd, e + 4, pos);
+            v0 = float4(q[vb + e], q[vb + e + 1], q[vb + e + 2], q[vb + e + 3]);
+            v1 = float4(q[vb + e + 4], q[vb + e + 5], q[vb + e + 6], q[vb + e + 7]);
         }
         // The heads' sums of squares (q, k), in every simdgroup.
         float2 sq = float2(0.0f);
-        for (uint i = sg_lane; i < hd; i += sg_size) {
-            const float a = q[qb + i];
+        for (uint t = sg_lane; t < hd; t += sg_size) {
+            const float a = q[qb + t];
             sq.x += a * a;
             if (writes_kv) {
-                const float b = q[kb + i];
+                const float b = q[kb + t];
                 sq.y += b * b;
             }
         }
         const float2 ss = float2(simd_sum(sq.x), simd_sum(sq.y));
-        const float rq = rsqrt(ss.x / float(hd) + p.eps);
-        if (d < hd) {
-            q_s[d / 4][d % 4] = rope_at(qa * rq * nqa, qp * rq * nqp, cs, low);
+        if (lid < hd / 4) {
+            q_s[i] = rope4(qd, rsqrt(ss.x / float(hd) + p.eps));
         }
         if (kv_lane) {
-            const float4 kn = k4 * rsqrt(ss.y / float(hd) + p.eps) * nk4;
-            // (2j, 2j+h) and (2j+1, 2j+1+h) are RoPE pairs.
-            const float2 klo = float2(rope_at(kn.x, kn.z, cs0, true), rope_at(kn.y, kn.w, cs1, true));
-            const float2 khi = float2(rope_at(kn.z, kn.x, cs0, false), rope_at(kn.w, kn.y, cs1, false));
-            const uint row = ((kvh * p.capacity + pos) * half_dim) / 4;
-            const uint w_lo = j;
-            const uint w_hi = j + half_dim / 2;
-            k_cache[row + w_lo / 4][w_lo % 4] = as_type<uint>(half2(klo));
-            k_cache[row + w_hi / 4][w_hi % 4] = as_type<uint>(half2(khi));
-            v_cache[row + w_lo / 4][w_lo % 4] = as_type<uint>(half2(float2(v4.x, v4.y)));
-            v_cache[row + w_hi / 4][w_hi % 4] = as_type<uint>(half2(float2(v4.z, v4.w)));
+            const float rk = rsqrt(ss.y / float(hd) + p.eps);
+            const uint row = ((kvh * p.capacity + pos) * half_dim) / 4 + j;
+            k_cache[row] = pack8(rope4(k0, rk), rope4(k1, rk));
+            v_cache[row] = pack8(v0, v1);
         }
         // Publishes q_s, and the new row that other lanes read back below.
         threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
     } else {
-        for (uint i = lid; i < p.head_dim / 4; i += WG) {
+        for (uint i = lid; i < p.head_dim / 4; i += Q3W_WG) {
             const uint o = (z * p.n_heads + h) * p.head_dim + 4 * i;
             q_s[i] = float4(q[o], q[o + 1], q[o + 2], q[o + 3]);
         }
@@ -235,7 +262,7 @@ kernel void attention_partial(
     // over positions start + slice, start + slice + n_slices, ...; then the
     // slices are added.
     const uint row_quads = p.head_dim / 8;
-    const uint n_slices = WG / row_quads;
+    const uint n_slices = Q3W_WG / row_quads;
     const uint slice = lid / row_quads;
     const uint i = lid % row_quads;
     float4 lo = float4(0.0f);
@@ -280,13 +307,13 @@ kernel void attention_partial(
         for (uint sl = 0; sl < n_slices; sl++) {
             total += acc_s[2 * (sl * row_quads + qi) + r / 4][r % 4];
         }
-        if (DIRECT) {
+        if (Q3W_DIRECT) {
             part_acc[h * p.head_dim + lid] = total / l;
         } else {
             part_acc[part * p.head_dim + lid] = total;
         }
     }
-    if (lid == 0 && !DIRECT) {
+    if (lid == 0 && !Q3W_DIRECT) {
         part_ml[part] = float2(m, l);
     }
 }

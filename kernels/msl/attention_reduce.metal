@@ -5,10 +5,7 @@
 // M and L are reduced over the threadgroup (one chunk per lane), so each
 // lane's output loop is a single pass over the chunks, four independent
 // loads at a time. Batched (prefill): threadgroup (h, 0, z) combines token
-// z's chunks into out[z * out_stride ..]. Preamble: WG.
-
-#include <metal_stdlib>
-using namespace metal;
+// z's chunks into out[z * out_stride ..]. Preamble (names prefixed Q3W_): WG.
 
 struct Params {
     uint head_dim;
@@ -34,13 +31,13 @@ kernel void attention_reduce(
     uint sg_id [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]])
 {
-    threadgroup float red[WG]; // one slot per simdgroup
+    threadgroup float red[Q3W_WG]; // one slot per simdgroup
 
     const uint h = wg.x;
     const uint z = wg.z;
     const uint base = (z * nwg.x + h) * p.n_chunks;
     float m = -3.0e38f;
-    for (uint c = lid; c < p.n_chunks; c += WG) {
+    for (uint c = lid; c < p.n_chunks; c += Q3W_WG) {
         m = max(m, part_ml[base + c].x);
     }
     const float sm = simd_max(m);
@@ -53,7 +50,7 @@ kernel void attention_reduce(
         big_m = max(big_m, red[i]);
     }
     float l = 0.0f;
-    for (uint c = lid; c < p.n_chunks; c += WG) {
+    for (uint c = lid; c < p.n_chunks; c += Q3W_WG) {
         const float2 ml = part_ml[base + c];
         l += term(ml.y, ml, big_m);
     }
@@ -68,7 +65,7 @@ kernel void attention_reduce(
     for (uint i = 0; i < n_sg; i++) {
         big_l += red[i];
     }
-    for (uint d = lid; d < p.head_dim; d += WG) {
+    for (uint d = lid; d < p.head_dim; d += Q3W_WG) {
         const uint a = base * p.head_dim + d;
         float o = 0.0f;
         uint c = 0;

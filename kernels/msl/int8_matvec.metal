@@ -12,17 +12,14 @@
 // SWIGLU: rows interleave gate (2i) and up (2i+1), so a block of 4 rows
 // yields y[(row_offset + row0) / 2 + t] = silu(gate_t) * up_t, t = 0, 1.
 //
-// Preamble: WG, GROUP_WORDS (u32 words per quant group), ROWS_PER_WG (a
+// Preamble (names prefixed Q3W_): WG, GROUP_WORDS (u32 words per quant group), ROWS_PER_WG (a
 // multiple of 4), SPLIT_K (must be 0: the WGSL's split-K layout, for GPUs
 // other than Apple's, has no twin), ACCUMULATE (y += W x), NORM, SWIGLU.
 //
 // Batched (prefill): threadgroup z applies the matrix to token z's input
 // x[z * k_words ..] and writes y[z * y_stride ..]; decode runs z = 0 only.
 
-#include <metal_stdlib>
-using namespace metal;
-
-#if SPLIT_K
+#if Q3W_SPLIT_K
 #error "this twin implements the rows-per-simdgroup layout only"
 #endif
 
@@ -62,15 +59,17 @@ inline float4 rows4(
     const uint r1 = min(row0 + 1, p.rows - 1);
     const uint r2 = min(row0 + 2, p.rows - 1);
     const uint r3 = min(row0 + 3, p.rows - 1);
-    const uint quads_per_group = GROUP_WORDS / 4;
+    const uint quads_per_group = Q3W_GROUP_WORDS / 4;
     float4 acc = float4(0.0f);
-    float4 ss = float4(0.0f);
+#if Q3W_NORM
+    float4 ss = float4(0.0f); // (declared only where used: no unused-variable warning)
+#endif
     for (uint j = lane; j < k_quads; j += lanes) {
         float4 x0 = x[xb + 4 * j];
         float4 x1 = x[xb + 4 * j + 1];
         float4 x2 = x[xb + 4 * j + 2];
         float4 x3 = x[xb + 4 * j + 3];
-#if NORM
+#if Q3W_NORM
         ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
         x0 *= norm_w[4 * j];
         x1 *= norm_w[4 * j + 1];
@@ -84,7 +83,7 @@ inline float4 rows4(
         acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * scales[r3 * p.groups + g];
     }
     float4 sums = simd_sum(acc);
-#if NORM
+#if Q3W_NORM
     const float4 t = simd_sum(ss);
     sums *= rsqrt((t.x + t.y + t.z + t.w) / float(p.n_in) + p.eps);
 #endif
@@ -95,7 +94,7 @@ inline float4 rows4(
 // lane i < 2 writes output pair i of the block).
 inline void store4(constant Params& p, device float* y, uint row0, float4 sums, uint i, uint z) {
     const uint yb = z * p.y_stride;
-#if SWIGLU
+#if Q3W_SWIGLU
     if (i < 2 && row0 + 2 * i < p.rows) {
         const uint o = yb + (p.row_offset + row0) / 2 + i;
         y[o] = silu(sums[2 * i]) * sums[2 * i + 1];
@@ -104,7 +103,7 @@ inline void store4(constant Params& p, device float* y, uint row0, float4 sums, 
     if (i < 4 && row0 + i < p.rows) {
         const uint o = yb + p.row_offset + row0 + i;
         float v = sums[i];
-#if ACCUMULATE
+#if Q3W_ACCUMULATE
         v += y[o];
 #endif
         y[o] = v;
@@ -126,16 +125,16 @@ kernel void int8_matvec(
     uint sg_id [[simdgroup_index_in_threadgroup]],
     uint n_sg [[simdgroups_per_threadgroup]])
 {
-    const uint wg_row0 = (wg.x + wg.y * nwg.x) * ROWS_PER_WG;
+    const uint wg_row0 = (wg.x + wg.y * nwg.x) * Q3W_ROWS_PER_WG;
     if (wg_row0 >= p.rows) {
         return; // whole threadgroup: uniform
     }
     const uint z = wg.z;
     const uint xb = z * p.k_words;
     // A simdgroup wider than the threadgroup is partly empty.
-    const uint lanes = min(sg_size, uint(WG));
+    const uint lanes = min(sg_size, uint(Q3W_WG));
     // Each simdgroup takes whole blocks of 4 rows; a barrier-free reduction.
-    for (uint rb = sg_id * 4; rb < ROWS_PER_WG; rb += n_sg * 4) {
+    for (uint rb = sg_id * 4; rb < Q3W_ROWS_PER_WG; rb += n_sg * 4) {
         const uint row0 = wg_row0 + rb;
         if (row0 < p.rows) {
             store4(p, y, row0, rows4(p, x, w, scales, norm_w, row0, xb, sg_lane, lanes), sg_lane, z);

@@ -7,10 +7,7 @@
 // hold half pairs packed in uint, layout [kv_head][capacity][head_dim / 2].
 // Batched (prefill): threadgroup (h, 0, z) handles token z of the batch, at
 // position step.pos + z, reading qkv[z] and writing q_out[z].
-// Preamble: WG.
-
-#include <metal_stdlib>
-using namespace metal;
+// Preamble (names prefixed Q3W_): WG.
 
 struct Params {
     uint n_heads;
@@ -46,7 +43,7 @@ kernel void qk_norm_rope(
     uint n_sg [[simdgroups_per_threadgroup]])
 {
     threadgroup float head[MAX_HEAD_DIM];
-    threadgroup float red[WG]; // one slot per simdgroup
+    threadgroup float red[Q3W_WG]; // one slot per simdgroup
 
     const uint h = wg.x;
     const uint z = wg.z;
@@ -64,13 +61,13 @@ kernel void qk_norm_rope(
         // Value head: no norm, no rope; straight into the cache.
         const uint kv = h - v_first;
         const uint dst = (kv * p.capacity + pos) * half_dim;
-        for (uint i = lid; i < half_dim; i += WG) {
+        for (uint i = lid; i < half_dim; i += Q3W_WG) {
             v_cache[dst + i] = as_type<uint>(half2(float2(qkv[src + 2 * i], qkv[src + 2 * i + 1])));
         }
         return;
     }
     float ss = 0.0f;
-    for (uint d = lid; d < hd; d += WG) {
+    for (uint d = lid; d < hd; d += Q3W_WG) {
         const float v = qkv[src + d];
         ss += v * v;
     }
@@ -86,14 +83,14 @@ kernel void qk_norm_rope(
     }
     const float inv = rsqrt(total / float(hd) + p.eps);
     const bool is_q = h < kv_first;
-    for (uint d = lid; d < hd; d += WG) {
+    for (uint d = lid; d < hd; d += Q3W_WG) {
         const float nw = is_q ? qk_norm[d] : qk_norm[hd + d];
         head[d] = qkv[src + d] * inv * nw;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     const uint rope_base = pos * half_dim;
     if (is_q) {
-        for (uint d = lid; d < half_dim; d += WG) {
+        for (uint d = lid; d < half_dim; d += Q3W_WG) {
             const float2 cs = rope[rope_base + d];
             const float a = head[d];
             const float b = head[d + half_dim];
@@ -104,7 +101,7 @@ kernel void qk_norm_rope(
         // Each lane writes the packed pair (2i, 2i+1): compute both.
         const uint kv = h - kv_first;
         const uint dst = (kv * p.capacity + pos) * half_dim;
-        for (uint i = lid; i < half_dim; i += WG) {
+        for (uint i = lid; i < half_dim; i += Q3W_WG) {
             float2 pair;
             for (uint e = 0; e < 2; e++) {
                 const uint d = 2 * i + e;

@@ -37,13 +37,53 @@ fn dot8(a: vec4<u32>, j: u32) -> f32 {
     return dot(q_s[2u * j], lo4(a)) + dot(q_s[2u * j + 1u], hi4(a));
 }
 
-// Element d of rotate-half RoPE: a = x[d], b = x[d +- head_dim/2], cs the
-// table's (cos, sin) for d mod head_dim/2; `low`: d < head_dim/2.
-fn rope_at(a: f32, b: f32, cs: vec2<f32>, low: bool) -> f32 {
-    if low {
-        return a * cs.x - b * cs.y;
+// Four consecutive dims e..e+3 of one head of the qkv output (at `base`),
+// their rotate-half RoPE partners (e +- head_dim/2: head_dim is a multiple
+// of 8, so the four lie on one side of head_dim/2 and so do their
+// partners), both norm weights (at `nbase`) and the table's (cos, sin).
+struct Dims4 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    na: vec4<f32>,
+    nb: vec4<f32>,
+    cosine: vec4<f32>,
+    sine: vec4<f32>,
+    low: bool,
+}
+
+fn load_dims4(base: u32, nbase: u32, e: u32, pos: u32) -> Dims4 {
+    let half_dim = p.head_dim / 2u;
+    let low = e < half_dim;
+    let f = select(e - half_dim, e + half_dim, low);
+    let c = pos * half_dim + e % half_dim;
+    let r0 = rope[c];
+    let r1 = rope[c + 1u];
+    let r2 = rope[c + 2u];
+    let r3 = rope[c + 3u];
+    return Dims4(
+        vec4<f32>(q[base + e], q[base + e + 1u], q[base + e + 2u], q[base + e + 3u]),
+        vec4<f32>(q[base + f], q[base + f + 1u], q[base + f + 2u], q[base + f + 3u]),
+        vec4<f32>(qk_norm[nbase + e], qk_norm[nbase + e + 1u], qk_norm[nbase + e + 2u], qk_norm[nbase + e + 3u]),
+        vec4<f32>(qk_norm[nbase + f], qk_norm[nbase + f + 1u], qk_norm[nbase + f + 2u], qk_norm[nbase + f + 3u]),
+        vec4<f32>(r0.x, r1.x, r2.x, r3.x),
+        vec4<f32>(r0.y, r1.y, r2.y, r3.y),
+        low,
+    );
+}
+
+// rope(rms_norm(x) * norm) of the four dims, `inv` the head's 1/rms.
+fn rope4(x: Dims4, inv: f32) -> vec4<f32> {
+    let a = x.a * inv * x.na;
+    let b = x.b * inv * x.nb;
+    if x.low {
+        return a * x.cosine - b * x.sine;
     }
-    return a * cs.x + b * cs.y;
+    return a * x.cosine + b * x.sine;
+}
+
+// Four f32 values as two f16 pairs, and 8 as a K/V row quad.
+fn pack8(lo: vec4<f32>, hi: vec4<f32>) -> vec4<u32> {
+    return vec4<u32>(pack2x16float(lo.xy), pack2x16float(lo.zw), pack2x16float(hi.xy), pack2x16float(hi.zw));
 }
 
 // FUSED: q_s = rope(rms_norm(q_h) * q_norm); with `writes_kv`, also the new
@@ -53,71 +93,55 @@ fn rope_at(a: f32, b: f32, cs: vec2<f32>, low: bool) -> f32 {
 // publishes q_s and the new K/V row:
 // - each team sums the heads' squares itself (lane t: dims t, t + team
 //   size, ...), so the norms need no workgroup reduction;
-// - invocation d < head_dim rotates q's dim d, loading its RoPE partner
-//   d +- head_dim/2 itself;
-// - invocation j < head_dim/4 rotates k's dims 2j, 2j+1 and their partners
-//   2j+h, 2j+1+h (h = head_dim/2) and writes them, and v's, as the two f16
-//   pairs (u32 words j and j + h/2) of the new K and V rows.
+// - invocation i < head_dim/4 rotates q's dims 4i..4i+3, loading their
+//   RoPE partners itself, and writes q_s[i];
+// - invocation j < head_dim/8 rotates k's dims 8j..8j+7 likewise and writes
+//   them, and v's, as quad j of the new K and V rows.
+// Each vector in workgroup or storage memory is written whole by one
+// invocation: lanes writing different components of one vector could be
+// compiled to read-modify-writes of the whole vector that lose each
+// other's components.
 fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane) {
     let hd = p.head_dim;
-    let half_dim = hd / 2u;
     let qb = h * hd;
     let kb = (p.n_heads + kvh) * hd;
     let vb = (p.n_heads + p.n_kv_heads + kvh) * hd;
-    // q: dim d and its partner.
-    let d = lane.idx;
-    let dd = min(d, hd - 1u); // in-range index for the inactive invocations
-    let low = dd < half_dim;
-    let partner = select(dd - half_dim, dd + half_dim, low);
-    let qa = q[qb + dd];
-    let qp = q[qb + partner];
-    let nqa = qk_norm[dd];
-    let nqp = qk_norm[partner];
-    let cs = rope[pos * half_dim + dd % half_dim];
-    // k and v: dims 2j, 2j+1 and 2j+h, 2j+1+h (h = half_dim).
-    let j = min(d, half_dim / 2u - 1u);
-    let kv_lane = writes_kv && d < half_dim / 2u;
-    var k4 = vec4<f32>(0.0);
-    var nk4 = vec4<f32>(0.0);
-    var v4 = vec4<f32>(0.0);
-    var cs0 = vec2<f32>(0.0);
-    var cs1 = vec2<f32>(0.0);
+    // q: dims 4i..4i+3, in range for the inactive invocations too.
+    let i = min(lane.idx, hd / 4u - 1u);
+    let qd = load_dims4(qb, 0u, 4u * i, pos);
+    // k and v: dims 8j..8j+7.
+    let j = min(lane.idx, hd / 8u - 1u);
+    let kv_lane = writes_kv && lane.idx < hd / 8u;
+    var k0: Dims4;
+    var k1: Dims4;
+    var v0 = vec4<f32>(0.0);
+    var v1 = vec4<f32>(0.0);
     if kv_lane {
-        let e = 2u * j;
-        k4 = vec4<f32>(q[kb + e], q[kb + e + 1u], q[kb + e + half_dim], q[kb + e + 1u + half_dim]);
-        nk4 = vec4<f32>(qk_norm[hd + e], qk_norm[hd + e + 1u], qk_norm[hd + e + half_dim],
-                        qk_norm[hd + e + 1u + half_dim]);
-        v4 = vec4<f32>(q[vb + e], q[vb + e + 1u], q[vb + e + half_dim], q[vb + e + 1u + half_dim]);
-        cs0 = rope[pos * half_dim + e];
-        cs1 = rope[pos * half_dim + e + 1u];
+        let e = 8u * j;
+        k0 = load_dims4(kb, hd, e, pos);
+        k1 = load_dims4(kb, hd, e + 4u, pos);
+        v0 = vec4<f32>(q[vb + e], q[vb + e + 1u], q[vb + e + 2u], q[vb + e + 3u]);
+        v1 = vec4<f32>(q[vb + e + 4u], q[vb + e + 5u], q[vb + e + 6u], q[vb + e + 7u]);
     }
     // The heads' sums of squares, q in x and k in y, in every team.
     var sq = vec4<f32>(0.0);
-    for (var i = team_lane(lane); i < hd; i += team_size(lane)) {
-        let a = q[qb + i];
+    for (var t = team_lane(lane); t < hd; t += team_size(lane)) {
+        let a = q[qb + t];
         sq.x += a * a;
         if writes_kv {
-            let b = q[kb + i];
+            let b = q[kb + t];
             sq.y += b * b;
         }
     }
     let ss = team_sum4(sq, lane);
-    let rq = inverseSqrt(ss.x / f32(hd) + p.eps);
-    if d < hd {
-        q_s[d / 4u][d % 4u] = rope_at(qa * rq * nqa, qp * rq * nqp, cs, low);
+    if lane.idx < hd / 4u {
+        q_s[i] = rope4(qd, inverseSqrt(ss.x / f32(hd) + p.eps));
     }
     if kv_lane {
-        let kn = k4 * inverseSqrt(ss.y / f32(hd) + p.eps) * nk4;
-        // (2j, 2j+h) and (2j+1, 2j+1+h) are RoPE pairs.
-        let lo = vec2<f32>(rope_at(kn.x, kn.z, cs0, true), rope_at(kn.y, kn.w, cs1, true));
-        let hi = vec2<f32>(rope_at(kn.z, kn.x, cs0, false), rope_at(kn.w, kn.y, cs1, false));
-        let row = ((kvh * p.capacity + pos) * half_dim) / 4u;
-        let w_lo = j;
-        let w_hi = j + half_dim / 2u;
-        k_cache[row + w_lo / 4u][w_lo % 4u] = pack2x16float(lo);
-        k_cache[row + w_hi / 4u][w_hi % 4u] = pack2x16float(hi);
-        v_cache[row + w_lo / 4u][w_lo % 4u] = pack2x16float(v4.xy);
-        v_cache[row + w_hi / 4u][w_hi % 4u] = pack2x16float(v4.zw);
+        let rk = inverseSqrt(ss.y / f32(hd) + p.eps);
+        let row = ((kvh * p.capacity + pos) * (hd / 2u)) / 4u + j;
+        k_cache[row] = pack8(rope4(k0, rk), rope4(k1, rk));
+        v_cache[row] = pack8(v0, v1);
     }
     // Publishes q_s, and the new K/V row that other invocations read back.
     storageBarrier();

@@ -23,18 +23,25 @@ const MM_WG: u32 = ROW_QUADS * TOKEN_QUADS;
 // 8 KB (the quant group divides into whole chunks).
 const CHUNK_K: u32 = 32u;
 const CHUNK_WORDS: u32 = CHUNK_K / 4u;
-// Staging loads of one chunk: inputs as vec4<f32> (4 values), weights as
-// vec4<u32> (16 values).
+// Staging of one chunk. Each staged vec4 is written whole by one
+// invocation (invocations writing different components of one vector could
+// be compiled to read-modify-writes that lose each other's components), so
+// a staging unit loads four tokens' or four rows' values and transposes
+// them itself. Input unit: tokens 4tq..4tq+3 at values 4q..4q+3 (four
+// vec4<f32> loads); weight unit: rows 4rq..4rq+3 at values 4v..4v+3 (one
+// u32 word of each row).
 const X_LOADS: u32 = MM_TOKENS * (CHUNK_K / 4u);
-const W_LOADS: u32 = MM_ROWS * (CHUNK_K / 16u);
-const X_PER: u32 = (X_LOADS + MM_WG - 1u) / MM_WG;
-// One weight load per invocation at most (the staging below takes one).
-const_assert W_LOADS <= MM_WG;
+const X_UNITS: u32 = TOKEN_QUADS * CHUNK_WORDS;
+const W_UNITS: u32 = ROW_QUADS * CHUNK_WORDS;
+const X_PER: u32 = (X_UNITS + MM_WG - 1u) / MM_WG;
+// One weight unit per invocation at most (the staging below takes one).
+const_assert W_UNITS <= MM_WG;
 // w_t[k * ROW_QUADS + q]: rows 4q..4q+3 of the tile at the chunk's value k.
 var<workgroup> w_t: array<vec4<f32>, CHUNK_K * ROW_QUADS>;
 // x_t[k * TOKEN_QUADS + q]: tokens 4q..4q+3 at the chunk's value k.
 var<workgroup> x_t: array<vec4<f32>, CHUNK_K * TOKEN_QUADS>;
-// NORM: each staging load's sum of x^2 (token e / (CHUNK_K / 4)).
+// NORM: each token's sums of x^2 over values 4q..4q+3 of every chunk, at
+// token * (CHUNK_K / 4) + q.
 var<workgroup> ss_s: array<f32, X_LOADS>;
 
 // Token `t`'s output for row `r` (SWIGLU: `r` is a gate row, `up` its up
@@ -69,48 +76,58 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    // NORM: this invocation's staging loads' sums of x^2 (the same tokens
-    // in every chunk).
-    var ss = array<f32, X_PER>();
+    // NORM: this invocation's input units' sums of x^2, one per token (the
+    // same tokens and values mod CHUNK_K in every chunk).
+    var ss = array<vec4<f32>, X_PER>();
     let chunks = p.k_words / CHUNK_WORDS;
     for (var c = 0u; c < chunks; c++) {
         workgroupBarrier(); // the previous chunk's readers are done
-        // Inputs: load e holds token e / (CHUNK_K / 4), values 4q..4q+3.
+        // Inputs: unit e holds tokens 4tq..4tq+3 at values 4q..4q+3.
         for (var n = 0u; n < X_PER; n++) {
             let e = l + n * MM_WG;
-            if e < X_LOADS {
-                let t = e / (CHUNK_K / 4u);
-                let q = e % (CHUNK_K / 4u);
-                var v = x[(t0 + t) * p.k_words + c * CHUNK_WORDS + q];
+            if e < X_UNITS {
+                let tq = e / CHUNK_WORDS;
+                let q = e % CHUNK_WORDS;
+                let xb = (t0 + 4u * tq) * p.k_words + c * CHUNK_WORDS + q;
+                var v0 = x[xb];
+                var v1 = x[xb + p.k_words];
+                var v2 = x[xb + 2u * p.k_words];
+                var v3 = x[xb + 3u * p.k_words];
                 if NORM {
-                    ss[n] += dot(v, v);
-                    v *= norm_w[c * CHUNK_WORDS + q];
+                    ss[n] += vec4<f32>(dot(v0, v0), dot(v1, v1), dot(v2, v2), dot(v3, v3));
+                    let nw = norm_w[c * CHUNK_WORDS + q];
+                    v0 *= nw;
+                    v1 *= nw;
+                    v2 *= nw;
+                    v3 *= nw;
                 }
-                let o = 4u * q * TOKEN_QUADS + t / 4u;
-                let lane = t % 4u;
-                x_t[o][lane] = v.x;
-                x_t[o + TOKEN_QUADS][lane] = v.y;
-                x_t[o + 2u * TOKEN_QUADS][lane] = v.z;
-                x_t[o + 3u * TOKEN_QUADS][lane] = v.w;
+                let o = 4u * q * TOKEN_QUADS + tq;
+                x_t[o] = vec4<f32>(v0.x, v1.x, v2.x, v3.x);
+                x_t[o + TOKEN_QUADS] = vec4<f32>(v0.y, v1.y, v2.y, v3.y);
+                x_t[o + 2u * TOKEN_QUADS] = vec4<f32>(v0.z, v1.z, v2.z, v3.z);
+                x_t[o + 3u * TOKEN_QUADS] = vec4<f32>(v0.w, v1.w, v2.w, v3.w);
             }
         }
-        // Weights: load e holds row e / (CHUNK_K / 16), values 16h..16h+15.
-        if l < W_LOADS {
-            let r = l / (CHUNK_K / 16u);
-            let h = l % (CHUNK_K / 16u);
-            let row = min(row0 + r, p.rows - 1u);
-            let wv = w[row * k_quads + c * (CHUNK_WORDS / 4u) + h];
-            let s = scales[row * p.groups + (c * CHUNK_WORDS) / GROUP_WORDS];
-            let vals = array<vec4<f32>, 4>(i8x4(wv.x) * s, i8x4(wv.y) * s, i8x4(wv.z) * s, i8x4(wv.w) * s);
-            let o = 16u * h * ROW_QUADS + r / 4u;
-            let lane = r % 4u;
-            for (var m = 0u; m < 4u; m++) {
-                let b = o + 4u * m * ROW_QUADS;
-                w_t[b][lane] = vals[m].x;
-                w_t[b + ROW_QUADS][lane] = vals[m].y;
-                w_t[b + 2u * ROW_QUADS][lane] = vals[m].z;
-                w_t[b + 3u * ROW_QUADS][lane] = vals[m].w;
-            }
+        // Weights: unit l holds rows 4rq..4rq+3 at values 4v..4v+3 (word v
+        // of the chunk; rows past the matrix repeat its last row).
+        if l < W_UNITS {
+            let rq = l / CHUNK_WORDS;
+            let v = l % CHUNK_WORDS;
+            let word = c * CHUNK_WORDS + v;
+            let g = (c * CHUNK_WORDS) / GROUP_WORDS;
+            let r0 = min(row0 + 4u * rq, p.rows - 1u);
+            let r1 = min(row0 + 4u * rq + 1u, p.rows - 1u);
+            let r2 = min(row0 + 4u * rq + 2u, p.rows - 1u);
+            let r3 = min(row0 + 4u * rq + 3u, p.rows - 1u);
+            let a0 = i8x4(w[r0 * k_quads + word / 4u][word % 4u]) * scales[r0 * p.groups + g];
+            let a1 = i8x4(w[r1 * k_quads + word / 4u][word % 4u]) * scales[r1 * p.groups + g];
+            let a2 = i8x4(w[r2 * k_quads + word / 4u][word % 4u]) * scales[r2 * p.groups + g];
+            let a3 = i8x4(w[r3 * k_quads + word / 4u][word % 4u]) * scales[r3 * p.groups + g];
+            let o = 4u * v * ROW_QUADS + rq;
+            w_t[o] = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
+            w_t[o + ROW_QUADS] = vec4<f32>(a0.y, a1.y, a2.y, a3.y);
+            w_t[o + 2u * ROW_QUADS] = vec4<f32>(a0.z, a1.z, a2.z, a3.z);
+            w_t[o + 3u * ROW_QUADS] = vec4<f32>(a0.w, a1.w, a2.w, a3.w);
         }
         workgroupBarrier();
         for (var k = 0u; k < CHUNK_K; k++) {
@@ -126,8 +143,12 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
     if NORM {
         for (var n = 0u; n < X_PER; n++) {
             let e = l + n * MM_WG;
-            if e < X_LOADS {
-                ss_s[e] = ss[n];
+            if e < X_UNITS {
+                let tq = e / CHUNK_WORDS;
+                let q = e % CHUNK_WORDS;
+                for (var m = 0u; m < 4u; m++) {
+                    ss_s[(4u * tq + m) * CHUNK_WORDS + q] = ss[n][m];
+                }
             }
         }
         workgroupBarrier();

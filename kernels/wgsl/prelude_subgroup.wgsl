@@ -78,7 +78,7 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     let s = subgroupMax(v);
     workgroupBarrier();
     if lane.sg_lane == 0u {
-        red_f[lane.sg_id].x = s;
+        red_f[lane.sg_id] = vec4<f32>(s, 0.0, 0.0, 0.0);
     }
     workgroupBarrier();
     var t = red_f[0].x;
@@ -131,7 +131,7 @@ fn wg_argmax(v: f32, i: u32, lane: Lane) -> u32 {
     let cand = subgroupMin(select(0xffffffffu, i, v == m));
     workgroupBarrier();
     if lane.sg_lane == 0u {
-        red_f[lane.sg_id].x = m;
+        red_f[lane.sg_id] = vec4<f32>(m, 0.0, 0.0, 0.0);
         red_u[lane.sg_id] = cand;
     }
     workgroupBarrier();

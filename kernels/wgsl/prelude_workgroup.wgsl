@@ -77,7 +77,7 @@ fn wg_max4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
 
 fn wg_argmax(v: f32, i: u32, lane: Lane) -> u32 {
     workgroupBarrier();
-    red_f[lane.idx].x = v;
+    red_f[lane.idx] = vec4<f32>(v, 0.0, 0.0, 0.0);
     red_u[lane.idx] = i;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s / 2u) {
@@ -86,7 +86,7 @@ fn wg_argmax(v: f32, i: u32, lane: Lane) -> u32 {
             let oi = red_u[lane.idx + s];
             let mv = red_f[lane.idx].x;
             if ov > mv || (ov == mv && oi < red_u[lane.idx]) {
-                red_f[lane.idx].x = ov;
+                red_f[lane.idx] = vec4<f32>(ov, 0.0, 0.0, 0.0);
                 red_u[lane.idx] = oi;
             }
         }

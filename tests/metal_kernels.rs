@@ -1,0 +1,249 @@
+//! The kernels on a Metal adapter (macOS): the cases of tests/common run
+//! every WGSL kernel (both reduction preludes, both matvec layouts) and
+//! every MSL twin, built as the engine builds them (`kernels::compile_msl`
+//! on `msl::msl_source`), against the CPU references; and every MSL
+//! variant goes through Apple's offline compiler with warnings as errors.
+//!
+//! Elsewhere there is no Metal adapter: the GPU tests exist on macOS only,
+//! and the offline-compiler test runs wherever `xcrun` exists (on macOS it
+//! must; on other systems it says it was skipped). The code compiles on
+//! every system, so lint checks it everywhere.
+#![cfg_attr(not(target_os = "macos"), allow(dead_code, unused_imports))]
+
+mod common;
+
+use common::cases::{
+    argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
+    attention_step_case, matvec_case, qk_norm_rope_case, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
+    ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+};
+use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit};
+use qwen3_wgpu::{msl, AdapterPolicy, Gpu};
+use rand::{rngs::StdRng, SeedableRng};
+use std::path::Path;
+use std::process::Command;
+
+/// The Metal device the engine's default policy picks.
+fn metal_gpu() -> Gpu {
+    let gpu = Gpu::new(AdapterPolicy::MetalOnly).expect("a Metal adapter");
+    assert_eq!(gpu.info.backend, wgpu::Backend::Metal);
+    gpu
+}
+
+/// Runs `pipeline` (whose bind-group layout is `layout`, `kernel`'s
+/// bindings) once over `grid`: `buffers` fill the bindings in order;
+/// returns the read_write buffers, in order.
+fn dispatch(
+    gpu: &Gpu,
+    kernel: Kernel,
+    (pipeline, layout): &(wgpu::ComputePipeline, wgpu::BindGroupLayout),
+    grid: [u32; 3],
+    buffers: &[Vec<u8>],
+) -> Vec<Vec<u8>> {
+    let binds = kernel.bindings();
+    assert_eq!(buffers.len(), binds.len(), "{kernel:?}: one buffer per binding");
+    let bufs: Vec<wgpu::Buffer> = binds
+        .iter()
+        .zip(buffers)
+        .map(|(b, d)| match b {
+            Bind::Uniform => gpu.uniform("u", d).unwrap(),
+            _ => gpu.storage_init("s", d).unwrap(),
+        })
+        .collect();
+    let entries: Vec<_> = bufs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+        .collect();
+    let bg =
+        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries });
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bg, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    }
+    gpu.queue.submit([enc.finish()]);
+    let out = binds
+        .iter()
+        .zip(&bufs)
+        .zip(buffers)
+        .filter(|((b, _), _)| **b == Bind::ReadWrite)
+        .map(|((_, buf), d)| gpu.download(buf, d.len()).unwrap())
+        .collect();
+    gpu.check_fault().unwrap();
+    out
+}
+
+/// A [`common::cases::Run`] over the WGSL kernels compiled with
+/// `constants`.
+fn wgsl_run<'a>(
+    gpu: &'a Gpu,
+    subgroups: bool,
+    constants: impl Fn(Kernel) -> Vec<(&'static str, f64)> + 'a,
+) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
+    move |k, grid, buffers| {
+        let p =
+            kernels::compile(gpu, k.entry(), &k.source(subgroups), k.entry(), k.bindings(), &constants(k))
+                .unwrap_or_else(|e| panic!("{k:?} (WGSL) builds: {e}"));
+        dispatch(gpu, k, &p, grid, buffers)
+    }
+}
+
+/// A [`common::cases::Run`] over the MSL twins, each built exactly as the
+/// engine builds it.
+fn msl_run(gpu: &Gpu) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + '_ {
+    move |k, grid, buffers| {
+        let src = msl::msl_source(k).expect("an MSL twin");
+        let p =
+            kernels::compile_msl(gpu, k.entry(), &src, msl::msl_entry(k), k.bindings(), k.workgroup_size())
+                .unwrap_or_else(|e| panic!("{k:?} (MSL) builds: {e}"));
+        dispatch(gpu, k, &p, grid, buffers)
+    }
+}
+
+/// The decode-shaped cases of every kernel family but the matvec, through
+/// `run` (the ones tests/kernels.rs and tests/msl_kernels.rs run).
+fn run_non_matvec_cases(run: common::cases::Run<'_>, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    for &(n, chunk) in
+        &[(1usize, 1000u32), (7, 1000), (555, 256), (1000, 1000), (151936, kernels::ARGMAX_CHUNK)]
+    {
+        for ties in [false, true] {
+            argmax_case(run, n, chunk, ties, &mut rng);
+        }
+    }
+    argmax_never_writes_past_the_token_array(run);
+    let qwen_rope = [(16, 8, 128, 4096, 3999, 1), (16, 8, 128, 4096, 100, 4)];
+    for shape in qwen_rope.into_iter().chain(QK_NORM_ROPE_SHAPES) {
+        qk_norm_rope_case(run, shape, &mut rng);
+    }
+    let qwen_attention = [(16, 8, 128, 4096, 300, 1), (16, 8, 128, 4096, 255, 3)];
+    for shape in qwen_attention.into_iter().chain(ATTENTION_SHAPES) {
+        attention_case(run, shape, &mut rng);
+    }
+    for shape in [(16, 8, 128, 4096, 255)].into_iter().chain(ATTENTION_STEP_DIRECT_SHAPES) {
+        attention_step_case(run, Kernel::AttentionStepDirect, shape, &mut rng);
+    }
+    for shape in [(16, 8, 128, 4096, 4000)].into_iter().chain(ATTENTION_STEP_CHUNKED_SHAPES) {
+        attention_step_case(run, Kernel::AttentionStep, shape, &mut rng);
+    }
+}
+
+/// Matvec shapes: awkward ones (rows not a multiple of 4, 8 or 32; K not a
+/// multiple of a simdgroup's stride; one token or a batch of 3 in grid z)
+/// and Qwen3-0.6B's.
+const MATVEC_SHAPES: [(usize, usize, usize); 8] = [
+    (2, 64, 1),
+    (6, 96, 3),
+    (10, 1000, 1),
+    (66, 128, 3),
+    (130, 1024, 1),
+    (18, 3072, 3),
+    (4096, 1024, 1),
+    (1024, 3072, 2),
+];
+
+#[cfg(target_os = "macos")]
+#[test]
+fn metal_wgsl_kernels_match_cpu() {
+    let gpu = metal_gpu();
+    let preludes = if gpu.subgroups { vec![true, false] } else { vec![false] };
+    let mut seed = 1;
+    for sub in preludes {
+        let splits = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK]
+            .into_iter()
+            .flat_map(|l| l.splits())
+            .collect::<Vec<_>>();
+        for split in splits {
+            let MatvecSplit { layout, workgroup_size, rows_per_wg } = split;
+            let run = wgsl_run(&gpu, sub, move |k| k.split_constants(split));
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+                for (rows, cols, tokens) in MATVEC_SHAPES {
+                    seed += 1;
+                    let res = matvec_case(&run, kernel, rows_per_wg, 1, rows, cols, tokens, seed);
+                    assert_matvec(
+                        &format!(
+                            "Metal WGSL {kernel:?} {layout:?} wg {workgroup_size} {rows}x{cols} sub={sub}"
+                        ),
+                        &res,
+                    );
+                }
+            }
+        }
+        let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+        run_non_matvec_cases(&run, 20 + sub as u64);
+    }
+}
+
+#[cfg(target_os = "macos")]
+#[test]
+fn metal_msl_kernels_match_cpu() {
+    let gpu = metal_gpu();
+    let run = msl_run(&gpu);
+    let rows_per_wg = msl::MSL_MATVEC_LAYOUT.rows_per_wg();
+    let mut seed = 100;
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        for (rows, cols, tokens) in MATVEC_SHAPES.into_iter().chain([(151936, 1024, 1), (6144, 1024, 2)]) {
+            seed += 1;
+            let res = matvec_case(&run, kernel, rows_per_wg, 1, rows, cols, tokens, seed);
+            assert_matvec(&format!("Metal MSL {kernel:?} {rows}x{cols}"), &res);
+        }
+    }
+    run_non_matvec_cases(&run, 30);
+}
+
+/// Whether `xcrun` (Apple's developer-tool launcher) can be run.
+fn have_xcrun() -> bool {
+    Command::new("xcrun").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// Compiles `source` with `xcrun -sdk macosx metal -Werror -c`; the
+/// compiler's output on failure.
+fn metal_compile(source: &str, dir: &Path, name: &str) -> Result<(), String> {
+    let src = dir.join(format!("{name}.metal"));
+    std::fs::write(&src, source).unwrap();
+    let out = Command::new("xcrun")
+        .args(["-sdk", "macosx", "metal", "-Werror", "-c"])
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.join(format!("{name}.air")))
+        .output()
+        .map_err(|e| format!("xcrun did not start: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// Every MSL variant, exactly as the engine hands it to Metal (preamble and
+/// body), passes Apple's compiler with warnings as errors. Runs wherever
+/// `xcrun` exists and always on macOS (where a missing `metal` compiler
+/// fails the test: install Xcode, and on Xcode 26 or later run
+/// `xcodebuild -downloadComponent MetalToolchain`).
+#[test]
+fn every_msl_variant_compiles_with_xcrun_metal() {
+    if !have_xcrun() {
+        if cfg!(target_os = "macos") {
+            panic!("xcrun is missing: install Xcode (xcode-select --install is not enough)");
+        }
+        eprintln!("note: no xcrun on this system; the MSL variants were not compiled with Apple's compiler");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut compiled = 0;
+    for k in Kernel::ALL {
+        let Some(src) = msl::msl_source(k) else { continue };
+        if let Err(e) = metal_compile(&src, dir.path(), &format!("{k:?}")) {
+            panic!("{k:?}: `xcrun -sdk macosx metal -Werror -c` rejects the MSL the engine builds:\n{e}");
+        }
+        compiled += 1;
+    }
+    assert!(compiled >= 6, "MSL variants compiled: {compiled}");
+    // The check has teeth: a source Apple's compiler must reject.
+    let broken =
+        msl::msl_source(Kernel::ArgmaxFinal).unwrap().replace("threadgroup_barrier(", "no_such_barrier(");
+    assert!(metal_compile(&broken, dir.path(), "broken").is_err(), "a broken MSL source compiled");
+}
