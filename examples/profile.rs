@@ -58,7 +58,8 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
             }
         }
     }
-    let repeat = flag("--repeat").unwrap_or(1) as u32;
+    // Too many repeats is the session's invalid_argument, not a truncated count.
+    let repeat = flag("--repeat").map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
     let (prof, how) = match s.profile_gpu(repeat)? {
         Some(p) => (p, "GPU timestamps between launches"),
         None => {
