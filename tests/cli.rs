@@ -51,12 +51,12 @@ fn decode_bin() -> &'static Path {
     })
 }
 
-/// Runs the decode example with `args`, the engine's variables cleared and
-/// then set as `env` says.
+/// Runs the decode example with `args`, the engine's variables (and
+/// RUST_LOG: warnings show by default) cleared and then set as `env` says.
 fn decode(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(decode_bin());
     cmd.args(args);
-    for var in SETTINGS {
+    for var in SETTINGS.iter().chain(&["RUST_LOG"]) {
         cmd.env_remove(var);
     }
     for (k, v) in env {
