@@ -17,8 +17,9 @@ pub struct Args {
     /// Checkpoint directory; default: a random exact-shape checkpoint in a temp dir.
     #[arg(long)]
     checkpoint: Option<std::path::PathBuf>,
-    #[arg(long, default_value = "portable")]
-    backend: String,
+    /// `metal` or `portable`. Default: QWEN3_WGPU_BACKEND, else portable.
+    #[arg(long, value_name = "NAME", value_parser = |s: &str| AdapterPolicy::from_name("--backend", s))]
+    backend: Option<AdapterPolicy>,
     /// New tokens timed per context length.
     #[arg(long, default_value_t = 128)]
     tokens: usize,
@@ -43,12 +44,16 @@ fn peak_rss_mib() -> Option<f64> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     run(Args::parse())
 }
 
 /// The measurements (also run by `cargo bench`, benches/decode.rs).
 pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let policy = if args.backend == "portable" { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
+    let policy = match args.backend {
+        Some(policy) => policy,
+        None => AdapterPolicy::from_env()?.unwrap_or(AdapterPolicy::Portable),
+    };
     let tmp = tempfile::tempdir()?;
     let ckpt = match &args.checkpoint {
         Some(p) => p.clone(),

@@ -4,35 +4,34 @@
 //! cargo run --release --example decode -- --checkpoint ./qwen3-0.6b-base \
 //!     --prompt "The capital of France is" --max-new-tokens 16
 //! ```
-//! With `--json`, stdout's last line is one JSON object (the result, or
-//! `{"error": {"code", "message"}}`). Errors exit with status 2.
+//! With `--json`, stdout's last line is one JSON object: the result, or
+//! `{"error": {"code", "message"}}` for every failure, a malformed argument
+//! included (`invalid_argument`). Errors exit with status 2; `--help` and
+//! `--version` print as usual and exit 0.
+//!
+//! `--backend`, `--kernels` and `--matvec-layout` win over the engine's
+//! environment variables (`QWEN3_WGPU_BACKEND`, `QWEN3_WGPU_KERNELS`,
+//! `QWEN3_WGPU_MATVEC_LAYOUT`), which apply when the flag is not given; a
+//! flag and its variable accept the same names. `RUST_LOG=info` (or
+//! `debug`) shows what the engine logs; warnings show by default.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use clap::{Parser, ValueEnum};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::Parser;
+use qwen3_wgpu::kernels::MatvecLayout;
 use qwen3_wgpu::{
     AdapterPolicy, CachePolicy, Engine, Error, KernelChoice, LoadOptions, ShapeProfile, Tokenizer,
 };
 use serde_json::json;
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Backend {
-    /// Metal only (Apple GPUs); refuses any other adapter.
-    Metal,
-    /// Any adapter wgpu offers (Vulkan, DX12, Metal).
-    Portable,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Kernels {
-    /// The hand-written MSL twins on Metal, WGSL elsewhere.
-    Auto,
-    /// WGSL everywhere.
-    Wgsl,
-}
+/// A prompt given as token ids.
+#[derive(Clone, Debug, PartialEq)]
+struct TokenIds(Vec<u32>);
 
 #[derive(Parser)]
-#[command(about = "Greedy Qwen3 decode on the GPU (int8 weights, wgpu)")]
+#[command(version, about = "Greedy Qwen3 decode on the GPU (int8 weights, wgpu)")]
 struct Args {
     /// Hugging Face checkpoint directory (config.json + safetensors). Default:
     /// ./qwen3-0.6b-base, then the Hugging Face cache's Qwen3-0.6B-Base snapshot.
@@ -41,17 +40,26 @@ struct Args {
     /// Prompt text (encoded with the checkpoint's tokenizer.json).
     #[arg(long, conflicts_with = "prompt_ids")]
     prompt: Option<String>,
-    /// Prompt as comma-separated token ids.
-    #[arg(long, value_delimiter = ',')]
-    prompt_ids: Option<Vec<u32>>,
-    #[arg(long, default_value_t = 16)]
+    /// Prompt as comma-separated token ids (`1,2,3`; spaces around an id
+    /// are allowed). Needs no tokenizer.json.
+    #[arg(long, value_name = "IDS", value_parser = parse_token_ids, allow_negative_numbers = true)]
+    prompt_ids: Option<TokenIds>,
+    /// Most new tokens to generate (0 to 18446744073709551615; more than
+    /// the context holds is a context_overflow error before any decoding).
+    #[arg(long, value_name = "N", default_value = "16", value_parser = parse_count, allow_negative_numbers = true)]
     max_new_tokens: usize,
-    #[arg(long, value_enum, default_value = "metal")]
-    backend: Backend,
-    /// Kernels: `auto` (the MSL twins on Metal, WGSL elsewhere) or `wgsl`
-    /// (WGSL on Metal too). Default: QWEN3_WGPU_KERNELS, else auto.
-    #[arg(long, value_enum)]
-    kernels: Option<Kernels>,
+    /// Adapters: `metal` (Apple GPUs only) or `portable` (any adapter
+    /// wgpu offers). Default: QWEN3_WGPU_BACKEND, else metal.
+    #[arg(long, value_name = "NAME", value_parser = parse_backend)]
+    backend: Option<AdapterPolicy>,
+    /// Kernels: `auto` (the MSL twins on Metal, WGSL elsewhere; also `msl`)
+    /// or `wgsl` (WGSL on Metal too). Default: QWEN3_WGPU_KERNELS, else auto.
+    #[arg(long, value_name = "NAME", value_parser = parse_kernels)]
+    kernels: Option<KernelChoice>,
+    /// The WGSL matvec's work split: `rows` or `split`. Default:
+    /// QWEN3_WGPU_MATVEC_LAYOUT, else the device's.
+    #[arg(long, value_name = "NAME", value_parser = parse_matvec_layout)]
+    matvec_layout: Option<MatvecLayout>,
     /// Demand the exact Qwen3-0.6B-Base shape.
     #[arg(long)]
     exact_shape: bool,
@@ -61,9 +69,85 @@ struct Args {
     /// Convert in memory; read and write no cache.
     #[arg(long)]
     no_cache: bool,
-    /// Print one JSON object as the last line of stdout.
+    /// Print one JSON object as the last line of stdout (errors included).
     #[arg(long)]
     json: bool,
+}
+
+/// `1,2,3` (spaces around an id allowed) as token ids. Every id is a whole
+/// number below 2^32; empty lists and empty entries (`1,,2`) are refused
+/// rather than skipped, so a typo never silently changes the prompt.
+fn parse_token_ids(value: &str) -> Result<TokenIds, Error> {
+    let invalid = |reason: String| Error::InvalidArgument { name: "--prompt-ids".into(), reason };
+    if value.trim().is_empty() {
+        return Err(invalid("no token ids given (expected comma-separated ids such as 1,2,3)".into()));
+    }
+    let ids = value
+        .split(',')
+        .enumerate()
+        .map(|(i, piece)| {
+            let id = piece.trim();
+            if id.is_empty() {
+                return Err(invalid(format!("entry {} of {value:?} is empty", i + 1)));
+            }
+            if !id.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid(format!(
+                    "{id:?} is not a token id (a whole number from 0 to {})",
+                    u32::MAX
+                )));
+            }
+            id.parse::<u32>()
+                .map_err(|_| invalid(format!("token id {id} is out of range (at most {})", u32::MAX)))
+        })
+        .collect::<Result<Vec<u32>, Error>>()?;
+    Ok(TokenIds(ids))
+}
+
+/// A count of tokens: a whole number that fits `usize` (no sign, no spaces).
+fn parse_count(value: &str) -> Result<usize, Error> {
+    let invalid = |reason: String| Error::InvalidArgument { name: "--max-new-tokens".into(), reason };
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(format!("{value:?} is not a count (a whole number from 0 to {})", usize::MAX)));
+    }
+    value.parse().map_err(|_| invalid(format!("{value} is out of range (at most {})", usize::MAX)))
+}
+
+fn parse_backend(value: &str) -> Result<AdapterPolicy, Error> {
+    AdapterPolicy::from_name("--backend", value)
+}
+
+fn parse_kernels(value: &str) -> Result<KernelChoice, Error> {
+    KernelChoice::from_name("--kernels", value)
+}
+
+fn parse_matvec_layout(value: &str) -> Result<MatvecLayout, Error> {
+    MatvecLayout::from_name("--matvec-layout", value)
+}
+
+/// The engine's `invalid_argument` error for a command line clap refused:
+/// a value parser's own error as it is, otherwise the flag clap names (or
+/// `arguments`) and clap's one-line reason.
+fn argument_error(e: &clap::Error) -> Error {
+    use std::error::Error as _;
+    if let Some(Error::InvalidArgument { name, reason }) = e.source().and_then(|s| s.downcast_ref::<Error>())
+    {
+        return Error::InvalidArgument { name: name.clone(), reason: reason.clone() };
+    }
+    let name = match e.get(ContextKind::InvalidArg) {
+        // `--prompt-ids <IDS>`: the flag alone.
+        Some(ContextValue::String(arg)) => arg.split_whitespace().next().unwrap_or(arg).to_string(),
+        _ => "arguments".to_string(),
+    };
+    let rendered = e.render().to_string();
+    let first = rendered.lines().next().unwrap_or_default();
+    let reason = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    Error::InvalidArgument { name, reason }
+}
+
+/// Whether `--json` is among the raw arguments (before any `--`): how a
+/// command line clap refused still gets its JSON error.
+fn json_requested(args: impl IntoIterator<Item = OsString>) -> bool {
+    args.into_iter().skip(1).take_while(|a| a != "--").any(|a| a == "--json")
 }
 
 fn default_checkpoint() -> PathBuf {
@@ -87,28 +171,36 @@ fn default_checkpoint() -> PathBuf {
 
 fn run(args: &Args) -> Result<serde_json::Value, Error> {
     let checkpoint = args.checkpoint.clone().unwrap_or_else(default_checkpoint);
-    let policy = match args.backend {
-        Backend::Metal => AdapterPolicy::MetalOnly,
-        Backend::Portable => AdapterPolicy::Portable,
+    // The tokenizer is read only when text is needed, before the GPU is
+    // touched: to encode --prompt (a broken tokenizer.json is then an error
+    // naming it), or to print the generated text, which --prompt-ids runs
+    // can do without (a broken file costs the text, never the run).
+    let (prompt_ids, tokenizer) = match (&args.prompt, &args.prompt_ids) {
+        (Some(text), _) => {
+            let tokenizer = Tokenizer::from_checkpoint(&checkpoint)?;
+            (tokenizer.encode(text)?, Some(tokenizer))
+        }
+        (None, Some(TokenIds(ids))) => {
+            (ids.clone(), if args.json { None } else { text_printer(&checkpoint) })
+        }
+        (None, None) => return Err(Error::EmptyPrompt),
     };
-    let mut builder = Engine::builder().policy(policy);
-    if let Some(k) = args.kernels {
-        builder = builder.kernels(match k {
-            Kernels::Auto => KernelChoice::Auto,
-            Kernels::Wgsl => KernelChoice::Wgsl,
-        });
+    if prompt_ids.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    // A setting left out here is read by the builder from its
+    // QWEN3_WGPU_* variable, so a flag always wins over the variable.
+    let mut builder = Engine::builder();
+    if let Some(policy) = args.backend {
+        builder = builder.policy(policy);
+    }
+    if let Some(kernels) = args.kernels {
+        builder = builder.kernels(kernels);
+    }
+    if let Some(layout) = args.matvec_layout {
+        builder = builder.matvec_layout(layout);
     }
     let engine = builder.build()?;
-    let tokenizer = if args.prompt.is_some() || checkpoint.join("tokenizer.json").exists() {
-        Some(Tokenizer::from_checkpoint(&checkpoint)?)
-    } else {
-        None
-    };
-    let prompt_ids = match (&args.prompt, &args.prompt_ids, &tokenizer) {
-        (Some(text), _, Some(tok)) => tok.encode(text)?,
-        (_, Some(ids), _) => ids.clone(),
-        _ => return Err(Error::EmptyPrompt),
-    };
     let options = LoadOptions {
         profile: if args.exact_shape { ShapeProfile::Qwen3_0_6B } else { ShapeProfile::AnyQwen3 },
         cache: match (&args.cache_dir, args.no_cache) {
@@ -117,9 +209,6 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             (None, false) => CachePolicy::Default,
         },
     };
-    if prompt_ids.is_empty() {
-        return Err(Error::EmptyPrompt);
-    }
     let model = engine.load(&checkpoint, &options)?;
     let mut stream = tokenizer.as_ref().map(|t| t.stream());
     let echo = !args.json && args.prompt.is_some() && stream.is_some();
@@ -176,20 +265,106 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     }))
 }
 
+/// The checkpoint's tokenizer for printing generated text, if it has a
+/// usable one; a broken one is reported (naming the file) and skipped.
+fn text_printer(checkpoint: &Path) -> Option<Tokenizer> {
+    if !checkpoint.join("tokenizer.json").exists() {
+        return None;
+    }
+    Tokenizer::from_checkpoint(checkpoint)
+        .inspect_err(|e| log::warn!("[{}] {e}; printing token ids only", e.code()))
+        .ok()
+}
+
+/// The error on stderr (one line, with its code) and, with `--json`, as the
+/// last line of stdout; exit status 2.
+fn fail(e: &Error, json: bool) -> ! {
+    eprintln!("error [{}]: {e}", e.code());
+    if json {
+        println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
+    }
+    std::process::exit(2);
+}
+
 fn main() {
-    let args = Args::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
+        Err(e) => fail(&argument_error(&e), json_requested(std::env::args_os())),
+    };
     match run(&args) {
         Ok(v) => {
             if args.json {
                 println!("{v}");
             }
         }
-        Err(e) => {
-            eprintln!("error [{}]: {e}", e.code());
-            if args.json {
-                println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
-            }
-            std::process::exit(2);
+        Err(e) => fail(&e, args.json),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(value: &str) -> Result<Vec<u32>, String> {
+        parse_token_ids(value).map(|t| t.0).map_err(|e| {
+            assert_eq!(e.code(), "invalid_argument");
+            e.to_string()
+        })
+    }
+
+    #[test]
+    fn token_ids_are_whole_numbers_below_2_pow_32() {
+        assert_eq!(ids("1,2,3"), Ok(vec![1, 2, 3]));
+        assert_eq!(ids("1, 2"), Ok(vec![1, 2]));
+        assert_eq!(ids(" 7 "), Ok(vec![7]));
+        assert_eq!(ids("4294967295"), Ok(vec![u32::MAX]));
+        for bad in ["", " ", "abc", "-1", "+1", "1,,2", "1,2,", ",1", "1 2", "4294967296", "1.0"] {
+            let e = ids(bad).expect_err(bad);
+            assert!(e.contains("--prompt-ids"), "{bad}: {e}");
         }
+        assert!(ids("4294967296").unwrap_err().contains("out of range"));
+        assert!(ids("1,,2").unwrap_err().contains("entry 2"));
+    }
+
+    #[test]
+    fn counts_fit_usize() {
+        assert_eq!(parse_count("0").unwrap(), 0);
+        assert_eq!(parse_count("18446744073709551615").unwrap() as u64, u64::MAX.min(usize::MAX as u64));
+        for bad in ["", "-1", "+1", " 1", "1e3", "99999999999999999999999"] {
+            let e = parse_count(bad).expect_err(bad);
+            assert_eq!(e.code(), "invalid_argument");
+            assert!(e.to_string().contains("--max-new-tokens"), "{e}");
+        }
+    }
+
+    #[test]
+    fn flags_take_the_variables_names() {
+        assert_eq!(parse_backend("PORTABLE").unwrap(), AdapterPolicy::Portable);
+        assert_eq!(parse_kernels("msl").unwrap(), KernelChoice::Auto);
+        assert_eq!(parse_matvec_layout("split").unwrap(), MatvecLayout::SplitK);
+        let e = parse_backend("vulkan").unwrap_err().to_string();
+        assert!(e.contains("--backend") && e.contains("metal, portable"), "{e}");
+    }
+
+    #[test]
+    fn refused_command_lines_become_invalid_argument() {
+        let parse = |argv: &[&str]| match Args::try_parse_from(argv) {
+            Ok(_) => panic!("{argv:?} parsed"),
+            Err(e) => argument_error(&e),
+        };
+        let e = parse(&["decode", "--prompt-ids", "abc"]);
+        assert_eq!(e.code(), "invalid_argument");
+        assert!(e.to_string().starts_with("invalid argument --prompt-ids: \"abc\""), "{e}");
+        let e = parse(&["decode", "--bogus"]);
+        assert!(e.to_string().contains("--bogus"), "{e}");
+        let e = parse(&["decode", "--prompt", "hi", "--prompt-ids", "1"]);
+        assert!(e.to_string().contains("cannot be used with"), "{e}");
+        let e = parse(&["decode", "--max-new-tokens", "-1"]);
+        assert!(e.to_string().contains("--max-new-tokens"), "{e}");
+        assert!(json_requested(["decode", "--bogus", "--json"].map(OsString::from)));
+        assert!(!json_requested(["decode", "--", "--json"].map(OsString::from)));
+        assert!(!json_requested(["--json"].map(OsString::from)));
     }
 }

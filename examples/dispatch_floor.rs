@@ -4,7 +4,8 @@
 //! without a read-write dependency, small or 256-wide workgroups). The
 //! floor under the decode step's per-launch cost.
 //!
-//! `cargo run --release --example dispatch_floor`
+//! `cargo run --release --example dispatch_floor [-- --backend NAME]`
+//! (without it: `QWEN3_WGPU_BACKEND`, else portable)
 
 use qwen3_wgpu::kernels::Kernel;
 use qwen3_wgpu::{AdapterPolicy, Gpu};
@@ -12,7 +13,13 @@ use qwen3_wgpu::{AdapterPolicy, Gpu};
 const N: u32 = 256;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let gpu = Gpu::new(AdapterPolicy::Portable)?;
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().collect();
+    let policy = match backend_flag(&args) {
+        Some(name) => AdapterPolicy::from_name("--backend", name)?,
+        None => AdapterPolicy::from_env()?.unwrap_or(AdapterPolicy::Portable),
+    };
+    let gpu = Gpu::new(policy)?;
     println!("adapter: {} ({:?})", gpu.info.name, gpu.info.backend);
     let plain = "@group(0) @binding(0) var<uniform> u: vec4<u32>;
 @group(0) @binding(1) var<storage, read_write> a: array<u32>;
@@ -169,4 +176,13 @@ var<workgroup> red: array<vec4<f32>, WG>;
         );
     }
     Ok(())
+}
+
+/// The value of `--backend NAME` (or `--backend=NAME`), if given.
+fn backend_flag(args: &[String]) -> Option<&str> {
+    args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--backend") {
+        Some("") => Some(args.get(i + 1).map_or("", String::as_str)),
+        Some(rest) => rest.strip_prefix('='),
+        None => None,
+    })
 }

@@ -1,19 +1,26 @@
 //! Prints what the GPU stack offers and whether the engine can run.
 //!
-//! `cargo run --example doctor [-- --backend portable]`
+//! `cargo run --example doctor [-- --backend metal|portable]` (`portable`
+//! alone also works). Without `--backend`: `QWEN3_WGPU_BACKEND`, else metal.
 
 use qwen3_wgpu::{AdapterPolicy, Engine, Gpu};
 
 fn main() {
-    let from_env = match AdapterPolicy::from_env() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // The flag wins; without it the engine's variable (read as the builder reads it).
+    let policy = match backend_flag(&args) {
+        Some(name) => AdapterPolicy::from_name("--backend", name),
+        None if args.iter().any(|a| a == "portable") => Ok(AdapterPolicy::Portable),
+        None => AdapterPolicy::from_env().map(Option::unwrap_or_default),
+    };
+    let policy = match policy {
         Ok(p) => p,
         Err(e) => {
             println!("NOT READY: [{}] {e}", e.code());
             std::process::exit(2);
         }
     };
-    let portable = std::env::args().any(|a| a == "portable") || from_env == Some(AdapterPolicy::Portable);
-    let policy = if portable { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
     let adapters = Gpu::adapters();
     println!("adapters ({}):", adapters.len());
     for a in &adapters {
@@ -60,4 +67,13 @@ fn main() {
             std::process::exit(2);
         }
     }
+}
+
+/// The value of `--backend NAME` (or `--backend=NAME`), if given.
+fn backend_flag(args: &[String]) -> Option<&str> {
+    args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--backend") {
+        Some("") => Some(args.get(i + 1).map_or("", String::as_str)),
+        Some(rest) => rest.strip_prefix('='),
+        None => None,
+    })
 }

@@ -10,7 +10,8 @@
 //! [--shapes] [--only LABEL,LABEL]` (`--copies 1`: every launch reads the
 //! same copy, from cache when it fits: what the launch costs once its
 //! weights are in L2; `--shapes`: the pipelines specialised to each shape,
-//! as the engine's decode step runs them; `--only`: the named configs).
+//! as the engine's decode step runs them; `--only`: the named configs;
+//! `--backend NAME`, else `QWEN3_WGPU_BACKEND`, else portable).
 
 use qwen3_wgpu::kernels::{compile, Kernel, MatvecLayout, MatvecShape};
 use qwen3_wgpu::weights::QUANT_GROUP;
@@ -27,7 +28,13 @@ struct Shape {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let gpu = Gpu::new(AdapterPolicy::Portable)?;
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().collect();
+    let policy = match backend_flag(&args) {
+        Some(name) => AdapterPolicy::from_name("--backend", name)?,
+        None => AdapterPolicy::from_env()?.unwrap_or(AdapterPolicy::Portable),
+    };
+    let gpu = Gpu::new(policy)?;
     println!("adapter: {} ({:?}), subgroups: {}", gpu.info.name, gpu.info.backend, gpu.subgroups);
     let shapes = [
         Shape { name: "qkv 4096x1024 norm", rows: 4096, cols: 1024, kernel: Kernel::Int8MatvecNorm },
@@ -57,7 +64,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("rows wg128 r16".into(), MatvecLayout::RowsPerTeam, 128, 16),
         ("rows wg128 r32".into(), MatvecLayout::RowsPerTeam, 128, 32),
     ];
-    let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: u32| -> u32 {
         args.windows(2).find(|w| w[0] == name).and_then(|w| w[1].parse().ok()).unwrap_or(default)
     };
@@ -196,4 +202,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(" {:>12.0}", time(&[0, 1, 2, 3])?);
     }
     Ok(())
+}
+
+/// The value of `--backend NAME` (or `--backend=NAME`), if given.
+fn backend_flag(args: &[String]) -> Option<&str> {
+    args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--backend") {
+        Some("") => Some(args.get(i + 1).map_or("", String::as_str)),
+        Some(rest) => rest.strip_prefix('='),
+        None => None,
+    })
 }

@@ -4,18 +4,25 @@
 //! back to back, and the first run is reported beside the later ones (the
 //! later runs find their inputs in cache and their predecessor finished).
 //!
-//! `cargo run --release --example profile -- CHECKPOINT [portable] [--repeat N] [--context N]`
+//! `cargo run --release --example profile -- CHECKPOINT [portable | --backend NAME] [--repeat N] [--context N]`
+//! (without either: `QWEN3_WGPU_BACKEND`, else metal).
 
 use std::collections::BTreeMap;
 
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
 
 fn main() -> Result<(), qwen3_wgpu::Error> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args: Vec<String> = std::env::args().collect();
     let dir = args.get(1).cloned().unwrap_or_else(|| "./qwen3-0.6b-base".into());
-    let policy =
-        if args.iter().any(|a| a == "portable") { AdapterPolicy::Portable } else { AdapterPolicy::MetalOnly };
-    let engine = Engine::builder().policy(policy).build()?;
+    // A policy left unset is read by the builder from QWEN3_WGPU_BACKEND.
+    let mut builder = Engine::builder();
+    if let Some(name) = backend_flag(&args) {
+        builder = builder.policy(AdapterPolicy::from_name("--backend", name)?);
+    } else if args.iter().any(|a| a == "portable") {
+        builder = builder.policy(AdapterPolicy::Portable);
+    }
+    let engine = builder.build()?;
     let model = engine.load(&dir, &LoadOptions { cache: CachePolicy::Default, ..Default::default() })?;
     let flag =
         |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)?.parse::<usize>().ok());
@@ -51,7 +58,8 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
             }
         }
     }
-    let repeat = flag("--repeat").unwrap_or(1) as u32;
+    // Too many repeats is the session's invalid_argument, not a truncated count.
+    let repeat = flag("--repeat").map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
     let (prof, how) = match s.profile_gpu(repeat)? {
         Some(p) => (p, "GPU timestamps between launches"),
         None => {
@@ -100,4 +108,13 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
         }
     }
     Ok(())
+}
+
+/// The value of `--backend NAME` (or `--backend=NAME`), if given.
+fn backend_flag(args: &[String]) -> Option<&str> {
+    args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--backend") {
+        Some("") => Some(args.get(i + 1).map_or("", String::as_str)),
+        Some(rest) => rest.strip_prefix('='),
+        None => None,
+    })
 }

@@ -18,6 +18,7 @@ struct Args {
 }
 
 fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args = Args::parse();
     let cfg = ModelConfig::qwen3_0_6b_base();
     let dir = args.out_dir.as_path();

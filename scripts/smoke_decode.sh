@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The decode example's contract: --json prints the result object as the last
 # line (its "kernels": "msl" or "wgsl"); without --backend portable a non-Metal machine exits 2 with
-# non_metal_adapter; a missing checkpoint exits 2 with checkpoint_not_found.
+# non_metal_adapter; a missing checkpoint exits 2 with checkpoint_not_found; a
+# malformed argument exits 2 with invalid_argument (tests/cli.rs has the full set).
 set -euo pipefail
+# The engine's variables apply where a flag is absent: start from none.
+unset QWEN3_WGPU_BACKEND QWEN3_WGPU_KERNELS QWEN3_WGPU_MATVEC_LAYOUT
 cd "$(dirname "$0")/.."
 ckpt=tests/fixtures/mlx/gqa2_hd64
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
 cargo build -q --example decode
-bin=target/debug/examples/decode
+bin=${CARGO_TARGET_DIR:-target}/debug/examples/decode
 
 check_json() { # $1: stdout's last line, $2: python assertion on `d`
     python3 -c "import json,sys; d=json.loads(sys.argv[1]); $2" "$1"
@@ -43,5 +46,6 @@ if [ "$(uname -s)" != Darwin ]; then
     expect_error non_metal_adapter --checkpoint $ckpt --prompt-ids 1,2,3
 fi
 expect_error checkpoint_not_found --checkpoint /nonexistent/ckpt --prompt-ids 1 --backend portable
+expect_error invalid_argument --checkpoint $ckpt --prompt-ids 1,,2 --backend portable
 expect_error invalid_token_id --checkpoint $ckpt --prompt-ids 1,99999 --backend portable --no-cache
 echo "decode example: OK"

@@ -227,9 +227,11 @@ impl Session {
     }
 
     /// Sets how many decode steps [`next_token`](Self::next_token) keeps
-    /// queued on the GPU (at least 1; 1 means a wait on every token).
+    /// queued on the GPU (at least 1; 1 means a wait on every token; at
+    /// most the capacity, as no more steps can ever be queued).
     pub fn set_lookahead(&mut self, steps: usize) {
-        self.lookahead = steps.max(1);
+        // Each step that can be in flight holds a readback buffer.
+        self.lookahead = steps.clamp(1, self.bufs.capacity.max(1));
         while self.slots.len() < self.lookahead + 1 {
             self.free_slots.push(self.slots.len());
             self.slots.push(self.model.gpu.readback("token readback", 8));
@@ -400,11 +402,15 @@ impl Session {
         Ok(())
     }
 
+    /// Whether `n` more positions fit (checked: `n` may be any caller's count).
     fn check_room(&self, n: usize) -> Result<()> {
-        if self.len + n > self.bufs.capacity {
-            return Err(Error::ContextOverflow { needed: self.len + n, capacity: self.bufs.capacity });
+        match self.len.checked_add(n) {
+            Some(needed) if needed <= self.bufs.capacity => Ok(()),
+            needed => Err(Error::ContextOverflow {
+                needed: needed.unwrap_or(usize::MAX),
+                capacity: self.bufs.capacity,
+            }),
         }
-        Ok(())
     }
 
     fn encoder(&self) -> wgpu::CommandEncoder {
@@ -589,17 +595,28 @@ impl Session {
     #[doc(hidden)]
     pub fn profile_gpu(&mut self, repeats: u32) -> Result<Option<LaunchTimes>> {
         let gpu = self.model.gpu.clone();
-        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
-            return Ok(None);
-        }
         if self.pending.is_none() {
             return Err(Error::EmptyPrompt);
         }
         self.check_room(1)?;
-        self.discard_queued()?;
         let repeats = repeats.max(1);
         let launches: Vec<crate::kernels::Launch> = self.forward.step_at(self.len).cloned().collect();
-        let n = launches.len() as u32 * repeats + 1;
+        // One timestamp per launch run, plus the first: a query set holds at most 4096.
+        let n = u32::try_from(launches.len())
+            .ok()
+            .and_then(|l| l.checked_mul(repeats)?.checked_add(1))
+            .filter(|&n| n <= wgpu::QUERY_SET_MAX_QUERIES)
+            .ok_or_else(|| {
+                let most = (wgpu::QUERY_SET_MAX_QUERIES - 1) as usize / launches.len().max(1);
+                Error::invalid_argument(
+                    "repeats",
+                    format!("{repeats} runs of {} launches need more timestamps than a query set holds; at most {most}", launches.len()),
+                )
+            })?;
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            return Ok(None);
+        }
+        self.discard_queued()?;
         let ts = Timestamps::new(&gpu, "launch timestamps", n);
         let mut enc = self.encoder();
         {
@@ -681,13 +698,17 @@ impl Session {
     #[doc(hidden)]
     pub fn gpu_time_of_steps(&mut self, n: usize) -> Result<Option<f64>> {
         let gpu = self.model.gpu.clone();
-        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) || n == 0 {
+        if n == 0 {
             return Ok(None);
         }
+        // The count is checked on every device, with timestamps or without.
         if self.pending.is_none() {
             return Err(Error::EmptyPrompt);
         }
         self.check_room(n)?;
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Ok(None);
+        }
         self.discard_queued()?;
         let ts = Timestamps::new(&gpu, "steps timestamps", 2);
         let mut enc = self.encoder();
@@ -773,5 +794,44 @@ impl Session {
         let n = self.model.config.vocab_size;
         let bytes = self.model.gpu.download(&self.bufs.logits, 4 * n)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
+
+    /// Counts past the capacity are refused whatever their size (no
+    /// wrapping `len + n`, no readback buffer per requested step), and
+    /// leave the session as it was.
+    #[test]
+    fn huge_counts_are_refused_not_wrapped() {
+        let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+        let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
+        let model = engine.load(fixture, &options).unwrap();
+        let decode = |lookahead: Option<usize>| {
+            let mut s = model.session_with_capacity(6).unwrap();
+            if let Some(steps) = lookahead {
+                s.set_lookahead(steps);
+                assert!(s.slots.len() <= s.capacity() + 1, "{} readbacks", s.slots.len());
+            }
+            let mut tokens = vec![s.feed(&[1, 2]).unwrap()];
+            let e = s.gpu_time_of_steps(usize::MAX).unwrap_err();
+            assert_eq!(e.code(), "context_overflow", "{e}");
+            assert_eq!(s.len(), 2);
+            while s.len() < s.capacity() {
+                tokens.push(s.next_token().unwrap());
+            }
+            assert_eq!(s.next_token().unwrap_err().code(), "context_overflow");
+            tokens
+        };
+        assert_eq!(decode(Some(usize::MAX)), decode(None));
+        let mut s = model.session_with_capacity(6).unwrap();
+        s.feed(&[1, 2]).unwrap();
+        let e = s.profile_gpu(u32::MAX).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        assert!(e.to_string().contains("repeats"), "{e}");
+        assert_eq!(s.len(), 2);
     }
 }

@@ -1,0 +1,275 @@
+//! The decode example's command-line contract, run as a user runs it: with
+//! `--json`, every failure (a malformed argument included) ends stdout with
+//! one `{"error": {"code", "message"}}` line and a non-zero exit; `--help`
+//! and `--version` print and exit 0; a flag wins over its `QWEN3_WGPU_*`
+//! variable, which applies when the flag is not given; the tokenizer is
+//! read only when text is needed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// The engine's environment variables: cleared for every run, so the
+/// caller's environment cannot change what a case tests.
+const SETTINGS: [&str; 3] = ["QWEN3_WGPU_BACKEND", "QWEN3_WGPU_KERNELS", "QWEN3_WGPU_MATVEC_LAYOUT"];
+
+/// The decode example's binary, built from this tree for this test's
+/// profile. `cargo test --test cli` builds no examples, and one left over
+/// from an earlier build may be stale, so the test asks cargo itself (a
+/// no-op when it is up to date), in the target directory and profile this
+/// test binary was built in (target/<profile dir>/deps/cli-<hash>).
+fn decode_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+        let target_dir = profile_dir.parent().expect("target dir");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            // `cargo test`'s own profile builds into target/debug.
+            Some("debug") | None => "test",
+            Some(name) => name,
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let out = Command::new(cargo)
+            .args(["build", "--quiet", "--example", "decode", "--profile", profile, "--manifest-path"])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(target_dir)
+            .output()
+            .expect("run cargo");
+        assert!(
+            out.status.success(),
+            "building the decode example failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bin = profile_dir.join("examples").join(format!("decode{}", std::env::consts::EXE_SUFFIX));
+        assert!(bin.is_file(), "{} missing after the build", bin.display());
+        bin
+    })
+}
+
+/// Runs the decode example with `args`, the engine's variables (and
+/// RUST_LOG: warnings show by default) cleared and then set as `env` says.
+fn decode(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(decode_bin());
+    cmd.args(args);
+    for var in SETTINGS.iter().chain(&["RUST_LOG"]) {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run the decode example")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Stdout's last line as JSON.
+fn last_json(out: &Output) -> Value {
+    let text = stdout(out);
+    let last = text.lines().last().unwrap_or_else(|| panic!("nothing on stdout; stderr: {}", stderr(out)));
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("last stdout line {last:?} is not JSON: {e}"))
+}
+
+/// A failed run: exit status 2 and, last on stdout, the error object with
+/// `code`; returns its message.
+fn expect_error(out: &Output, code: &str) -> String {
+    let json = last_json(out);
+    assert_eq!(json["error"]["code"], code, "{json}; stderr: {}", stderr(out));
+    assert_eq!(out.status.code(), Some(2), "{json}");
+    let message = json["error"]["message"].as_str().expect("a message").to_string();
+    // stderr carries the same error, on one line, with its code.
+    assert!(stderr(out).contains(&format!("error [{code}]: {message}")), "stderr: {}", stderr(out));
+    message
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
+}
+
+/// A copy of the small fixture beside a tokenizer.json that is not JSON.
+fn fixture_with_broken_tokenizer() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(f), tmp.path().join(f)).unwrap();
+    }
+    std::fs::write(tmp.path().join("tokenizer.json"), "{ not a tokenizer").unwrap();
+    tmp
+}
+
+#[test]
+fn every_malformed_argument_is_a_json_invalid_argument() {
+    // (arguments, the flag the message names)
+    let cases: &[(&[&str], &str)] = &[
+        (&["--prompt-ids", "abc"], "--prompt-ids"),
+        (&["--prompt-ids", "-1"], "--prompt-ids"),
+        (&["--prompt-ids", ""], "--prompt-ids"),
+        (&["--prompt-ids", "1,,2"], "--prompt-ids"),
+        (&["--prompt-ids", "1,2,"], "--prompt-ids"),
+        (&["--prompt-ids", "4294967296"], "--prompt-ids"),
+        (&["--prompt-ids", "1 2"], "--prompt-ids"),
+        (&["--prompt-ids"], "--prompt-ids"),
+        (&["--prompt-ids", "1", "--max-new-tokens", "-1"], "--max-new-tokens"),
+        (&["--prompt-ids", "1", "--max-new-tokens", "18446744073709551616"], "--max-new-tokens"),
+        (&["--prompt-ids", "1", "--max-new-tokens", "lots"], "--max-new-tokens"),
+        (&["--prompt", "hello", "--prompt-ids", "1"], "--prompt"),
+        (&["--prompt-ids", "1", "--no-such-flag"], "--no-such-flag"),
+        (&["--prompt-ids", "1", "--backend", "vulkan"], "--backend"),
+        (&["--prompt-ids", "1", "--kernels", "fast"], "--kernels"),
+        (&["--prompt-ids", "1", "--matvec-layout", "columns"], "--matvec-layout"),
+    ];
+    for (args, flag) in cases {
+        // --json first and last: it is honoured wherever it stands.
+        for json_first in [true, false] {
+            let mut argv: Vec<&str> = args.to_vec();
+            if json_first {
+                argv.insert(0, "--json");
+            } else {
+                argv.push("--json");
+            }
+            let out = decode(&argv, &[]);
+            let message = expect_error(&out, "invalid_argument");
+            assert!(message.contains(flag), "{argv:?}: {message}");
+        }
+    }
+}
+
+#[test]
+fn without_json_an_argument_error_is_one_line_on_stderr() {
+    let out = decode(&["--prompt-ids", "1,,2"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(stdout(&out), "");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error [invalid_argument]: invalid argument --prompt-ids"), "{err}");
+}
+
+#[test]
+fn help_and_version_print_and_exit_0() {
+    for (flag, expect) in [("--help", "Usage:"), ("--version", env!("CARGO_PKG_VERSION"))] {
+        for argv in [vec![flag], vec!["--json", flag]] {
+            let out = decode(&argv, &[]);
+            assert_eq!(out.status.code(), Some(0), "{argv:?}: {}", stderr(&out));
+            assert!(stdout(&out).contains(expect), "{argv:?}: {}", stdout(&out));
+        }
+    }
+    let help = stdout(&decode(&["--help"], &[]));
+    for flag in ["--backend", "--kernels", "--matvec-layout", "QWEN3_WGPU_BACKEND"] {
+        assert!(help.contains(flag), "--help does not mention {flag}");
+    }
+}
+
+#[test]
+fn an_unknown_variable_value_is_invalid_argument_naming_it() {
+    for var in SETTINGS {
+        // The ids parse ("1, 2": spaces around an id are allowed), so the
+        // error is the variable's.
+        let out = decode(&["--prompt-ids", "1, 2", "--json"], &[(var, "bogus")]);
+        let message = expect_error(&out, "invalid_argument");
+        assert!(message.contains(var) && message.contains("bogus"), "{message}");
+        assert!(message.contains("allowed:"), "{message}");
+    }
+}
+
+/// Without --backend, QWEN3_WGPU_BACKEND=portable is honoured: the run gets
+/// past the adapter (lavapipe here, not Metal) to the missing checkpoint.
+#[test]
+fn the_backend_variable_applies_without_the_flag() {
+    let out = decode(
+        &["--checkpoint", "/nonexistent/qwen3", "--prompt-ids", "1, 2", "--json"],
+        &[("QWEN3_WGPU_BACKEND", "portable")],
+    );
+    let message = expect_error(&out, "checkpoint_not_found");
+    assert!(message.contains("/nonexistent/qwen3"), "{message}");
+}
+
+/// Flags win: with every variable bogus, the flags alone decide (the
+/// variables are never read, else they would be invalid_argument).
+#[test]
+fn flags_win_over_the_variables() {
+    let out = decode(
+        &[
+            "--checkpoint",
+            "/nonexistent/qwen3",
+            "--prompt-ids",
+            "1",
+            "--backend",
+            "portable",
+            "--kernels",
+            "wgsl",
+            "--matvec-layout",
+            "rows",
+            "--json",
+        ],
+        &SETTINGS.map(|var| (var, "bogus")),
+    );
+    expect_error(&out, "checkpoint_not_found");
+}
+
+/// A count whose `prompt + count - 1` wraps is refused up front: nothing is
+/// decoded (stdout holds the error line alone).
+#[test]
+fn a_huge_max_new_tokens_is_context_overflow_up_front() {
+    let fixture = fixture();
+    let args = [
+        "--checkpoint",
+        fixture.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "18446744073709551615",
+        "--backend",
+        "portable",
+        "--no-cache",
+        "--json",
+    ];
+    let out = decode(&args, &[]);
+    expect_error(&out, "context_overflow");
+    assert_eq!(stdout(&out).lines().count(), 1, "{}", stdout(&out));
+}
+
+#[test]
+fn a_broken_tokenizer_does_not_block_a_prompt_ids_run() {
+    let dir = fixture_with_broken_tokenizer();
+    let ckpt = dir.path().to_str().unwrap();
+    let args = [
+        "--checkpoint",
+        ckpt,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "2",
+        "--backend",
+        "portable",
+        "--no-cache",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = decode(&json_args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = last_json(&out);
+    assert_eq!(result["token_ids"].as_array().map(|a| a.len()), Some(5), "{result}");
+    // Without --json the text would be printed: the ids are, and stderr says
+    // why the text is not, naming the file.
+    let out = decode(&args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("generated ids:"), "{}", stdout(&out));
+    assert!(stderr(&out).contains("tokenizer.json"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_broken_tokenizer_needed_for_a_prompt_is_an_error_naming_it() {
+    let dir = fixture_with_broken_tokenizer();
+    let out = decode(&["--checkpoint", dir.path().to_str().unwrap(), "--prompt", "hello", "--json"], &[]);
+    let message = expect_error(&out, "checkpoint_invalid");
+    assert!(message.contains("tokenizer.json"), "{message}");
+}
