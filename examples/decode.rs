@@ -251,7 +251,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             out.stop_reason.as_str(),
         );
     }
-    Ok(json!({
+    let mut result = json!({
         "token_ids": out.token_ids,
         "n_prompt": out.n_prompt,
         "generated_ids": out.generated_ids(),
@@ -262,7 +262,14 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         "stop_reason": out.stop_reason.as_str(),
         "adapter": {"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase()},
         "kernels": engine.kernel_source().as_str(),
-    }))
+    });
+    let kernels = engine.kernel_report();
+    let check = &kernels.self_check;
+    result["self_check"] = json!({"ok": check.ok, "pipelines": check.pipelines, "ms": check.ms});
+    if let Some((kernel, reason)) = &kernels.fallback {
+        result["kernels_fallback"] = json!(format!("{kernel}: {reason}"));
+    }
+    Ok(result)
 }
 
 /// The checkpoint's tokenizer for printing generated text, if it has a
