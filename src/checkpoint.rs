@@ -546,7 +546,10 @@ impl Checkpoint {
         self.files.iter().map(|f| f.name.as_str()).collect()
     }
 
-    /// One tensor's view, or `None` when no file holds it.
+    /// One tensor's view, or `None` when no file holds it. The view borrows
+    /// the memory map: reading it after the file was truncated by another
+    /// process faults (SIGBUS). The conversion and the fingerprint do not
+    /// use it; they read through [`reader`](Self::reader).
     pub fn tensor(&self, name: &str) -> Option<TensorData<'_>> {
         let file = self.files.get(*self.locations.get(name)?)?;
         let info = file.metadata.info(name)?;

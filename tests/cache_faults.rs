@@ -176,7 +176,7 @@ fn checkpoint_truncated_while_open_is_a_named_error() {
     std::fs::OpenOptions::new().write(true).open(weights(&dir)).unwrap().set_len(len / 2).unwrap();
 
     for err in [
-        ckpt.fingerprint(&cfg, CACHE_FORMAT_VERSION).err().expect("fingerprint of a truncated file"),
+        ckpt.fingerprint(&cfg, CACHE_FORMAT_VERSION).expect_err("fingerprint of a truncated file"),
         convert(&ckpt, &cfg).err().expect("conversion of a truncated file"),
     ] {
         assert_eq!(err.code(), "checkpoint_invalid", "{err}");
