@@ -13,21 +13,6 @@
 //! the blob's f32 scales and norms, which are native-endian (guarded by the
 //! byte-order marker).
 //!
-//! # What binds an entry to its checkpoint
-//!
-//! - The key: every byte the conversion reads is hashed (xxh3, in
-//!   parallel; a cached load of Qwen3-0.6B hashes its 1.2 GB in a fraction
-//!   of a second), so no edit, however small, reuses an old entry.
-//! - The conversion re-hashes each tensor as it reads it and fails with
-//!   `checkpoint_invalid` when the bytes differ from those the key was
-//!   computed from, so an entry never holds weights other than its key's.
-//! - Each weights file's size and modification time are taken before the
-//!   hash; when either differs after the hash (a hit) or after the
-//!   conversion (before the write), the checkpoint was written to while it
-//!   was read: the load fails with `checkpoint_invalid` and nothing is
-//!   cached. This cheap check catches a file still being copied or
-//!   rewritten; the digests catch every other change.
-//!
 //! | offset | size | content |
 //! |---|---|---|
 //! | 0 | 8 | magic `Q3WCACHE` |
@@ -63,6 +48,21 @@
 //! running (a process killed mid-write) and those no writer has touched
 //! for [`ABANDONED_TEMP_AGE`] (a reused process id, or a platform where
 //! liveness cannot be asked).
+//!
+//! # What binds an entry to its checkpoint
+//!
+//! - The key: every byte the conversion reads is hashed (xxh3, in
+//!   parallel; a cached load of Qwen3-0.6B hashes its 1.2 GB in a fraction
+//!   of a second), so no edit, however small, reuses an old entry.
+//! - The conversion re-hashes each tensor as it reads it and fails with
+//!   `checkpoint_invalid` when the bytes differ from those the key was
+//!   computed from, so an entry never holds weights other than its key's.
+//! - Each weights file's size and modification time are taken before the
+//!   hash; when either differs after the hash (a hit) or after the
+//!   conversion (before the write), the checkpoint was written to while it
+//!   was read: the load fails with `checkpoint_invalid` and nothing is
+//!   cached. This cheap check catches a file still being copied or
+//!   rewritten; the digests catch every other change.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
