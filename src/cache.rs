@@ -6,10 +6,12 @@
 //!
 //! `<key>` is [`Checkpoint::fingerprint`]: a sha256 over the cache format
 //! version, [`QUANT_GROUP`](crate::weights::QUANT_GROUP), config.json,
-//! generation_config.json and every weights file's name, size and
-//! safetensors header. Integers are little-endian except the blob's f32
-//! scales and norms, which are native-endian (guarded by the byte-order
-//! marker).
+//! generation_config.json, every weights file's name, size and
+//! safetensors header, and a digest of every byte of every tensor the
+//! engine reads. So a checkpoint edited in place (even to the same sizes)
+//! gets a new key and is converted again. Integers are little-endian except
+//! the blob's f32 scales and norms, which are native-endian (guarded by the
+//! byte-order marker).
 //!
 //! | offset | size | content |
 //! |---|---|---|
@@ -38,8 +40,29 @@
 //! checkpoint directory under another key (the checkpoint changed since)
 //! or a directory that no longer exists (the checkpoint was deleted or
 //! moved; a moved one converts again at its new path once its file is
-//! gone), and so are temporary files no writer has touched for
-//! [`ABANDONED_TEMP_AGE`] (left by a process killed mid-write).
+//! gone).
+//!
+//! Temporary files are named `.<key>.<pid>.<n>.<nanos>.tmp` after their
+//! writer's process id. Every load that uses the cache directory (cache
+//! hits included) deletes the temporary files whose writer is no longer
+//! running (a process killed mid-write) and those no writer has touched
+//! for [`ABANDONED_TEMP_AGE`] (a reused process id, or a platform where
+//! liveness cannot be asked).
+//!
+//! # What binds an entry to its checkpoint
+//!
+//! - The key: every byte the conversion reads is hashed (xxh3, in
+//!   parallel; a cached load of Qwen3-0.6B hashes its 1.2 GB in a fraction
+//!   of a second), so no edit, however small, reuses an old entry.
+//! - The conversion re-hashes each tensor as it reads it and fails with
+//!   `checkpoint_invalid` when the bytes differ from those the key was
+//!   computed from, so an entry never holds weights other than its key's.
+//! - Each weights file's size and modification time are taken before the
+//!   hash; when either differs after the hash (a hit) or after the
+//!   conversion (before the write), the checkpoint was written to while it
+//!   was read: the load fails with `checkpoint_invalid` and nothing is
+//!   cached. This cheap check catches a file still being copied or
+//!   rewritten; the digests catch every other change.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -49,9 +72,9 @@ use std::time::{Duration, Instant};
 
 use memmap2::Mmap;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Fingerprint};
 use crate::config::{check_profile, load_config, ModelConfig, ShapeProfile};
-use crate::convert::{blob_bytes, convert, plan_layout};
+use crate::convert::{blob_bytes, convert_checked, plan_layout, planned_blob_len};
 use crate::error::{Error, Result};
 use crate::weights::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
 
@@ -76,7 +99,8 @@ pub const BLOB_FILE_ALIGN: usize = 4096;
 const _: () = assert!(BLOB_FILE_ALIGN.is_multiple_of(BLOB_ALIGN));
 
 /// Temporary cache files untouched for this long are taken for the
-/// leftovers of a killed writer (a writer writes its file within seconds).
+/// leftovers of a killed writer even when a process of the writer's id
+/// runs (a writer writes its file within seconds).
 pub const ABANDONED_TEMP_AGE: Duration = Duration::from_secs(600);
 
 /// Where converted weights are cached.
@@ -112,11 +136,18 @@ pub struct LoadReport {
 /// checkpoint and, unless `cache` is [`CachePolicy::Disabled`], writes the
 /// cache file.
 ///
-/// Host memory stays bounded by the mapped checkpoint (page cache) plus one
-/// blob about the size of the int8 model.
+/// With a cache directory, the checkpoint is fingerprinted first (every
+/// tensor byte hashed, see [`Checkpoint::fingerprint`]) and abandoned
+/// temporary files are removed from the directory, hit or miss.
+///
+/// Host memory stays bounded by the page cache plus one blob about the size
+/// of the int8 model (checked against the memory available before it is
+/// allocated).
 ///
 /// Errors: those of [`load_config`], [`check_profile`], [`Checkpoint::open`],
-/// [`Checkpoint::validate`] and [`convert`]; [`Error::CacheIo`] when an
+/// [`Checkpoint::validate`], [`Checkpoint::fingerprint`] and
+/// [`convert`](crate::convert::convert); [`Error::CheckpointInvalid`] when
+/// a weights file changed while it was read; [`Error::CacheIo`] when an
 /// explicitly chosen cache directory cannot be created or written.
 pub fn load_model(
     dir: &Path,
@@ -128,14 +159,26 @@ pub fn load_model(
     check_profile(&cfg, profile)?;
     let ckpt = Checkpoint::open(dir)?;
     ckpt.validate(&cfg)?;
-    let key = ckpt.fingerprint(CACHE_FORMAT_VERSION)?;
 
     let explicit = matches!(cache, CachePolicy::Dir(_));
-    let mut cache_path = cache_dir(cache).map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
+    let chosen_dir = cache_dir(cache);
+    if let Some(d) = &chosen_dir {
+        remove_abandoned_temp_files(d);
+    }
+    // Only a cached load needs the key; without a cache, skip the hash.
+    let fingerprint = match chosen_dir {
+        Some(_) => Some(ckpt.fingerprint(&cfg, CACHE_FORMAT_VERSION)?),
+        None => None,
+    };
+    let key = fingerprint.as_ref().map_or("", |f| f.key.as_str());
+    let mut cache_path = chosen_dir.map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
 
     if let Some(path) = &cache_path {
-        match read_cache(path, &key, &cfg) {
+        match read_cache(path, key, &cfg) {
             Ok(Some(model)) => {
+                if let Some(fp) = &fingerprint {
+                    unchanged_since(&ckpt, fp)?;
+                }
                 let report = LoadReport {
                     converted: false,
                     cache_path: Some(path.clone()),
@@ -168,25 +211,45 @@ pub fn load_model(
     }
 
     let convert_started = Instant::now();
-    let model = convert(&ckpt, &cfg)?;
+    let model = convert_checked(&ckpt, &cfg, fingerprint.as_ref())?;
     let convert_ms = ms_since(convert_started);
+    if let Some(fp) = &fingerprint {
+        unchanged_since(&ckpt, fp)?;
+    }
     drop(ckpt);
 
     if let Some(path) = &cache_path {
         let source = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         let source = source.to_string_lossy();
-        if let Err(err) = write_cache(path, &key, &source, &model) {
+        if let Err(err) = write_cache(path, key, &source, &model) {
             if explicit {
                 return Err(err);
             }
             log::warn!("{err}; the converted weights will not be cached");
             cache_path = None;
         } else if let Some(dir) = path.parent() {
-            remove_stale_files(dir, &key, &source);
+            remove_stale_files(dir, key, &source);
         }
     }
     let report = LoadReport { converted: true, cache_path, convert_ms, load_ms: ms_since(started) };
     Ok((model, report))
+}
+
+/// [`Error::CheckpointInvalid`] naming the weights files whose size or
+/// modification time changed since `fp` was taken.
+fn unchanged_since(ckpt: &Checkpoint, fp: &Fingerprint) -> Result<()> {
+    let changed = ckpt.changed_files(&fp.stamps);
+    match changed.first() {
+        None => Ok(()),
+        Some(first) => Err(Error::invalid(
+            first,
+            format!(
+                "{} weights file(s) changed size or modification time while being read; \
+                 nothing was cached, load again once the checkpoint is complete",
+                changed.len()
+            ),
+        )),
+    }
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -317,6 +380,9 @@ fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<Conver
     }
     // The index must be exactly what conversion would produce, so every
     // range the GPU side reads is in bounds and aligned.
+    if planned_blob_len(cfg) != Some(blob_len) {
+        return Err("blob length differs from the planned layout".into());
+    }
     let (planned, planned_len) = plan_layout(cfg);
     if parsed.index != planned || planned_len != blob_len {
         return Err("weight index differs from the planned layout".into());
@@ -430,9 +496,8 @@ fn remove_stale_files(dir: &Path, key: &str, source: &str) {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         let path = entry.path();
-        let stale = if is_temp_name(name) {
-            let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
-            age.is_some_and(|a| a >= ABANDONED_TEMP_AGE)
+        let stale = if let Some(writer) = temp_writer(name) {
+            is_abandoned_temp(&entry, writer)
         } else if name != own && name.ends_with(&extension) {
             cache_source(&path).is_some_and(|s| s == source || !Path::new(&s).is_dir())
         } else {
@@ -447,15 +512,71 @@ fn remove_stale_files(dir: &Path, key: &str, source: &str) {
     }
 }
 
-/// Whether `name` is a temporary file of [`create_temp_file`]:
-/// `.{64 hex}.{pid}.{n}.{nanos}.tmp`.
-fn is_temp_name(name: &str) -> bool {
-    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { return false };
+/// The writer's process id when `name` is a temporary file of
+/// [`create_temp_file`]: `.{64 hex}.{pid}.{n}.{nanos}.tmp`.
+fn temp_writer(name: &str) -> Option<u64> {
+    let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
     let parts: Vec<&str> = inner.split('.').collect();
-    parts.len() == 4
+    let well_formed = parts.len() == 4
         && parts[0].len() == KEY_LEN
         && parts[0].bytes().all(|b| b.is_ascii_hexdigit())
-        && parts[1..].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts[1..].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    // A pid too long for a u64 is still a temp name; 0 is never a writer.
+    well_formed.then(|| parts[1].parse().unwrap_or(0))
+}
+
+/// Whether the temporary file `entry`, written by process `writer`, is
+/// abandoned: its writer is not running, or it has not been touched for
+/// [`ABANDONED_TEMP_AGE`].
+fn is_abandoned_temp(entry: &std::fs::DirEntry, writer: u64) -> bool {
+    if writer != u64::from(std::process::id()) && process_alive(writer) == Some(false) {
+        return true;
+    }
+    let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    age.is_some_and(|a| a >= ABANDONED_TEMP_AGE)
+}
+
+/// Whether a process with id `pid` runs on this host; `None` when that
+/// cannot be told (not unix, or an id that is no process id).
+fn process_alive(pid: u64) -> Option<bool> {
+    #[cfg(unix)]
+    {
+        let pid = libc::pid_t::try_from(pid).ok().filter(|&p| p > 0)?;
+        // SAFETY: signal 0 sends nothing; kill only checks that the process
+        // exists and may be signalled. EPERM means it exists (another user's).
+        let rc = unsafe { libc::kill(pid, 0) };
+        if rc == 0 {
+            return Some(true);
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => Some(false),
+            Some(libc::EPERM) => Some(true),
+            _ => None,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        None
+    }
+}
+
+/// Deletes the abandoned temporary files (see the module docs) in `dir`.
+/// Failures are only logged, and a missing directory is no error.
+fn remove_abandoned_temp_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(writer) = name.to_str().and_then(temp_writer) else { continue };
+        if is_abandoned_temp(&entry, writer) {
+            let path = entry.path();
+            match std::fs::remove_file(&path) {
+                Ok(()) => log::info!("deleted abandoned temporary cache file {}", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => log::warn!("cannot delete abandoned temporary cache file {}: {e}", path.display()),
+            }
+        }
+    }
 }
 
 /// The `source` of a cache file of this format version, read from its

@@ -1,15 +1,23 @@
 //! Reading a Hugging Face Qwen3 checkpoint (`model.safetensors`, or shards
 //! listed by `model.safetensors.index.json`) through memory maps, validating
 //! it against its config, and fingerprinting it for the conversion cache.
+//!
+//! Tensor data is read with positioned reads into bounded buffers, never
+//! through the memory map: a weights file truncated while it is read is then
+//! an [`Error::CheckpointInvalid`] naming the file, not a SIGBUS. The map
+//! only serves the header parse and [`Checkpoint::tensor`]'s borrowed views.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::SystemTime;
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensors;
 use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::Xxh3Default;
 
 use crate::config::{read_optional, ModelConfig};
 use crate::error::{Error, Mismatch, Result};
@@ -32,6 +40,8 @@ struct WeightsFile {
     /// File name inside the checkpoint directory.
     name: String,
     path: PathBuf,
+    /// The open file, for positioned reads of tensor data.
+    file: File,
     map: Mmap,
     /// Length of the JSON header (the `N` of the format).
     header_len: usize,
@@ -73,7 +83,7 @@ impl WeightsFile {
         // contiguous, sizes matching dtype*shape, buffer length exact).
         let (header_len, metadata) = SafeTensors::read_metadata(&map)
             .map_err(|e| Error::invalid(&path, format!("malformed safetensors: {e}")))?;
-        Ok(Self { name: name.to_string(), path, map, header_len, metadata })
+        Ok(Self { name: name.to_string(), path, file, map, header_len, metadata })
     }
 
     /// The file's tensor bytes start here.
@@ -85,6 +95,235 @@ impl WeightsFile {
     /// layout for the cache key without reading the tensors.
     fn header_bytes(&self) -> &[u8] {
         &self.map[..self.data_start()]
+    }
+
+    /// Fills `buf` from byte `offset` of the file with positioned reads.
+    /// A file that ends early (truncated since it was opened) is
+    /// [`Error::CheckpointInvalid`] naming it.
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset.saturating_add(buf.len() as u64);
+        read_exact_at(&self.file, offset, buf).map_err(|e| {
+            let reason = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!(
+                    "file ends before byte {end} that its header promises \
+                     (truncated or rewritten while being read; it was {} bytes when opened)",
+                    self.map.len()
+                )
+            } else {
+                format!("cannot read bytes {offset}..{end}: {e}")
+            };
+            Error::invalid(&self.path, reason)
+        })
+    }
+
+    /// Size and modification time now.
+    fn stamp(&self) -> FileStamp {
+        let meta = self.file.metadata().ok();
+        FileStamp { len: meta.as_ref().map(|m| m.len()), modified: meta.and_then(|m| m.modified().ok()) }
+    }
+}
+
+/// `read_exact` at an absolute offset, without moving a shared cursor (so
+/// several threads can read one file).
+fn read_exact_at(file: &File, mut offset: u64, mut buf: &mut [u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        #[cfg(unix)]
+        let n = std::os::unix::fs::FileExt::read_at(file, buf, offset);
+        #[cfg(windows)]
+        let n = std::os::windows::fs::FileExt::seek_read(file, buf, offset);
+        match n {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A weights file's size and modification time, taken when the checkpoint
+/// is fingerprinted and compared again before its conversion is cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Size in bytes (`None` when the file could not be stat'ed).
+    pub len: Option<u64>,
+    /// Modification time, where the platform reports one.
+    pub modified: Option<SystemTime>,
+}
+
+/// What identifies a checkpoint's content for the conversion cache: see
+/// [`Checkpoint::fingerprint`].
+#[derive(Debug, Clone)]
+pub struct Fingerprint {
+    /// The cache key: sha256, lower-case hex.
+    pub key: String,
+    /// Digest of every tensor the engine reads, by name (see
+    /// [`TensorHasher`]); conversion checks the bytes it reads against these.
+    pub tensor_digests: HashMap<String, u128>,
+    /// Every weights file's stamp, by file name, as it was before any
+    /// tensor byte was hashed.
+    pub stamps: BTreeMap<String, FileStamp>,
+}
+
+/// Bytes hashed as one independent piece of a tensor's digest.
+pub const HASH_PIECE: usize = 8 << 20;
+
+/// Streaming digest of one tensor's bytes: xxh3-128 of every
+/// [`HASH_PIECE`]-byte piece, then xxh3-128 over the byte count and the
+/// pieces' digests. Pieces hash independently, so
+/// [`Checkpoint::fingerprint`] spreads one large tensor over several
+/// threads, while the converter, reading rows in its own windows, reaches
+/// the same digest. xxh3 is not cryptographic: the key guards against
+/// changed weights, not against someone crafting a collision on purpose.
+#[derive(Clone, Default)]
+pub struct TensorHasher {
+    piece: Xxh3Default,
+    piece_len: usize,
+    piece_digests: Vec<u8>,
+    total: u64,
+}
+
+impl TensorHasher {
+    /// Feeds the next bytes of the tensor.
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let take = (HASH_PIECE - self.piece_len).min(bytes.len());
+            self.piece.update(&bytes[..take]);
+            self.piece_len += take;
+            self.total += take as u64;
+            bytes = &bytes[take..];
+            if self.piece_len == HASH_PIECE {
+                self.end_piece();
+            }
+        }
+    }
+
+    fn end_piece(&mut self) {
+        self.piece_digests.extend_from_slice(&self.piece.digest128().to_le_bytes());
+        self.piece.reset();
+        self.piece_len = 0;
+    }
+
+    /// The digest of everything fed.
+    pub fn finish(mut self) -> u128 {
+        if self.piece_len > 0 {
+            self.end_piece();
+        }
+        combine_pieces(self.total, &self.piece_digests)
+    }
+}
+
+fn combine_pieces(total: u64, piece_digests: &[u8]) -> u128 {
+    let mut h = Xxh3Default::new();
+    h.update(&total.to_le_bytes());
+    h.update(piece_digests);
+    h.digest128()
+}
+
+/// Where one tensor's bytes lie: file index, absolute offset, length.
+#[derive(Clone, Copy)]
+struct Extent {
+    file: usize,
+    offset: u64,
+    len: usize,
+}
+
+/// Reads one tensor front to back through a bounded buffer of whole rows
+/// (positioned reads, see the module docs), feeding a [`TensorHasher`] with
+/// every byte it reads, for [`crate::convert`].
+pub struct TensorReader<'a> {
+    file: &'a WeightsFile,
+    name: &'a str,
+    dtype: Dtype,
+    shape: &'a [usize],
+    offset: u64,
+    row_bytes: usize,
+    rows: usize,
+    window: Vec<u8>,
+    window_first_row: usize,
+    window_rows: usize,
+    hasher: TensorHasher,
+}
+
+/// Upper bound of a [`TensorReader`]'s buffer, unless one row is longer:
+/// small enough to stay in a core's cache between the read and its use.
+pub const READ_WINDOW: usize = 256 << 10;
+
+/// Bytes [`Checkpoint::fingerprint`] reads at once (as [`READ_WINDOW`]).
+const READ_CHUNK: usize = 256 << 10;
+
+impl<'a> TensorReader<'a> {
+    /// Tensor name.
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+
+    /// The weights file holding the tensor.
+    pub fn path(&self) -> &'a Path {
+        &self.file.path
+    }
+
+    /// Number of rows: the product of all but the last dimension.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of elements in one row: the last dimension (1 for a scalar).
+    pub fn row_len(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Converts row `row` to f32 into `out` (see [`TensorData::row_f32`]).
+    /// Rows must be asked for in order (each row at most once past the
+    /// buffer), so every byte is read, and hashed, exactly once.
+    pub fn row_f32(&mut self, row: usize, out: &mut [f32]) -> Result<()> {
+        let window_end = self.window_first_row + self.window_rows;
+        if !(self.window_first_row..window_end).contains(&row) {
+            if row != window_end || row >= self.rows {
+                return Err(Error::invalid(
+                    &self.file.path,
+                    format!(
+                        "{}: row {row} of {} read out of order (next is {window_end})",
+                        self.name, self.rows
+                    ),
+                ));
+            }
+            let rows = (READ_WINDOW / self.row_bytes).clamp(1, self.rows - row);
+            self.window.resize(rows * self.row_bytes, 0);
+            let offset = self.offset + (row * self.row_bytes) as u64;
+            self.file.read_exact_at(offset, &mut self.window)?;
+            self.hasher.update(&self.window);
+            self.window_first_row = row;
+            self.window_rows = rows;
+        }
+        let shape = [self.window_rows, self.row_len()];
+        let view = TensorData { name: self.name, dtype: self.dtype, shape: &shape, bytes: &self.window };
+        view.row_f32(row - self.window_first_row, out)
+    }
+
+    /// The whole tensor as f32 (for the small norm vectors).
+    pub fn to_f32_vec(&mut self) -> Result<Vec<f32>> {
+        let width = self.row_len();
+        let mut out = vec![0.0f32; self.rows * width];
+        for (r, chunk) in out.chunks_exact_mut(width).enumerate() {
+            self.row_f32(r, chunk)?;
+        }
+        Ok(out)
+    }
+
+    /// The digest of the tensor's bytes; every row must have been read.
+    pub fn finish(self) -> Result<u128> {
+        let read = self.window_first_row + self.window_rows;
+        if read != self.rows {
+            return Err(Error::invalid(
+                &self.file.path,
+                format!("{}: only {read} of {} rows were read", self.name, self.rows),
+            ));
+        }
+        Ok(self.hasher.finish())
     }
 }
 
@@ -307,7 +546,10 @@ impl Checkpoint {
         self.files.iter().map(|f| f.name.as_str()).collect()
     }
 
-    /// One tensor's view, or `None` when no file holds it.
+    /// One tensor's view, or `None` when no file holds it. The view borrows
+    /// the memory map: reading it after the file was truncated by another
+    /// process faults (SIGBUS). The conversion and the fingerprint do not
+    /// use it; they read through [`reader`](Self::reader).
     pub fn tensor(&self, name: &str) -> Option<TensorData<'_>> {
         let file = self.files.get(*self.locations.get(name)?)?;
         let info = file.metadata.info(name)?;
@@ -370,20 +612,24 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// A sha256 (lower-case hex) identifying this checkpoint for the cache,
-    /// computed without reading all tensor data: the cache `format_version`,
-    /// [`QUANT_GROUP`], config.json's bytes, generation_config.json's bytes
-    /// if present, and for every weights file its name, size, safetensors
-    /// header (the first 8 + N bytes) and [`FINGERPRINT_SAMPLES`] evenly
-    /// spaced samples of its tensor data. Each part is length prefixed so no
-    /// two different inputs hash the same stream.
+    /// Identifies this checkpoint's content for the cache. The key is a
+    /// sha256 over the cache `format_version`, [`QUANT_GROUP`],
+    /// config.json's bytes, generation_config.json's bytes if present, every
+    /// weights file's name, size and safetensors header (the first 8 + N
+    /// bytes), and the name and [`TensorHasher`] digest of every tensor the
+    /// engine reads for `cfg` (every byte of each, read with positioned reads
+    /// on up to [`MAX_HASH_THREADS`] threads). Each part is length prefixed so
+    /// no two different inputs hash the same stream. So any changed byte of
+    /// any tensor the engine reads changes the key.
     ///
-    /// The samples are there because two fine-tunes of one base model have
-    /// byte-identical configs and headers; without them they would share a
-    /// cache file and the second would silently get the first's weights.
-    /// Reading them costs a few hundred KiB per file. An edit confined to
-    /// bytes between samples is not detected.
-    pub fn fingerprint(&self, format_version: u32) -> Result<String> {
+    /// The files' [`FileStamp`]s are taken before the first tensor byte is
+    /// read; see [`changed_files`](Self::changed_files).
+    ///
+    /// Errors: [`Error::CheckpointNotFound`] without config.json;
+    /// [`Error::CheckpointInvalid`] when a weights file is shorter than its
+    /// header says (truncated since it was opened) or cannot be read.
+    pub fn fingerprint(&self, cfg: &ModelConfig, format_version: u32) -> Result<Fingerprint> {
+        let stamps = self.files.iter().map(|f| (f.name.clone(), f.stamp())).collect();
         let mut h = Sha256::new();
         let mut part = |bytes: &[u8]| {
             h.update((bytes.len() as u64).to_le_bytes());
@@ -411,11 +657,152 @@ impl Checkpoint {
             part(f.name.as_bytes());
             part(&(f.map.len() as u64).to_le_bytes());
             part(f.header_bytes());
-            for sample in data_samples(&f.map[f.data_start()..]) {
-                part(sample);
+        }
+        let names: Vec<String> = expected_tensors(cfg)
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| self.locations.contains_key(name))
+            .collect();
+        let digests = self.tensor_digests(&names)?;
+        for (name, digest) in names.iter().zip(&digests) {
+            part(name.as_bytes());
+            part(&digest.to_le_bytes());
+        }
+        Ok(Fingerprint {
+            key: hex(&h.finalize()),
+            tensor_digests: names.into_iter().zip(digests).collect(),
+            stamps,
+        })
+    }
+
+    /// The [`TensorHasher`] digest of each of `names` (all present), in
+    /// order, hashing [`HASH_PIECE`]-byte pieces on several threads.
+    fn tensor_digests(&self, names: &[String]) -> Result<Vec<u128>> {
+        let mut extents = Vec::with_capacity(names.len());
+        for name in names {
+            extents.push(self.extent(name).ok_or_else(|| self.missing(name))?);
+        }
+        // (tensor, offset within it, length) of every piece.
+        let mut pieces = Vec::new();
+        for (t, e) in extents.iter().enumerate() {
+            pieces.extend((0..e.len).step_by(HASH_PIECE).map(|at| (t, at, HASH_PIECE.min(e.len - at))));
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, MAX_HASH_THREADS)
+            .min(pieces.len().max(1));
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let work = || -> Result<Vec<(usize, u128)>> {
+            let mut buf = Vec::new();
+            let mut done = Vec::new();
+            while !failed.load(Ordering::Relaxed) {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(t, at, len)) = pieces.get(i) else { break };
+                let e = extents[t];
+                // Read in chunks that stay in the core's cache between the
+                // copy and the hash.
+                let mut hasher = Xxh3Default::new();
+                for chunk_at in (at..at + len).step_by(READ_CHUNK) {
+                    buf.resize(READ_CHUNK.min(at + len - chunk_at), 0);
+                    let read = self.files[e.file].read_exact_at(e.offset + chunk_at as u64, &mut buf);
+                    if let Err(err) = read {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err(err);
+                    }
+                    hasher.update(&buf);
+                }
+                done.push((i, hasher.digest128()));
+            }
+            Ok(done)
+        };
+        let results: Vec<Result<Vec<(usize, u128)>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+            let mut results = vec![work()];
+            for handle in handles {
+                results.push(handle.join().unwrap_or_else(|_| {
+                    Err(Error::invalid(&self.dir, "a thread hashing the checkpoint panicked"))
+                }));
+            }
+            results
+        });
+        let mut piece_digests = vec![0u128; pieces.len()];
+        for result in results {
+            for (i, d) in result? {
+                piece_digests[i] = d;
             }
         }
-        Ok(hex(&h.finalize()))
+        let mut per_tensor = vec![Vec::new(); extents.len()];
+        for (&(t, _, _), d) in pieces.iter().zip(&piece_digests) {
+            per_tensor[t].extend_from_slice(&d.to_le_bytes());
+        }
+        Ok(extents.iter().zip(&per_tensor).map(|(e, p)| combine_pieces(e.len as u64, p)).collect())
+    }
+
+    /// The weights files whose size or modification time differs from
+    /// `stamps` (taken by [`fingerprint`](Self::fingerprint)): files written
+    /// to while this process read them.
+    pub fn changed_files(&self, stamps: &BTreeMap<String, FileStamp>) -> Vec<&Path> {
+        self.files
+            .iter()
+            .filter(|f| stamps.get(&f.name) != Some(&f.stamp()))
+            .map(|f| f.path.as_path())
+            .collect()
+    }
+
+    fn extent(&self, name: &str) -> Option<Extent> {
+        let file_idx = *self.locations.get(name)?;
+        let file = self.files.get(file_idx)?;
+        let (start, end) = file.metadata.info(name)?.data_offsets;
+        let offset = file.data_start().checked_add(start)?;
+        Some(Extent { file: file_idx, offset: offset as u64, len: end.checked_sub(start)? })
+    }
+
+    fn missing(&self, name: &str) -> Error {
+        Error::invalid(&self.dir, format!("missing tensor {name}"))
+    }
+
+    /// A [`TensorReader`] over one tensor; a missing tensor is
+    /// [`Error::CheckpointInvalid`], a dtype other than BF16, F16 and F32
+    /// [`Error::UnsupportedDtype`].
+    pub fn reader(&self, name: &str) -> Result<TensorReader<'_>> {
+        let (name, &file_idx) = self.locations.get_key_value(name).ok_or_else(|| self.missing(name))?;
+        let extent = self.extent(name).ok_or_else(|| self.missing(name))?;
+        let file = &self.files[file_idx];
+        let info = file.metadata.info(name).ok_or_else(|| self.missing(name))?;
+        let elem = match info.dtype {
+            Dtype::BF16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+            other => {
+                return Err(Error::UnsupportedDtype { tensor: name.clone(), dtype: format!("{other:?}") })
+            }
+        };
+        let row_len = info.shape.last().copied().unwrap_or(1);
+        let rows: Option<usize> = match info.shape.split_last() {
+            Some((_, lead)) => lead.iter().try_fold(1usize, |a, &d| a.checked_mul(d)),
+            None => Some(1),
+        };
+        let row_bytes = row_len.checked_mul(elem).filter(|&n| n > 0);
+        let (rows, row_bytes) =
+            rows.zip(row_bytes).filter(|&(r, b)| r.checked_mul(b) == Some(extent.len)).ok_or_else(|| {
+                Error::invalid(
+                    &file.path,
+                    format!("{name}: shape {:?} does not match its byte length", info.shape),
+                )
+            })?;
+        Ok(TensorReader {
+            file,
+            name,
+            dtype: info.dtype,
+            shape: &info.shape,
+            offset: extent.offset,
+            row_bytes,
+            rows,
+            window: Vec::new(),
+            window_first_row: 0,
+            window_rows: 0,
+            hasher: TensorHasher::default(),
+        })
     }
 
     /// Asks the OS to start reading every weights file into the page cache
@@ -435,22 +822,9 @@ impl Checkpoint {
     }
 }
 
-/// Number of tensor-data samples per weights file in
-/// [`Checkpoint::fingerprint`].
-pub const FINGERPRINT_SAMPLES: usize = 64;
-/// Bytes per sample (one page).
-const FINGERPRINT_SAMPLE_LEN: usize = 4096;
-
-/// [`FINGERPRINT_SAMPLES`] evenly spaced slices of `data` (first and last
-/// included), or all of `data` when it is smaller than that many samples.
-fn data_samples(data: &[u8]) -> Vec<&[u8]> {
-    let (n, len) = (FINGERPRINT_SAMPLES, FINGERPRINT_SAMPLE_LEN);
-    if data.len() <= n * len {
-        return vec![data];
-    }
-    let last_start = data.len() - len;
-    (0..n).map(|i| &data[last_start * i / (n - 1)..][..len]).collect()
-}
+/// Most threads [`Checkpoint::fingerprint`] hashes on (it runs at memory
+/// speed; more threads than memory channels gain nothing).
+pub const MAX_HASH_THREADS: usize = 8;
 
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

@@ -4,9 +4,10 @@
 //! norm weights stay f32. Everything lands in one blob whose arrays start at
 //! multiples of [`BLOB_ALIGN`].
 
+use std::collections::HashMap;
 use std::path::Path;
 
-use crate::checkpoint::{Checkpoint, TensorData};
+use crate::checkpoint::{Checkpoint, Fingerprint, TensorReader};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::weights::{
@@ -37,11 +38,74 @@ impl LayoutPlanner {
     }
 }
 
+/// The length in bytes of the blob [`plan_layout`] plans for `cfg`,
+/// computed with checked arithmetic and without building the index; `None`
+/// when it does not fit a `usize`. Every range starts at a multiple of
+/// [`BLOB_ALIGN`], so the total is the sum of the aligned range lengths.
+pub fn planned_blob_len(cfg: &ModelConfig) -> Option<usize> {
+    let aligned = |len: Option<usize>| len?.checked_next_multiple_of(BLOB_ALIGN);
+    let f32s = |count: usize| aligned(count.checked_mul(4));
+    let matrix = |rows: usize, cols: usize| {
+        let padded_rows = rows.checked_mul(cols.div_ceil(QUANT_GROUP))?;
+        aligned(padded_rows.checked_mul(QUANT_GROUP))?.checked_add(aligned(padded_rows.checked_mul(4))?)
+    };
+    let sum = |parts: &[Option<usize>]| parts.iter().try_fold(0usize, |acc, p| acc.checked_add((*p)?));
+    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+    let q_dim = cfg.num_attention_heads.checked_mul(hd)?;
+    let qkv_rows = cfg.num_key_value_heads.checked_mul(hd)?.checked_mul(2)?.checked_add(q_dim)?;
+    let layer = sum(&[
+        f32s(h),
+        matrix(qkv_rows, h),
+        f32s(hd),
+        f32s(hd),
+        matrix(h, q_dim),
+        f32s(h),
+        matrix(cfg.intermediate_size.checked_mul(2)?, h),
+        matrix(h, cfg.intermediate_size),
+    ])?;
+    let head = if cfg.tie_word_embeddings { Some(0) } else { matrix(cfg.vocab_size, h) };
+    sum(&[matrix(cfg.vocab_size, h), layer.checked_mul(cfg.num_hidden_layers), f32s(h), head])
+}
+
+/// Bytes of host memory a new allocation can get without pushing the
+/// system into swap or the OOM killer: `MemAvailable` of /proc/meminfo on
+/// Linux; `None` where that is not known (other systems, or unreadable).
+pub fn available_memory() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        parse_mem_available(&meminfo)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// `MemAvailable` in bytes from the text of /proc/meminfo.
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// [`Error::OutOfMemory`] when `needed` bytes exceed `available` (unknown
+/// availability passes: the allocation itself is then the check).
+pub fn check_host_memory(what: &str, needed: u64, available: Option<u64>) -> Result<()> {
+    match available {
+        Some(available) if needed > available => {
+            Err(Error::OutOfMemory { what: what.to_string(), needed, available })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The blob layout [`convert`] produces for `cfg`: the index, and the
 /// blob's total length in bytes. Deterministic, so a cached index can be
 /// checked against it. `cfg` must have passed
-/// [`load_config`](crate::config::load_config)'s checks (its dimensions are
-/// bounded there, so no size computed here can overflow).
+/// [`load_config`](crate::config::load_config)'s checks and
+/// [`planned_blob_len`] must be `Some` for it (so no size computed here can
+/// overflow).
 pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
     let h = cfg.hidden_size;
     let mut p = LayoutPlanner { len: 0 };
@@ -68,47 +132,79 @@ pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
 ///
 /// The checkpoint is validated against `cfg` first (see
 /// [`Checkpoint::validate`]), so no conversion work is done for a checkpoint
-/// that would fail. Host memory: the blob (about the int8 size of the model)
-/// plus one f32 row; tensors are read row by row from the memory map.
+/// that would fail. Host memory: the blob (about the int8 size of the model;
+/// checked against [`available_memory`] before it is allocated) plus a few
+/// MiB of read buffers; tensors are read a window of rows at a time with
+/// positioned reads (a checkpoint truncated meanwhile is an error, not a
+/// crash).
 ///
-/// Errors: those of [`Checkpoint::validate`], and
-/// [`Error::CheckpointInvalid`] for a tensor holding NaN or infinity.
+/// Errors: those of [`Checkpoint::validate`]; [`Error::OutOfMemory`] when
+/// the blob does not fit in the memory available (or its size overflows);
+/// [`Error::CheckpointInvalid`] naming the tensor when any tensor (matrix
+/// or norm vector) holds NaN or infinity, or naming the file when a weights
+/// file ends before its header says.
 pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
+    convert_checked(ckpt, cfg, None)
+}
+
+/// [`convert`], checking every tensor's bytes against the digests of
+/// `fingerprint` as it reads them: a tensor changed since the fingerprint
+/// was taken is [`Error::CheckpointInvalid`], so a conversion is never
+/// cached under the key of other bytes.
+pub(crate) fn convert_checked(
+    ckpt: &Checkpoint,
+    cfg: &ModelConfig,
+    fingerprint: Option<&Fingerprint>,
+) -> Result<ConvertedModel> {
     ckpt.validate(cfg)?;
+    let what = format!("converting {} to int8 (held in memory until it is cached)", ckpt.dir().display());
+    let available = available_memory();
+    let needed = planned_blob_len(cfg).and_then(|n| n.checked_add(BLOB_ALIGN));
+    let Some(needed) = needed else {
+        return Err(Error::OutOfMemory { what, needed: u64::MAX, available: available.unwrap_or(0) });
+    };
+    check_host_memory(&what, needed as u64, available)?;
+    // Zeroed up front: the row padding and all-zero groups are then already
+    // right. A Vec<u8> is only byte-aligned; over-allocate and start the
+    // blob at the first BLOB_ALIGN boundary so every array is aligned in
+    // host memory too (f32 views need it). The Vec never grows, so its
+    // buffer never moves. `try_reserve_exact` turns a refused allocation
+    // into an error instead of an abort.
+    let mut storage = Vec::new();
+    storage.try_reserve_exact(needed).map_err(|_| Error::OutOfMemory {
+        what: what.clone(),
+        needed: needed as u64,
+        available: available.unwrap_or(0),
+    })?;
+    storage.resize(needed, 0u8);
     ckpt.prefetch();
     let (index, total) = plan_layout(cfg);
-    // Zeroed up front: the row padding and all-zero groups are then already
-    // right, and the allocator hands out lazily-zeroed pages for free.
-    // A Vec<u8> is only byte-aligned; over-allocate and start the blob at
-    // the first BLOB_ALIGN boundary so every array is aligned in host memory
-    // too (f32 views need it). The Vec never grows, so its buffer never
-    // moves.
-    let mut storage = vec![0u8; total + BLOB_ALIGN];
     let blob_start = storage.as_ptr().align_offset(BLOB_ALIGN).min(BLOB_ALIGN);
     storage.truncate(blob_start + total);
     let blob = &mut storage[blob_start..];
     let max_cols = cfg.hidden_size.max(cfg.intermediate_size).max(cfg.q_dim());
     let mut row = vec![0.0f32; max_cols];
-    let mut q = Quantizer { blob, row: &mut row, dir: ckpt.dir() };
+    let digests = fingerprint.map(|f| &f.tensor_digests);
+    let mut q = Quantizer { blob, row: &mut row, dir: ckpt.dir(), digests };
 
-    q.matrix(&index.embed, &[ckpt.require("model.embed_tokens.weight")?])?;
+    q.matrix(&index.embed, vec![ckpt.reader("model.embed_tokens.weight")?])?;
     for (i, layer) in index.layers.iter().enumerate() {
-        let t = |suffix: &str| ckpt.require(&format!("model.layers.{i}.{suffix}"));
-        q.norm(layer.input_norm, &t("input_layernorm.weight")?)?;
+        let t = |suffix: &str| ckpt.reader(&format!("model.layers.{i}.{suffix}"));
+        q.norm(layer.input_norm, t("input_layernorm.weight")?)?;
         q.matrix(
             &layer.qkv,
-            &[t("self_attn.q_proj.weight")?, t("self_attn.k_proj.weight")?, t("self_attn.v_proj.weight")?],
+            vec![t("self_attn.q_proj.weight")?, t("self_attn.k_proj.weight")?, t("self_attn.v_proj.weight")?],
         )?;
-        q.norm(layer.q_norm, &t("self_attn.q_norm.weight")?)?;
-        q.norm(layer.k_norm, &t("self_attn.k_norm.weight")?)?;
-        q.matrix(&layer.o_proj, &[t("self_attn.o_proj.weight")?])?;
-        q.norm(layer.post_norm, &t("post_attention_layernorm.weight")?)?;
-        q.matrix_interleaved(&layer.gate_up, &t("mlp.gate_proj.weight")?, &t("mlp.up_proj.weight")?)?;
-        q.matrix(&layer.down, &[t("mlp.down_proj.weight")?])?;
+        q.norm(layer.q_norm, t("self_attn.q_norm.weight")?)?;
+        q.norm(layer.k_norm, t("self_attn.k_norm.weight")?)?;
+        q.matrix(&layer.o_proj, vec![t("self_attn.o_proj.weight")?])?;
+        q.norm(layer.post_norm, t("post_attention_layernorm.weight")?)?;
+        q.matrix_interleaved(&layer.gate_up, t("mlp.gate_proj.weight")?, t("mlp.up_proj.weight")?)?;
+        q.matrix(&layer.down, vec![t("mlp.down_proj.weight")?])?;
     }
-    q.norm(index.final_norm, &ckpt.require("model.norm.weight")?)?;
+    q.norm(index.final_norm, ckpt.reader("model.norm.weight")?)?;
     if let Some(head) = &index.lm_head {
-        q.matrix(head, &[ckpt.require("lm_head.weight")?])?;
+        q.matrix(head, vec![ckpt.reader("lm_head.weight")?])?;
     }
     Ok(ConvertedModel { config: cfg.clone(), index, blob: Blob::Owned(storage), blob_start })
 }
@@ -120,6 +216,8 @@ struct Quantizer<'a> {
     row: &'a mut [f32],
     /// The checkpoint directory, for errors.
     dir: &'a Path,
+    /// What each tensor's bytes must hash to, when a cache key was taken.
+    digests: Option<&'a HashMap<String, u128>>,
 }
 
 /// A tensor or range that does not fit the layout planned from the config.
@@ -129,34 +227,62 @@ fn layout_error(dir: &Path, what: &str, detail: impl std::fmt::Display) -> Error
 }
 
 impl Quantizer<'_> {
-    fn norm(&mut self, dst: ByteRange, t: &TensorData<'_>) -> Result<()> {
+    fn norm(&mut self, dst: ByteRange, mut t: TensorReader<'_>) -> Result<()> {
         let values = t.to_f32_vec()?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::invalid(
+                self.dir,
+                format!("{} holds a NaN or infinite value (element {i}: {})", t.name(), values[i]),
+            ));
+        }
         let out = self
             .blob
             .get_mut(dst.offset..dst.offset + dst.len)
             .filter(|o| o.len() == values.len() * 4)
-            .ok_or_else(|| layout_error(self.dir, t.name, format_args!("{} values", values.len())))?;
+            .ok_or_else(|| layout_error(self.dir, t.name(), format_args!("{} values", values.len())))?;
         for (o, v) in out.chunks_exact_mut(4).zip(&values) {
             o.copy_from_slice(&v.to_ne_bytes());
         }
-        Ok(())
+        self.finish(t)
+    }
+
+    /// Checks a fully read tensor's digest against the cache key's.
+    fn finish(&self, t: TensorReader<'_>) -> Result<()> {
+        let (name, path) = (t.name(), t.path());
+        let digest = t.finish()?;
+        match self.digests {
+            Some(expected) if expected.get(name) != Some(&digest) => Err(Error::invalid(
+                path,
+                format!(
+                    "{name} changed while the checkpoint was being loaded (its bytes differ from \
+                     those the cache key was computed from); nothing was cached, load it again"
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Quantizes `parts` (stacked row-wise, in order) into `m`.
-    fn matrix(&mut self, m: &QuantMatrix, parts: &[TensorData<'_>]) -> Result<()> {
-        let order = parts.iter().enumerate().flat_map(|(p, t)| (0..t.rows()).map(move |r| (p, r)));
+    fn matrix(&mut self, m: &QuantMatrix, parts: Vec<TensorReader<'_>>) -> Result<()> {
+        let counts: Vec<usize> = parts.iter().map(|t| t.rows()).collect();
+        let order = counts.into_iter().enumerate().flat_map(|(p, rows)| (0..rows).map(move |r| (p, r)));
         self.rows(m, parts, order)
     }
 
     /// Quantizes `a` and `b` into `m` with their rows interleaved (a0, b0,
     /// a1, b1, ...): the gate/up layout the SwiGLU matvec epilogue reads.
-    fn matrix_interleaved(&mut self, m: &QuantMatrix, a: &TensorData<'_>, b: &TensorData<'_>) -> Result<()> {
+    fn matrix_interleaved(
+        &mut self,
+        m: &QuantMatrix,
+        a: TensorReader<'_>,
+        b: TensorReader<'_>,
+    ) -> Result<()> {
         if a.rows() != b.rows() {
-            let detail = format!("{} rows, {} has {}", a.rows(), b.name, b.rows());
-            return Err(layout_error(self.dir, a.name, detail));
+            let detail = format!("{} rows, {} has {}", a.rows(), b.name(), b.rows());
+            return Err(layout_error(self.dir, a.name(), detail));
         }
         let order = (0..a.rows()).flat_map(|r| [(0, r), (1, r)]);
-        self.rows(m, &[*a, *b], order)
+        self.rows(m, vec![a, b], order)
     }
 
     /// Quantizes row `r` of `parts[p]` for each `(p, r)` of `order` into
@@ -164,7 +290,7 @@ impl Quantizer<'_> {
     fn rows(
         &mut self,
         m: &QuantMatrix,
-        parts: &[TensorData<'_>],
+        mut parts: Vec<TensorReader<'_>>,
         order: impl Iterator<Item = (usize, usize)>,
     ) -> Result<()> {
         let dir = self.dir;
@@ -186,10 +312,10 @@ impl Quantizer<'_> {
             .row
             .get_mut(..m.cols)
             .ok_or_else(|| layout_error(dir, "a matrix", format_args!("{} columns", m.cols)))?;
-        for t in parts {
+        for t in &parts {
             if t.row_len() != m.cols {
                 let detail = format!("{} columns, planned {}", t.row_len(), m.cols);
-                return Err(layout_error(dir, t.name, detail));
+                return Err(layout_error(dir, t.name(), detail));
             }
         }
 
@@ -197,16 +323,16 @@ impl Quantizer<'_> {
         let mut scale_rows = scales.chunks_exact_mut(groups * 4);
         let mut rows_done = 0;
         for (p, r) in order {
-            let t = &parts[p];
+            let t = &mut parts[p];
             let (Some(q_row), Some(s_row)) = (data_rows.next(), scale_rows.next()) else {
                 let detail = format!("more than the planned {} rows", m.rows);
-                return Err(layout_error(dir, t.name, detail));
+                return Err(layout_error(dir, t.name(), detail));
             };
             t.row_f32(r, row)?;
             if !quantize_row(row, q_row, s_row) {
                 return Err(Error::invalid(
                     dir,
-                    format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name),
+                    format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name()),
                 ));
             }
             rows_done += 1;
@@ -214,6 +340,9 @@ impl Quantizer<'_> {
         if rows_done != m.rows {
             let detail = format!("{rows_done} rows, planned {}", m.rows);
             return Err(layout_error(dir, "a matrix", detail));
+        }
+        for t in parts {
+            self.finish(t)?;
         }
         Ok(())
     }
@@ -328,6 +457,76 @@ pub fn dequantize(model: &ConvertedModel, m: &QuantMatrix, row: usize, col: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn planned_blob_len_matches_the_layout_and_overflows_to_none() {
+        let mut cfg = ModelConfig::qwen3_0_6b_base();
+        for tied in [true, false] {
+            cfg.tie_word_embeddings = tied;
+            assert_eq!(planned_blob_len(&cfg), Some(plan_layout(&cfg).1));
+        }
+        let odd =
+            ModelConfig { hidden_size: 70, intermediate_size: 33, head_dim: 8, vocab_size: 3, ..cfg.clone() };
+        assert_eq!(planned_blob_len(&odd), Some(plan_layout(&odd).1));
+        // Sizes config.json can imply that no usize holds.
+        let huge = [
+            ModelConfig { num_hidden_layers: usize::MAX / 2, ..cfg.clone() },
+            ModelConfig { vocab_size: usize::MAX / 1024, ..cfg.clone() },
+            ModelConfig { intermediate_size: usize::MAX / 2, ..cfg.clone() },
+            ModelConfig { num_attention_heads: usize::MAX / 64, ..cfg.clone() },
+        ];
+        for c in &huge {
+            assert_eq!(planned_blob_len(c), None);
+        }
+    }
+
+    #[test]
+    fn host_memory_check_names_needed_and_available() {
+        assert!(check_host_memory("x", 10, Some(10)).is_ok());
+        assert!(check_host_memory("x", 10, None).is_ok());
+        match check_host_memory("converting", 11, Some(10)) {
+            Err(e @ Error::OutOfMemory { needed: 11, available: 10, .. }) => {
+                assert_eq!(e.code(), "out_of_memory");
+                assert!(e.to_string().contains("converting"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   22000000 kB\n";
+        assert_eq!(parse_mem_available(meminfo), Some(22_000_000 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+    }
+
+    /// A tensor rewritten (same size) between the fingerprint and the
+    /// conversion is caught by the conversion's own digests.
+    #[cfg(unix)]
+    #[test]
+    fn conversion_refuses_bytes_other_than_the_fingerprinted() {
+        use std::os::unix::fs::FileExt;
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+        let tmp = tempfile::tempdir().unwrap();
+        for name in ["config.json", "model.safetensors"] {
+            std::fs::copy(fixture.join(name), tmp.path().join(name)).unwrap();
+        }
+        let cfg = crate::config::load_config(tmp.path()).unwrap();
+        let ckpt = Checkpoint::open(tmp.path()).unwrap();
+        let fp = ckpt.fingerprint(&cfg, 1).unwrap();
+        assert!(convert_checked(&ckpt, &cfg, Some(&fp)).is_ok());
+
+        let path = tmp.path().join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let (header_len, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let name = "model.layers.1.mlp.down_proj.weight";
+        let at = 8 + header_len + meta.info(name).unwrap().data_offsets.0 + 100;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&[bytes[at] ^ 0x01], at as u64).unwrap();
+
+        let err = convert_checked(&ckpt, &cfg, Some(&fp)).err().expect("a changed tensor");
+        assert_eq!(err.code(), "checkpoint_invalid");
+        assert!(err.to_string().contains(name) && err.to_string().contains("changed"), "{err}");
+        // Without a fingerprint there is nothing to compare with.
+        assert!(convert_checked(&ckpt, &cfg, None).is_ok());
+        assert_ne!(ckpt.fingerprint(&cfg, 1).unwrap().key, fp.key);
+    }
 
     #[test]
     fn quantize_value_rounds_half_away_from_zero() {

@@ -637,7 +637,7 @@ fn cache_of_a_deleted_checkpoint_is_deleted() {
 
 /// Temporary files a killed writer left behind (untouched for
 /// ABANDONED_TEMP_AGE) are deleted when a cache file is written; a fresh
-/// one (a writer at work) and files that are not ours stay.
+/// one of a running writer and files that are not ours stay.
 #[test]
 fn abandoned_temp_files_are_deleted() {
     let tmp = tempfile::tempdir().unwrap();
@@ -649,7 +649,8 @@ fn abandoned_temp_files_are_deleted() {
     let old = std::time::SystemTime::now() - 2 * ABANDONED_TEMP_AGE;
     let files = [
         (format!(".{key}.4242.0.17.tmp"), true, false), // abandoned
-        (format!(".{key}.4243.1.18.tmp"), false, true), // being written
+        // Being written: fresh, and its writer (this process) runs.
+        (format!(".{key}.{}.1.18.tmp", std::process::id()), false, true),
         ("notes.tmp".to_string(), true, true),
         (format!(".{key}.x.0.17.tmp"), true, true),
         ("user-file.q3w".to_string(), true, true), // not a cache file of ours
