@@ -185,6 +185,7 @@ pub fn load_model(
                     convert_ms: 0.0,
                     load_ms: ms_since(started),
                 };
+                log::info!("weight cache hit: {} ({:.0} ms)", path.display(), report.load_ms);
                 return Ok((model, report));
             }
             Ok(None) => {}
@@ -232,6 +233,12 @@ pub fn load_model(
         }
     }
     let report = LoadReport { converted: true, cache_path, convert_ms, load_ms: ms_since(started) };
+    match &report.cache_path {
+        Some(path) => {
+            log::info!("converted {} in {convert_ms:.0} ms, cached as {}", dir.display(), path.display())
+        }
+        None => log::info!("converted {} in {convert_ms:.0} ms (not cached)", dir.display()),
+    }
     Ok((model, report))
 }
 

@@ -75,8 +75,7 @@ pub enum Error {
     #[error("context overflow: {needed} positions needed, capacity is {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
 
-    /// Reading or writing the converted-weights cache failed (or the
-    /// checkpoint could not be read for conversion).
+    /// Reading or writing the converted-weights cache failed.
     #[error("cache i/o failed at {path}: {reason}")]
     CacheIo { path: PathBuf, reason: String },
 
