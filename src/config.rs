@@ -421,10 +421,14 @@ fn parse_config(bytes: &[u8]) -> Result<(ModelConfig, Vec<Mismatch>), String> {
 }
 
 /// A number as config.json would write it: exponent notation for the very
-/// small or large (`1e-50`, not a row of zeros), plain otherwise.
+/// small or large (`1e-50`, not a row of zeros), plain otherwise, with the
+/// digits JSON parsing adds (`9.999999999999999e-51`) rounded away.
 fn number_text(v: f64) -> String {
     if v != 0.0 && v.is_finite() && !(1e-4..1e16).contains(&v.abs()) {
-        format!("{v:e}")
+        let text = format!("{v:.9e}");
+        let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        format!("{mantissa}e{exponent}")
     } else {
         format!("{v}")
     }
