@@ -421,7 +421,7 @@ impl Checkpoint {
         let mut unexpected: Vec<&String> = self
             .locations
             .keys()
-            .filter(|n| !is_expected_tensor(cfg, n) && !(cfg.tie_word_embeddings && *n == "lm_head.weight"))
+            .filter(|n| !(is_expected_tensor(cfg, n) || (cfg.tie_word_embeddings && *n == "lm_head.weight")))
             .collect();
         if !unexpected.is_empty() {
             unexpected.sort();
