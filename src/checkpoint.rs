@@ -19,7 +19,9 @@ use safetensors::SafeTensors;
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::Xxh3Default;
 
-use crate::config::{read_optional, ModelConfig};
+use crate::config::{
+    file_kind, read_optional, regular_file_metadata, require_checkpoint_dir, ModelConfig, ShapeProfile,
+};
 use crate::error::{Error, Mismatch, Result};
 use crate::weights::QUANT_GROUP;
 
@@ -49,19 +51,31 @@ struct WeightsFile {
 }
 
 impl WeightsFile {
+    /// Opens and maps `dir/name`. Every failure names the file: missing is
+    /// [`Error::CheckpointNotFound`]; not a regular file (a directory, a
+    /// FIFO whose open would block forever), unreadable, unmappable or
+    /// malformed is [`Error::CheckpointInvalid`].
     fn open(dir: &Path, name: &str) -> Result<Self> {
         let path = dir.join(name);
+        if regular_file_metadata(&path)?.is_none() {
+            return Err(Error::CheckpointNotFound { path, reason: "weights file does not exist".into() });
+        }
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::CheckpointNotFound { path, reason: "weights file does not exist".into() })
             }
-            Err(e) => return Err(Error::cache_io(&path, format!("cannot open weights file: {e}"))),
+            Err(e) => return Err(Error::invalid(&path, format!("cannot open weights file: {e}"))),
         };
-        let len = file
-            .metadata()
-            .map_err(|e| Error::cache_io(&path, format!("cannot stat weights file: {e}")))?
-            .len();
+        // The handle's own metadata: what is mapped is a regular file even
+        // if the path was swapped since the check above.
+        let meta =
+            file.metadata().map_err(|e| Error::invalid(&path, format!("cannot stat weights file: {e}")))?;
+        if !meta.is_file() {
+            let kind = file_kind(&meta.file_type());
+            return Err(Error::invalid(&path, format!("is {kind}, not a regular file")));
+        }
+        let len = meta.len();
         if len < SAFETENSORS_LEN_PREFIX as u64 {
             // Mapping an empty file fails on some platforms; this reads better.
             return Err(Error::invalid(
@@ -76,7 +90,7 @@ impl WeightsFile {
         // the map is what lets a multi-GB checkpoint be read without copying
         // it into the heap; callers must not edit a checkpoint while loading.
         let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| Error::cache_io(&path, format!("cannot memory-map weights file: {e}")))?;
+            .map_err(|e| Error::invalid(&path, format!("cannot memory-map weights file: {e}")))?;
         // `SafeTensors::deserialize` is `read_metadata` plus a borrow of the
         // map; keeping the owned `Metadata` avoids a self-referential struct
         // while running the very same validation (header JSON, offsets
@@ -441,29 +455,78 @@ impl TensorData<'_> {
 /// implies, in checkpoint order. `lm_head.weight` is listed only when the
 /// embeddings are untied.
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    expected_tensor_iter(cfg).collect()
+}
+
+/// Name suffixes of one layer's tensors, in checkpoint order.
+const LAYER_TENSORS: [&str; 11] = [
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+];
+
+const LAYER_PREFIX: &str = "model.layers.";
+
+/// The shape `cfg` implies for one of [`LAYER_TENSORS`].
+fn layer_tensor_shape(cfg: &ModelConfig, suffix: &str) -> Option<Vec<usize>> {
     let (h, hd, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
-    for i in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        out.extend([
-            (format!("{p}.input_layernorm.weight"), vec![h]),
-            (format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_dim(), h]),
-            (format!("{p}.self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]),
-            (format!("{p}.self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]),
-            (format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_dim()]),
-            (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
-            (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
-            (format!("{p}.post_attention_layernorm.weight"), vec![h]),
-            (format!("{p}.mlp.gate_proj.weight"), vec![inter, h]),
-            (format!("{p}.mlp.up_proj.weight"), vec![inter, h]),
-            (format!("{p}.mlp.down_proj.weight"), vec![h, inter]),
-        ]);
+    Some(match suffix {
+        "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
+        "self_attn.q_proj.weight" => vec![cfg.q_dim(), h],
+        "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![cfg.kv_dim(), h],
+        "self_attn.o_proj.weight" => vec![h, cfg.q_dim()],
+        "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => vec![hd],
+        "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![inter, h],
+        "mlp.down_proj.weight" => vec![h, inter],
+        _ => return None,
+    })
+}
+
+/// [`expected_tensors`], one at a time: a config claiming millions of
+/// layers costs nothing until its names are walked.
+fn expected_tensor_iter(cfg: &ModelConfig) -> impl Iterator<Item = (String, Vec<usize>)> + '_ {
+    let embed = ("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, cfg.hidden_size]);
+    let layers = (0..cfg.num_hidden_layers).flat_map(move |i| {
+        LAYER_TENSORS.iter().map(move |suffix| {
+            let shape = layer_tensor_shape(cfg, suffix).unwrap_or_default();
+            (format!("{LAYER_PREFIX}{i}.{suffix}"), shape)
+        })
+    });
+    let norm = ("model.norm.weight".to_string(), vec![cfg.hidden_size]);
+    let head = (!cfg.tie_word_embeddings)
+        .then(|| ("lm_head.weight".to_string(), vec![cfg.vocab_size, cfg.hidden_size]));
+    std::iter::once(embed).chain(layers).chain(std::iter::once(norm)).chain(head)
+}
+
+/// How many tensors [`expected_tensors`] lists (saturating).
+fn expected_tensor_count(cfg: &ModelConfig) -> usize {
+    cfg.num_hidden_layers
+        .saturating_mul(LAYER_TENSORS.len())
+        .saturating_add(2 + usize::from(!cfg.tie_word_embeddings))
+}
+
+/// Whether the engine reads a tensor called `name` under `cfg` (the
+/// inverse of [`expected_tensors`], without listing them).
+fn is_expected_tensor(cfg: &ModelConfig, name: &str) -> bool {
+    match name {
+        "model.embed_tokens.weight" | "model.norm.weight" => true,
+        "lm_head.weight" => !cfg.tie_word_embeddings,
+        _ => name.strip_prefix(LAYER_PREFIX).and_then(|rest| rest.split_once('.')).is_some_and(
+            |(index, suffix)| {
+                // The canonical spelling only: `model.layers.01.` is not layer 1.
+                let layer = index.parse::<usize>().ok().filter(|i| i.to_string() == index);
+                layer.is_some_and(|i| i < cfg.num_hidden_layers) && LAYER_TENSORS.contains(&suffix)
+            },
+        ),
     }
-    out.push(("model.norm.weight".to_string(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
-    }
-    out
 }
 
 fn shape_text(shape: &[usize]) -> String {
@@ -476,17 +539,12 @@ impl Checkpoint {
     /// its header parsed; no tensor data is read.
     ///
     /// Errors: [`Error::CheckpointNotFound`] when the directory, the weights
-    /// file or a shard is missing; [`Error::CheckpointInvalid`] for a
-    /// malformed index or safetensors file (naming the file), or a tensor
-    /// stored twice; [`Error::CacheIo`] when an existing file cannot be
-    /// opened or mapped.
+    /// file or a shard is missing (or `dir` is not a directory);
+    /// [`Error::CheckpointInvalid`] for a malformed index or safetensors
+    /// file, one that is not a regular file or cannot be opened or mapped
+    /// (each naming the file), or a tensor stored twice.
     pub fn open(dir: &Path) -> Result<Self> {
-        if !dir.is_dir() {
-            return Err(Error::CheckpointNotFound {
-                path: dir.to_path_buf(),
-                reason: "checkpoint directory does not exist".into(),
-            });
-        }
+        require_checkpoint_dir(dir)?;
         let index_path = dir.join(SHARD_INDEX);
         let mut files = Vec::new();
         let mut index_map: Option<BTreeMap<String, String>> = None;
@@ -501,7 +559,7 @@ impl Checkpoint {
             index_map = Some(weight_map);
         } else {
             let single = dir.join(SINGLE_FILE);
-            if !single.exists() {
+            if regular_file_metadata(&single)?.is_none() {
                 return Err(Error::CheckpointNotFound {
                     path: single,
                     reason: format!("no weights: neither {SINGLE_FILE} nor {SHARD_INDEX} exists"),
@@ -570,22 +628,69 @@ impl Checkpoint {
     }
 
     /// Checks, before any conversion, that every tensor `cfg` implies exists
-    /// (else [`Error::CheckpointInvalid`] listing the missing names), is
-    /// stored as BF16, F16 or F32 (else [`Error::UnsupportedDtype`]), and has
-    /// the implied shape (else [`Error::UnsupportedArchitecture`] with profile
-    /// `config.json` naming every wrong tensor with both shapes). A stored
-    /// `lm_head.weight` is ignored when the embeddings are tied.
+    /// (else [`Error::CheckpointInvalid`] listing the missing names), that
+    /// the checkpoint holds no tensor the engine would ignore (q/k/v biases,
+    /// a classifier head, ...: else [`Error::UnsupportedArchitecture`] with
+    /// profile `qwen3` naming each, since ignoring a tensor computes
+    /// another model), that every tensor read is stored as BF16, F16 or F32
+    /// (else [`Error::UnsupportedDtype`]), and has the implied shape (else
+    /// [`Error::UnsupportedArchitecture`] with profile `config.json` naming
+    /// every wrong tensor with both shapes).
+    ///
+    /// A stored `lm_head.weight` is accepted and ignored when the
+    /// embeddings are tied: transformers ties the head to the embedding
+    /// table after loading, discarding the stored one, so the model that
+    /// checkpoint defines is the one with the embedding as its head.
     pub fn validate(&self, cfg: &ModelConfig) -> Result<()> {
-        let expected = expected_tensors(cfg);
-        let missing: Vec<&str> =
-            expected.iter().filter(|(n, _)| self.tensor(n).is_none()).map(|(n, _)| n.as_str()).collect();
-        if !missing.is_empty() {
-            let mut listed = missing.iter().take(MAX_LISTED_MISSING).copied().collect::<Vec<_>>().join(", ");
-            if missing.len() > MAX_LISTED_MISSING {
-                listed.push_str(&format!(" and {} more", missing.len() - MAX_LISTED_MISSING));
+        // Counted, not listed: config.json alone must not make this build
+        // millions of names (`num_hidden_layers` may be huge).
+        let present = self.locations.keys().filter(|n| is_expected_tensor(cfg, n)).count();
+        let missing_count = expected_tensor_count(cfg).saturating_sub(present);
+        if missing_count > 0 {
+            // Every name walked is present or missing, so the walk stops
+            // after at most `present + MAX_LISTED_MISSING` names.
+            let listed: Vec<String> = expected_tensor_iter(cfg)
+                .filter(|(n, _)| !self.locations.contains_key(n))
+                .map(|(n, _)| n)
+                .take(MAX_LISTED_MISSING)
+                .collect();
+            let mut listed = listed.join(", ");
+            if missing_count > MAX_LISTED_MISSING {
+                listed.push_str(&format!(" and {} more", missing_count - MAX_LISTED_MISSING));
             }
-            return Err(Error::invalid(&self.dir, format!("{} missing tensor(s): {listed}", missing.len())));
+            return Err(Error::invalid(&self.dir, format!("{missing_count} missing tensor(s): {listed}")));
         }
+        let mut unexpected: Vec<&String> = self
+            .locations
+            .keys()
+            .filter(|n| !(is_expected_tensor(cfg, n) || (cfg.tie_word_embeddings && *n == "lm_head.weight")))
+            .collect();
+        if !unexpected.is_empty() {
+            unexpected.sort();
+            let mut mismatches: Vec<Mismatch> = unexpected
+                .iter()
+                .take(MAX_LISTED_MISSING)
+                .filter_map(|n| self.tensor(n))
+                .map(|t| Mismatch {
+                    field: t.name.to_string(),
+                    expected: "absent (the engine does not read this tensor)".into(),
+                    found: format!("{:?} {}", t.dtype, shape_text(t.shape)),
+                })
+                .collect();
+            if unexpected.len() > MAX_LISTED_MISSING {
+                mismatches.push(Mismatch {
+                    field: format!("{} more tensors", unexpected.len() - MAX_LISTED_MISSING),
+                    expected: "absent".into(),
+                    found: "present".into(),
+                });
+            }
+            return Err(Error::UnsupportedArchitecture {
+                profile: ShapeProfile::AnyQwen3.name().into(),
+                mismatches,
+            });
+        }
+        // All present, so this walks no more names than the files hold.
+        let expected = expected_tensors(cfg);
         let mut wrong_shapes = Vec::new();
         for (name, shape) in &expected {
             let Some(t) = self.tensor(name) else { continue };

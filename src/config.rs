@@ -109,21 +109,21 @@ impl ShapeProfile {
 /// (whose `eos_token_id`s are appended to the config's, without duplicates).
 ///
 /// Errors: [`Error::CheckpointNotFound`] when the directory or config.json is
-/// missing; [`Error::CheckpointInvalid`] for malformed JSON, a missing or
-/// mistyped required field, or a `model_type` other than `qwen3`;
+/// missing (or `dir` is not a directory); [`Error::CheckpointInvalid`] for
+/// malformed JSON, a missing or mistyped required field, a `model_type`
+/// other than `qwen3`, or a JSON file that is not a regular file (a FIFO
+/// would block the read forever) or cannot be read;
 /// [`Error::UnsupportedArchitecture`] (profile `qwen3`) listing every shape
 /// problem the engine cannot run (zero sizes, heads not a multiple of
-/// kv_heads, odd head_dim, ...).
+/// kv_heads, odd head_dim, ...) and every field that changes the
+/// computation in a way the engine does not implement (`rope_scaling`,
+/// `hidden_act`, sliding-window attention, `attention_bias`, ...).
 pub fn load_config(dir: &Path) -> Result<ModelConfig> {
-    if !dir.is_dir() {
-        return Err(Error::CheckpointNotFound {
-            path: dir.to_path_buf(),
-            reason: "checkpoint directory does not exist".into(),
-        });
-    }
+    require_checkpoint_dir(dir)?;
     let config_path = dir.join("config.json");
     let bytes = read_required(&config_path)?;
-    let mut cfg = parse_config(&bytes).map_err(|reason| Error::invalid(&config_path, reason))?;
+    let (mut cfg, mut problems) =
+        parse_config(&bytes).map_err(|reason| Error::invalid(&config_path, reason))?;
 
     let gen_path = dir.join("generation_config.json");
     if let Some(gen_bytes) = read_optional(&gen_path)? {
@@ -135,7 +135,13 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
         }
     }
 
-    let problems = engine_mismatches(&cfg);
+    // A field config.json already got a more precise complaint about (a
+    // value f32 cannot hold, say) is not listed twice.
+    for m in engine_mismatches(&cfg) {
+        if !problems.iter().any(|p| p.field == m.field) {
+            problems.push(m);
+        }
+    }
     if !problems.is_empty() {
         return Err(Error::UnsupportedArchitecture {
             profile: ShapeProfile::AnyQwen3.name().into(),
@@ -235,20 +241,103 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
     m
 }
 
-fn read_required(path: &Path) -> Result<Vec<u8>> {
-    match std::fs::read(path) {
-        Ok(b) => Ok(b),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(Error::CheckpointNotFound { path: path.to_path_buf(), reason: "file does not exist".into() })
+/// Largest JSON file (config.json, generation_config.json, the shard
+/// index) read. The index of a 1,000-shard checkpoint is well under 1 MiB;
+/// a larger file is not one of these, and reading it whole could exhaust
+/// memory.
+pub const MAX_JSON_FILE_LEN: u64 = 64 << 20;
+
+/// A checkpoint directory: missing is [`Error::CheckpointNotFound`], a file
+/// (or anything else that is not a directory) too, saying what it is.
+pub(crate) fn require_checkpoint_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) => Err(Error::CheckpointNotFound {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "{} is {}, not a checkpoint directory (pass the directory that holds config.json)",
+                dir.display(),
+                file_kind(&m.file_type())
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::CheckpointNotFound {
+            path: dir.to_path_buf(),
+            reason: "checkpoint directory does not exist".into(),
+        }),
+        Err(e) => Err(Error::invalid(dir, format!("cannot access checkpoint directory: {e}"))),
+    }
+}
+
+/// What a file is, in words, for errors about something that should be a
+/// regular file or a directory.
+pub(crate) fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
         }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_file() {
+        "a regular file"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Metadata of the checkpoint file `path` (symbolic links followed, as in
+/// the Hugging Face cache's snapshots): `Ok(None)` when it does not exist,
+/// [`Error::CheckpointInvalid`] naming the file when it cannot be examined
+/// or is not a regular file.
+///
+/// Checked before opening because opening a FIFO for reading blocks until a
+/// writer appears (forever, for a stray pipe). A file swapped for a FIFO
+/// between this check and the open can still block the open; the window is
+/// the time between two system calls, and only someone rewriting the
+/// checkpoint directory during the load can hit it.
+pub(crate) fn regular_file_metadata(path: &Path) -> Result<Option<std::fs::Metadata>> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(Some(m)),
+        Ok(m) => Err(Error::invalid(path, format!("is {}, not a regular file", file_kind(&m.file_type())))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::invalid(path, format!("cannot read: {e}"))),
     }
 }
 
-/// `Ok(None)` when the file does not exist.
+fn read_required(path: &Path) -> Result<Vec<u8>> {
+    read_optional(path)?.ok_or_else(|| Error::CheckpointNotFound {
+        path: path.to_path_buf(),
+        reason: "file does not exist".into(),
+    })
+}
+
+/// Reads a JSON file of the checkpoint. `Ok(None)` when the file does not
+/// exist; [`Error::CheckpointInvalid`] naming the file when it is not a
+/// regular file, is larger than [`MAX_JSON_FILE_LEN`], or cannot be read.
 pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
+    let Some(meta) = regular_file_metadata(path)? else { return Ok(None) };
+    if meta.len() > MAX_JSON_FILE_LEN {
+        return Err(Error::invalid(
+            path,
+            format!("file is {} bytes, more than the {MAX_JSON_FILE_LEN} read for a JSON file", meta.len()),
+        ));
+    }
     match std::fs::read(path) {
         Ok(b) => Ok(Some(b)),
+        // Deleted between the check and the read.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::invalid(path, format!("cannot read: {e}"))),
     }
@@ -262,9 +351,11 @@ fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, String> {
     }
 }
 
-/// Parses config.json's content. Errors are the reason text for
+/// Parses config.json's content: the model's hyper-parameters, and every
+/// field whose value changes the computation in a way the engine does not
+/// implement (see [`unsupported_fields`]). Errors are the reason text for
 /// [`Error::CheckpointInvalid`].
-fn parse_config(bytes: &[u8]) -> Result<ModelConfig, String> {
+fn parse_config(bytes: &[u8]) -> Result<(ModelConfig, Vec<Mismatch>), String> {
     let obj = parse_object(bytes)?;
     match obj.get("model_type") {
         Some(Value::String(t)) if t == "qwen3" => {}
@@ -287,21 +378,178 @@ fn parse_config(bytes: &[u8]) -> Result<ModelConfig, String> {
             eos_token_ids.push(id);
         }
     }
-    Ok(ModelConfig {
+    let num_hidden_layers = required_usize(&obj, "num_hidden_layers")?;
+    let mut problems = unsupported_fields(&obj, num_hidden_layers)?;
+    // Newer transformers keep the RoPE base in `rope_parameters`.
+    let nested_theta = match obj.get("rope_parameters") {
+        Some(Value::Object(p)) => optional_f64(p, "rope_theta")?,
+        _ => None,
+    };
+    let top_theta = optional_f64(&obj, "rope_theta")?;
+    if let (Some(top), Some(nested)) = (top_theta, nested_theta) {
+        if top != nested {
+            problems.push(mismatch(
+                "rope_parameters.rope_theta",
+                format_args!("the same as rope_theta ({})", number_text(top)),
+                number_text(nested),
+            ));
+        }
+    }
+    let rope_theta = top_theta.or(nested_theta);
+    let rms_norm_eps = optional_f64(&obj, "rms_norm_eps")?;
+    for (field, value) in [("rope_theta", rope_theta), ("rms_norm_eps", rms_norm_eps)] {
+        if let Some(m) = value.and_then(|v| f32_range_mismatch(field, v)) {
+            problems.push(m);
+        }
+    }
+    let cfg = ModelConfig {
         hidden_size,
         intermediate_size: required_usize(&obj, "intermediate_size")?,
-        num_hidden_layers: required_usize(&obj, "num_hidden_layers")?,
+        num_hidden_layers,
         num_attention_heads,
         num_key_value_heads,
         head_dim,
         vocab_size: required_usize(&obj, "vocab_size")?,
         max_position_embeddings: optional_usize(&obj, "max_position_embeddings")?
             .unwrap_or(DEFAULT_MAX_POSITIONS),
-        rms_norm_eps: optional_f32(&obj, "rms_norm_eps")?.unwrap_or(DEFAULT_RMS_NORM_EPS),
-        rope_theta: optional_f32(&obj, "rope_theta")?.unwrap_or(DEFAULT_ROPE_THETA),
+        rms_norm_eps: rms_norm_eps.map_or(DEFAULT_RMS_NORM_EPS, |v| v as f32),
+        rope_theta: rope_theta.map_or(DEFAULT_ROPE_THETA, |v| v as f32),
         tie_word_embeddings: optional_bool(&obj, "tie_word_embeddings")?.unwrap_or(true),
         eos_token_ids,
+    };
+    Ok((cfg, problems))
+}
+
+/// A number as config.json would write it: exponent notation for the very
+/// small or large (`1e-50`, not a row of zeros), plain otherwise, with the
+/// digits JSON parsing adds (`9.999999999999999e-51`) rounded away.
+fn number_text(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e16).contains(&v.abs()) {
+        let text = format!("{v:.9e}");
+        let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        format!("{mantissa}e{exponent}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// A positive finite `value` that f32 (what the kernels compute in) turns
+/// into 0 or infinity.
+fn f32_range_mismatch(field: &str, value: f64) -> Option<Mismatch> {
+    let single = value as f32;
+    let lost = value.is_finite() && value != 0.0 && (single == 0.0 || single.is_infinite());
+    lost.then(|| {
+        mismatch(
+            field,
+            "a finite number > 0 that f32 can hold",
+            format_args!("{} ({single} as f32)", number_text(value)),
+        )
     })
+}
+
+/// Activation names that are SiLU in transformers (`ACT2FN`).
+const SILU_NAMES: [&str; 2] = ["silu", "swish"];
+
+/// Default of Qwen3Config's `max_window_layers`.
+const DEFAULT_MAX_WINDOW_LAYERS: usize = 28;
+
+/// Most layer indices spelled out for a `layer_types` mismatch.
+const MAX_LISTED_LAYERS: usize = 8;
+
+/// Every config.json field whose value makes the model compute something
+/// the engine does not (it runs Qwen3 dense: SiLU MLP, full causal
+/// attention on every layer, plain RoPE, no biases, unquantized weights).
+/// Such a checkpoint would load and decode plausible but wrong tokens, so it
+/// is refused. The values published Qwen3 checkpoints carry
+/// (`hidden_act: "silu"`, `rope_scaling: null`, `attention_bias: false`,
+/// `use_sliding_window: false`, any `sliding_window` and
+/// `max_window_layers`) pass. A mistyped field is an `Err` (the reason for
+/// [`Error::CheckpointInvalid`]).
+fn unsupported_fields(obj: &Map<String, Value>, num_hidden_layers: usize) -> Result<Vec<Mismatch>, String> {
+    let mut m = Vec::new();
+    match obj.get("hidden_act") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(a)) if SILU_NAMES.contains(&a.as_str()) => {}
+        Some(other) => m.push(mismatch("hidden_act", "\"silu\"", other)),
+    }
+    for field in ["rope_scaling", "rope_parameters"] {
+        if let Some(found) = obj.get(field).filter(|v| !is_default_rope(v)) {
+            m.push(mismatch(field, "null or {\"rope_type\": \"default\"}", found));
+        }
+    }
+    if let Some(f) = optional_f64(obj, "partial_rotary_factor")?.filter(|&f| f != 1.0) {
+        m.push(mismatch("partial_rotary_factor", "1 (RoPE over the whole head)", number_text(f)));
+    }
+    if optional_bool(obj, "attention_bias")? == Some(true) {
+        m.push(mismatch("attention_bias", "false (q/k/v/o projections without bias)", true));
+    }
+    // As in transformers: layers from `max_window_layers` on attend to the
+    // last `sliding_window` positions only, when both are set.
+    let window = optional_usize(obj, "sliding_window")?;
+    let max_window_layers = optional_usize(obj, "max_window_layers")?.unwrap_or(DEFAULT_MAX_WINDOW_LAYERS);
+    if optional_bool(obj, "use_sliding_window")? == Some(true) {
+        if let Some(window) = window.filter(|_| max_window_layers < num_hidden_layers) {
+            m.push(mismatch(
+                "use_sliding_window",
+                "false (full attention on every layer)",
+                format_args!(
+                    "true (layers {max_window_layers} to {} attend to the last {window} positions)",
+                    num_hidden_layers - 1
+                ),
+            ));
+        }
+    }
+    match obj.get("layer_types") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(types)) => {
+            let mut other = Vec::new();
+            for (i, t) in types.iter().enumerate() {
+                match t {
+                    Value::String(s) if s == "full_attention" => {}
+                    Value::String(s) => other.push((i, s.as_str())),
+                    v => return Err(format!("layer_types[{i}] must be a string, found {v}")),
+                }
+            }
+            if let Some(&(_, first)) = other.first() {
+                let mut layers: Vec<String> =
+                    other.iter().take(MAX_LISTED_LAYERS).map(|(i, _)| i.to_string()).collect();
+                if other.len() > MAX_LISTED_LAYERS {
+                    layers.push(format!("and {} more", other.len() - MAX_LISTED_LAYERS));
+                }
+                m.push(mismatch(
+                    "layer_types",
+                    "\"full_attention\" for every layer",
+                    format_args!("\"{first}\" at layers {}", layers.join(", ")),
+                ));
+            }
+        }
+        Some(v) => return Err(format!("layer_types must be a list of strings, found {v}")),
+    }
+    match obj.get("quantization_config") {
+        None | Some(Value::Null) => {}
+        Some(found) => m.push(mismatch("quantization_config", "absent (BF16, F16 or F32 weights)", found)),
+    }
+    Ok(m)
+}
+
+/// `null`, or a RoPE description that transformers computes as plain RoPE:
+/// `rope_type` (or the older `type`) absent or `"default"`, and no partial
+/// rotation. Other keys (the base `rope_theta`, a `factor` the default type
+/// ignores) do not change the computation.
+fn is_default_rope(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(p) => {
+            let kind_ok = ["rope_type", "type"]
+                .iter()
+                .all(|k| p.get(*k).is_none_or(|t| t.is_null() || t.as_str() == Some("default")));
+            let partial_ok =
+                p.get("partial_rotary_factor").is_none_or(|f| f.is_null() || f.as_f64() == Some(1.0));
+            kind_ok && partial_ok
+        }
+        _ => false,
+    }
 }
 
 fn parse_generation_eos(bytes: &[u8]) -> Result<Vec<u32>, String> {
@@ -324,12 +572,10 @@ fn optional_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, 
     }
 }
 
-fn optional_f32(obj: &Map<String, Value>, key: &str) -> Result<Option<f32>, String> {
+fn optional_f64(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => {
-            v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| format!("{key} must be a number, found {v}"))
-        }
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| format!("{key} must be a number, found {v}")),
     }
 }
 

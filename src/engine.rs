@@ -280,7 +280,8 @@ impl Model {
         let cfg = self.config();
         check_prompt(prompt_ids, cfg.vocab_size)?;
         // The last new token is never fed back, so it needs no cache slot.
-        let needed = prompt_ids.len() + max_new_tokens.saturating_sub(1);
+        // Saturating: a count near usize::MAX must not wrap into a small one.
+        let needed = prompt_ids.len().saturating_add(max_new_tokens.saturating_sub(1));
         let capacity = DEFAULT_CAPACITY.min(cfg.max_position_embeddings);
         if needed > capacity {
             return Err(Error::ContextOverflow { needed, capacity });
