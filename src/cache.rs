@@ -323,6 +323,13 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 /// Reads and fully verifies a cache file. `Ok(None)`: no file. `Err`: the
 /// reason the file must not be used.
 fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<ConvertedModel>, String> {
+    // The type first: opening a FIFO for reading would block until a writer came.
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return Err("not a regular file".into()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot stat: {e}")),
+    }
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

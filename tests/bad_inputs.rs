@@ -892,6 +892,11 @@ fn cache_file_bit_flips() {
 }
 
 #[test]
+fn cache_file_replaced_by_a_fifo() {
+    assert_rebuilt_after(|p| mkfifo(p));
+}
+
+#[test]
 fn cache_file_extended() {
     assert_rebuilt_after(|p| {
         let mut b = std::fs::read(p).unwrap();
