@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use qwen3_wgpu::testing::write_random_checkpoint;
+use qwen3_wgpu::internals::testing::write_random_checkpoint;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, ModelConfig};
 use serde_json::json;
 

@@ -4,11 +4,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::cache::{load_model, CachePolicy, LoadReport, ABANDONED_TEMP_AGE, CACHE_FORMAT_VERSION};
-use qwen3_wgpu::checkpoint::{expected_tensors, Checkpoint};
-use qwen3_wgpu::config::{check_profile, load_config, ModelConfig, ShapeProfile};
-use qwen3_wgpu::convert::{convert, dequantize};
-use qwen3_wgpu::weights::{Blob, ConvertedModel, QuantMatrix, BLOB_ALIGN, QUANT_GROUP};
+use qwen3_wgpu::internals::cache::{CachePolicy, ABANDONED_TEMP_AGE, CACHE_FORMAT_VERSION};
+use qwen3_wgpu::internals::checkpoint::{expected_tensors, Checkpoint};
+use qwen3_wgpu::internals::config::{check_profile, load_config, ModelConfig, ShapeProfile};
+use qwen3_wgpu::internals::convert::{convert, dequantize};
+use qwen3_wgpu::internals::converted::{Blob, ConvertedModel, QuantMatrix, BLOB_ALIGN, QUANT_GROUP};
+use qwen3_wgpu::internals::load::{load_model, LoadReport};
 use qwen3_wgpu::{Error, Mismatch};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -139,7 +140,7 @@ fn tiny_checkpoint(dir: &Path) -> Vec<Tensor> {
 }
 
 fn blob_bytes(m: &ConvertedModel) -> &[u8] {
-    qwen3_wgpu::convert::blob_bytes(m).expect("storage shorter than the layout")
+    qwen3_wgpu::internals::convert::blob_bytes(m).expect("storage shorter than the layout")
 }
 
 fn load(dir: &Path, cache: &CachePolicy) -> (ConvertedModel, LoadReport) {

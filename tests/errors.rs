@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::kernels::{self, Bind};
+use qwen3_wgpu::internals::kernels::{self, Bind};
 use qwen3_wgpu::{
     decode, decode_with, AdapterPolicy, CachePolicy, Engine, Error, Gpu, LoadOptions, ShapeProfile,
 };
@@ -186,7 +186,7 @@ fn empty_prompt() {
     let model = engine().load(fixture(), &no_cache()).unwrap();
     let mut s = model.session_with_capacity(8).unwrap();
     assert_eq!(s.feed(&[]).unwrap_err().code(), "empty_prompt");
-    assert_eq!(s.next_token().unwrap_err().code(), "empty_prompt");
+    assert_eq!(s.next_token().unwrap_err().code(), "no_pending_token");
 }
 
 #[test]

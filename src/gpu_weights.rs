@@ -2,10 +2,10 @@
 //! scales), bound in row chunks when a matrix exceeds the device's storage
 //! binding limit (Qwen3's 151936 x 1024 table does on lavapipe).
 
+use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::chunk_rows;
-use crate::weights::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
 
 /// A run of rows bound as one range.
 #[derive(Debug, Clone, Copy)]
