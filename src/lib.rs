@@ -6,6 +6,7 @@
 // (`buffers`) and the weights on the GPU (`gpu_weights`), the kernels, and
 // loading (`load`: `config`, `checkpoint`, `convert` into `converted`,
 // `cache`).
+pub(crate) mod bench;
 pub(crate) mod buffers;
 pub(crate) mod cache;
 #[cfg(test)]
@@ -55,6 +56,10 @@ pub use wgpu;
 /// the API: anything here may change in any release.
 #[doc(hidden)]
 pub mod internals {
+    /// The decode benchmark of the `bench` example and `cargo bench`.
+    pub mod bench {
+        pub use crate::bench::*;
+    }
     /// Session buffers, padding, the RoPE table.
     pub mod buffers {
         pub use crate::buffers::*;
