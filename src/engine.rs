@@ -9,10 +9,10 @@ use crate::cache::CachePolicy;
 use crate::config::{ModelConfig, ShapeProfile};
 use crate::error::{Error, Result};
 use crate::gpu::{AdapterPolicy, Gpu};
-use crate::gpu_weights::GpuWeights;
+use crate::gpu_weights::{GpuWeights, ModelGpu};
 use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLayout};
 use crate::load::{load_model, LoadReport};
-use crate::session::{check_prompt, ModelGpu, Session};
+use crate::session::{check_prompt, Session};
 
 /// Default KV-cache capacity of a session (positions), capped by the
 /// model's `max_position_embeddings`.

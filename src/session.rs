@@ -1,5 +1,6 @@
-//! A decoding session: the KV cache (allocated once for its capacity), the
-//! activation buffers, and the recorded forward pass. The decode position
+//! The decode runtime: a session owns its buffers ([`crate::buffers`], the
+//! KV cache allocated once for its capacity) and the forward pass recorded
+//! over them ([`crate::qwen3`]), and queues decode steps. The decode position
 //! and the token sequence live on the GPU (the argmax writes the next token
 //! where the next step's embedding reads it), so decode steps are queued
 //! ahead of the caller: while the caller handles token N, the GPU already
@@ -14,11 +15,9 @@ mod diagnostics;
 
 use crate::buffers::SessionBuffers;
 pub use crate::buffers::PREFILL_BATCH;
-use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, Timestamps};
-use crate::gpu_weights::GpuWeights;
-use crate::kernels::Kernels;
+use crate::gpu::Timestamps;
+use crate::gpu_weights::ModelGpu;
 use crate::qwen3::Forward;
 pub use diagnostics::{LaunchTimes, StepTiming};
 
@@ -54,14 +53,6 @@ impl InFlight {
         }
         Ok(true)
     }
-}
-
-/// What a session shares with its model.
-pub(crate) struct ModelGpu {
-    pub gpu: Gpu,
-    pub kernels: std::sync::Arc<Kernels>,
-    pub config: ModelConfig,
-    pub weights: GpuWeights,
 }
 
 /// Refuses an empty prompt or a token id outside the vocabulary (naming

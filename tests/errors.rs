@@ -38,6 +38,16 @@ fn codes_are_stable_and_distinct() {
     assert_eq!(Error::EmptyPrompt.code(), "empty_prompt");
 }
 
+/// README's error table has a row for every code, so a user can look up
+/// what to do about any error.
+#[test]
+fn readme_documents_every_code() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for code in Error::ALL_CODES {
+        assert!(readme.contains(&format!("| `{code}` |")), "README's error table has no row for {code}");
+    }
+}
+
 #[test]
 fn checkpoint_not_found() {
     let e = decode_with(&engine(), "/nonexistent/qwen3", &[1, 2], 4, &no_cache()).unwrap_err();
