@@ -247,7 +247,7 @@ struct Extent {
 
 /// Reads one tensor front to back through a bounded buffer of whole rows
 /// (positioned reads, see the module docs), feeding a [`TensorHasher`] with
-/// every byte it reads, for [`crate::convert`].
+/// every byte it reads, for the conversion (`convert`).
 pub struct TensorReader<'a> {
     file: &'a WeightsFile,
     name: &'a str,
