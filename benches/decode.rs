@@ -9,14 +9,9 @@
 //! `QWEN3_WGPU_BENCH_ARGS="--contexts 128,512,4096 --lookaheads 4,8" cargo bench`.
 //! On a CPU adapter (lavapipe) use few tokens: `--contexts 16 --tokens 4`.
 
-#[allow(dead_code)] // the example's own `main`
-#[path = "../examples/bench.rs"]
-mod bench_example;
-
-use clap::Parser;
+use qwen3_wgpu::internals::bench::{run, BenchOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let extra = std::env::var("QWEN3_WGPU_BENCH_ARGS").unwrap_or_default();
-    let argv = std::iter::once("bench".to_string()).chain(extra.split_whitespace().map(String::from));
-    bench_example::run(bench_example::Args::try_parse_from(argv)?)
+    run(&BenchOptions::parse(extra.split_whitespace().map(String::from))?)
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
-use qwen3_wgpu::kernels::MatvecLayout;
+use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
     AdapterPolicy, CachePolicy, Engine, Error, KernelChoice, LoadOptions, ShapeProfile, Tokenizer,
 };

@@ -7,7 +7,7 @@
 //! `cargo run --release --example dispatch_floor [-- --backend NAME]`
 //! (without it: `QWEN3_WGPU_BACKEND`, else portable)
 
-use qwen3_wgpu::kernels::Kernel;
+use qwen3_wgpu::internals::kernels::Kernel;
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 
 const N: u32 = 256;
@@ -37,7 +37,7 @@ var<workgroup> red: array<vec4<f32>, WG>;
     workgroupBarrier();
     if g.x == 0u { a[0] = a[0] + u.x + u32(red[WG - 1u].x); }
 }";
-    use qwen3_wgpu::kernels::{compile, Bind};
+    use qwen3_wgpu::internals::kernels::{compile, Bind};
     // (kernel, workgroup size, workgroups, fresh bind groups; the last case
     // switches between 8 pipelines of the same kernel, as the decode step
     // switches kernels on almost every launch)

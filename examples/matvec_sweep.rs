@@ -13,8 +13,8 @@
 //! as the engine's decode step runs them; `--only`: the named configs;
 //! `--backend NAME`, else `QWEN3_WGPU_BACKEND`, else portable).
 
-use qwen3_wgpu::kernels::{compile, Kernel, MatvecLayout, MatvecShape};
-use qwen3_wgpu::weights::QUANT_GROUP;
+use qwen3_wgpu::internals::converted::QUANT_GROUP;
+use qwen3_wgpu::internals::kernels::{compile, Kernel, MatvecLayout, MatvecShape};
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 
 const LAYERS: u32 = 28;
@@ -105,7 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
 
-    let ts = qwen3_wgpu::gpu::Timestamps::new(&gpu, "sweep", 2);
+    let ts = qwen3_wgpu::internals::gpu::Timestamps::new(&gpu, "sweep", 2);
     println!("µs per launch, {LAYERS} dependent launches, best of {repeat}");
     print!("{:18}", "config");
     for s in &shapes {

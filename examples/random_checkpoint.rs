@@ -4,7 +4,7 @@
 //! `cargo run --release --example random_checkpoint -- OUT_DIR [SEED]`
 
 use clap::Parser;
-use qwen3_wgpu::testing::write_random_checkpoint;
+use qwen3_wgpu::internals::testing::write_random_checkpoint;
 use qwen3_wgpu::ModelConfig;
 
 #[derive(Parser)]

@@ -5,8 +5,8 @@
 # nothing: the adapter is Metal, and tests/metal_kernels.rs runs the kernel
 # cases on it for the WGSL and the MSL pipelines and compiles every MSL
 # variant with `xcrun -sdk macosx metal -Werror` (Xcode needed). Then format,
-# lint, every test (ignored ones included), and a smoke run of the decode
-# example.
+# lint, every test (ignored ones included), the package's size, and a smoke
+# run of the decode example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,5 +52,19 @@ echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 echo "== cargo test"
 cargo test -- --include-ignored
+echo "== cargo package (size)"
+# The published crate leaves the test fixtures out; keep it well under
+# crates.io's 10 MB limit.
+cargo package --allow-dirty --no-verify --quiet
+target_dir=$(cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+crate_file="$target_dir/package/qwen3-wgpu-$version.crate"
+crate_bytes=$(wc -c <"$crate_file")
+max_bytes=$((2 * 1024 * 1024))
+echo "$crate_file: $crate_bytes bytes (at most $max_bytes)"
+if [ "$crate_bytes" -gt "$max_bytes" ]; then
+    echo "the package is larger than $max_bytes bytes: exclude dev-only files in Cargo.toml (cargo package --list)"
+    exit 1
+fi
 echo "== decode example smoke test"
 scripts/smoke_decode.sh

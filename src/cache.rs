@@ -1,11 +1,11 @@
-//! Loading a model: config, profile check, checkpoint validation, then the
-//! converted weights from the on-disk cache, or a fresh conversion that is
-//! written to the cache.
+//! The on-disk cache of converted weights: where it lives, the file format
+//! (read fully verified, written atomically) and the directory's
+//! housekeeping. [`crate::load`] decides when to read or write it.
 //!
 //! # Cache file format (`<cache_dir>/<key>.q3w`)
 //!
-//! `<key>` is [`Checkpoint::fingerprint`]: a sha256 over the cache format
-//! version, [`QUANT_GROUP`](crate::weights::QUANT_GROUP), config.json,
+//! `<key>` is [`Checkpoint::fingerprint`](crate::checkpoint::Checkpoint::fingerprint): a sha256 over the cache format
+//! version, [`QUANT_GROUP`](crate::converted::QUANT_GROUP), config.json,
 //! generation_config.json, every weights file's name, size and
 //! safetensors header, and a digest of every byte of every tensor the
 //! engine reads. So a checkpoint edited in place (even to the same sizes)
@@ -24,7 +24,7 @@
 //! | 40 | 64 | key, lower-case hex |
 //! | 104 | `H` | JSON header: `{"config": ModelConfig, "index": WeightIndex, "blob_len": L, "source": checkpoint directory}` |
 //! | 104 + `H` | | zero padding up to `B` |
-//! | `B` | `L` | the blob (see [`crate::weights`]) |
+//! | `B` | `L` | the blob (see [`crate::converted`]) |
 //! | `B + L` | 4 | crc32 of the header bytes followed by the blob bytes |
 //! | `B + L + 4` | 4 | zero |
 //! | `B + L + 8` | 8 | end magic `Q3WEND\0\0` |
@@ -68,15 +68,14 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use memmap2::Mmap;
 
-use crate::checkpoint::{Checkpoint, Fingerprint};
-use crate::config::{check_profile, load_config, ModelConfig, ShapeProfile};
-use crate::convert::{blob_bytes, convert_checked, plan_layout, planned_blob_len};
+use crate::config::ModelConfig;
+use crate::convert::{blob_bytes, plan_layout, planned_blob_len};
+use crate::converted::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
 use crate::error::{Error, Result};
-use crate::weights::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
 
 /// Version of the cache file format; part of the key and of the preamble.
 /// Bump it whenever the format or the conversion changes.
@@ -114,153 +113,6 @@ pub enum CachePolicy {
     Dir(PathBuf),
     /// Never read or write a cache.
     Disabled,
-}
-
-/// What [`load_model`] did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoadReport {
-    /// True when the checkpoint was converted (no valid cache file).
-    pub converted: bool,
-    /// The cache file used or written; `None` when caching was disabled or
-    /// the default cache could not be written.
-    pub cache_path: Option<PathBuf>,
-    /// Milliseconds spent converting (0 on a cache hit).
-    pub convert_ms: f64,
-    /// Milliseconds spent in [`load_model`] in total.
-    pub load_ms: f64,
-}
-
-/// Loads the model in `dir`: [`load_config`], [`check_profile`], opens and
-/// validates the checkpoint, then maps a valid cache file
-/// (`<cache_dir>/<key>.q3w`, giving [`Blob::Mapped`]) or converts the
-/// checkpoint and, unless `cache` is [`CachePolicy::Disabled`], writes the
-/// cache file.
-///
-/// With a cache directory, the checkpoint is fingerprinted first (every
-/// tensor byte hashed, see [`Checkpoint::fingerprint`]) and abandoned
-/// temporary files are removed from the directory, hit or miss.
-///
-/// Host memory stays bounded by the page cache plus one blob about the size
-/// of the int8 model (checked against the memory available before it is
-/// allocated).
-///
-/// Errors: those of [`load_config`], [`check_profile`], [`Checkpoint::open`],
-/// [`Checkpoint::validate`], [`Checkpoint::fingerprint`] and
-/// [`convert`](crate::convert::convert); [`Error::CheckpointInvalid`] when
-/// a weights file changed while it was read; [`Error::CacheIo`] when an
-/// explicitly chosen cache directory cannot be created or written.
-pub fn load_model(
-    dir: &Path,
-    profile: ShapeProfile,
-    cache: &CachePolicy,
-) -> Result<(ConvertedModel, LoadReport)> {
-    let started = Instant::now();
-    let cfg = load_config(dir)?;
-    check_profile(&cfg, profile)?;
-    let ckpt = Checkpoint::open(dir)?;
-    ckpt.validate(&cfg)?;
-
-    let explicit = matches!(cache, CachePolicy::Dir(_));
-    let chosen_dir = cache_dir(cache);
-    if let Some(d) = &chosen_dir {
-        remove_abandoned_temp_files(d);
-    }
-    // Only a cached load needs the key; without a cache, skip the hash.
-    let fingerprint = match chosen_dir {
-        Some(_) => Some(ckpt.fingerprint(&cfg, CACHE_FORMAT_VERSION)?),
-        None => None,
-    };
-    let key = fingerprint.as_ref().map_or("", |f| f.key.as_str());
-    let mut cache_path = chosen_dir.map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
-
-    if let Some(path) = &cache_path {
-        match read_cache(path, key, &cfg) {
-            Ok(Some(model)) => {
-                if let Some(fp) = &fingerprint {
-                    unchanged_since(&ckpt, fp)?;
-                }
-                let report = LoadReport {
-                    converted: false,
-                    cache_path: Some(path.clone()),
-                    convert_ms: 0.0,
-                    load_ms: ms_since(started),
-                };
-                log::info!("weight cache hit: {} ({:.0} ms)", path.display(), report.load_ms);
-                return Ok((model, report));
-            }
-            Ok(None) => {}
-            Err(reason) => {
-                log::warn!("ignoring invalid weight cache {}: {reason}; rebuilding it", path.display());
-                if let Err(e) = std::fs::remove_file(path) {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        log::warn!("cannot delete invalid weight cache {}: {e}", path.display());
-                    }
-                }
-            }
-        }
-        // Fail before a long conversion when an explicit directory is unusable.
-        if let Some(parent) = path.parent() {
-            if let Err(e) = std::fs::create_dir_all(parent) {
-                let err = Error::cache_io(parent, format!("cannot create cache directory: {e}"));
-                if explicit {
-                    return Err(err);
-                }
-                log::warn!("{err}; the converted weights will not be cached");
-                cache_path = None;
-            }
-        }
-    }
-
-    let convert_started = Instant::now();
-    let model = convert_checked(&ckpt, &cfg, fingerprint.as_ref())?;
-    let convert_ms = ms_since(convert_started);
-    if let Some(fp) = &fingerprint {
-        unchanged_since(&ckpt, fp)?;
-    }
-    drop(ckpt);
-
-    if let Some(path) = &cache_path {
-        let source = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        let source = source.to_string_lossy();
-        if let Err(err) = write_cache(path, key, &source, &model) {
-            if explicit {
-                return Err(err);
-            }
-            log::warn!("{err}; the converted weights will not be cached");
-            cache_path = None;
-        } else if let Some(dir) = path.parent() {
-            remove_stale_files(dir, key, &source);
-        }
-    }
-    let report = LoadReport { converted: true, cache_path, convert_ms, load_ms: ms_since(started) };
-    match &report.cache_path {
-        Some(path) => {
-            log::info!("converted {} in {convert_ms:.0} ms, cached as {}", dir.display(), path.display())
-        }
-        None => log::info!("converted {} in {convert_ms:.0} ms (not cached)", dir.display()),
-    }
-    Ok((model, report))
-}
-
-/// [`Error::CheckpointInvalid`] naming the weights files whose size or
-/// modification time changed since `fp` was taken.
-fn unchanged_since(ckpt: &Checkpoint, fp: &Fingerprint) -> Result<()> {
-    let changed = ckpt.changed_files(&fp.stamps);
-    match changed.first() {
-        None => Ok(()),
-        Some(first) => Err(Error::invalid(
-            first,
-            format!(
-                "{} weights file(s) changed size or modification time while being read; \
-                 nothing was cached, load again once the checkpoint is complete",
-                changed.len()
-            ),
-        )),
-    }
-}
-
-fn ms_since(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// The directory `policy` names, or `None` for no caching (disabled, or no
@@ -322,7 +174,11 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 
 /// Reads and fully verifies a cache file. `Ok(None)`: no file. `Err`: the
 /// reason the file must not be used.
-fn read_cache(path: &Path, key: &str, cfg: &ModelConfig) -> Result<Option<ConvertedModel>, String> {
+pub(crate) fn read_cache(
+    path: &Path,
+    key: &str,
+    cfg: &ModelConfig,
+) -> Result<Option<ConvertedModel>, String> {
     // The type first: opening a FIFO for reading would block until a writer came.
     match std::fs::metadata(path) {
         Ok(m) if !m.is_file() => return Err("not a regular file".into()),
@@ -502,7 +358,7 @@ pub(crate) fn write_cache(path: &Path, key: &str, source: &str, model: &Converte
 /// `source` into `dir` (see the module docs). Failures are only logged: a
 /// file another process holds, or one that vanished meanwhile, stays or
 /// goes on its own.
-fn remove_stale_files(dir: &Path, key: &str, source: &str) {
+pub(crate) fn remove_stale_files(dir: &Path, key: &str, source: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let own = format!("{key}.{CACHE_EXTENSION}");
     let extension = format!(".{CACHE_EXTENSION}");
@@ -577,7 +433,7 @@ fn process_alive(pid: u64) -> Option<bool> {
 
 /// Deletes the abandoned temporary files (see the module docs) in `dir`.
 /// Failures are only logged, and a missing directory is no error.
-fn remove_abandoned_temp_files(dir: &Path) {
+pub(crate) fn remove_abandoned_temp_files(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();

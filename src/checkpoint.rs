@@ -22,8 +22,8 @@ use xxhash_rust::xxh3::Xxh3Default;
 use crate::config::{
     file_kind, read_optional, regular_file_metadata, require_checkpoint_dir, ModelConfig, ShapeProfile,
 };
+use crate::converted::QUANT_GROUP;
 use crate::error::{Error, Mismatch, Result};
-use crate::weights::QUANT_GROUP;
 
 /// Name of a single-file checkpoint's weights.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -247,7 +247,7 @@ struct Extent {
 
 /// Reads one tensor front to back through a bounded buffer of whole rows
 /// (positioned reads, see the module docs), feeding a [`TensorHasher`] with
-/// every byte it reads, for [`crate::convert`].
+/// every byte it reads, for the conversion (`convert`).
 pub struct TensorReader<'a> {
     file: &'a WeightsFile,
     name: &'a str,
@@ -545,6 +545,11 @@ impl Checkpoint {
     /// (each naming the file), or a tensor stored twice.
     pub fn open(dir: &Path) -> Result<Self> {
         require_checkpoint_dir(dir)?;
+        Self::open_dir(dir)
+    }
+
+    /// [`open`](Self::open) in a directory already checked to be one.
+    pub(crate) fn open_dir(dir: &Path) -> Result<Self> {
         let index_path = dir.join(SHARD_INDEX);
         let mut files = Vec::new();
         let mut index_map: Option<BTreeMap<String, String>> = None;
@@ -642,6 +647,8 @@ impl Checkpoint {
     /// table after loading, discarding the stored one, so the model that
     /// checkpoint defines is the one with the embedding as its head.
     pub fn validate(&self, cfg: &ModelConfig) -> Result<()> {
+        #[cfg(test)]
+        crate::check_counts::count(&crate::check_counts::VALIDATION);
         // Counted, not listed: config.json alone must not make this build
         // millions of names (`num_hidden_layers` may be huge).
         let present = self.locations.keys().filter(|n| is_expected_tensor(cfg, n)).count();

@@ -70,6 +70,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Mismatch, Result};
+use crate::limits::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM};
 
 /// Largest value accepted for any single dimension of config.json. Far above
 /// every real Qwen3 (vocab 151936, intermediate 25600) yet small enough that
@@ -120,6 +121,11 @@ impl ShapeProfile {
 /// `hidden_act`, sliding-window attention, `attention_bias`, ...).
 pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     require_checkpoint_dir(dir)?;
+    read_config(dir)
+}
+
+/// [`load_config`] in a directory already checked to be one.
+pub(crate) fn read_config(dir: &Path) -> Result<ModelConfig> {
     let config_path = dir.join("config.json");
     let bytes = read_required(&config_path)?;
     let (mut cfg, mut problems) =
@@ -191,6 +197,8 @@ fn mismatch(field: &str, expected: impl std::fmt::Display, found: impl std::fmt:
 
 /// Every reason the engine cannot run `cfg`, whatever the profile.
 fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
+    #[cfg(test)]
+    crate::check_counts::count(&crate::check_counts::ENGINE_SHAPE);
     let mut m = Vec::new();
     let dims = [
         ("hidden_size", cfg.hidden_size),
@@ -224,13 +232,13 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
             cfg.num_attention_heads,
         ));
     }
-    if !cfg.head_dim.is_multiple_of(crate::kernels::HEAD_DIM_MULTIPLE) {
+    if !cfg.head_dim.is_multiple_of(HEAD_DIM_MULTIPLE) {
         // RoPE rotates pairs of dimensions; attention reads K 8 halves at a time.
-        let want = format_args!("a multiple of {}", crate::kernels::HEAD_DIM_MULTIPLE);
+        let want = format_args!("a multiple of {}", HEAD_DIM_MULTIPLE);
         m.push(mismatch("head_dim", want, cfg.head_dim));
-    } else if cfg.head_dim > crate::kernels::MAX_HEAD_DIM {
+    } else if cfg.head_dim > MAX_HEAD_DIM {
         // The attention kernels keep one head in workgroup memory.
-        m.push(mismatch("head_dim", format_args!("<= {}", crate::kernels::MAX_HEAD_DIM), cfg.head_dim));
+        m.push(mismatch("head_dim", format_args!("<= {}", MAX_HEAD_DIM), cfg.head_dim));
     }
     if !(cfg.rope_theta.is_finite() && cfg.rope_theta > 0.0) {
         m.push(mismatch("rope_theta", "a finite number > 0", cfg.rope_theta));
@@ -250,6 +258,8 @@ pub const MAX_JSON_FILE_LEN: u64 = 64 << 20;
 /// A checkpoint directory: missing is [`Error::CheckpointNotFound`], a file
 /// (or anything else that is not a directory) too, saying what it is.
 pub(crate) fn require_checkpoint_dir(dir: &Path) -> Result<()> {
+    #[cfg(test)]
+    crate::check_counts::count(&crate::check_counts::DIRECTORY);
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(m) => Err(Error::CheckpointNotFound {

@@ -9,10 +9,10 @@ use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, Fingerprint, TensorReader};
 use crate::config::ModelConfig;
-use crate::error::{Error, Result};
-use crate::weights::{
+use crate::converted::{
     Blob, ByteRange, ConvertedModel, LayerWeights, QuantMatrix, WeightIndex, BLOB_ALIGN, QUANT_GROUP,
 };
+use crate::error::{Error, Result};
 
 /// Hands out aligned, non-overlapping ranges of a blob being planned.
 struct LayoutPlanner {
@@ -144,19 +144,20 @@ pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
 /// or norm vector) holds NaN or infinity, or naming the file when a weights
 /// file ends before its header says.
 pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
-    convert_checked(ckpt, cfg, None)
+    ckpt.validate(cfg)?;
+    convert_validated(ckpt, cfg, None)
 }
 
-/// [`convert`], checking every tensor's bytes against the digests of
+/// [`convert`] of a checkpoint already validated against `cfg`, checking
+/// every tensor's bytes against the digests of
 /// `fingerprint` as it reads them: a tensor changed since the fingerprint
 /// was taken is [`Error::CheckpointInvalid`], so a conversion is never
 /// cached under the key of other bytes.
-pub(crate) fn convert_checked(
+pub(crate) fn convert_validated(
     ckpt: &Checkpoint,
     cfg: &ModelConfig,
     fingerprint: Option<&Fingerprint>,
 ) -> Result<ConvertedModel> {
-    ckpt.validate(cfg)?;
     let what = format!("converting {} to int8 (held in memory until it is cached)", ckpt.dir().display());
     let available = available_memory();
     let needed = planned_blob_len(cfg).and_then(|n| n.checked_add(BLOB_ALIGN));
@@ -510,7 +511,7 @@ mod tests {
         let cfg = crate::config::load_config(tmp.path()).unwrap();
         let ckpt = Checkpoint::open(tmp.path()).unwrap();
         let fp = ckpt.fingerprint(&cfg, 1).unwrap();
-        assert!(convert_checked(&ckpt, &cfg, Some(&fp)).is_ok());
+        assert!(convert_validated(&ckpt, &cfg, Some(&fp)).is_ok());
 
         let path = tmp.path().join("model.safetensors");
         let bytes = std::fs::read(&path).unwrap();
@@ -520,11 +521,11 @@ mod tests {
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&[bytes[at] ^ 0x01], at as u64).unwrap();
 
-        let err = convert_checked(&ckpt, &cfg, Some(&fp)).err().expect("a changed tensor");
+        let err = convert_validated(&ckpt, &cfg, Some(&fp)).err().expect("a changed tensor");
         assert_eq!(err.code(), "checkpoint_invalid");
         assert!(err.to_string().contains(name) && err.to_string().contains("changed"), "{err}");
         // Without a fingerprint there is nothing to compare with.
-        assert!(convert_checked(&ckpt, &cfg, None).is_ok());
+        assert!(convert_validated(&ckpt, &cfg, None).is_ok());
         assert_ne!(ckpt.fingerprint(&cfg, 1).unwrap().key, fp.key);
     }
 

@@ -5,13 +5,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::cache::{load_model, CachePolicy, LoadReport};
+use crate::cache::CachePolicy;
 use crate::config::{ModelConfig, ShapeProfile};
 use crate::error::{Error, Result};
 use crate::gpu::{AdapterPolicy, Gpu};
+use crate::gpu_weights::{GpuWeights, ModelGpu};
 use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLayout};
-use crate::model::GpuWeights;
-use crate::session::{check_prompt, ModelGpu, Session};
+use crate::load::{load_model, LoadReport};
+use crate::session::{check_prompt, Session};
 
 /// Default KV-cache capacity of a session (positions), capped by the
 /// model's `max_position_embeddings`.
@@ -327,6 +328,7 @@ impl Model {
 
 /// Why generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StopReason {
     /// `max_new_tokens` were generated.
     MaxNewTokens,
@@ -346,6 +348,7 @@ impl StopReason {
 
 /// The outcome of [`decode`] / [`Model::generate`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DecodeResult {
     /// The prompt followed by the generated ids.
     pub token_ids: Vec<u32>,
@@ -360,6 +363,7 @@ pub struct DecodeResult {
     pub load_ms: f64,
     /// True when loading converted the checkpoint (no valid cache existed).
     pub converted: bool,
+    /// Why generation stopped.
     pub stop_reason: StopReason,
 }
 

@@ -31,64 +31,143 @@ fn list(m: &[Mismatch]) -> String {
 pub enum Error {
     /// The checkpoint directory or one of its required files does not exist.
     #[error("checkpoint not found: {path}: {reason}")]
-    CheckpointNotFound { path: PathBuf, reason: String },
+    CheckpointNotFound {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        reason: String,
+    },
 
     /// A checkpoint file exists but cannot be parsed (malformed JSON or
     /// safetensors, a missing tensor, a shard index pointing nowhere).
     #[error("invalid checkpoint {path}: {reason}")]
-    CheckpointInvalid { path: PathBuf, reason: String },
+    CheckpointInvalid {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        reason: String,
+    },
 
     /// The checkpoint is not a shape this engine (or the requested profile)
     /// accepts. Lists every mismatched field or tensor, not just the first.
     #[error("unsupported checkpoint architecture ({profile}): {}", list(.mismatches))]
-    UnsupportedArchitecture { profile: String, mismatches: Vec<Mismatch> },
+    UnsupportedArchitecture {
+        /// The profile checked against (`qwen3` or `qwen3-0.6b`).
+        profile: String,
+        /// Every mismatched field or tensor.
+        mismatches: Vec<Mismatch>,
+    },
 
     /// A tensor is stored in a dtype the converter does not read.
     #[error("unsupported dtype {dtype} for tensor {tensor} (expected BF16, F16 or F32)")]
-    UnsupportedDtype { tensor: String, dtype: String },
+    UnsupportedDtype {
+        /// The tensor's name.
+        tensor: String,
+        /// Its stored dtype.
+        dtype: String,
+    },
 
     /// Under the default `MetalOnly` policy the adapter found is not Metal.
     #[error("the GPU adapter \"{adapter}\" uses the {backend} backend; this engine runs on Metal by default (opt in to other backends with AdapterPolicy::Portable, --backend portable or QWEN3_WGPU_BACKEND=portable)")]
-    NonMetalAdapter { backend: String, adapter: String },
+    NonMetalAdapter {
+        /// The adapter's backend.
+        backend: String,
+        /// The adapter's name.
+        adapter: String,
+    },
 
     /// No GPU adapter (of the allowed backends) exists.
     #[error("no GPU adapter found: {reason}")]
-    NoGpuAdapter { reason: String },
+    NoGpuAdapter {
+        /// What went wrong, in words.
+        reason: String,
+    },
 
     /// The device could not be created, was lost, or reported an error.
     #[error("GPU device failed: {reason}")]
-    GpuDeviceFailed { reason: String },
+    GpuDeviceFailed {
+        /// What went wrong, in words.
+        reason: String,
+    },
 
     /// A kernel failed to compile or to build a pipeline.
     #[error("shader {kernel} failed to compile: {reason}")]
-    ShaderCompileFailed { kernel: String, reason: String },
+    ShaderCompileFailed {
+        /// The kernel's name.
+        kernel: String,
+        /// What went wrong, in words.
+        reason: String,
+    },
 
     /// A token id is not below the vocabulary size.
     #[error("token id {id} at position {position} is out of range (vocab_size {vocab_size})")]
-    InvalidTokenId { id: u32, position: usize, vocab_size: usize },
+    InvalidTokenId {
+        /// The token id.
+        id: u32,
+        /// Its position in the input.
+        position: usize,
+        /// The model's vocabulary size.
+        vocab_size: usize,
+    },
 
     /// Decoding needs at least one prompt token.
     #[error("the prompt is empty: decoding needs at least one token")]
     EmptyPrompt,
 
+    /// A decode step was asked for before any token was fed: there is no
+    /// pending prediction to continue from (call `Session::feed` first).
+    #[error("no pending token: feed the session a prompt before asking for the next token")]
+    NoPendingToken,
+
     /// The prompt plus the new tokens do not fit the session's KV cache.
     #[error("context overflow: {needed} positions needed, capacity is {capacity}")]
-    ContextOverflow { needed: usize, capacity: usize },
+    ContextOverflow {
+        /// Positions needed.
+        needed: usize,
+        /// The session's KV-cache capacity, positions.
+        capacity: usize,
+    },
 
     /// Reading or writing the converted-weights cache failed.
     #[error("cache i/o failed at {path}: {reason}")]
-    CacheIo { path: PathBuf, reason: String },
+    CacheIo {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        reason: String,
+    },
 
     /// An argument or configuration value is not one the engine accepts
     /// (an unknown `QWEN3_WGPU_*` value, a malformed command-line flag).
     /// Names the argument and what is allowed.
     #[error("invalid argument {name}: {reason}")]
-    InvalidArgument { name: String, reason: String },
+    InvalidArgument {
+        /// The argument's name.
+        name: String,
+        /// What went wrong, in words.
+        reason: String,
+    },
+
+    /// The engine's own bookkeeping broke an invariant (a bug in this
+    /// crate, not in the input or the device): please report it with the
+    /// reason.
+    #[error("internal error (a bug in qwen3-wgpu, please report it): {reason}")]
+    Internal {
+        /// What went wrong, in words.
+        reason: String,
+    },
 
     /// An allocation the engine needs is larger than the memory available
     /// (host memory for conversion, say). Names the bytes needed and available.
     #[error("out of memory: {what} needs {needed} bytes, {available} available")]
-    OutOfMemory { what: String, needed: u64, available: u64 },
+    OutOfMemory {
+        /// What the allocation is for.
+        what: String,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes available (0 when unknown).
+        available: u64,
+    },
 }
 
 impl Error {
@@ -110,15 +189,17 @@ impl Error {
             Error::ShaderCompileFailed { .. } => "shader_compile_failed",
             Error::InvalidTokenId { .. } => "invalid_token_id",
             Error::EmptyPrompt => "empty_prompt",
+            Error::NoPendingToken => "no_pending_token",
             Error::ContextOverflow { .. } => "context_overflow",
             Error::CacheIo { .. } => "cache_io",
             Error::InvalidArgument { .. } => "invalid_argument",
+            Error::Internal { .. } => "internal",
             Error::OutOfMemory { .. } => "out_of_memory",
         }
     }
 
     /// Every code, in declaration order (for documentation and tests).
-    pub const ALL_CODES: [&'static str; 14] = [
+    pub const ALL_CODES: [&'static str; 16] = [
         "checkpoint_not_found",
         "checkpoint_invalid",
         "unsupported_checkpoint_architecture",
@@ -129,9 +210,11 @@ impl Error {
         "shader_compile_failed",
         "invalid_token_id",
         "empty_prompt",
+        "no_pending_token",
         "context_overflow",
         "cache_io",
         "invalid_argument",
+        "internal",
         "out_of_memory",
     ];
 
@@ -141,6 +224,10 @@ impl Error {
 
     pub(crate) fn invalid_argument(name: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidArgument { name: name.into(), reason: reason.into() }
+    }
+
+    pub(crate) fn internal(reason: impl Into<String>) -> Self {
+        Error::Internal { reason: reason.into() }
     }
 
     pub(crate) fn invalid(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {

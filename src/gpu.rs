@@ -72,8 +72,11 @@ fn adapter_rank(info: &wgpu::AdapterInfo) -> u32 {
 /// An owned or adopted wgpu device with what the engine learned about it.
 #[derive(Clone)]
 pub struct Gpu {
+    /// The device the engine records on.
     pub device: wgpu::Device,
+    /// Its queue.
     pub queue: wgpu::Queue,
+    /// The adapter's name, backend and driver.
     pub info: wgpu::AdapterInfo,
     /// True when kernels use subgroup reductions.
     pub subgroups: bool,
@@ -347,6 +350,7 @@ impl UniformPages {
 /// `count` GPU timestamp queries with the buffers that resolve them and
 /// bring them back (the diagnostics' timing: see `Session::timed_step`).
 pub struct Timestamps {
+    /// The queries, written by `write_timestamp` or a pass's timestamp writes.
     pub set: wgpu::QuerySet,
     count: u32,
     resolve: wgpu::Buffer,
@@ -354,6 +358,7 @@ pub struct Timestamps {
 }
 
 impl Timestamps {
+    /// `count` queries named `label`.
     pub fn new(gpu: &Gpu, label: &str, count: u32) -> Self {
         let bytes = 8 * count as u64;
         let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {

@@ -3,9 +3,9 @@
 //! the model and the tests (a test checks the WGSL declares exactly these
 //! bindings).
 
+use crate::converted::QUANT_GROUP;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::weights::QUANT_GROUP;
 
 /// How a kernel binds one buffer (binding index = position in the list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,32 +1,131 @@
 #![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
 
-pub mod cache;
-pub mod checkpoint;
-pub mod config;
-pub mod convert;
-pub mod engine;
-pub mod error;
-pub mod gpu;
-pub mod kernels;
-pub mod model;
-pub mod msl;
-pub mod qwen3;
-#[doc(hidden)]
-pub mod reference;
-pub mod self_check;
-pub mod session;
+// The model, from the outside in: the public API (`engine`, `session`,
+// `tokenizer`, `error`), the graph (`qwen3`) over the session's buffers
+// (`buffers`) and the weights on the GPU (`gpu_weights`), the kernels, and
+// loading (`load`: `config`, `checkpoint`, `convert` into `converted`,
+// `cache`).
+pub(crate) mod bench;
+pub(crate) mod buffers;
+pub(crate) mod cache;
+#[cfg(test)]
+mod check_counts;
+pub(crate) mod checkpoint;
+pub(crate) mod config;
+pub(crate) mod convert;
+#[allow(missing_docs)] // reached from outside only through `internals`
+pub(crate) mod converted;
+pub(crate) mod engine;
+pub(crate) mod error;
+pub(crate) mod gpu;
+#[allow(missing_docs)] // reached from outside only through `internals`
+pub(crate) mod gpu_weights;
+#[allow(missing_docs)] // reached from outside only through `internals`
+pub(crate) mod kernels;
+pub(crate) mod limits;
+pub(crate) mod load;
+#[allow(missing_docs)] // reached from outside only through `internals`
+pub(crate) mod msl;
+pub(crate) mod qwen3;
+#[allow(missing_docs)] // reached from outside only through `internals`
+pub(crate) mod reference;
+pub(crate) mod self_check;
+pub(crate) mod session;
 mod settings;
-#[doc(hidden)]
-pub mod testing;
-pub mod tokenizer;
-pub mod weights;
+pub(crate) mod testing;
+pub(crate) mod tokenizer;
 
-pub use cache::{CachePolicy, LoadReport};
+pub use cache::CachePolicy;
 pub use config::{ModelConfig, ShapeProfile};
-pub use engine::{decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason};
+pub use engine::{
+    decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason,
+    DEFAULT_CAPACITY,
+};
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
-pub use kernels::{KernelChoice, KernelReport, KernelSource, SelfCheck, KERNELS_ENV};
-pub use session::{Session, StepTiming};
+pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
+pub use load::LoadReport;
+pub use session::{Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH};
 pub use tokenizer::{TextStream, Tokenizer};
 pub use wgpu;
+
+/// The engine's insides, for this crate's own tools (examples), tests and
+/// benches: the checkpoint reader and converter, the cache, the kernels and
+/// their CPU references, the graph, the session diagnostics. Not part of
+/// the API: anything here may change in any release.
+#[doc(hidden)]
+pub mod internals {
+    /// The decode benchmark of the `bench` example and `cargo bench`.
+    pub mod bench {
+        pub use crate::bench::*;
+    }
+    /// Session buffers, padding, the RoPE table.
+    pub mod buffers {
+        pub use crate::buffers::*;
+    }
+    /// The converted-weights cache: file format and housekeeping.
+    pub mod cache {
+        pub use crate::cache::*;
+    }
+    /// Reading and validating safetensors checkpoints.
+    pub mod checkpoint {
+        pub use crate::checkpoint::*;
+    }
+    /// config.json and the shape checks.
+    pub mod config {
+        pub use crate::config::*;
+    }
+    /// BF16/F16/F32 to int8 conversion.
+    pub mod convert {
+        pub use crate::convert::*;
+    }
+    /// The converted model's layout (int8 matrices, scales, norms in one blob).
+    pub mod converted {
+        pub use crate::converted::*;
+    }
+    /// Adapter, device, buffers, uniform pages, timestamps, readback.
+    pub mod gpu {
+        pub use crate::gpu::*;
+    }
+    /// Converted weights on the GPU.
+    pub mod gpu_weights {
+        pub use crate::gpu_weights::*;
+    }
+    /// Kernel table, tuning, compilation and launches.
+    pub mod kernels {
+        pub use crate::kernels::*;
+    }
+    /// The kernels' shape limits.
+    pub mod limits {
+        pub use crate::limits::*;
+    }
+    /// The load step: config, checkpoint, convert or cache.
+    pub mod load {
+        pub use crate::load::*;
+    }
+    /// MSL sources and preambles.
+    pub mod msl {
+        pub use crate::msl::*;
+    }
+    /// The Qwen3 forward pass as launches.
+    pub mod qwen3 {
+        pub use crate::qwen3::*;
+    }
+    /// CPU references of the kernels.
+    pub mod reference {
+        pub use crate::reference::*;
+    }
+    /// The kernels' check against their CPU references at engine build.
+    pub mod self_check {
+        pub use crate::self_check::*;
+    }
+    /// The decode runtime and its diagnostics.
+    pub mod session {
+        pub use crate::session::*;
+    }
+    /// Random checkpoints for tests and benchmarks.
+    pub mod testing {
+        pub use crate::testing::*;
+    }
+}

@@ -24,13 +24,14 @@ use std::cell::RefCell;
 
 use bytemuck::{bytes_of, Pod, Zeroable};
 
+pub use crate::buffers::rope_table;
+use crate::buffers::{padded, SessionBuffers};
 use crate::config::ModelConfig;
 use crate::gpu::{Gpu, UniformPages};
+use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::{
     grid, Kernel, Kernels, Launch, MatvecShape, ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG,
 };
-use crate::model::{GpuMatrix, GpuWeights};
-use crate::session::{padded, SessionBuffers};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -62,21 +63,6 @@ pub(crate) struct HeadParams {
     pub(crate) scale: f32,
 }
 
-/// RoPE's (cos, sin) for every position below `capacity` and frequency
-/// `d < head_dim / 2` (angle `pos * theta^(-2d/head_dim)`), computed in f64.
-pub fn rope_table(head_dim: usize, capacity: usize, theta: f32) -> Vec<f32> {
-    let half = head_dim / 2;
-    let mut t = Vec::with_capacity(capacity * head_dim);
-    for pos in 0..capacity {
-        for d in 0..half {
-            let a = pos as f64 * (theta as f64).powf(-((2 * d) as f64) / head_dim as f64);
-            t.push(a.cos() as f32);
-            t.push(a.sin() as f32);
-        }
-    }
-    t
-}
-
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct EmbedParams {
@@ -105,6 +91,7 @@ enum StepLaunch {
 /// `step.pos + z`).
 pub struct Forward {
     step: Vec<StepLaunch>,
+    /// The launches of a prompt batch, in order.
     pub prefill: Vec<Launch>,
     /// Bytes of the buffers holding every launch's parameters.
     pub uniform_bytes: u64,

@@ -5,7 +5,7 @@
 
 use half::f16;
 
-use crate::weights::QUANT_GROUP;
+use crate::converted::QUANT_GROUP;
 
 /// Fills outputs before a run: a NaN, so an element never written fails.
 pub const POISON: u32 = 0x7fc0_dead;

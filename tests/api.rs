@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::kernels::{ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG};
-use qwen3_wgpu::session::PREFILL_BATCH;
+use qwen3_wgpu::internals::kernels::{ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG};
+use qwen3_wgpu::PREFILL_BATCH;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, BACKEND_ENV};
 
 fn fixture() -> PathBuf {
@@ -154,7 +154,7 @@ fn try_next_token_gives_the_same_tokens_without_waiting() {
     let (prompt, want) = expected();
     let model = engine.load(fixture(), &no_cache()).unwrap();
     let mut s = model.session_with_capacity(64).unwrap();
-    assert_eq!(s.try_next_token().err().map(|e| e.code()), Some("empty_prompt"));
+    assert_eq!(s.try_next_token().err().map(|e| e.code()), Some("no_pending_token"));
     let mut got = vec![s.feed(&prompt).unwrap()];
     while got.len() < 8 {
         match s.try_next_token().unwrap() {
@@ -223,7 +223,7 @@ fn memory_is_accounted_per_model_and_per_session_capacity() {
 /// block at the device's offset alignment and none overlapping another.
 #[test]
 fn launch_parameters_share_a_few_uniform_buffers() {
-    use qwen3_wgpu::gpu::{UniformPages, UNIFORM_PAGE_BYTES};
+    use qwen3_wgpu::internals::gpu::{UniformPages, UNIFORM_PAGE_BYTES};
     let gpu = qwen3_wgpu::Gpu::new(AdapterPolicy::Portable).unwrap();
     let align = gpu.device.limits().min_uniform_buffer_offset_alignment as u64;
     let mut pages = UniformPages::new(&gpu);
@@ -250,9 +250,10 @@ fn launch_parameters_share_a_few_uniform_buffers() {
 /// pipeline, another shape a pipeline of its own.
 #[test]
 fn specialised_matvec_pipelines_are_built_once_per_shape() {
-    use qwen3_wgpu::kernels::{Kernel, KernelChoice, Kernels, MatvecShape};
+    use qwen3_wgpu::internals::kernels::{Kernel, KernelChoice, Kernels, MatvecShape};
     let gpu = qwen3_wgpu::Gpu::new(AdapterPolicy::Portable).unwrap();
-    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, qwen3_wgpu::self_check::run).unwrap();
+    let kernels =
+        Kernels::new(&gpu, KernelChoice::Wgsl, None, qwen3_wgpu::internals::self_check::run).unwrap();
     let qkv = MatvecShape { rows: 4096, k_words: 256, groups: 16, n_in: 1024 };
     let o = MatvecShape { rows: 1024, k_words: 512, groups: 32, n_in: 2048 };
     let split = kernels.matvec_layout.split(qkv.rows as usize, qkv.k_words as usize);
@@ -361,7 +362,7 @@ fn every_engine_build_runs_the_self_check() {
     let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
     let report = engine.kernel_report();
     assert!(report.self_check.ok, "{:?}", report.self_check);
-    assert_eq!(report.self_check.pipelines, qwen3_wgpu::kernels::Kernel::ALL.len());
+    assert_eq!(report.self_check.pipelines, qwen3_wgpu::internals::kernels::Kernel::ALL.len());
     assert!(report.self_check.ms > 0.0);
     assert!(report.fallback.is_none(), "MSL was not wanted on {:?}", engine.adapter_info().backend);
 }

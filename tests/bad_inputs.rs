@@ -13,7 +13,8 @@ use std::process::Command;
 use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
-use qwen3_wgpu::cache::{load_model, LoadReport, CACHE_EXTENSION};
+use qwen3_wgpu::internals::cache::CACHE_EXTENSION;
+use qwen3_wgpu::internals::load::{load_model, LoadReport};
 use qwen3_wgpu::{decode_with, AdapterPolicy, CachePolicy, Engine, Error, LoadOptions, ShapeProfile};
 use serde_json::{json, Map, Value};
 
@@ -247,7 +248,7 @@ fn config_larger_than_any_config() {
     let case = Case::new();
     // Sparse: costs no disk.
     let f = std::fs::File::create(case.file("config.json")).unwrap();
-    f.set_len(qwen3_wgpu::config::MAX_JSON_FILE_LEN + 1).unwrap();
+    f.set_len(qwen3_wgpu::internals::config::MAX_JSON_FILE_LEN + 1).unwrap();
     assert_names(&case.refused("checkpoint_invalid"), &case.file("config.json"), "more than");
 }
 
@@ -447,7 +448,7 @@ fn config_rope_theta_inside_rope_parameters() {
         c.remove("rope_theta");
         c.insert("rope_parameters".into(), json!({"rope_type": "default", "rope_theta": 5000.0}));
     });
-    let cfg = qwen3_wgpu::config::load_config(&case.ckpt).unwrap();
+    let cfg = qwen3_wgpu::internals::config::load_config(&case.ckpt).unwrap();
     assert_eq!(cfg.rope_theta, 5000.0);
     // Two different bases are refused rather than one picked.
     case.edit_config(|c| {

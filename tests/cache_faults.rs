@@ -6,11 +6,12 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::cache::{load_model, CachePolicy, LoadReport, CACHE_FORMAT_VERSION};
-use qwen3_wgpu::checkpoint::{expected_tensors, Checkpoint};
-use qwen3_wgpu::config::{load_config, ShapeProfile};
-use qwen3_wgpu::convert::{blob_bytes, convert};
-use qwen3_wgpu::weights::ConvertedModel;
+use qwen3_wgpu::internals::cache::{CachePolicy, CACHE_FORMAT_VERSION};
+use qwen3_wgpu::internals::checkpoint::{expected_tensors, Checkpoint};
+use qwen3_wgpu::internals::config::{load_config, ShapeProfile};
+use qwen3_wgpu::internals::convert::{blob_bytes, convert};
+use qwen3_wgpu::internals::converted::ConvertedModel;
+use qwen3_wgpu::internals::load::{load_model, LoadReport};
 use qwen3_wgpu::Error;
 
 const FIXTURE: &str = "tests/fixtures/mlx/gqa2_hd64";
@@ -263,7 +264,8 @@ fn write_sparse_checkpoint(dir: &Path, cfg: &serde_json::Value) {
 #[cfg(target_os = "linux")]
 #[test]
 fn model_larger_than_memory_is_out_of_memory() {
-    let available = qwen3_wgpu::convert::available_memory().expect("MemAvailable in /proc/meminfo");
+    let available =
+        qwen3_wgpu::internals::convert::available_memory().expect("MemAvailable in /proc/meminfo");
     // int8 embedding rows of `hidden` bytes: twice the available memory.
     let hidden = 1usize << 15;
     let vocab = usize::try_from(2 * available / hidden as u64).unwrap().clamp(1 << 10, 1 << 24);

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::kernels::MatvecLayout;
+use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
 
 #[derive(serde::Deserialize)]
@@ -139,11 +139,11 @@ fn split_k_wide_workgroups_agree_with_rows_per_team() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = qwen3_wgpu::ModelConfig {
         num_hidden_layers: 2,
-        vocab_size: qwen3_wgpu::kernels::SPLIT_K_MAX_ROWS + 1000,
+        vocab_size: qwen3_wgpu::internals::kernels::SPLIT_K_MAX_ROWS + 1000,
         eos_token_ids: vec![],
         ..qwen3_wgpu::ModelConfig::qwen3_0_6b_base()
     };
-    qwen3_wgpu::testing::write_random_checkpoint(tmp.path(), &cfg, 3).unwrap();
+    qwen3_wgpu::internals::testing::write_random_checkpoint(tmp.path(), &cfg, 3).unwrap();
     let sessions: Vec<_> = [MatvecLayout::SplitK, MatvecLayout::RowsPerTeam]
         .into_iter()
         .map(|layout| {

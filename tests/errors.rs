@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::kernels::{self, Bind};
+use qwen3_wgpu::internals::kernels::{self, Bind};
 use qwen3_wgpu::{
     decode, decode_with, AdapterPolicy, CachePolicy, Engine, Error, Gpu, LoadOptions, ShapeProfile,
 };
@@ -36,6 +36,16 @@ fn codes_are_stable_and_distinct() {
     codes.dedup();
     assert_eq!(codes.len(), Error::ALL_CODES.len());
     assert_eq!(Error::EmptyPrompt.code(), "empty_prompt");
+}
+
+/// README's error table has a row for every code, so a user can look up
+/// what to do about any error.
+#[test]
+fn readme_documents_every_code() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for code in Error::ALL_CODES {
+        assert!(readme.contains(&format!("| `{code}` |")), "README's error table has no row for {code}");
+    }
 }
 
 #[test]
@@ -186,7 +196,7 @@ fn empty_prompt() {
     let model = engine().load(fixture(), &no_cache()).unwrap();
     let mut s = model.session_with_capacity(8).unwrap();
     assert_eq!(s.feed(&[]).unwrap_err().code(), "empty_prompt");
-    assert_eq!(s.next_token().unwrap_err().code(), "empty_prompt");
+    assert_eq!(s.next_token().unwrap_err().code(), "no_pending_token");
 }
 
 #[test]

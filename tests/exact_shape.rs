@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use qwen3_wgpu::testing::write_random_checkpoint;
+use qwen3_wgpu::internals::testing::write_random_checkpoint;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, ModelConfig, ShapeProfile};
 
 fn cache_files(dir: &Path) -> Vec<std::path::PathBuf> {

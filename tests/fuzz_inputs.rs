@@ -15,9 +15,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use qwen3_wgpu::cache::load_model;
-use qwen3_wgpu::convert::blob_bytes;
-use qwen3_wgpu::testing::write_random_checkpoint;
+use qwen3_wgpu::internals::convert::blob_bytes;
+use qwen3_wgpu::internals::load::load_model;
+use qwen3_wgpu::internals::testing::write_random_checkpoint;
 use qwen3_wgpu::{CachePolicy, Error, ModelConfig, ShapeProfile};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -13,8 +13,8 @@ use common::cases::{
     ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
-use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG};
-use qwen3_wgpu::weights::QUANT_GROUP;
+use qwen3_wgpu::internals::converted::QUANT_GROUP;
+use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG};
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -469,7 +469,7 @@ fn group_size_reaches_the_kernels() {
     for k in users {
         let c = k.constants(MatvecLayout::RowsPerTeam);
         let gw = c.iter().find(|(n, _)| *n == "GROUP_WORDS").expect("GROUP_WORDS set").1;
-        assert_eq!(gw as usize * 4, qwen3_wgpu::weights::QUANT_GROUP);
+        assert_eq!(gw as usize * 4, qwen3_wgpu::internals::converted::QUANT_GROUP);
         assert!(k.wgsl().contains("override GROUP_WORDS"));
     }
 }

@@ -17,8 +17,9 @@ use common::cases::{
     attention_step_case, matvec_case, qk_norm_rope_case, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
     ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
-use qwen3_wgpu::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit};
-use qwen3_wgpu::{msl, AdapterPolicy, Gpu};
+use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit};
+use qwen3_wgpu::internals::msl;
+use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
 use std::path::Path;
 use std::process::Command;

@@ -14,8 +14,8 @@ use common::cases::{
     ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::{argmax_ref, f32s, nonzero, poisoned};
-use qwen3_wgpu::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
-use qwen3_wgpu::msl;
+use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
+use qwen3_wgpu::internals::msl;
 use rand::{rngs::StdRng, SeedableRng};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use qwen3_wgpu::tokenizer::Tokenizer;
 use qwen3_wgpu::Error;
+use qwen3_wgpu::Tokenizer;
 use sha2::{Digest, Sha256};
 
 /// sha256 of `package/models/tokenizer.json` in npm's

@@ -6,7 +6,7 @@
 //! a test can expect a broken kernel to fail).
 
 use half::f16;
-use qwen3_wgpu::kernels::{self, Kernel, ATTENTION_CHUNK};
+use qwen3_wgpu::internals::kernels::{self, Kernel, ATTENTION_CHUNK};
 use rand::{rngs::StdRng, SeedableRng};
 
 use super::reference::{
@@ -215,7 +215,7 @@ pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize
     let qn = nonzero(rng, hd);
     let kn = nonzero(rng, hd);
     let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits(), qkv_stride as u32];
-    let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
+    let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
     let cache_words = nkv * cap * hd / 2;
     let mut grid = kernels::grid((nh + 2 * nkv) as u32);
     grid[2] = tokens as u32;
@@ -387,7 +387,7 @@ pub fn attention_step_case(
     let eps = 1e-6f64;
     let qkv = nonzero(rng, (nh + 2 * nkv) * hd + 8);
     let (qn, kn) = (nonzero(rng, hd), nonzero(rng, hd));
-    let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
+    let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
     let kv_len = nkv * cap * hd;
     let k: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();
     let v: Vec<f16> = nonzero(rng, kv_len).iter().map(|v| f16::from_f32(*v)).collect();

@@ -1,8 +1,8 @@
 //! The CPU references (shared with the engine's self-check, in
 //! `qwen3_wgpu::reference`) plus the random inputs the tests run them on.
 
-pub use qwen3_wgpu::reference::*;
-use qwen3_wgpu::weights::QUANT_GROUP;
+use qwen3_wgpu::internals::converted::QUANT_GROUP;
+pub use qwen3_wgpu::internals::reference::*;
 use rand::{rngs::StdRng, Rng};
 
 /// Random non-zero values in +-[0.05, 1].

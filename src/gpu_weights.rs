@@ -1,11 +1,15 @@
 //! Converted weights on the GPU: one buffer per int8 matrix (and its
 //! scales), bound in row chunks when a matrix exceeds the device's storage
-//! binding limit (Qwen3's 151936 x 1024 table does on lavapipe).
+//! binding limit (Qwen3's 151936 x 1024 table does on lavapipe), and the
+//! loaded model its sessions share (device, kernels, config, weights).
 
+use std::sync::Arc;
+
+use crate::config::ModelConfig;
+use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::chunk_rows;
-use crate::weights::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
+use crate::kernels::{chunk_rows, Kernels};
 
 /// A run of rows bound as one range.
 #[derive(Debug, Clone, Copy)]
@@ -149,4 +153,12 @@ impl GpuWeights {
     pub fn lm_head(&self) -> &GpuMatrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
+}
+
+/// A loaded model on the GPU: what its sessions share.
+pub(crate) struct ModelGpu {
+    pub gpu: Gpu,
+    pub kernels: Arc<Kernels>,
+    pub config: ModelConfig,
+    pub weights: GpuWeights,
 }

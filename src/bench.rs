@@ -1,0 +1,234 @@
+//! The decode benchmark behind the `bench` example and `cargo bench`
+//! (benches/decode.rs): cold and cached load, decode tok/s per context and
+//! lookahead, prefill, GPU and CPU time per step, GPU memory, achieved
+//! bandwidth and dispatches per token, one JSON line each.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::cache::CachePolicy;
+use crate::config::ModelConfig;
+use crate::engine::{Engine, LoadOptions};
+use crate::error::{Error, Result};
+use crate::gpu::AdapterPolicy;
+use crate::testing::write_random_checkpoint;
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    /// Checkpoint directory; `None`: a random exact-shape checkpoint in a temporary directory.
+    pub checkpoint: Option<PathBuf>,
+    /// `None`: `QWEN3_WGPU_BACKEND`, else portable.
+    pub backend: Option<AdapterPolicy>,
+    /// New tokens timed per context length.
+    pub tokens: usize,
+    /// Context lengths (prompt tokens before the timed decode).
+    pub contexts: Vec<usize>,
+    /// Decode steps queued ahead of the caller (`Session::set_lookahead`);
+    /// one measurement per value (1 = a wait on every token).
+    pub lookaheads: Vec<usize>,
+    /// Steps timed one by one after each decode run (CPU encode, GPU and
+    /// wall time per step; medians are printed).
+    pub timed_steps: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            checkpoint: None,
+            backend: None,
+            tokens: 128,
+            contexts: vec![128, 1024],
+            lookaheads: vec![4],
+            timed_steps: 16,
+        }
+    }
+}
+
+/// The options' help text.
+pub const BENCH_USAGE: &str = "options: [--checkpoint DIR] [--backend metal|portable] [--tokens N (128)] \
+[--contexts N,N,... (128,1024)] [--lookaheads N,N,... (4)] [--timed-steps N (16)]";
+
+impl BenchOptions {
+    /// Parses `--name value` or `--name=value` arguments (the program
+    /// name left out). An unknown flag or a malformed value is
+    /// [`Error::InvalidArgument`] naming it.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self> {
+        let mut options = BenchOptions::default();
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) => (f.to_string(), Some(v.to_string())),
+                None => (arg, None),
+            };
+            let known =
+                ["--checkpoint", "--backend", "--tokens", "--contexts", "--lookaheads", "--timed-steps"];
+            if !known.contains(&flag.as_str()) {
+                return Err(Error::invalid_argument(flag, format!("unknown option; {BENCH_USAGE}")));
+            }
+            let value = match inline.or_else(|| args.next()) {
+                Some(v) => v,
+                None => return Err(Error::invalid_argument(flag, "needs a value")),
+            };
+            let count = |v: &str| {
+                v.trim().parse::<usize>().map_err(|e| Error::invalid_argument(&flag, format!("{v:?}: {e}")))
+            };
+            match flag.as_str() {
+                "--checkpoint" => options.checkpoint = Some(PathBuf::from(value)),
+                "--backend" => options.backend = Some(AdapterPolicy::from_name(&flag, &value)?),
+                "--tokens" => options.tokens = count(&value)?,
+                "--timed-steps" => options.timed_steps = count(&value)?,
+                "--contexts" => options.contexts = value.split(',').map(count).collect::<Result<_>>()?,
+                _ => options.lookaheads = value.split(',').map(count).collect::<Result<_>>()?,
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// A directory under the system's temporary directory, deleted on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> std::io::Result<Self> {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let dir = std::env::temp_dir().join(format!("qwen3-wgpu-bench-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(TempDir(dir))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Peak resident memory of this process so far (Linux VmHWM), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
+}
+
+/// Runs the measurements, printing one JSON line each.
+pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
+    let policy = match args.backend {
+        Some(policy) => policy,
+        None => AdapterPolicy::from_env()?.unwrap_or(AdapterPolicy::Portable),
+    };
+    let tmp = TempDir::new()?;
+    let ckpt = match &args.checkpoint {
+        Some(p) => p.clone(),
+        None => {
+            let t = Instant::now();
+            write_random_checkpoint(tmp.path(), &ModelConfig::qwen3_0_6b_base(), 1)?;
+            eprintln!("wrote a random exact-shape checkpoint in {:.1} s", t.elapsed().as_secs_f64());
+            tmp.path().to_path_buf()
+        }
+    };
+    let cache = CachePolicy::Dir(tmp.path().join("cache"));
+    let engine = Engine::builder().policy(policy).build()?;
+    let info = engine.adapter_info().clone();
+    let adapter = json!({"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups()});
+
+    for (what, _) in [("cold_load", ()), ("cached_load", ())] {
+        let t = Instant::now();
+        let model = engine.load(&ckpt, &LoadOptions { cache: cache.clone(), ..Default::default() })?;
+        println!(
+            "{}",
+            json!({"bench": what, "load_ms": t.elapsed().as_secs_f64() * 1e3, "converted": model.load_report().converted,
+                   "convert_ms": model.load_report().convert_ms, "peak_rss_mib": peak_rss_mib(), "adapter": adapter})
+        );
+    }
+    let model = engine.load(&ckpt, &LoadOptions { cache: cache.clone(), ..Default::default() })?;
+    let cfg = model.config().clone();
+    // Bytes a token reads: every weight once, plus the K and V written so far.
+    let weight_bytes = model.weight_bytes() as f64;
+    // Warm-up (first submits, GPU clocks), not measured: up to 64 steps or
+    // half a second (a CPU adapter gets through a step or two).
+    {
+        let mut s = model.session_with_capacity(256)?;
+        s.feed(&(0..128u32).collect::<Vec<_>>())?;
+        let t = Instant::now();
+        for _ in 0..64 {
+            s.next_token()?;
+            if t.elapsed().as_secs_f64() > 0.5 {
+                break;
+            }
+        }
+    }
+    for (&ctx, &lookahead) in args.contexts.iter().flat_map(|c| args.lookaheads.iter().map(move |l| (c, l))) {
+        // Room for the timed steps and as many back-to-back ones.
+        let capacity = ctx + args.tokens + 2 * args.timed_steps + 1;
+        let mut s = model.session_with_capacity(capacity)?;
+        s.set_lookahead(lookahead);
+        let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % cfg.vocab_size as u32).collect();
+        let t = Instant::now();
+        s.feed(&prompt)?;
+        let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+        let dispatches = s.dispatches_per_token();
+        // The GPU's own rate at this context: steps back to back in one
+        // submit (best of 3; leaves the session as it was).
+        let back_to_back_us =
+            (0..3).filter_map(|_| s.gpu_time_of_steps(args.timed_steps).ok().flatten()).reduce(f64::min);
+        let t = Instant::now();
+        for _ in 0..args.tokens {
+            s.next_token()?;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let tps = args.tokens as f64 / secs;
+        // Where a step's time goes (medians of 16 timed steps).
+        let mut timings = Vec::new();
+        for _ in 0..args.timed_steps {
+            timings.push(s.timed_step()?);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        let encode_us = median(timings.iter().map(|t| t.encode_us).collect());
+        let gpu_us = median(timings.iter().filter_map(|t| t.gpu_us).collect());
+        let wall_us = median(timings.iter().map(|t| t.wall_us).collect());
+        // KV bytes read per token at this context (f16 K and V).
+        let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
+        println!(
+            "{}",
+            json!({"bench": "decode", "context": ctx, "tokens": args.tokens, "lookahead": lookahead, "decode_tokens_per_sec": tps,
+                   "ms_per_token": 1e3 * secs / args.tokens as f64, "prefill_tokens": ctx, "prefill_ms": prefill_ms,
+                   "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
+                   "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,
+                   "dispatches_per_token": dispatches,
+                   "gpu_weight_bytes": model.weight_bytes(), "gpu_session_bytes": s.buffer_bytes(),
+                   "step_encode_us": encode_us, "step_gpu_us": gpu_us, "step_wall_us": wall_us,
+                   "gpu_us_per_step_back_to_back": back_to_back_us, "adapter": adapter})
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_both_forms_and_name_bad_ones() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o = BenchOptions::parse(args("--contexts 16,32 --tokens=4 --backend portable")).unwrap();
+        assert_eq!(o.contexts, [16, 32]);
+        assert_eq!(o.tokens, 4);
+        assert_eq!(o.backend, Some(AdapterPolicy::Portable));
+        assert_eq!(o.lookaheads, BenchOptions::default().lookaheads);
+        for bad in ["--tokens x", "--frobnicate 1", "--contexts"] {
+            let e = BenchOptions::parse(args(bad)).unwrap_err();
+            assert_eq!(e.code(), "invalid_argument", "{bad}: {e}");
+        }
+    }
+}

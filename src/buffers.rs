@@ -1,0 +1,131 @@
+//! The GPU buffers a session decodes in: the token sequence and the
+//! step position, the activations (rows padded to the quant group), the
+//! attention and argmax scratch, the RoPE table and the KV cache. The graph
+//! (`qwen3`) launches kernels over them; the session owns them.
+
+use crate::config::ModelConfig;
+use crate::converted::QUANT_GROUP;
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::kernels::{ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG};
+
+/// Prompt tokens run through the layers together (one launch per kernel
+/// for the whole batch; the activation buffers hold this many rows, and the
+/// attention partials this many per chunk of the capacity: 8 KiB per
+/// position of capacity for the 0.6B model, 7% of its KV cache). 256
+/// measured best on the H200 short of 512 (BENCHMARKS.md).
+pub const PREFILL_BATCH: usize = 256;
+const _: () = assert!(PREFILL_BATCH.is_multiple_of(MATMUL_TOKENS_PER_WG as usize));
+
+/// Buffers of one session.
+pub struct SessionBuffers {
+    pub(crate) capacity: usize,
+    /// Token rows of the activation buffers ([`PREFILL_BATCH`]); decode
+    /// uses row 0.
+    pub(crate) batch: usize,
+    /// The token sequence (u32), `capacity + 1` entries: prompt tokens are
+    /// written by the host, the rest by the argmax (`tokens[pos + 1]`).
+    pub(crate) tokens: wgpu::Buffer,
+    /// `{pos, fill_end}`: the position being processed (advanced by the
+    /// argmax) and the first position the argmax may write a token to.
+    pub(crate) step: wgpu::Buffer,
+    pub(crate) x: wgpu::Buffer,
+    pub(crate) qkv: wgpu::Buffer,
+    pub(crate) q: wgpu::Buffer,
+    pub(crate) attn: wgpu::Buffer,
+    pub(crate) h: wgpu::Buffer,
+    pub(crate) logits: wgpu::Buffer,
+    /// Per-chunk argmax results (value, index).
+    pub(crate) part_val: wgpu::Buffer,
+    pub(crate) part_idx: wgpu::Buffer,
+    /// Chunks of positions attention splits the context into.
+    pub(crate) attention_chunks: usize,
+    /// Per (head, chunk): softmax max and sum, and the weighted V sum.
+    pub(crate) attn_ml: wgpu::Buffer,
+    pub(crate) attn_acc: wgpu::Buffer,
+    /// RoPE (cos, sin) table, `[capacity][head_dim / 2]`.
+    pub(crate) rope: wgpu::Buffer,
+    /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`.
+    pub(crate) k_cache: Vec<wgpu::Buffer>,
+    pub(crate) v_cache: Vec<wgpu::Buffer>,
+}
+
+/// `n` rounded up to the quant group: the row length of every activation
+/// buffer (a consuming matvec reads its input in whole groups).
+pub(crate) fn padded(n: usize) -> usize {
+    n.div_ceil(QUANT_GROUP) * QUANT_GROUP
+}
+
+impl SessionBuffers {
+    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, capacity: usize) -> Result<Self> {
+        let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
+        let kv_words = cfg.num_key_value_heads * capacity * cfg.head_dim / 2;
+        let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
+        // Short contexts need no more rows than they have, rounded up to
+        // the tiled prefill matvec's tokens per workgroup (it reads and
+        // writes whole tiles; the groups of 4 tokens of the per-token
+        // matvec and of attention_prefill divide them).
+        let batch = PREFILL_BATCH.min(capacity.next_multiple_of(MATMUL_TOKENS_PER_WG as usize));
+        let rows = |n: usize| batch * padded(n);
+        Ok(SessionBuffers {
+            capacity,
+            batch,
+            tokens: f("tokens", capacity + 1),
+            step: f("step", 2),
+            // Rows are padded to the quant group; the padding stays zero.
+            x: f("x", rows(cfg.hidden_size)),
+            qkv: f("qkv", rows(cfg.qkv_rows())),
+            q: f("q", batch * cfg.q_dim()),
+            attn: f("attn", rows(cfg.q_dim())),
+            h: f("h", rows(cfg.intermediate_size)),
+            logits: f("logits", cfg.vocab_size),
+            part_val: f("part_val", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
+            part_idx: f("part_idx", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
+            attention_chunks: chunks,
+            attn_ml: f("attn_ml", batch * 2 * cfg.num_attention_heads * chunks),
+            attn_acc: f("attn_acc", batch * cfg.num_attention_heads * chunks * cfg.head_dim),
+            rope: gpu.storage_init(
+                "rope",
+                bytemuck::cast_slice(&rope_table(cfg.head_dim, capacity, cfg.rope_theta)),
+            )?,
+            k_cache: (0..cfg.num_hidden_layers).map(|_| f("k_cache", kv_words)).collect(),
+            v_cache: (0..cfg.num_hidden_layers).map(|_| f("v_cache", kv_words)).collect(),
+        })
+    }
+
+    /// Bytes of every buffer.
+    pub(crate) fn bytes(&self) -> u64 {
+        let fixed = [
+            &self.tokens,
+            &self.step,
+            &self.x,
+            &self.qkv,
+            &self.q,
+            &self.attn,
+            &self.h,
+            &self.logits,
+            &self.part_val,
+            &self.part_idx,
+            &self.attn_ml,
+            &self.attn_acc,
+            &self.rope,
+        ];
+        let caches = self.k_cache.iter().chain(&self.v_cache);
+        fixed.into_iter().chain(caches).map(|buf| buf.size()).sum()
+    }
+}
+
+/// RoPE's (cos, sin) for every position below `capacity` and frequency
+/// `d < head_dim / 2` (angle `pos * theta^(-2d/head_dim)`), computed in f64.
+pub fn rope_table(head_dim: usize, capacity: usize, theta: f32) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut t = Vec::with_capacity(capacity * head_dim);
+    for pos in 0..capacity {
+        for d in 0..half {
+            let a = pos as f64 * (theta as f64).powf(-((2 * d) as f64) / head_dim as f64);
+            t.push(a.cos() as f32);
+            t.push(a.sin() as f32);
+        }
+    }
+    t
+}
