@@ -20,8 +20,11 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::{grid, Kernel, Kernels, SelfCheck, ARGMAX_CHUNK, ATTENTION_CHUNK, WG};
-use crate::qwen3::{rope_table, EmbedParams, HeadParams, MatvecParams};
+use crate::kernels::{
+    grid, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams, HeadParams, Kernel, Kernels, MatvecParams,
+    ReduceParams, SelfCheck, Step, ARGMAX_CHUNK, ATTENTION_CHUNK, WG,
+};
+use crate::qwen3::rope_table;
 use crate::reference::{
     argmax_ref, attention_ref, first_mismatch, matvec_ref, poisoned, pseudo_nonzero, qk_norm_rope_ref,
     unpack_f16, Quant, POISON,
@@ -172,9 +175,9 @@ fn f16s(v: &[f32]) -> Vec<f16> {
     v.iter().map(|x| f16::from_f32(*x)).collect()
 }
 
-/// The GPU decode state `{pos, fill_end}`.
+/// The GPU decode state.
 fn step(pos: usize, fill_end: usize) -> Vec<u8> {
-    u32s(&[pos as u32, fill_end as u32])
+    bytes_of(&Step { pos: pos as u32, fill_end: fill_end as u32 }).to_vec()
 }
 
 fn fail(kernel: Kernel, how: impl Into<String>) -> Vec<(String, String)> {
@@ -355,7 +358,8 @@ fn reduce(
 ) -> Result<usize> {
     let (nh, _, hd) = HEADS;
     let out_len = nh * hd + 3;
-    let params = rig.uniform(&u32s(&[hd as u32, chunks as u32, out_len as u32]))?;
+    let p = ReduceParams { head_dim: hd as u32, n_chunks: chunks as u32, out_stride: out_len as u32 };
+    let params = rig.uniform(bytes_of(&p))?;
     let out = rig.storage(&poisoned(out_len))?;
     rig.dispatch(Kernel::AttentionReduce, [nh as u32, 1, 1], &[&params, part_ml, part_acc, &out]);
     Ok(rig.read(&out, 4 * out_len))
@@ -469,13 +473,13 @@ fn argmax(rig: &mut Rig<'_>) -> Result<Check> {
     }
     let parts = n.div_ceil(ARGMAX_CHUNK as usize);
     let bufs = [
-        rig.uniform(&u32s(&[n as u32, ARGMAX_CHUNK]))?,
+        rig.uniform(bytes_of(&ArgmaxPartialParams { n: n as u32, chunk: ARGMAX_CHUNK }))?,
         rig.storage(&f32s(&logits))?,
         rig.storage(&poisoned(parts))?,
         rig.storage(&poisoned(parts))?,
     ];
     rig.dispatch(Kernel::ArgmaxPartial, grid(parts as u32), &bufs.each_ref());
-    let final_params = rig.uniform(&u32s(&[parts as u32, 6]))?;
+    let final_params = rig.uniform(bytes_of(&ArgmaxFinalParams { n: parts as u32, n_tokens: 6 }))?;
     let tokens = rig.storage(&poisoned(6))?;
     let state = rig.storage(&step(3, 0))?;
     rig.dispatch(Kernel::ArgmaxFinal, [1, 1, 1], &[&final_params, &bufs[2], &bufs[3], &tokens, &state]);
@@ -563,7 +567,7 @@ mod tests {
     ) -> wgpu::ComputePipeline {
         let src = edit(kernel.source(gpu.subgroups));
         let constants = kernel.constants(kernels.matvec_layout);
-        let layout = Some(&kernels.get(kernel).layout);
+        let layout = Some(kernels.layout(kernel));
         compile_for_layout(gpu, "edited", &src, kernel.entry(), kernel.bindings(), &constants, layout)
             .expect("the edited kernel compiles")
             .0

@@ -3,13 +3,6 @@
 // best (value, index) to part_val/part_idx[w]. argmax_final reduces the
 // parts. Preamble (names prefixed Q3W_): WG.
 
-struct Params {
-    uint n;     // logits
-    uint chunk; // logits per threadgroup
-};
-
-constant uint NONE = 0xffffffffu;
-
 kernel void argmax_partial(
     constant Params& p [[buffer(0)]],
     const device float* logits [[buffer(1)]],

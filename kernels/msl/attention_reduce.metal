@@ -7,12 +7,6 @@
 // loads at a time. Batched (prefill): threadgroup (h, 0, z) combines token
 // z's chunks into out[z * out_stride ..]. Preamble (names prefixed Q3W_): WG.
 
-struct Params {
-    uint head_dim;
-    uint n_chunks;
-    uint out_stride; // elements between consecutive tokens' outputs
-};
-
 // a * exp(m_c - M), or 0 for a chunk past the context (whose acc was never
 // written and may hold anything).
 static inline float term(float a, float2 ml, float big_m) {

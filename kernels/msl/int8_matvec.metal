@@ -23,16 +23,6 @@
 #error "this twin implements the rows-per-simdgroup layout only"
 #endif
 
-struct Params {
-    uint rows;       // rows in this launch (a chunk of the matrix)
-    uint k_words;    // padded row length / 4 (a multiple of 4)
-    uint groups;     // scales per row
-    uint row_offset; // first output element written (SWIGLU: first matrix row)
-    uint n_in;       // NORM: elements of x (the padding is zero)
-    float eps;       // NORM: rms_norm_eps
-    uint y_stride;   // elements between consecutive tokens' outputs (batched)
-};
-
 inline float silu(float g) {
     return g / (1.0f + exp(-g));
 }

@@ -9,23 +9,6 @@
 // position step.pos + z, reading qkv[z] and writing q_out[z].
 // Preamble (names prefixed Q3W_): WG.
 
-struct Params {
-    uint n_heads;
-    uint n_kv_heads;
-    uint head_dim;
-    uint capacity;
-    float eps;
-    uint qkv_stride; // elements between consecutive tokens' qkv rows (batched)
-};
-
-// The decode position, kept on the GPU (argmax_final advances it).
-struct Step {
-    uint pos;      // position of the token being processed
-    uint fill_end; // first position argmax_final may write a token to
-};
-
-constant constexpr uint MAX_HEAD_DIM = 256;
-
 kernel void qk_norm_rope(
     constant Params& p [[buffer(0)]],
     const device Step* step [[buffer(1)]],

@@ -7,12 +7,6 @@
 // independent loads at a time. Batched (prefill): workgroup (h, 0, z)
 // combines token z's chunks into out[z * out_stride ..].
 
-struct Params {
-    head_dim: u32,
-    n_chunks: u32,
-    out_stride: u32, // elements between consecutive tokens' outputs
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part_ml: array<vec2<f32>>;
 @group(0) @binding(2) var<storage, read> part_acc: array<f32>;

@@ -4,13 +4,6 @@
 // Batched (prefill): workgroup z embeds tokens[step.pos + z] into
 // x[z * k_words ..].
 
-struct Params {
-    k_words: u32,   // padded row length / 4
-    groups: u32,    // scales per row
-    row_start: u32,
-    row_end: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;
@@ -18,7 +11,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> scales: array<f32>;
 @group(0) @binding(5) var<storage, read_write> x: array<vec4<f32>>;
 
-override GROUP_WORDS: u32 = 16u;
+override GROUP_WORDS: u32;
 
 @compute @workgroup_size(WG)
 fn embed_lookup(@builtin(global_invocation_id) gid: vec3<u32>) {

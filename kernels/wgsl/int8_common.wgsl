@@ -3,16 +3,6 @@
 // both pipelines), the epilogue flags, and the int8-to-float conversion.
 // Prepended to both by Rust.
 
-struct Params {
-    rows: u32,       // rows in this launch (a chunk of the matrix)
-    k_words: u32,    // padded row length / 4 (a multiple of 4)
-    groups: u32,     // scales per row
-    row_offset: u32, // first output element written (SWIGLU: first matrix row)
-    n_in: u32,       // NORM: elements of x (the padding is zero)
-    eps: f32,        // NORM: rms_norm_eps
-    y_stride: u32,   // elements between consecutive tokens' outputs (batched)
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;

@@ -32,7 +32,7 @@
 // int8_common.wgsl, prepended by Rust.
 
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
-override GROUP_WORDS: u32 = 16u;
+override GROUP_WORDS: u32;
 // Rows per workgroup (a multiple of 4), set from Rust.
 override ROWS_PER_WG: u32 = 8u;
 override SPLIT_K: bool = false;
