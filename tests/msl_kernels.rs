@@ -685,7 +685,8 @@ fn no_kernel_stores_one_component_of_a_vector_element() {
             files.push(entry.unwrap().path());
         }
     }
-    assert!(files.len() >= 20, "kernel sources found: {}", files.len());
+    // 13 WGSL files (step.wgsl is generated now) and 6 MSL twins.
+    assert!(files.len() >= 19, "kernel sources found: {}", files.len());
     for path in files {
         let src = std::fs::read_to_string(&path).unwrap();
         for t in assignment_targets(&src) {

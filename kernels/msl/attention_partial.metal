@@ -16,6 +16,8 @@
 //   output, normalised and written to part_acc's binding (bound to the
 //   output); no reduce.
 // Preamble (names prefixed Q3W_): WG (= positions per chunk), FUSED, DIRECT.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 // A K row quad (8 halves) dotted with the matching 8 dims of q (qa, qb).
 static inline float dot8(float4 qa, float4 qb, uint4 a) {

@@ -18,6 +18,8 @@
 //
 // Batched (prefill): threadgroup z applies the matrix to token z's input
 // x[z * k_words ..] and writes y[z * y_stride ..]; decode runs z = 0 only.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 #if Q3W_SPLIT_K
 #error "this twin implements the rows-per-simdgroup layout only"

@@ -8,6 +8,8 @@
 // Batched (prefill): threadgroup (h, 0, z) handles token z of the batch, at
 // position step.pos + z, reading qkv[z] and writing q_out[z].
 // Preamble (names prefixed Q3W_): WG.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 kernel void qk_norm_rope(
     constant Params& p [[buffer(0)]],

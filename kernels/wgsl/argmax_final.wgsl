@@ -4,6 +4,8 @@
 // position still holds a prompt token, pos + 1 < fill_end) and pos += 1.
 // The next step's embedding reads tokens[pos], so steps queue up on the GPU
 // without the host reading anything in between.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part_val: array<f32>;

@@ -2,6 +2,8 @@
 // logits[w*chunk, (w+1)*chunk) and writes its best (value, index) to
 // part_val/part_idx[w]. argmax_final reduces the parts. A single workgroup
 // over a 151936-entry vocabulary would leave the GPU idle.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;

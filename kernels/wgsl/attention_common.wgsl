@@ -1,6 +1,8 @@
 // What the attention kernels share (attention_partial's variants and
-// attention_prefill): params, the bindings up to the partial results, and
+// attention_prefill): the bindings up to the partial results, and
 // the f16 unpacking of K/V rows. Prepended to each by Rust.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;

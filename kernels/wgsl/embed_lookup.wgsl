@@ -3,6 +3,8 @@
 // chunks; exactly one chunk writes). An out-of-range id writes nothing.
 // Batched (prefill): workgroup z embeds tokens[step.pos + z] into
 // x[z * k_words ..].
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;

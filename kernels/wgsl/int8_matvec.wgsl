@@ -28,8 +28,10 @@
 // ACCUMULATE variant; int8_matmul.wgsl serves the others) each weight quad
 // is loaded once for all of them. Decode runs TOKENS = 1 and z = 0 only.
 //
-// Params, bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
+// Bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
 // int8_common.wgsl, prepended by Rust.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
 override GROUP_WORDS: u32;

@@ -10,6 +10,8 @@
 // f16 pairs packed in u32, layout [kv_head][capacity][head_dim / 2].
 // Batched (prefill): workgroup (h, 0, z) handles token z of the batch, at
 // position step.pos + z, reading qkv[z] and writing q_out[z].
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;

@@ -124,12 +124,15 @@ const CONSTANTS: [(&str, u32, &str); 2] = [
     ("NONE", NONE, "argmax: no candidate yet"),
 ];
 
-/// Whether `word` occurs in `text` as a whole identifier.
+/// Whether `word` occurs in `text` as a whole identifier outside `//`
+/// comments (the kernels use no others).
 fn uses(text: &str, word: &str) -> bool {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    text.match_indices(word).any(|(i, _)| {
-        !text[..i].chars().next_back().is_some_and(ident)
-            && !text[i + word.len()..].chars().next().is_some_and(ident)
+    text.lines().map(|l| l.split("//").next().unwrap_or_default()).any(|code| {
+        code.match_indices(word).any(|(i, _)| {
+            !code[..i].chars().next_back().is_some_and(ident)
+                && !code[i + word.len()..].chars().next().is_some_and(ident)
+        })
     })
 }
 
@@ -256,12 +259,44 @@ mod tests {
         }
     }
 
+    /// The generated declarations are the only ones: no kernel file (WGSL,
+    /// MSL, or what a family shares) declares a shared struct or constant
+    /// itself, and every full source declares `Params` exactly once.
+    #[test]
+    fn no_kernel_file_declares_the_abi_by_hand() {
+        let shared = [
+            crate::kernels::matvec::INT8_COMMON,
+            crate::kernels::attention::ATTENTION_COMMON,
+            include_str!("../../kernels/wgsl/int8_matmul.wgsl"),
+            include_str!("../../kernels/wgsl/attention_prefill.wgsl"),
+        ];
+        let files = Kernel::ALL.iter().flat_map(|k| [Some(k.wgsl()), k.row().msl]).flatten().chain(shared);
+        for text in files {
+            let head = text.lines().next().unwrap_or_default();
+            for name in ["Params", "Step"] {
+                assert!(!uses(text, &format!("struct {name}")), "`{head}`: declares {name}");
+            }
+            for (name, _, _) in CONSTANTS {
+                for decl in [format!("const {name}"), format!("uint {name}")] {
+                    assert!(!uses(text, &decl), "`{head}`: declares {name}");
+                }
+            }
+        }
+        let once = |src: &str| src.matches("struct Params {").count() == 1;
+        for k in Kernel::ALL {
+            assert!(once(&k.source(true)) && once(&k.source(false)), "{k:?}");
+            assert!(crate::msl::msl_source(k).is_none_or(|src| once(&src)), "{k:?}");
+            assert!(k.matmul_source().is_none_or(|(src, _)| once(&src)), "{k:?}");
+        }
+        assert!(once(&crate::kernels::attention_prefill_source(true).0));
+    }
+
     #[test]
     fn only_the_names_a_kernel_uses_are_declared() {
         let d = Step::DEF;
         let src = wgsl_decls(&d, "fn f() { let a = NONE; }");
         assert!(src.contains("const NONE: u32 = 4294967295u;") && !src.contains("MAX_HEAD_DIM"));
-        let src = msl_decls(&d, "threadgroup float head[MAX_HEAD_DIM]; // NONE_OF_THESE");
+        let src = msl_decls(&d, "threadgroup float head[MAX_HEAD_DIM]; // NONE, NONE_OF_THESE");
         assert!(src.contains("constant constexpr uint MAX_HEAD_DIM = 256u;") && !src.contains("NONE ="));
         assert!(src.contains("struct Step {\n    uint pos; // Position of the token being processed.\n"));
     }
