@@ -29,6 +29,15 @@ gpu_struct! {
 /// Logits per `argmax_partial` workgroup.
 pub const ARGMAX_CHUNK: u32 = 1024;
 
+/// `argmax_partial`'s workgroups (the parts `argmax_final` reduces) over
+/// `n` logits, `chunk` per workgroup.
+pub fn parts(n: u32, chunk: u32) -> u32 {
+    n.div_ceil(chunk)
+}
+
+/// `argmax_final`'s grid: one workgroup.
+pub const FINAL_GRID: [u32; 3] = [1, 1, 1];
+
 /// Binding order of `argmax_partial`: params, logits, part_val, part_idx.
 pub const PARTIAL_BINDINGS: &[Bind] = &[Bind::Uniform, Bind::Read, Bind::ReadWrite, Bind::ReadWrite];
 

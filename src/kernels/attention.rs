@@ -53,6 +53,18 @@ pub const PARTIAL_BINDINGS: &[Bind] = &[
 /// Binding order of `attention_reduce`: params, part_ml, part_acc, out.
 pub const REDUCE_BINDINGS: &[Bind] = &[Bind::Uniform, Bind::Read, Bind::Read, Bind::ReadWrite];
 
+/// The grid of an `attention_partial` launch: one workgroup per query head
+/// and chunk of [`ATTENTION_CHUNK`] positions (`z`: tokens of a batch).
+pub fn partial_grid(n_heads: u32, chunks: u32) -> [u32; 3] {
+    [n_heads, chunks, 1]
+}
+
+/// The grid of an `attention_reduce` launch: one workgroup per query head
+/// (`z`: tokens of a batch).
+pub fn reduce_grid(n_heads: u32) -> [u32; 3] {
+    super::grid(n_heads)
+}
+
 /// What the attention kernels share (bindings, f16 unpacking), prepended to
 /// `attention_partial` and `attention_prefill`.
 pub(super) const ATTENTION_COMMON: &str = include_str!("../../kernels/wgsl/attention_common.wgsl");

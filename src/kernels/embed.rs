@@ -24,6 +24,11 @@ gpu_struct! {
 pub const BINDINGS: &[Bind] =
     &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite];
 
+/// The grid: one invocation per u32 word of the row (`z`: tokens of a batch).
+pub fn grid(k_words: u32) -> [u32; 3] {
+    super::grid(k_words.div_ceil(WG))
+}
+
 /// The override constants of `embed_lookup`: the workgroup size and the
 /// quant group (`GROUP_WORDS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -33,6 +33,12 @@ gpu_struct! {
 pub const BINDINGS: &[Bind] =
     &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite, Bind::Read];
 
+/// The grid of a launch over `rows` rows, `rows_per_wg` per workgroup (its
+/// split's, [`MatvecSplit::rows_per_wg`]; `z`: tokens of a batch).
+pub fn grid(rows: u32, rows_per_wg: u32) -> [u32; 3] {
+    super::grid(rows.div_ceil(rows_per_wg))
+}
+
 /// What the two int8 matrix kernels share (bindings, flags, the int8-to-float
 /// conversion), prepended to each.
 pub(super) const INT8_COMMON: &str = include_str!("../../kernels/wgsl/int8_common.wgsl");

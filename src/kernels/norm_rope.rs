@@ -15,3 +15,8 @@ pub const BINDINGS: &[Bind] = &[
     Bind::ReadWrite,
     Bind::ReadWrite,
 ];
+
+/// The grid: one workgroup per q, k and v head (`z`: tokens of a batch).
+pub fn grid(n_heads: u32, n_kv_heads: u32) -> [u32; 3] {
+    super::grid(n_heads + 2 * n_kv_heads)
+}

@@ -264,3 +264,32 @@ impl Kernels {
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::AdapterPolicy;
+
+    /// The set is built once, eagerly: each decode and prefill pipeline is
+    /// one cache entry, and what launches and the self-check get is that
+    /// entry (no second build).
+    #[test]
+    fn the_set_builds_each_decode_and_prefill_pipeline_once() {
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, crate::self_check::run).unwrap();
+        let entries = || kernels.cache.lock().unwrap().len();
+        // 11 decode; per token: 3 matvec variants and attention_prefill;
+        // tiled: the 2 normed variants' int8_matmul.
+        assert_eq!(entries(), Kernel::ALL.len() + 4 + 2);
+        let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm);
+        assert!(normed.per_token.is_some() && normed.tiled.is_some());
+        assert_eq!(normed.decode, kernels.get(Kernel::Int8MatvecNorm).pipeline);
+        let add = kernels.launch_pipelines(Kernel::Int8MatvecAccumulate);
+        assert!(add.per_token.is_some() && add.tiled.is_none());
+        let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
+        assert!(attention.per_token.is_some() && attention.tiled.is_none());
+        let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
+        assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
+        assert_eq!(entries(), Kernel::ALL.len() + 4 + 2);
+    }
+}

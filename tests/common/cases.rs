@@ -138,7 +138,7 @@ pub fn matvec_case(
         eps,
         y_stride: y_stride as u32,
     };
-    let mut grid = kernels::grid((rows as u32).div_ceil(rows_per_wg));
+    let mut grid = kernels::matvec::grid(rows as u32, rows_per_wg);
     grid[2] = tokens.div_ceil(tokens_per_wg) as u32;
     let out = run(
         kernel,
@@ -190,7 +190,7 @@ pub fn argmax_case(run: Run<'_>, n: usize, chunk: u32, ties: bool, rng: &mut Std
         }
     }
     let want = argmax_ref(&v);
-    let parts = (n as u32).div_ceil(chunk);
+    let parts = kernels::argmax::parts(n as u32, chunk);
     let out = run(
         Kernel::ArgmaxPartial,
         kernels::grid(parts),
@@ -213,7 +213,7 @@ pub fn argmax_case(run: Run<'_>, n: usize, chunk: u32, ties: bool, rng: &mut Std
     for (fill_end, writes) in [(4, true), (5, false)] {
         let f = run(
             Kernel::ArgmaxFinal,
-            [1, 1, 1],
+            kernels::argmax::FINAL_GRID,
             &[argmax_final_params(parts, 6), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
         );
         assert_eq!(to_u32(&f[1]), [4, fill_end as u32], "position advances");
@@ -251,7 +251,7 @@ pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize
     };
     let rope = qwen3_wgpu::qwen3::rope_table(hd, cap, theta);
     let cache_words = nkv * cap * hd / 2;
-    let mut grid = kernels::grid((nh + 2 * nkv) as u32);
+    let mut grid = kernels::norm_rope::grid(nh as u32, nkv as u32);
     grid[2] = tokens as u32;
     let out = run(
         Kernel::QkNormRope,
@@ -436,7 +436,7 @@ pub fn attention_step_case(
     let chunks = if direct { 1 } else { cap.div_ceil(ATTENTION_CHUNK as usize) };
     let out = run(
         kernel,
-        [nh as u32, chunks as u32, 1],
+        kernels::attention::partial_grid(nh as u32, chunks as u32),
         &[
             params,
             step(pos, 0),
@@ -494,7 +494,7 @@ pub fn argmax_never_writes_past_the_token_array(run: Run<'_>) {
     // A position at the end of the token array writes no token.
     let f = run(
         Kernel::ArgmaxFinal,
-        [1, 1, 1],
+        kernels::argmax::FINAL_GRID,
         &[argmax_final_params(1, 4), f32s(&[1.0]), u32s(&[0]), poisoned(5), step(3, 0)],
     );
     assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
