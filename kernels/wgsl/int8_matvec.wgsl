@@ -36,11 +36,11 @@
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
 override GROUP_WORDS: u32;
 // Rows per workgroup (a multiple of 4), set from Rust.
-override ROWS_PER_WG: u32 = 8u;
+override ROWS_PER_WG: u32;
 override SPLIT_K: bool = false;
 // Tokens per workgroup: 1 (decode) or 4 (the prefill pipelines, rows per
 // team only), set from Rust.
-override TOKENS: u32 = 1u;
+override TOKENS: u32;
 
 fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
     return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);

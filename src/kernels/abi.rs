@@ -7,6 +7,8 @@
 //! `4 i` in `#[repr(C)]` Rust, in WGSL's uniform and storage layouts and in
 //! MSL alike (tests check the generated WGSL's offsets with naga).
 
+use crate::weights::QUANT_GROUP;
+
 /// The scalar type of a field of a shared struct.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scalar {
@@ -114,6 +116,13 @@ gpu_struct! {
 
 /// Largest head_dim the attention kernels hold in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// `n` rounded up to the quant group: the length the kernels read a matrix
+/// row or an activation row in (whole groups: `k_words` is
+/// `quant_padded(cols) / 4`, and a matvec reads its input in whole groups).
+pub const fn quant_padded(n: usize) -> usize {
+    n.div_ceil(QUANT_GROUP) * QUANT_GROUP
+}
 
 /// The index sentinel of the argmax kernels: no candidate yet.
 pub const NONE: u32 = u32::MAX;

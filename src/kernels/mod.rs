@@ -18,7 +18,7 @@ pub mod matvec;
 pub mod norm_rope;
 mod pipelines;
 
-pub use abi::{GpuStruct, Step, MAX_HEAD_DIM, NONE};
+pub use abi::{quant_padded, GpuStruct, Step, MAX_HEAD_DIM, NONE};
 pub use argmax::{ArgmaxFinalParams, ArgmaxPartialParams, ARGMAX_CHUNK};
 pub use attention::{
     attention_prefill_source, AttentionConstants, AttentionVariant, HeadParams, ReduceParams,

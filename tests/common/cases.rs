@@ -84,12 +84,12 @@ pub const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
 /// (one chunk) and the chunked one.
 pub const ATTENTION_STEP_DIRECT_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
     (4, 2, 64, 16, 0),
-    (16, 8, 128, 300, 255), // the last position one chunk holds
+    (16, 8, 128, 300, ATTENTION_CHUNK as usize - 1), // the last position one chunk holds
     (3, 1, 40, 20, 13),
     (2, 2, 32, 256, 100),
 ];
 pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
-    (16, 8, 128, 600, 256), // the first position of the second chunk
+    (16, 8, 128, 600, ATTENTION_CHUNK as usize), // the first position of the second chunk
     (4, 2, 64, 1100, 700),
     (2, 1, 40, 300, 299), // the last position of the capacity
     (4, 1, 64, 300, 5),   // chunks past the context
