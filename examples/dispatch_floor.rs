@@ -52,8 +52,7 @@ var<workgroup> red: array<vec4<f32>, WG>;
 }";
     // The engine's subgroup prelude (its Lane builtins) around a trivial
     // body, and the engine's argmax_final itself.
-    let prelude =
-        Kernel::ArgmaxFinal.source(true).split("struct Params").next().unwrap_or_default().to_string();
+    let prelude = qwen3_wgpu::internals::kernels::reduction_prelude(true);
     let lanes = format!(
         "{prelude}
 @group(0) @binding(0) var<uniform> u: vec4<u32>;

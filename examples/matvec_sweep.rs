@@ -14,7 +14,9 @@
 //! `--backend NAME`, else `QWEN3_WGPU_BACKEND`, else portable).
 
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
-use qwen3_wgpu::internals::kernels::{compile, Kernel, MatvecLayout, MatvecShape};
+use qwen3_wgpu::internals::kernels::{
+    compile, Kernel, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit,
+};
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 
 const LAYERS: u32 = 28;
@@ -121,20 +123,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         print!("{label:18}");
         let mut pipes = Vec::new();
         for s in &shapes {
-            let mut constants = s.kernel.constants(*layout);
-            for (name, v) in constants.iter_mut() {
-                match *name {
-                    "WG" => *v = *wg as f64,
-                    "ROWS_PER_WG" => *v = *rows_per_wg as f64,
-                    "NORM" if s.name.ends_with("plain") => *v = 0.0,
-                    _ => {}
-                }
-            }
-            if shape_consts {
+            let mut variant = s.kernel.matvec_variant().expect("a matvec variant");
+            variant.norm &= !s.name.ends_with("plain");
+            let split = MatvecSplit { layout: *layout, workgroup_size: *wg, rows_per_wg: *rows_per_wg };
+            let shape = shape_consts.then(|| {
                 let groups = s.cols / QUANT_GROUP as u32;
-                let shape = MatvecShape { rows: s.rows, k_words: s.cols / 4, groups, n_in: s.cols };
-                constants.extend(shape.constants());
-            }
+                MatvecShape { rows: s.rows, k_words: s.cols / 4, groups, n_in: s.cols }
+            });
+            let constants = MatvecConstants { shape, ..MatvecConstants::decode(variant, split) }.render();
             let src = s.kernel.source(gpu.subgroups);
             let (pipeline, layout) =
                 compile(&gpu, s.name, &src, s.kernel.entry(), s.kernel.bindings(), &constants)?;
@@ -142,9 +138,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let bind = |i: usize, layer: usize| {
             let s = &shapes[i];
-            let params: [u32; 7] =
-                [s.rows, s.cols / 4, s.cols / QUANT_GROUP as u32, 0, s.cols, 1e-6f32.to_bits(), 8192];
-            let u = gpu.uniform("p", bytemuck::cast_slice(&params)).unwrap();
+            let params = MatvecParams {
+                rows: s.rows,
+                k_words: s.cols / 4,
+                groups: s.cols / QUANT_GROUP as u32,
+                row_offset: 0,
+                n_in: s.cols,
+                eps: 1e-6,
+                y_stride: 8192,
+            };
+            let u = gpu.uniform("p", bytemuck::bytes_of(&params)).unwrap();
             let entries = [
                 u.as_entire_binding(),
                 x.as_entire_binding(),

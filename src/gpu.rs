@@ -421,7 +421,7 @@ pub fn wanted_features() -> wgpu::Features {
 }
 
 /// The features of [`wanted_features`] `adapter` offers, plus passthrough
-/// shaders on Metal (for the MSL twins, src/msl.rs; elsewhere it would
+/// shaders on Metal (for the MSL twins, src/kernels/msl.rs; elsewhere it would
 /// mean SPIR-V).
 pub(crate) fn engine_features(adapter: &wgpu::Adapter) -> wgpu::Features {
     let mut wanted = wanted_features();

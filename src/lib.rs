@@ -26,7 +26,6 @@ pub(crate) mod kernels;
 pub(crate) mod limits;
 pub(crate) mod load;
 #[allow(missing_docs)] // reached from outside only through `internals`
-pub(crate) mod msl;
 pub(crate) mod qwen3;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod reference;
@@ -106,7 +105,7 @@ pub mod internals {
     }
     /// MSL sources and preambles.
     pub mod msl {
-        pub use crate::msl::*;
+        pub use crate::kernels::msl::*;
     }
     /// The Qwen3 forward pass as launches.
     pub mod qwen3 {

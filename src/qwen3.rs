@@ -22,7 +22,7 @@
 
 use std::cell::RefCell;
 
-use bytemuck::{bytes_of, Pod, Zeroable};
+use bytemuck::bytes_of;
 
 pub use crate::buffers::rope_table;
 use crate::buffers::{padded, SessionBuffers};
@@ -30,47 +30,9 @@ use crate::config::ModelConfig;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::{
-    grid, Kernel, Kernels, Launch, MatvecShape, ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG,
+    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ARGMAX_CHUNK,
+    ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG,
 };
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct MatvecParams {
-    pub(crate) rows: u32,
-    pub(crate) k_words: u32,
-    pub(crate) groups: u32,
-    pub(crate) row_offset: u32,
-    pub(crate) n_in: u32,
-    pub(crate) eps: f32,
-    /// Elements between consecutive tokens' outputs (batched prefill).
-    pub(crate) y_stride: u32,
-}
-
-/// The uniform of `qk_norm_rope` and `attention_partial` (the former reads
-/// the fields up to `qkv_stride`).
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct HeadParams {
-    pub(crate) n_heads: u32,
-    pub(crate) n_kv_heads: u32,
-    pub(crate) head_dim: u32,
-    pub(crate) capacity: u32,
-    /// rms_norm_eps of the q/k norms.
-    pub(crate) eps: f32,
-    /// qk_norm_rope: elements between consecutive tokens' qkv rows.
-    pub(crate) qkv_stride: u32,
-    /// The softmax scale, 1/sqrt(head_dim).
-    pub(crate) scale: f32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct EmbedParams {
-    pub(crate) k_words: u32,
-    pub(crate) groups: u32,
-    pub(crate) row_start: u32,
-    pub(crate) row_end: u32,
-}
 
 /// One launch of the decode step, or the attention of one layer, whose
 /// launches depend on the step's position.

@@ -6,6 +6,7 @@
 use half::f16;
 
 use crate::converted::QUANT_GROUP;
+use crate::kernels::quant_padded;
 
 /// Fills outputs before a run: a NaN, so an element never written fails.
 pub const POISON: u32 = 0x7fc0_dead;
@@ -89,7 +90,7 @@ impl Quant {
     /// A deterministic matrix of non-zero values in `-127..=127` (the
     /// padding zero) with scales in [0.001, 0.02].
     pub fn pseudo(seed: u64, rows: usize, cols: usize) -> Self {
-        let padded = cols.div_ceil(QUANT_GROUP) * QUANT_GROUP;
+        let padded = quant_padded(cols);
         let values = pseudo_nonzero(seed, rows * cols);
         let mut q = vec![0i8; rows * padded];
         for r in 0..rows {

@@ -20,8 +20,11 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::{grid, Kernel, Kernels, SelfCheck, ARGMAX_CHUNK, ATTENTION_CHUNK, WG};
-use crate::qwen3::{rope_table, EmbedParams, HeadParams, MatvecParams};
+use crate::kernels::{
+    argmax, attention, embed, grid, matvec, norm_rope, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams,
+    HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, SelfCheck, Step, ARGMAX_CHUNK, ATTENTION_CHUNK,
+};
+use crate::qwen3::rope_table;
 use crate::reference::{
     argmax_ref, attention_ref, first_mismatch, matvec_ref, poisoned, pseudo_nonzero, qk_norm_rope_ref,
     unpack_f16, Quant, POISON,
@@ -172,9 +175,9 @@ fn f16s(v: &[f32]) -> Vec<f16> {
     v.iter().map(|x| f16::from_f32(*x)).collect()
 }
 
-/// The GPU decode state `{pos, fill_end}`.
+/// The GPU decode state.
 fn step(pos: usize, fill_end: usize) -> Vec<u8> {
-    u32s(&[pos as u32, fill_end as u32])
+    bytes_of(&Step { pos: pos as u32, fill_end: fill_end as u32 }).to_vec()
 }
 
 fn fail(kernel: Kernel, how: impl Into<String>) -> Vec<(String, String)> {
@@ -217,7 +220,7 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         rig.storage(&f32s(&norm_w))?,
     ];
     let rows_per_wg = rig.kernels.matvec_layout.rows_per_wg();
-    rig.dispatch(kernel, grid((rows as u32).div_ceil(rows_per_wg)), &bufs.each_ref());
+    rig.dispatch(kernel, matvec::grid(rows as u32, rows_per_wg), &bufs.each_ref());
     let y = rig.read(&bufs[4], 4 * y_len);
     Ok(Box::new(move |out| {
         let got = to_f32(&out[y]);
@@ -312,7 +315,7 @@ fn qk_norm_rope(rig: &mut Rig<'_>) -> Result<Check> {
         rig.storage(&k0)?,
         rig.storage(&v0)?,
     ];
-    rig.dispatch(kernel, grid((nh + 2 * nkv) as u32), &bufs.each_ref());
+    rig.dispatch(kernel, norm_rope::grid(nh as u32, nkv as u32), &bufs.each_ref());
     let (q, k, v) = (
         rig.read(&bufs[5], 4 * nh * hd),
         rig.read(&bufs[6], 4 * cache_words),
@@ -355,9 +358,11 @@ fn reduce(
 ) -> Result<usize> {
     let (nh, _, hd) = HEADS;
     let out_len = nh * hd + 3;
-    let params = rig.uniform(&u32s(&[hd as u32, chunks as u32, out_len as u32]))?;
+    let p = ReduceParams { head_dim: hd as u32, n_chunks: chunks as u32, out_stride: out_len as u32 };
+    let params = rig.uniform(bytes_of(&p))?;
     let out = rig.storage(&poisoned(out_len))?;
-    rig.dispatch(Kernel::AttentionReduce, [nh as u32, 1, 1], &[&params, part_ml, part_acc, &out]);
+    let grid = attention::reduce_grid(nh as u32);
+    rig.dispatch(Kernel::AttentionReduce, grid, &[&params, part_ml, part_acc, &out]);
     Ok(rig.read(&out, 4 * out_len))
 }
 
@@ -396,7 +401,7 @@ fn attention_prompt(rig: &mut Rig<'_>) -> Result<Check> {
         rig.storage(&f32s(&[1.0; 4]))?,
         rig.storage(&f32s(&[2.0; 4]))?,
     ];
-    rig.dispatch(kernel, [nh as u32, chunks as u32, 1], &bufs.each_ref());
+    rig.dispatch(kernel, attention::partial_grid(nh as u32, chunks as u32), &bufs.each_ref());
     let out = reduce(rig, &bufs[5], &bufs[6], chunks)?;
     Ok(Box::new(move |outs| {
         let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, p.scale as f64);
@@ -432,7 +437,7 @@ fn attention_step(rig: &mut Rig<'_>, kernel: Kernel, capacity: usize, pos: usize
         rig.storage(&f32s(&norms))?,
         rig.storage(&f32s(&rope))?,
     ];
-    rig.dispatch(kernel, [nh as u32, chunks as u32, 1], &bufs.each_ref());
+    rig.dispatch(kernel, attention::partial_grid(nh as u32, chunks as u32), &bufs.each_ref());
     let (kr, vr) = (rig.read(&bufs[3], k0.len()), rig.read(&bufs[4], v0.len()));
     let out = if direct { rig.read(&bufs[6], 4 * out_len) } else { reduce(rig, &bufs[5], &bufs[6], chunks)? };
     Ok(Box::new(move |outs| {
@@ -467,18 +472,22 @@ fn argmax(rig: &mut Rig<'_>) -> Result<Check> {
     for i in [2100, 1500, 1501, 1533] {
         logits[i] = 5.0;
     }
-    let parts = n.div_ceil(ARGMAX_CHUNK as usize);
+    let parts = argmax::parts(n as u32, ARGMAX_CHUNK) as usize;
     let bufs = [
-        rig.uniform(&u32s(&[n as u32, ARGMAX_CHUNK]))?,
+        rig.uniform(bytes_of(&ArgmaxPartialParams { n: n as u32, chunk: ARGMAX_CHUNK }))?,
         rig.storage(&f32s(&logits))?,
         rig.storage(&poisoned(parts))?,
         rig.storage(&poisoned(parts))?,
     ];
     rig.dispatch(Kernel::ArgmaxPartial, grid(parts as u32), &bufs.each_ref());
-    let final_params = rig.uniform(&u32s(&[parts as u32, 6]))?;
+    let final_params = rig.uniform(bytes_of(&ArgmaxFinalParams { n: parts as u32, n_tokens: 6 }))?;
     let tokens = rig.storage(&poisoned(6))?;
     let state = rig.storage(&step(3, 0))?;
-    rig.dispatch(Kernel::ArgmaxFinal, [1, 1, 1], &[&final_params, &bufs[2], &bufs[3], &tokens, &state]);
+    rig.dispatch(
+        Kernel::ArgmaxFinal,
+        argmax::FINAL_GRID,
+        &[&final_params, &bufs[2], &bufs[3], &tokens, &state],
+    );
     let (idx, tok, st) = (rig.read(&bufs[3], 4 * parts), rig.read(&tokens, 24), rig.read(&state, 8));
     Ok(Box::new(move |outs| {
         let idx = to_u32(&outs[idx]);
@@ -526,7 +535,7 @@ fn embed(rig: &mut Rig<'_>) -> Result<Check> {
         rig.storage(&f32s(&m.scales))?,
         rig.storage(&poisoned(x_len))?,
     ];
-    rig.dispatch(Kernel::EmbedLookup, grid((m.k_words() as u32).div_ceil(WG)), &bufs.each_ref());
+    rig.dispatch(Kernel::EmbedLookup, embed::grid(m.k_words() as u32), &bufs.each_ref());
     let x = rig.read(&bufs[5], 4 * x_len);
     Ok(Box::new(move |outs| {
         let got = to_f32(&outs[x]);
@@ -563,7 +572,7 @@ mod tests {
     ) -> wgpu::ComputePipeline {
         let src = edit(kernel.source(gpu.subgroups));
         let constants = kernel.constants(kernels.matvec_layout);
-        let layout = Some(&kernels.get(kernel).layout);
+        let layout = Some(kernels.layout(kernel));
         compile_for_layout(gpu, "edited", &src, kernel.entry(), kernel.bindings(), &constants, layout)
             .expect("the edited kernel compiles")
             .0

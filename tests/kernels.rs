@@ -14,7 +14,9 @@ use common::cases::{
 };
 use common::reference::*;
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
-use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG};
+use qwen3_wgpu::internals::kernels::{
+    self, Bind, EmbedParams, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG,
+};
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -277,14 +279,15 @@ fn embed_lookup_matches_cpu() {
                 q: m.q[row_start as usize * m.padded..row_end as usize * m.padded].to_vec(),
                 scales: m.scales[row_start as usize * m.groups()..row_end as usize * m.groups()].to_vec(),
             };
-            let params = [m.k_words() as u32, m.groups() as u32, row_start, row_end];
+            let params =
+                EmbedParams { k_words: m.k_words() as u32, groups: m.groups() as u32, row_start, row_end };
             // The token is read at the GPU's position (2) of the sequence.
             let tokens = [7u32, 8, token, 9];
             let out = dispatch(
                 &gpu,
                 Kernel::EmbedLookup,
                 false,
-                &[bytemuck::cast_slice(&params)],
+                &[bytemuck::bytes_of(&params)],
                 &[
                     step(2, 3),
                     bytemuck::cast_slice(&tokens).to_vec(),
@@ -314,13 +317,18 @@ fn embed_lookup_batches_tokens_from_the_position() {
     let (rows, cols) = (40usize, 96usize);
     let m = random_quant(&mut rng, rows, cols);
     let tokens = [7u32, 8, 31, 0, 39, 5];
-    let params = [m.k_words() as u32, m.groups() as u32, 0, rows as u32];
+    let params = EmbedParams {
+        k_words: m.k_words() as u32,
+        groups: m.groups() as u32,
+        row_start: 0,
+        row_end: rows as u32,
+    };
     let out = dispatch_grid(
         &gpu,
         Kernel::EmbedLookup,
         false,
         MatvecLayout::RowsPerTeam,
-        &[bytemuck::cast_slice(&params)],
+        &[bytemuck::bytes_of(&params)],
         &[
             step(2, 6),
             bytemuck::cast_slice(&tokens).to_vec(),

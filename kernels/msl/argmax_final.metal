@@ -3,18 +3,8 @@
 // index), then advances the decode position kept on the GPU:
 // tokens[pos + 1] = the greedy token (unless that position still holds a
 // prompt token, pos + 1 < fill_end) and pos += 1. Preamble (names prefixed Q3W_): WG.
-
-struct Params {
-    uint n;        // parts
-    uint n_tokens; // length of `tokens` (capacity + 1)
-};
-
-struct Step {
-    uint pos;
-    uint fill_end;
-};
-
-constant uint NONE = 0xffffffffu;
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 kernel void argmax_final(
     constant Params& p [[buffer(0)]],

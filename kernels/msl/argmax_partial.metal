@@ -2,13 +2,8 @@
 // index): threadgroup w scans logits[w*chunk, (w+1)*chunk) and writes its
 // best (value, index) to part_val/part_idx[w]. argmax_final reduces the
 // parts. Preamble (names prefixed Q3W_): WG.
-
-struct Params {
-    uint n;     // logits
-    uint chunk; // logits per threadgroup
-};
-
-constant uint NONE = 0xffffffffu;
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 kernel void argmax_partial(
     constant Params& p [[buffer(0)]],

@@ -16,24 +16,8 @@
 //   output, normalised and written to part_acc's binding (bound to the
 //   output); no reduce.
 // Preamble (names prefixed Q3W_): WG (= positions per chunk), FUSED, DIRECT.
-
-struct Params {
-    uint n_heads;
-    uint n_kv_heads;
-    uint head_dim;
-    uint capacity;
-    float eps;       // FUSED: rms_norm_eps of the q/k norms
-    uint qkv_stride; // (qk_norm_rope's; unused here)
-    float scale;     // softmax scale, 1/sqrt(head_dim)
-};
-
-// The decode position, kept on the GPU (see qk_norm_rope).
-struct Step {
-    uint pos;
-    uint fill_end;
-};
-
-constant constexpr uint MAX_HEAD_DIM = 256;
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 // A K row quad (8 halves) dotted with the matching 8 dims of q (qa, qb).
 static inline float dot8(float4 qa, float4 qb, uint4 a) {

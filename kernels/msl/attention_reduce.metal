@@ -6,12 +6,8 @@
 // lane's output loop is a single pass over the chunks, four independent
 // loads at a time. Batched (prefill): threadgroup (h, 0, z) combines token
 // z's chunks into out[z * out_stride ..]. Preamble (names prefixed Q3W_): WG.
-
-struct Params {
-    uint head_dim;
-    uint n_chunks;
-    uint out_stride; // elements between consecutive tokens' outputs
-};
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 // a * exp(m_c - M), or 0 for a chunk past the context (whose acc was never
 // written and may hold anything).

@@ -18,20 +18,12 @@
 //
 // Batched (prefill): threadgroup z applies the matrix to token z's input
 // x[z * k_words ..] and writes y[z * y_stride ..]; decode runs z = 0 only.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 #if Q3W_SPLIT_K
 #error "this twin implements the rows-per-simdgroup layout only"
 #endif
-
-struct Params {
-    uint rows;       // rows in this launch (a chunk of the matrix)
-    uint k_words;    // padded row length / 4 (a multiple of 4)
-    uint groups;     // scales per row
-    uint row_offset; // first output element written (SWIGLU: first matrix row)
-    uint n_in;       // NORM: elements of x (the padding is zero)
-    float eps;       // NORM: rms_norm_eps
-    uint y_stride;   // elements between consecutive tokens' outputs (batched)
-};
 
 inline float silu(float g) {
     return g / (1.0f + exp(-g));

@@ -8,23 +8,8 @@
 // Batched (prefill): threadgroup (h, 0, z) handles token z of the batch, at
 // position step.pos + z, reading qkv[z] and writing q_out[z].
 // Preamble (names prefixed Q3W_): WG.
-
-struct Params {
-    uint n_heads;
-    uint n_kv_heads;
-    uint head_dim;
-    uint capacity;
-    float eps;
-    uint qkv_stride; // elements between consecutive tokens' qkv rows (batched)
-};
-
-// The decode position, kept on the GPU (argmax_final advances it).
-struct Step {
-    uint pos;      // position of the token being processed
-    uint fill_end; // first position argmax_final may write a token to
-};
-
-constant constexpr uint MAX_HEAD_DIM = 256;
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
 
 kernel void qk_norm_rope(
     constant Params& p [[buffer(0)]],

@@ -4,19 +4,14 @@
 // position still holds a prompt token, pos + 1 < fill_end) and pos += 1.
 // The next step's embedding reads tokens[pos], so steps queue up on the GPU
 // without the host reading anything in between.
-
-struct Params {
-    n: u32,          // parts
-    n_tokens: u32,   // length of `tokens` (capacity + 1)
-}
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part_val: array<f32>;
 @group(0) @binding(2) var<storage, read> part_idx: array<u32>;
 @group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
 @group(0) @binding(4) var<storage, read_write> step: Step;
-
-const NONE: u32 = 0xffffffffu;
 
 @compute @workgroup_size(WG)
 fn argmax_final(lane: Lane) {

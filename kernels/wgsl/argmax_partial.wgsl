@@ -2,18 +2,13 @@
 // logits[w*chunk, (w+1)*chunk) and writes its best (value, index) to
 // part_val/part_idx[w]. argmax_final reduces the parts. A single workgroup
 // over a 151936-entry vocabulary would leave the GPU idle.
-
-struct Params {
-    n: u32,     // logits
-    chunk: u32, // logits per workgroup
-}
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> part_val: array<f32>;
 @group(0) @binding(3) var<storage, read_write> part_idx: array<u32>;
-
-const NONE: u32 = 0xffffffffu;
 
 @compute @workgroup_size(WG)
 fn argmax_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {

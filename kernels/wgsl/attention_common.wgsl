@@ -1,16 +1,8 @@
 // What the attention kernels share (attention_partial's variants and
-// attention_prefill): params, the bindings up to the partial results, and
+// attention_prefill): the bindings up to the partial results, and
 // the f16 unpacking of K/V rows. Prepended to each by Rust.
-
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    capacity: u32,
-    eps: f32,        // FUSED: rms_norm_eps of the q/k norms
-    qkv_stride: u32, // (qk_norm_rope's; unused here)
-    scale: f32,      // softmax scale, 1/sqrt(head_dim)
-}
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
@@ -27,8 +19,6 @@ struct Params {
 // [head][head_dim] (one binding for both keeps the kernel within 8 storage
 // buffers, the default limit a host application's device may have).
 @group(0) @binding(6) var<storage, read_write> part_acc: array<f32>;
-
-const MAX_HEAD_DIM: u32 = 256u;
 
 // The first and last 4 of the 8 f16 values of a V row quad.
 fn lo4(a: vec4<u32>) -> vec4<f32> {

@@ -19,6 +19,8 @@
 // - DIRECT (the context fits one chunk; grid (heads, 1, 1)): the chunk's
 //   result is the output, normalised and written to part_acc's binding
 //   (bound to the output), no reduce.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 override FUSED: bool = false;
 override DIRECT: bool = false;

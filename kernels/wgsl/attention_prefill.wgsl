@@ -9,8 +9,10 @@
 // q comes normed and rotated from qk_norm_rope, which also wrote the batch's
 // K/V. Tokens past the batch (its last group may be partial) are computed
 // like the others, from the rows past the batch, and never read.
-// Bindings, params and lo4/hi4: attention_common.wgsl, prepended by Rust
-// after the preamble (TOKENS).
+// Bindings and lo4/hi4: attention_common.wgsl, prepended by Rust after the
+// preamble (TOKENS).
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 const QUADS: u32 = MAX_HEAD_DIM / 4u;
 // Token n's q at q_s[n * QUADS ..].

@@ -6,12 +6,8 @@
 // each invocation's output loop is a single pass over the chunks, four
 // independent loads at a time. Batched (prefill): workgroup (h, 0, z)
 // combines token z's chunks into out[z * out_stride ..].
-
-struct Params {
-    head_dim: u32,
-    n_chunks: u32,
-    out_stride: u32, // elements between consecutive tokens' outputs
-}
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part_ml: array<vec2<f32>>;

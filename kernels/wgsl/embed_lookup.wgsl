@@ -3,13 +3,8 @@
 // chunks; exactly one chunk writes). An out-of-range id writes nothing.
 // Batched (prefill): workgroup z embeds tokens[step.pos + z] into
 // x[z * k_words ..].
-
-struct Params {
-    k_words: u32,   // padded row length / 4
-    groups: u32,    // scales per row
-    row_start: u32,
-    row_end: u32,
-}
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
@@ -18,7 +13,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> scales: array<f32>;
 @group(0) @binding(5) var<storage, read_write> x: array<vec4<f32>>;
 
-override GROUP_WORDS: u32 = 16u;
+override GROUP_WORDS: u32;
 
 @compute @workgroup_size(WG)
 fn embed_lookup(@builtin(global_invocation_id) gid: vec3<u32>) {

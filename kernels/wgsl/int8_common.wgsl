@@ -1,17 +1,9 @@
 // What int8_matvec (decode steps) and int8_matmul (prompt batches) share:
 // one bind-group layout and params struct (a launch's bind group serves
-// both pipelines), the epilogue flags, and the int8-to-float conversion.
+// both pipelines; `Params` is generated from MatvecParams, src/kernels/matvec.rs), the epilogue flags, and the int8-to-float conversion.
 // Prepended to both by Rust.
-
-struct Params {
-    rows: u32,       // rows in this launch (a chunk of the matrix)
-    k_words: u32,    // padded row length / 4 (a multiple of 4)
-    groups: u32,     // scales per row
-    row_offset: u32, // first output element written (SWIGLU: first matrix row)
-    n_in: u32,       // NORM: elements of x (the padding is zero)
-    eps: f32,        // NORM: rms_norm_eps
-    y_stride: u32,   // elements between consecutive tokens' outputs (batched)
-}
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
@@ -23,7 +15,7 @@ struct Params {
 
 // The launch's shape (p.rows, p.k_words, p.groups, p.n_in) compiled in,
 // where the host specialises the pipeline (the decode matvecs, see
-// MatvecShape in kernels.rs); 0: read from p. Compiled in, a lane's first
+// MatvecShape in src/kernels/matvec.rs); 0: read from p. Compiled in, a lane's first
 // loads wait on no uniform read, and its index arithmetic folds.
 override SHAPE_ROWS: u32 = 0u;
 override SHAPE_K_WORDS: u32 = 0u;

@@ -15,6 +15,8 @@
 // int8_common.wgsl, prepended by Rust.
 // Preamble (from Rust): MM_ROWS, MM_TOKENS, GROUP_WORDS (u32 words per quant
 // group), with (MM_ROWS / 4) * (MM_TOKENS / 4) == WG.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 const ROW_QUADS: u32 = MM_ROWS / 4u;
 const TOKEN_QUADS: u32 = MM_TOKENS / 4u;

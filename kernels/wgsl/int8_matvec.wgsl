@@ -28,17 +28,19 @@
 // ACCUMULATE variant; int8_matmul.wgsl serves the others) each weight quad
 // is loaded once for all of them. Decode runs TOKENS = 1 and z = 0 only.
 //
-// Params, bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
+// Bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
 // int8_common.wgsl, prepended by Rust.
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 // u32 words per quant group (QUANT_GROUP / 4), set from Rust.
-override GROUP_WORDS: u32 = 16u;
+override GROUP_WORDS: u32;
 // Rows per workgroup (a multiple of 4), set from Rust.
-override ROWS_PER_WG: u32 = 8u;
+override ROWS_PER_WG: u32;
 override SPLIT_K: bool = false;
 // Tokens per workgroup: 1 (decode) or 4 (the prefill pipelines, rows per
 // team only), set from Rust.
-override TOKENS: u32 = 1u;
+override TOKENS: u32;
 
 fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
     return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);

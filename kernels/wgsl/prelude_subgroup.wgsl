@@ -1,9 +1,10 @@
 // Workgroup reductions built on subgroup operations (Features::SUBGROUP).
 // Never assumes a subgroup size: the subgroup index and count come from the
 // builtins, so this is correct for lavapipe's 8 lanes and Apple's 32 alike.
-// `WG` (the workgroup size) is an override constant every kernel shares.
+// `WG` (the workgroup size) is an override constant every kernel shares, set
+// from Rust (no default: a pipeline built without it fails).
 
-override WG: u32 = 256u;
+override WG: u32;
 
 struct Lane {
     @builtin(local_invocation_index) idx: u32,

@@ -2,7 +2,7 @@
 // Features::SUBGROUP). Same functions as prelude_subgroup.wgsl. `WG` must be
 // a power of two.
 
-override WG: u32 = 256u;
+override WG: u32;
 
 struct Lane {
     @builtin(local_invocation_index) idx: u32,

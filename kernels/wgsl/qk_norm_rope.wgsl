@@ -10,15 +10,8 @@
 // f16 pairs packed in u32, layout [kv_head][capacity][head_dim / 2].
 // Batched (prefill): workgroup (h, 0, z) handles token z of the batch, at
 // position step.pos + z, reading qkv[z] and writing q_out[z].
-
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    capacity: u32,
-    eps: f32,
-    qkv_stride: u32, // elements between consecutive tokens' qkv rows (batched)
-}
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
@@ -31,7 +24,6 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(7) var<storage, read_write> v_cache: array<u32>;
 
-const MAX_HEAD_DIM: u32 = 256u;
 var<workgroup> head: array<f32, MAX_HEAD_DIM>;
 
 @compute @workgroup_size(WG)

@@ -5,8 +5,12 @@
 //! results against the CPU references (or returns them, for the matvec, so
 //! a test can expect a broken kernel to fail).
 
+use bytemuck::bytes_of;
 use half::f16;
-use qwen3_wgpu::internals::kernels::{self, Kernel, ATTENTION_CHUNK};
+use qwen3_wgpu::internals::kernels::{
+    self, ArgmaxFinalParams, ArgmaxPartialParams, HeadParams, Kernel, MatvecParams, ReduceParams, Step,
+    ATTENTION_CHUNK,
+};
 use rand::{rngs::StdRng, SeedableRng};
 
 use super::reference::{
@@ -26,9 +30,26 @@ pub fn to_u32(b: &[u8]) -> Vec<u32> {
     bytemuck::pod_collect_to_vec(b)
 }
 
-/// `{pos, fill_end}`, the GPU-resident step state.
+/// The GPU-resident step state.
 pub fn step(pos: usize, fill_end: usize) -> Vec<u8> {
-    u32s(&[pos as u32, fill_end as u32])
+    bytes_of(&Step { pos: pos as u32, fill_end: fill_end as u32 }).to_vec()
+}
+
+/// `argmax_partial`'s uniform: `n` logits, `chunk` per workgroup.
+pub fn argmax_partial_params(n: u32, chunk: u32) -> Vec<u8> {
+    bytes_of(&ArgmaxPartialParams { n, chunk }).to_vec()
+}
+
+/// `argmax_final`'s uniform: `n` parts, `n_tokens` tokens.
+pub fn argmax_final_params(n: u32, n_tokens: u32) -> Vec<u8> {
+    bytes_of(&ArgmaxFinalParams { n, n_tokens }).to_vec()
+}
+
+/// `attention_reduce`'s uniform.
+pub fn reduce_params(head_dim: usize, n_chunks: usize, out_stride: usize) -> Vec<u8> {
+    let p =
+        ReduceParams { head_dim: head_dim as u32, n_chunks: n_chunks as u32, out_stride: out_stride as u32 };
+    bytes_of(&p).to_vec()
 }
 
 /// The awkward shapes every backend's qk_norm_rope test runs: (heads, kv
@@ -63,12 +84,12 @@ pub const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
 /// (one chunk) and the chunked one.
 pub const ATTENTION_STEP_DIRECT_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
     (4, 2, 64, 16, 0),
-    (16, 8, 128, 300, 255), // the last position one chunk holds
+    (16, 8, 128, 300, ATTENTION_CHUNK as usize - 1), // the last position one chunk holds
     (3, 1, 40, 20, 13),
     (2, 2, 32, 256, 100),
 ];
 pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
-    (16, 8, 128, 600, 256), // the first position of the second chunk
+    (16, 8, 128, 600, ATTENTION_CHUNK as usize), // the first position of the second chunk
     (4, 2, 64, 1100, 700),
     (2, 1, 40, 300, 299), // the last position of the capacity
     (4, 1, 64, 300, 5),   // chunks past the context
@@ -108,21 +129,21 @@ pub fn matvec_case(
     let y_stride = first_out + outs + 5;
     let y0 = nonzero(&mut rng, tokens * y_stride);
     let init = if variant.accumulate { f32s(&y0) } else { poisoned(tokens * y_stride) };
-    let params = [
-        rows as u32,
-        m.k_words() as u32,
-        m.groups() as u32,
-        row_offset as u32,
-        cols as u32,
-        eps.to_bits(),
-        y_stride as u32,
-    ];
-    let mut grid = kernels::grid((rows as u32).div_ceil(rows_per_wg));
+    let params = MatvecParams {
+        rows: rows as u32,
+        k_words: m.k_words() as u32,
+        groups: m.groups() as u32,
+        row_offset: row_offset as u32,
+        n_in: cols as u32,
+        eps,
+        y_stride: y_stride as u32,
+    };
+    let mut grid = kernels::matvec::grid(rows as u32, rows_per_wg);
     grid[2] = tokens.div_ceil(tokens_per_wg) as u32;
     let out = run(
         kernel,
         grid,
-        &[u32s(&params), f32s(&xs.concat()), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
+        &[bytes_of(&params).to_vec(), f32s(&xs.concat()), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
     );
     let got = to_f32(&out[0]);
     let mut res = Vec::new();
@@ -169,11 +190,16 @@ pub fn argmax_case(run: Run<'_>, n: usize, chunk: u32, ties: bool, rng: &mut Std
         }
     }
     let want = argmax_ref(&v);
-    let parts = (n as u32).div_ceil(chunk);
+    let parts = kernels::argmax::parts(n as u32, chunk);
     let out = run(
         Kernel::ArgmaxPartial,
         kernels::grid(parts),
-        &[u32s(&[n as u32, chunk]), f32s(&v), poisoned(parts as usize), poisoned(parts as usize)],
+        &[
+            argmax_partial_params(n as u32, chunk),
+            f32s(&v),
+            poisoned(parts as usize),
+            poisoned(parts as usize),
+        ],
     );
     let (val, idx) = (to_f32(&out[0]), to_u32(&out[1]));
     for c in 0..parts as usize {
@@ -187,8 +213,8 @@ pub fn argmax_case(run: Run<'_>, n: usize, chunk: u32, ties: bool, rng: &mut Std
     for (fill_end, writes) in [(4, true), (5, false)] {
         let f = run(
             Kernel::ArgmaxFinal,
-            [1, 1, 1],
-            &[u32s(&[parts, 6]), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
+            kernels::argmax::FINAL_GRID,
+            &[argmax_final_params(parts, 6), out[0].clone(), out[1].clone(), poisoned(6), step(3, fill_end)],
         );
         assert_eq!(to_u32(&f[1]), [4, fill_end as u32], "position advances");
         for (i, t) in to_u32(&f[0]).iter().enumerate() {
@@ -214,16 +240,24 @@ pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize
     let qkv = nonzero(rng, tokens * qkv_stride);
     let qn = nonzero(rng, hd);
     let kn = nonzero(rng, hd);
-    let params = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits(), qkv_stride as u32];
+    let params = HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: cap as u32,
+        eps,
+        qkv_stride: qkv_stride as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
     let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
     let cache_words = nkv * cap * hd / 2;
-    let mut grid = kernels::grid((nh + 2 * nkv) as u32);
+    let mut grid = kernels::norm_rope::grid(nh as u32, nkv as u32);
     grid[2] = tokens as u32;
     let out = run(
         Kernel::QkNormRope,
         grid,
         &[
-            u32s(&params),
+            bytes_of(&params).to_vec(),
             step(pos, 0),
             f32s(&qkv),
             f32s(&[qn.clone(), kn.clone()].concat()),
@@ -278,8 +312,16 @@ fn head_params(nh: usize, nkv: usize, hd: usize, cap: usize) -> (Vec<u8>, f32) {
     let scale = 1.0 / (hd as f32).sqrt();
     let qkv_stride = (nh + 2 * nkv) * hd + 8;
     let eps = 1e-6f32;
-    let p = [nh as u32, nkv as u32, hd as u32, cap as u32, eps.to_bits(), qkv_stride as u32, scale.to_bits()];
-    (u32s(&p), scale)
+    let p = HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: cap as u32,
+        eps,
+        qkv_stride: qkv_stride as u32,
+        scale,
+    };
+    (bytes_of(&p).to_vec(), scale)
 }
 
 /// attention_reduce over `chunks` chunks of `parts` (part_ml, part_acc),
@@ -297,7 +339,7 @@ fn reduce(
         Kernel::AttentionReduce,
         [nh as u32, 1, tokens as u32],
         &[
-            u32s(&[hd as u32, chunks as u32, out_stride as u32]),
+            reduce_params(hd, chunks, out_stride),
             parts[0].clone(),
             parts[1].clone(),
             poisoned(tokens * out_stride),
@@ -394,7 +436,7 @@ pub fn attention_step_case(
     let chunks = if direct { 1 } else { cap.div_ceil(ATTENTION_CHUNK as usize) };
     let out = run(
         kernel,
-        [nh as u32, chunks as u32, 1],
+        kernels::attention::partial_grid(nh as u32, chunks as u32),
         &[
             params,
             step(pos, 0),
@@ -452,8 +494,8 @@ pub fn argmax_never_writes_past_the_token_array(run: Run<'_>) {
     // A position at the end of the token array writes no token.
     let f = run(
         Kernel::ArgmaxFinal,
-        [1, 1, 1],
-        &[u32s(&[1, 4]), f32s(&[1.0]), u32s(&[0]), poisoned(5), step(3, 0)],
+        kernels::argmax::FINAL_GRID,
+        &[argmax_final_params(1, 4), f32s(&[1.0]), u32s(&[0]), poisoned(5), step(3, 0)],
     );
     assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
 }

@@ -1,7 +1,8 @@
 //! The CPU references (shared with the engine's self-check, in
-//! `qwen3_wgpu::reference`) plus the random inputs the tests run them on.
+//! `qwen3_wgpu::internals::reference`) plus the random inputs the tests run them on.
 
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
+use qwen3_wgpu::internals::kernels::quant_padded;
 pub use qwen3_wgpu::internals::reference::*;
 use rand::{rngs::StdRng, Rng};
 
@@ -20,7 +21,7 @@ pub fn nonzero(rng: &mut StdRng, n: usize) -> Vec<f32> {
 }
 
 pub fn random_quant(rng: &mut StdRng, rows: usize, cols: usize) -> Quant {
-    let padded = cols.div_ceil(QUANT_GROUP) * QUANT_GROUP;
+    let padded = quant_padded(cols);
     let groups = padded / QUANT_GROUP;
     let mut q = vec![0i8; rows * padded];
     for r in 0..rows {
@@ -37,7 +38,7 @@ pub fn random_quant(rng: &mut StdRng, rows: usize, cols: usize) -> Quant {
 
 /// A matvec input padded like the engine's (the tail past `cols` is zero).
 pub fn padded_input(rng: &mut StdRng, cols: usize) -> Vec<f32> {
-    let mut x = nonzero(rng, cols.div_ceil(QUANT_GROUP) * QUANT_GROUP);
+    let mut x = nonzero(rng, quant_padded(cols));
     x[cols..].iter_mut().for_each(|v| *v = 0.0);
     x
 }

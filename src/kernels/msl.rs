@@ -18,11 +18,14 @@
 //! as with WGSL pipelines (the `int8_matvec` variants are `#if`s on their
 //! flags). The `.metal` files include nothing themselves. The threadgroup
 //! size to dispatch with is [`Kernel::workgroup_size`] (also `Q3W_WG` in
-//! the preamble). The `int8_matvec` twin implements the rows-per-team layout
+//! the preamble). The structs and constants the host shares with the
+//! kernels (`Params`, `Step`, `MAX_HEAD_DIM`, `NONE`) follow the preamble,
+//! generated from their Rust definitions. The `int8_matvec` twin implements the rows-per-team layout
 //! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
 //! matvec grids for that layout.
 
-use crate::kernels::{Kernel, MatvecLayout};
+use super::abi::msl_decls;
+use super::{Kernel, MatvecLayout};
 
 /// The matvec layout of the MSL twin (the one Apple GPUs get from
 /// [`MatvecLayout::for_device`]); its preamble is generated for it.
@@ -34,23 +37,19 @@ pub const MACRO_PREFIX: &str = "Q3W_";
 /// What every MSL source starts with, before any generated macro.
 pub const MSL_HEADER: &str = "#include <metal_stdlib>\nusing namespace metal;\n";
 
-/// The kernel's `.metal` file, for kernels that have an MSL twin.
+/// The kernel's `.metal` file, for kernels that have an MSL twin (its row
+/// of [`crate::kernels::TABLE`]).
 pub fn msl_file(kernel: Kernel) -> Option<&'static str> {
-    Some(match kernel.entry() {
-        "int8_matvec" => include_str!("../kernels/msl/int8_matvec.metal"),
-        "qk_norm_rope" => include_str!("../kernels/msl/qk_norm_rope.metal"),
-        "attention_partial" => include_str!("../kernels/msl/attention_partial.metal"),
-        "attention_reduce" => include_str!("../kernels/msl/attention_reduce.metal"),
-        "argmax_partial" => include_str!("../kernels/msl/argmax_partial.metal"),
-        "argmax_final" => include_str!("../kernels/msl/argmax_final.metal"),
-        _ => return None,
-    })
+    kernel.row().msl
 }
 
-/// Full MSL source of `kernel`'s variant: [`preamble`], then its `.metal`
-/// file. `None` for kernels without a twin (they stay WGSL everywhere).
+/// Full MSL source of `kernel`'s variant: [`preamble`], the declarations
+/// generated from the host-kernel ABI ([`crate::kernels::abi::msl_decls`]:
+/// the kernel's `Params`, and `Step` and the shared constants where the file
+/// uses them), then its `.metal` file. `None` for kernels without a twin
+/// (they stay WGSL everywhere).
 pub fn msl_source(kernel: Kernel) -> Option<String> {
-    msl_file(kernel).map(|body| format!("{}{body}", preamble(kernel)))
+    msl_file(kernel).map(|body| format!("{}{}{body}", preamble(kernel), msl_decls(kernel.row().params, body)))
 }
 
 /// The MSL function to use as the pipeline's entry point (the WGSL entry's

@@ -1,0 +1,121 @@
+//! The attention family: `attention_partial` (GQA attention split over
+//! chunks of positions; variants for a prompt batch, a decode step with
+//! `qk_norm_rope`'s work folded in, and a decode step whose context fits one
+//! chunk and so writes the output itself), its prompt-batch pipeline
+//! `attention_prefill`, and `attention_reduce`, which combines the chunks.
+
+use super::abi::{gpu_struct, MAX_HEAD_DIM};
+use super::{Bind, Kernel, PREFILL_TOKENS_PER_WG, WG};
+
+gpu_struct! {
+    /// The uniform of `qk_norm_rope` and the `attention_partial` variants.
+    "Params" pub struct HeadParams {
+        pub n_heads: u32,
+        pub n_kv_heads: u32,
+        pub head_dim: u32,
+        pub capacity: u32,
+        /// rms_norm_eps of the q/k norms.
+        pub eps: f32,
+        /// qk_norm_rope: elements between consecutive tokens' qkv rows.
+        pub qkv_stride: u32,
+        /// The softmax scale, 1/sqrt(head_dim).
+        pub scale: f32,
+    }
+}
+
+gpu_struct! {
+    /// The uniform of `attention_reduce`.
+    "Params" pub struct ReduceParams {
+        pub head_dim: u32,
+        /// Chunks of positions per head and token.
+        pub n_chunks: u32,
+        /// Elements between consecutive tokens' outputs.
+        pub out_stride: u32,
+    }
+}
+
+/// Binding order of the `attention_partial` variants (and
+/// `attention_prefill`): params, step, q (or qkv), k_cache, v_cache,
+/// part_ml, part_acc (or the output), qk_norm, rope: 8 storage buffers at
+/// most, the default limit (a host application's device).
+pub const PARTIAL_BINDINGS: &[Bind] = &[
+    Bind::Uniform,
+    Bind::Read,
+    Bind::Read,
+    Bind::ReadWrite,
+    Bind::ReadWrite,
+    Bind::ReadWrite,
+    Bind::ReadWrite,
+    Bind::Read,
+    Bind::Read,
+];
+
+/// Binding order of `attention_reduce`: params, part_ml, part_acc, out.
+pub const REDUCE_BINDINGS: &[Bind] = &[Bind::Uniform, Bind::Read, Bind::Read, Bind::ReadWrite];
+
+/// The grid of an `attention_partial` launch: one workgroup per query head
+/// and chunk of [`ATTENTION_CHUNK`] positions (`z`: tokens of a batch).
+pub fn partial_grid(n_heads: u32, chunks: u32) -> [u32; 3] {
+    [n_heads, chunks, 1]
+}
+
+/// The grid of an `attention_reduce` launch: one workgroup per query head
+/// (`z`: tokens of a batch).
+pub fn reduce_grid(n_heads: u32) -> [u32; 3] {
+    super::grid(n_heads)
+}
+
+/// What the attention kernels share (bindings, f16 unpacking), prepended to
+/// `attention_partial` and `attention_prefill`.
+pub(super) const ATTENTION_COMMON: &str = include_str!("../../kernels/wgsl/attention_common.wgsl");
+
+/// Cached positions per `attention_partial` workgroup (one per invocation).
+pub const ATTENTION_CHUNK: u32 = WG;
+/// head_dim must be a multiple of this: attention_partial reads a K row as
+/// `vec4<u32>`s (8 f16 values each).
+pub const HEAD_DIM_MULTIPLE: usize = 8;
+// attention_partial's last step gives each output dim an invocation.
+const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
+// attention_prefill carries its tokens in vec4s.
+const _: () = assert!(PREFILL_TOKENS_PER_WG == 4);
+
+/// Which `attention_partial` variant (its override constants; see the
+/// kernel's header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttentionVariant {
+    /// q read raw from the qkv output, normed and rotated here, and the new
+    /// position's K/V written (a decode step).
+    pub fused: bool,
+    /// One chunk, the output written directly (no reduce).
+    pub direct: bool,
+}
+
+impl AttentionVariant {
+    pub const PROMPT: Self = AttentionVariant { fused: false, direct: false };
+    pub const STEP: Self = AttentionVariant { fused: true, direct: false };
+    pub const STEP_DIRECT: Self = AttentionVariant { fused: true, direct: true };
+}
+
+/// The override constants of an `attention_partial` pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttentionConstants {
+    pub variant: AttentionVariant,
+}
+
+impl AttentionConstants {
+    /// As (WGSL name, value) pairs.
+    pub fn render(&self) -> Vec<(&'static str, f64)> {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        vec![("WG", WG as f64), ("FUSED", flag(self.variant.fused)), ("DIRECT", flag(self.variant.direct))]
+    }
+}
+
+/// The WGSL and override constants of `attention_prefill`, the
+/// prompt-batch pipeline of [`Kernel::AttentionPartial`]:
+/// [`PREFILL_TOKENS_PER_WG`] tokens per workgroup, on its bind-group layout.
+pub fn attention_prefill_source(subgroups: bool) -> (String, Vec<(&'static str, f64)>) {
+    let k = Kernel::AttentionPartial;
+    let body = include_str!("../../kernels/wgsl/attention_prefill.wgsl");
+    let src = format!("const TOKENS: u32 = {PREFILL_TOKENS_PER_WG}u;\n{}", k.source_with(subgroups, body));
+    (src, vec![("WG", k.workgroup_size() as f64)])
+}

@@ -1,0 +1,182 @@
+//! Which kernels an engine uses and how they were checked: the MSL twins
+//! or WGSL ([`KernelSource`], [`KernelChoice`]), the fallback from one to
+//! the other, and the start-up self-check's report.
+
+use super::Kernels;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+
+/// Where the pipelines of the kernels that have a hand-written MSL twin
+/// (see [`crate::kernels::msl`]) come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelSource {
+    /// The MSL twins, passed straight to Metal (Apple GPUs).
+    Msl,
+    /// WGSL compiled by naga (every backend).
+    Wgsl,
+}
+
+impl KernelSource {
+    /// `"msl"` or `"wgsl"`, as the examples report it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelSource::Msl => "msl",
+            KernelSource::Wgsl => "wgsl",
+        }
+    }
+}
+
+/// The caller's kernel preference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelChoice {
+    /// The MSL twins on a Metal adapter that accepts passthrough shaders,
+    /// WGSL elsewhere.
+    #[default]
+    Auto,
+    /// WGSL everywhere (on Metal too: for comparison).
+    Wgsl,
+}
+
+/// Environment variable read when the caller sets no [`KernelChoice`]:
+/// `wgsl` forces the WGSL kernels, `auto` is the default.
+pub const KERNELS_ENV: &str = "QWEN3_WGPU_KERNELS";
+
+impl KernelChoice {
+    /// The names [`Self::from_name`] accepts: `auto` (also `msl`) and `wgsl`.
+    pub const NAMES: [(&'static str, KernelChoice); 3] =
+        [("auto", KernelChoice::Auto), ("msl", KernelChoice::Auto), ("wgsl", KernelChoice::Wgsl)];
+
+    /// The choice named `auto`, `msl` or `wgsl`; anything else is
+    /// `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        crate::settings::parse_choice(what, value, &Self::NAMES)
+    }
+
+    /// The choice `QWEN3_WGPU_KERNELS` names: `None` when it is unset,
+    /// `invalid_argument` when it names no choice.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(KERNELS_ENV, &Self::NAMES)
+    }
+}
+
+/// True when the MSL twins can be used on `gpu`: a Metal adapter with
+/// passthrough shaders, and simdgroup reductions not switched off.
+pub fn msl_available(gpu: &Gpu) -> bool {
+    gpu.info.backend == wgpu::Backend::Metal
+        && gpu.device.features().contains(wgpu::Features::PASSTHROUGH_SHADERS)
+        && gpu.subgroups
+}
+
+/// Builds with the MSL twins when `want_msl`, falling back to WGSL when
+/// that fails (the failure is logged and returned): the fast path never
+/// stops the engine. Returns what was built, from which source, and why
+/// MSL was rejected if it was.
+pub fn with_fallback<T>(
+    want_msl: bool,
+    mut build: impl FnMut(KernelSource) -> Result<T>,
+) -> Result<(T, KernelSource, Option<Error>)> {
+    let mut rejected = None;
+    if want_msl {
+        match build(KernelSource::Msl) {
+            Ok(t) => return Ok((t, KernelSource::Msl, None)),
+            Err(e) => {
+                log::warn!("MSL kernels unavailable, using the WGSL ones: {e}");
+                rejected = Some(e);
+            }
+        }
+    }
+    Ok((build(KernelSource::Wgsl)?, KernelSource::Wgsl, rejected))
+}
+
+/// The outcome of the self-check of one pipeline set.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SelfCheck {
+    /// True when every pipeline matched its reference.
+    pub ok: bool,
+    /// Pipelines run.
+    pub pipelines: usize,
+    /// Wall time of the check (upload, one submit, readback, compare), ms.
+    pub ms: f64,
+    /// Each kernel that did not match, and how (the first wrong value).
+    pub failures: Vec<(String, String)>,
+}
+
+impl SelfCheck {
+    /// `kernel: how; kernel: how` for the failures.
+    pub fn describe_failures(&self) -> String {
+        self.failures.iter().map(|(k, how)| format!("{k}: {how}")).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// Runs a built kernel set on known answers ([`crate::self_check::run`]).
+pub type SelfChecker = fn(&Gpu, &Kernels) -> Result<SelfCheck>;
+
+/// How the engine's kernels were chosen and checked at start-up
+/// ([`crate::Engine::kernel_report`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct KernelReport {
+    /// Where the kernels with an MSL twin come from.
+    pub source: KernelSource,
+    /// The start-up self-check of the pipelines in use.
+    pub self_check: SelfCheck,
+    /// Why the MSL twins are not in use although they were wanted: the
+    /// kernel that failed (or `self-check`) and the reason, wgpu's message
+    /// included. A shader compiler's own text is logged by wgpu at error
+    /// level (target `wgpu_core`). `None` when MSL is in use or was not
+    /// wanted (not a Metal adapter, or WGSL chosen).
+    pub fallback: Option<(String, String)>,
+}
+
+impl KernelReport {
+    pub(super) fn unchecked(source: KernelSource) -> Self {
+        let self_check = SelfCheck { ok: false, pipelines: 0, ms: 0.0, failures: vec![] };
+        KernelReport { source, self_check, fallback: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile_error() -> Error {
+        Error::ShaderCompileFailed { kernel: "int8_matvec (MSL)".into(), reason: "deliberate".into() }
+    }
+
+    #[test]
+    fn a_failing_msl_build_falls_back_to_wgsl() {
+        let mut tried = Vec::new();
+        let (built, source, rejected) = with_fallback(true, |s| {
+            tried.push(s);
+            match s {
+                KernelSource::Msl => Err(compile_error()),
+                KernelSource::Wgsl => Ok("wgsl pipelines"),
+            }
+        })
+        .unwrap();
+        assert_eq!((built, source), ("wgsl pipelines", KernelSource::Wgsl));
+        assert!(rejected.unwrap().to_string().contains("deliberate"));
+        assert_eq!(tried, [KernelSource::Msl, KernelSource::Wgsl]);
+    }
+
+    #[test]
+    fn msl_is_used_when_it_builds_and_never_tried_when_not_wanted() {
+        let (_, source, rejected) = with_fallback(true, Ok).unwrap();
+        assert_eq!(source, KernelSource::Msl);
+        assert!(rejected.is_none());
+        let mut tried = Vec::new();
+        let (_, source, _) = with_fallback(false, |s| {
+            tried.push(s);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((source, tried), (KernelSource::Wgsl, vec![KernelSource::Wgsl]));
+    }
+
+    #[test]
+    fn a_failing_wgsl_build_is_an_error() {
+        let r = with_fallback(true, |_| -> Result<()> { Err(compile_error()) });
+        assert_eq!(r.unwrap_err().code(), "shader_compile_failed");
+    }
+}

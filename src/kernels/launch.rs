@@ -1,0 +1,135 @@
+//! Launch recording: one kernel launch's bound buffers, grid and
+//! pipelines, recorded into a compute pass for one token or a prompt batch.
+
+use super::pipelines::LaunchPipelines;
+use super::{Kernel, Kernels, MatvecLayout, MatvecSplit, PREFILL_TOKENS_PER_WG};
+use crate::gpu::Gpu;
+
+/// What a launch runs, as diagnostics name it: the kernel and, for a
+/// matvec, its split (e.g. `Int8MatvecNorm [rows per team x32]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchKind {
+    pub kernel: Kernel,
+    pub split: Option<MatvecSplit>,
+}
+
+impl std::fmt::Display for LaunchKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.kernel)?;
+        match self.split {
+            Some(MatvecSplit { layout: MatvecLayout::SplitK, workgroup_size, .. }) => {
+                write!(f, " [split K x{workgroup_size}]")
+            }
+            Some(MatvecSplit { layout: MatvecLayout::RowsPerTeam, workgroup_size, .. }) => {
+                write!(f, " [rows per team x{workgroup_size}]")
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// One recorded kernel launch: pipeline, its bound buffers, and a grid.
+#[derive(Clone)]
+pub struct Launch {
+    pub kernel: Kernel,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+    /// A matvec's split (see [`MatvecLayout::split`]); `None` for the
+    /// other kernels.
+    pub matvec_split: Option<MatvecSplit>,
+    /// A matvec's decode pipeline, under its split and specialised to its
+    /// shape ([`Kernels::matvec_pipeline`]); `None`: the kernel's default
+    /// pipeline.
+    pub decode_pipeline: Option<wgpu::ComputePipeline>,
+    /// The tiled prefill pipeline's grid for one tile of tokens
+    /// ([`Kernel::matmul_tokens_per_wg`]; one workgroup per
+    /// [`super::MATMUL_ROWS_PER_WG`] rows); see [`Kernel::prefill_tiled`].
+    pub prefill_workgroups: [u32; 3],
+    /// The kernel's pipelines, resolved when the launch is made (recording
+    /// looks nothing up).
+    pipelines: LaunchPipelines,
+}
+
+impl Launch {
+    /// Binds `buffers` (whole buffers or ranges) in the kernel's binding
+    /// order; `workgroups` is the grid (see [`grid`] for a 1-D count).
+    pub fn new(
+        gpu: &Gpu,
+        kernels: &Kernels,
+        kernel: Kernel,
+        buffers: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) -> Self {
+        let entries: Vec<_> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
+            .collect();
+        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.entry()),
+            layout: kernels.layout(kernel),
+            entries: &entries,
+        });
+        Launch {
+            kernel,
+            bind_group,
+            workgroups,
+            matvec_split: None,
+            decode_pipeline: None,
+            prefill_workgroups: workgroups,
+            pipelines: kernels.launch_pipelines(kernel),
+        }
+    }
+
+    /// What this launch runs (for diagnostics).
+    pub fn kind(&self) -> LaunchKind {
+        LaunchKind { kernel: self.kernel, split: self.matvec_split }
+    }
+
+    /// Records the launch for one token (the decode step). The kernel set
+    /// is the one the launch was made with (its pipelines are held).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, kernels: &Kernels) {
+        self.record_batch(pass, kernels, 1);
+    }
+
+    /// Records the launch for `tokens` consecutive tokens (batched
+    /// prefill): the grid's z dimension, which every batched kernel reads
+    /// as the token's index in the batch (a matvec's prefill pipelines and
+    /// `attention_prefill` as the index of its group of
+    /// [`PREFILL_TOKENS_PER_WG`] tokens, `int8_matmul` as that of its tile
+    /// of [`Kernel::matmul_tokens_per_wg`] for a batch that fills one).
+    pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, _kernels: &Kernels, tokens: u32) {
+        let p = &self.pipelines;
+        let (pipeline, grid, z) = match (tokens > 1, &p.per_token) {
+            (true, Some(per_token)) => match &p.tiled {
+                Some(tiled) if tokens >= self.kernel.matmul_tokens_per_wg() => {
+                    (tiled, self.prefill_workgroups, tokens.div_ceil(self.kernel.matmul_tokens_per_wg()))
+                }
+                _ => (per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
+            },
+            _ => (self.decode_pipeline.as_ref().unwrap_or(&p.decode), self.workgroups, tokens),
+        };
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2] * z);
+    }
+}
+
+/// Splits a 1-D workgroup count over x and y (at most 65535 per dimension).
+/// Kernels that can exceed the limit flatten `wg.x + wg.y * nwg.x` and
+/// skip the overshoot.
+pub fn grid(n: u32) -> [u32; 3] {
+    const MAX: u32 = 65535;
+    if n <= MAX {
+        [n.max(1), 1, 1]
+    } else {
+        [MAX, n.div_ceil(MAX), 1]
+    }
+}
+
+/// Rows per chunk when a matrix is bound in ranges (a multiple of 64 rows
+/// keeps every range offset aligned to 256 bytes).
+pub fn chunk_rows(row_bytes: usize, max_binding: u64) -> usize {
+    let rows = (max_binding as usize / row_bytes.max(1)) / 64 * 64;
+    rows.max(64)
+}

@@ -1,0 +1,330 @@
+//! The `int8_matvec` family: `y (+)= W x` over int8 rows with per-group
+//! scales, three epilogue variants, two work layouts chosen per device, and
+//! pipelines specialised to a launch's shape. Its params, bindings and
+//! override constants are those `int8_matmul` (the prompt-batch product)
+//! shares.
+
+use super::abi::gpu_struct;
+use super::Bind;
+use crate::converted::QUANT_GROUP;
+use crate::error::Result;
+
+gpu_struct! {
+    /// The uniform of `int8_matvec` and `int8_matmul`.
+    "Params" pub struct MatvecParams {
+        /// Rows in this launch (a chunk of the matrix).
+        pub rows: u32,
+        /// Padded row length / 4 (a multiple of 4).
+        pub k_words: u32,
+        /// Scales per row.
+        pub groups: u32,
+        /// First output element written (SWIGLU: first matrix row).
+        pub row_offset: u32,
+        /// NORM: elements of x (the padding is zero).
+        pub n_in: u32,
+        /// NORM: rms_norm_eps.
+        pub eps: f32,
+        /// Elements between consecutive tokens' outputs (batched prefill).
+        pub y_stride: u32,
+    }
+}
+
+/// Binding order: params, x, w, scales, y, norm_w.
+pub const BINDINGS: &[Bind] =
+    &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite, Bind::Read];
+
+/// The grid of a launch over `rows` rows, `rows_per_wg` per workgroup (its
+/// split's, [`MatvecSplit::rows_per_wg`]; `z`: tokens of a batch).
+pub fn grid(rows: u32, rows_per_wg: u32) -> [u32; 3] {
+    super::grid(rows.div_ceil(rows_per_wg))
+}
+
+/// What the two int8 matrix kernels share (bindings, flags, the int8-to-float
+/// conversion), prepended to each.
+pub(super) const INT8_COMMON: &str = include_str!("../../kernels/wgsl/int8_common.wgsl");
+
+/// Workgroup size of `int8_matvec`: two 32-wide subgroups on Apple GPUs and
+/// NVIDIA, eight 8-wide ones on lavapipe.
+pub const MATVEC_WG: u32 = 64;
+/// Output rows per `int8_matvec` workgroup (a multiple of
+/// [`MATVEC_ROWS_PER_TEAM`]).
+pub const MATVEC_ROWS: u32 = 8;
+/// Rows one subgroup reduces at once (the kernel's vec4 of partial sums).
+pub const MATVEC_ROWS_PER_TEAM: u32 = 4;
+/// int8 values one lane reads per row and step (one `vec4<u32>`).
+pub const MATVEC_VALUES_PER_LANE: u32 = 16;
+/// Rows per workgroup of the split-K layout.
+pub const SPLIT_K_ROWS: u32 = 4;
+/// Split-K devices run matrices with more rows than this rows per team
+/// (see [`MatvecLayout::split`]).
+pub const SPLIT_K_MAX_ROWS: usize = 16384;
+/// Workgroup size of those rows-per-team matvecs: one subgroup on NVIDIA
+/// GPUs (measured by `matvec_sweep`: 32 lanes and 4 rows beat 64 and 8).
+pub const LONG_MATRIX_WG: u32 = 32;
+/// Workgroup sizes the split-K matvec pipelines are built with (see
+/// [`MatvecLayout::workgroup_size`]; the first is [`MATVEC_WG`]).
+pub const SPLIT_K_WGS: [u32; 3] = [MATVEC_WG, 128, 256];
+
+const _: () = assert!(
+    MATVEC_ROWS.is_multiple_of(MATVEC_ROWS_PER_TEAM)
+        && MATVEC_WG.is_power_of_two()
+        && (QUANT_GROUP as u32).is_multiple_of(MATVEC_VALUES_PER_LANE)
+);
+
+/// Epilogue of an `int8_matvec` variant (its override constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatvecVariant {
+    /// `y += W x` (fused residual add).
+    pub accumulate: bool,
+    /// RMSNorm of x fused in (`y = W (x * rsqrt(mean(x^2) + eps) * norm_w)`).
+    pub norm: bool,
+    /// `y = silu(gate) * up` over a matrix whose rows interleave gate and up.
+    pub swiglu: bool,
+}
+
+impl MatvecVariant {
+    pub const ACCUMULATE: Self = MatvecVariant { accumulate: true, norm: false, swiglu: false };
+    pub const NORM: Self = MatvecVariant { accumulate: false, norm: true, swiglu: false };
+    pub const NORM_SWIGLU: Self = MatvecVariant { accumulate: false, norm: true, swiglu: true };
+}
+
+/// How `int8_matvec` splits its work, chosen once per device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatvecLayout {
+    /// Each subgroup takes blocks of [`MATVEC_ROWS_PER_TEAM`] rows, no
+    /// barriers ([`MATVEC_ROWS`] rows per workgroup): Apple GPUs (the
+    /// layout of the MSL twin), CPU adapters, and devices without subgroups.
+    RowsPerTeam,
+    /// The whole workgroup takes [`SPLIT_K_ROWS`] rows and splits K, then
+    /// one workgroup reduction: more workgroups in flight for the small
+    /// layer matrices on GPUs with many cores.
+    SplitK,
+}
+
+/// Environment variable that overrides the matvec layout (`rows` or
+/// `split`), for benchmarks.
+pub const MATVEC_LAYOUT_ENV: &str = "QWEN3_WGPU_MATVEC_LAYOUT";
+
+impl MatvecLayout {
+    /// The names [`Self::from_name`] accepts: `rows` and `split`.
+    pub const NAMES: [(&'static str, MatvecLayout); 2] =
+        [("rows", MatvecLayout::RowsPerTeam), ("split", MatvecLayout::SplitK)];
+
+    /// The layout named `rows` or `split`; anything else is
+    /// `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        crate::settings::parse_choice(what, value, &Self::NAMES)
+    }
+
+    /// The layout [`MATVEC_LAYOUT_ENV`] names: `None` when it is unset,
+    /// `invalid_argument` when it names no layout.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(MATVEC_LAYOUT_ENV, &Self::NAMES)
+    }
+
+    /// The layout for a device: split K on discrete and integrated GPUs
+    /// other than Apple's, rows per team elsewhere.
+    pub fn for_device(info: &wgpu::AdapterInfo) -> Self {
+        let many_cores =
+            matches!(info.device_type, wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu);
+        if many_cores && info.backend != wgpu::Backend::Metal {
+            MatvecLayout::SplitK
+        } else {
+            MatvecLayout::RowsPerTeam
+        }
+    }
+
+    /// How the decode matvec of a matrix with `rows` rows of `k_words` u32
+    /// words runs. Split-K devices run matrices of more than
+    /// [`SPLIT_K_MAX_ROWS`] rows (the LM head) rows per team, one subgroup
+    /// of [`LONG_MATRIX_WG`] lanes per 4 rows: they have workgroups enough
+    /// to fill the GPU without splitting K, and skip its reduction (the
+    /// 0.6B LM head on an H200: 63 against 77 µs, BENCHMARKS.md).
+    pub fn split(self, rows: usize, k_words: usize) -> MatvecSplit {
+        match self {
+            MatvecLayout::SplitK if rows > SPLIT_K_MAX_ROWS => MatvecSplit {
+                layout: MatvecLayout::RowsPerTeam,
+                workgroup_size: LONG_MATRIX_WG,
+                rows_per_wg: MATVEC_ROWS_PER_TEAM,
+            },
+            _ => MatvecSplit {
+                layout: self,
+                workgroup_size: self.workgroup_size(k_words),
+                rows_per_wg: self.rows_per_wg(),
+            },
+        }
+    }
+
+    /// Every split [`Self::split`] can give; the first is that of the
+    /// matvec kernels' default pipelines ([`super::Kernel::constants`]).
+    pub fn splits(self) -> Vec<MatvecSplit> {
+        let at =
+            |workgroup_size| MatvecSplit { layout: self, workgroup_size, rows_per_wg: self.rows_per_wg() };
+        match self {
+            MatvecLayout::RowsPerTeam => vec![at(MATVEC_WG)],
+            MatvecLayout::SplitK => SPLIT_K_WGS
+                .into_iter()
+                .map(at)
+                .chain(std::iter::once(self.split(SPLIT_K_MAX_ROWS + 1, 0)))
+                .collect(),
+        }
+    }
+
+    /// The split of the kernels' default pipelines.
+    pub fn default_split(self) -> MatvecSplit {
+        MatvecSplit { layout: self, workgroup_size: MATVEC_WG, rows_per_wg: self.rows_per_wg() }
+    }
+
+    /// Output rows per workgroup.
+    pub fn rows_per_wg(self) -> u32 {
+        match self {
+            MatvecLayout::RowsPerTeam => MATVEC_ROWS,
+            MatvecLayout::SplitK => SPLIT_K_ROWS,
+        }
+    }
+
+    /// Workgroup size of the decode matvec over rows of `k_words` u32
+    /// words: [`MATVEC_WG`] for rows per team; for split K the smallest of
+    /// [`SPLIT_K_WGS`] that gives each lane at most one step (16 values) per
+    /// row, or the largest. A lane's steps are a chain of dependent memory
+    /// round trips: one step each keeps the launch at one round trip.
+    pub fn workgroup_size(self, k_words: usize) -> u32 {
+        match self {
+            MatvecLayout::RowsPerTeam => MATVEC_WG,
+            MatvecLayout::SplitK => {
+                let steps = (4 * k_words).div_ceil(MATVEC_VALUES_PER_LANE as usize);
+                let last = SPLIT_K_WGS[SPLIT_K_WGS.len() - 1];
+                SPLIT_K_WGS.into_iter().find(|&w| w as usize >= steps).unwrap_or(last)
+            }
+        }
+    }
+}
+
+/// How one matrix's decode matvec splits its work: the layout, the
+/// workgroup size and the output rows per workgroup (its pipeline's `SPLIT_K`,
+/// `WG` and `ROWS_PER_WG`), from [`MatvecLayout::split`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatvecSplit {
+    pub layout: MatvecLayout,
+    pub workgroup_size: u32,
+    pub rows_per_wg: u32,
+}
+
+/// The shape of one decode matvec launch (a row chunk of a matrix): the
+/// `int8_matvec` pipeline specialised with it
+/// ([`super::Kernels::matvec_pipeline`]) has it compiled in (its `SHAPE_*`
+/// override constants) instead of reading it from the launch's uniform, so
+/// its first loads wait on nothing and its index arithmetic folds (a 0.6B
+/// step's matvecs on an H200: 671 against 715 µs, BENCHMARKS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatvecShape {
+    /// Rows in this launch.
+    pub rows: u32,
+    /// Padded row length in u32 words.
+    pub k_words: u32,
+    /// Scales per row.
+    pub groups: u32,
+    /// Elements of the input (the RMSNorm's count).
+    pub n_in: u32,
+}
+
+impl MatvecShape {
+    /// The `SHAPE_*` override constants (the `int8_common.wgsl` names).
+    pub fn constants(self) -> [(&'static str, f64); 4] {
+        [
+            ("SHAPE_ROWS", self.rows as f64),
+            ("SHAPE_K_WORDS", self.k_words as f64),
+            ("SHAPE_GROUPS", self.groups as f64),
+            ("SHAPE_N_IN", self.n_in as f64),
+        ]
+    }
+}
+
+/// The override constants of an `int8_matvec` pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatvecConstants {
+    pub variant: MatvecVariant,
+    /// `WG`, `ROWS_PER_WG` and `SPLIT_K`.
+    pub split: MatvecSplit,
+    /// `TOKENS`: 1 for decode, [`super::PREFILL_TOKENS_PER_WG`] for the
+    /// per-token prefill pipelines.
+    pub tokens: u32,
+    /// The `SHAPE_*` constants of a specialised pipeline.
+    pub shape: Option<MatvecShape>,
+}
+
+impl MatvecConstants {
+    /// A decode pipeline of `variant` under `split`.
+    pub fn decode(variant: MatvecVariant, split: MatvecSplit) -> Self {
+        MatvecConstants { variant, split, tokens: 1, shape: None }
+    }
+
+    /// The per-token prefill pipeline of `variant` on a device of `layout`:
+    /// [`super::PREFILL_TOKENS_PER_WG`] tokens per workgroup, rows per team,
+    /// on the decode grid (at least as many rows per workgroup: the extra
+    /// workgroups exit at once).
+    pub fn prefill(variant: MatvecVariant, layout: MatvecLayout) -> Self {
+        let split = MatvecSplit {
+            layout: MatvecLayout::RowsPerTeam,
+            workgroup_size: MATVEC_WG,
+            rows_per_wg: MATVEC_ROWS.max(layout.rows_per_wg()),
+        };
+        MatvecConstants { variant, split, tokens: super::PREFILL_TOKENS_PER_WG, shape: None }
+    }
+
+    /// As (WGSL name, value) pairs.
+    pub fn render(&self) -> Vec<(&'static str, f64)> {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        let mut c = vec![
+            ("WG", self.split.workgroup_size as f64),
+            ("GROUP_WORDS", (QUANT_GROUP / 4) as f64),
+            ("ROWS_PER_WG", self.split.rows_per_wg as f64),
+            ("SPLIT_K", flag(self.split.layout == MatvecLayout::SplitK)),
+            ("ACCUMULATE", flag(self.variant.accumulate)),
+            ("NORM", flag(self.variant.norm)),
+            ("SWIGLU", flag(self.variant.swiglu)),
+            ("TOKENS", self.tokens as f64),
+        ];
+        c.extend(self.shape.iter().flat_map(|s| s.constants()));
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Kernel;
+    use super::*;
+
+    #[test]
+    fn split_k_gives_each_lane_one_step_per_row_where_it_can() {
+        let wg = |cols: usize| MatvecLayout::SplitK.workgroup_size(cols / 4);
+        // Qwen3-0.6B: hidden 1024, q_dim 2048, intermediate 3072.
+        assert_eq!((wg(1024), wg(2048), wg(3072)), (64, 128, 256));
+        // Short rows keep the smallest size; long ones take the largest.
+        assert_eq!((wg(64), wg(1088), wg(8192)), (64, 128, 256));
+        assert_eq!(MatvecLayout::RowsPerTeam.workgroup_size(768), MATVEC_WG);
+    }
+
+    #[test]
+    fn every_split_has_a_pipeline_and_the_first_is_the_default() {
+        for layout in [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK] {
+            let splits = layout.splits();
+            assert_eq!(splits[0], layout.default_split());
+            for k in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+                assert_eq!(k.split_constants(splits[0]), k.constants(layout), "{k:?} {layout:?}");
+            }
+            // Qwen3-0.6B's matrices (rows, k_words) and longer rows.
+            for (rows, k_words) in
+                [(4096, 256), (1024, 512), (6144, 256), (1024, 768), (151936, 256), (64, 4096)]
+            {
+                assert!(splits.contains(&layout.split(rows, k_words)), "{layout:?} {rows}x{k_words}");
+            }
+            // The default pipeline, which serves when a split's fails to
+            // build, runs any split's grid.
+            assert!(splits.iter().all(|s| s.rows_per_wg == splits[0].rows_per_wg), "{layout:?}");
+        }
+        let lm_head = MatvecLayout::SplitK.split(151936, 256);
+        assert_eq!((lm_head.layout, lm_head.workgroup_size), (MatvecLayout::RowsPerTeam, LONG_MATRIX_WG));
+        assert_eq!(MatvecLayout::SplitK.split(SPLIT_K_MAX_ROWS, 256).layout, MatvecLayout::SplitK);
+    }
+}

@@ -1,0 +1,296 @@
+//! Every pipeline of an engine in one cache keyed by what determines it:
+//! the kernel (whose bind-group layout it takes), the program (which source
+//! text) and the typed override constants. The decode and prefill pipelines
+//! are built when the set is made (the self-check runs them, and a failing
+//! MSL build falls back to WGSL then); the matvec pipelines specialised to
+//! a launch's shape on first use.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::choice::{msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfChecker};
+use super::compile::{bind_group_layout, build, Code};
+use super::{
+    attention_prefill_source, Constants, Kernel, MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit,
+};
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+
+/// Which source text a pipeline compiles (for a kernel and its constants,
+/// on one device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Program {
+    /// The kernel's WGSL ([`Kernel::source`]).
+    Wgsl,
+    /// The kernel's MSL twin ([`crate::kernels::msl::msl_source`]).
+    Msl,
+    /// `attention_prefill`, the prompt-batch program of
+    /// [`Kernel::AttentionPartial`].
+    AttentionPrefill,
+    /// `int8_matmul`, the tiled prompt-batch program of a matvec variant.
+    Matmul,
+}
+
+/// What determines a pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct PipelineKey {
+    pub kernel: Kernel,
+    pub program: Program,
+    pub constants: Constants,
+}
+
+/// A compiled kernel: pipeline plus its bind-group layout.
+pub struct Pipeline {
+    pub kernel: Kernel,
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// The pipelines one launch may run: its kernel's decode pipeline and, for
+/// the kernels with prompt-batch programs, those.
+#[derive(Clone)]
+pub(crate) struct LaunchPipelines {
+    pub decode: wgpu::ComputePipeline,
+    /// [`super::PREFILL_TOKENS_PER_WG`] tokens per workgroup, on the decode grid.
+    pub per_token: Option<wgpu::ComputePipeline>,
+    /// `int8_matmul`, for the variants [`Kernel::prefill_tiled`] names, used
+    /// for batches that fill a tile (smaller ones would compute a whole
+    /// tile of [`Kernel::matmul_tokens_per_wg`] tokens for a few).
+    pub tiled: Option<wgpu::ComputePipeline>,
+}
+
+/// Every kernel compiled for one device.
+pub struct Kernels {
+    /// One bind-group layout per kernel (by [`Kernel::ALL`] index): every
+    /// pipeline of the kernel takes it, so one bind group serves them all.
+    layouts: Vec<wgpu::BindGroupLayout>,
+    /// Every pipeline built, shared by every session.
+    cache: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    /// Whether the WGSL takes the subgroup reduction prelude.
+    subgroups: bool,
+    /// The matvec layout the pipelines were built for.
+    pub matvec_layout: MatvecLayout,
+    /// Where the kernels with an MSL twin came from.
+    pub source: KernelSource,
+    /// How the kernels were chosen and checked.
+    pub report: KernelReport,
+}
+
+impl Kernels {
+    /// Compiles every kernel for `gpu`: the MSL twins where `choice` and
+    /// the device allow (see [`msl_available`]), WGSL otherwise or when any
+    /// twin fails to build or the self-check ([`crate::self_check`]) finds
+    /// one computing a wrong value. The WGSL matvec takes `layout`, or the
+    /// device's ([`MatvecLayout::for_device`]). `self_check` checks a built
+    /// set ([`crate::self_check::run`]); the pipelines in use pass it, or
+    /// this fails.
+    pub fn new(
+        gpu: &Gpu,
+        choice: KernelChoice,
+        layout: Option<MatvecLayout>,
+        self_check: SelfChecker,
+    ) -> Result<Self> {
+        let want_msl = choice == KernelChoice::Auto && msl_available(gpu);
+        Self::new_with(gpu, want_msl, layout, self_check)
+    }
+
+    /// [`Self::new`] with the MSL attempt decided by the caller (tests try
+    /// it on a non-Metal adapter, where wgpu itself rejects the twins).
+    pub(crate) fn new_with(
+        gpu: &Gpu,
+        want_msl: bool,
+        layout: Option<MatvecLayout>,
+        self_check: SelfChecker,
+    ) -> Result<Self> {
+        let ((mut kernels, self_check), source, rejected) = with_fallback(want_msl, |source| {
+            let kernels = Self::build(gpu, source, layout)?;
+            let check = self_check(gpu, &kernels)?;
+            if !check.ok {
+                return Err(Error::GpuDeviceFailed {
+                    reason: format!(
+                        "the {} kernels failed the start-up self-check: {}",
+                        source.as_str(),
+                        check.describe_failures()
+                    ),
+                });
+            }
+            Ok((kernels, check))
+        })?;
+        let fallback = rejected.map(|e| match e {
+            Error::ShaderCompileFailed { kernel, reason } => (kernel, reason),
+            other => ("self-check".to_string(), other.to_string()),
+        });
+        kernels.report = KernelReport { source, self_check, fallback };
+        Ok(kernels)
+    }
+
+    /// The set for `source`, with every decode pipeline (the MSL twins
+    /// where `source` says so) and every prefill pipeline (WGSL on every
+    /// backend) built.
+    fn build(gpu: &Gpu, source: KernelSource, layout: Option<MatvecLayout>) -> Result<Self> {
+        let matvec_layout = match source {
+            KernelSource::Msl => crate::kernels::msl::MSL_MATVEC_LAYOUT,
+            KernelSource::Wgsl => layout.unwrap_or_else(|| MatvecLayout::for_device(&gpu.info)),
+        };
+        let kernels = Kernels {
+            layouts: Kernel::ALL.iter().map(|k| bind_group_layout(gpu, k.entry(), k.bindings())).collect(),
+            cache: Default::default(),
+            subgroups: gpu.subgroups,
+            matvec_layout,
+            source,
+            report: KernelReport::unchecked(source),
+        };
+        for k in Kernel::ALL {
+            kernels.pipeline(gpu, kernels.decode_key(k))?;
+            let (per_token, tiled) = kernels.prefill_keys(k);
+            for key in per_token.into_iter().chain(tiled) {
+                kernels.pipeline(gpu, key)?;
+            }
+        }
+        Ok(kernels)
+    }
+
+    /// The key of `k`'s decode pipeline.
+    fn decode_key(&self, kernel: Kernel) -> PipelineKey {
+        let msl = self.source == KernelSource::Msl && kernel.row().msl.is_some();
+        let program = if msl { Program::Msl } else { Program::Wgsl };
+        PipelineKey { kernel, program, constants: kernel.typed_constants(self.matvec_layout) }
+    }
+
+    /// The keys of `k`'s prompt-batch pipelines: per token (the matvec
+    /// variants, `attention_prefill`) and tiled (`int8_matmul`).
+    fn prefill_keys(&self, kernel: Kernel) -> (Option<PipelineKey>, Option<PipelineKey>) {
+        let key = |program, constants| Some(PipelineKey { kernel, program, constants });
+        if kernel == Kernel::AttentionPartial {
+            return (key(Program::AttentionPrefill, Constants::Workgroup(kernel.workgroup_size())), None);
+        }
+        let Some(variant) = kernel.matvec_variant() else { return (None, None) };
+        let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
+        let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled());
+        (key(Program::Wgsl, per_token), tiled.and_then(|c| key(Program::Matmul, Constants::Matmul(c))))
+    }
+
+    /// The pipeline `key` names: from the cache, or compiled on `k`'s
+    /// layout and cached.
+    fn pipeline(&self, gpu: &Gpu, key: PipelineKey) -> Result<wgpu::ComputePipeline> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(&key) {
+            return Ok(p.clone());
+        }
+        let k = key.kernel;
+        let constants = key.constants.render();
+        let missing = |what: &str| Error::ShaderCompileFailed {
+            kernel: k.entry().to_string(),
+            reason: format!("{k:?} has no {what}"),
+        };
+        let (source, entry) = match key.program {
+            Program::Wgsl => (k.source(self.subgroups), k.entry()),
+            Program::Msl => (
+                crate::kernels::msl::msl_source(k).ok_or_else(|| missing("MSL twin"))?,
+                crate::kernels::msl::msl_entry(k),
+            ),
+            Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
+            Program::Matmul => (k.matmul_source().ok_or_else(|| missing("int8_matmul"))?.0, "int8_matmul"),
+        };
+        let code = match key.program {
+            Program::Msl => Code::Msl { source: &source, workgroup_size: k.workgroup_size() },
+            _ => Code::Wgsl { source: &source, constants: &constants },
+        };
+        let layout = &self.layouts[k as usize];
+        let (p, _) = build(gpu, entry, code, entry, k.bindings(), Some(layout))?;
+        cache.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// A pipeline built with the set: present by construction.
+    fn built(&self, key: PipelineKey) -> wgpu::ComputePipeline {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.get(&key).cloned().expect("built with the kernel set")
+    }
+
+    /// `k`'s decode pipeline and bind-group layout.
+    pub fn get(&self, k: Kernel) -> Pipeline {
+        Pipeline { kernel: k, pipeline: self.built(self.decode_key(k)), layout: self.layout(k).clone() }
+    }
+
+    /// The bind-group layout of every pipeline of `k`.
+    pub fn layout(&self, k: Kernel) -> &wgpu::BindGroupLayout {
+        &self.layouts[k as usize]
+    }
+
+    /// The pipelines a launch of `k` runs.
+    pub(crate) fn launch_pipelines(&self, k: Kernel) -> LaunchPipelines {
+        let (per_token, tiled) = self.prefill_keys(k);
+        LaunchPipelines {
+            decode: self.built(self.decode_key(k)),
+            per_token: per_token.map(|key| self.built(key)),
+            tiled: tiled.map(|key| self.built(key)),
+        }
+    }
+
+    /// The decode pipeline of matvec variant `kernel` under `split`,
+    /// specialised to `shape` (compiled on first use, once per engine, on
+    /// the kernel's bind-group layout). `None` where the matvec is an MSL
+    /// twin, which reads its shape from the launch's parameters, or if the
+    /// build fails: the kernel's default pipeline then serves, which reads
+    /// the shape and has every split's rows per workgroup, so the launch's
+    /// grid holds (only its speed differs).
+    pub fn matvec_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+    ) -> Option<wgpu::ComputePipeline> {
+        let variant = kernel.matvec_variant()?;
+        if self.source == KernelSource::Msl {
+            return None;
+        }
+        let constants = MatvecConstants { shape: Some(shape), ..MatvecConstants::decode(variant, split) };
+        let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
+        match self.pipeline(gpu, key) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::warn!("specialising {kernel:?} to {shape:?} failed ({e}); the general pipeline serves");
+                None
+            }
+        }
+    }
+
+    /// Puts `pipeline` in place of `k`'s decode pipeline (the self-check's
+    /// tests: a wrong kernel must be caught).
+    #[cfg(test)]
+    pub(crate) fn replace_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
+        let key = self.decode_key(k);
+        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::AdapterPolicy;
+
+    /// The set is built once, eagerly: each decode and prefill pipeline is
+    /// one cache entry, and what launches and the self-check get is that
+    /// entry (no second build).
+    #[test]
+    fn the_set_builds_each_decode_and_prefill_pipeline_once() {
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, crate::self_check::run).unwrap();
+        let entries = || kernels.cache.lock().unwrap().len();
+        // 11 decode; per token: 3 matvec variants and attention_prefill;
+        // tiled: the 2 normed variants' int8_matmul.
+        assert_eq!(entries(), Kernel::ALL.len() + 4 + 2);
+        let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm);
+        assert!(normed.per_token.is_some() && normed.tiled.is_some());
+        assert_eq!(normed.decode, kernels.get(Kernel::Int8MatvecNorm).pipeline);
+        let add = kernels.launch_pipelines(Kernel::Int8MatvecAccumulate);
+        assert!(add.per_token.is_some() && add.tiled.is_none());
+        let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
+        assert!(attention.per_token.is_some() && attention.tiled.is_none());
+        let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
+        assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
+        assert_eq!(entries(), Kernel::ALL.len() + 4 + 2);
+    }
+}
