@@ -16,6 +16,7 @@ pub mod reference;
 pub mod self_check;
 pub mod session;
 mod settings;
+pub mod stop;
 #[doc(hidden)]
 pub mod testing;
 pub mod tokenizer;
@@ -28,5 +29,6 @@ pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{KernelChoice, KernelReport, KernelSource, SelfCheck, KERNELS_ENV};
 pub use session::{Session, StepTiming};
+pub use stop::{StopMatcher, StopStep};
 pub use tokenizer::{TextStream, Tokenizer};
 pub use wgpu;
