@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cache;
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod convert;
@@ -23,6 +24,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::{CachePolicy, LoadReport};
+pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
 pub use engine::{decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason};
 pub use error::{Error, Mismatch, Result};
