@@ -893,7 +893,7 @@ fn cache_file_bit_flips() {
 
 #[test]
 fn cache_file_replaced_by_a_fifo() {
-    assert_rebuilt_after(|p| mkfifo(p));
+    assert_rebuilt_after(mkfifo);
 }
 
 #[test]
