@@ -6,8 +6,11 @@ conversations and the expected text to tests/fixtures/chat/cases.json.
 tests/chat_template.rs renders the same conversations in Rust and asserts the
 text is byte-equal.
 
-    pip install jinja2
+    pip install jinja2          # and, to cross-check, transformers
     python3 scripts/make_chat_fixtures.py
+
+With transformers installed, every case is also rendered through
+`AutoTokenizer.apply_chat_template` and must give the same text.
 """
 
 import json
@@ -273,7 +276,7 @@ EXTRA_CASES = [
     {
         "name": "tojson_indent_and_scalars",
         "template": "{{ data | tojson(indent=2) }}\n{{ data | tojson }}\n{{ data.list | tojson(indent=4) }}\n{{ {} | tojson(indent=2) }}{{ [] | tojson }}",
-        "messages": [],
+        "messages": [{"role": "user", "content": "unused"}],
         "variables": {
             "data": {
                 "name": "Ünïcödé \"quoted\" \\ back\tslash\n",
@@ -314,6 +317,35 @@ EXTRA_CASES = [
 ]
 
 
+def cross_check(fixture):
+    """When transformers is installed, renders every case through
+    `apply_chat_template` too: the jinja2 set-up above must agree with it."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        print("transformers not installed: cases not cross-checked")
+        return
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_CONFIG.parent)
+    for case in fixture["qwen3"] + fixture["extra"]:
+        kwargs = dict(case.get("variables", {}))
+        if "enable_thinking" in case:
+            kwargs["enable_thinking"] = case["enable_thinking"]
+        try:
+            text = tokenizer.apply_chat_template(
+                case["messages"],
+                tools=case.get("tools"),
+                tokenize=False,
+                add_generation_prompt=case["add_generation_prompt"],
+                chat_template=case.get("template"),
+                **kwargs,
+            )
+            assert text == case.get("expected"), f"{case['name']}: transformers renders {text!r}"
+        except Exception as e:  # raise_exception surfaces as a jinja2/transformers error
+            if "error" not in case or case["error"] not in str(e):
+                raise
+    print(f"cross-checked against transformers {__import__('transformers').__version__}")
+
+
 def main():
     config = json.loads(TOKENIZER_CONFIG.read_text(encoding="utf-8"))
     specials = special_tokens(config)
@@ -323,6 +355,7 @@ def main():
         fixture["qwen3"].append({**case, **render(qwen3, specials, case)})
     for case in EXTRA_CASES:
         fixture["extra"].append({**case, **render(compile_template(case["template"]), {}, case)})
+    cross_check(fixture)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {OUT.relative_to(ROOT)}: {len(fixture['qwen3'])} Qwen3 cases, {len(fixture['extra'])} others")
