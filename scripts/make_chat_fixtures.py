@@ -296,7 +296,7 @@ EXTRA_CASES = [
             "  {% endif %}\n"
             "  {% if loop.index > 1 %}{% break %}{% endif %}\n"
             "{% endfor %}\n"
-            "{{ flag }} {{ nothing }} {{ missing }}.\n"
+            "{{ flag }} {{ nothing }} {{ missing }} {{ small }} {{ big }} {{ 2.0 }} {{ 3 }}.\n"
             "{% for k, v in meta.items() %}{{ k }}={{ v }};{% endfor %}\n"
             "{{ messages[-1].content.rstrip('!').lstrip() }}{% if add_generation_prompt %}<gen>{% endif %}\n"
         ),
@@ -305,7 +305,7 @@ EXTRA_CASES = [
             {"role": "system", "content": "ignored"},
             {"role": "user", "content": " never shown!!"},
         ],
-        "variables": {"flag": True, "nothing": None, "meta": {"z": 1, "a": "x"}},
+        "variables": {"flag": True, "nothing": None, "meta": {"z": 1, "a": "x"}, "small": 1e-05, "big": 1e16},
         "add_generation_prompt": True,
     },
     {

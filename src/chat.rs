@@ -635,6 +635,17 @@ fn python_formatter(
             out.write_str(if value.is_true() { "True" } else { "False" }).map_err(io_error)
         }
         minijinja::value::ValueKind::None => out.write_str("None").map_err(io_error),
+        // Floats as Python's str(): `1e+16`, `1e-05`, `inf`.
+        minijinja::value::ValueKind::Number if !is_integer(value) => {
+            let f = f64::try_from(value.clone()).unwrap_or(f64::NAN);
+            let text = match python_float_repr(f).as_str() {
+                "NaN" => "nan".to_string(),
+                "Infinity" => "inf".to_string(),
+                "-Infinity" => "-inf".to_string(),
+                other => other.to_string(),
+            };
+            out.write_str(&text).map_err(io_error)
+        }
         _ => minijinja::escape_formatter(out, state, value),
     }
 }
@@ -755,20 +766,19 @@ fn write_json(
 /// Numbers as Python writes them: integers as they are, floats as `repr`
 /// (`1.0`, `1e-05`, `1e+16`, `NaN`, `Infinity`).
 fn write_number(out: &mut String, value: &Value) {
-    if let Some(i) = value.as_i64() {
-        if value.to_string() == i.to_string() {
-            out.push_str(&i.to_string());
-            return;
-        }
+    if is_integer(value) {
+        out.push_str(&value.to_string());
+    } else {
+        out.push_str(&python_float_repr(f64::try_from(value.clone()).unwrap_or(f64::NAN)));
     }
-    if let Ok(u) = u64::try_from(value.clone()) {
-        if value.to_string() == u.to_string() {
-            out.push_str(&u.to_string());
-            return;
-        }
-    }
-    let f = f64::try_from(value.clone()).unwrap_or(f64::NAN);
-    out.push_str(&python_float_repr(f));
+}
+
+/// Whether a number value is an integer (minijinja writes floats with a
+/// `.`, an exponent, `inf` or `NaN`; integers as plain digits).
+fn is_integer(value: &Value) -> bool {
+    let text = value.to_string();
+    let digits = text.strip_prefix('-').unwrap_or(&text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn python_float_repr(f: f64) -> String {

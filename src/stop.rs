@@ -141,8 +141,11 @@ impl StopMatcher {
     /// The start of the longest suffix of `text` that is a proper prefix of
     /// a stop string (`text.len()` when there is none).
     fn partial_start(&self, text: &str) -> usize {
+        // A tail as long as the longest stop string cannot be a proper prefix.
+        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
         text.char_indices()
             .map(|(i, _)| i)
+            .filter(|&i| text.len() - i < longest)
             .find(|&i| {
                 let tail = &text[i..];
                 self.stops.iter().any(|stop| stop.len() > tail.len() && stop.starts_with(tail))

@@ -167,6 +167,13 @@ fn control_tokens_in_tool_data_are_text_too() {
 }
 
 #[test]
+fn a_template_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+    assert_send_sync::<ChatTemplate>();
+    assert_send_sync::<Tokenizer>();
+}
+
+#[test]
 fn message_builders_match_the_transformers_shape() {
     let built =
         Message::assistant("ok").with_reasoning("why").with_tool_call("f", serde_json::json!({"a": 1}));
