@@ -117,6 +117,37 @@ fn encoded_conversations_equal_encoding_the_rendered_text() {
 }
 
 #[test]
+fn odd_contents_encode_as_the_whole_rendered_text_does() {
+    // Where user text meets template text the pre-tokenizer could split
+    // differently if the pieces were encoded apart; they are not.
+    let template = qwen3();
+    let t = tokenizer();
+    for content in [
+        " leading space",
+        "trailing space ",
+        "\n\nnewlines\n\n",
+        "\t",
+        "</think> and <think>",
+        "🙂",
+        "a",
+        "user",
+        "'s",
+    ] {
+        let messages = [
+            Message::system(content),
+            Message::user(content),
+            Message::assistant(content),
+            Message::user(content),
+        ];
+        for thinking in [false, true] {
+            let options = ChatOptions::default().enable_thinking(thinking);
+            let ids = template.encode(t, &messages, &options).unwrap();
+            assert_eq!(ids, t.encode(&template.render(&messages, &options).unwrap()).unwrap(), "{content:?}");
+        }
+    }
+}
+
+#[test]
 fn typed_control_tokens_are_encoded_as_text() {
     let template = qwen3();
     let t = tokenizer();
