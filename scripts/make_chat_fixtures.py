@@ -309,6 +309,15 @@ EXTRA_CASES = [
         "add_generation_prompt": True,
     },
     {
+        "name": "python_str_of_lists_and_dicts",
+        "template": "{{ messages[0] }}\n{{ data }}\n{{ [1, 'a', none, true, 1.5, 2.0] }} {{ {'k': [false]} }} {{ [] }}{{ {} }}",
+        "messages": [{"role": "user", "content": "it's"}],
+        "variables": {
+            "data": ["plain", "it's", "say \"hi\"", "both ' \"", "back\\slash", "tab\tnew\nline\r", "\u0001\u007f\u00a0\u00e9\u2028\u200b🙂", 1e-05]
+        },
+        "add_generation_prompt": False,
+    },
+    {
         "name": "raise_exception",
         "template": "{% if messages[0].role != 'system' %}{{ raise_exception('The first message must be a system message.') }}{% endif %}ok",
         "messages": [{"role": "user", "content": "hi"}],

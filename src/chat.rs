@@ -624,30 +624,111 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 }
 
 /// Prints values as jinja2 does where Python differs from minijinja's
-/// default: `True`, `False`, `None`.
+/// default: `True`, `None`, floats (`1e+16`), and lists and dicts as
+/// Python's `str()` writes them (`['a', 1]`, `{'k': None}`).
 fn python_formatter(
     out: &mut minijinja::Output<'_>,
     state: &mut minijinja::State<'_, '_>,
     value: &Value,
 ) -> std::result::Result<(), minijinja::Error> {
+    use minijinja::value::ValueKind;
     match value.kind() {
-        minijinja::value::ValueKind::Bool => {
-            out.write_str(if value.is_true() { "True" } else { "False" }).map_err(io_error)
+        ValueKind::Bool | ValueKind::None | ValueKind::Seq | ValueKind::Map => {
+            let mut text = String::new();
+            python_repr(&mut text, value)?;
+            out.write_str(&text).map_err(io_error)
         }
-        minijinja::value::ValueKind::None => out.write_str("None").map_err(io_error),
-        // Floats as Python's str(): `1e+16`, `1e-05`, `inf`.
-        minijinja::value::ValueKind::Number if !is_integer(value) => {
-            let f = f64::try_from(value.clone()).unwrap_or(f64::NAN);
-            let text = match python_float_repr(f).as_str() {
-                "NaN" => "nan".to_string(),
-                "Infinity" => "inf".to_string(),
-                "-Infinity" => "-inf".to_string(),
-                other => other.to_string(),
-            };
+        ValueKind::Number if !is_integer(value) => {
+            let mut text = String::new();
+            python_repr(&mut text, value)?;
             out.write_str(&text).map_err(io_error)
         }
         _ => minijinja::escape_formatter(out, state, value),
     }
+}
+
+/// Python's `repr` of a value (what `str()` of a list or dict writes for
+/// each item).
+fn python_repr(out: &mut String, value: &Value) -> std::result::Result<(), minijinja::Error> {
+    use minijinja::value::ValueKind;
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
+        ValueKind::Number if is_integer(value) => out.push_str(&value.to_string()),
+        ValueKind::Number => {
+            let repr = python_float_repr(f64::try_from(value.clone()).unwrap_or(f64::NAN));
+            out.push_str(match repr.as_str() {
+                "NaN" => "nan",
+                "Infinity" => "inf",
+                "-Infinity" => "-inf",
+                other => other,
+            });
+        }
+        ValueKind::String => python_str_repr(out, value.as_str().unwrap_or_default()),
+        ValueKind::Seq => {
+            out.push('[');
+            for (i, item) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                python_repr(out, &item)?;
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            out.push('{');
+            for (i, key) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                python_repr(out, &key)?;
+                out.push_str(": ");
+                python_repr(out, &value.get_item(&key)?)?;
+            }
+            out.push('}');
+        }
+        _ => out.push_str(&value.to_string()),
+    }
+    Ok(())
+}
+
+/// Python's `repr` of a string: single quotes unless the text holds a
+/// single quote and no double quote; non-printable characters escaped.
+fn python_str_repr(out: &mut String, s: &str) {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if !python_printable(c) => {
+                let code = c as u32;
+                let escaped = match code {
+                    0..=0xff => format!("\\x{code:02x}"),
+                    0x100..=0xffff => format!("\\u{code:04x}"),
+                    _ => format!("\\U{code:08x}"),
+                };
+                out.push_str(&escaped);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// Python's `str.isprintable` for the characters it rejects that text
+/// plausibly holds: controls, separators other than the space, and common
+/// format characters. (Private-use characters count as printable here.)
+fn python_printable(c: char) -> bool {
+    !matches!(c as u32,
+        0..=0x1f | 0x7f..=0xa0 | 0xad | 0x1680 | 0x2000..=0x200f | 0x2028..=0x202f
+            | 0x205f..=0x2064 | 0x3000 | 0xfeff)
 }
 
 fn io_error(e: std::fmt::Error) -> minijinja::Error {
