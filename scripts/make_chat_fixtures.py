@@ -88,17 +88,24 @@ def render(template, specials, case):
     if "enable_thinking" in case:
         kwargs["enable_thinking"] = case["enable_thinking"]
     try:
-        return {
-            "expected": template.render(
-                messages=case["messages"],
-                tools=case.get("tools") or None,
-                documents=None,
-                add_generation_prompt=case["add_generation_prompt"],
-                **kwargs,
-            )
-        }
+        text = template.render(
+            messages=case["messages"],
+            tools=case.get("tools") or None,
+            documents=None,
+            add_generation_prompt=case["add_generation_prompt"],
+            **kwargs,
+        )
     except TemplateError as e:
         return {"error": str(e)}
+    if case.get("continue_final_message"):
+        # transformers' cut after the final message's content.
+        final_message = case["messages"][-1]["content"]
+        at = text.rindex(final_message.strip())
+        if text[at : at + len(final_message.lstrip())] == final_message:
+            text = text[: at + len(final_message.lstrip())]
+        else:
+            text = text[: at + len(final_message.strip())]
+    return {"expected": text}
 
 
 WEATHER_TOOL = {
@@ -269,6 +276,29 @@ QWEN3_CASES = [
     },
 ]
 
+QWEN3_CASES += [
+    {
+        "name": "continue_final_message",
+        "messages": [
+            {"role": "system", "content": "You are Mira, the blacksmith."},
+            {"role": "user", "content": "Can you fix my sword?"},
+            {"role": "assistant", "content": "Mira wipes her hands and says: \""},
+        ],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "enable_thinking": False,
+    },
+    {
+        "name": "continue_final_message_with_trailing_space",
+        "messages": [
+            {"role": "user", "content": "Count to three."},
+            {"role": "assistant", "content": "<think>\nEasy.\n</think>\n\nOne, two,  "},
+        ],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    },
+]
+
 # Small templates that exercise what Qwen3's does not: tojson with indent,
 # Python printing of booleans and None, dict methods, loop controls, string
 # methods, whitespace control, raise_exception.
@@ -346,6 +376,7 @@ def cross_check(fixture):
                 tokenize=False,
                 add_generation_prompt=case["add_generation_prompt"],
                 chat_template=case.get("template"),
+                continue_final_message=case.get("continue_final_message", False),
                 **kwargs,
             )
             assert text == case.get("expected"), f"{case['name']}: transformers renders {text!r}"

@@ -121,6 +121,11 @@ pub struct ChatOptions {
     pub tools: Vec<Json>,
     /// Other template variables (transformers' `**kwargs`).
     pub variables: Map<String, Json>,
+    /// transformers' `continue_final_message`: the text ends with the last
+    /// message's content, its end-of-turn token and what follows cut off, so
+    /// the model continues that message (an assistant reply begun by the
+    /// caller, say). Excludes `add_generation_prompt`.
+    pub continue_final_message: bool,
     /// When `true`, special-token strings inside message contents and tool
     /// data become control tokens in [`ChatTemplate::encode`], as
     /// transformers does. Default `false`: they are encoded as text.
@@ -134,6 +139,7 @@ impl Default for ChatOptions {
             enable_thinking: None,
             tools: Vec::new(),
             variables: Map::new(),
+            continue_final_message: false,
             special_tokens_in_content: false,
         }
     }
@@ -161,6 +167,16 @@ impl ChatOptions {
     /// Sets one of [`variables`](Self::variables).
     pub fn variable(mut self, name: impl Into<String>, value: impl Into<Json>) -> Self {
         self.variables.insert(name.into(), value.into());
+        self
+    }
+
+    /// Sets [`continue_final_message`](Self::continue_final_message); `true`
+    /// also turns [`add_generation_prompt`](Self::add_generation_prompt) off.
+    pub fn continue_final_message(mut self, yes: bool) -> Self {
+        self.continue_final_message = yes;
+        if yes {
+            self.add_generation_prompt = false;
+        }
         self
     }
 
@@ -387,6 +403,12 @@ impl ChatTemplate {
         options: &ChatOptions,
         map: &dyn Fn(&str) -> String,
     ) -> Result<String> {
+        if options.continue_final_message && options.add_generation_prompt {
+            return Err(Error::invalid_argument(
+                "options",
+                "continue_final_message and add_generation_prompt cannot both be set",
+            ));
+        }
         if messages.is_empty() {
             // As transformers: no template is written for an empty conversation.
             return Err(Error::invalid_argument(
@@ -404,6 +426,7 @@ impl ChatTemplate {
         for (key, value) in &options.variables {
             context.push((key.clone(), to_value(value, map)));
         }
+        let final_content = messages.last().map(|m| map(&m.content));
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| to_value(&serde_json::to_value(m).expect("messages serialize"), map))
@@ -420,7 +443,7 @@ impl ChatTemplate {
         if let Some(thinking) = options.enable_thinking {
             context.push(("enable_thinking".into(), Value::from(thinking)));
         }
-        template.render(Value::from_pairs(context)).map_err(|e| match raised_message(&e) {
+        let text = template.render(Value::from_pairs(context)).map_err(|e| match raised_message(&e) {
             Some(message) => Error::invalid_argument(
                 "messages",
                 format!("the chat template rejects the conversation: {message}"),
@@ -433,8 +456,28 @@ impl ChatTemplate {
                     describe(&e)
                 ),
             ),
-        })
+        })?;
+        match (options.continue_final_message, final_content) {
+            (true, Some(content)) => cut_after_final_message(text, &content),
+            _ => Ok(text),
+        }
     }
+}
+
+/// transformers' `continue_final_message`: cuts `text` after the last
+/// occurrence of the final message's content (stripped of surrounding
+/// whitespace, unless the text keeps the content's trailing whitespace).
+fn cut_after_final_message(mut text: String, content: &str) -> Result<String> {
+    let stripped = content.trim();
+    let Some(at) = text.rfind(stripped) else {
+        return Err(Error::invalid_argument(
+            "messages",
+            "continue_final_message: the template does not write the final message's content as it is",
+        ));
+    };
+    let keeps_spacing = text.get(at..at + content.trim_start().len()) == Some(content);
+    text.truncate(at + if keeps_spacing { content.len() } else { stripped.len() });
+    Ok(text)
 }
 
 fn read(path: &Path, what: &str) -> Result<Vec<u8>> {

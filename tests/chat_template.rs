@@ -46,6 +46,9 @@ fn options(case: &Value) -> ChatOptions {
     if let Some(thinking) = case.get("enable_thinking") {
         options = options.enable_thinking(thinking.as_bool().unwrap());
     }
+    if case.get("continue_final_message").is_some_and(|c| c.as_bool().unwrap()) {
+        options = options.continue_final_message(true);
+    }
     if let Some(tools) = case.get("tools") {
         options = options.tools(tools.as_array().unwrap().clone());
     }
@@ -202,6 +205,22 @@ fn a_template_can_be_shared_across_threads() {
     fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
     assert_send_sync::<ChatTemplate>();
     assert_send_sync::<Tokenizer>();
+}
+
+#[test]
+fn continue_final_message_excludes_the_generation_prompt() {
+    let messages = [Message::user("hi"), Message::assistant("Well,")];
+    let mut options = ChatOptions::default().continue_final_message(true);
+    assert!(!options.add_generation_prompt);
+    let template = qwen3();
+    assert!(template.render(&messages, &options).unwrap().ends_with("Well,"));
+    options.add_generation_prompt = true;
+    let err = template.render(&messages, &options).unwrap_err();
+    assert_eq!(err.code(), "invalid_argument", "{err}");
+    // A template that does not write the content as it is.
+    let upper = ChatTemplate::from_source("{{ messages[-1].content.upper() }}").unwrap();
+    let err = upper.render(&messages, &ChatOptions::default().continue_final_message(true)).unwrap_err();
+    assert_eq!(err.code(), "invalid_argument", "{err}");
 }
 
 #[test]
