@@ -337,7 +337,9 @@ impl ChatTemplate {
     /// Errors: [`Error::InvalidArgument`] (`messages`) when the conversation
     /// is empty, when the template rejects it (its `raise_exception`, whose
     /// message is the reason), or cannot render it (an error inside the
-    /// template, such as a missing field it needs).
+    /// template, such as a missing field it needs); `InvalidArgument`
+    /// (`options`) when both `continue_final_message` and
+    /// `add_generation_prompt` are set.
     pub fn render(&self, messages: &[Message], options: &ChatOptions) -> Result<String> {
         self.render_with(messages, options, &|s: &str| s.to_string())
     }
