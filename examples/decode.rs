@@ -224,6 +224,12 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             }
         }
     });
+    if let (false, Some(s), true) = (args.json, stream.as_mut(), out.is_ok()) {
+        // Text held back for a character the last tokens left incomplete.
+        if let Ok(rest) = s.finish() {
+            print!("{rest}");
+        }
+    }
     if echo && out.is_err() {
         println!(); // the error goes on a line of its own
     }

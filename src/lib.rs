@@ -9,6 +9,7 @@
 pub(crate) mod bench;
 pub(crate) mod buffers;
 pub(crate) mod cache;
+pub(crate) mod chat;
 #[cfg(test)]
 mod check_counts;
 pub(crate) mod checkpoint;
@@ -32,10 +33,12 @@ pub(crate) mod reference;
 pub(crate) mod self_check;
 pub(crate) mod session;
 mod settings;
+pub(crate) mod stop;
 pub(crate) mod testing;
 pub(crate) mod tokenizer;
 
 pub use cache::CachePolicy;
+pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
 pub use engine::{
     decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason,
@@ -46,6 +49,7 @@ pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
 pub use load::LoadReport;
 pub use session::{Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH};
+pub use stop::{StopMatcher, StopStep};
 pub use tokenizer::{TextStream, Tokenizer};
 pub use wgpu;
 

@@ -1,15 +1,23 @@
 //! The checkpoint's tokenizer (`tokenizer.json`), and a streaming decoder
 //! that only ever hands out complete UTF-8 text.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 
 /// A Hugging Face tokenizer loaded from `tokenizer.json`.
+///
+/// Cloning is cheap (the vocabulary is shared), so a [`TextStream`] or a
+/// game object can keep its own handle.
+#[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Arc<tokenizers::Tokenizer>,
+    /// A copy of `inner` that encodes special-token strings as plain text,
+    /// built on first use: most texts contain none and never need it.
+    specials_as_text: Arc<OnceLock<tokenizers::Tokenizer>>,
     /// Where it was loaded from, for error messages.
-    path: PathBuf,
+    path: Arc<Path>,
 }
 
 impl Tokenizer {
@@ -43,7 +51,7 @@ impl Tokenizer {
         };
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| Error::invalid(path, format!("malformed tokenizer: {e}")))?;
-        Ok(Self { inner, path: path.to_path_buf() })
+        Ok(Self { inner: Arc::new(inner), specials_as_text: Arc::default(), path: path.into() })
     }
 
     /// Number of ids the tokenizer knows, added (special) tokens included.
@@ -57,13 +65,53 @@ impl Tokenizer {
     }
 
     /// Encodes `text` without adding special tokens (Qwen3 adds none anyway;
-    /// chat templates are the caller's job).
+    /// chat templates are the caller's job). Special-token strings written in
+    /// the text (`<|im_end|>`) become their control tokens: use
+    /// [`encode_text`](Self::encode_text) for text a user typed.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
+        self.encode_with(&self.inner, text)
+    }
+
+    /// Encodes `text` with special-token parsing off: a `<|im_end|>` in the
+    /// text is encoded as the characters it is made of, never as the control
+    /// token, so text a user typed cannot end a turn or open a system turn.
+    /// Added tokens that are not special (Qwen3's `<think>`, `<tool_call>`)
+    /// are still recognised, as Hugging Face's `split_special_tokens` does.
+    ///
+    /// Text with no special-token string in it encodes exactly as
+    /// [`encode`](Self::encode) does.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        let specials = self.special_tokens();
+        if !specials.iter().any(|s| text.contains(s.as_str())) {
+            return self.encode(text);
+        }
+        let as_text = self.specials_as_text.get_or_init(|| {
+            let mut copy = (*self.inner).clone();
+            copy.set_encode_special_tokens(true);
+            copy
+        });
+        self.encode_with(as_text, text)
+    }
+
+    fn encode_with(&self, tokenizer: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>> {
+        let encoding = tokenizer
             .encode(text, false)
-            .map_err(|e| Error::invalid(&self.path, format!("cannot encode text: {e}")))?;
+            .map_err(|e| Error::invalid(&*self.path, format!("cannot encode text: {e}")))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The strings of the special (control) tokens, such as `<|im_start|>`
+    /// and `<|im_end|>`, sorted by id.
+    pub fn special_tokens(&self) -> Vec<String> {
+        let mut tokens: Vec<(u32, String)> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        tokens.sort();
+        tokens.into_iter().map(|(_, s)| s).collect()
     }
 
     /// Decodes `ids` to text, special tokens included (so the text shows
@@ -77,7 +125,7 @@ impl Tokenizer {
     fn decode_unchecked(&self, ids: &[u32]) -> Result<String> {
         self.inner
             .decode(ids, false)
-            .map_err(|e| Error::invalid(&self.path, format!("cannot decode ids: {e}")))
+            .map_err(|e| Error::invalid(&*self.path, format!("cannot decode ids: {e}")))
     }
 
     /// `first_position`: the position of `ids[0]` in the caller's sequence.
@@ -94,8 +142,9 @@ impl Tokenizer {
         Ok(())
     }
 
-    /// A streaming decoder over this tokenizer.
-    pub fn stream(&self) -> TextStream<'_> {
+    /// A streaming decoder over this tokenizer (holding its own handle to
+    /// the vocabulary).
+    pub fn stream(&self) -> TextStream {
         TextStream::new(self)
     }
 }
@@ -104,8 +153,31 @@ impl Tokenizer {
 /// a character split across tokens are held back until the character is
 /// complete, so the concatenated output equals [`Tokenizer::decode`] of all
 /// ids, and never shows a U+FFFD that the full decode would not.
-pub struct TextStream<'a> {
-    tokenizer: &'a Tokenizer,
+///
+/// A stream owns a (cheap) clone of its [`Tokenizer`], so it borrows
+/// nothing and can live in a long-lived object (a game engine's component)
+/// after the `Tokenizer` it came from is dropped. Call
+/// [`finish`](Self::finish) at the end of a generation for the text still
+/// held back.
+///
+/// ```no_run
+/// # fn main() -> qwen3_wgpu::Result<()> {
+/// use qwen3_wgpu::Tokenizer;
+/// let tokenizer = Tokenizer::from_checkpoint("Qwen3-0.6B".as_ref())?;
+/// let ids = tokenizer.encode("Grüße, 世界")?;
+/// let mut stream = tokenizer.stream();
+/// drop(tokenizer); // the stream keeps what it needs
+/// let mut text = String::new();
+/// for id in ids {
+///     text += &stream.push(id)?;
+/// }
+/// text += &stream.finish()?;
+/// assert_eq!(text, "Grüße, 世界");
+/// # Ok(())
+/// # }
+/// ```
+pub struct TextStream {
+    tokenizer: Tokenizer,
     ids: Vec<u32>,
     /// Start of the ids decoded as context for the next piece. Context
     /// matters because a decoder's output for an id can depend on its
@@ -122,10 +194,10 @@ pub struct TextStream<'a> {
 /// tokens than that is genuinely invalid and is emitted as it is.
 const MAX_PENDING_TOKENS: usize = 4;
 
-impl<'a> TextStream<'a> {
+impl TextStream {
     /// A stream with nothing pushed yet.
-    pub fn new(tokenizer: &'a Tokenizer) -> Self {
-        Self { tokenizer, ids: Vec::new(), prefix_offset: 0, read_offset: 0, position: 0 }
+    pub fn new(tokenizer: &Tokenizer) -> Self {
+        Self { tokenizer: tokenizer.clone(), ids: Vec::new(), prefix_offset: 0, read_offset: 0, position: 0 }
     }
 
     /// Pushes one id; returns the text it completes (possibly empty).
