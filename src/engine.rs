@@ -17,8 +17,9 @@ use crate::session::{check_prompt, Session};
 use crate::stop::StopMatcher;
 use crate::tokenizer::Tokenizer;
 
-/// Default KV-cache capacity of a session (positions), capped by the
-/// model's `max_position_embeddings`.
+/// KV-cache capacity (positions) of [`Model::session`], capped by the
+/// model's `max_position_embeddings`. [`Model::generate`] and [`decode`]
+/// size their session to the prompt and the token budget instead.
 pub const DEFAULT_CAPACITY: usize = 4096;
 
 /// Builds an [`Engine`].
@@ -262,8 +263,9 @@ impl Model {
         self.session_with_capacity(DEFAULT_CAPACITY.min(self.config().max_position_embeddings))
     }
 
-    /// A session whose KV cache holds `capacity` positions (at most
-    /// `max_position_embeddings`); allocated once, never grown.
+    /// A session whose KV cache holds `capacity` positions (1 up to the
+    /// model's `max_position_embeddings`, else `context_overflow`);
+    /// allocated once, never grown.
     pub fn session_with_capacity(&self, capacity: usize) -> Result<Session> {
         let max = self.config().max_position_embeddings;
         if capacity == 0 || capacity > max {
@@ -296,8 +298,10 @@ impl Model {
     /// text across token boundaries), `on_token` returning
     /// [`ControlFlow::Break`], or the token budget. `on_token` sees each new
     /// token as soon as it is known; every token it saw is in the result.
-    /// [`DecodeResult::stop_reason`] says which limit ended it. Everything
-    /// is checked before the GPU runs.
+    /// [`DecodeResult::stop_reason`] says which limit ended it. The session
+    /// holds the prompt and the budget ([`DecodeResult::kv_capacity`]), up
+    /// to the model's `max_position_embeddings`. Everything is checked
+    /// before the GPU runs.
     ///
     /// ```no_run
     /// use std::ops::ControlFlow;
@@ -319,7 +323,8 @@ impl Model {
     /// Errors (before the GPU runs): those of [`Session::feed`] for the
     /// prompt; [`Error::InvalidArgument`] naming `eos_token_ids` for an id
     /// outside the vocabulary, or `stop` for an empty stop string;
-    /// [`Error::ContextOverflow`] when the prompt and the budget do not fit.
+    /// [`Error::ContextOverflow`] when the prompt and the budget exceed
+    /// `max_position_embeddings`.
     pub fn generate_with(
         &self,
         prompt_ids: &[u32],
@@ -339,12 +344,12 @@ impl Model {
             None => None,
         };
         let max_new_tokens = options.max_new_tokens;
-        // The last new token is never fed back, so it needs no cache slot.
+        // The session holds what this generation needs and no more: the
+        // last new token is never fed back, so it needs no cache slot.
         // Saturating: a count near usize::MAX must not wrap into a small one.
         let needed = prompt_ids.len().saturating_add(max_new_tokens.saturating_sub(1));
-        let capacity = DEFAULT_CAPACITY.min(cfg.max_position_embeddings);
-        if needed > capacity {
-            return Err(Error::ContextOverflow { needed, capacity });
+        if needed > cfg.max_position_embeddings {
+            return Err(Error::ContextOverflow { needed, capacity: cfg.max_position_embeddings });
         }
         let mut result = DecodeResult {
             token_ids: prompt_ids.to_vec(),
@@ -355,12 +360,14 @@ impl Model {
             converted: self.report.converted,
             stop_reason: StopReason::MaxNewTokens,
             text: stops.as_ref().map(|_| String::new()),
+            kv_capacity: 0,
         };
         if max_new_tokens == 0 {
             return Ok(result);
         }
         let is_eos = |token: &u32| cfg.eos_token_ids.contains(token) || options.eos_token_ids.contains(token);
-        let mut session = self.session_with_capacity(capacity)?;
+        let mut session = self.session_with_capacity(needed)?;
+        result.kv_capacity = session.capacity();
         let t0 = Instant::now();
         let mut token = session.feed(prompt_ids)?;
         result.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -556,6 +563,10 @@ pub struct DecodeResult {
     /// ([`GenerateOptions::stop_strings`]): it ends before the stop string
     /// that matched, and leaves out an end-of-text token. `None` otherwise.
     pub text: Option<String>,
+    /// KV-cache positions of the session the generation ran on: the prompt
+    /// plus the token budget less one (the last new token is never fed
+    /// back), allocated once; 0 when no token was asked for.
+    pub kv_capacity: usize,
 }
 
 impl DecodeResult {

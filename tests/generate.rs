@@ -154,3 +154,40 @@ fn bad_options_are_named_errors() {
     assert_eq!(e.code(), "invalid_argument");
     assert!(e.to_string().contains("eos_token_ids"), "{e}");
 }
+
+/// `generate` allocates the prompt and the budget, not a fixed 4,096
+/// positions: fewer for a short generation, and more when the model's
+/// `max_position_embeddings` allows (the fixture with 8,192 positions).
+#[test]
+fn the_session_holds_the_prompt_and_the_budget() {
+    let model = model();
+    let (prompt, want) = expected();
+    let out = model.generate(&prompt, 5, |_| {}).unwrap();
+    assert_eq!(out.kv_capacity, prompt.len() + 4);
+    assert_eq!(out.generated_ids(), &want[..5]);
+    let small = model.session_with_capacity(out.kv_capacity).unwrap().buffer_bytes();
+    assert!(small < model.session().unwrap().buffer_bytes());
+    assert_eq!(model.generate(&prompt, 0, |_| {}).unwrap().kv_capacity, 0);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap()).unwrap();
+    config["max_position_embeddings"] = 8192.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(fixture().join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let long =
+        engine.load(dir.path(), &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
+    let budget = 8192 - prompt.len() + 1;
+    let out =
+        long.generate_with(&prompt, &GenerateOptions::default().max_new_tokens(budget), |_| {
+            ControlFlow::Break(())
+        })
+        .unwrap();
+    assert_eq!(out.kv_capacity, 8192);
+    assert_eq!(out.generated_ids(), &want[..1]);
+    assert_eq!(long.session_with_capacity(8192).unwrap().capacity(), 8192);
+    let e = long.generate(&prompt, budget + 1, |_| {}).unwrap_err();
+    assert_eq!(e.code(), "context_overflow");
+    assert!(matches!(e, qwen3_wgpu::Error::ContextOverflow { needed: 8193, capacity: 8192 }), "{e}");
+}
