@@ -209,6 +209,45 @@ impl Session {
         self.take_queued()
     }
 
+    /// Rewinds the session to its first `len` positions: the KV cache keeps
+    /// positions below `len`, the steps queued ahead are discarded, and the
+    /// next [`feed`](Self::feed) continues from `len` (as if only those
+    /// positions had ever been fed). The pending prediction is dropped too
+    /// (it followed the last position, not position `len - 1`), so
+    /// [`next_token`](Self::next_token) fails with `no_pending_token` until
+    /// the next `feed`. Nothing is copied or freed: the rows past `len` are
+    /// overwritten before anything reads them.
+    ///
+    /// ```no_run
+    /// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
+    /// let mut session = model.session()?;
+    /// session.feed(&[785, 6722, 315])?; // a shared beginning
+    /// let start = session.len();
+    /// let a = session.feed(&[9625, 374])?;
+    /// session.truncate(start)?; // forget the second part
+    /// let b = session.feed(&[17689, 374])?; // as if fed [785, 6722, 315, 17689, 374]
+    /// # let _ = (a, b);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `len` when `len` exceeds
+    /// [`len()`](Self::len) (the session is left as it was); a GPU failure
+    /// while waiting for the discarded steps.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(Error::invalid_argument(
+                "len",
+                format!("{len} is past the {} positions the session holds", self.len),
+            ));
+        }
+        self.discard_queued()?;
+        self.len = len;
+        self.pending = None;
+        self.reset_gpu_position();
+        Ok(())
+    }
+
     /// Feeds the pending greedy token back in and returns the next one
     /// (the streaming step). Fails with `no_pending_token` before any `feed`.
     pub fn next_token(&mut self) -> Result<u32> {

@@ -191,3 +191,52 @@ fn the_session_holds_the_prompt_and_the_budget() {
     assert_eq!(e.code(), "context_overflow");
     assert!(matches!(e, qwen3_wgpu::Error::ContextOverflow { needed: 8193, capacity: 8192 }), "{e}");
 }
+
+/// Greedy tokens after `first` was fed: it, then `n - 1` more.
+fn continue_for(session: &mut qwen3_wgpu::Session, first: u32, n: usize) -> Vec<u32> {
+    std::iter::once(first).chain((1..n).map(|_| session.next_token().unwrap())).collect()
+}
+
+/// `truncate` rewinds: after A+B (and steps queued ahead of the caller),
+/// truncating to A and feeding C gives the tokens of a fresh session fed A+C.
+#[test]
+fn truncate_rewinds_to_a_prefix() {
+    let model = model();
+    let (a, _) = expected();
+    let b = [5u32, 17, 3, 250];
+    let c = [44u32, 91, 600];
+    let a_c: Vec<u32> = a.iter().chain(&c).copied().collect();
+    let mut fresh = model.session_with_capacity(64).unwrap();
+    let first = fresh.feed(&a_c).unwrap();
+    let want = continue_for(&mut fresh, first, 6);
+
+    for (batched, generated) in [(true, 0), (false, 3)] {
+        let mut s = model.session_with_capacity(64).unwrap();
+        if batched {
+            s.feed(&a.iter().chain(&b).copied().collect::<Vec<_>>()).unwrap();
+        } else {
+            s.feed(&a).unwrap();
+            s.feed(&b).unwrap();
+        }
+        // Steps queued ahead past the truncation point are discarded.
+        for _ in 0..generated {
+            s.next_token().unwrap();
+        }
+        let before = s.len();
+        let e = s.truncate(before + 1).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
+        assert!(e.to_string().contains("len"), "{e}");
+        assert_eq!(s.len(), before);
+        s.truncate(a.len()).unwrap();
+        assert_eq!(s.len(), a.len());
+        assert_eq!(s.pending(), None);
+        assert_eq!(s.next_token().unwrap_err().code(), "no_pending_token");
+        let first = s.feed(&c).unwrap();
+        assert_eq!(continue_for(&mut s, first, 6), want, "batched {batched}, generated {generated}");
+        // Back to nothing: a fresh start.
+        s.truncate(0).unwrap();
+        assert!(s.is_empty());
+        let first = s.feed(&a_c).unwrap();
+        assert_eq!(continue_for(&mut s, first, 6), want);
+    }
+}
