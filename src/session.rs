@@ -68,6 +68,9 @@ pub(crate) fn check_prompt(ids: &[u32], vocab_size: usize) -> Result<()> {
 }
 
 /// A decoding session over a loaded model: feed tokens, get greedy tokens.
+/// Its context is everything fed and every token returned, in order: the
+/// last token returned stays pending until the next step or `feed` commits
+/// it.
 ///
 /// The KV cache is allocated once, for `capacity` positions, and never grows.
 /// [`next_token`](Self::next_token) keeps up to
@@ -173,8 +176,21 @@ impl Session {
     /// layers in batches of [`PREFILL_BATCH`] (one launch per kernel per
     /// batch, causal attention within it); the last runs the whole step,
     /// whose argmax is the returned token.
+    ///
+    /// The pending token ([`pending`](Self::pending): the last one `feed`
+    /// or [`next_token`](Self::next_token) returned, not yet in the KV
+    /// cache) is committed first, ahead of `ids`: after a generation, the
+    /// next turn's text follows the whole reply, and the KV cache holds the
+    /// whole conversation (it takes one position more than `ids`). To drop
+    /// it instead (a reply cut before its last token), call
+    /// [`truncate`](Self::truncate)`(len())` first.
     pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
         check_prompt(ids, self.model.config.vocab_size)?;
+        let ids: std::borrow::Cow<[u32]> = match self.pending {
+            Some(token) => std::iter::once(token).chain(ids.iter().copied()).collect(),
+            None => ids.into(),
+        };
+        let ids = &ids[..];
         self.check_room(ids.len())?;
         self.discard_queued()?;
         let gpu = self.model.gpu.clone();

@@ -240,3 +240,40 @@ fn truncate_rewinds_to_a_prefix() {
         assert_eq!(continue_for(&mut s, first, 6), want);
     }
 }
+
+/// `feed` after a generation commits the pending (last generated) token
+/// before the new text: the session then equals a fresh one fed the whole
+/// conversation, that token included.
+#[test]
+fn feed_after_generation_keeps_the_last_generated_token() {
+    let model = model();
+    let (prompt, want) = expected();
+    let more = [5u32, 17, 3];
+    let mut s = model.session_with_capacity(64).unwrap();
+    let first = s.feed(&prompt).unwrap();
+    let reply = continue_for(&mut s, first, 6);
+    assert_eq!(reply, want[..6]);
+    assert_eq!(s.pending(), Some(reply[5]));
+    assert_eq!(s.len(), prompt.len() + 5, "the last generated token is not yet in the KV cache");
+    let first = s.feed(&more).unwrap();
+    assert_eq!(s.len(), prompt.len() + reply.len() + more.len());
+    let after = continue_for(&mut s, first, 6);
+
+    let conversation: Vec<u32> = prompt.iter().chain(&reply).chain(&more).copied().collect();
+    let mut fresh = model.session_with_capacity(64).unwrap();
+    let first = fresh.feed(&conversation).unwrap();
+    assert_eq!(after, continue_for(&mut fresh, first, 6));
+
+    // The committed token counts against the capacity.
+    let mut full = model.session_with_capacity(prompt.len() + 1).unwrap();
+    full.feed(&prompt).unwrap();
+    let e = full.feed(&[5]).unwrap_err();
+    assert!(
+        matches!(e, qwen3_wgpu::Error::ContextOverflow { needed, .. } if needed == prompt.len() + 2),
+        "{e}"
+    );
+    // Dropping it instead: truncate to the current length first.
+    full.truncate(full.len()).unwrap();
+    full.feed(&[5]).unwrap();
+    assert_eq!(full.len(), prompt.len() + 1);
+}
