@@ -298,7 +298,9 @@ impl Model {
     /// text across token boundaries), `on_token` returning
     /// [`ControlFlow::Break`], or the token budget. `on_token` sees each new
     /// token as soon as it is known; every token it saw is in the result.
-    /// [`DecodeResult::stop_reason`] says which limit ended it. The session
+    /// [`DecodeResult::stop_reason`] says which limit ended it (checked on
+    /// each token in that order: end of text, stop string, callback,
+    /// budget). The session
     /// holds the prompt and the budget ([`DecodeResult::kv_capacity`]), up
     /// to the model's `max_position_embeddings`. Everything is checked
     /// before the GPU runs.
