@@ -9,6 +9,11 @@
 //! included (`invalid_argument`). Errors exit with status 2; `--help` and
 //! `--version` print as usual and exit 0.
 //!
+//! `--stop TEXT` (repeatable) ends generation when the generated text
+//! contains TEXT (matched across token boundaries; needs the checkpoint's
+//! tokenizer.json): the text printed, and `"text"` in the JSON, end before
+//! it, and `"stop_reason"` is `stop_string` (`"stop_index"`: which one).
+//!
 //! `--backend`, `--kernels` and `--matvec-layout` win over the engine's
 //! environment variables (`QWEN3_WGPU_BACKEND`, `QWEN3_WGPU_KERNELS`,
 //! `QWEN3_WGPU_MATVEC_LAYOUT`), which apply when the flag is not given; a
@@ -16,13 +21,15 @@
 //! `debug`) shows what the engine logs; warnings show by default.
 
 use std::ffi::OsString;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
 use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
-    AdapterPolicy, CachePolicy, Engine, Error, KernelChoice, LoadOptions, ShapeProfile, Tokenizer,
+    AdapterPolicy, CachePolicy, Engine, Error, GenerateOptions, KernelChoice, LoadOptions, ShapeProfile,
+    StopMatcher, StopReason, Tokenizer,
 };
 use serde_json::json;
 
@@ -48,6 +55,10 @@ struct Args {
     /// the context holds is a context_overflow error before any decoding).
     #[arg(long, value_name = "N", default_value = "16", value_parser = parse_count, allow_negative_numbers = true)]
     max_new_tokens: usize,
+    /// Stop when the generated text contains TEXT (repeatable; needs the
+    /// checkpoint's tokenizer.json). The text shown ends before it.
+    #[arg(long = "stop", value_name = "TEXT")]
+    stops: Vec<String>,
     /// Adapters: `metal` (Apple GPUs only) or `portable` (any adapter
     /// wgpu offers). Default: QWEN3_WGPU_BACKEND, else metal.
     #[arg(long, value_name = "NAME", value_parser = parse_backend)]
@@ -180,6 +191,10 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             let tokenizer = Tokenizer::from_checkpoint(&checkpoint)?;
             (tokenizer.encode(text)?, Some(tokenizer))
         }
+        // Stop strings are matched on the text: the tokenizer is needed.
+        (None, Some(TokenIds(ids))) if !args.stops.is_empty() => {
+            (ids.clone(), Some(Tokenizer::from_checkpoint(&checkpoint)?))
+        }
         (None, Some(TokenIds(ids))) => {
             (ids.clone(), if args.json { None } else { text_printer(&checkpoint) })
         }
@@ -187,6 +202,14 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     };
     if prompt_ids.is_empty() {
         return Err(Error::EmptyPrompt);
+    }
+    let mut generate = GenerateOptions::default().max_new_tokens(args.max_new_tokens);
+    if args.stops.iter().any(String::is_empty) {
+        let reason = "a stop string must not be empty".into();
+        return Err(Error::InvalidArgument { name: "--stop".into(), reason });
+    }
+    if let (false, Some(t)) = (args.stops.is_empty(), tokenizer.as_ref()) {
+        generate = generate.stop_strings(t, args.stops.iter().cloned());
     }
     // A setting left out here is read by the builder from its
     // QWEN3_WGPU_* variable, so a flag always wins over the variable.
@@ -215,20 +238,29 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     if echo {
         print!("{}", args.prompt.as_deref().unwrap_or_default());
     }
-    let out = model.generate(&prompt_ids, args.max_new_tokens, |id| {
+    // The printed text goes through the same stop strings as the result's,
+    // so nothing after a stop string is shown.
+    let mut printed = StopMatcher::new(args.stops.iter().cloned())?;
+    let show = |piece: String, printed: &mut StopMatcher| {
+        print!("{}", printed.push(&piece).text);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    };
+    let out = model.generate_with(&prompt_ids, &generate, |id| {
         if let (false, Some(s)) = (args.json, stream.as_mut()) {
             if let Ok(piece) = s.push(id) {
-                print!("{piece}");
-                use std::io::Write;
-                let _ = std::io::stdout().flush();
+                show(piece, &mut printed);
             }
         }
+        ControlFlow::Continue(())
     });
     if let (false, Some(s), true) = (args.json, stream.as_mut(), out.is_ok()) {
-        // Text held back for a character the last tokens left incomplete.
+        // Text held back for a character the last tokens left incomplete,
+        // or for what could have begun a stop string.
         if let Ok(rest) = s.finish() {
-            print!("{rest}");
+            show(rest, &mut printed);
         }
+        print!("{}", printed.finish());
     }
     if echo && out.is_err() {
         println!(); // the error goes on a line of its own
@@ -269,6 +301,12 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         "adapter": {"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase()},
         "kernels": engine.kernel_source().as_str(),
     });
+    if let Some(text) = &out.text {
+        result["text"] = json!(text);
+    }
+    if let StopReason::StopString(index) = out.stop_reason {
+        result["stop_index"] = json!(index);
+    }
     let kernels = engine.kernel_report();
     let check = &kernels.self_check;
     result["self_check"] = json!({"ok": check.ok, "pipelines": check.pipelines, "ms": check.ms});

@@ -1,6 +1,7 @@
 //! The public API: an [`Engine`] (a GPU device and compiled kernels), a
 //! loaded [`Model`], sessions, and the one-call [`decode`].
 
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,9 +14,12 @@ use crate::gpu_weights::{GpuWeights, ModelGpu};
 use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLayout};
 use crate::load::{load_model, LoadReport};
 use crate::session::{check_prompt, Session};
+use crate::stop::StopMatcher;
+use crate::tokenizer::Tokenizer;
 
-/// Default KV-cache capacity of a session (positions), capped by the
-/// model's `max_position_embeddings`.
+/// KV-cache capacity (positions) of [`Model::session`], capped by the
+/// model's `max_position_embeddings`. [`Model::generate`] and [`decode`]
+/// size their session to the prompt and the token budget instead.
 pub const DEFAULT_CAPACITY: usize = 4096;
 
 /// Builds an [`Engine`].
@@ -259,8 +263,9 @@ impl Model {
         self.session_with_capacity(DEFAULT_CAPACITY.min(self.config().max_position_embeddings))
     }
 
-    /// A session whose KV cache holds `capacity` positions (at most
-    /// `max_position_embeddings`); allocated once, never grown.
+    /// A session whose KV cache holds `capacity` positions (1 up to the
+    /// model's `max_position_embeddings`, else `context_overflow`);
+    /// allocated once, never grown.
     pub fn session_with_capacity(&self, capacity: usize) -> Result<Session> {
         let max = self.config().max_position_embeddings;
         if capacity == 0 || capacity > max {
@@ -272,20 +277,81 @@ impl Model {
     /// Greedy decoding of up to `max_new_tokens` after `prompt_ids`, calling
     /// `on_token` with each new token as soon as it is known. Stops early at
     /// an end-of-text id. Everything is checked before the GPU runs.
+    /// [`generate_with`](Self::generate_with) with only a token budget.
     pub fn generate(
         &self,
         prompt_ids: &[u32],
         max_new_tokens: usize,
         mut on_token: impl FnMut(u32),
     ) -> Result<DecodeResult> {
+        let options = GenerateOptions::default().max_new_tokens(max_new_tokens);
+        self.generate_with(prompt_ids, &options, |token| {
+            on_token(token);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// Greedy decoding after `prompt_ids` until one of `options`' limits:
+    /// an end-of-text id (the checkpoint's, from config.json and
+    /// generation_config.json, and [`GenerateOptions::eos_token_ids`]), a
+    /// stop string ([`GenerateOptions::stop_strings`], matched on the decoded
+    /// text across token boundaries), `on_token` returning
+    /// [`ControlFlow::Break`], or the token budget. `on_token` sees each new
+    /// token as soon as it is known; every token it saw is in the result.
+    /// [`DecodeResult::stop_reason`] says which limit ended it (checked on
+    /// each token in that order: end of text, stop string, callback,
+    /// budget). The session
+    /// holds the prompt and the budget ([`DecodeResult::kv_capacity`]), up
+    /// to the model's `max_position_embeddings`. Everything is checked
+    /// before the GPU runs.
+    ///
+    /// ```no_run
+    /// use std::ops::ControlFlow;
+    /// use qwen3_wgpu::{Engine, GenerateOptions, LoadOptions, StopReason, Tokenizer};
+    /// let engine = Engine::new()?;
+    /// let model = engine.load("./qwen3-0.6b-base", &LoadOptions::default())?;
+    /// let tokenizer = Tokenizer::from_checkpoint("./qwen3-0.6b-base".as_ref())?;
+    /// let options = GenerateOptions::default().max_new_tokens(64).stop_strings(&tokenizer, ["\nPlayer:"]);
+    /// let prompt = tokenizer.encode("Blacksmith: Welcome!\nPlayer: Hello.\nBlacksmith:")?;
+    /// let mut seen = 0;
+    /// let out = model.generate_with(&prompt, &options, |_token| {
+    ///     seen += 1;
+    ///     if seen < 48 { ControlFlow::Continue(()) } else { ControlFlow::Break(()) }
+    /// })?;
+    /// println!("{} ({})", out.text.unwrap_or_default(), out.stop_reason.as_str());
+    /// # Ok::<(), qwen3_wgpu::Error>(())
+    /// ```
+    ///
+    /// Errors (before the GPU runs): those of [`Session::feed`] for the
+    /// prompt; [`Error::InvalidArgument`] naming `eos_token_ids` for an id
+    /// outside the vocabulary, or `stop` for an empty stop string;
+    /// [`Error::ContextOverflow`] when the prompt and the budget exceed
+    /// `max_position_embeddings`.
+    pub fn generate_with(
+        &self,
+        prompt_ids: &[u32],
+        options: &GenerateOptions,
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<DecodeResult> {
         let cfg = self.config();
         check_prompt(prompt_ids, cfg.vocab_size)?;
-        // The last new token is never fed back, so it needs no cache slot.
+        if let Some(&id) = options.eos_token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(Error::invalid_argument(
+                "eos_token_ids",
+                format!("{id} is outside the vocabulary of {} tokens", cfg.vocab_size),
+            ));
+        }
+        let mut stops = match &options.stop {
+            Some(s) => Some((s.tokenizer.stream(), StopMatcher::new(s.stops.iter().cloned())?)),
+            None => None,
+        };
+        let max_new_tokens = options.max_new_tokens;
+        // The session holds what this generation needs and no more: the
+        // last new token is never fed back, so it needs no cache slot.
         // Saturating: a count near usize::MAX must not wrap into a small one.
         let needed = prompt_ids.len().saturating_add(max_new_tokens.saturating_sub(1));
-        let capacity = DEFAULT_CAPACITY.min(cfg.max_position_embeddings);
-        if needed > capacity {
-            return Err(Error::ContextOverflow { needed, capacity });
+        if needed > cfg.max_position_embeddings {
+            return Err(Error::ContextOverflow { needed, capacity: cfg.max_position_embeddings });
         }
         let mut result = DecodeResult {
             token_ids: prompt_ids.to_vec(),
@@ -295,21 +361,39 @@ impl Model {
             load_ms: self.load_ms,
             converted: self.report.converted,
             stop_reason: StopReason::MaxNewTokens,
+            text: stops.as_ref().map(|_| String::new()),
+            kv_capacity: 0,
         };
         if max_new_tokens == 0 {
             return Ok(result);
         }
-        let mut session = self.session_with_capacity(capacity)?;
+        let is_eos = |token: &u32| cfg.eos_token_ids.contains(token) || options.eos_token_ids.contains(token);
+        let mut session = self.session_with_capacity(needed)?;
+        result.kv_capacity = session.capacity();
         let t0 = Instant::now();
         let mut token = session.feed(prompt_ids)?;
         result.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
         let mut steps = 0usize;
+        let mut stopped_by_string = false;
         loop {
             result.token_ids.push(token);
-            on_token(token);
-            if cfg.eos_token_ids.contains(&token) {
+            let flow = on_token(token);
+            if is_eos(&token) {
                 result.stop_reason = StopReason::EndOfText;
+                break;
+            }
+            if let (Some((stream, matcher)), Some(text)) = (stops.as_mut(), result.text.as_mut()) {
+                let step = matcher.push(&stream.push(token)?);
+                text.push_str(&step.text);
+                if let Some(index) = step.stopped {
+                    result.stop_reason = StopReason::StopString(index);
+                    stopped_by_string = true;
+                    break;
+                }
+            }
+            if flow.is_break() {
+                result.stop_reason = StopReason::Callback;
                 break;
             }
             if result.token_ids.len() - result.n_prompt >= max_new_tokens {
@@ -322,7 +406,109 @@ impl Model {
         if steps > 0 && secs > 0.0 {
             result.decode_tokens_per_sec = steps as f64 / secs;
         }
+        // Stopped otherwise: the text still held back (an incomplete
+        // character, the start of a stop string) is final, unless it
+        // completes a stop string after all.
+        if let (false, Some((stream, matcher)), Some(text)) =
+            (stopped_by_string, stops.as_mut(), result.text.as_mut())
+        {
+            let step = matcher.push(&stream.finish()?);
+            text.push_str(&step.text);
+            match step.stopped {
+                Some(index) => result.stop_reason = StopReason::StopString(index),
+                None => text.push_str(&matcher.finish()),
+            }
+        }
         Ok(result)
+    }
+}
+
+/// What [`Model::generate_with`] generates and when it stops. Build it from
+/// the default with the builder methods:
+///
+/// ```
+/// use qwen3_wgpu::GenerateOptions;
+/// let options = GenerateOptions::default().max_new_tokens(32).eos_token_ids([13]);
+/// assert_eq!(options.max_new_tokens, 32);
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct GenerateOptions {
+    /// Most new tokens to generate (the token budget). Default
+    /// [`GenerateOptions::DEFAULT_MAX_NEW_TOKENS`].
+    pub max_new_tokens: usize,
+    /// End-of-text ids honoured besides the checkpoint's own (config.json's
+    /// and generation_config.json's `eos_token_id`, always honoured).
+    pub eos_token_ids: Vec<u32>,
+    stop: Option<StopStrings>,
+}
+
+/// Stop strings and the tokenizer that turns tokens into the text they are
+/// matched on.
+#[derive(Clone)]
+struct StopStrings {
+    tokenizer: Tokenizer,
+    stops: Vec<String>,
+}
+
+impl GenerateOptions {
+    /// The default token budget.
+    pub const DEFAULT_MAX_NEW_TOKENS: usize = 256;
+
+    /// Sets the token budget.
+    pub fn max_new_tokens(mut self, n: usize) -> Self {
+        self.max_new_tokens = n;
+        self
+    }
+
+    /// Adds end-of-text ids (besides the checkpoint's own). The id is kept
+    /// in the result; generation stops after it.
+    pub fn eos_token_ids(mut self, ids: impl IntoIterator<Item = u32>) -> Self {
+        self.eos_token_ids.extend(ids);
+        self
+    }
+
+    /// Stops when the generated text contains one of `stops` (matched on the
+    /// text `tokenizer` decodes, across token boundaries, with
+    /// [`StopMatcher`]): [`DecodeResult::text`] then ends before it, and
+    /// [`StopReason::StopString`] gives its index in `stops`. The token
+    /// that completed it is the last of `token_ids`. Replaces stop strings
+    /// set before; keeps a (cheap) clone of the tokenizer. An empty stop
+    /// string makes [`Model::generate_with`] fail with `invalid_argument`
+    /// (`stop`).
+    pub fn stop_strings<I, S>(mut self, tokenizer: &Tokenizer, stops: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let stops = stops.into_iter().map(Into::into).collect();
+        self.stop = Some(StopStrings { tokenizer: tokenizer.clone(), stops });
+        self
+    }
+
+    /// The stop strings, in the order given (empty when none are set).
+    pub fn stops(&self) -> &[String] {
+        self.stop.as_ref().map_or(&[], |s| &s.stops)
+    }
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new_tokens: Self::DEFAULT_MAX_NEW_TOKENS,
+            eos_token_ids: Vec::new(),
+            stop: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for GenerateOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenerateOptions")
+            .field("max_new_tokens", &self.max_new_tokens)
+            .field("eos_token_ids", &self.eos_token_ids)
+            .field("stops", &self.stops())
+            .finish()
     }
 }
 
@@ -334,19 +520,29 @@ pub enum StopReason {
     MaxNewTokens,
     /// An end-of-text id was generated (it is included in `token_ids`).
     EndOfText,
+    /// The stop string of this index (in [`GenerateOptions::stop_strings`]'s
+    /// order) appeared in the generated text; [`DecodeResult::text`] ends
+    /// before it.
+    StopString(usize),
+    /// The `on_token` callback returned [`ControlFlow::Break`] (the token
+    /// it was given is included in `token_ids`).
+    Callback,
 }
 
 impl StopReason {
-    /// Stable name: `max_new_tokens` or `end_of_text`.
+    /// Stable name: `max_new_tokens`, `end_of_text`, `stop_string` or
+    /// `callback`.
     pub fn as_str(self) -> &'static str {
         match self {
             StopReason::MaxNewTokens => "max_new_tokens",
             StopReason::EndOfText => "end_of_text",
+            StopReason::StopString(_) => "stop_string",
+            StopReason::Callback => "callback",
         }
     }
 }
 
-/// The outcome of [`decode`] / [`Model::generate`].
+/// The outcome of [`decode`] / [`Model::generate`] / [`Model::generate_with`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DecodeResult {
@@ -365,6 +561,14 @@ pub struct DecodeResult {
     pub converted: bool,
     /// Why generation stopped.
     pub stop_reason: StopReason,
+    /// The generated text, when stop strings were set
+    /// ([`GenerateOptions::stop_strings`]): it ends before the stop string
+    /// that matched, and leaves out an end-of-text token. `None` otherwise.
+    pub text: Option<String>,
+    /// KV-cache positions of the session the generation ran on: the prompt
+    /// plus the token budget less one (the last new token is never fed
+    /// back), allocated once; 0 when no token was asked for.
+    pub kv_capacity: usize,
 }
 
 impl DecodeResult {

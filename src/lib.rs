@@ -41,8 +41,8 @@ pub use cache::CachePolicy;
 pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
 pub use engine::{
-    decode, decode_with, DecodeResult, Engine, EngineBuilder, LoadOptions, Model, StopReason,
-    DEFAULT_CAPACITY,
+    decode, decode_with, DecodeResult, Engine, EngineBuilder, GenerateOptions, LoadOptions, Model,
+    StopReason, DEFAULT_CAPACITY,
 };
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};

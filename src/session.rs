@@ -68,6 +68,9 @@ pub(crate) fn check_prompt(ids: &[u32], vocab_size: usize) -> Result<()> {
 }
 
 /// A decoding session over a loaded model: feed tokens, get greedy tokens.
+/// Its context is everything fed and every token returned, in order: the
+/// last token returned stays pending until the next step or `feed` commits
+/// it.
 ///
 /// The KV cache is allocated once, for `capacity` positions, and never grows.
 /// [`next_token`](Self::next_token) keeps up to
@@ -173,8 +176,21 @@ impl Session {
     /// layers in batches of [`PREFILL_BATCH`] (one launch per kernel per
     /// batch, causal attention within it); the last runs the whole step,
     /// whose argmax is the returned token.
+    ///
+    /// The pending token ([`pending`](Self::pending): the last one `feed`
+    /// or [`next_token`](Self::next_token) returned, not yet in the KV
+    /// cache) is committed first, ahead of `ids`: after a generation, the
+    /// next turn's text follows the whole reply, and the KV cache holds the
+    /// whole conversation (it takes one position more than `ids`). To drop
+    /// it instead (a reply cut before its last token), call
+    /// [`truncate`](Self::truncate)`(len())` first.
     pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
         check_prompt(ids, self.model.config.vocab_size)?;
+        let ids: std::borrow::Cow<[u32]> = match self.pending {
+            Some(token) => std::iter::once(token).chain(ids.iter().copied()).collect(),
+            None => ids.into(),
+        };
+        let ids = &ids[..];
         self.check_room(ids.len())?;
         self.discard_queued()?;
         let gpu = self.model.gpu.clone();
@@ -207,6 +223,45 @@ impl Session {
         self.gpu_pos = end;
         self.len = end - 1;
         self.take_queued()
+    }
+
+    /// Rewinds the session to its first `len` positions: the KV cache keeps
+    /// positions below `len`, the steps queued ahead are discarded, and the
+    /// next [`feed`](Self::feed) continues from `len` (as if only those
+    /// positions had ever been fed). The pending prediction is dropped too
+    /// (it followed the last position, not position `len - 1`), so
+    /// [`next_token`](Self::next_token) fails with `no_pending_token` until
+    /// the next `feed`. Nothing is copied or freed: the rows past `len` are
+    /// overwritten before anything reads them.
+    ///
+    /// ```no_run
+    /// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
+    /// let mut session = model.session()?;
+    /// session.feed(&[785, 6722, 315])?; // a shared beginning
+    /// let start = session.len();
+    /// let a = session.feed(&[9625, 374])?;
+    /// session.truncate(start)?; // forget the second part
+    /// let b = session.feed(&[17689, 374])?; // as if fed [785, 6722, 315, 17689, 374]
+    /// # let _ = (a, b);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `len` when `len` exceeds
+    /// [`len()`](Self::len) (the session is left as it was); a GPU failure
+    /// while waiting for the discarded steps.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(Error::invalid_argument(
+                "len",
+                format!("{len} is past the {} positions the session holds", self.len),
+            ));
+        }
+        self.discard_queued()?;
+        self.len = len;
+        self.pending = None;
+        self.reset_gpu_position();
+        Ok(())
     }
 
     /// Feeds the pending greedy token back in and returns the next one

@@ -131,14 +131,14 @@ fn queued_steps_never_change_the_tokens() {
         seq.push(s.pending().unwrap());
         seq.extend((0..10).map(|_| s.next_token().unwrap()));
         assert_eq!(s.len(), prompt.len() + seq.len() - 1);
-        // The last token stays pending: `feed` appends after the consumed ones.
+        // The last token is still pending: `feed` commits it before `extra`.
         let after: Vec<u32> =
             std::iter::once(s.feed(&extra).unwrap()).chain((0..4).map(|_| s.next_token().unwrap())).collect();
         runs.push((seq, after));
     }
     assert!(runs.windows(2).all(|w| w[0] == w[1]), "lookaheads disagree: {runs:?}");
     let (seq, after) = &runs[0];
-    let context: Vec<u32> = prompt.iter().chain(&seq[..seq.len() - 1]).chain(&extra).copied().collect();
+    let context: Vec<u32> = prompt.iter().chain(seq).chain(&extra).copied().collect();
     let mut fresh = model.session_with_capacity(128).unwrap();
     let again: Vec<u32> = std::iter::once(fresh.feed(&context).unwrap())
         .chain((0..4).map(|_| fresh.next_token().unwrap()))

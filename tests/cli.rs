@@ -273,3 +273,66 @@ fn a_broken_tokenizer_needed_for_a_prompt_is_an_error_naming_it() {
     let message = expect_error(&out, "checkpoint_invalid");
     assert!(message.contains("tokenizer.json"), "{message}");
 }
+
+/// A copy of the small fixture beside the Qwen3 tokenizer (its ids below
+/// 1000 decode to text) and the prompt and greedy ids the reference gave.
+fn fixture_with_tokenizer() -> (tempfile::TempDir, Vec<u32>, Vec<u32>) {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(f), tmp.path().join(f)).unwrap();
+    }
+    let tokenizer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3-tokenizer/tokenizer.json");
+    std::fs::copy(tokenizer, tmp.path().join("tokenizer.json")).unwrap();
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap()).unwrap();
+    let ids = |k: &str| expected[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    (tmp, ids("prompt_ids"), ids("generated_ids"))
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them() {
+    let (dir, prompt, want) = fixture_with_tokenizer();
+    let tokenizer = qwen3_wgpu::Tokenizer::from_checkpoint(dir.path()).unwrap();
+    let full = tokenizer.decode(&want).unwrap();
+    // Three characters from the middle of the reference's text.
+    let start = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
+    let stop: String = full[start..].chars().take(3).collect();
+    let before = &full[..full.find(&stop).unwrap()];
+    let prompt = prompt.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let ckpt = dir.path().to_str().unwrap();
+    let args = [
+        "--checkpoint",
+        ckpt,
+        "--prompt-ids",
+        &prompt,
+        "--max-new-tokens",
+        "32",
+        "--backend",
+        "portable",
+        "--no-cache",
+    ];
+    let with_stops = [&args[..], &["--stop", "never here", "--stop", &stop]].concat();
+    let out = decode(&[&with_stops[..], &["--json"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = last_json(&out);
+    assert_eq!(result["stop_reason"], "stop_string", "{result}");
+    assert_eq!(result["stop_index"], 1, "{result}");
+    assert_eq!(result["text"], before, "{result}");
+    let n = result["generated_ids"].as_array().unwrap().len();
+    assert!(n < want.len(), "{result}");
+    assert_eq!(result["generated_ids"], serde_json::json!(want[..n]), "{result}");
+    // The printed text ends before the stop string too.
+    let out = decode(&with_stops, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with(&format!("{before}\nprompt ids:")), "{}", stdout(&out));
+    assert!(stdout(&out).contains("stop: stop_string"), "{}", stdout(&out));
+    // Without stop strings: no "text", the budget ends it.
+    let result = last_json(&decode(&[&args[..], &["--json"]].concat(), &[]));
+    assert_eq!(result["stop_reason"], "max_new_tokens", "{result}");
+    assert!(result.get("text").is_none(), "{result}");
+    // An empty stop string is refused, naming the flag.
+    let message =
+        expect_error(&decode(&[&args[..], &["--stop", "", "--json"]].concat(), &[]), "invalid_argument");
+    assert!(message.contains("--stop"), "{message}");
+}

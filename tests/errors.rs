@@ -202,7 +202,7 @@ fn empty_prompt() {
 #[test]
 fn context_overflow() {
     let model = engine().load(fixture(), &no_cache()).unwrap();
-    // Default capacity 4096: 4000 prompt tokens + 100 new do not fit.
+    // max_position_embeddings 4096: 4000 prompt tokens + 100 new do not fit.
     let prompt = vec![7u32; 4000];
     let e = model.generate(&prompt, 100, |_| {}).unwrap_err();
     assert_eq!(e.code(), "context_overflow");
