@@ -14,6 +14,13 @@
 //! tokenizer.json): the text printed, and `"text"` in the JSON, end before
 //! it, and `"stop_reason"` is `stop_string` (`"stop_index"`: which one).
 //!
+//! `--chat` renders the `--prompt` text as one user turn through the
+//! checkpoint's chat template (tokenizer_config.json) and also stops at the
+//! template's end of turn (`<|im_end|>`); `--no-think` turns Qwen3's
+//! thinking off. `--print-prompt` prints the exact text that would be
+//! encoded (with `--json`: `{"prompt": "..."}`) and exits 0 without
+//! touching the GPU or the weights.
+//!
 //! `--backend`, `--kernels` and `--matvec-layout` win over the engine's
 //! environment variables (`QWEN3_WGPU_BACKEND`, `QWEN3_WGPU_KERNELS`,
 //! `QWEN3_WGPU_MATVEC_LAYOUT`), which apply when the flag is not given; a
@@ -28,8 +35,8 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
 use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
-    AdapterPolicy, CachePolicy, Engine, Error, GenerateOptions, KernelChoice, LoadOptions, ShapeProfile,
-    StopMatcher, StopReason, Tokenizer,
+    AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Engine, Error, GenerateOptions, KernelChoice,
+    LoadOptions, Message, ShapeProfile, StopMatcher, StopReason, Tokenizer,
 };
 use serde_json::json;
 
@@ -51,6 +58,20 @@ struct Args {
     /// are allowed). Needs no tokenizer.json.
     #[arg(long, value_name = "IDS", value_parser = parse_token_ids, allow_negative_numbers = true)]
     prompt_ids: Option<TokenIds>,
+    /// Render --prompt as one user turn through the checkpoint's chat
+    /// template (tokenizer_config.json); generation also ends at the
+    /// template's end of turn (`<|im_end|>`).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    chat: bool,
+    /// With --chat: turn the template's thinking off (Qwen3's
+    /// `enable_thinking=false`).
+    #[arg(long)]
+    no_think: bool,
+    /// Print the exact text that would be encoded (the rendered chat text
+    /// with --chat, else --prompt) and exit; reads no weights. With --json:
+    /// `{"prompt": "..."}`.
+    #[arg(long)]
+    print_prompt: bool,
     /// Most new tokens to generate (0 to 18446744073709551615; more than
     /// the context holds is a context_overflow error before any decoding).
     #[arg(long, value_name = "N", default_value = "16", value_parser = parse_count, allow_negative_numbers = true)]
@@ -186,7 +207,45 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     // touched: to encode --prompt (a broken tokenizer.json is then an error
     // naming it), or to print the generated text, which --prompt-ids runs
     // can do without (a broken file costs the text, never the run).
+    // Checked here rather than by clap, whose message for a missing
+    // argument names no flag on its first line.
+    if args.no_think && !args.chat {
+        return Err(Error::InvalidArgument { name: "--no-think".into(), reason: "needs --chat".into() });
+    }
+    if (args.chat || args.print_prompt) && args.prompt.is_none() {
+        let flag = if args.chat { "--chat" } else { "--print-prompt" };
+        return Err(Error::InvalidArgument { name: flag.into(), reason: "needs --prompt TEXT".into() });
+    }
+    // With --chat, the text encoded is the rendered conversation.
+    let chat = match (&args.prompt, args.chat) {
+        (Some(text), true) => {
+            let template = ChatTemplate::from_checkpoint(&checkpoint)?;
+            let mut options = ChatOptions::default();
+            if args.no_think {
+                options = options.enable_thinking(false);
+            }
+            let conversation = [Message::user(text.clone())];
+            let rendered = template.render(&conversation, &options)?;
+            Some((template, conversation, options, rendered))
+        }
+        _ => None,
+    };
+    if args.print_prompt {
+        let text = match &chat {
+            Some((_, _, _, rendered)) => rendered.as_str(),
+            None => args.prompt.as_deref().unwrap_or_default(),
+        };
+        if !args.json {
+            print!("{text}");
+        }
+        return Ok(json!({ "prompt": text }));
+    }
     let (prompt_ids, tokenizer) = match (&args.prompt, &args.prompt_ids) {
+        (Some(_), _) if chat.is_some() => {
+            let tokenizer = Tokenizer::from_checkpoint(&checkpoint)?;
+            let (template, conversation, options, _) = chat.as_ref().expect("checked");
+            (template.encode(&tokenizer, conversation, options)?, Some(tokenizer))
+        }
         (Some(text), _) => {
             let tokenizer = Tokenizer::from_checkpoint(&checkpoint)?;
             (tokenizer.encode(text)?, Some(tokenizer))
@@ -207,6 +266,12 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     if args.stops.iter().any(String::is_empty) {
         let reason = "a stop string must not be empty".into();
         return Err(Error::InvalidArgument { name: "--stop".into(), reason });
+    }
+    // The template's end of turn ends the reply (an instruct model's
+    // config.json may name only <|endoftext|>).
+    if let (true, Some(end_of_turn)) = (args.chat, tokenizer.as_ref().and_then(|t| t.token_id("<|im_end|>")))
+    {
+        generate = generate.eos_token_ids([end_of_turn]);
     }
     if let (false, Some(t)) = (args.stops.is_empty(), tokenizer.as_ref()) {
         generate = generate.stop_strings(t, args.stops.iter().cloned());
@@ -236,7 +301,10 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     let mut stream = tokenizer.as_ref().map(|t| t.stream());
     let echo = !args.json && args.prompt.is_some() && stream.is_some();
     if echo {
-        print!("{}", args.prompt.as_deref().unwrap_or_default());
+        match &chat {
+            Some((_, _, _, rendered)) => print!("{rendered}"),
+            None => print!("{}", args.prompt.as_deref().unwrap_or_default()),
+        }
     }
     // The printed text goes through the same stop strings as the result's,
     // so nothing after a stop string is shown.

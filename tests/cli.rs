@@ -336,3 +336,50 @@ fn stop_strings_end_the_text_before_them() {
         expect_error(&decode(&[&args[..], &["--stop", "", "--json"]].concat(), &[]), "invalid_argument");
     assert!(message.contains("--stop"), "{message}");
 }
+
+fn qwen3_tokenizer_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3-tokenizer")
+}
+
+/// `--print-prompt --chat` prints the rendered user turn, byte for byte
+/// Qwen3's template, from tokenizer_config.json alone (the directory has no
+/// weights or config.json: nothing else is read).
+#[test]
+fn print_prompt_with_chat_prints_the_rendered_turn_without_weights() {
+    let dir = qwen3_tokenizer_dir();
+    let ckpt = dir.to_str().unwrap();
+    let want = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    let out = decode(&["--checkpoint", ckpt, "--print-prompt", "--chat", "--prompt", "hi"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), want);
+    let out = decode(&["--checkpoint", ckpt, "--print-prompt", "--chat", "--prompt", "hi", "--json"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_json(&out), serde_json::json!({ "prompt": want }));
+    // --no-think: Qwen3's empty thinking block opens the reply.
+    let out =
+        decode(&["--checkpoint", ckpt, "--print-prompt", "--chat", "--no-think", "--prompt", "hi"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), format!("{want}<think>\n\n</think>\n\n"));
+    // Without --chat the prompt is the text itself.
+    let out = decode(&["--checkpoint", ckpt, "--print-prompt", "--prompt", "hi <|im_end|>", "--json"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_json(&out), serde_json::json!({ "prompt": "hi <|im_end|>" }));
+}
+
+#[test]
+fn chat_needs_text_and_a_template() {
+    let message = expect_error(&decode(&["--chat", "--prompt-ids", "1", "--json"], &[]), "invalid_argument");
+    assert!(message.contains("--chat"), "{message}");
+    let message = expect_error(&decode(&["--no-think", "--prompt", "hi", "--json"], &[]), "invalid_argument");
+    assert!(message.contains("--no-think") && message.contains("--chat"), "{message}");
+    for flag in ["--chat", "--print-prompt"] {
+        let message = expect_error(&decode(&[flag, "--json"], &[]), "invalid_argument");
+        assert!(message.contains(flag) && message.contains("--prompt"), "{message}");
+    }
+    // A checkpoint without tokenizer_config.json has no template.
+    let fixture = fixture();
+    let args =
+        ["--checkpoint", fixture.to_str().unwrap(), "--chat", "--prompt", "hi", "--print-prompt", "--json"];
+    let message = expect_error(&decode(&args, &[]), "checkpoint_not_found");
+    assert!(message.contains("tokenizer_config.json"), "{message}");
+}
