@@ -22,7 +22,18 @@ const SETTINGS: [&str; 3] = ["QWEN3_WGPU_BACKEND", "QWEN3_WGPU_KERNELS", "QWEN3_
 /// test binary was built in (target/<profile dir>/deps/cli-<hash>).
 fn decode_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
+    BIN.get_or_init(|| example_bin("decode"))
+}
+
+/// The chat example's binary, built as [`decode_bin`] builds decode's.
+fn chat_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| example_bin("chat"))
+}
+
+/// Builds example `name` for this test's profile and returns its path.
+fn example_bin(name: &str) -> PathBuf {
+    {
         let exe = std::env::current_exe().expect("test binary path");
         let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
         let target_dir = profile_dir.parent().expect("target dir");
@@ -34,7 +45,7 @@ fn decode_bin() -> &'static Path {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         let out = Command::new(cargo)
-            .args(["build", "--quiet", "--example", "decode", "--profile", profile, "--manifest-path"])
+            .args(["build", "--quiet", "--example", name, "--profile", profile, "--manifest-path"])
             .arg(&manifest)
             .arg("--target-dir")
             .arg(target_dir)
@@ -42,13 +53,13 @@ fn decode_bin() -> &'static Path {
             .expect("run cargo");
         assert!(
             out.status.success(),
-            "building the decode example failed:\n{}",
+            "building the {name} example failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let bin = profile_dir.join("examples").join(format!("decode{}", std::env::consts::EXE_SUFFIX));
+        let bin = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
         assert!(bin.is_file(), "{} missing after the build", bin.display());
         bin
-    })
+    }
 }
 
 /// Runs the decode example with `args`, the engine's variables (and
@@ -382,4 +393,59 @@ fn chat_needs_text_and_a_template() {
         ["--checkpoint", fixture.to_str().unwrap(), "--chat", "--prompt", "hi", "--print-prompt", "--json"];
     let message = expect_error(&decode(&args, &[]), "checkpoint_not_found");
     assert!(message.contains("tokenizer_config.json"), "{message}");
+}
+
+/// Two lines piped into the chat example, on a small random model with
+/// Qwen3's vocabulary and tokenizer: two replies, each with its count
+/// line, and a clean exit at the end of input.
+#[test]
+fn chat_answers_each_line_and_ends_at_eof() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = qwen3_wgpu::ModelConfig::qwen3_0_6b_base();
+    cfg.hidden_size = 128;
+    cfg.intermediate_size = 256;
+    cfg.num_hidden_layers = 1;
+    cfg.num_attention_heads = 2;
+    cfg.num_key_value_heads = 1;
+    qwen3_wgpu::internals::testing::write_random_checkpoint(tmp.path(), &cfg, 3).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(qwen3_tokenizer_dir().join(f), tmp.path().join(f)).unwrap();
+    }
+    let mut cmd = Command::new(chat_bin());
+    for var in SETTINGS.iter().chain(&["RUST_LOG"]) {
+        cmd.env_remove(var);
+    }
+    let mut child = cmd
+        .args(["--checkpoint", tmp.path().to_str().unwrap(), "--backend", "portable"])
+        .args(["--system", "Be brief.", "--max-new-tokens", "3", "--no-think"])
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the chat example");
+    child.stdin.take().unwrap().write_all(b"hello\nand again\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("error"), "{}", stderr(&out));
+    // "[n tokens, t tok/s; prompt p tokens, f fed, ms]" after each reply.
+    let text = stdout(&out);
+    let counts: Vec<(usize, usize)> = text
+        .lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("tok/s; prompt ")?;
+            let (prompt, rest) = rest.split_once(" tokens, ")?;
+            let (fed, _) = rest.split_once(" fed")?;
+            Some((prompt.parse().ok()?, fed.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(counts.len(), 2, "{text}");
+    // The first turn feeds its whole prompt; the second only what the
+    // session lacks: its KV cache keeps the first prompt, all but the empty
+    // thinking block (`<think>`, `\n\n`, `</think>`, `\n\n`) that Qwen3's
+    // template drops from earlier replies, where the session is rewound.
+    assert_eq!(counts[0].0, counts[0].1, "{text}");
+    let reused = counts[1].0 - counts[1].1;
+    assert!(reused >= counts[0].0 - 4 && reused < counts[0].0, "{text}");
 }
