@@ -20,6 +20,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use clap::error::ErrorKind;
 use clap::Parser;
 use qwen3_wgpu::{
     AdapterPolicy, ChatOptions, ChatTemplate, Engine, Error, LoadOptions, Message, Session, Tokenizer,
@@ -103,20 +104,22 @@ impl Chat {
         let mut reply = Vec::new();
         let mut stdout = std::io::stdout();
         let mut first_at = None;
-        while !self.end_ids.contains(&token) {
+        while !self.end_ids.contains(&token) && reply.len() < self.max_new_tokens {
             reply.push(token);
             self.held.push(token);
             let piece = stream.push(token)?;
             print!("{piece}");
             let _ = stdout.flush();
             first_at.get_or_insert_with(Instant::now);
-            if reply.len() >= self.max_new_tokens {
+            if reply.len() == self.max_new_tokens {
                 break;
             }
             token = self.session.next_token()?;
         }
-        if self.end_ids.contains(&token) {
-            self.held.push(token); // pending: the next feed commits it
+        if reply.is_empty() || self.end_ids.contains(&token) {
+            // Pending, not part of the reply: the next feed commits it (or
+            // the next turn's rewind drops it where the rendering differs).
+            self.held.push(token);
         }
         println!("{}", stream.finish()?);
         let n = reply.len();
@@ -172,7 +175,19 @@ fn start(args: &Args) -> Result<Chat, Error> {
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),
+        Err(e) => {
+            // The same one-line form as every other error.
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            let reason = first.strip_prefix("error: ").unwrap_or(first).to_string();
+            let e = Error::InvalidArgument { name: "arguments".into(), reason };
+            eprintln!("error [{}]: {e}", e.code());
+            std::process::exit(2);
+        }
+    };
     let mut chat = match start(&args) {
         Ok(chat) => chat,
         Err(e) => {

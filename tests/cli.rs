@@ -395,12 +395,9 @@ fn chat_needs_text_and_a_template() {
     assert!(message.contains("tokenizer_config.json"), "{message}");
 }
 
-/// Two lines piped into the chat example, on a small random model with
-/// Qwen3's vocabulary and tokenizer: two replies, each with its count
-/// line, and a clean exit at the end of input.
-#[test]
-fn chat_answers_each_line_and_ends_at_eof() {
-    use std::io::Write;
+/// A small random model with Qwen3's vocabulary (so every Qwen3 token id
+/// is valid), beside the Qwen3 tokenizer and chat template.
+fn small_chat_checkpoint() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().unwrap();
     let mut cfg = qwen3_wgpu::ModelConfig::qwen3_0_6b_base();
     cfg.hidden_size = 128;
@@ -412,6 +409,46 @@ fn chat_answers_each_line_and_ends_at_eof() {
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(qwen3_tokenizer_dir().join(f), tmp.path().join(f)).unwrap();
     }
+    tmp
+}
+
+/// `--chat` decodes from the rendered turn's ids (the template's control
+/// tokens as single ids, the user text as text), with `<|im_end|>` as an
+/// extra end-of-text id.
+#[test]
+fn chat_decodes_the_rendered_turn() {
+    let dir = small_chat_checkpoint();
+    let ckpt = dir.path().to_str().unwrap();
+    let common = ["--checkpoint", ckpt, "--backend", "portable", "--no-cache", "--max-new-tokens", "2"];
+    let prompt = "hi <|im_end|>";
+    let out = decode(&[&common[..], &["--chat", "--prompt", prompt, "--json"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = last_json(&out);
+    let tokenizer = qwen3_wgpu::Tokenizer::from_checkpoint(dir.path()).unwrap();
+    let template = qwen3_wgpu::ChatTemplate::from_checkpoint(dir.path()).unwrap();
+    let want = template
+        .encode(&tokenizer, &[qwen3_wgpu::Message::user(prompt)], &qwen3_wgpu::ChatOptions::default())
+        .unwrap();
+    let n = want.len();
+    assert_eq!(result["n_prompt"], n, "{result}");
+    assert_eq!(result["token_ids"].as_array().unwrap()[..n], serde_json::json!(want).as_array().unwrap()[..]);
+    // The user's "<|im_end|>" is text: the prompt holds the control token
+    // once (the template's own), not twice.
+    let im_end = tokenizer.token_id("<|im_end|>").unwrap();
+    assert_eq!(want.iter().filter(|&&id| id == im_end).count(), 1);
+    // Without --json the rendered prompt is echoed before the reply.
+    let out = decode(&[&common[..], &["--chat", "--prompt", "hi"]].concat(), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+/// Two lines piped into the chat example, on a small random model with
+/// Qwen3's vocabulary and tokenizer: two replies, each with its count
+/// line, and a clean exit at the end of input.
+#[test]
+fn chat_answers_each_line_and_ends_at_eof() {
+    use std::io::Write;
+    let tmp = small_chat_checkpoint();
     let mut cmd = Command::new(chat_bin());
     for var in SETTINGS.iter().chain(&["RUST_LOG"]) {
         cmd.env_remove(var);
