@@ -3,7 +3,9 @@
 //! one `{"error": {"code", "message"}}` line and a non-zero exit; `--help`
 //! and `--version` print and exit 0; a flag wins over its `QWEN3_WGPU_*`
 //! variable, which applies when the flag is not given; the tokenizer is
-//! read only when text is needed.
+//! read only when text is needed; `--chat` and `--print-prompt` render the
+//! checkpoint's chat template. The chat example answers each line of stdin
+//! on one session and ends at end of input.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
