@@ -381,7 +381,18 @@ impl ChatTemplate {
         if options.special_tokens_in_content {
             return tokenizer.encode(&self.render(messages, options)?);
         }
-        let escaper = Escaper::new(tokenizer.special_tokens());
+        let specials = tokenizer.special_tokens();
+        if specials.len() > MAX_HIDDEN_SPECIALS {
+            return Err(Error::InvalidArgument {
+                name: "tokenizer".into(),
+                reason: format!(
+                    "{} special tokens; ChatTemplate::encode hides at most {MAX_HIDDEN_SPECIALS} \
+                     (use ChatOptions::special_tokens_in_content)",
+                    specials.len()
+                ),
+            });
+        }
+        let escaper = Escaper::new(specials);
         // Rendered with every special-token string in the data escaped, the
         // text's remaining special tokens are the template's own.
         let text = self.render_with(messages, options, &|s: &str| escaper.escape(s))?;
@@ -967,6 +978,9 @@ struct Escaper {
 /// A private-use character (plane 16) no tokenizer gives meaning to.
 const ESCAPE: char = '\u{10FFFD}';
 const FIRST_CODE: u32 = 0xF0000;
+/// Special tokens [`Escaper`] can hide: one code each from [`FIRST_CODE`]
+/// up to [`ESCAPE`] (a tokenizer file could name more; that is an error).
+const MAX_HIDDEN_SPECIALS: usize = (ESCAPE as u32 - FIRST_CODE) as usize;
 
 impl Escaper {
     fn new(mut specials: Vec<String>) -> Self {
@@ -992,7 +1006,8 @@ impl Escaper {
             if let Some((index, special)) = self.special_at(rest) {
                 out.push(ESCAPE);
                 out.push(
-                    char::from_u32(FIRST_CODE + index as u32).expect("fewer than 65,534 special tokens"),
+                    char::from_u32(FIRST_CODE + index as u32)
+                        .expect("at most MAX_HIDDEN_SPECIALS, checked in encode"),
                 );
                 rest = &rest[special.len()..];
                 continue;
