@@ -1,13 +1,13 @@
 //! GPU time of the decode step's layer matvecs under different work splits
 //! (workgroup size, rows per workgroup, split K or rows per subgroup), at
-//! the Qwen3-0.6B shapes, each launched 28 times in a row as in a step
+//! the shapes of a Qwen3 size (`--size`, default 0.6b), each launched 28 times in a row as in a step
 //! (every launch depending on the previous one, each on its own copy of
 //! the matrix, so the weights stream from memory as in a step rather than
 //! from cache), timed with timestamps at the pass's start and end, after a
 //! warm-up. Random weights: only the time matters here.
 //!
 //! `cargo run --release --example matvec_sweep [-- --repeat N] [--copies N]
-//! [--shapes] [--only LABEL,LABEL]` (`--copies 1`: every launch reads the
+//! [--shapes] [--only LABEL,LABEL] [--size 0.6b|1.7b|4b|8b]` (`--copies 1`: every launch reads the
 //! same copy, from cache when it fits: what the launch costs once its
 //! weights are in L2; `--shapes`: the pipelines specialised to each shape,
 //! as the engine's decode step runs them; `--only`: the named configs;
@@ -20,6 +20,8 @@ use qwen3_wgpu::internals::kernels::{
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 
 const LAYERS: u32 = 28;
+/// The label of the config that runs each shape as the engine would.
+const ENGINE: &str = "engine (split-K)";
 
 /// One layer matrix of the 0.6B model and the variant the step runs on it.
 struct Shape {
@@ -38,23 +40,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let gpu = Gpu::new(policy)?;
     println!("adapter: {} ({:?}), subgroups: {}", gpu.info.name, gpu.info.backend, gpu.subgroups);
-    let shapes = [
-        Shape { name: "qkv 4096x1024 norm", rows: 4096, cols: 1024, kernel: Kernel::Int8MatvecNorm },
-        Shape { name: "o 1024x2048 add", rows: 1024, cols: 2048, kernel: Kernel::Int8MatvecAccumulate },
-        Shape {
-            name: "gate_up 6144x1024 swiglu",
-            rows: 6144,
-            cols: 1024,
-            kernel: Kernel::Int8MatvecNormSwiglu,
-        },
-        Shape { name: "down 1024x3072 add", rows: 1024, cols: 3072, kernel: Kernel::Int8MatvecAccumulate },
-        // The same qkv matrix with no epilogue (y = W x): the matvec alone.
-        Shape { name: "qkv 4096x1024 plain", rows: 4096, cols: 1024, kernel: Kernel::Int8MatvecNorm },
-        // The LM head (one launch per step; a single copy, 156 MB, far past the cache).
-        Shape { name: "lm_head 151936x1024 norm", rows: 151936, cols: 1024, kernel: Kernel::Int8MatvecNorm },
-    ];
+    let size = args.windows(2).find(|w| w[0] == "--size").map_or("0.6b", |w| w[1].as_str());
+    let shapes = shapes_of(size)?;
     // (label, layout, workgroup size, rows per workgroup)
     let configs: Vec<(String, MatvecLayout, u32, u32)> = vec![
+        // Each shape under the split the engine picks on a split-K device
+        // (`MatvecLayout::split`; 4 rows per workgroup in both of its layouts).
+        (ENGINE.into(), MatvecLayout::SplitK, 0, 4),
         ("split wg64 r4".into(), MatvecLayout::SplitK, 64, 4),
         ("split wg128 r4".into(), MatvecLayout::SplitK, 128, 4),
         ("split wg256 r4".into(), MatvecLayout::SplitK, 256, 4),
@@ -85,10 +77,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect()
     };
-    let max_cols = 3072usize;
+    let max_cols = shapes.iter().map(|s| s.cols as usize).max().unwrap_or(0);
+    let max_rows = shapes.iter().map(|s| s.rows as usize).max().unwrap_or(0);
     let x = gpu.storage_init("x", bytemuck::cast_slice(&vec![0.01f32; max_cols]))?;
     let norm_w = gpu.storage_init("norm_w", bytemuck::cast_slice(&vec![1.0f32; max_cols]))?;
-    let y = gpu.storage_init("y", bytemuck::cast_slice(&vec![0.0f32; 151936]))?;
+    let y = gpu.storage_init("y", bytemuck::cast_slice(&vec![0.0f32; 2 * max_rows]))?;
     let mats: Vec<_> = shapes
         .iter()
         .map(|s| {
@@ -111,7 +104,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("µs per launch, {LAYERS} dependent launches, best of {repeat}");
     print!("{:18}", "config");
     for s in &shapes {
-        print!(" {:>26}", s.name);
+        print!(" {:>27}", s.name);
     }
     println!(" {:>12}", "4 kinds x28");
     for (label, layout, wg, rows_per_wg) in &configs {
@@ -125,7 +118,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for s in &shapes {
             let mut variant = s.kernel.matvec_variant().expect("a matvec variant");
             variant.norm &= !s.name.ends_with("plain");
-            let split = MatvecSplit { layout: *layout, workgroup_size: *wg, rows_per_wg: *rows_per_wg };
+            let split = if label == ENGINE {
+                layout.split(s.rows as usize, s.cols as usize / 4)
+            } else {
+                MatvecSplit { layout: *layout, workgroup_size: *wg, rows_per_wg: *rows_per_wg }
+            };
+            assert_eq!(split.rows_per_wg, *rows_per_wg, "{label}: the grid below assumes it");
             let shape = shape_consts.then(|| {
                 let groups = s.cols / QUANT_GROUP as u32;
                 MatvecShape { rows: s.rows, k_words: s.cols / 4, groups, n_in: s.cols }
@@ -145,7 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 row_offset: 0,
                 n_in: s.cols,
                 eps: 1e-6,
-                y_stride: 8192,
+                y_stride: 2 * max_rows as u32,
             };
             let u = gpu.uniform("p", bytemuck::bytes_of(&params)).unwrap();
             let entries = [
@@ -198,13 +196,74 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         while t0.elapsed().as_secs_f64() < 0.5 {
             time(&[0, 1, 2, 3])?;
         }
-        for i in 0..shapes.len() {
-            // (the LM head's 28 launches read its one copy: cache helps little at 156 MB)
-            print!(" {:>26.2}", time(&[i])? / LAYERS as f64);
+        for (i, s) in shapes.iter().enumerate() {
+            // (the LM head's 28 launches read its one copy: cache helps little at 156 MB+)
+            let us = time(&[i])? / LAYERS as f64;
+            // int8 weights and one f32 scale per quant group
+            let bytes = s.rows as f64 * s.cols as f64 * (1.0 + 4.0 / QUANT_GROUP as f64);
+            print!(" {:>17.2} {:>5.2}TB/s", us, bytes / us / 1e6);
         }
         println!(" {:>12.0}", time(&[0, 1, 2, 3])?);
     }
     Ok(())
+}
+
+/// The layer matrices of a Qwen3 size (`0.6b`, `1.7b`, `4b`, `8b`: hidden,
+/// intermediate, query and KV heads of 128), with the variant the step runs
+/// on each, and the LM head.
+fn shapes_of(size: &str) -> Result<Vec<Shape>, qwen3_wgpu::Error> {
+    let (hidden, inter, heads, kv_heads) = match size {
+        "0.6b" => (1024, 3072, 16, 8),
+        "1.7b" => (2048, 6144, 16, 8),
+        "4b" => (2560, 9728, 32, 8),
+        "8b" => (4096, 12288, 32, 8),
+        other => {
+            return Err(qwen3_wgpu::Error::InvalidArgument {
+                name: "--size".into(),
+                reason: format!("{other:?} is not one of 0.6b, 1.7b, 4b, 8b"),
+            })
+        }
+    };
+    let q_dim = heads * 128;
+    let qkv = q_dim + 2 * kv_heads * 128;
+    let name = |what: &str, rows: u32, cols: u32| -> &'static str {
+        Box::leak(format!("{what} {rows}x{cols}").into_boxed_str())
+    };
+    Ok(vec![
+        Shape { name: name("qkv", qkv, hidden), rows: qkv, cols: hidden, kernel: Kernel::Int8MatvecNorm },
+        Shape {
+            name: name("o", hidden, q_dim),
+            rows: hidden,
+            cols: q_dim,
+            kernel: Kernel::Int8MatvecAccumulate,
+        },
+        Shape {
+            name: name("gate_up", 2 * inter, hidden),
+            rows: 2 * inter,
+            cols: hidden,
+            kernel: Kernel::Int8MatvecNormSwiglu,
+        },
+        Shape {
+            name: name("down", hidden, inter),
+            rows: hidden,
+            cols: inter,
+            kernel: Kernel::Int8MatvecAccumulate,
+        },
+        // The same qkv matrix with no epilogue (y = W x): the matvec alone.
+        Shape {
+            name: name("qkv plain", qkv, hidden),
+            rows: qkv,
+            cols: hidden,
+            kernel: Kernel::Int8MatvecNorm,
+        },
+        // The LM head (one launch per step; a single copy, far past the cache).
+        Shape {
+            name: name("lm_head", 151936, hidden),
+            rows: 151936,
+            cols: hidden,
+            kernel: Kernel::Int8MatvecNorm,
+        },
+    ])
 }
 
 /// The value of `--backend NAME` (or `--backend=NAME`), if given.

@@ -64,6 +64,12 @@ pub const LONG_MATRIX_WG: u32 = 32;
 /// Workgroup sizes the split-K matvec pipelines are built with (see
 /// [`MatvecLayout::workgroup_size`]; the first is [`MATVEC_WG`]).
 pub const SPLIT_K_WGS: [u32; 3] = [MATVEC_WG, 128, 256];
+/// Invocations a split-K matvec launch keeps to where it can: past this,
+/// a halved workgroup (two steps per lane instead of one) was faster on an
+/// H200 (`matvec_sweep --size`: the 4B qkv 14.4 -> 12.0 µs, the 8B qkv
+/// 16.6 -> 14.7 and o 11.0 -> 10.0, none slower), the GPU already being
+/// full and the longer lane hiding its latency with more loads in flight.
+pub const SPLIT_K_MAX_LANES: usize = 196_608;
 
 const _: () = assert!(
     MATVEC_ROWS.is_multiple_of(MATVEC_ROWS_PER_TEAM)
@@ -149,7 +155,7 @@ impl MatvecLayout {
             },
             _ => MatvecSplit {
                 layout: self,
-                workgroup_size: self.workgroup_size(k_words),
+                workgroup_size: self.workgroup_size(rows, k_words),
                 rows_per_wg: self.rows_per_wg(),
             },
         }
@@ -183,18 +189,26 @@ impl MatvecLayout {
         }
     }
 
-    /// Workgroup size of the decode matvec over rows of `k_words` u32
-    /// words: [`MATVEC_WG`] for rows per team; for split K the smallest of
-    /// [`SPLIT_K_WGS`] that gives each lane at most one step (16 values) per
-    /// row, or the largest. A lane's steps are a chain of dependent memory
-    /// round trips: one step each keeps the launch at one round trip.
-    pub fn workgroup_size(self, k_words: usize) -> u32 {
+    /// Workgroup size of the decode matvec over `rows` rows of `k_words`
+    /// u32 words: [`MATVEC_WG`] for rows per team; for split K the smallest
+    /// of [`SPLIT_K_WGS`] that gives each lane at most one step (16 values)
+    /// per row, or the largest, halved (down to the smallest) while the
+    /// launch would run more than [`SPLIT_K_MAX_LANES`] invocations. A
+    /// lane's steps are a chain of dependent memory round trips: one step
+    /// each keeps the launch at one round trip, unless the GPU is full
+    /// anyway.
+    pub fn workgroup_size(self, rows: usize, k_words: usize) -> u32 {
         match self {
             MatvecLayout::RowsPerTeam => MATVEC_WG,
             MatvecLayout::SplitK => {
                 let steps = (4 * k_words).div_ceil(MATVEC_VALUES_PER_LANE as usize);
-                let last = SPLIT_K_WGS[SPLIT_K_WGS.len() - 1];
-                SPLIT_K_WGS.into_iter().find(|&w| w as usize >= steps).unwrap_or(last)
+                let last = SPLIT_K_WGS.len() - 1;
+                let mut i = SPLIT_K_WGS.iter().position(|&w| w as usize >= steps).unwrap_or(last);
+                let workgroups = rows.div_ceil(SPLIT_K_ROWS as usize);
+                while i > 0 && workgroups.saturating_mul(SPLIT_K_WGS[i] as usize) > SPLIT_K_MAX_LANES {
+                    i -= 1;
+                }
+                SPLIT_K_WGS[i]
             }
         }
     }
@@ -297,12 +311,24 @@ mod tests {
 
     #[test]
     fn split_k_gives_each_lane_one_step_per_row_where_it_can() {
-        let wg = |cols: usize| MatvecLayout::SplitK.workgroup_size(cols / 4);
-        // Qwen3-0.6B: hidden 1024, q_dim 2048, intermediate 3072.
-        assert_eq!((wg(1024), wg(2048), wg(3072)), (64, 128, 256));
+        let wg = |rows: usize, cols: usize| MatvecLayout::SplitK.workgroup_size(rows, cols / 4);
+        // Qwen3-0.6B: qkv, o, gate/up, down: one step per lane.
+        assert_eq!((wg(4096, 1024), wg(1024, 2048), wg(6144, 1024), wg(1024, 3072)), (64, 128, 64, 256));
         // Short rows keep the smallest size; long ones take the largest.
-        assert_eq!((wg(64), wg(1088), wg(8192)), (64, 128, 256));
-        assert_eq!(MatvecLayout::RowsPerTeam.workgroup_size(768), MATVEC_WG);
+        assert_eq!((wg(1024, 64), wg(1024, 1088), wg(1024, 8192)), (64, 128, 256));
+        assert_eq!(MatvecLayout::RowsPerTeam.workgroup_size(4096, 768), MATVEC_WG);
+    }
+
+    #[test]
+    fn split_k_halves_the_workgroup_of_launches_that_fill_the_gpu() {
+        let wg = |rows: usize, cols: usize| MatvecLayout::SplitK.workgroup_size(rows, cols / 4);
+        // Qwen3-4B qkv (6144 x 2560) and 8B qkv and o (6144 and 4096 x
+        // 4096): 128 invocations, two steps per lane; the 4B o and down
+        // (2560 rows) keep 256.
+        assert_eq!((wg(6144, 2560), wg(6144, 4096), wg(4096, 4096)), (128, 128, 128));
+        assert_eq!((wg(2560, 4096), wg(2560, 9728)), (256, 256));
+        // Never below the smallest size, whatever the row count.
+        assert_eq!(wg(1 << 30, 8192), MATVEC_WG);
     }
 
     #[test]
