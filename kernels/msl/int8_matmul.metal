@@ -113,11 +113,10 @@ kernel void int8_matmul(
     // This simdgroup's tokens and rows within the tile.
     const uint sg_t = (sg / 2) * SG_TOKENS;
     const uint sg_r = (sg % 2) * SG_ROWS;
-    simdgroup_float8x8 acc[TB][RB];
-    for (uint i = 0; i < TB; i++) {
-        for (uint j = 0; j < RB; j++) {
-            acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-        }
+    // acc[i * RB + j]: tokens sg_t + 8 i.., rows sg_r + 8 j.. of the tile.
+    simdgroup_float8x8 acc[TB * RB];
+    for (uint b = 0; b < TB * RB; b++) {
+        acc[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
 
     for (uint c = 0; c < chunks; c++) {
@@ -160,7 +159,7 @@ kernel void int8_matmul(
             }
             for (uint i = 0; i < TB; i++) {
                 for (uint j = 0; j < RB; j++) {
-                    simdgroup_multiply_accumulate(acc[i][j], xm[i], wm[j], acc[i][j]);
+                    simdgroup_multiply_accumulate(acc[i * RB + j], xm[i], wm[j], acc[i * RB + j]);
                 }
             }
         }
@@ -196,7 +195,7 @@ kernel void int8_matmul(
 #endif
         for (uint j = 0; j < RB; j++) {
             const uint r = row0 + sg_r + 8 * j + fn;
-            const float2 v = float2(acc[i][j].thread_elements()) * inv;
+            const float2 v = float2(acc[i * RB + j].thread_elements()) * inv;
 #if Q3W_SWIGLU
             if (r + 1 < p.rows) {
                 y[yb + (p.row_offset + r) / 2] = silu(v.x) * v.y;
