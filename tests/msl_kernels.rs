@@ -1,10 +1,13 @@
 //! The MSL twins (kernels/msl/) executed on the CPU: each variant's source,
-//! exactly as `msl::msl_source` gives it to Metal, is compiled as C++20
+//! exactly as `msl::msl_source` (and `MatmulConstants::msl_source` for the
+//! prompt-batch `int8_matmul`) gives it to Metal, is compiled as C++20
 //! against tests/msl/metal_shim.h (one OS thread per lane, real barriers,
-//! collective simdgroup functions) and run by tests/msl/harness.cpp on
-//! random non-zero inputs with NaN-poisoned outputs, then compared with the
-//! CPU references the WGSL kernels are tested against. Shapes: Qwen3-0.6B's
-//! own, and awkward ones.
+//! collective simdgroup functions and SIMD-group matrices) and run by
+//! tests/msl/harness.cpp on random non-zero inputs with NaN-poisoned
+//! outputs, then compared with the CPU references the WGSL kernels are
+//! tested against. Shapes: Qwen3-0.6B's own, and awkward ones. The shim's
+//! SIMD-group matrices are themselves checked against plain matrix
+//! products.
 
 mod common;
 
@@ -656,14 +659,14 @@ fn msl_int8_matmul_matches_cpu() {
 // ---------------------------------------------------------------------------
 // The shim's SIMD-group matrices, against plain matrix products.
 
+/// The probe's inputs (each simdgroup's A, B, C) and outputs, or why the
+/// harness failed.
+type ProbeRun = (Vec<[Mat; 3]>, Result<Vec<Vec<u8>>, String>);
+
 /// Runs [`MATRIX_PROBE`] (its source edited by `edit`) built with
 /// `defines`; returns each simdgroup's A, B and C, and the d and owned
 /// buffers or why the harness failed.
-fn run_probe(
-    edit: impl Fn(&str) -> String,
-    defines: &[&str],
-    timeout_s: Option<u32>,
-) -> (Vec<[Mat; 3]>, Result<Vec<Vec<u8>>, String>) {
+fn run_probe(edit: impl Fn(&str) -> String, defines: &[&str], timeout_s: Option<u32>) -> ProbeRun {
     let src = format!("{}{}", msl::MSL_HEADER, edit(MATRIX_PROBE));
     let bin = build_entry("matrix_probe", &src, defines);
     let (mats, buffers) = matrix_probe_inputs(17);
