@@ -26,6 +26,9 @@
 // The epilogue writes each lane's two elements of each accumulator
 // (`thread_elements()`, whose coordinates are those tests/msl/metal_shim.h
 // documents) straight to y: no threadgroup round trip.
+// SIMD-group matrices need Apple GPUs (family 7 on, 32-lane simdgroups);
+// elsewhere the build or the start-up self-check fails and the engine runs
+// the WGSL kernels.
 //
 // Preamble (names prefixed Q3W_): WG (128), MM_ROWS (64), MM_TOKENS (a
 // multiple of 16), GROUP_WORDS (u32 words per quant group, a multiple of
