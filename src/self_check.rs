@@ -1,17 +1,21 @@
 //! The start-up self-check: every pipeline the engine built for the decode
-//! step runs once on small known-answer inputs and is compared with the CPU
-//! references ([`crate::reference`]) before the engine is returned. It
+//! step, and the tiled prompt-batch products (`int8_matmul`, an MSL twin on
+//! Metal), runs once on small known-answer inputs and is compared with the
+//! CPU references ([`crate::reference`]) before the engine is returned. It
 //! proves the hand-written MSL twins on the device they run on (a shifted
-//! buffer slot, a compiler difference or a fast-math surprise shows up as a
-//! mismatch, and the engine falls back to WGSL); the same code checks the
-//! WGSL pipelines, which is how it runs on every backend.
+//! buffer slot, a compiler difference, a fast-math surprise or another
+//! SIMD-group matrix layout shows up as a mismatch, and the engine falls
+//! back to WGSL); the same code checks the WGSL pipelines, which is how it
+//! runs on every backend.
 //!
 //! A wrong binding cannot pass: every binding holds distinct non-trivial
 //! data, outputs start as NaN, the accumulating matvec starts from a
 //! non-zero `y`, row counts are not multiples of 4, attention runs over two
 //! chunks plus the reduce and within one chunk, the new KV row is compared
 //! value by value with every other row compared bit for bit, and the
-//! argmax's maximum is tied across chunks. One submit and one wait.
+//! argmax's maximum is tied across chunks; the tiled products run over two
+//! token tiles whose spare tokens are NaN, which must reach no real
+//! token's output. One submit and one wait.
 
 use std::time::Instant;
 
@@ -23,6 +27,7 @@ use crate::gpu::Gpu;
 use crate::kernels::{
     argmax, attention, embed, grid, matvec, norm_rope, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams,
     HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, SelfCheck, Step, ARGMAX_CHUNK, ATTENTION_CHUNK,
+    MATMUL_ROWS_PER_WG,
 };
 use crate::qwen3::rope_table;
 use crate::reference::{
@@ -38,15 +43,16 @@ const ATTENTION_TOLERANCE: f64 = 2e-3;
 /// A value rounded to f16 in the KV cache.
 const F16_TOLERANCE: f64 = 4e-3;
 
-/// Runs every decode pipeline of `kernels` once and compares with the CPU
-/// references. A device error during the check is an `Err`; a wrong result
-/// is a [`SelfCheck`] with `ok: false`.
+/// Runs every decode pipeline of `kernels` and every tiled prompt-batch
+/// pipeline once and compares with the CPU references. A device error
+/// during the check is an `Err`; a wrong result is a [`SelfCheck`] with
+/// `ok: false`.
 pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
     let t0 = Instant::now();
     let mut rig = Rig::new(gpu, kernels);
     let checks = gpu.scoped(
         || {
-            let checks = vec![
+            let mut checks = vec![
                 matvec(&mut rig, Kernel::Int8MatvecAccumulate)?,
                 matvec(&mut rig, Kernel::Int8MatvecNorm)?,
                 matvec(&mut rig, Kernel::Int8MatvecNormSwiglu)?,
@@ -57,6 +63,9 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 argmax(&mut rig)?,
                 embed(&mut rig)?,
             ];
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
+                checks.push(matmul(&mut rig, kernel)?);
+            }
             Ok(checks)
         },
         |reason| Error::GpuDeviceFailed { reason: format!("self-check: {reason}") },
@@ -81,8 +90,9 @@ struct Rig<'a> {
     enc: wgpu::CommandEncoder,
     /// Readback buffers and the bytes each holds.
     readbacks: Vec<(wgpu::Buffer, usize)>,
-    /// The kernels launched (each has its own pipeline).
-    ran: Vec<Kernel>,
+    /// The pipelines launched: each kernel's decode pipeline, and its
+    /// tiled prompt-batch one (`true`).
+    ran: Vec<(Kernel, bool)>,
 }
 
 impl<'a> Rig<'a> {
@@ -102,7 +112,20 @@ impl<'a> Rig<'a> {
 
     /// One launch of `kernel`'s engine pipeline with `buffers` in binding order.
     fn dispatch(&mut self, kernel: Kernel, workgroups: [u32; 3], buffers: &[&wgpu::Buffer]) {
-        let p = self.kernels.get(kernel);
+        let pipeline = self.kernels.get(kernel).pipeline;
+        self.dispatch_pipeline(kernel, false, &pipeline, workgroups, buffers);
+    }
+
+    /// One launch of `pipeline`, one of `kernel`'s (`tiled`: its tiled
+    /// prompt-batch one), with `buffers` in binding order.
+    fn dispatch_pipeline(
+        &mut self,
+        kernel: Kernel,
+        tiled: bool,
+        pipeline: &wgpu::ComputePipeline,
+        workgroups: [u32; 3],
+        buffers: &[&wgpu::Buffer],
+    ) {
         let entries: Vec<_> = buffers
             .iter()
             .enumerate()
@@ -110,15 +133,15 @@ impl<'a> Rig<'a> {
             .collect();
         let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("self-check"),
-            layout: &p.layout,
+            layout: self.kernels.layout(kernel),
             entries: &entries,
         });
         let mut pass = self.enc.begin_compute_pass(&Default::default());
-        pass.set_pipeline(&p.pipeline);
+        pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
-        if !self.ran.contains(&kernel) {
-            self.ran.push(kernel);
+        if !self.ran.contains(&(kernel, tiled)) {
+            self.ran.push((kernel, tiled));
         }
     }
 
@@ -238,6 +261,80 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
             Some(m) => fail(kernel, m),
             None => vec![],
         }
+    }))
+}
+
+/// A normed matvec variant's tiled prompt-batch pipeline (`int8_matmul`,
+/// or its MSL twin) over 13 rows (14 for SwiGLU: 7 outputs) of 200 columns
+/// (a padded tail) for a tile and 5 tokens, writing from row 3 (4) of each
+/// token's `y` row, whose other elements must stay as they were. The
+/// product runs in whole tiles of tokens, so the buffers hold two tiles;
+/// the second's spare tokens have NaN inputs, which must reach no real
+/// token's output.
+fn matmul(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
+    let variant = kernel.matvec_variant().expect("a matvec variant");
+    let pipeline = rig.kernels.launch_pipelines(kernel).tiled.expect("a tiled prefill pipeline");
+    let seed = kernel as u64 * 211;
+    let tile = kernel.matmul_tokens_per_wg() as usize;
+    let (tokens, tiles) = (tile + 5, 2);
+    let (rows, cols) = if variant.swiglu { (14, 200) } else { (13, 200) };
+    let m = Quant::pseudo(seed + 1, rows, cols);
+    let mut x = pseudo_nonzero(seed + 2, tiles * tile * m.padded);
+    for (t, row) in x.chunks_mut(m.padded).enumerate() {
+        let spare = if t < tokens { cols } else { 0 };
+        row[spare..].iter_mut().for_each(|v| *v = if t < tokens { 0.0 } else { f32::NAN });
+    }
+    let norm_w = pseudo_nonzero(seed + 3, m.padded);
+    let eps = 1e-6f32;
+    let row_offset = if variant.swiglu { 4 } else { 3 };
+    let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
+    let outs = if variant.swiglu { rows / 2 } else { rows };
+    let y_stride = first_out + outs + 5;
+    let y_len = tiles * tile * y_stride;
+    let y0 = pseudo_nonzero(seed + 4, y_len);
+    let init = if variant.accumulate { f32s(&y0) } else { poisoned(y_len) };
+    let p = MatvecParams {
+        rows: rows as u32,
+        k_words: m.k_words() as u32,
+        groups: m.groups() as u32,
+        row_offset: row_offset as u32,
+        n_in: cols as u32,
+        eps,
+        y_stride: y_stride as u32,
+    };
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&f32s(&x))?,
+        rig.storage(&m.data())?,
+        rig.storage(&f32s(&m.scales))?,
+        rig.storage(&init)?,
+        rig.storage(&f32s(&norm_w))?,
+    ];
+    let mut workgroups = matvec::grid(rows as u32, MATMUL_ROWS_PER_WG);
+    workgroups[2] = tiles as u32;
+    rig.dispatch_pipeline(kernel, true, &pipeline, workgroups, &bufs.each_ref());
+    let y = rig.read(&bufs[4], 4 * y_len);
+    Ok(Box::new(move |out| {
+        let got = to_f32(&out[y]);
+        let init: Vec<u32> = to_u32(&init);
+        let norm = variant.norm.then_some((&norm_w[..], eps));
+        for t in 0..tokens {
+            let yb = t * y_stride;
+            for i in (0..first_out).chain(first_out + outs..y_stride) {
+                if got[yb + i].to_bits() != init[yb + i] {
+                    return fail(kernel, format!("tiled: token {t} wrote y[{i}] outside its rows"));
+                }
+            }
+            let acc = variant.accumulate.then_some(&y0[yb + first_out..]);
+            let xt = &x[t * m.padded..(t + 1) * m.padded];
+            let (want, scale) = matvec_ref(&m, xt, norm, acc, variant.swiglu);
+            let got = &got[yb + first_out..yb + first_out + outs];
+            let what = format!("tiled: token {t} y");
+            if let Some(m) = first_mismatch(&what, got, &want, &scale, MATVEC_TOLERANCE) {
+                return fail(kernel, m);
+            }
+        }
+        vec![]
     }))
 }
 
@@ -578,14 +675,77 @@ mod tests {
             .0
     }
 
+    /// Every decode pipeline, and the tiled prompt-batch pipeline of each
+    /// variant that has one.
+    fn pipelines_checked() -> usize {
+        Kernel::ALL.len() + Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count()
+    }
+
     #[test]
     fn every_pipeline_of_a_correct_set_passes() {
         let (gpu, kernels) = wgsl_kernels();
         let check = run(&gpu, &kernels).unwrap();
         assert!(check.ok, "{}", check.describe_failures());
-        assert_eq!(check.pipelines, Kernel::ALL.len());
+        assert_eq!(check.pipelines, pipelines_checked());
+        assert_eq!(pipelines_checked(), Kernel::ALL.len() + 2, "qkv and gate/up run tiled");
         // Engine construction ran it too.
-        assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == Kernel::ALL.len());
+        assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == pipelines_checked());
+    }
+
+    /// A tiled prompt-batch pipeline that computes a wrong value (here: the
+    /// RMSNorm's scale left out of the outputs) is caught, and only it.
+    #[test]
+    fn a_wrong_tiled_prompt_batch_pipeline_is_caught() {
+        let (gpu, mut kernels) = wgsl_kernels();
+        let kernel = Kernel::Int8MatvecNormSwiglu;
+        let (src, constants) = kernel.matmul_source().unwrap();
+        let unnormed = src.replace("inv = inverseSqrt(s / f32(p.n_in) + p.eps);", "inv = vec4<f32>(1.0);");
+        assert_ne!(src, unnormed, "the substitution applies");
+        let layout = Some(kernels.layout(kernel));
+        let wrong = compile_for_layout(
+            &gpu,
+            "edited",
+            &unnormed,
+            "int8_matmul",
+            kernel.bindings(),
+            &constants,
+            layout,
+        )
+        .expect("the edited kernel compiles")
+        .0;
+        kernels.replace_tiled_pipeline(kernel, wrong);
+        let check = run(&gpu, &kernels).unwrap();
+        let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(failed, ["Int8MatvecNormSwiglu"], "{}", check.describe_failures());
+        assert!(check.failures[0].1.starts_with("tiled:"), "{}", check.describe_failures());
+    }
+
+    /// A tiled pipeline that reads the wrong tokens' inputs (here: every
+    /// tile reads the first tile's, so the second tile's real tokens get
+    /// other tokens' outputs) is caught: the check runs two tiles.
+    #[test]
+    fn a_tiled_pipeline_reading_the_wrong_tokens_is_caught() {
+        let (gpu, mut kernels) = wgsl_kernels();
+        let kernel = Kernel::Int8MatvecNorm;
+        let (src, constants) = kernel.matmul_source().unwrap();
+        let shifted = src.replace("let xb = (t0 + 4u * tq) * p.k_words", "let xb = (4u * tq) * p.k_words");
+        assert_ne!(src, shifted, "the substitution applies");
+        let layout = Some(kernels.layout(kernel));
+        let wrong = compile_for_layout(
+            &gpu,
+            "edited",
+            &shifted,
+            "int8_matmul",
+            kernel.bindings(),
+            &constants,
+            layout,
+        )
+        .expect("the edited kernel compiles")
+        .0;
+        kernels.replace_tiled_pipeline(kernel, wrong);
+        let check = run(&gpu, &kernels).unwrap();
+        let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
     }
 
     #[test]

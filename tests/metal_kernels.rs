@@ -1,8 +1,11 @@
 //! The kernels on a Metal adapter (macOS): the cases of tests/common run
 //! every WGSL kernel (both reduction preludes, both matvec layouts) and
 //! every MSL twin, built as the engine builds them (`kernels::compile_msl`
-//! on `msl::msl_source`), against the CPU references; and every MSL
-//! variant goes through Apple's offline compiler with warnings as errors.
+//! on `msl::msl_source`, and the `int8_matmul` twin on
+//! `MatmulConstants::msl_source`), against the CPU references; a probe
+//! checks the device's SIMD-group matrices against the table the shim
+//! emulates; and every MSL variant goes through Apple's offline compiler
+//! with warnings as errors.
 //!
 //! Elsewhere there is no Metal adapter: the GPU tests exist on macOS only,
 //! and the offline-compiler test runs wherever `xcrun` exists (on macOS it
@@ -14,8 +17,9 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_step_case, matvec_case, qk_norm_rope_case, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
-    ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_step_case, check_matrix_probe, matmul_case, matrix_probe_inputs, matvec_case,
+    qk_norm_rope_case, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
+    MATRIX_PROBE, MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
 };
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit};
 use qwen3_wgpu::internals::msl;
@@ -37,12 +41,22 @@ fn metal_gpu() -> Gpu {
 fn dispatch(
     gpu: &Gpu,
     kernel: Kernel,
+    pipeline: &(wgpu::ComputePipeline, wgpu::BindGroupLayout),
+    grid: [u32; 3],
+    buffers: &[Vec<u8>],
+) -> Vec<Vec<u8>> {
+    dispatch_bindings(gpu, kernel.bindings(), pipeline, grid, buffers)
+}
+
+/// [`dispatch`] for a pipeline whose bindings are `binds`.
+fn dispatch_bindings(
+    gpu: &Gpu,
+    binds: &[Bind],
     (pipeline, layout): &(wgpu::ComputePipeline, wgpu::BindGroupLayout),
     grid: [u32; 3],
     buffers: &[Vec<u8>],
 ) -> Vec<Vec<u8>> {
-    let binds = kernel.bindings();
-    assert_eq!(buffers.len(), binds.len(), "{kernel:?}: one buffer per binding");
+    assert_eq!(buffers.len(), binds.len(), "one buffer per binding");
     let bufs: Vec<wgpu::Buffer> = binds
         .iter()
         .zip(buffers)
@@ -195,6 +209,67 @@ fn metal_msl_kernels_match_cpu() {
     run_non_matvec_cases(&run, 30);
 }
 
+/// The prompt-batch product's MSL twin on SIMD-group matrices, built as
+/// the engine builds it (`MatmulConstants::msl_source`, threadgroups of
+/// `MATMUL_MSL_WG`), in every epilogue: the awkward shapes
+/// tests/msl_kernels.rs runs through the shim, and Qwen3-0.6B's qkv and
+/// gate/up over a 512-token prompt.
+#[cfg(target_os = "macos")]
+#[test]
+fn metal_msl_matmul_matches_cpu() {
+    let gpu = metal_gpu();
+    let run = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+        let src = k.matmul_constants().expect("a matvec variant").msl_source();
+        let p = kernels::compile_msl(
+            &gpu,
+            "int8_matmul",
+            &src,
+            "int8_matmul",
+            k.bindings(),
+            kernels::MATMUL_MSL_WG,
+        )
+        .unwrap_or_else(|e| panic!("{k:?} int8_matmul (MSL) builds: {e}"));
+        dispatch(&gpu, k, &p, grid, buffers)
+    };
+    let mut seed = 300;
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        let v = kernel.matvec_variant().unwrap();
+        let tile = kernel.matmul_tokens_per_wg() as usize;
+        let pair = |rows: usize| if v.swiglu { rows + rows % 2 } else { rows };
+        let qwen = if v.swiglu { (6144, 1024, 512) } else { (4096, 1024, 512) };
+        for (rows, cols, tokens) in
+            [(13, 200, 5), (13, 200, 37), (70, 200, tile + 5), (130, 1024, tile), qwen]
+        {
+            seed += 1;
+            let rows = pair(rows);
+            let res = matmul_case(&run, kernel, tile, rows, cols, tokens, seed);
+            assert_matvec(&format!("Metal MSL int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
+        }
+    }
+}
+
+/// The device's SIMD-group matrices compute what the shim's emulation does,
+/// with the element table the shim and the `int8_matmul` twin assume (the
+/// probe tests/msl_kernels.rs runs through the shim).
+#[cfg(target_os = "macos")]
+#[test]
+fn metal_simdgroup_matrices_match_the_shims_table() {
+    let gpu = metal_gpu();
+    let src = format!("{}{MATRIX_PROBE}", msl::MSL_HEADER);
+    let p = kernels::compile_msl(
+        &gpu,
+        "matrix_probe",
+        &src,
+        "matrix_probe",
+        &MATRIX_PROBE_BINDINGS,
+        MATRIX_PROBE_THREADGROUP,
+    )
+    .unwrap_or_else(|e| panic!("the probe builds: {e}"));
+    let (mats, buffers) = matrix_probe_inputs(17);
+    let out = dispatch_bindings(&gpu, &MATRIX_PROBE_BINDINGS, &p, [1, 1, 1], &buffers);
+    check_matrix_probe(&mats, &out).unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// Whether `xcrun` (Apple's developer-tool launcher) can be run.
 fn have_xcrun() -> bool {
     Command::new("xcrun").arg("--version").output().is_ok_and(|o| o.status.success())
@@ -242,7 +317,18 @@ fn every_msl_variant_compiles_with_xcrun_metal() {
         }
         compiled += 1;
     }
-    assert!(compiled >= 6, "MSL variants compiled: {compiled}");
+    for k in Kernel::ALL {
+        let Some(c) = k.matmul_constants() else { continue };
+        if let Err(e) = metal_compile(&c.msl_source(), dir.path(), &format!("{k:?}_matmul")) {
+            panic!("{k:?} int8_matmul: `xcrun -sdk macosx metal -Werror -c` rejects its MSL twin:\n{e}");
+        }
+        compiled += 1;
+    }
+    let probe = format!("{}{MATRIX_PROBE}", msl::MSL_HEADER);
+    if let Err(e) = metal_compile(&probe, dir.path(), "matrix_probe") {
+        panic!("the SIMD-group matrix probe: `xcrun -sdk macosx metal -Werror -c` rejects it:\n{e}");
+    }
+    assert!(compiled >= 9, "MSL variants compiled: {compiled}");
     // The check has teeth: a source Apple's compiler must reject.
     let broken =
         msl::msl_source(Kernel::ArgmaxFinal).unwrap().replace("threadgroup_barrier(", "no_such_barrier(");

@@ -1,17 +1,22 @@
 //! The MSL twins (kernels/msl/) executed on the CPU: each variant's source,
-//! exactly as `msl::msl_source` gives it to Metal, is compiled as C++20
+//! exactly as `msl::msl_source` (and `MatmulConstants::msl_source` for the
+//! prompt-batch `int8_matmul`) gives it to Metal, is compiled as C++20
 //! against tests/msl/metal_shim.h (one OS thread per lane, real barriers,
-//! collective simdgroup functions) and run by tests/msl/harness.cpp on
-//! random non-zero inputs with NaN-poisoned outputs, then compared with the
-//! CPU references the WGSL kernels are tested against. Shapes: Qwen3-0.6B's
-//! own, and awkward ones.
+//! collective simdgroup functions and SIMD-group matrices) and run by
+//! tests/msl/harness.cpp on random non-zero inputs with NaN-poisoned
+//! outputs, then compared with the CPU references the WGSL kernels are
+//! tested against. Shapes: Qwen3-0.6B's own, and awkward ones. The shim's
+//! SIMD-group matrices are themselves checked against plain matrix
+//! products.
 
 mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, argmax_partial_params, assert_matvec,
-    attention_case, attention_step_case, matvec_case, qk_norm_rope_case, reduce_params, to_u32,
-    ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_case, attention_step_case, check_matrix_probe, matmul_case, matrix_probe_inputs, matvec_case,
+    qk_norm_rope_case, reduce_params, simdgroup_matrix_owner, to_u32, Mat, ATTENTION_SHAPES,
+    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS,
+    MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::{argmax_ref, f32s, nonzero, poisoned};
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
@@ -180,7 +185,11 @@ fn gxx(args: &[String], out: &Path, what: &str) {
 /// Objects and binaries are cached under the target directory by a hash of
 /// everything that goes into them.
 fn build(kernel: Kernel, source: &str, defines: &[&str]) -> PathBuf {
-    let entry = msl::msl_entry(kernel);
+    build_entry(msl::msl_entry(kernel), source, defines)
+}
+
+/// [`build`] for the kernel function `entry` of `source`.
+fn build_entry(entry: &str, source: &str, defines: &[&str]) -> PathBuf {
     let unit = format!("{source}\n{}", launcher(&entry_params(source, entry), entry));
     let shim_dir = root().join("tests/msl");
     let mut args: Vec<String> = ["-std=c++20", "-O2", "-pthread", "-Wall", "-Wno-attributes", "-Wno-unused"]
@@ -212,7 +221,7 @@ fn build(kernel: Kernel, source: &str, defines: &[&str]) -> PathBuf {
     }
     let mut l = args;
     l.extend([cpp.display().to_string(), harness.display().to_string()]);
-    gxx(&l, &bin, &format!("{} ({kernel:?})", cpp.display()));
+    gxx(&l, &bin, &format!("{} ({entry})", cpp.display()));
     bin
 }
 
@@ -224,6 +233,22 @@ fn msl_run<'a>(defines: &'a [&'a str]) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) 
     }
 }
 
+/// A [`Run`] over the MSL twin of the tiled prompt-batch product
+/// (`int8_matmul`) of each matvec variant, built with `defines`.
+fn msl_matmul_run<'a>(defines: &'a [&'a str]) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
+    move |k, grid, buffers| {
+        let bin = build_entry("int8_matmul", &matmul_msl_source(k), defines);
+        let launch = Launch { bindings: k.bindings(), threadgroup: kernels::MATMUL_MSL_WG, timeout_s: None };
+        try_launch(&bin, &launch, grid, buffers).unwrap_or_else(|e| panic!("{k:?} (int8_matmul): {e}"))
+    }
+}
+
+/// The MSL twin of `kernel`'s tiled prompt-batch product, as the engine
+/// builds it.
+fn matmul_msl_source(kernel: Kernel) -> String {
+    kernel.matmul_constants().expect("a matvec variant").msl_source()
+}
+
 /// Runs `bin` over `grid` with `kernel`'s threadgroup size; `buffers` fill
 /// the kernel's bindings in order. Returns the read_write buffers, in order.
 fn run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Vec<Vec<u8>> {
@@ -232,12 +257,39 @@ fn run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Vec<V
 
 /// [`run`], or why the harness failed (a crash, a timeout).
 fn try_run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
-    let binds = kernel.bindings();
-    assert_eq!(buffers.len(), binds.len(), "{kernel:?}: one buffer per binding");
+    let launch =
+        Launch { bindings: kernel.bindings(), threadgroup: kernel.workgroup_size(), timeout_s: None };
+    try_launch(bin, &launch, grid, buffers).map_err(|e| format!("{kernel:?} {e}"))
+}
+
+/// How a harness binary is launched: its entry point's bindings (in
+/// order), the threadgroup size, and the harness's timeout (its default
+/// when `None`).
+struct Launch<'a> {
+    bindings: &'a [Bind],
+    threadgroup: u32,
+    timeout_s: Option<u32>,
+}
+
+/// Runs `bin` over `grid` as `launch` says; `buffers` fill the bindings in
+/// order. Returns the read_write buffers, in order, or why the harness
+/// failed (a crash, a timeout).
+fn try_launch(
+    bin: &Path,
+    launch: &Launch<'_>,
+    grid: [u32; 3],
+    buffers: &[Vec<u8>],
+) -> Result<Vec<Vec<u8>>, String> {
+    let binds = launch.bindings;
+    assert_eq!(buffers.len(), binds.len(), "one buffer per binding");
     let outs: Vec<usize> = (0..binds.len()).filter(|i| binds[*i] == Bind::ReadWrite).collect();
-    let mut child = Command::new(bin)
+    let mut command = Command::new(bin);
+    if let Some(t) = launch.timeout_s {
+        command.env("MSL_HARNESS_TIMEOUT", t.to_string());
+    }
+    let mut child = command
         .args(grid.iter().map(|g| g.to_string()))
-        .arg(kernel.workgroup_size().to_string())
+        .arg(launch.threadgroup.to_string())
         .args(outs.iter().map(|i| i.to_string()))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -261,7 +313,7 @@ fn try_run(bin: &Path, kernel: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]) -> R
     let status = child.wait().unwrap();
     let _ = writer.join();
     if !status.success() {
-        return Err(format!("{kernel:?} harness failed ({status}) on grid {grid:?}:\n{stderr}"));
+        return Err(format!("harness failed ({status}) on grid {grid:?}:\n{stderr}"));
     }
     let mut res = Vec::new();
     let mut at = 0;
@@ -343,49 +395,88 @@ fn msl_includes_precede_the_prefixed_defines() {
 /// Every twin's entry point declares exactly the kernel table's bindings at
 /// wgpu's Metal slots (binding i of group 0 -> [[buffer(i)]], contiguous),
 /// with the matching address space, and only builtins the shim provides.
+/// The builtins the shim provides (tests/msl/metal_shim.h `LaneCtx`).
+const BUILTINS: [&str; 10] = [
+    "thread_position_in_threadgroup",
+    "thread_index_in_threadgroup",
+    "threadgroup_position_in_grid",
+    "threadgroups_per_grid",
+    "threads_per_threadgroup",
+    "thread_position_in_grid",
+    "thread_index_in_simdgroup",
+    "simdgroup_index_in_threadgroup",
+    "simdgroups_per_threadgroup",
+    "threads_per_simdgroup",
+];
+
+/// `entry` in `src` declares exactly `bindings` at wgpu's Metal slots
+/// (binding i of group 0 -> [[buffer(i)]], contiguous) with the matching
+/// address space, only builtins the shim provides, and static threadgroup
+/// memory only.
+fn assert_entry_bindings(src: &str, entry: &str, bindings: &[Bind], what: &str) {
+    assert_ne!(entry, "main", "MSL reserves main");
+    let params = entry_params(src, entry);
+    let mut buffers: Vec<(u32, Bind)> = Vec::new();
+    for p in &params {
+        match buffer_index(&p.attr) {
+            Some(n) => buffers.push((
+                n,
+                bind_of(&p.ty).unwrap_or_else(|| panic!("{entry}: `{}` has no known address space", p.ty)),
+            )),
+            None => assert!(
+                BUILTINS.contains(&p.attr.as_str()),
+                "{entry}: {} [[{}]] is neither a buffer nor a builtin the shim provides",
+                p.name,
+                p.attr
+            ),
+        }
+    }
+    let want: Vec<(u32, Bind)> = bindings.iter().enumerate().map(|(i, b)| (i as u32, *b)).collect();
+    assert_eq!(buffers, want, "{entry} ({what}): buffers in declaration order");
+    // Static threadgroup memory only (no [[threadgroup(n)]] parameters).
+    assert!(!src.contains("[[threadgroup("), "{entry}: dynamic threadgroup memory");
+}
+
 #[test]
 fn msl_bindings_match_the_kernel_table() {
-    const BUILTINS: [&str; 10] = [
-        "thread_position_in_threadgroup",
-        "thread_index_in_threadgroup",
-        "threadgroup_position_in_grid",
-        "threadgroups_per_grid",
-        "threads_per_threadgroup",
-        "thread_position_in_grid",
-        "thread_index_in_simdgroup",
-        "simdgroup_index_in_threadgroup",
-        "simdgroups_per_threadgroup",
-        "threads_per_simdgroup",
-    ];
     let mut seen = 0;
     for k in twins() {
         let entry = msl::msl_entry(k);
-        assert_ne!(entry, "main", "MSL reserves main");
-        let src = msl::msl_source(k).unwrap();
-        let params = entry_params(&src, entry);
-        let mut buffers: Vec<(u32, Bind)> = Vec::new();
-        for p in &params {
-            match buffer_index(&p.attr) {
-                Some(n) => buffers.push((
-                    n,
-                    bind_of(&p.ty)
-                        .unwrap_or_else(|| panic!("{entry}: `{}` has no known address space", p.ty)),
-                )),
-                None => assert!(
-                    BUILTINS.contains(&p.attr.as_str()),
-                    "{entry}: {} [[{}]] is neither a buffer nor a builtin the shim provides",
-                    p.name,
-                    p.attr
-                ),
-            }
-        }
-        let want: Vec<(u32, Bind)> = k.bindings().iter().enumerate().map(|(i, b)| (i as u32, *b)).collect();
-        assert_eq!(buffers, want, "{entry} ({k:?}): buffers in declaration order");
-        // Static threadgroup memory only (no [[threadgroup(n)]] parameters).
-        assert!(!src.contains("[[threadgroup("), "{entry}: dynamic threadgroup memory");
+        assert_entry_bindings(&msl::msl_source(k).unwrap(), entry, k.bindings(), &format!("{k:?}"));
         seen += 1;
     }
     assert!(seen >= 2, "twins found: {seen}");
+}
+
+/// The `int8_matmul` twin of each matvec variant: the preamble of its
+/// constants (after the include, every macro prefixed), the generated
+/// params once, then the file, which uses no bare constant name; the entry
+/// point takes the matvec's bind-group layout, the one the WGSL
+/// `int8_matmul` shares.
+#[test]
+fn msl_matmul_source_and_bindings_match_the_wgsl_product() {
+    let variants: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()).collect();
+    assert_eq!(variants.len(), 3);
+    let body = kernels::matmul::MATMUL_MSL;
+    for k in variants {
+        let c = k.matmul_constants().unwrap();
+        let src = c.msl_source();
+        let pre = msl::preamble_of(&c.msl_constants());
+        assert!(src.starts_with(&pre) && src.ends_with(body), "{k:?}");
+        let defines = pre.strip_prefix(msl::MSL_HEADER).expect("the preamble starts with the header");
+        for (name, v) in c.msl_constants() {
+            assert!(defines.contains(&format!("#define Q3W_{name} {}\n", v as i64)), "{k:?}: {name}");
+            assert!(
+                !has_identifier(&strip_comments(body), name),
+                "{k:?}: the body uses the bare name {name}"
+            );
+        }
+        assert!(defines.contains(&format!("#define Q3W_WG {}\n", kernels::MATMUL_MSL_WG)));
+        assert!(defines.contains(&format!("#define Q3W_MM_TOKENS {}\n", k.matmul_tokens_per_wg())));
+        assert_eq!(src.matches("struct Params {").count(), 1, "{k:?}");
+        assert_entry_bindings(&src, "int8_matmul", k.bindings(), &format!("{k:?} int8_matmul"));
+    }
+    assert!(!strip_comments(body).contains("#include"), "the .metal file includes a header itself");
 }
 
 #[test]
@@ -538,6 +629,125 @@ fn msl_kernels_hold_at_other_simdgroup_widths() {
         attention_step_case(&run, Kernel::AttentionStep, (4, 2, 128, 600, 300), &mut rng);
         qk_norm_rope_case(&run, (4, 2, 128, 40, 36, 2), &mut rng);
     }
+}
+
+/// The prompt-batch product's twin on SIMD-group matrices, in every
+/// epilogue, against the CPU reference: rows not a multiple of the 64-row
+/// tile or of an 8x8 block (13, 70; SwiGLU one more, as its rows come in
+/// pairs), token counts not a multiple of the tile (5 and 37, and a tile
+/// plus 5: two tiles whose spare tokens are NaN), K of 200 (a padded
+/// tail) and 1,024 (32 chunks), NaN-poisoned outputs, and the accumulating
+/// variant from a non-zero y.
+#[test]
+fn msl_int8_matmul_matches_cpu() {
+    let run = msl_matmul_run(&[]);
+    let mut seed = 300;
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        let v = kernel.matvec_variant().unwrap();
+        let tile = kernel.matmul_tokens_per_wg() as usize;
+        let pair = |rows: usize| if v.swiglu { rows + rows % 2 } else { rows };
+        for (rows, cols, tokens) in [(13, 200, 5), (13, 200, 37), (70, 200, tile + 5), (130, 1024, tile)] {
+            seed += 1;
+            let rows = pair(rows);
+            let res = matmul_case(&run, kernel, tile, rows, cols, tokens, seed);
+            assert_eq!(res.len(), tokens);
+            assert_matvec(&format!("MSL int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The shim's SIMD-group matrices, against plain matrix products.
+
+/// The probe's inputs (each simdgroup's A, B, C) and outputs, or why the
+/// harness failed.
+type ProbeRun = (Vec<[Mat; 3]>, Result<Vec<Vec<u8>>, String>);
+
+/// Runs [`MATRIX_PROBE`] (its source edited by `edit`) built with
+/// `defines`; returns each simdgroup's A, B and C, and the d and owned
+/// buffers or why the harness failed.
+fn run_probe(edit: impl Fn(&str) -> String, defines: &[&str], timeout_s: Option<u32>) -> ProbeRun {
+    let src = format!("{}{}", msl::MSL_HEADER, edit(MATRIX_PROBE));
+    let bin = build_entry("matrix_probe", &src, defines);
+    let (mats, buffers) = matrix_probe_inputs(17);
+    let launch =
+        Launch { bindings: &MATRIX_PROBE_BINDINGS, threadgroup: MATRIX_PROBE_THREADGROUP, timeout_s };
+    (mats, try_launch(&bin, &launch, [1, 1, 1], &buffers))
+}
+
+/// The shim's SIMD-group matrices compute plain matrix products: loads with
+/// a stride and transposed, from device and threadgroup memory; stores with
+/// a stride and transposed, writing nothing else; each lane holds the two
+/// elements of the documented table (the header of metal_shim.h), in loads
+/// and in stores; the diagonal constructor; two simdgroups at once, each on
+/// its own matrices.
+#[test]
+fn shim_simdgroup_matrices_compute_plain_products() {
+    // The table itself: every element of the 8x8 matrix has one owner.
+    let mut seen = std::collections::BTreeSet::new();
+    for l in 0..32 {
+        for e in 0..2 {
+            assert!(
+                seen.insert(simdgroup_matrix_owner(l, e)),
+                "two owners of {:?}",
+                simdgroup_matrix_owner(l, e)
+            );
+        }
+    }
+    assert_eq!(seen.len(), 64);
+    let (mats, out) = run_probe(|s| s.to_string(), &[], None);
+    check_matrix_probe(&mats, &out.unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The probe's comparison catches a shim whose multiply takes two lanes'
+/// elements in each other's place.
+#[test]
+fn shim_with_swapped_matrix_lanes_fails_the_plain_product() {
+    let (mats, out) = run_probe(|s| s.to_string(), &["MSL_SHIM_MATRIX_SWAPS_LANES"], None);
+    let out = out.unwrap_or_else(|e| panic!("{e}"));
+    let err = check_matrix_probe(&mats, &out).expect_err("a broken multiply passed");
+    assert!(err.contains(": D (0, "), "{err}");
+}
+
+/// A simdgroup-matrix multiply is collective: a lane that skips it while
+/// its peers take part hangs the simdgroup, which the harness's alarm
+/// turns into a failure (on the device it is undefined behaviour).
+#[test]
+fn a_lane_skipping_a_matrix_multiply_fails() {
+    let skip = |s: &str| {
+        let edited = s.replace(
+            "simdgroup_multiply_accumulate(md, ma, mb, mc);",
+            "if (lane != 3) { simdgroup_multiply_accumulate(md, ma, mb, mc); }",
+        );
+        assert_ne!(edited, s, "the substitution applies");
+        edited
+    };
+    let (_, out) = run_probe(skip, &[], Some(5));
+    let err = out.expect_err("a lane skipped a collective multiply unnoticed");
+    assert!(err.contains("SIGALRM") || err.contains("signal: 14"), "failed, but not by the alarm: {err}");
+}
+
+/// The twin's epilogue relies on each lane's coordinates in the table: a
+/// twin that takes its lanes' rows from another formula fails the same
+/// comparison the real one passes.
+#[test]
+fn matmul_with_wrong_lane_coordinates_fails() {
+    let kernel = Kernel::Int8MatvecNorm;
+    let src = matmul_msl_source(kernel);
+    let broken =
+        src.replace("const uint fn = (quad & 2) * 2 + (lane % 2) * 2;", "const uint fn = (lane % 4) * 2;");
+    assert_ne!(src, broken, "the substitution applies");
+    let bin = build_entry("int8_matmul", &broken, &[]);
+    let run = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+        let launch = Launch { bindings: k.bindings(), threadgroup: kernels::MATMUL_MSL_WG, timeout_s: None };
+        try_launch(&bin, &launch, grid, buffers).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let tile = kernel.matmul_tokens_per_wg() as usize;
+    let caught = std::panic::catch_unwind(|| {
+        let res = matmul_case(&run, kernel, tile, 13, 200, 5, 7);
+        assert_matvec("broken matmul", &res);
+    });
+    assert!(caught.is_err(), "a matmul writing its elements at the wrong coordinates passed");
 }
 
 // ---------------------------------------------------------------------------

@@ -277,6 +277,7 @@ mod tests {
             crate::kernels::matvec::INT8_COMMON,
             crate::kernels::attention::ATTENTION_COMMON,
             include_str!("../../kernels/wgsl/int8_matmul.wgsl"),
+            crate::kernels::matmul::MATMUL_MSL,
             include_str!("../../kernels/wgsl/attention_prefill.wgsl"),
         ];
         let files = Kernel::ALL.iter().flat_map(|k| [Some(k.wgsl()), k.row().msl]).flatten().chain(shared);
@@ -296,6 +297,7 @@ mod tests {
             assert!(once(&k.source(true)) && once(&k.source(false)), "{k:?}");
             assert!(crate::kernels::msl::msl_source(k).is_none_or(|src| once(&src)), "{k:?}");
             assert!(k.matmul_source().is_none_or(|(src, _)| once(&src)), "{k:?}");
+            assert!(k.matmul_constants().is_none_or(|c| once(&c.msl_source())), "{k:?}");
         }
         assert!(once(&crate::kernels::attention_prefill_source(true).0));
     }

@@ -2,10 +2,13 @@
 //! batch through the normed `int8_matvec` variants (qkv, gate/up). Same
 //! params ([`super::MatvecParams`]), bindings and epilogues as the matvec,
 //! whose bind group it shares; the tile sizes size its workgroup arrays, so
-//! they come in a `const` preamble rather than as overrides.
+//! they come in a `const` preamble rather than as overrides. On Metal its
+//! MSL twin ([`MATMUL_MSL`], on SIMD-group matrices) takes its place, on
+//! the same bind group and grid, where the MSL twins are in use.
 
-use super::abi::{wgsl_decls, GpuStruct};
+use super::abi::{msl_decls, wgsl_decls, GpuStruct};
 use super::matvec::{MatvecParams, MatvecVariant, INT8_COMMON};
+use super::msl::preamble_of;
 use super::PREFILL_TOKENS_PER_WG;
 use crate::converted::QUANT_GROUP;
 
@@ -19,6 +22,14 @@ pub const MATMUL_TOKENS_PER_WG: u32 = 64;
 /// Tokens of the SwiGLU (gate/up) variant's tiles: its 6,144 rows fill an
 /// H200 better in twice the workgroups of half the tokens (BENCHMARKS.md).
 pub const MATMUL_SWIGLU_TOKENS_PER_WG: u32 = 32;
+
+/// The MSL twin of `int8_matmul` (kernels/msl/int8_matmul.metal).
+pub const MATMUL_MSL: &str = include_str!("../../kernels/msl/int8_matmul.metal");
+
+/// Threadgroup size of the MSL twin: four 32-lane simdgroups, each
+/// multiplying a quarter of the tile on SIMD-group matrices (the grid is
+/// the WGSL kernel's).
+pub const MATMUL_MSL_WG: u32 = 128;
 
 /// Workgroup size of `int8_matmul` for tiles of `tokens` tokens.
 pub const fn matmul_wg(tokens: u32) -> u32 {
@@ -74,6 +85,33 @@ impl MatmulConstants {
             ("NORM", flag(self.variant.norm)),
             ("SWIGLU", flag(self.variant.swiglu)),
         ]
+    }
+
+    /// The MSL twin's constants (prefixed `Q3W_` in its preamble): its
+    /// threadgroup size, the tile, the quant group's words and the
+    /// epilogue flags.
+    pub fn msl_constants(&self) -> Vec<(&'static str, f64)> {
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        vec![
+            ("WG", MATMUL_MSL_WG as f64),
+            ("MM_ROWS", MATMUL_ROWS_PER_WG as f64),
+            ("MM_TOKENS", self.tokens() as f64),
+            ("GROUP_WORDS", (QUANT_GROUP / 4) as f64),
+            ("ACCUMULATE", flag(self.variant.accumulate)),
+            ("NORM", flag(self.variant.norm)),
+            ("SWIGLU", flag(self.variant.swiglu)),
+        ]
+    }
+
+    /// The MSL twin's full source, as Metal gets it: the preamble of
+    /// [`Self::msl_constants`], the generated declarations (the params),
+    /// then kernels/msl/int8_matmul.metal.
+    pub fn msl_source(&self) -> String {
+        format!(
+            "{}{}{MATMUL_MSL}",
+            preamble_of(&self.msl_constants()),
+            msl_decls(&MatvecParams::DEF, MATMUL_MSL)
+        )
     }
 
     /// The WGSL: the tile sizes and quant group as `const`s, the generated

@@ -33,7 +33,8 @@ pub use compile::{bind_group_layout, compile, compile_for_layout, compile_msl};
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
 pub use matmul::{
-    matmul_wg, MatmulConstants, MATMUL_ROWS_PER_WG, MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TOKENS_PER_WG,
+    matmul_wg, MatmulConstants, MATMUL_MSL_WG, MATMUL_ROWS_PER_WG, MATMUL_SWIGLU_TOKENS_PER_WG,
+    MATMUL_TOKENS_PER_WG,
 };
 pub use matvec::{
     MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit, MatvecVariant, LONG_MATRIX_WG,

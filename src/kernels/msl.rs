@@ -23,6 +23,12 @@
 //! generated from their Rust definitions. The `int8_matvec` twin implements the rows-per-team layout
 //! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
 //! matvec grids for that layout.
+//!
+//! The prompt-batch product `int8_matmul` has a twin too
+//! (kernels/msl/int8_matmul.metal, on SIMD-group matrices): its source comes
+//! from [`crate::kernels::MatmulConstants::msl_source`], the same preamble
+//! over its own constants, and it runs in threadgroups of
+//! [`crate::kernels::MATMUL_MSL_WG`] threads on the WGSL kernel's grid.
 
 use super::abi::msl_decls;
 use super::{Kernel, MatvecLayout};
@@ -62,7 +68,13 @@ pub fn msl_entry(kernel: Kernel) -> &'static str {
 /// [`Kernel::constants`]: flags as 0/1, integers without a decimal point
 /// (they size threadgroup arrays and appear in `#if`s).
 pub fn preamble(kernel: Kernel) -> String {
-    let defines = kernel.constants(MSL_MATVEC_LAYOUT).into_iter().map(|(name, v)| {
+    preamble_of(&kernel.constants(MSL_MATVEC_LAYOUT))
+}
+
+/// [`MSL_HEADER`], then `#define Q3W_NAME value` for each of `constants`
+/// (see [`preamble`]).
+pub fn preamble_of(constants: &[(&str, f64)]) -> String {
+    let defines = constants.iter().map(|&(name, v)| {
         if v.fract() == 0.0 && v.abs() < 1e15 {
             format!("#define {MACRO_PREFIX}{name} {}\n", v as i64)
         } else {

@@ -12,6 +12,7 @@ use super::choice::{msl_available, with_fallback, KernelChoice, KernelReport, Ke
 use super::compile::{bind_group_layout, build, Code};
 use super::{
     attention_prefill_source, Constants, Kernel, MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit,
+    MATMUL_MSL_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -29,6 +30,9 @@ pub(crate) enum Program {
     AttentionPrefill,
     /// `int8_matmul`, the tiled prompt-batch program of a matvec variant.
     Matmul,
+    /// The MSL twin of `int8_matmul`
+    /// ([`crate::kernels::MatmulConstants::msl_source`]).
+    MatmulMsl,
 }
 
 /// What determines a pipeline.
@@ -124,9 +128,10 @@ impl Kernels {
         Ok(kernels)
     }
 
-    /// The set for `source`, with every decode pipeline (the MSL twins
-    /// where `source` says so) and every prefill pipeline (WGSL on every
-    /// backend) built.
+    /// The set for `source`, with every decode pipeline and every prefill
+    /// pipeline built: the MSL twins where `source` says so (the decode
+    /// kernels that have one and the tiled `int8_matmul`), WGSL for the
+    /// rest.
     fn build(gpu: &Gpu, source: KernelSource, layout: Option<MatvecLayout>) -> Result<Self> {
         let matvec_layout = match source {
             KernelSource::Msl => crate::kernels::msl::MSL_MATVEC_LAYOUT,
@@ -167,7 +172,8 @@ impl Kernels {
         let Some(variant) = kernel.matvec_variant() else { return (None, None) };
         let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
         let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled());
-        (key(Program::Wgsl, per_token), tiled.and_then(|c| key(Program::Matmul, Constants::Matmul(c))))
+        let matmul = if self.source == KernelSource::Msl { Program::MatmulMsl } else { Program::Matmul };
+        (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
     }
 
     /// The pipeline `key` names: from the cache, or compiled on `k`'s
@@ -191,9 +197,14 @@ impl Kernels {
             ),
             Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
             Program::Matmul => (k.matmul_source().ok_or_else(|| missing("int8_matmul"))?.0, "int8_matmul"),
+            Program::MatmulMsl => match key.constants {
+                Constants::Matmul(c) => (c.msl_source(), "int8_matmul"),
+                _ => return Err(missing("int8_matmul constants")),
+            },
         };
         let code = match key.program {
             Program::Msl => Code::Msl { source: &source, workgroup_size: k.workgroup_size() },
+            Program::MatmulMsl => Code::Msl { source: &source, workgroup_size: MATMUL_MSL_WG },
             _ => Code::Wgsl { source: &source, constants: &constants },
         };
         let layout = &self.layouts[k as usize];
@@ -262,6 +273,14 @@ impl Kernels {
     #[cfg(test)]
     pub(crate) fn replace_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
         let key = self.decode_key(k);
+        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
+    }
+
+    /// Puts `pipeline` in place of `k`'s tiled prefill pipeline (the
+    /// self-check's tests).
+    #[cfg(test)]
+    pub(crate) fn replace_tiled_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
+        let key = self.prefill_keys(k).1.expect("a tiled prefill pipeline");
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 }

@@ -8,7 +8,7 @@
 use bytemuck::bytes_of;
 use half::f16;
 use qwen3_wgpu::internals::kernels::{
-    self, ArgmaxFinalParams, ArgmaxPartialParams, HeadParams, Kernel, MatvecParams, ReduceParams, Step,
+    self, ArgmaxFinalParams, ArgmaxPartialParams, Bind, HeadParams, Kernel, MatvecParams, ReduceParams, Step,
     ATTENTION_CHUNK,
 };
 use rand::{rngs::StdRng, SeedableRng};
@@ -115,10 +115,49 @@ pub fn matvec_case(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
+    batch_case(run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed)
+}
+
+/// One launch of `kernel`'s tiled prompt-batch product (`int8_matmul`, or
+/// its MSL twin) over `tokens` tokens in tiles of `tile_tokens` (grid z;
+/// [`kernels::MATMUL_ROWS_PER_WG`] rows per workgroup). The product
+/// computes whole tiles, so the buffers hold whole tiles, as the engine's
+/// activation buffers do; the spare tokens' inputs are NaN, which must
+/// reach no real token's outputs. Checks and returns what [`matvec_case`]
+/// does, for the real tokens.
+pub fn matmul_case(
+    run: Run<'_>,
+    kernel: Kernel,
+    tile_tokens: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
+    let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
+    let rows_per_wg = kernels::MATMUL_ROWS_PER_WG;
+    batch_case(run, kernel, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed)
+}
+
+/// [`matvec_case`] with buffers for `buffered` tokens, the last
+/// `buffered - tokens` of them spare (NaN inputs, outputs not checked).
+#[allow(clippy::too_many_arguments)]
+fn batch_case(
+    run: Run<'_>,
+    kernel: Kernel,
+    rows_per_wg: u32,
+    tokens_per_wg: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    buffered: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
     let variant = kernel.matvec_variant().unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
     let m = random_quant(&mut rng, rows, cols);
     let xs: Vec<Vec<f32>> = (0..tokens).map(|_| padded_input(&mut rng, cols)).collect();
+    let spare = vec![f32::NAN; (buffered - tokens) * m.padded];
     let norm_w = padded_input(&mut rng, cols);
     let eps = 1e-6f32;
     // SWIGLU writes one output per row pair, from (row_offset / 2).
@@ -127,8 +166,8 @@ pub fn matvec_case(
     let outs = if variant.swiglu { rows / 2 } else { rows };
     // Token z's outputs start at z * y_stride (a gap after each).
     let y_stride = first_out + outs + 5;
-    let y0 = nonzero(&mut rng, tokens * y_stride);
-    let init = if variant.accumulate { f32s(&y0) } else { poisoned(tokens * y_stride) };
+    let y0 = nonzero(&mut rng, buffered * y_stride);
+    let init = if variant.accumulate { f32s(&y0) } else { poisoned(buffered * y_stride) };
     let params = MatvecParams {
         rows: rows as u32,
         k_words: m.k_words() as u32,
@@ -139,11 +178,12 @@ pub fn matvec_case(
         y_stride: y_stride as u32,
     };
     let mut grid = kernels::matvec::grid(rows as u32, rows_per_wg);
-    grid[2] = tokens.div_ceil(tokens_per_wg) as u32;
+    grid[2] = buffered.div_ceil(tokens_per_wg) as u32;
+    let x = [xs.concat(), spare].concat();
     let out = run(
         kernel,
         grid,
-        &[bytes_of(&params).to_vec(), f32s(&xs.concat()), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
+        &[bytes_of(&params).to_vec(), f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
     );
     let got = to_f32(&out[0]);
     let mut res = Vec::new();
@@ -498,4 +538,149 @@ pub fn argmax_never_writes_past_the_token_array(run: Run<'_>) {
         &[argmax_final_params(1, 4), f32s(&[1.0]), u32s(&[0]), poisoned(5), step(3, 0)],
     );
     assert!(to_u32(&f[0]).iter().all(|t| *t == POISON), "wrote past n_tokens");
+}
+
+// ---------------------------------------------------------------------------
+// SIMD-group matrices (MSL only): the probe the shim's emulation and a
+// Metal device must both pass.
+
+/// A kernel exercising SIMD-group matrices, two simdgroups at once, each
+/// on its own matrices. It loads A from device memory (row stride 11), B
+/// stored transposed (stride 9, `transpose_matrix`), C through threadgroup
+/// memory; stores D = A B + C (stride 10) and D transposed; records the two
+/// elements of A each lane holds (`thread_elements()`), stores a matrix
+/// whose lanes set their elements to `2 * lane + element`, and the diagonal
+/// matrix `simdgroup_float8x8(2)`. On the shim it tests the emulation; on a
+/// Metal device, the element table the emulation and the `int8_matmul`
+/// twin assume.
+pub const MATRIX_PROBE: &str = "
+kernel void matrix_probe(
+    const device float* a [[buffer(0)]],
+    const device float* b [[buffer(1)]],
+    const device float* c [[buffer(2)]],
+    device float* d [[buffer(3)]],
+    device float* owned [[buffer(4)]],
+    uint lane [[thread_index_in_simdgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]])
+{
+    threadgroup float c_s[2 * 64];
+    for (uint i = lane; i < 64; i += 32) {
+        c_s[sg * 64 + i] = c[sg * 64 + i];
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_float8x8 ma;
+    simdgroup_float8x8 mb;
+    simdgroup_float8x8 mc;
+    simdgroup_float8x8 md;
+    simdgroup_load(ma, a + sg * 8 * 11, 11);
+    simdgroup_load(mb, b + sg * 8 * 9, 9, 0, true);
+    simdgroup_load(mc, &c_s[sg * 64], 8);
+    simdgroup_multiply_accumulate(md, ma, mb, mc);
+    simdgroup_store(md, d + sg * 160, 10);
+    simdgroup_store(md, d + sg * 160 + 80, 10, 0, true);
+    device float* o = owned + sg * 192;
+    o[2 * lane] = ma.thread_elements()[0];
+    o[2 * lane + 1] = ma.thread_elements()[1];
+    simdgroup_float8x8 labels;
+    labels.thread_elements() = float2(float(2 * lane), float(2 * lane + 1));
+    simdgroup_store(labels, o + 64, 8);
+    simdgroup_store(simdgroup_float8x8(2.0f), o + 128, 8);
+}
+";
+
+/// The bindings of [`MATRIX_PROBE`].
+pub const MATRIX_PROBE_BINDINGS: [Bind; 5] =
+    [Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite, Bind::ReadWrite];
+/// Its threadgroup: two 32-lane simdgroups.
+pub const MATRIX_PROBE_THREADGROUP: u32 = 64;
+
+/// Which element lane `l` holds as element `e` of an 8x8 simdgroup matrix:
+/// (row, column). Written bit by bit (row = lane bits 4, 2, 1; column =
+/// lane bits 3, 0 and the element), independently of the shim's formula.
+pub fn simdgroup_matrix_owner(l: usize, e: usize) -> (usize, usize) {
+    let bit = |i: usize| (l >> i) & 1;
+    (4 * bit(4) + 2 * bit(2) + bit(1), 4 * bit(3) + 2 * bit(0) + e)
+}
+
+/// An 8x8 matrix, row-major.
+pub type Mat = [[f32; 8]; 8];
+
+/// Random A, B, C for each of the probe's simdgroups, and its buffers in
+/// binding order (the padding it must not read is NaN, its outputs are
+/// poisoned).
+pub fn matrix_probe_inputs(seed: u64) -> (Vec<[Mat; 3]>, Vec<Vec<u8>>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut a, mut b, mut c) = (vec![f32::NAN; 2 * 8 * 11], vec![f32::NAN; 2 * 8 * 9], vec![0.0; 2 * 64]);
+    let mut mats = Vec::new();
+    for sg in 0..2 {
+        let mut m = [[[0.0f32; 8]; 8]; 3];
+        for (which, mat) in m.iter_mut().enumerate() {
+            for (r, row) in mat.iter_mut().enumerate() {
+                row.copy_from_slice(&nonzero(&mut rng, 8));
+                for (col, v) in row.iter().enumerate() {
+                    match which {
+                        0 => a[sg * 88 + r * 11 + col] = *v,
+                        1 => b[sg * 72 + col * 9 + r] = *v, // stored transposed
+                        _ => c[sg * 64 + r * 8 + col] = *v,
+                    }
+                }
+            }
+        }
+        mats.push(m);
+    }
+    (mats, vec![f32s(&a), f32s(&b), f32s(&c), poisoned(320), poisoned(384)])
+}
+
+/// Checks [`MATRIX_PROBE`]'s outputs (its read_write buffers) against plain
+/// products of its inputs; the first difference, if any.
+pub fn check_matrix_probe(mats: &[[Mat; 3]], out: &[Vec<u8>]) -> Result<(), String> {
+    let (d, owned) = (to_f32(&out[0]), to_f32(&out[1]));
+    for (sg, [a, b, c]) in mats.iter().enumerate() {
+        let (d, owned) = (&d[sg * 160..(sg + 1) * 160], &owned[sg * 192..(sg + 1) * 192]);
+        for r in 0..8 {
+            for col in 0..8 {
+                let want: f64 =
+                    c[r][col] as f64 + (0..8).map(|k| a[r][k] as f64 * b[k][col] as f64).sum::<f64>();
+                let tol = 1e-5 * (1.0 + (0..8).map(|k| (a[r][k] * b[k][col]).abs() as f64).sum::<f64>());
+                for (at, how) in [(r * 10 + col, "D"), (80 + col * 10 + r, "D stored transposed")] {
+                    if (d[at] as f64 - want).abs() > tol {
+                        return Err(format!("simdgroup {sg}: {how} ({r}, {col}) = {}, want {want}", d[at]));
+                    }
+                }
+            }
+            // The stores leave the rows' padding alone.
+            for at in [r * 10 + 8, r * 10 + 9, 80 + r * 10 + 8, 80 + r * 10 + 9] {
+                if d[at].to_bits() != POISON {
+                    return Err(format!("simdgroup {sg}: a store wrote d[{at}], past a row"));
+                }
+            }
+        }
+        for l in 0..32 {
+            for e in 0..2 {
+                let (r, col) = simdgroup_matrix_owner(l, e);
+                let held = owned[2 * l + e];
+                if held != a[r][col] {
+                    return Err(format!(
+                        "simdgroup {sg}: lane {l} element {e} holds {held}, not A({r}, {col})"
+                    ));
+                }
+                if owned[64 + r * 8 + col] != (2 * l + e) as f32 {
+                    return Err(format!(
+                        "simdgroup {sg}: lane {l} element {e} was not stored at ({r}, {col})"
+                    ));
+                }
+            }
+        }
+        for r in 0..8 {
+            for col in 0..8 {
+                let want = if r == col { 2.0 } else { 0.0 };
+                if owned[128 + r * 8 + col] != want {
+                    return Err(format!(
+                        "simdgroup {sg}: simdgroup_float8x8(2) at ({r}, {col}) is not {want}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -20,6 +20,28 @@
 //
 // Everything the lanes need is defined before the address-space keywords
 // become macros (`thread` would otherwise break <thread>).
+//
+// SIMD-group matrices (simdgroup_float8x8, simdgroup_half8x8; the Metal
+// Shading Language specification's "SIMD-group Matrix Data Types" and
+// "SIMD-group Matrix Functions" sections) are emulated with the ownership
+// of the hardware: an 8x8 matrix is spread over the 32 lanes of a
+// simdgroup, two elements per lane (its `thread_elements()`), and a lane
+// holds only its own two. The specification fixes the count (64 elements
+// over 32 threads) but not which two; the table used here is the one
+// Apple's MLX relies on for its GEMMs (steel's `BaseMMAFrag<T, 8, 8>::
+// get_coord`): lane l holds row (l/4 & 4) + (l/2 % 4), columns
+// (l/4 & 2) * 2 + (l % 2) * 2 and the one after it. On a device with
+// another table a kernel that reads `thread_elements()` computes wrong
+// values, which the engine's start-up self-check catches.
+// simdgroup_load / simdgroup_store move each lane's own two elements and
+// synchronise the simdgroup; simdgroup_multiply_accumulate is collective:
+// each lane deposits its elements of the three operands, waits on the
+// simdgroup's barrier, assembles the whole operands from every lane's
+// deposit through the table, and keeps its own two elements of the result.
+// A kernel that hands a lane's elements to the wrong coordinates, or whose
+// lanes do not all take part, computes wrong values or hangs, as on the
+// device. Matrices need full 32-lane simdgroups (Apple GPUs); any other
+// width aborts the run.
 
 #pragma once
 
@@ -28,6 +50,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -37,6 +61,7 @@
 namespace metal {
 
 using uint = uint32_t;
+using ulong = uint64_t;
 using ushort = uint16_t;
 using uchar = uint8_t;
 using half = _Float16;
@@ -131,6 +156,7 @@ using uint2 = vec<uint, 2>;
 using uint3 = vec<uint, 3>;
 using uint4 = vec<uint, 4>;
 using ushort2 = vec<ushort, 2>;
+using ulong2 = vec<ulong, 2>;
 using char4 = vec<int8_t, 4>;
 using uchar4 = vec<uchar, 4>;
 
@@ -246,11 +272,17 @@ constexpr uint SIMD_WIDTH = MSL_SHIM_SIMD_WIDTH;
 // Largest value a simdgroup function carries (a float4 / uint4).
 constexpr size_t SLOT_BYTES = 16;
 
+// What one lane deposits for a simdgroup-matrix multiply: its two elements
+// of each of the three operands, as floats (exact for half too).
+constexpr size_t MATRIX_SLOT_FLOATS = 6;
+
 struct Simdgroup {
     explicit Simdgroup(uint width) : width(width), bar(width) {}
     uint width;
     std::barrier<> bar;
     alignas(64) unsigned char slot[2][SIMD_WIDTH][SLOT_BYTES];
+    // The simdgroup-matrix exchange, in the same two sets as `slot`.
+    alignas(64) float matrix_slot[2][SIMD_WIDTH][MATRIX_SLOT_FLOATS];
 };
 
 // One lane's view of the launch; the field names are the MSL attribute
@@ -311,6 +343,46 @@ T tree_reduce(T* vals, uint n, Op op) {
         for (uint i = 0; i + stride < n; i += 2 * stride) vals[i] = op(vals[i], vals[i + stride]);
     }
     return vals[0];
+}
+
+// Which element of an 8x8 simdgroup matrix lane `l` holds as its element
+// `e` (0 or 1) of `thread_elements()`: {row, column}. See the header.
+struct MatrixCoord {
+    uint row, col;
+};
+constexpr MatrixCoord matrix_coord(uint l, uint e) {
+    const uint q = l / 4;
+    return {(q & 4) + (l / 2) % 4, (q & 2) * 2 + (l % 2) * 2 + e};
+}
+
+#ifdef MSL_SHIM_MATRIX_SWAPS_LANES
+// Deliberate fault for the shim's own test: the multiply reads lanes 0
+// and 1 (which hold the same row) each in the other's place.
+constexpr bool matrix_swaps_lanes = true;
+#else
+constexpr bool matrix_swaps_lanes = false;
+#endif
+
+// The calling lane's simdgroup, which must be a full 32-lane one.
+inline Simdgroup& matrix_simdgroup() {
+    Simdgroup& s = *lane->simd;
+    if (s.width != 32) {
+        std::fprintf(stderr, "simdgroup matrices need a full 32-lane simdgroup (this one has %u lanes)\n", s.width);
+        std::abort();
+    }
+    return s;
+}
+
+// Every lane of the simdgroup deposits `mine`; returns every lane's
+// deposit, in lane order (one barrier, as `collective`).
+inline void matrix_exchange(const float (&mine)[MATRIX_SLOT_FLOATS], float (&all)[32][MATRIX_SLOT_FLOATS]) {
+    LaneCtx& c = *lane;
+    Simdgroup& s = matrix_simdgroup();
+    auto& slots = s.matrix_slot[c.parity];
+    c.parity ^= 1;
+    std::memcpy(slots[c.thread_index_in_simdgroup], mine, sizeof mine);
+    s.bar.arrive_and_wait();
+    std::memcpy(all, slots, sizeof all);
 }
 
 #ifdef MSL_SHIM_SIMD_SUM_DROPS_LANE
@@ -409,6 +481,107 @@ T simd_broadcast(T v, ushort from) {
 template <class T>
 T simd_broadcast_first(T v) {
     return simd_shuffle(v, 0);
+}
+
+// SIMD-group matrices (see the header for the element ownership).
+template <class T, int Cols, int Rows>
+struct simdgroup_matrix {
+    static_assert(Cols == 8 && Rows == 8, "only 8x8 simdgroup matrices are emulated");
+    simdgroup_matrix() = default;
+    // MSL: `d` on the diagonal, zero elsewhere.
+    explicit simdgroup_matrix(T d) {
+        const uint l = msl_rt::lane->thread_index_in_simdgroup;
+        for (uint e = 0; e < 2; e++) {
+            const auto at = msl_rt::matrix_coord(l, e);
+            elements[e] = at.row == at.col ? d : T(0);
+        }
+    }
+    vec<T, 2>& thread_elements() { return elements; }
+    const vec<T, 2>& thread_elements() const { return elements; }
+    vec<T, 2> elements{T(0)};
+};
+
+using simdgroup_float8x8 = simdgroup_matrix<float, 8, 8>;
+using simdgroup_half8x8 = simdgroup_matrix<half, 8, 8>;
+
+template <class T, int Cols, int Rows = Cols>
+simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
+    simdgroup_matrix<T, Cols, Rows> m;
+    m.elements = vec<T, 2>(value);
+    return m;
+}
+
+// Where element (row, col) of the matrix lies in a row-major layout of
+// `elements_per_row` elements (transposed: where element (col, row) lies).
+// The kernels pass their offset in the pointer: a non-zero matrix origin
+// is not emulated, and aborts.
+inline ulong matrix_offset(uint row, uint col, ulong elements_per_row, ulong2 origin, bool transpose) {
+    if (origin.x != 0 || origin.y != 0) {
+        std::fprintf(stderr, "simdgroup_load/store: a non-zero matrix origin is not emulated\n");
+        std::abort();
+    }
+    if (transpose) std::swap(row, col);
+    return ulong(row) * elements_per_row + col;
+}
+
+// Each lane loads its own two elements; the simdgroup then synchronises
+// (all lanes take part, as on the device). One overload serves device and
+// threadgroup memory: both are plain pointers here.
+template <class T, class S>
+void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, const S* src, ulong elements_per_row = 8,
+                    ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    msl_rt::Simdgroup& s = msl_rt::matrix_simdgroup();
+    const uint l = msl_rt::lane->thread_index_in_simdgroup;
+    for (uint e = 0; e < 2; e++) {
+        const auto at = msl_rt::matrix_coord(l, e);
+        d.elements[e] = T(src[matrix_offset(at.row, at.col, elements_per_row, matrix_origin, transpose_matrix)]);
+    }
+    s.bar.arrive_and_wait();
+}
+
+template <class T, class S>
+void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, S* dst, ulong elements_per_row = 8,
+                     ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    msl_rt::Simdgroup& s = msl_rt::matrix_simdgroup();
+    const uint l = msl_rt::lane->thread_index_in_simdgroup;
+    for (uint e = 0; e < 2; e++) {
+        const auto at = msl_rt::matrix_coord(l, e);
+        dst[matrix_offset(at.row, at.col, elements_per_row, matrix_origin, transpose_matrix)] = S(a.elements[e]);
+    }
+    s.bar.arrive_and_wait();
+}
+
+// d = a * b + c, collectively: the operands are assembled from every
+// lane's elements, and each lane keeps its own two elements of d (each a
+// float sum over k = 0..7 in order, from c).
+template <class TD, class TA, class TB, class TC>
+void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                                   const simdgroup_matrix<TB, 8, 8>& b, const simdgroup_matrix<TC, 8, 8>& c) {
+    const float mine[msl_rt::MATRIX_SLOT_FLOATS] = {float(a.elements[0]), float(a.elements[1]), float(b.elements[0]),
+                                                    float(b.elements[1]), float(c.elements[0]), float(c.elements[1])};
+    float all[32][msl_rt::MATRIX_SLOT_FLOATS];
+    msl_rt::matrix_exchange(mine, all);
+    float m[3][8][8];
+    for (uint l = 0; l < 32; l++) {
+        const uint from = msl_rt::matrix_swaps_lanes && l < 2 ? 1 - l : l;
+        for (uint e = 0; e < 2; e++) {
+            const auto at = msl_rt::matrix_coord(l, e);
+            for (uint op = 0; op < 3; op++) m[op][at.row][at.col] = all[from][2 * op + e];
+        }
+    }
+    const uint me = msl_rt::lane->thread_index_in_simdgroup;
+    for (uint e = 0; e < 2; e++) {
+        const auto at = msl_rt::matrix_coord(me, e);
+        float sum = m[2][at.row][at.col];
+        for (uint k = 0; k < 8; k++) sum += m[0][at.row][k] * m[1][k][at.col];
+        d.elements[e] = TD(sum);
+    }
+}
+
+template <class TD, class TA, class TB>
+void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                        const simdgroup_matrix<TB, 8, 8>& b) {
+    simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<TD, 8, 8>(TD(0)));
 }
 
 }  // namespace metal

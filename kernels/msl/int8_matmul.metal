@@ -1,0 +1,220 @@
+// Twin of int8_matmul.wgsl (prompt batches) on SIMD-group matrices: the
+// same product, bindings, params, epilogues and grid. Threadgroup (x, z)
+// computes
+//   y[t][row_offset + r] (+)= sum_k w[r][k] * x'[t][k]
+// for the Q3W_MM_ROWS rows from x * Q3W_MM_ROWS and the Q3W_MM_TOKENS
+// tokens from z * Q3W_MM_TOKENS (x' = x, or with NORM the token's RMSNorm
+// of x: x * rsqrt(mean(x^2) + eps) * norm_w). As with the WGSL, every token
+// of the tile is computed: the activation buffers hold whole tiles.
+//
+// Tile: Q3W_WG = 128 threads, four simdgroups in a 2 x 2 arrangement, each
+// owning half the tile's tokens by half its rows (32 rows); its outputs
+// live in 8x8 simdgroup_float8x8 accumulators, computed transposed (tokens
+// down, rows across: C^T = X' W^T) so that a lane's two elements of a
+// block are one token's outputs of two adjacent rows, i.e. a gate row and
+// its up row under SWIGLU.
+// K runs in chunks of CHUNK_K values: the chunk's weights (dequantised to
+// f32 once, int8 times the group's scale) are staged k-major (w_s[k][r],
+// the right operand) and its inputs (normed once) token-major (x_s[t][k],
+// the left operand), both in threadgroup memory, rows padded by 4 floats
+// against bank conflicts; each simdgroup then multiplies 8-value slices
+// with simdgroup_multiply_accumulate (f32 in, f32 accumulate: the values
+// the WGSL computes with, at f32 rounding).
+// NORM: the sums of x^2 are gathered while staging (the same values every
+// chunk per thread), reduced per token at the end, and the token's
+// rsqrt(mean + eps) scales its outputs, as in the WGSL.
+// The epilogue writes each lane's two elements of each accumulator
+// (`thread_elements()`, whose coordinates are those tests/msl/metal_shim.h
+// documents) straight to y: no threadgroup round trip.
+// SIMD-group matrices need Apple GPUs (family 7 on, 32-lane simdgroups);
+// elsewhere the build or the start-up self-check fails and the engine runs
+// the WGSL kernels.
+//
+// Preamble (names prefixed Q3W_): WG (128), MM_ROWS (64), MM_TOKENS (a
+// multiple of 16), GROUP_WORDS (u32 words per quant group, a multiple of
+// CHUNK_K / 4), ACCUMULATE (y += W x'), NORM, SWIGLU (rows interleave gate
+// 2i and up 2i + 1: y[(row_offset + r) / 2] = silu(gate) * up).
+// Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
+// (src/kernels/), between the preamble and this file.
+
+#if Q3W_WG != 128 || Q3W_MM_ROWS != 64 || Q3W_MM_TOKENS % 16 != 0
+#error "the tile is 64 rows by a multiple of 16 tokens, over four simdgroups"
+#endif
+
+// K values per chunk: half a quant group of 64, so a chunk's weights are two
+// uint4 words of int8 per row, one per staging thread.
+constant constexpr uint CHUNK_K = 32;
+constant constexpr uint CHUNK_QUADS = CHUNK_K / 16; // uint4 words of a row per chunk
+// Padded row lengths of the staging arrays.
+constant constexpr uint W_STRIDE = Q3W_MM_ROWS + 4;
+constant constexpr uint X_STRIDE = CHUNK_K + 4;
+// Tokens and rows of one simdgroup's part of the tile, in 8x8 blocks.
+constant constexpr uint SG_TOKENS = Q3W_MM_TOKENS / 2;
+constant constexpr uint SG_ROWS = Q3W_MM_ROWS / 2;
+constant constexpr uint TB = SG_TOKENS / 8;
+constant constexpr uint RB = SG_ROWS / 8;
+// Input staging: units of one float4 (one token, 4 values); each thread
+// takes X_PER, the same token offsets and values in every chunk.
+constant constexpr uint X_UNITS = Q3W_MM_TOKENS * (CHUNK_K / 4);
+constant constexpr uint X_PER = X_UNITS / Q3W_WG;
+static_assert(Q3W_MM_ROWS * CHUNK_QUADS == Q3W_WG, "one uint4 of weights per thread and chunk");
+static_assert(X_UNITS % Q3W_WG == 0 && Q3W_WG % (CHUNK_K / 4) == 0, "whole input units per thread");
+static_assert((Q3W_GROUP_WORDS * 4) % CHUNK_K == 0, "a chunk lies in one quant group");
+
+inline float silu(float g) {
+    return g / (1.0f + exp(-g));
+}
+
+kernel void int8_matmul(
+    constant Params& p [[buffer(0)]],
+    const device float4* x [[buffer(1)]],
+    const device uint4* w [[buffer(2)]],
+    const device float* scales [[buffer(3)]],
+    device float* y [[buffer(4)]],
+    const device float4* norm_w [[buffer(5)]],
+    uint3 wg [[threadgroup_position_in_grid]],
+    uint3 nwg [[threadgroups_per_grid]],
+    uint l [[thread_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]])
+{
+    // w_s[k * W_STRIDE + r]: row r of the tile at the chunk's value k.
+    threadgroup float w_s[CHUNK_K * W_STRIDE];
+    // x_s[t * X_STRIDE + k]: token t of the tile at the chunk's value k.
+    threadgroup float x_s[Q3W_MM_TOKENS * X_STRIDE];
+#if Q3W_NORM
+    // Each token's rsqrt(mean(x^2) + eps).
+    threadgroup float inv_s[Q3W_MM_TOKENS];
+#endif
+
+    const uint row0 = (wg.x + wg.y * nwg.x) * Q3W_MM_ROWS;
+    if (row0 >= p.rows) {
+        return; // whole threadgroup: uniform
+    }
+    const uint t0 = wg.z * Q3W_MM_TOKENS;
+    const uint k_quads = p.k_words / 4;
+    const uint chunks = p.k_words / (CHUNK_K / 4);
+
+    // Weight staging: thread l loads uint4 `wq` of the chunk of tile row
+    // `wr` (rows past the matrix repeat its last row; their outputs are
+    // never stored).
+    const uint wr = l / CHUNK_QUADS;
+    const uint wq = l % CHUNK_QUADS;
+    const uint w_row = min(row0 + wr, p.rows - 1);
+    // Input staging: unit n of thread l is token xt + n * (WG / (CHUNK_K / 4))
+    // at values 4 xq .. 4 xq + 3 of the chunk.
+    const uint xq = l % (CHUNK_K / 4);
+    const uint xt = l / (CHUNK_K / 4);
+    constexpr uint X_TOKEN_STEP = Q3W_WG / (CHUNK_K / 4);
+#if Q3W_NORM
+    float ss[X_PER];
+    for (uint n = 0; n < X_PER; n++) {
+        ss[n] = 0.0f;
+    }
+#endif
+
+    // This simdgroup's tokens and rows within the tile.
+    const uint sg_t = (sg / 2) * SG_TOKENS;
+    const uint sg_r = (sg % 2) * SG_ROWS;
+    // acc[i * RB + j]: tokens sg_t + 8 i.., rows sg_r + 8 j.. of the tile.
+    simdgroup_float8x8 acc[TB * RB];
+    for (uint b = 0; b < TB * RB; b++) {
+        acc[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    }
+
+    for (uint c = 0; c < chunks; c++) {
+        threadgroup_barrier(mem_flags::mem_threadgroup); // the previous chunk's readers are done
+        {
+            const uint g = (c * (CHUNK_K / 4)) / Q3W_GROUP_WORDS;
+            const float s = scales[w_row * p.groups + g];
+            const uint4 v = w[w_row * k_quads + c * CHUNK_QUADS + wq];
+            const uint k0 = wq * 16;
+            for (uint b = 0; b < 4; b++) {
+                const float4 f = float4(as_type<char4>(v[b])) * s;
+                w_s[(k0 + 4 * b) * W_STRIDE + wr] = f.x;
+                w_s[(k0 + 4 * b + 1) * W_STRIDE + wr] = f.y;
+                w_s[(k0 + 4 * b + 2) * W_STRIDE + wr] = f.z;
+                w_s[(k0 + 4 * b + 3) * W_STRIDE + wr] = f.w;
+            }
+        }
+        for (uint n = 0; n < X_PER; n++) {
+            const uint t = xt + n * X_TOKEN_STEP;
+            float4 v = x[(t0 + t) * p.k_words + c * (CHUNK_K / 4) + xq];
+#if Q3W_NORM
+            ss[n] += dot(v, v);
+            v *= norm_w[c * (CHUNK_K / 4) + xq];
+#endif
+            const uint o = t * X_STRIDE + 4 * xq;
+            x_s[o] = v.x;
+            x_s[o + 1] = v.y;
+            x_s[o + 2] = v.z;
+            x_s[o + 3] = v.w;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        for (uint k = 0; k < CHUNK_K; k += 8) {
+            simdgroup_float8x8 xm[TB];
+            simdgroup_float8x8 wm[RB];
+            for (uint i = 0; i < TB; i++) {
+                simdgroup_load(xm[i], &x_s[(sg_t + 8 * i) * X_STRIDE + k], X_STRIDE);
+            }
+            for (uint j = 0; j < RB; j++) {
+                simdgroup_load(wm[j], &w_s[k * W_STRIDE + sg_r + 8 * j], W_STRIDE);
+            }
+            for (uint i = 0; i < TB; i++) {
+                for (uint j = 0; j < RB; j++) {
+                    simdgroup_multiply_accumulate(acc[i * RB + j], xm[i], wm[j], acc[i * RB + j]);
+                }
+            }
+        }
+    }
+
+#if Q3W_NORM
+    // Token t's sum of x^2 is spread over the CHUNK_K / 4 adjacent lanes
+    // (xq = 0..7) that staged its values.
+    for (uint n = 0; n < X_PER; n++) {
+        float s = ss[n];
+        for (ushort m = 1; m < CHUNK_K / 4; m *= 2) {
+            s += simd_shuffle_xor(s, m);
+        }
+        if (xq == 0) {
+            inv_s[xt + n * X_TOKEN_STEP] = rsqrt(s / float(p.n_in) + p.eps);
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+#endif
+
+    // The lane's elements of every block: token row `fm`, matrix rows
+    // `fn` and `fn + 1` (fn even), as the header of the shim documents.
+    const uint quad = lane / 4;
+    const uint fm = (quad & 4) + (lane / 2) % 4;
+    const uint fn = (quad & 2) * 2 + (lane % 2) * 2;
+    for (uint i = 0; i < TB; i++) {
+        const uint tt = sg_t + 8 * i + fm;
+        const uint yb = (t0 + tt) * p.y_stride;
+#if Q3W_NORM
+        const float inv = inv_s[tt];
+#else
+        const float inv = 1.0f;
+#endif
+        for (uint j = 0; j < RB; j++) {
+            const uint r = row0 + sg_r + 8 * j + fn;
+            const float2 v = float2(acc[i * RB + j].thread_elements()) * inv;
+#if Q3W_SWIGLU
+            if (r + 1 < p.rows) {
+                y[yb + (p.row_offset + r) / 2] = silu(v.x) * v.y;
+            }
+#else
+            for (uint e = 0; e < 2; e++) {
+                if (r + e < p.rows) {
+                    const uint o = yb + p.row_offset + r + e;
+#if Q3W_ACCUMULATE
+                    y[o] += v[e];
+#else
+                    y[o] = v[e];
+#endif
+                }
+            }
+#endif
+        }
+    }
+}
