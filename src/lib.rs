@@ -48,7 +48,9 @@ pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
 pub use load::LoadReport;
-pub use session::{Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH};
+pub use session::{
+    FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH, SESSION_FORMAT_VERSION,
+};
 pub use stop::{StopMatcher, StopStep};
 pub use tokenizer::{TextStream, Tokenizer};
 pub use wgpu;
