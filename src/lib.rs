@@ -14,6 +14,7 @@ pub(crate) mod chat;
 mod check_counts;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
+pub(crate) mod conversation;
 pub(crate) mod convert;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod converted;
@@ -40,6 +41,7 @@ pub(crate) mod tokenizer;
 pub use cache::CachePolicy;
 pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
+pub use conversation::{Chat, ChatReply};
 pub use engine::{
     decode, decode_with, DecodeResult, Engine, EngineBuilder, GenerateOptions, LoadOptions, Model,
     StopReason, DEFAULT_CAPACITY,
