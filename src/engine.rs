@@ -207,8 +207,8 @@ impl Engine {
         let (converted, report) = load_model(checkpoint_dir.as_ref(), options.profile, &options.cache)?;
         let weights = GpuWeights::upload(&self.gpu, &converted)?;
         let config = converted.config.clone();
-        let fingerprint = crate::session::weights_fingerprint(&converted);
-        drop(converted);
+        // Hashed on a thread of its own, which drops the converted weights.
+        let fingerprint = crate::session::WeightsFingerprint::start(converted);
         let inner =
             ModelGpu { gpu: self.gpu.clone(), kernels: self.kernels.clone(), config, weights, fingerprint };
         Ok(Model { inner: Arc::new(inner), report, load_ms: t0.elapsed().as_secs_f64() * 1e3 })

@@ -23,7 +23,7 @@ use crate::gpu_weights::ModelGpu;
 use crate::qwen3::Forward;
 pub use diagnostics::{LaunchTimes, StepTiming};
 pub use feed::FeedStatus;
-pub(crate) use state::weights_fingerprint;
+pub(crate) use state::WeightsFingerprint;
 pub use state::SESSION_FORMAT_VERSION;
 
 /// Decode steps queued on the GPU ahead of the caller by default (see

@@ -32,6 +32,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 use xxhash_rust::xxh3::Xxh3Default;
 
@@ -81,10 +83,57 @@ pub(crate) fn weights_fingerprint(model: &ConvertedModel) -> String {
     format!("{:032x}", h.digest128())
 }
 
+/// The fingerprint of a model's converted weights, hashed on a thread of
+/// its own so that a load does not wait for it (the first use does, if the
+/// hash is not done by then). The thread holds the converted weights until
+/// it is done, then drops them.
+pub(crate) struct WeightsFingerprint {
+    value: OnceLock<String>,
+    hashing: Mutex<Option<JoinHandle<String>>>,
+}
+
+impl WeightsFingerprint {
+    /// Starts hashing `model` ([`weights_fingerprint`]).
+    pub(crate) fn start(model: ConvertedModel) -> Self {
+        let model = Arc::new(model);
+        let theirs = model.clone();
+        let thread = std::thread::Builder::new()
+            .name("qwen3-wgpu weights fingerprint".into())
+            .spawn(move || weights_fingerprint(&theirs));
+        match thread {
+            Ok(handle) => WeightsFingerprint { value: OnceLock::new(), hashing: Mutex::new(Some(handle)) },
+            // No thread to be had: hash here.
+            Err(_) => WeightsFingerprint {
+                value: OnceLock::from(weights_fingerprint(&model)),
+                hashing: Mutex::new(None),
+            },
+        }
+    }
+
+    /// The fingerprint, waiting for the hash if it is still running.
+    pub(crate) fn get(&self) -> &str {
+        self.value.get_or_init(|| {
+            let handle = self.hashing.lock().unwrap_or_else(|e| e.into_inner()).take();
+            match handle.map(JoinHandle::join) {
+                Some(Ok(value)) => value,
+                // The hash failed (it cannot, short of a bug): a value no
+                // file holds, so no session file is ever taken for this
+                // model's.
+                _ => {
+                    use std::hash::{BuildHasher, Hasher};
+                    let random = || std::collections::hash_map::RandomState::new().build_hasher().finish();
+                    format!("{:016x}{:016x}", random(), random())
+                }
+            }
+        })
+    }
+}
+
 impl Model {
     /// What identifies this model's converted weights: 32 hex digits
     /// hashing its configuration and every byte of its int8 weights
-    /// (computed once at load). Loads of the same checkpoint share it,
+    /// (hashed on a thread of its own after the load, so the first call may
+    /// wait for it: a fraction of a second for Qwen3-0.6B). Loads of the same checkpoint share it,
     /// converted or from the cache; a session file is restored only into a
     /// model of the same fingerprint.
     ///
@@ -94,7 +143,7 @@ impl Model {
     /// # }
     /// ```
     pub fn fingerprint(&self) -> &str {
-        &self.shared().fingerprint
+        self.shared().fingerprint.get()
     }
 
     /// Restores a session [`Session::save`] wrote, with the capacity it had.
@@ -276,7 +325,7 @@ impl Session {
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&SESSION_FORMAT_VERSION.to_le_bytes());
         header.extend_from_slice(&(if self.pending.is_some() { FLAG_PENDING } else { 0 }).to_le_bytes());
-        header.extend_from_slice(self.model.fingerprint.as_bytes());
+        header.extend_from_slice(self.model.fingerprint.get().as_bytes());
         for v in [cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim] {
             header.extend_from_slice(&(v as u32).to_le_bytes());
         }
@@ -476,7 +525,8 @@ fn restore(model: &Model, path: &Path, capacity: Option<usize>) -> Result<Sessio
 
     let shared = model.shared();
     let cfg = &shared.config;
-    let same_model = found == shared.fingerprint
+    let fingerprint = shared.fingerprint.get();
+    let same_model = found == fingerprint
         && layers == cfg.num_hidden_layers as u64
         && heads == cfg.num_key_value_heads as u64
         && head_dim == cfg.head_dim as u64;
@@ -518,10 +568,10 @@ fn restore(model: &Model, path: &Path, capacity: Option<usize>) -> Result<Sessio
     if stored != computed {
         return Err(invalid(format!("checksum mismatch (stored {stored:016x}, computed {computed:016x})")));
     }
-    if found != shared.fingerprint {
+    if found != fingerprint {
         return Err(Error::SessionModelMismatch {
             path: path.to_path_buf(),
-            expected: shared.fingerprint.clone(),
+            expected: fingerprint.to_string(),
             found,
         });
     }
@@ -549,4 +599,46 @@ fn restore(model: &Model, path: &Path, capacity: Option<usize>) -> Result<Sessio
     session.pending = pending;
     session.reset_gpu_position();
     Ok(session)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::weights_fingerprint;
+    use crate::config::ModelConfig;
+    use crate::convert::plan_layout;
+    use crate::converted::{Blob, ConvertedModel};
+
+    fn model(cfg: ModelConfig, fill: impl Fn(usize) -> u8) -> ConvertedModel {
+        let (index, len) = plan_layout(&cfg);
+        ConvertedModel { config: cfg, index, blob: Blob::Owned((0..len).map(fill).collect()), blob_start: 0 }
+    }
+
+    fn small() -> ModelConfig {
+        ModelConfig {
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            head_dim: 32,
+            vocab_size: 100,
+            ..ModelConfig::qwen3_0_6b_base()
+        }
+    }
+
+    /// The fingerprint changes with any byte of the weights (first, last,
+    /// any other) and with the configuration, and with nothing else.
+    #[test]
+    fn the_fingerprint_covers_every_weight_byte_and_the_config() {
+        let base = weights_fingerprint(&model(small(), |i| i as u8));
+        assert_eq!(base.len(), 32);
+        assert_eq!(base, weights_fingerprint(&model(small(), |i| i as u8)));
+        let len = plan_layout(&small()).1;
+        for at in [0, len / 3, len - 1] {
+            let changed = weights_fingerprint(&model(small(), |i| (i as u8) ^ u8::from(i == at)));
+            assert_ne!(changed, base, "byte {at}");
+        }
+        let other = ModelConfig { rope_theta: 10_000.0, ..small() };
+        assert_ne!(weights_fingerprint(&model(other, |i| i as u8)), base);
+    }
 }
