@@ -207,8 +207,10 @@ impl Engine {
         let (converted, report) = load_model(checkpoint_dir.as_ref(), options.profile, &options.cache)?;
         let weights = GpuWeights::upload(&self.gpu, &converted)?;
         let config = converted.config.clone();
-        drop(converted);
-        let inner = ModelGpu { gpu: self.gpu.clone(), kernels: self.kernels.clone(), config, weights };
+        // Hashed on a thread of its own, which drops the converted weights.
+        let fingerprint = crate::session::WeightsFingerprint::start(converted);
+        let inner =
+            ModelGpu { gpu: self.gpu.clone(), kernels: self.kernels.clone(), config, weights, fingerprint };
         Ok(Model { inner: Arc::new(inner), report, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
     }
 }
@@ -256,6 +258,11 @@ impl Model {
     /// GPU memory the weights occupy, bytes.
     pub fn weight_bytes(&self) -> u64 {
         self.inner.weights.bytes
+    }
+
+    /// The loaded model's shared GPU side (sessions hold it).
+    pub(crate) fn shared(&self) -> &Arc<ModelGpu> {
+        &self.inner
     }
 
     /// A session with the default KV-cache capacity.

@@ -168,6 +168,39 @@ pub enum Error {
         /// Bytes available (0 when unknown).
         available: u64,
     },
+
+    /// A session file cannot be read or written: a missing file, a missing
+    /// or unwritable directory, a full disk. A failed save leaves no file.
+    #[error("session file i/o failed at {path}: {reason}")]
+    SessionIo {
+        /// The file concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        reason: String,
+    },
+
+    /// A file given to restore a session is not a complete, intact session
+    /// file of this format version (wrong magic or version, truncated or
+    /// extended, a checksum mismatch, token ids outside the vocabulary).
+    #[error("invalid session file {path}: {reason}")]
+    SessionFileInvalid {
+        /// The file concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        reason: String,
+    },
+
+    /// An intact session file saved from another model (its weights
+    /// fingerprint differs from the loaded model's).
+    #[error("session file {path} belongs to another model: saved from weights {found}, this model's are {expected}")]
+    SessionModelMismatch {
+        /// The file concerned.
+        path: PathBuf,
+        /// The loaded model's fingerprint.
+        expected: String,
+        /// The fingerprint the file records.
+        found: String,
+    },
 }
 
 impl Error {
@@ -195,11 +228,14 @@ impl Error {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::Internal { .. } => "internal",
             Error::OutOfMemory { .. } => "out_of_memory",
+            Error::SessionIo { .. } => "session_io",
+            Error::SessionFileInvalid { .. } => "session_file_invalid",
+            Error::SessionModelMismatch { .. } => "session_model_mismatch",
         }
     }
 
     /// Every code, in declaration order (for documentation and tests).
-    pub const ALL_CODES: [&'static str; 16] = [
+    pub const ALL_CODES: [&'static str; 19] = [
         "checkpoint_not_found",
         "checkpoint_invalid",
         "unsupported_checkpoint_architecture",
@@ -216,6 +252,9 @@ impl Error {
         "invalid_argument",
         "internal",
         "out_of_memory",
+        "session_io",
+        "session_file_invalid",
+        "session_model_mismatch",
     ];
 
     pub(crate) fn cache_io(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {

@@ -161,4 +161,8 @@ pub(crate) struct ModelGpu {
     pub kernels: Arc<Kernels>,
     pub config: ModelConfig,
     pub weights: GpuWeights,
+    /// What identifies the converted weights (see
+    /// [`Model::fingerprint`](crate::Model::fingerprint)): a session file
+    /// is restored only into a model of the same fingerprint.
+    pub fingerprint: crate::session::WeightsFingerprint,
 }

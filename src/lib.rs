@@ -14,6 +14,7 @@ pub(crate) mod chat;
 mod check_counts;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
+pub(crate) mod conversation;
 pub(crate) mod convert;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod converted;
@@ -40,6 +41,7 @@ pub(crate) mod tokenizer;
 pub use cache::CachePolicy;
 pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
+pub use conversation::{Chat, ChatReply};
 pub use engine::{
     decode, decode_with, DecodeResult, Engine, EngineBuilder, GenerateOptions, LoadOptions, Model,
     StopReason, DEFAULT_CAPACITY,
@@ -48,7 +50,9 @@ pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
 pub use load::LoadReport;
-pub use session::{Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH};
+pub use session::{
+    FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH, SESSION_FORMAT_VERSION,
+};
 pub use stop::{StopMatcher, StopStep};
 pub use tokenizer::{TextStream, Tokenizer};
 pub use wgpu;

@@ -12,6 +12,8 @@ use std::ops::Range;
 use std::sync::{mpsc, Arc};
 
 mod diagnostics;
+mod feed;
+mod state;
 
 use crate::buffers::SessionBuffers;
 pub use crate::buffers::PREFILL_BATCH;
@@ -20,6 +22,9 @@ use crate::gpu::Timestamps;
 use crate::gpu_weights::ModelGpu;
 use crate::qwen3::Forward;
 pub use diagnostics::{LaunchTimes, StepTiming};
+pub use feed::FeedStatus;
+pub(crate) use state::WeightsFingerprint;
+pub use state::SESSION_FORMAT_VERSION;
 
 /// Decode steps queued on the GPU ahead of the caller by default (see
 /// [`Session::set_lookahead`]). Enough to hide the host's encoding and
@@ -96,6 +101,10 @@ pub struct Session {
     slots: Vec<wgpu::Buffer>,
     free_slots: Vec<usize>,
     lookahead: usize,
+    /// A prompt being fed without blocking ([`Session::begin_feed`]).
+    feed_progress: Option<feed::FeedProgress>,
+    /// Waits on the GPU so far (a feed in progress never adds one).
+    blocking_waits: u64,
 }
 
 impl Session {
@@ -120,6 +129,8 @@ impl Session {
             slots: Vec::new(),
             free_slots: Vec::new(),
             lookahead: 0,
+            feed_progress: None,
+            blocking_waits: 0,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -185,6 +196,7 @@ impl Session {
     /// it instead (a reply cut before its last token), call
     /// [`truncate`](Self::truncate)`(len())` first.
     pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
+        self.check_no_feed()?;
         check_prompt(ids, self.model.config.vocab_size)?;
         let ids: std::borrow::Cow<[u32]> = match self.pending {
             Some(token) => std::iter::once(token).chain(ids.iter().copied()).collect(),
@@ -251,6 +263,7 @@ impl Session {
     /// [`len()`](Self::len) (the session is left as it was); a GPU failure
     /// while waiting for the discarded steps.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
+        self.check_no_feed()?;
         if len > self.len {
             return Err(Error::invalid_argument(
                 "len",
@@ -343,6 +356,7 @@ impl Session {
     /// Whether `n` decode steps can run now: a token is pending (a `feed`
     /// came first) and `n` more positions fit.
     fn check_can_step(&self, n: usize) -> Result<()> {
+        self.check_no_feed()?;
         if self.pending.is_none() {
             return Err(Error::NoPendingToken);
         }
@@ -445,6 +459,7 @@ impl Session {
             // Only this step's submit: the steps queued after it keep the
             // GPU busy meanwhile.
             let wait = wgpu::PollType::Wait { submission_index: Some(q.submission.clone()), timeout: None };
+            self.blocking_waits += 1;
             gpu.device.poll(wait).map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
             gpu.check_fault()?;
         }

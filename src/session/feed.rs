@@ -1,0 +1,274 @@
+//! Feeding a prompt without blocking: [`Session::begin_feed`] starts it and
+//! [`Session::poll_feed`] advances it by at most one prompt batch per call,
+//! never waiting for the GPU, so a host that renders on the same queue
+//! keeps its frame rate: at most one batch is on the GPU at a time, so a
+//! frame submitted meanwhile never queues behind a backlog of prompt work.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::{check_prompt, InFlight, Session};
+use crate::error::{Error, Result};
+
+/// What [`Session::poll_feed`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FeedStatus {
+    /// The feed is under way: `fed` of its `total` positions are done
+    /// (`total` counts the ids given plus the pending token committed ahead
+    /// of them, if any).
+    Pending {
+        /// Positions the GPU has finished.
+        fed: usize,
+        /// Positions this feed runs.
+        total: usize,
+    },
+    /// The feed is done: the prediction after its last id, now the
+    /// session's pending token (as [`Session::feed`] returns it).
+    Ready(u32),
+}
+
+/// A feed in progress.
+pub(super) struct FeedProgress {
+    /// The session's length when the feed began: its first position.
+    start: usize,
+    /// One past the last position fed.
+    end: usize,
+    /// The first position whose batch is not submitted yet.
+    next: usize,
+    /// Positions below this are done on the GPU.
+    done: usize,
+    /// The batch on the GPU: the position it ends at, and the flag the queue
+    /// sets once it is done.
+    in_flight: Option<(usize, Arc<AtomicBool>)>,
+    /// The last position's full step (with its token's readback) is
+    /// submitted: its readback is the front of the session's queue.
+    final_submitted: bool,
+    /// Steps that were queued ahead when the feed began, discarded: their
+    /// readback slots come back as their mappings arrive.
+    discarded: Vec<InFlight>,
+    /// Submits so far (tests check that each call adds at most one).
+    submits: usize,
+}
+
+impl FeedProgress {
+    fn status(&self) -> FeedStatus {
+        FeedStatus::Pending { fed: self.done - self.start, total: self.end - self.start }
+    }
+}
+
+impl Session {
+    /// Starts feeding `ids` without blocking: checks them as
+    /// [`feed`](Self::feed) does (every id, the capacity, the pending token
+    /// committed first), submits the first prompt batch and returns. Then
+    /// call [`poll_feed`](Self::poll_feed) (say once a frame) until it
+    /// returns [`FeedStatus::Ready`] with the prediction after the last id,
+    /// the token [`feed`](Self::feed) would return. Neither call ever waits
+    /// for the GPU, and at most one batch of [`PREFILL_BATCH`](crate::PREFILL_BATCH)
+    /// positions is on the GPU at a time, so a renderer sharing the queue
+    /// never waits behind a backlog of prompt work. Steps queued ahead by
+    /// [`next_token`](Self::next_token) are discarded without waiting.
+    ///
+    /// While a feed is in progress, every other call that runs the model or
+    /// changes the context ([`feed`](Self::feed), `begin_feed`,
+    /// [`next_token`](Self::next_token), [`try_next_token`](Self::try_next_token),
+    /// [`truncate`](Self::truncate), [`fork`](Self::fork),
+    /// [`save`](Self::save)) fails with [`Error::InvalidArgument`] naming
+    /// `session`, and leaves the feed as it was.
+    ///
+    /// ```no_run
+    /// # fn f(session: &mut qwen3_wgpu::Session, prompt: &[u32]) -> qwen3_wgpu::Result<()> {
+    /// use qwen3_wgpu::FeedStatus;
+    /// session.begin_feed(prompt)?;
+    /// loop {
+    ///     // ... render a frame ...
+    ///     match session.poll_feed()? {
+    ///         FeedStatus::Pending { fed, total } => println!("prompt {fed}/{total}"),
+    ///         FeedStatus::Ready(token) => {
+    ///             println!("first token {token}");
+    ///             break;
+    ///         }
+    ///         _ => {}
+    ///     }
+    /// }
+    /// // Then `try_next_token` streams the rest without blocking either.
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Errors: those of [`feed`](Self::feed), before anything is submitted.
+    pub fn begin_feed(&mut self, ids: &[u32]) -> Result<()> {
+        self.check_no_feed()?;
+        check_prompt(ids, self.model.config.vocab_size)?;
+        let ids: Vec<u32> = self.pending.into_iter().chain(ids.iter().copied()).collect();
+        self.check_room(ids.len())?;
+        // The steps queued ahead only write positions past `len`, which
+        // the feed overwrites after them in queue order: no need to wait.
+        let discarded = self.queued.drain(..).collect();
+        let start = self.len;
+        self.model.gpu.queue.write_buffer(&self.bufs.tokens, 4 * start as u64, bytemuck::cast_slice(&ids));
+        self.pending = None;
+        self.gpu_pos = start;
+        let mut progress = FeedProgress {
+            start,
+            end: start + ids.len(),
+            next: start,
+            done: start,
+            in_flight: None,
+            final_submitted: false,
+            discarded,
+            submits: 0,
+        };
+        self.submit_feed_work(&mut progress);
+        self.feed_progress = Some(progress);
+        Ok(())
+    }
+
+    /// Advances the feed [`begin_feed`](Self::begin_feed) started, without
+    /// waiting: when the batch on the GPU is done, submits the next one (or
+    /// the last position's step); when that step's token has arrived,
+    /// returns it as [`FeedStatus::Ready`] and the feed is over (the session
+    /// then holds the ids, and the token is pending, exactly as after
+    /// [`feed`](Self::feed)). Otherwise [`FeedStatus::Pending`] with the
+    /// progress.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `session` when no feed is
+    /// in progress; a GPU failure (the session is then rewound to where the
+    /// feed began, without the pending token).
+    pub fn poll_feed(&mut self) -> Result<FeedStatus> {
+        let mut progress = self.feed_progress.take().ok_or_else(|| {
+            Error::invalid_argument("session", "no feed in progress: call begin_feed first")
+        })?;
+        match self.advance_feed(&mut progress) {
+            Ok(FeedStatus::Ready(token)) => Ok(FeedStatus::Ready(token)),
+            Ok(status) => {
+                self.feed_progress = Some(progress);
+                Ok(status)
+            }
+            Err(e) => {
+                // Rewind to where the feed began; what is still in flight
+                // is reclaimed by the next call that discards queued steps.
+                self.queued.extend(progress.discarded.drain(..));
+                self.len = progress.start;
+                self.pending = None;
+                self.reset_gpu_position();
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a feed begun by [`begin_feed`](Self::begin_feed) is still in
+    /// progress (until [`poll_feed`](Self::poll_feed) returns
+    /// [`FeedStatus::Ready`] or an error).
+    pub fn is_feeding(&self) -> bool {
+        self.feed_progress.is_some()
+    }
+
+    /// (Submits of the feed in progress, waits on the GPU in this session
+    /// so far): for tests that check that feeding never waits.
+    #[doc(hidden)]
+    pub fn debug_feed_counts(&self) -> (usize, u64) {
+        (self.feed_progress.as_ref().map_or(0, |p| p.submits), self.blocking_waits)
+    }
+
+    /// The named error of a call made while a feed is in progress.
+    pub(super) fn check_no_feed(&self) -> Result<()> {
+        match &self.feed_progress {
+            None => Ok(()),
+            Some(_) => Err(Error::invalid_argument(
+                "session",
+                "a feed begun with begin_feed is in progress: call poll_feed until it returns Ready",
+            )),
+        }
+    }
+
+    fn advance_feed(&mut self, progress: &mut FeedProgress) -> Result<FeedStatus> {
+        let gpu = self.model.gpu.clone();
+        gpu.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        gpu.check_fault()?;
+        self.reclaim_discarded(progress, false)?;
+        if let Some((end, done)) = &progress.in_flight {
+            if !done.load(Ordering::Acquire) {
+                return Ok(progress.status());
+            }
+            progress.done = *end;
+            progress.in_flight = None;
+        }
+        if !progress.final_submitted {
+            self.submit_feed_work(progress);
+            return Ok(progress.status());
+        }
+        let front =
+            self.queued.front_mut().ok_or_else(|| Error::internal("the feed's last step is not queued"))?;
+        if !front.arrived()? {
+            return Ok(progress.status());
+        }
+        // Every earlier submit is done once the last step's token is back,
+        // so the discarded steps' slots are all mapped by now.
+        self.reclaim_discarded(progress, true)?;
+        self.take_queued().map(FeedStatus::Ready)
+    }
+
+    /// Frees the readback slots of the discarded steps whose mappings have
+    /// arrived (all of them with `all`).
+    fn reclaim_discarded(&mut self, progress: &mut FeedProgress, all: bool) -> Result<()> {
+        let mut i = 0;
+        while i < progress.discarded.len() {
+            if all || progress.discarded[i].arrived()? {
+                let step = progress.discarded.swap_remove(i);
+                self.wait_slot(step)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits the feed's next prompt batch, or its last position's full
+    /// step with the token's readback once every batch is done.
+    fn submit_feed_work(&mut self, progress: &mut FeedProgress) {
+        let gpu = self.model.gpu.clone();
+        let end = progress.end;
+        progress.submits += 1;
+        if progress.next + 1 < end {
+            let at = progress.next;
+            let n = (end - 1 - at).min(self.bufs.batch);
+            self.write_step_at(at, end);
+            let mut enc = self.encoder();
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("prefill"),
+                    timestamp_writes: None,
+                });
+                for l in &self.forward.prefill {
+                    l.record_batch(&mut pass, &self.model.kernels, n as u32);
+                }
+            }
+            gpu.queue.submit([enc.finish()]);
+            let done = Arc::new(AtomicBool::new(false));
+            let flag = done.clone();
+            gpu.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+            progress.next = at + n;
+            progress.in_flight = Some((at + n, done));
+            return;
+        }
+        self.write_step_at(end - 1, end);
+        let mut enc = self.encoder();
+        self.record(&mut enc, end - 1..end, None);
+        // A slot is free: at most `lookahead` steps are ever queued, and
+        // there is one slot more.
+        match self.queue_readback(&mut enc, end) {
+            Ok(slot) => self.submit_with_readback(enc, slot),
+            Err(_) => {
+                // Unreachable by the count above; fail the next poll cleanly.
+                gpu.queue.submit([enc.finish()]);
+            }
+        }
+        self.gpu_pos = end;
+        self.len = end - 1;
+        progress.next = end;
+        progress.final_submitted = true;
+    }
+}
