@@ -13,6 +13,7 @@ use crate::gpu::{AdapterPolicy, Gpu};
 use crate::gpu_weights::{GpuWeights, ModelGpu};
 use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLayout};
 use crate::load::{load_model, LoadReport};
+use crate::sampling::SamplingParams;
 use crate::session::{check_prompt, Session};
 use crate::stop::StopMatcher;
 use crate::tokenizer::Tokenizer;
@@ -291,7 +292,8 @@ impl Model {
         })
     }
 
-    /// Greedy decoding after `prompt_ids` until one of `options`' limits:
+    /// Decoding (greedy, or sampled under [`GenerateOptions::sampling`])
+    /// after `prompt_ids` until one of `options`' limits:
     /// an end-of-text id (the checkpoint's, from config.json and
     /// generation_config.json, and [`GenerateOptions::eos_token_ids`]), a
     /// stop string ([`GenerateOptions::stop_strings`], matched on the decoded
@@ -335,6 +337,7 @@ impl Model {
     ) -> Result<DecodeResult> {
         let cfg = self.config();
         check_prompt(prompt_ids, cfg.vocab_size)?;
+        options.sampling.validate()?;
         if let Some(&id) = options.eos_token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(Error::invalid_argument(
                 "eos_token_ids",
@@ -370,6 +373,9 @@ impl Model {
         let is_eos = |token: &u32| cfg.eos_token_ids.contains(token) || options.eos_token_ids.contains(token);
         let mut session = self.session_with_capacity(needed)?;
         result.kv_capacity = session.capacity();
+        if options.sampling != SamplingParams::default() {
+            session.set_sampling(&options.sampling)?;
+        }
         let t0 = Instant::now();
         let mut token = session.feed(prompt_ids)?;
         result.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -440,6 +446,8 @@ pub struct GenerateOptions {
     /// End-of-text ids honoured besides the checkpoint's own (config.json's
     /// and generation_config.json's `eos_token_id`, always honoured).
     pub eos_token_ids: Vec<u32>,
+    /// How tokens are chosen (default greedy): see [`SamplingParams`].
+    pub sampling: SamplingParams,
     stop: Option<StopStrings>,
 }
 
@@ -486,6 +494,18 @@ impl GenerateOptions {
         self
     }
 
+    /// Sets how tokens are chosen (default greedy).
+    ///
+    /// ```
+    /// use qwen3_wgpu::{GenerateOptions, SamplingParams};
+    /// let options = GenerateOptions::default().sampling(SamplingParams::default().temperature(0.8).seed(7));
+    /// assert_eq!(options.sampling.seed, 7);
+    /// ```
+    pub fn sampling(mut self, params: SamplingParams) -> Self {
+        self.sampling = params;
+        self
+    }
+
     /// The stop strings, in the order given (empty when none are set).
     pub fn stops(&self) -> &[String] {
         self.stop.as_ref().map_or(&[], |s| &s.stops)
@@ -497,6 +517,7 @@ impl Default for GenerateOptions {
         GenerateOptions {
             max_new_tokens: Self::DEFAULT_MAX_NEW_TOKENS,
             eos_token_ids: Vec::new(),
+            sampling: SamplingParams::default(),
             stop: None,
         }
     }
@@ -507,6 +528,7 @@ impl std::fmt::Debug for GenerateOptions {
         f.debug_struct("GenerateOptions")
             .field("max_new_tokens", &self.max_new_tokens)
             .field("eos_token_ids", &self.eos_token_ids)
+            .field("sampling", &self.sampling)
             .field("stops", &self.stops())
             .finish()
     }
