@@ -1,6 +1,6 @@
 // Sampling with temperature T > 0, after sample_max (and sample_penalty):
-// launches pass = 0 ..= p.passes of this kernel, p.chunk logits per
-// workgroup.
+// launches select_pass = 0 ..= p.passes of this kernel, p.chunk logits
+// per workgroup.
 //
 // Passes below p.passes find the filters' thresholds by radix select over
 // the logits' sort keys, 8 bits per pass from the top: top-k's (the k-th
@@ -12,10 +12,11 @@
 // with integer atomics so the sums, and so the draws, are the same on
 // every run whatever the order. The next pass's workgroups each reduce
 // those per-chunk histograms redundantly (no single-workgroup launch in
-// between) to the next digit; workgroup 0 records the state it used in
-// state slot `pass` for the pass after it.
+// between) and pick the next digit by a suffix sum over the bins;
+// workgroup 0 records the state it used in state slot `select_pass` for
+// the pass after it.
 //
-// The last pass (pass == passes) draws, Gumbel-max: among the kept logits
+// The last pass (select_pass == passes) draws, Gumbel-max: among the kept logits
 // (key >= the threshold, and l >= M + T ln(min_p) when min-p is on), the
 // token maximising l / T - ln(-ln u), u a counter-based draw of (seed,
 // position, token id); ties go to the lowest id. Each workgroup's winner
@@ -85,52 +86,19 @@ fn mass(l: f32, m: f32) -> u32 {
     return u32(e * 2147483648.0);
 }
 
-// Picks pass `prev`'s digit from `s` and the reduced histogram (lane 0).
-fn choose_digit(prev: u32, s_in: Select) -> Select {
+// Whether a cumulative count or mass from the top reaches the stage's
+// target: top-k's k, or top-p's p times the mass `z` of the top-k set.
+fn reaches(k_stage: bool, count: u32, lo: u32, hi: u32, target_mass: f32) -> bool {
+    return select(to_f32(lo, hi) >= target_mass, count >= p.top_k, k_stage);
+}
+
+// State `s` with pass `prev`'s digit `b` chosen, `count`/`lo`/`hi` the
+// filtered keys of the bucket above bin b (the stage's threshold once its
+// last digit is chosen).
+fn advance(prev: u32, s_in: Select, b: u32, count: u32, lo: u32, hi: u32) -> Select {
     var s = s_in;
     let shift = digit_shift(prev);
-    let k_stage = prev < p.k_passes;
-    if !k_stage && prev == p.k_passes {
-        // Top-p's first pass saw the whole top-k set: its mass is the total.
-        var lo = 0u;
-        var hi = 0u;
-        for (var b = 0u; b < BINS; b++) {
-            lo += r_lo[b];
-            hi += r_hi[b] + select(0u, 1u, lo < r_lo[b]);
-        }
-        s.z_lo = lo;
-        s.z_hi = hi;
-    }
-    let target_mass = p.top_p * to_f32(s.z_lo, s.z_hi);
-    var count = s.above_count;
-    var lo = s.above_lo;
-    var hi = s.above_hi;
-    var chosen = NONE;
-    var lowest = 0u;
-    for (var i = 0u; i < BINS; i++) {
-        let b = BINS - 1u - i;
-        if r_count[b] == 0u {
-            continue;
-        }
-        lowest = b;
-        let c = count + r_count[b];
-        let l = lo + r_lo[b];
-        let h = hi + r_hi[b] + select(0u, 1u, l < r_lo[b]);
-        let reached = select(to_f32(l, h) >= target_mass, c >= p.top_k, k_stage);
-        if reached {
-            chosen = b;
-            break;
-        }
-        count = c;
-        lo = l;
-        hi = h;
-    }
-    if chosen == NONE {
-        // Unreachable for valid parameters (the whole bucket reaches the
-        // target); keep the lowest bin rather than drop everything.
-        chosen = lowest;
-    }
-    s.prefix = s.prefix | (chosen << shift);
+    s.prefix = s.prefix | (b << shift);
     s.above_count = count;
     s.above_lo = lo;
     s.above_hi = hi;
@@ -143,6 +111,61 @@ fn choose_digit(prev: u32, s_in: Select) -> Select {
         s.above_hi = 0u;
     }
     return s;
+}
+
+// Picks pass `prev`'s digit from `s_in` and the reduced histogram in
+// r_count/r_lo/r_hi (one bin per invocation: WG == BINS): a suffix sum
+// over the bins from the top, then the one bin where the cumulative count
+// (top-k) or mass (top-p) first reaches the target claims the digit. Must
+// be called in workgroup-uniform control flow; the result is in
+// shared_state.
+fn choose_digit(prev: u32, s_in: Select, t: u32) {
+    for (var d = 1u; d < BINS; d = d * 2u) {
+        var c = r_count[t];
+        var lo = r_lo[t];
+        var hi = r_hi[t];
+        if t + d < BINS {
+            let add = r_lo[t + d];
+            c += r_count[t + d];
+            lo += add;
+            hi += r_hi[t + d] + select(0u, 1u, lo < add);
+        }
+        workgroupBarrier();
+        r_count[t] = c;
+        r_lo[t] = lo;
+        r_hi[t] = hi;
+        workgroupBarrier();
+    }
+    var s = s_in;
+    let k_stage = prev < p.k_passes;
+    if !k_stage && prev == p.k_passes {
+        // Top-p's first pass saw the whole top-k set: its mass is the total.
+        s.z_lo = r_lo[0];
+        s.z_hi = r_hi[0];
+    }
+    let target_mass = p.top_p * to_f32(s.z_lo, s.z_hi);
+    // Cumulative from the top through bin t (inclusive) and above it.
+    let incl_c = s.above_count + r_count[t];
+    let incl_lo = s.above_lo + r_lo[t];
+    let incl_hi = s.above_hi + r_hi[t] + select(0u, 1u, incl_lo < r_lo[t]);
+    var ex_c = s.above_count;
+    var ex_lo = s.above_lo;
+    var ex_hi = s.above_hi;
+    if t + 1u < BINS {
+        ex_c += r_count[t + 1u];
+        ex_lo += r_lo[t + 1u];
+        ex_hi += r_hi[t + 1u] + select(0u, 1u, ex_lo < r_lo[t + 1u]);
+    }
+    if t == 0u {
+        // Unreachable for valid parameters (the whole bucket reaches the
+        // target): the lowest bin, rather than no state at all.
+        shared_state = advance(prev, s, 0u, ex_c, ex_lo, ex_hi);
+    }
+    workgroupBarrier();
+    if reaches(k_stage, incl_c, incl_lo, incl_hi, target_mass)
+        && !reaches(k_stage, ex_c, ex_lo, ex_hi, target_mass) {
+        shared_state = advance(prev, s, t, ex_c, ex_lo, ex_hi);
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -177,19 +200,17 @@ fn sample_select(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             r_hi[b] = hi;
         }
         workgroupBarrier();
-        if t == 0u {
-            let o = state_at(prev);
-            let s = Select(
-                scratch[o],
-                scratch[o + 1u],
-                scratch[o + 2u],
-                scratch[o + 3u],
-                scratch[o + 4u],
-                scratch[o + 5u],
-                scratch[o + 6u],
-            );
-            shared_state = choose_digit(prev, s);
-        }
+        let o = state_at(prev);
+        let s = Select(
+            scratch[o],
+            scratch[o + 1u],
+            scratch[o + 2u],
+            scratch[o + 3u],
+            scratch[o + 4u],
+            scratch[o + 5u],
+            scratch[o + 6u],
+        );
+        choose_digit(prev, s, t);
     }
     let s = workgroupUniformLoad(&shared_state);
     if wg.x == 0u && t == 0u {

@@ -71,6 +71,9 @@ pub const SAMPLE_CHUNK: u32 = 2048;
 /// Bins of one radix-select digit (8 bits).
 pub const SELECT_BINS: u32 = 256;
 
+// `sample_select` gives each invocation one bin.
+const _: () = assert!(super::WG == SELECT_BINS);
+
 /// Select passes per threshold (32-bit keys, 8 bits per pass).
 pub const PASSES_PER_FILTER: u32 = 4;
 
