@@ -258,10 +258,10 @@ fn penalties_edit_the_window_as_the_reference() {
         let d = rig.draws(&logits, &sequence, &params, 0..1, 256);
         let recent = &sequence[sequence.len().saturating_sub(window as usize)..];
         let want = penalize_ref(&logits, recent, 1.3, 0.5, 0.25);
-        for i in 0..n {
-            let (g, w) = (d.logits[i], want[i]);
+        for (i, (g, w)) in d.logits.iter().zip(&want).enumerate() {
             assert!(g.to_bits().abs_diff(w.to_bits()) <= 1, "window {window}: logit {i}: {g}, want {w}");
         }
+        assert_eq!(d.logits.len(), n);
         assert_ne!(want, logits, "window {window}: the case edits nothing");
     }
 }
