@@ -64,8 +64,10 @@ fn state_at(slot: u32) -> u32 {
     return p.parts + slot * STATE_WORDS;
 }
 
-// Pass `sp`'s per-chunk histograms: (count, mass lo, mass hi) per bin,
-// in one of two regions (pass i reads i - 1's while writing its own).
+// Pass `sp`'s per-chunk histograms, in one of two regions (pass i reads
+// i - 1's while writing its own): three planes of parts x BINS words,
+// counts, then masses' low and high words (chunk-major, so the reducing
+// invocations, one per bin, read adjacent words).
 fn hist_at(sp: u32) -> u32 {
     return p.parts + STATE_SLOTS * STATE_WORDS + (sp % 2u) * p.parts * BINS * 3u;
 }
@@ -184,16 +186,21 @@ fn sample_select(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     if p.select_pass > 0u {
         let prev = p.select_pass - 1u;
         let base = hist_at(prev);
+        let plane = p.parts * BINS;
+        // Top-k's passes histogram counts alone (their masses stay zero).
+        let masses = prev >= p.k_passes;
         for (var b = t; b < BINS; b += WG) {
             var c = 0u;
             var lo = 0u;
             var hi = 0u;
             for (var k = 0u; k < p.parts; k++) {
-                let o = base + (k * BINS + b) * 3u;
+                let o = base + k * BINS + b;
                 c += scratch[o];
-                let add = scratch[o + 1u];
-                lo += add;
-                hi += scratch[o + 2u] + select(0u, 1u, lo < add);
+                if masses {
+                    let add = scratch[o + plane];
+                    lo += add;
+                    hi += scratch[o + 2u * plane] + select(0u, 1u, lo < add);
+                }
             }
             r_count[b] = c;
             r_lo[b] = lo;
@@ -254,11 +261,14 @@ fn sample_select(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             }
         }
         workgroupBarrier();
-        let out = hist_at(p.select_pass) + wg.x * BINS * 3u;
+        let out = hist_at(p.select_pass) + wg.x * BINS;
+        let plane = p.parts * BINS;
         for (var b = t; b < BINS; b += WG) {
-            scratch[out + b * 3u] = atomicLoad(&h_count[b]);
-            scratch[out + b * 3u + 1u] = atomicLoad(&h_lo[b]);
-            scratch[out + b * 3u + 2u] = atomicLoad(&h_hi[b]);
+            scratch[out + b] = atomicLoad(&h_count[b]);
+            if !k_stage {
+                scratch[out + plane + b] = atomicLoad(&h_lo[b]);
+                scratch[out + 2u * plane + b] = atomicLoad(&h_hi[b]);
+            }
         }
     } else {
         let min_logit = m + p.min_p_offset;
