@@ -553,7 +553,7 @@ fn embed(rig: &mut Rig<'_>) -> Result<Check> {
     }))
 }
 
-/// The sampler over 2,500 logits (two chunks) with every launch: the
+/// The sampler over 5,000 logits (two chunks) with every launch: the
 /// penalties over a window with a repeat, top-k 5, top-p 0.01 and min-p
 /// 0.5, so the draw can only pick the penalised maximum (a repeated token
 /// that was the largest before its penalty is not). Also checks the edited
@@ -561,9 +561,9 @@ fn embed(rig: &mut Rig<'_>) -> Result<Check> {
 fn sample(rig: &mut Rig<'_>) -> Result<Check> {
     use crate::kernels::sample::parts;
     use crate::sampling::plan;
-    let n = 2500u32;
+    let n = 5000u32;
     let mut logits = pseudo_nonzero(43, n as usize);
-    logits[2100] = 3.0;
+    logits[4100] = 3.0;
     logits[700] = 3.2;
     logits[1500] = -0.5;
     let recent = [700u32, 1500, 700, 33, 34];
@@ -619,10 +619,10 @@ fn sample(rig: &mut Rig<'_>) -> Result<Check> {
             );
         }
         let tokens = to_u32(&outs[tok]);
-        if tokens[recent.len()] != 2100 {
+        if tokens[recent.len()] != 4100 {
             return fail(
                 Kernel::SampleSelect,
-                format!("drew {}, want 2100 (tokens {tokens:?})", tokens[recent.len()]),
+                format!("drew {}, want 4100 (tokens {tokens:?})", tokens[recent.len()]),
             );
         }
         vec![]

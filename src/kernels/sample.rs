@@ -65,8 +65,13 @@ gpu_struct! {
 /// counter-based draw.
 pub const SAMPLE_COMMON: &str = include_str!("../../kernels/wgsl/sample_common.wgsl");
 
-/// Logits per `sample_max` / `sample_select` workgroup in a session.
-pub const SAMPLE_CHUNK: u32 = 2048;
+/// Logits per `sample_max` / `sample_select` workgroup in a session: 38
+/// workgroups over Qwen3's 151,936 logits. Every workgroup of a select pass
+/// reads every workgroup's histogram of the pass before, so that traffic
+/// grows with the square of the workgroups (38: 38 x 38 x 3 KiB = 4.4 MB
+/// of cached reads per top-p pass, 17 MB at 2,048 per workgroup), while a
+/// workgroup's histogram atomics serialise where its logits share a bin.
+pub const SAMPLE_CHUNK: u32 = 4096;
 
 /// Bins of one radix-select digit (8 bits).
 pub const SELECT_BINS: u32 = 256;
