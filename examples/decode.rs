@@ -21,6 +21,13 @@
 //! encoded (with `--json`: `{"prompt": "..."}`) and exits 0 without
 //! touching the GPU or the weights.
 //!
+//! Sampling (greedy by default): `--temperature T` (0: greedy), `--top-k`,
+//! `--top-p`, `--min-p`, `--repeat-penalty`, `--presence-penalty`,
+//! `--frequency-penalty`, `--penalty-window` and `--seed` (see
+//! `SamplingParams`); `--generation-config` starts from the checkpoint's
+//! generation_config.json (the flags given win). The JSON's `"sampling"`
+//! holds the parameters used. The same seed gives the same tokens.
+//!
 //! `--backend`, `--kernels` and `--matvec-layout` win over the engine's
 //! environment variables (`QWEN3_WGPU_BACKEND`, `QWEN3_WGPU_KERNELS`,
 //! `QWEN3_WGPU_MATVEC_LAYOUT`), which apply when the flag is not given; a
@@ -36,7 +43,7 @@ use clap::Parser;
 use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
     AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Engine, Error, GenerateOptions, KernelChoice,
-    LoadOptions, Message, ShapeProfile, StopMatcher, StopReason, Tokenizer,
+    LoadOptions, Message, SamplingParams, ShapeProfile, StopMatcher, StopReason, Tokenizer,
 };
 use serde_json::json;
 
@@ -45,7 +52,7 @@ use serde_json::json;
 struct TokenIds(Vec<u32>);
 
 #[derive(Parser)]
-#[command(version, about = "Greedy Qwen3 decode on the GPU (int8 weights, wgpu)")]
+#[command(version, about = "Qwen3 decode on the GPU (int8 weights, wgpu), greedy or sampled")]
 struct Args {
     /// Hugging Face checkpoint directory (config.json + safetensors). Default:
     /// ./qwen3-0.6b-base, then the Hugging Face cache's Qwen3-0.6B-Base snapshot.
@@ -104,6 +111,104 @@ struct Args {
     /// Print one JSON object as the last line of stdout (errors included).
     #[arg(long)]
     json: bool,
+    /// Sampling temperature (0: greedy, the default).
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    temperature: Option<f32>,
+    /// Keep the K most likely tokens (0: off).
+    #[arg(long, value_name = "K")]
+    top_k: Option<u32>,
+    /// Keep the most likely tokens up to probability P (1: off).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    top_p: Option<f32>,
+    /// Keep tokens at least P times as likely as the top one (0: off).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    min_p: Option<f32>,
+    /// Repetition penalty (Hugging Face's; 1: off).
+    #[arg(long, value_name = "R", allow_negative_numbers = true)]
+    repeat_penalty: Option<f32>,
+    /// Presence penalty (OpenAI's; 0: off).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    presence_penalty: Option<f32>,
+    /// Frequency penalty (OpenAI's; 0: off).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    frequency_penalty: Option<f32>,
+    /// Tokens of context the penalties look at (default 64).
+    #[arg(long, value_name = "N")]
+    penalty_window: Option<u32>,
+    /// Seed of the sampling draws (default 0).
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// Start from the checkpoint's generation_config.json (the sampling
+    /// flags given win).
+    #[arg(long)]
+    generation_config: bool,
+}
+
+impl Args {
+    /// The sampling parameters the flags ask for (checked).
+    fn sampling(&self, checkpoint: &Path) -> Result<SamplingParams, Error> {
+        let mut p = if self.generation_config {
+            SamplingParams::from_generation_config(checkpoint)?
+        } else {
+            SamplingParams::default()
+        };
+        if let Some(t) = self.temperature {
+            p = p.temperature(t);
+        }
+        if let Some(k) = self.top_k {
+            p = p.top_k(k);
+        }
+        if let Some(v) = self.top_p {
+            p = p.top_p(v);
+        }
+        if let Some(v) = self.min_p {
+            p = p.min_p(v);
+        }
+        if let Some(v) = self.repeat_penalty {
+            p = p.repetition_penalty(v);
+        }
+        if let Some(v) = self.presence_penalty {
+            p = p.presence_penalty(v);
+        }
+        if let Some(v) = self.frequency_penalty {
+            p = p.frequency_penalty(v);
+        }
+        if let Some(v) = self.penalty_window {
+            p = p.penalty_window(v);
+        }
+        if let Some(v) = self.seed {
+            p = p.seed(v);
+        }
+        p.validate().map_err(|e| match e {
+            // The flag's name, as the command line spells it.
+            Error::InvalidArgument { name, reason } => {
+                let flag = if name == "repetition_penalty" {
+                    "repeat-penalty".to_string()
+                } else {
+                    name.replace('_', "-")
+                };
+                Error::InvalidArgument { name: format!("--{flag}"), reason }
+            }
+            other => other,
+        })?;
+        Ok(p)
+    }
+}
+
+/// The sampling parameters as the JSON result shows them.
+fn sampling_json(p: &SamplingParams) -> serde_json::Value {
+    json!({
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "repetition_penalty": p.repetition_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "penalty_window": p.penalty_window,
+        "seed": p.seed,
+        "greedy": p.is_greedy(),
+    })
 }
 
 /// `1,2,3` (spaces around an id allowed) as token ids. Every id is a whole
@@ -262,7 +367,9 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     if prompt_ids.is_empty() {
         return Err(Error::EmptyPrompt);
     }
-    let mut generate = GenerateOptions::default().max_new_tokens(args.max_new_tokens);
+    let sampling = args.sampling(&checkpoint)?;
+    let mut generate =
+        GenerateOptions::default().max_new_tokens(args.max_new_tokens).sampling(sampling.clone());
     if args.stops.iter().any(String::is_empty) {
         let reason = "a stop string must not be empty".into();
         return Err(Error::InvalidArgument { name: "--stop".into(), reason });
@@ -368,6 +475,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         "stop_reason": out.stop_reason.as_str(),
         "adapter": {"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase()},
         "kernels": engine.kernel_source().as_str(),
+        "sampling": sampling_json(&sampling),
     });
     if let Some(text) = &out.text {
         result["text"] = json!(text);

@@ -1,7 +1,10 @@
 //! The decode benchmark behind the `bench` example and `cargo bench`
 //! (benches/decode.rs): cold and cached load, decode tok/s per context and
 //! lookahead, prefill, GPU and CPU time per step, GPU memory, achieved
-//! bandwidth and dispatches per token, one JSON line each.
+//! bandwidth and dispatches per token, one JSON line each. With
+//! `--sampling T,K,P`, each context also decodes sampling (temperature T,
+//! top-k K, top-p P) and a `sampling_cost` line sets its GPU time per step
+//! beside greedy's.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,6 +16,8 @@ use crate::config::ModelConfig;
 use crate::engine::{Engine, LoadOptions};
 use crate::error::{Error, Result};
 use crate::gpu::AdapterPolicy;
+use crate::kernels::{Kernel, SAMPLE_CHUNK};
+use crate::sampling::SamplingParams;
 use crate::testing::write_random_checkpoint;
 
 /// What to measure.
@@ -32,6 +37,8 @@ pub struct BenchOptions {
     /// Steps timed one by one after each decode run (CPU encode, GPU and
     /// wall time per step; medians are printed).
     pub timed_steps: usize,
+    /// Also measure sampling under these parameters, beside greedy.
+    pub sampling: Option<SamplingParams>,
 }
 
 impl Default for BenchOptions {
@@ -43,13 +50,15 @@ impl Default for BenchOptions {
             contexts: vec![128, 1024],
             lookaheads: vec![4],
             timed_steps: 16,
+            sampling: None,
         }
     }
 }
 
 /// The options' help text.
 pub const BENCH_USAGE: &str = "options: [--checkpoint DIR] [--backend metal|portable] [--tokens N (128)] \
-[--contexts N,N,... (128,1024)] [--lookaheads N,N,... (4)] [--timed-steps N (16)]";
+[--contexts N,N,... (128,1024)] [--lookaheads N,N,... (4)] [--timed-steps N (16)] \
+[--sampling T,K,P (e.g. 0.7,20,0.95: also measure sampling)]";
 
 impl BenchOptions {
     /// Parses `--name value` or `--name=value` arguments (the program
@@ -63,8 +72,15 @@ impl BenchOptions {
                 Some((f, v)) => (f.to_string(), Some(v.to_string())),
                 None => (arg, None),
             };
-            let known =
-                ["--checkpoint", "--backend", "--tokens", "--contexts", "--lookaheads", "--timed-steps"];
+            let known = [
+                "--checkpoint",
+                "--backend",
+                "--tokens",
+                "--contexts",
+                "--lookaheads",
+                "--timed-steps",
+                "--sampling",
+            ];
             if !known.contains(&flag.as_str()) {
                 return Err(Error::invalid_argument(flag, format!("unknown option; {BENCH_USAGE}")));
             }
@@ -81,11 +97,44 @@ impl BenchOptions {
                 "--tokens" => options.tokens = count(&value)?,
                 "--timed-steps" => options.timed_steps = count(&value)?,
                 "--contexts" => options.contexts = value.split(',').map(count).collect::<Result<_>>()?,
+                "--sampling" => options.sampling = Some(parse_sampling(&flag, &value)?),
                 _ => options.lookaheads = value.split(',').map(count).collect::<Result<_>>()?,
             }
         }
         Ok(options)
     }
+}
+
+/// `T,K,P` as sampling parameters (checked).
+fn parse_sampling(flag: &str, value: &str) -> Result<SamplingParams> {
+    let bad = || Error::invalid_argument(flag, format!("{value:?} is not T,K,P (e.g. 0.7,20,0.95)"));
+    let parts: Vec<&str> = value.split(',').map(str::trim).collect();
+    let [t, k, p] = parts[..] else { return Err(bad()) };
+    let params = SamplingParams::default()
+        .temperature(t.parse().map_err(|_| bad())?)
+        .top_k(k.parse().map_err(|_| bad())?)
+        .top_p(p.parse().map_err(|_| bad())?)
+        .seed(1);
+    params.validate().map_err(|e| Error::invalid_argument(flag, e.to_string()))?;
+    Ok(params)
+}
+
+/// The launches that choose the token (argmax or sampler).
+fn chooses_token(kernel: Kernel) -> bool {
+    matches!(
+        kernel,
+        Kernel::ArgmaxPartial
+            | Kernel::ArgmaxFinal
+            | Kernel::SamplePenalty
+            | Kernel::SampleMax
+            | Kernel::SampleSelect
+    )
+}
+
+/// The sampling parameters as the JSON lines show them.
+fn sampling_json(p: &SamplingParams) -> serde_json::Value {
+    json!({"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+           "repetition_penalty": p.repetition_penalty, "seed": p.seed})
 }
 
 /// A directory under the system's temporary directory, deleted on drop.
@@ -165,51 +214,79 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    let modes: Vec<Option<&SamplingParams>> =
+        std::iter::once(None).chain(args.sampling.as_ref().map(Some)).collect();
     for (&ctx, &lookahead) in args.contexts.iter().flat_map(|c| args.lookaheads.iter().map(move |l| (c, l))) {
-        // Room for the timed steps and as many back-to-back ones.
-        let capacity = ctx + args.tokens + 2 * args.timed_steps + 1;
-        let mut s = model.session_with_capacity(capacity)?;
-        s.set_lookahead(lookahead);
-        let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % cfg.vocab_size as u32).collect();
-        let t = Instant::now();
-        s.feed(&prompt)?;
-        let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
-        let dispatches = s.dispatches_per_token();
-        // The GPU's own rate at this context: steps back to back in one
-        // submit (best of 3; leaves the session as it was).
-        let back_to_back_us =
-            (0..3).filter_map(|_| s.gpu_time_of_steps(args.timed_steps).ok().flatten()).reduce(f64::min);
-        let t = Instant::now();
-        for _ in 0..args.tokens {
-            s.next_token()?;
-        }
-        let secs = t.elapsed().as_secs_f64();
-        let tps = args.tokens as f64 / secs;
-        // Where a step's time goes (medians of 16 timed steps).
-        let mut timings = Vec::new();
-        for _ in 0..args.timed_steps {
-            timings.push(s.timed_step()?);
-        }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied()
-        };
-        let encode_us = median(timings.iter().map(|t| t.encode_us).collect());
-        let gpu_us = median(timings.iter().filter_map(|t| t.gpu_us).collect());
-        let wall_us = median(timings.iter().map(|t| t.wall_us).collect());
-        // KV bytes read per token at this context (f16 K and V).
-        let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
-        println!(
-            "{}",
-            json!({"bench": "decode", "context": ctx, "tokens": args.tokens, "lookahead": lookahead, "decode_tokens_per_sec": tps,
+        // GPU time per step back to back, and of the token choice alone, per mode.
+        let mut costs = Vec::new();
+        for &mode in &modes {
+            // Room for the timed steps and as many back-to-back ones.
+            let capacity = ctx + args.tokens + 2 * args.timed_steps + 1;
+            let mut s = model.session_with_capacity(capacity)?;
+            s.set_lookahead(lookahead);
+            if let Some(params) = mode {
+                s.set_sampling(params)?;
+            }
+            let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % cfg.vocab_size as u32).collect();
+            let t = Instant::now();
+            s.feed(&prompt)?;
+            let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+            let dispatches = s.dispatches_per_token();
+            // The GPU's own rate at this context: steps back to back in one
+            // submit (best of 3; leaves the session as it was).
+            let back_to_back_us =
+                (0..3).filter_map(|_| s.gpu_time_of_steps(args.timed_steps).ok().flatten()).reduce(f64::min);
+            let t = Instant::now();
+            for _ in 0..args.tokens {
+                s.next_token()?;
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let tps = args.tokens as f64 / secs;
+            // Where a step's time goes (medians of 16 timed steps).
+            let mut timings = Vec::new();
+            for _ in 0..args.timed_steps {
+                timings.push(s.timed_step()?);
+            }
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied()
+            };
+            let encode_us = median(timings.iter().map(|t| t.encode_us).collect());
+            let gpu_us = median(timings.iter().filter_map(|t| t.gpu_us).collect());
+            let wall_us = median(timings.iter().map(|t| t.wall_us).collect());
+            // KV bytes read per token at this context (f16 K and V).
+            let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
+            println!(
+                "{}",
+                json!({"bench": "decode", "context": ctx, "tokens": args.tokens, "lookahead": lookahead, "decode_tokens_per_sec": tps,
                    "ms_per_token": 1e3 * secs / args.tokens as f64, "prefill_tokens": ctx, "prefill_ms": prefill_ms,
                    "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
                    "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,
                    "dispatches_per_token": dispatches,
                    "gpu_weight_bytes": model.weight_bytes(), "gpu_session_bytes": s.buffer_bytes(),
                    "step_encode_us": encode_us, "step_gpu_us": gpu_us, "step_wall_us": wall_us,
-                   "gpu_us_per_step_back_to_back": back_to_back_us, "adapter": adapter})
-        );
+                   "gpu_us_per_step_back_to_back": back_to_back_us, "adapter": adapter,
+                   "sampling": mode.map(sampling_json)})
+            );
+            // The token choice's launches alone, in sequence (last: the
+            // session's results after it are not the model's).
+            let choose_us = s.gpu_time_of(|k| chooses_token(k.kernel))?;
+            let greedy = SamplingParams::default();
+            let choose_launches =
+                crate::sampling::plan(mode.unwrap_or(&greedy), cfg.vocab_size as u32, 0, SAMPLE_CHUNK).len();
+            costs.push((back_to_back_us, choose_us, choose_launches));
+        }
+        if let [(Some(greedy), g_choose, g_launches), (Some(sampled), s_choose, s_launches)] = costs[..] {
+            println!(
+                "{}",
+                json!({"bench": "sampling_cost", "context": ctx, "lookahead": lookahead,
+                   "sampling": args.sampling.as_ref().map(sampling_json),
+                   "greedy_gpu_us_per_step": greedy, "sampled_gpu_us_per_step": sampled,
+                   "overhead_pct": 100.0 * (sampled - greedy) / greedy,
+                   "greedy_choice_gpu_us": g_choose, "sampled_choice_gpu_us": s_choose,
+                   "greedy_choice_launches": g_launches, "sampled_choice_launches": s_launches, "adapter": adapter})
+            );
+        }
     }
     Ok(())
 }
@@ -226,7 +303,12 @@ mod tests {
         assert_eq!(o.tokens, 4);
         assert_eq!(o.backend, Some(AdapterPolicy::Portable));
         assert_eq!(o.lookaheads, BenchOptions::default().lookaheads);
-        for bad in ["--tokens x", "--frobnicate 1", "--contexts"] {
+        let o = BenchOptions::parse(args("--sampling 0.7,20,0.95")).unwrap();
+        assert_eq!(
+            o.sampling,
+            Some(SamplingParams::default().temperature(0.7).top_k(20).top_p(0.95).seed(1))
+        );
+        for bad in ["--tokens x", "--frobnicate 1", "--contexts", "--sampling 0.7,20", "--sampling -1,0,1"] {
             let e = BenchOptions::parse(args(bad)).unwrap_err();
             assert_eq!(e.code(), "invalid_argument", "{bad}: {e}");
         }

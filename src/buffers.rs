@@ -7,7 +7,7 @@ use crate::config::ModelConfig;
 use crate::converted::QUANT_GROUP;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG};
+use crate::kernels::{sample, ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG, SAMPLE_CHUNK};
 
 /// Prompt tokens run through the layers together (one launch per kernel
 /// for the whole batch; the activation buffers hold this many rows, and the
@@ -35,9 +35,11 @@ pub struct SessionBuffers {
     pub(crate) attn: wgpu::Buffer,
     pub(crate) h: wgpu::Buffer,
     pub(crate) logits: wgpu::Buffer,
-    /// Per-chunk argmax results (value, index).
+    /// Per-chunk argmax (or sampler draw) results (value, index).
     pub(crate) part_val: wgpu::Buffer,
     pub(crate) part_idx: wgpu::Buffer,
+    /// The sampler's per-chunk maxima, select state and histograms.
+    pub(crate) sample_scratch: wgpu::Buffer,
     /// Chunks of positions attention splits the context into.
     pub(crate) attention_chunks: usize,
     /// Per (head, chunk): softmax max and sum, and the weighted V sum.
@@ -79,8 +81,9 @@ impl SessionBuffers {
             attn: f("attn", rows(cfg.q_dim())),
             h: f("h", rows(cfg.intermediate_size)),
             logits: f("logits", cfg.vocab_size),
-            part_val: f("part_val", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
-            part_idx: f("part_idx", cfg.vocab_size.div_ceil(ARGMAX_CHUNK as usize)),
+            part_val: f("part_val", sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK)),
+            part_idx: f("part_idx", sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK)),
+            sample_scratch: f("sample_scratch", sample::scratch_words(cfg.vocab_size as u32, SAMPLE_CHUNK)),
             attention_chunks: chunks,
             attn_ml: f("attn_ml", batch * 2 * cfg.num_attention_heads * chunks),
             attn_acc: f("attn_acc", batch * cfg.num_attention_heads * chunks * cfg.head_dim),
@@ -106,6 +109,7 @@ impl SessionBuffers {
             &self.logits,
             &self.part_val,
             &self.part_idx,
+            &self.sample_scratch,
             &self.attn_ml,
             &self.attn_acc,
             &self.rope,

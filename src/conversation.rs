@@ -211,6 +211,10 @@ impl Chat {
             ));
         }
         let mut matcher = StopMatcher::new(options.stops().iter().cloned())?;
+        // The reply samples as the options say (greedy by default).
+        if self.session.sampling() != &options.sampling {
+            self.session.set_sampling(&options.sampling)?;
+        }
         let render = self.options.clone().continue_final_message(false).add_generation_prompt(true);
         let ids = self.template.encode(&self.tokenizer, &self.messages, &render)?;
         let out = self.generate(&ids, options, &mut matcher, &mut on_token);

@@ -13,6 +13,7 @@ use crate::gpu::{AdapterPolicy, Gpu};
 use crate::gpu_weights::{GpuWeights, ModelGpu};
 use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLayout};
 use crate::load::{load_model, LoadReport};
+use crate::sampling::SamplingParams;
 use crate::session::{check_prompt, Session};
 use crate::stop::StopMatcher;
 use crate::tokenizer::Tokenizer;
@@ -208,7 +209,7 @@ impl Engine {
         let weights = GpuWeights::upload(&self.gpu, &converted)?;
         let config = converted.config.clone();
         // Hashed on a thread of its own, which drops the converted weights.
-        let fingerprint = crate::session::WeightsFingerprint::start(converted);
+        let fingerprint = crate::fingerprint::WeightsFingerprint::start(converted);
         let inner =
             ModelGpu { gpu: self.gpu.clone(), kernels: self.kernels.clone(), config, weights, fingerprint };
         Ok(Model { inner: Arc::new(inner), report, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
@@ -260,11 +261,6 @@ impl Model {
         self.inner.weights.bytes
     }
 
-    /// The loaded model's shared GPU side (sessions hold it).
-    pub(crate) fn shared(&self) -> &Arc<ModelGpu> {
-        &self.inner
-    }
-
     /// A session with the default KV-cache capacity.
     pub fn session(&self) -> Result<Session> {
         self.session_with_capacity(DEFAULT_CAPACITY.min(self.config().max_position_embeddings))
@@ -298,7 +294,8 @@ impl Model {
         })
     }
 
-    /// Greedy decoding after `prompt_ids` until one of `options`' limits:
+    /// Decoding (greedy, or sampled under [`GenerateOptions::sampling`])
+    /// after `prompt_ids` until one of `options`' limits:
     /// an end-of-text id (the checkpoint's, from config.json and
     /// generation_config.json, and [`GenerateOptions::eos_token_ids`]), a
     /// stop string ([`GenerateOptions::stop_strings`], matched on the decoded
@@ -342,6 +339,7 @@ impl Model {
     ) -> Result<DecodeResult> {
         let cfg = self.config();
         check_prompt(prompt_ids, cfg.vocab_size)?;
+        options.sampling.validate()?;
         if let Some(&id) = options.eos_token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(Error::invalid_argument(
                 "eos_token_ids",
@@ -377,6 +375,9 @@ impl Model {
         let is_eos = |token: &u32| cfg.eos_token_ids.contains(token) || options.eos_token_ids.contains(token);
         let mut session = self.session_with_capacity(needed)?;
         result.kv_capacity = session.capacity();
+        if options.sampling != SamplingParams::default() {
+            session.set_sampling(&options.sampling)?;
+        }
         let t0 = Instant::now();
         let mut token = session.feed(prompt_ids)?;
         result.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -447,6 +448,8 @@ pub struct GenerateOptions {
     /// End-of-text ids honoured besides the checkpoint's own (config.json's
     /// and generation_config.json's `eos_token_id`, always honoured).
     pub eos_token_ids: Vec<u32>,
+    /// How tokens are chosen (default greedy): see [`SamplingParams`].
+    pub sampling: SamplingParams,
     stop: Option<StopStrings>,
 }
 
@@ -493,6 +496,18 @@ impl GenerateOptions {
         self
     }
 
+    /// Sets how tokens are chosen (default greedy).
+    ///
+    /// ```
+    /// use qwen3_wgpu::{GenerateOptions, SamplingParams};
+    /// let options = GenerateOptions::default().sampling(SamplingParams::default().temperature(0.8).seed(7));
+    /// assert_eq!(options.sampling.seed, 7);
+    /// ```
+    pub fn sampling(mut self, params: SamplingParams) -> Self {
+        self.sampling = params;
+        self
+    }
+
     /// The stop strings, in the order given (empty when none are set).
     pub fn stops(&self) -> &[String] {
         self.stop.as_ref().map_or(&[], |s| &s.stops)
@@ -504,6 +519,7 @@ impl Default for GenerateOptions {
         GenerateOptions {
             max_new_tokens: Self::DEFAULT_MAX_NEW_TOKENS,
             eos_token_ids: Vec::new(),
+            sampling: SamplingParams::default(),
             stop: None,
         }
     }
@@ -514,6 +530,7 @@ impl std::fmt::Debug for GenerateOptions {
         f.debug_struct("GenerateOptions")
             .field("max_new_tokens", &self.max_new_tokens)
             .field("eos_token_ids", &self.eos_token_ids)
+            .field("sampling", &self.sampling)
             .field("stops", &self.stops())
             .finish()
     }
@@ -617,4 +634,59 @@ pub fn decode_with(
     }
     let model = engine.load(checkpoint_dir, options)?;
     model.generate(prompt_ids, max_new_tokens, |_| {})
+}
+
+/// Weights fingerprint and session files ([`Session::save`] writes them).
+impl Model {
+    /// What identifies this model's converted weights: 32 hex digits
+    /// hashing its configuration and every byte of its int8 weights
+    /// (hashed on a thread of its own after the load, so the first call may
+    /// wait for it: a fraction of a second for Qwen3-0.6B). Loads of the same checkpoint share it,
+    /// converted or from the cache; a session file is restored only into a
+    /// model of the same fingerprint.
+    ///
+    /// ```no_run
+    /// # fn f(model: &qwen3_wgpu::Model) {
+    /// println!("weights {}", model.fingerprint());
+    /// # }
+    /// ```
+    pub fn fingerprint(&self) -> &str {
+        self.inner.fingerprint.get()
+    }
+
+    /// Restores a session [`Session::save`] wrote, with the capacity it had.
+    /// The restored session holds the same positions and pending token, so
+    /// it continues exactly as the saved one would have.
+    ///
+    /// ```no_run
+    /// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
+    /// let mut session = model.session()?;
+    /// session.feed(&[785, 6722, 315, 9625, 374])?;
+    /// session.save("npc-mira.q3s")?;
+    /// // Later, or in another process that loaded the same weights:
+    /// let mut restored = model.restore_session("npc-mira.q3s")?;
+    /// let next = restored.next_token()?; // as session.next_token() would give
+    /// # let _ = next;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Errors: [`Error::SessionIo`] when the file cannot be opened or read;
+    /// [`Error::SessionFileInvalid`] when it is not an intact session file
+    /// of this format version (magic, version, size, checksum, token ids);
+    /// [`Error::SessionModelMismatch`] for an intact file saved from another
+    /// model; [`Error::ContextOverflow`] when the saved capacity exceeds
+    /// this model's `max_position_embeddings`.
+    pub fn restore_session(&self, path: impl AsRef<Path>) -> Result<Session> {
+        crate::session::restore(&self.inner, path.as_ref(), None)
+    }
+
+    /// [`restore_session`](Self::restore_session) into a session of
+    /// `capacity` positions instead of the saved one (larger to continue
+    /// further, or smaller to save memory). A capacity below the saved
+    /// positions is [`Error::ContextOverflow`] (`needed`: the saved
+    /// positions), after the file is verified; nothing is allocated then.
+    pub fn restore_session_with_capacity(&self, path: impl AsRef<Path>, capacity: usize) -> Result<Session> {
+        crate::session::restore(&self.inner, path.as_ref(), Some(capacity))
+    }
 }

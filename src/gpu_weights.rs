@@ -164,5 +164,5 @@ pub(crate) struct ModelGpu {
     /// What identifies the converted weights (see
     /// [`Model::fingerprint`](crate::Model::fingerprint)): a session file
     /// is restored only into a model of the same fingerprint.
-    pub fingerprint: crate::session::WeightsFingerprint,
+    pub fingerprint: crate::fingerprint::WeightsFingerprint,
 }

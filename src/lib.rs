@@ -20,6 +20,7 @@ pub(crate) mod convert;
 pub(crate) mod converted;
 pub(crate) mod engine;
 pub(crate) mod error;
+pub(crate) mod fingerprint;
 pub(crate) mod gpu;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod gpu_weights;
@@ -31,6 +32,7 @@ pub(crate) mod load;
 pub(crate) mod qwen3;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod reference;
+pub(crate) mod sampling;
 pub(crate) mod self_check;
 pub(crate) mod session;
 mod settings;
@@ -50,6 +52,7 @@ pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
 pub use load::LoadReport;
+pub use sampling::SamplingParams;
 pub use session::{
     FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH, SESSION_FORMAT_VERSION,
 };
@@ -122,6 +125,10 @@ pub mod internals {
     /// CPU references of the kernels.
     pub mod reference {
         pub use crate::reference::*;
+    }
+    /// The token choice's launches under sampling parameters.
+    pub mod sampling {
+        pub use crate::sampling::*;
     }
     /// The kernels' check against their CPU references at engine build.
     pub mod self_check {

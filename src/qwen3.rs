@@ -11,6 +11,7 @@
 //!     h = silu(gate) * up, [gate; up] = gate_up_proj(rms_norm(x, post_attention_norm))   # one launch
 //!     x += down(h)
 //! token = argmax(lm_head(rms_norm(x, norm)))   # on the GPU; feeds the next step
+//!                                              # (or sampled: see kernels::sample)
 //! ```
 //! Built once per session. The position lives on the GPU (`step`, advanced
 //! by the argmax), so steps can be queued without the host reading anything
@@ -30,9 +31,10 @@ use crate::config::ModelConfig;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::{
-    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ARGMAX_CHUNK,
-    ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, WG,
+    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ATTENTION_CHUNK,
+    MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
 };
+use crate::sampling::SamplingParams;
 
 /// One launch of the decode step, or the attention of one layer, whose
 /// launches depend on the step's position.
@@ -52,25 +54,34 @@ enum StepLaunch {
 /// (`Launch::record_batch`: token z of the batch in grid z, at position
 /// `step.pos + z`).
 pub struct Forward {
+    /// The step up to the logits.
     step: Vec<StepLaunch>,
+    /// The launches choosing the token from the logits (greedy, or the
+    /// sampler's: see [`choose_launches`]), replaced when the sampling
+    /// parameters change.
+    pub choose: Vec<Launch>,
     /// The launches of a prompt batch, in order.
     pub prefill: Vec<Launch>,
-    /// Bytes of the buffers holding every launch's parameters.
+    /// Bytes of the buffers holding the parameters of every launch but
+    /// `choose`.
     pub uniform_bytes: u64,
+    /// Bytes of the buffers holding `choose`'s parameters.
+    pub choose_uniform_bytes: u64,
 }
 
 impl Forward {
     /// The decode step at position `pos`, in order.
     pub fn step_at(&self, pos: usize) -> impl Iterator<Item = &Launch> + '_ {
         let one_chunk = pos < ATTENTION_CHUNK as usize;
-        self.step.iter().flat_map(move |l| {
+        let layers = self.step.iter().flat_map(move |l| {
             let (first, then) = match l {
                 StepLaunch::Always(l) => (l, None),
                 StepLaunch::Attention { direct, .. } if one_chunk => (direct, None),
                 StepLaunch::Attention { chunks, reduce, .. } => (chunks, Some(reduce)),
             };
             std::iter::once(first).chain(then)
-        })
+        });
+        layers.chain(&self.choose)
     }
 }
 
@@ -116,9 +127,47 @@ pub fn forward(
         step.extend(always(mlp));
     }
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
-    step.extend(always(b.argmax()));
     let uniform_bytes = b.uniforms.borrow().bytes();
-    Forward { step, prefill, uniform_bytes }
+    let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default());
+    Forward { step, choose, prefill, uniform_bytes, choose_uniform_bytes }
+}
+
+/// The launches that choose the next token from the logits under `params`
+/// ([`crate::sampling::plan`]: the argmax when greedy), over the session buffers
+/// `s`, and the bytes of their parameter buffers.
+pub fn choose_launches(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    cfg: &ModelConfig,
+    s: &SessionBuffers,
+    params: &SamplingParams,
+) -> (Vec<Launch>, u64) {
+    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
+    let n_tokens = (s.capacity + 1) as u32;
+    let launches = crate::sampling::plan(params, cfg.vocab_size as u32, n_tokens, SAMPLE_CHUNK)
+        .into_iter()
+        .map(|l| {
+            let bufs = match l.kernel {
+                Kernel::ArgmaxPartial => vec![whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)],
+                Kernel::ArgmaxFinal => {
+                    vec![whole(&s.part_val), whole(&s.part_idx), whole(&s.tokens), whole(&s.step)]
+                }
+                Kernel::SamplePenalty => vec![whole(&s.tokens), whole(&s.step), whole(&s.logits)],
+                Kernel::SampleMax => vec![whole(&s.logits), whole(&s.sample_scratch)],
+                Kernel::SampleSelect => vec![
+                    whole(&s.logits),
+                    whole(&s.sample_scratch),
+                    whole(&s.step),
+                    whole(&s.part_val),
+                    whole(&s.part_idx),
+                ],
+                other => unreachable!("{other:?} chooses no token"),
+            };
+            b.launch(l.kernel, &l.params, &bufs, l.workgroups)
+        })
+        .collect();
+    let bytes = b.uniforms.borrow().bytes();
+    (launches, bytes)
 }
 
 /// What a matvec computes from `x` (each is one `int8_matvec` variant):
@@ -291,20 +340,5 @@ impl Builder<'_> {
         let bufs = [whole(&s.attn_ml), whole(&s.attn_acc), whole(&s.attn)];
         let heads = self.cfg.num_attention_heads as u32;
         self.launch(Kernel::AttentionReduce, bytemuck::cast_slice(&p), &bufs, grid(heads))
-    }
-
-    /// tokens[pos + 1] = argmax(logits), ties to the lowest id: per-chunk,
-    /// then final (which also advances the position).
-    fn argmax(&self) -> Vec<Launch> {
-        let s = self.s;
-        let n = self.cfg.vocab_size as u32;
-        let parts = n.div_ceil(ARGMAX_CHUNK);
-        let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
-        let partial =
-            self.launch(Kernel::ArgmaxPartial, bytemuck::cast_slice(&[n, ARGMAX_CHUNK]), &bufs, grid(parts));
-        let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.tokens), whole(&s.step)];
-        let n_tokens = (s.capacity + 1) as u32;
-        let last = self.launch(Kernel::ArgmaxFinal, bytemuck::cast_slice(&[parts, n_tokens]), &bufs, grid(1));
-        vec![partial, last]
     }
 }

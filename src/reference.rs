@@ -220,3 +220,121 @@ pub fn attention_ref(
     }
     out
 }
+
+/// The sampler's order-preserving u32 key of a logit (`sort_key` in
+/// kernels/wgsl/sample_common.wgsl).
+pub fn sort_key(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// The sampling penalties applied to `logits` over the window `recent` (the
+/// last tokens of the context, already cut to the window), in the kernel's
+/// f32 operations: each distinct token once, repetition (Hugging Face:
+/// `l < 0 ? l * r : l / r`), then `l -= presence + frequency * count`.
+pub fn penalize_ref(
+    logits: &[f32],
+    recent: &[u32],
+    repetition: f32,
+    presence: f32,
+    frequency: f32,
+) -> Vec<f32> {
+    let mut out = logits.to_vec();
+    let mut seen = std::collections::HashSet::new();
+    for &t in recent {
+        if t as usize >= logits.len() || !seen.insert(t) {
+            continue;
+        }
+        let count = recent.iter().filter(|&&u| u == t).count() as f32;
+        let mut l = logits[t as usize];
+        if repetition != 1.0 {
+            l = if l < 0.0 { l * repetition } else { l / repetition };
+        }
+        if presence != 0.0 || frequency != 0.0 {
+            l -= presence + frequency * count;
+        }
+        out[t as usize] = l;
+    }
+    out
+}
+
+/// The tokens sampling keeps and each one's probability (0 for the others),
+/// in f64, from the (already penalised) `logits`, as Hugging Face's warpers
+/// apply them with temperature `t` in order: top-k (`k`, 0 off: the k-th
+/// largest logit is the threshold, ties kept), top-p (`top_p`, 1 off: over
+/// the top-k set renormalised, the largest threshold whose mass from the
+/// top reaches `top_p`; ties at it kept), min-p (`min_p`, 0 off: logits at
+/// least `max + t ln(min_p)`, in the kernel's f32 operations), then the
+/// softmax of `logit / t` over what is kept.
+pub fn sample_probs_ref(logits: &[f32], t: f32, k: u32, top_p: f32, min_p: f32) -> Vec<f64> {
+    let n = logits.len();
+    let mut sorted: Vec<f32> = logits.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let max = sorted[0];
+    let mut theta = f32::NEG_INFINITY;
+    if k > 0 && (k as usize) < n {
+        theta = sorted[k as usize - 1];
+    }
+    let weight = |l: f32| ((l as f64 - max as f64) / t as f64).exp();
+    if top_p < 1.0 {
+        let kept: Vec<f32> = sorted.iter().copied().filter(|&l| l >= theta).collect();
+        let z: f64 = kept.iter().map(|&l| weight(l)).sum();
+        let mut cum = 0.0;
+        for &l in &kept {
+            cum += weight(l);
+            if cum >= top_p as f64 * z {
+                theta = l;
+                break;
+            }
+        }
+    }
+    let floor = if min_p > 0.0 { max + t * min_p.ln() } else { f32::NEG_INFINITY };
+    let keep = |l: f32| l >= theta && l >= floor;
+    let z: f64 = logits.iter().filter(|&&l| keep(l)).map(|&l| weight(l)).sum();
+    logits.iter().map(|&l| if keep(l) { weight(l) / z } else { 0.0 }).collect()
+}
+
+/// The chi-square statistic of `counts` against `probs` (expected counts
+/// `probs * total`), bins with an expected count below 5 merged into one
+/// (with what they observed), and its degrees of freedom (merged bins - 1).
+/// A token drawn where `probs` is 0 counts as infinite.
+pub fn chi_square(counts: &[u64], probs: &[f64]) -> (f64, usize) {
+    let total: u64 = counts.iter().sum();
+    let mut stat = 0.0;
+    let mut bins = 0usize;
+    let (mut small_obs, mut small_exp) = (0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(probs) {
+        if p == 0.0 {
+            if c > 0 {
+                return (f64::INFINITY, 0);
+            }
+            continue;
+        }
+        let e = p * total as f64;
+        if e < 5.0 {
+            small_obs += c as f64;
+            small_exp += e;
+        } else {
+            stat += (c as f64 - e).powi(2) / e;
+            bins += 1;
+        }
+    }
+    if small_exp > 0.0 {
+        stat += (small_obs - small_exp).powi(2) / small_exp;
+        bins += 1;
+    }
+    (stat, bins.saturating_sub(1))
+}
+
+/// The chi-square statistic that `df` degrees of freedom exceed with
+/// probability about 1e-3 (Wilson-Hilferty, z = 3.09; close enough for a
+/// fixed test threshold at any `df` >= 1).
+pub fn chi_square_critical_1e3(df: usize) -> f64 {
+    let k = df.max(1) as f64;
+    let z = 3.090_232;
+    k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
+}

@@ -31,9 +31,10 @@ use crate::kernels::{
 };
 use crate::qwen3::rope_table;
 use crate::reference::{
-    argmax_ref, attention_ref, first_mismatch, matvec_ref, poisoned, pseudo_nonzero, qk_norm_rope_ref,
-    unpack_f16, Quant, POISON,
+    argmax_ref, attention_ref, first_mismatch, matvec_ref, penalize_ref, poisoned, pseudo_nonzero,
+    qk_norm_rope_ref, sort_key, unpack_f16, Quant, POISON,
 };
+use crate::sampling::SamplingParams;
 
 /// Relative tolerance of the matvecs: well above f32 rounding (the kernel
 /// tests use 1e-5), low enough that a wrong weight, scale or input fails.
@@ -62,6 +63,7 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 attention_step(&mut rig, Kernel::AttentionStep, 300, 270)?,
                 argmax(&mut rig)?,
                 embed(&mut rig)?,
+                sample(&mut rig)?,
             ];
             for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
                 checks.push(matmul(&mut rig, kernel)?);
@@ -645,6 +647,82 @@ fn embed(rig: &mut Rig<'_>) -> Result<Check> {
             Some(msg) => fail(Kernel::EmbedLookup, msg),
             None => vec![],
         }
+    }))
+}
+
+/// The sampler over 5,000 logits (two chunks) with every launch: the
+/// penalties over a window with a repeat, top-k 5, top-p 0.01 and min-p
+/// 0.5, so the draw can only pick the penalised maximum (a repeated token
+/// that was the largest before its penalty is not). Also checks the edited
+/// logits and top-k's threshold (the 5th largest key, in state slot 4).
+fn sample(rig: &mut Rig<'_>) -> Result<Check> {
+    use crate::kernels::sample::parts;
+    use crate::sampling::plan;
+    let n = 5000u32;
+    let mut logits = pseudo_nonzero(43, n as usize);
+    logits[4100] = 3.0;
+    logits[700] = 3.2;
+    logits[1500] = -0.5;
+    let recent = [700u32, 1500, 700, 33, 34];
+    let params = SamplingParams::default()
+        .temperature(0.7)
+        .top_k(5)
+        .top_p(0.01)
+        .min_p(0.5)
+        .repetition_penalty(2.0)
+        .presence_penalty(0.25)
+        .frequency_penalty(0.125)
+        .seed(3);
+    let chunk = crate::kernels::SAMPLE_CHUNK;
+    let parts = parts(n, chunk) as usize;
+    let n_tokens = 8usize;
+    let mut tokens = vec![POISON; n_tokens];
+    tokens[..recent.len()].copy_from_slice(&recent);
+    let logits_buf = rig.storage(&f32s(&logits))?;
+    let tokens_buf = rig.storage(&u32s(&tokens))?;
+    let state = rig.storage(&step(recent.len() - 1, 0))?;
+    let scratch = rig.storage(&poisoned(crate::kernels::sample::scratch_words(n, chunk)))?;
+    let (part_val, part_idx) = (rig.storage(&poisoned(parts))?, rig.storage(&poisoned(parts))?);
+    for l in plan(&params, n, n_tokens as u32, chunk) {
+        let u = rig.uniform(&l.params)?;
+        let bufs: Vec<&wgpu::Buffer> = match l.kernel {
+            Kernel::SamplePenalty => vec![&u, &tokens_buf, &state, &logits_buf],
+            Kernel::SampleMax => vec![&u, &logits_buf, &scratch],
+            Kernel::SampleSelect => vec![&u, &logits_buf, &scratch, &state, &part_val, &part_idx],
+            Kernel::ArgmaxFinal => vec![&u, &part_val, &part_idx, &tokens_buf, &state],
+            other => return Err(Error::internal(format!("{other:?} in the sampler's plan"))),
+        };
+        rig.dispatch(l.kernel, l.workgroups, &bufs);
+    }
+    let slot4 = parts + 4 * 8;
+    let (edited, tok, sc) = (
+        rig.read(&logits_buf, 4 * n as usize),
+        rig.read(&tokens_buf, 4 * n_tokens),
+        rig.read(&scratch, 4 * (slot4 + 8)),
+    );
+    Ok(Box::new(move |outs| {
+        let want = penalize_ref(&logits, &recent, 2.0, 0.25, 0.125);
+        let got = to_f32(&outs[edited]);
+        if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits().abs_diff(want[i].to_bits()) > 1) {
+            return fail(Kernel::SamplePenalty, format!("logit {i}: {}, want {}", got[i], want[i]));
+        }
+        let mut sorted = want.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let theta = to_u32(&outs[sc])[slot4 + 4];
+        if theta != sort_key(sorted[4]) {
+            return fail(
+                Kernel::SampleSelect,
+                format!("top-k threshold key {theta:#x}, want {:#x}", sort_key(sorted[4])),
+            );
+        }
+        let tokens = to_u32(&outs[tok]);
+        if tokens[recent.len()] != 4100 {
+            return fail(
+                Kernel::SampleSelect,
+                format!("drew {}, want 4100 (tokens {tokens:?})", tokens[recent.len()]),
+            );
+        }
+        vec![]
     }))
 }
 

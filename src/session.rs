@@ -21,9 +21,10 @@ use crate::error::{Error, Result};
 use crate::gpu::Timestamps;
 use crate::gpu_weights::ModelGpu;
 use crate::qwen3::Forward;
+use crate::sampling::SamplingParams;
 pub use diagnostics::{LaunchTimes, StepTiming};
 pub use feed::FeedStatus;
-pub(crate) use state::WeightsFingerprint;
+pub(crate) use state::restore;
 pub use state::SESSION_FORMAT_VERSION;
 
 /// Decode steps queued on the GPU ahead of the caller by default (see
@@ -105,6 +106,8 @@ pub struct Session {
     feed_progress: Option<feed::FeedProgress>,
     /// Waits on the GPU so far (a feed in progress never adds one).
     blocking_waits: u64,
+    /// How tokens are chosen (the launches: `forward.choose`).
+    sampling: SamplingParams,
 }
 
 impl Session {
@@ -131,6 +134,7 @@ impl Session {
             lookahead: 0,
             feed_progress: None,
             blocking_waits: 0,
+            sampling: SamplingParams::default(),
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -166,7 +170,56 @@ impl Session {
     /// GPU memory this session allocated (KV cache, activations, scratch,
     /// launch parameters), bytes.
     pub fn buffer_bytes(&self) -> u64 {
-        self.bufs.bytes() + self.forward.uniform_bytes
+        self.bufs.bytes() + self.forward.uniform_bytes + self.forward.choose_uniform_bytes
+    }
+
+    /// Sets how the next tokens are chosen (greedy by default): from the
+    /// next token on, every step samples under `params` on the GPU (see
+    /// [`SamplingParams`]). Steps already queued ahead are discarded, so
+    /// the next token uses the new parameters; the pending token stays.
+    ///
+    /// ```no_run
+    /// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
+    /// use qwen3_wgpu::SamplingParams;
+    /// let mut session = model.session()?;
+    /// session.set_sampling(&SamplingParams::default().temperature(0.7).top_p(0.9).seed(42))?;
+    /// let first = session.feed(&[785, 6722, 315])?; // sampled
+    /// let second = session.next_token()?;
+    /// # let _ = (first, second);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Errors: those of [`SamplingParams::validate`] (the session is left
+    /// as it was); [`Error::InvalidArgument`] naming `session` while a
+    /// [`begin_feed`](Self::begin_feed) is in progress; a GPU failure while
+    /// waiting for the discarded steps.
+    pub fn set_sampling(&mut self, params: &SamplingParams) -> Result<()> {
+        self.check_no_feed()?;
+        params.validate()?;
+        self.discard_queued()?;
+        let model = &self.model;
+        let (choose, bytes) = model.gpu.scoped(
+            || {
+                Ok(crate::qwen3::choose_launches(
+                    &model.gpu,
+                    &model.kernels,
+                    &model.config,
+                    &self.bufs,
+                    params,
+                ))
+            },
+            |reason| Error::GpuDeviceFailed { reason: format!("setting sampling: {reason}") },
+        )?;
+        self.forward.choose = choose;
+        self.forward.choose_uniform_bytes = bytes;
+        self.sampling = params.clone();
+        Ok(())
+    }
+
+    /// How tokens are chosen (see [`set_sampling`](Self::set_sampling)).
+    pub fn sampling(&self) -> &SamplingParams {
+        &self.sampling
     }
 
     /// Kernel launches (dispatches) of the next decode step (at the

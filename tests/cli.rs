@@ -488,3 +488,69 @@ fn chat_answers_each_line_and_ends_at_eof() {
     let reused = counts[1].0 - counts[1].1;
     assert!(reused >= counts[0].0 - 4 && reused < counts[0].0, "{text}");
 }
+
+/// Sampling from the command line: `--temperature 0.8 --seed 7` twice gives
+/// the same tokens, seeds 7 and 8 differ, `--temperature 0` is greedy, and
+/// the JSON says which parameters were used; bad values name their flag.
+#[test]
+fn sampling_flags_are_reproducible_and_reported() {
+    let fixture = fixture();
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "--checkpoint",
+            fixture.to_str().unwrap(),
+            "--prompt-ids",
+            "851,720,591,221",
+            "--max-new-tokens",
+            "12",
+            "--backend",
+            "portable",
+            "--no-cache",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = decode(&args, &[]);
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {}", stderr(&out));
+        last_json(&out)
+    };
+    let ids = |v: &Value| v["generated_ids"].clone();
+    let seven = run(&["--temperature", "0.8", "--seed", "7"]);
+    assert_eq!(ids(&seven), ids(&run(&["--temperature", "0.8", "--seed", "7"])));
+    assert_ne!(ids(&seven), ids(&run(&["--temperature", "0.8", "--seed", "8"])));
+    let greedy = run(&[]);
+    assert_eq!(ids(&run(&["--temperature", "0", "--seed", "7"])), ids(&greedy));
+    assert_eq!(seven["sampling"]["temperature"].as_f64(), Some(0.800000011920929), "{seven}");
+    assert_eq!(seven["sampling"]["seed"], 7);
+    assert_eq!(greedy["sampling"]["greedy"], true);
+    let all = run(&[
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--min-p",
+        "0.05",
+        "--repeat-penalty",
+        "1.1",
+        "--presence-penalty",
+        "0.2",
+        "--frequency-penalty",
+        "0.1",
+        "--penalty-window",
+        "32",
+        "--seed",
+        "1",
+    ]);
+    assert_eq!(all["sampling"]["top_k"], 20, "{all}");
+    assert_eq!(all["sampling"]["penalty_window"], 32, "{all}");
+    // The checkpoint has no generation_config.json: the defaults (greedy).
+    assert_eq!(ids(&run(&["--generation-config"])), ids(&greedy));
+    for (flag, value) in
+        [("--temperature", "-1"), ("--top-p", "0"), ("--min-p", "2"), ("--repeat-penalty", "0")]
+    {
+        let args = ["--checkpoint", fixture.to_str().unwrap(), "--prompt-ids", "1", flag, value, "--json"];
+        let message = expect_error(&decode(&args, &[]), "invalid_argument");
+        assert!(message.contains(flag), "{flag}: {message}");
+    }
+}

@@ -124,13 +124,18 @@ pub const fn quant_padded(n: usize) -> usize {
     n.div_ceil(QUANT_GROUP) * QUANT_GROUP
 }
 
+/// Longest sampling-penalty window, in tokens (`sample_penalty` holds the
+/// window in workgroup memory and compares each token with the others).
+pub const MAX_PENALTY_WINDOW: u32 = 1024;
+
 /// The index sentinel of the argmax kernels: no candidate yet.
 pub const NONE: u32 = u32::MAX;
 
 /// The constants generated into the kernels: (name, value, why).
-const CONSTANTS: [(&str, u32, &str); 2] = [
+const CONSTANTS: [(&str, u32, &str); 3] = [
     ("MAX_HEAD_DIM", MAX_HEAD_DIM as u32, "largest head_dim (workgroup arrays)"),
     ("NONE", NONE, "argmax: no candidate yet"),
+    ("MAX_PENALTY_WINDOW", MAX_PENALTY_WINDOW, "sampling: longest penalty window"),
 ];
 
 /// Whether `word` occurs in `text` as a whole identifier outside `//`

@@ -2,7 +2,7 @@
 //! binding order, workgroup size, params struct, family), the families that
 //! own each kernel's params, variants and override constants
 //! ([`matvec`], [`matmul`], [`attention`], [`norm_rope`], [`argmax`],
-//! [`embed`]), the host-kernel ABI the WGSL and MSL declarations are
+//! [`embed`], [`sample`]), the host-kernel ABI the WGSL and MSL declarations are
 //! generated from ([`abi`]), one compile path, one pipeline cache
 //! ([`Kernels`]) and launch recording ([`Launch`]).
 
@@ -18,8 +18,9 @@ pub mod matvec;
 pub mod msl;
 pub mod norm_rope;
 mod pipelines;
+pub mod sample;
 
-pub use abi::{quant_padded, GpuStruct, Step, MAX_HEAD_DIM, NONE};
+pub use abi::{quant_padded, GpuStruct, Step, MAX_HEAD_DIM, MAX_PENALTY_WINDOW, NONE};
 pub use argmax::{ArgmaxFinalParams, ArgmaxPartialParams, ARGMAX_CHUNK};
 pub use attention::{
     attention_prefill_source, AttentionConstants, AttentionVariant, HeadParams, ReduceParams,
@@ -42,6 +43,7 @@ pub use matvec::{
     SPLIT_K_MAX_ROWS, SPLIT_K_ROWS, SPLIT_K_WGS,
 };
 pub use pipelines::{Kernels, Pipeline};
+pub use sample::{SampleParams, SAMPLE_CHUNK};
 
 use abi::StructDef;
 
@@ -103,6 +105,12 @@ pub enum Kernel {
     ArgmaxPartial,
     /// Reduces the chunks' results to the token and advances the position.
     ArgmaxFinal,
+    /// Sampling penalties, in place on the logits.
+    SamplePenalty,
+    /// Per-chunk maxima of the logits (the sampler's M).
+    SampleMax,
+    /// One radix-select pass of the sampler's thresholds, or its draw.
+    SampleSelect,
 }
 
 /// The family of a kernel, with its variant.
@@ -114,6 +122,7 @@ pub enum Family {
     AttentionReduce,
     Embed,
     Argmax,
+    Sample,
 }
 
 /// A kernel's row of the table.
@@ -158,10 +167,10 @@ macro_rules! row {
 
 /// The kernel table, in [`Kernel`] declaration order.
 #[rustfmt::skip]
-pub const TABLE: [KernelRow; 11] = {
+pub const TABLE: [KernelRow; 14] = {
     use Family as F;
     use {AttentionVariant as A, MatvecVariant as M};
-    use {argmax as am, attention as at, embed as em, matvec as mv, norm_rope as nr};
+    use {argmax as am, attention as at, embed as em, matvec as mv, norm_rope as nr, sample as sa};
     [
         row!(Int8MatvecAccumulate, F::Matvec(M::ACCUMULATE), "int8_matvec", msl: yes, mv::BINDINGS, MATVEC_WG, MatvecParams),
         row!(Int8MatvecNorm, F::Matvec(M::NORM), "int8_matvec", msl: yes, mv::BINDINGS, MATVEC_WG, MatvecParams),
@@ -174,6 +183,9 @@ pub const TABLE: [KernelRow; 11] = {
         row!(EmbedLookup, F::Embed, "embed_lookup", msl: no, em::BINDINGS, WG, EmbedParams),
         row!(ArgmaxPartial, F::Argmax, "argmax_partial", msl: yes, am::PARTIAL_BINDINGS, WG, ArgmaxPartialParams),
         row!(ArgmaxFinal, F::Argmax, "argmax_final", msl: yes, am::FINAL_BINDINGS, WG, ArgmaxFinalParams),
+        row!(SamplePenalty, F::Sample, "sample_penalty", msl: no, sa::PENALTY_BINDINGS, WG, SampleParams),
+        row!(SampleMax, F::Sample, "sample_max", msl: no, sa::MAX_BINDINGS, WG, SampleParams),
+        row!(SampleSelect, F::Sample, "sample_select", msl: no, sa::SELECT_BINDINGS, WG, SampleParams),
     ]
 };
 
@@ -212,8 +224,8 @@ impl Constants {
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 11] = {
-        let mut all = [Kernel::Int8MatvecAccumulate; 11];
+    pub const ALL: [Kernel; 14] = {
+        let mut all = [Kernel::Int8MatvecAccumulate; 14];
         let mut i = 0;
         while i < TABLE.len() {
             all[i] = TABLE[i].kernel;
@@ -326,6 +338,7 @@ impl Kernel {
         match self.row().family {
             Family::Matvec(_) => matvec::INT8_COMMON,
             Family::Attention(_) => attention::ATTENTION_COMMON,
+            Family::Sample => sample::SAMPLE_COMMON,
             _ => "",
         }
     }

@@ -32,15 +32,14 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3Default;
 
 use super::Session;
-use crate::converted::ConvertedModel;
-use crate::engine::Model;
 use crate::error::{Error, Result};
+use crate::gpu_weights::ModelGpu;
+use crate::sampling::SamplingParams;
 
 /// Version of the session file format.
 pub const SESSION_FORMAT_VERSION: u32 = 1;
@@ -51,137 +50,6 @@ const HEADER_LEN: usize = 80;
 const FOOTER_LEN: usize = 16;
 const FINGERPRINT_LEN: usize = 32;
 const FLAG_PENDING: u32 = 1;
-
-/// The fingerprint of converted weights: xxh3-128 over the model's
-/// configuration and every byte of the int8 blob (in 64 MiB pieces hashed
-/// on all cores), as 32 hex digits. It identifies exactly what a session's
-/// KV cache was computed from, however the weights were loaded (converted
-/// or from the cache, from any copy of the checkpoint).
-pub(crate) fn weights_fingerprint(model: &ConvertedModel) -> String {
-    const PIECE: usize = 64 << 20;
-    let blob = crate::convert::blob_bytes(model).unwrap_or(&[]);
-    let pieces: Vec<&[u8]> = blob.chunks(PIECE).collect();
-    let mut digests = vec![0u128; pieces.len()];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, pieces.len().max(1));
-    let per_thread = pieces.len().div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        for (out, input) in digests.chunks_mut(per_thread).zip(pieces.chunks(per_thread)) {
-            s.spawn(move || {
-                for (d, p) in out.iter_mut().zip(input) {
-                    *d = xxhash_rust::xxh3::xxh3_128(p);
-                }
-            });
-        }
-    });
-    let mut h = Xxh3Default::new();
-    h.update(b"qwen3-wgpu converted weights");
-    h.update(&serde_json::to_vec(&model.config).unwrap_or_default());
-    h.update(&(blob.len() as u64).to_le_bytes());
-    for d in digests {
-        h.update(&d.to_le_bytes());
-    }
-    format!("{:032x}", h.digest128())
-}
-
-/// The fingerprint of a model's converted weights, hashed on a thread of
-/// its own so that a load does not wait for it (the first use does, if the
-/// hash is not done by then). The thread holds the converted weights until
-/// it is done, then drops them.
-pub(crate) struct WeightsFingerprint {
-    value: OnceLock<String>,
-    hashing: Mutex<Option<JoinHandle<String>>>,
-}
-
-impl WeightsFingerprint {
-    /// Starts hashing `model` ([`weights_fingerprint`]).
-    pub(crate) fn start(model: ConvertedModel) -> Self {
-        let model = Arc::new(model);
-        let theirs = model.clone();
-        let thread = std::thread::Builder::new()
-            .name("qwen3-wgpu weights fingerprint".into())
-            .spawn(move || weights_fingerprint(&theirs));
-        match thread {
-            Ok(handle) => WeightsFingerprint { value: OnceLock::new(), hashing: Mutex::new(Some(handle)) },
-            // No thread to be had: hash here.
-            Err(_) => WeightsFingerprint {
-                value: OnceLock::from(weights_fingerprint(&model)),
-                hashing: Mutex::new(None),
-            },
-        }
-    }
-
-    /// The fingerprint, waiting for the hash if it is still running.
-    pub(crate) fn get(&self) -> &str {
-        self.value.get_or_init(|| {
-            let handle = self.hashing.lock().unwrap_or_else(|e| e.into_inner()).take();
-            match handle.map(JoinHandle::join) {
-                Some(Ok(value)) => value,
-                // The hash failed (it cannot, short of a bug): a value no
-                // file holds, so no session file is ever taken for this
-                // model's.
-                _ => {
-                    use std::hash::{BuildHasher, Hasher};
-                    let random = || std::collections::hash_map::RandomState::new().build_hasher().finish();
-                    format!("{:016x}{:016x}", random(), random())
-                }
-            }
-        })
-    }
-}
-
-impl Model {
-    /// What identifies this model's converted weights: 32 hex digits
-    /// hashing its configuration and every byte of its int8 weights
-    /// (hashed on a thread of its own after the load, so the first call may
-    /// wait for it: a fraction of a second for Qwen3-0.6B). Loads of the same checkpoint share it,
-    /// converted or from the cache; a session file is restored only into a
-    /// model of the same fingerprint.
-    ///
-    /// ```no_run
-    /// # fn f(model: &qwen3_wgpu::Model) {
-    /// println!("weights {}", model.fingerprint());
-    /// # }
-    /// ```
-    pub fn fingerprint(&self) -> &str {
-        self.shared().fingerprint.get()
-    }
-
-    /// Restores a session [`Session::save`] wrote, with the capacity it had.
-    /// The restored session holds the same positions and pending token, so
-    /// it continues exactly as the saved one would have.
-    ///
-    /// ```no_run
-    /// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
-    /// let mut session = model.session()?;
-    /// session.feed(&[785, 6722, 315, 9625, 374])?;
-    /// session.save("npc-mira.q3s")?;
-    /// // Later, or in another process that loaded the same weights:
-    /// let mut restored = model.restore_session("npc-mira.q3s")?;
-    /// let next = restored.next_token()?; // as session.next_token() would give
-    /// # let _ = next;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// Errors: [`Error::SessionIo`] when the file cannot be opened or read;
-    /// [`Error::SessionFileInvalid`] when it is not an intact session file
-    /// of this format version (magic, version, size, checksum, token ids);
-    /// [`Error::SessionModelMismatch`] for an intact file saved from another
-    /// model; [`Error::ContextOverflow`] when the saved capacity exceeds
-    /// this model's `max_position_embeddings`.
-    pub fn restore_session(&self, path: impl AsRef<Path>) -> Result<Session> {
-        restore(self, path.as_ref(), None)
-    }
-
-    /// [`restore_session`](Self::restore_session) into a session of
-    /// `capacity` positions instead of the saved one (larger to continue
-    /// further, or smaller to save memory). A capacity below the saved
-    /// positions is [`Error::ContextOverflow`] (`needed`: the saved
-    /// positions), after the file is verified; nothing is allocated then.
-    pub fn restore_session_with_capacity(&self, path: impl AsRef<Path>, capacity: usize) -> Result<Session> {
-        restore(self, path.as_ref(), Some(capacity))
-    }
-}
 
 impl Session {
     /// A second session holding this one's context: its KV rows, token
@@ -225,6 +93,9 @@ impl Session {
         }
         let mut fork = Session::new(self.model.clone(), capacity)?;
         fork.set_lookahead(self.lookahead);
+        if self.sampling != SamplingParams::default() {
+            fork.set_sampling(&self.sampling)?;
+        }
         let gpu = &self.model.gpu;
         let mut enc = self.encoder();
         // Steps queued ahead write only past `len` (KV rows and tokens
@@ -469,7 +340,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// pass, uploading the KV rows as they are read when the file claims this
 /// model; every check on the whole file's checksum comes before the
 /// session is returned.
-fn restore(model: &Model, path: &Path, capacity: Option<usize>) -> Result<Session> {
+pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usize>) -> Result<Session> {
     let io = |what: &str, e: &dyn std::fmt::Display| Error::SessionIo {
         path: path.to_path_buf(),
         reason: format!("{what}: {e}"),
@@ -523,7 +394,6 @@ fn restore(model: &Model, path: &Path, capacity: Option<usize>) -> Result<Sessio
     let layer_bytes = layer_bytes.unwrap_or(0) as usize;
     let len = len as usize;
 
-    let shared = model.shared();
     let cfg = &shared.config;
     let fingerprint = shared.fingerprint.get();
     let same_model = found == fingerprint
@@ -533,7 +403,7 @@ fn restore(model: &Model, path: &Path, capacity: Option<usize>) -> Result<Sessio
     let capacity = capacity.unwrap_or(usize::try_from(saved_capacity).unwrap_or(usize::MAX));
     let max = cfg.max_position_embeddings;
     let fits = capacity >= len && capacity >= 1 && capacity <= max;
-    let mut session = if same_model && fits { Some(model.session_with_capacity(capacity)?) } else { None };
+    let mut session = if same_model && fits { Some(Session::new(shared.clone(), capacity)?) } else { None };
 
     let mut tokens = vec![0u8; 4 * len];
     input.fill(&mut tokens).map_err(read_err)?;
@@ -599,46 +469,4 @@ fn restore(model: &Model, path: &Path, capacity: Option<usize>) -> Result<Sessio
     session.pending = pending;
     session.reset_gpu_position();
     Ok(session)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::weights_fingerprint;
-    use crate::config::ModelConfig;
-    use crate::convert::plan_layout;
-    use crate::converted::{Blob, ConvertedModel};
-
-    fn model(cfg: ModelConfig, fill: impl Fn(usize) -> u8) -> ConvertedModel {
-        let (index, len) = plan_layout(&cfg);
-        ConvertedModel { config: cfg, index, blob: Blob::Owned((0..len).map(fill).collect()), blob_start: 0 }
-    }
-
-    fn small() -> ModelConfig {
-        ModelConfig {
-            hidden_size: 64,
-            intermediate_size: 128,
-            num_hidden_layers: 2,
-            num_attention_heads: 2,
-            num_key_value_heads: 1,
-            head_dim: 32,
-            vocab_size: 100,
-            ..ModelConfig::qwen3_0_6b_base()
-        }
-    }
-
-    /// The fingerprint changes with any byte of the weights (first, last,
-    /// any other) and with the configuration, and with nothing else.
-    #[test]
-    fn the_fingerprint_covers_every_weight_byte_and_the_config() {
-        let base = weights_fingerprint(&model(small(), |i| i as u8));
-        assert_eq!(base.len(), 32);
-        assert_eq!(base, weights_fingerprint(&model(small(), |i| i as u8)));
-        let len = plan_layout(&small()).1;
-        for at in [0, len / 3, len - 1] {
-            let changed = weights_fingerprint(&model(small(), |i| (i as u8) ^ u8::from(i == at)));
-            assert_ne!(changed, base, "byte {at}");
-        }
-        let other = ModelConfig { rope_theta: 10_000.0, ..small() };
-        assert_ne!(weights_fingerprint(&model(other, |i| i as u8)), base);
-    }
 }

@@ -1,0 +1,410 @@
+//! Sampling parameters: temperature, top-k, top-p, min-p, penalties over a
+//! window of recent tokens, and a seed. The sampling itself runs on the GPU
+//! inside each decode step (see the sampler kernels,
+//! `src/kernels/sample.rs`).
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
+use crate::kernels::{grid, sample, Kernel, SampleParams, ARGMAX_CHUNK, MAX_PENALTY_WINDOW};
+
+/// How the next token is chosen from the logits: greedy (temperature 0,
+/// the default) or sampled. Applied in Hugging Face's order: penalties,
+/// temperature, top-k, top-p (over the top-k set, renormalised), min-p,
+/// then the draw. Each filter keeps the logits at or above a threshold, so
+/// logits tied at a threshold are all kept (as Hugging Face's top-k does;
+/// its top-p keeps an arbitrary part of such a tie).
+///
+/// The draw is Gumbel-max with a counter-based random number per (seed,
+/// position, token id): the same seed gives the same tokens on every run,
+/// whatever the lookahead. Top-p sums the masses `exp((l - max) / T)` in
+/// fixed point (units of 2^-31 of the top token's), exactly and in any
+/// order, so a token whose mass is below 2^-31 of the top token's counts
+/// as zero there.
+///
+/// ```
+/// use qwen3_wgpu::SamplingParams;
+/// let params = SamplingParams::default().temperature(0.7).top_k(20).top_p(0.95).seed(7);
+/// assert!(!params.is_greedy());
+/// params.validate()?;
+/// assert_eq!(SamplingParams::default().temperature(-1.0).validate().unwrap_err().code(), "invalid_argument");
+/// # Ok::<(), qwen3_wgpu::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct SamplingParams {
+    /// Temperature: 0 is greedy (argmax, the default); the logits are
+    /// divided by it before the draw.
+    pub temperature: f32,
+    /// Keep only the `top_k` largest logits (0: off).
+    pub top_k: u32,
+    /// Keep the smallest set of largest logits whose probability reaches
+    /// `top_p` (1: off); in (0, 1].
+    pub top_p: f32,
+    /// Keep the tokens whose probability is at least `min_p` times the top
+    /// token's (0: off); in [0, 1].
+    pub min_p: f32,
+    /// Hugging Face's repetition penalty (1: off), once per distinct token
+    /// of the window: a logit `l` becomes `l * r` when negative, `l / r`
+    /// otherwise. Greater than 0.
+    pub repetition_penalty: f32,
+    /// OpenAI's presence penalty (0: off): subtracted once from the logit
+    /// of every token in the window.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty (0: off): subtracted from a token's
+    /// logit once per occurrence in the window.
+    pub frequency_penalty: f32,
+    /// The penalties look at the last `penalty_window` tokens of the
+    /// context (prompt included), as llama.cpp's `repeat_last_n` does.
+    /// Default [`SamplingParams::DEFAULT_PENALTY_WINDOW`]; at most
+    /// [`SamplingParams::MAX_PENALTY_WINDOW`].
+    pub penalty_window: u32,
+    /// The seed of the draws.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_window: Self::DEFAULT_PENALTY_WINDOW,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// The default penalty window (llama.cpp's `repeat_last_n`).
+    pub const DEFAULT_PENALTY_WINDOW: u32 = 64;
+
+    /// The longest penalty window (the GPU holds the window in workgroup
+    /// memory).
+    pub const MAX_PENALTY_WINDOW: u32 = MAX_PENALTY_WINDOW;
+
+    /// Greedy decoding (the default).
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    /// Sets the temperature (0: greedy).
+    pub fn temperature(mut self, t: f32) -> Self {
+        self.temperature = t;
+        self
+    }
+
+    /// Sets top-k (0: off).
+    pub fn top_k(mut self, k: u32) -> Self {
+        self.top_k = k;
+        self
+    }
+
+    /// Sets top-p (1: off).
+    pub fn top_p(mut self, p: f32) -> Self {
+        self.top_p = p;
+        self
+    }
+
+    /// Sets min-p (0: off).
+    pub fn min_p(mut self, p: f32) -> Self {
+        self.min_p = p;
+        self
+    }
+
+    /// Sets the repetition penalty (1: off).
+    pub fn repetition_penalty(mut self, r: f32) -> Self {
+        self.repetition_penalty = r;
+        self
+    }
+
+    /// Sets the presence penalty (0: off).
+    pub fn presence_penalty(mut self, p: f32) -> Self {
+        self.presence_penalty = p;
+        self
+    }
+
+    /// Sets the frequency penalty (0: off).
+    pub fn frequency_penalty(mut self, p: f32) -> Self {
+        self.frequency_penalty = p;
+        self
+    }
+
+    /// Sets the penalty window, in tokens.
+    pub fn penalty_window(mut self, n: u32) -> Self {
+        self.penalty_window = n;
+        self
+    }
+
+    /// Sets the seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Whether the next token is the argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Whether any penalty is on.
+    pub fn has_penalties(&self) -> bool {
+        self.penalty_window > 0
+            && (self.repetition_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+
+    /// Checks every field.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the field: a negative,
+    /// infinite or NaN `temperature`; `top_p` outside (0, 1]; `min_p`
+    /// outside [0, 1]; a `repetition_penalty` not greater than 0 (or not
+    /// finite); a `presence_penalty` or `frequency_penalty` that is not
+    /// finite; a `penalty_window` above [`Self::MAX_PENALTY_WINDOW`].
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &str, reason: String| Err(Error::invalid_argument(name, reason));
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", format!("{} is not a finite value >= 0", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", format!("{} is outside (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", format!("{} is outside [0, 1]", self.min_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad(
+                "repetition_penalty",
+                format!("{} is not a finite value > 0", self.repetition_penalty),
+            );
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", format!("{} is not finite", self.presence_penalty));
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", format!("{} is not finite", self.frequency_penalty));
+        }
+        if self.penalty_window > Self::MAX_PENALTY_WINDOW {
+            return bad(
+                "penalty_window",
+                format!(
+                    "{} tokens is more than the {} supported",
+                    self.penalty_window,
+                    Self::MAX_PENALTY_WINDOW
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The checkpoint's own sampling settings, from `dir/generation_config.json`
+    /// as Hugging Face's `generate` reads them: `do_sample` false or absent
+    /// is greedy; otherwise `temperature` (default 1.0), `top_k` (default
+    /// 50), `top_p` (default 1.0) and `min_p` (default off). A
+    /// `repetition_penalty` applies either way (default 1.0). Other fields
+    /// are ignored. A checkpoint without the file gets the defaults of
+    /// [`SamplingParams::default`] (greedy), as Hugging Face falls back to
+    /// its defaults.
+    ///
+    /// Errors: [`Error::CheckpointInvalid`] for malformed JSON, a field of
+    /// the wrong type, a value out of range (see [`Self::validate`]), or a
+    /// file that cannot be read.
+    pub fn from_generation_config(dir: impl AsRef<Path>) -> Result<Self> {
+        let path = dir.as_ref().join("generation_config.json");
+        let Some(bytes) = crate::config::read_optional(&path)? else { return Ok(Self::default()) };
+        Self::parse_generation_config(&bytes).map_err(|reason| Error::invalid(&path, reason))
+    }
+
+    fn parse_generation_config(bytes: &[u8]) -> std::result::Result<Self, String> {
+        let json: Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+        let obj = json.as_object().ok_or("not a JSON object")?;
+        let float = |name: &str, default: f32| -> std::result::Result<f32, String> {
+            match obj.get(name) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => {
+                    v.as_f64().map(|x| x as f32).ok_or_else(|| format!("`{name}` is not a number: {v}"))
+                }
+            }
+        };
+        let do_sample = match obj.get("do_sample") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => return Err(format!("`do_sample` is not a boolean: {v}")),
+        };
+        let mut params = Self::default().repetition_penalty(float("repetition_penalty", 1.0)?);
+        if do_sample {
+            let top_k = match obj.get("top_k") {
+                None | Some(Value::Null) => 50,
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|k| u32::try_from(k).ok())
+                    .ok_or_else(|| format!("`top_k` is not a token count: {v}"))?,
+            };
+            params = params
+                .temperature(float("temperature", 1.0)?)
+                .top_k(top_k)
+                .top_p(float("top_p", 1.0)?)
+                .min_p(float("min_p", 0.0)?);
+        }
+        params.validate().map_err(|e| e.to_string())?;
+        Ok(params)
+    }
+}
+
+/// One launch of the token choice: kernel, parameters, grid. The buffers
+/// each kernel binds are named by its binding order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedLaunch {
+    /// The kernel launched.
+    pub kernel: Kernel,
+    /// Its parameters (the uniform's bytes).
+    pub params: Vec<u8>,
+    /// Its grid.
+    pub workgroups: [u32; 3],
+}
+
+/// The launches that choose the next token from `n` logits under `s`
+/// (`n_tokens`: length of the token buffer; `chunk`: logits per workgroup
+/// of the chunked sampler launches). Temperature 0 is greedy: the argmax
+/// launches (after `sample_penalty` when a penalty is on), exactly those of
+/// a session without sampling. Otherwise the filters that are on, each a
+/// logit threshold: top-k (`0 < k < n`), top-p (`p < 1`), min-p
+/// (`min_p > 0`), then the draw.
+pub fn plan(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> Vec<PlannedLaunch> {
+    let parts = sample::parts(n, chunk);
+    let top_k_on = s.top_k > 0 && s.top_k < n;
+    let top_p_on = s.top_p < 1.0;
+    let min_p_on = s.min_p > 0.0;
+    let k_passes = if top_k_on { sample::PASSES_PER_FILTER } else { 0 };
+    let passes = k_passes + if top_p_on { sample::PASSES_PER_FILTER } else { 0 };
+    let need_max = top_p_on || min_p_on;
+    let base = SampleParams {
+        n,
+        chunk,
+        parts,
+        select_pass: 0,
+        passes,
+        k_passes,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p_on: min_p_on as u32,
+        min_p_offset: if min_p_on { s.temperature * s.min_p.ln() } else { 0.0 },
+        temperature: s.temperature,
+        seed_lo: s.seed as u32,
+        seed_hi: (s.seed >> 32) as u32,
+        repetition_penalty: s.repetition_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        window: s.penalty_window,
+        n_tokens,
+        need_max: need_max as u32,
+    };
+    let launch = |kernel, p: &SampleParams, workgroups| PlannedLaunch {
+        kernel,
+        params: bytemuck::bytes_of(p).to_vec(),
+        workgroups,
+    };
+    let mut out = Vec::new();
+    if s.has_penalties() {
+        out.push(launch(Kernel::SamplePenalty, &base, grid(1)));
+    }
+    if s.is_greedy() {
+        let argmax_parts = argmax::parts(n, ARGMAX_CHUNK);
+        let partial = ArgmaxPartialParams { n, chunk: ARGMAX_CHUNK };
+        out.push(PlannedLaunch {
+            kernel: Kernel::ArgmaxPartial,
+            params: bytemuck::bytes_of(&partial).to_vec(),
+            workgroups: grid(argmax_parts),
+        });
+        let last = ArgmaxFinalParams { n: argmax_parts, n_tokens };
+        out.push(PlannedLaunch {
+            kernel: Kernel::ArgmaxFinal,
+            params: bytemuck::bytes_of(&last).to_vec(),
+            workgroups: argmax::FINAL_GRID,
+        });
+        return out;
+    }
+    if need_max {
+        out.push(launch(Kernel::SampleMax, &base, grid(parts)));
+    }
+    for pass in 0..=passes {
+        out.push(launch(Kernel::SampleSelect, &SampleParams { select_pass: pass, ..base }, grid(parts)));
+    }
+    let last = ArgmaxFinalParams { n: parts, n_tokens };
+    out.push(PlannedLaunch {
+        kernel: Kernel::ArgmaxFinal,
+        params: bytemuck::bytes_of(&last).to_vec(),
+        workgroups: argmax::FINAL_GRID,
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> std::result::Result<SamplingParams, String> {
+        SamplingParams::parse_generation_config(text.as_bytes())
+    }
+
+    #[test]
+    fn qwen3_generation_config_is_read_as_hugging_face_does() {
+        let qwen = r#"{"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643],
+            "pad_token_id": 151643, "temperature": 0.6, "top_k": 20, "top_p": 0.95}"#;
+        let want = SamplingParams::default().temperature(0.6).top_k(20).top_p(0.95);
+        assert_eq!(parse(qwen).unwrap(), want);
+        assert_eq!(
+            parse(r#"{"do_sample": true}"#).unwrap(),
+            SamplingParams::default().temperature(1.0).top_k(50)
+        );
+        let greedy = r#"{"do_sample": false, "temperature": 0.6, "repetition_penalty": 1.1}"#;
+        assert_eq!(parse(greedy).unwrap(), SamplingParams::default().repetition_penalty(1.1));
+        assert_eq!(parse("{}").unwrap(), SamplingParams::default());
+        for bad in [
+            "[1]",
+            "{",
+            r#"{"do_sample": "yes"}"#,
+            r#"{"do_sample": true, "top_k": -1}"#,
+            r#"{"do_sample": true, "top_p": 1.5}"#,
+            r#"{"temperature": "hot", "do_sample": true}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let d = SamplingParams::default;
+        let cases = [
+            (d().temperature(-0.1), "temperature"),
+            (d().temperature(f32::NAN), "temperature"),
+            (d().temperature(f32::INFINITY), "temperature"),
+            (d().top_p(0.0), "top_p"),
+            (d().top_p(1.01), "top_p"),
+            (d().top_p(f32::NAN), "top_p"),
+            (d().min_p(-0.01), "min_p"),
+            (d().min_p(1.5), "min_p"),
+            (d().repetition_penalty(0.0), "repetition_penalty"),
+            (d().repetition_penalty(-1.0), "repetition_penalty"),
+            (d().presence_penalty(f32::NAN), "presence_penalty"),
+            (d().frequency_penalty(f32::INFINITY), "frequency_penalty"),
+            (d().penalty_window(SamplingParams::MAX_PENALTY_WINDOW + 1), "penalty_window"),
+        ];
+        for (params, field) in cases {
+            match params.validate() {
+                Err(Error::InvalidArgument { name, .. }) => assert_eq!(name, field, "{params:?}"),
+                other => panic!("{params:?}: {other:?}"),
+            }
+        }
+        let edge = d().top_p(1.0).min_p(1.0).penalty_window(SamplingParams::MAX_PENALTY_WINDOW);
+        edge.validate().unwrap();
+    }
+}

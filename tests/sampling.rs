@@ -1,0 +1,433 @@
+//! Sampling on the GPU (WGSL on lavapipe): the sampler kernels against the
+//! CPU reference (src/reference.rs) at awkward sizes, the distribution of
+//! the sampled token over many seeds (2,400 per parameter set) against the reference's by a
+//! chi-square test on a small model's own logits, the penalties' edits, the
+//! same tokens at every lookahead, and the greedy path unchanged.
+
+use std::path::{Path, PathBuf};
+
+use qwen3_wgpu::internals::gpu::UniformPages;
+use qwen3_wgpu::internals::kernels::sample::{part_slots, parts, scratch_words};
+use qwen3_wgpu::internals::kernels::{Kernel, KernelChoice, Kernels, Launch, SAMPLE_CHUNK};
+use qwen3_wgpu::internals::reference::{
+    chi_square, chi_square_critical_1e3, penalize_ref, poisoned, sample_probs_ref, sort_key, POISON,
+};
+use qwen3_wgpu::internals::sampling::plan;
+use qwen3_wgpu::internals::self_check;
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, Gpu, LoadOptions, Model, SamplingParams};
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
+}
+
+fn model() -> Model {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
+    engine.load(fixture_dir(), &options).unwrap()
+}
+
+/// A prompt of the fixture's vocabulary with repeats (for the penalties).
+const PROMPT: [u32; 10] = [851, 720, 591, 720, 110, 800, 753, 591, 720, 42];
+
+/// The sampler's launches on buffers of their own: the logits and the
+/// token sequence given, reset before every draw.
+struct Rig {
+    gpu: Gpu,
+    kernels: Kernels,
+}
+
+/// What a run of draws leaves: the drawn tokens, the final state slot's
+/// threshold key of the last draw, and the buffers checked for stray writes.
+struct Draws {
+    tokens: Vec<u32>,
+    theta: u32,
+    /// The token sequence after the last draw.
+    sequence: Vec<u32>,
+    /// The logits after the last draw (edited by the penalties).
+    logits: Vec<f32>,
+}
+
+impl Rig {
+    fn new() -> Self {
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        // The start-up self-check runs the sampler too: it must pass.
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, self_check::run).unwrap();
+        assert!(kernels.report.self_check.ok, "{}", kernels.report.self_check.describe_failures());
+        Rig { gpu, kernels }
+    }
+
+    fn storage(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        use wgpu::util::DeviceExt;
+        self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: data,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    /// One draw per seed from `logits` at position `sequence.len() - 1`
+    /// of the token sequence `sequence` (the penalties' window), `chunk`
+    /// logits per workgroup. Outputs start poisoned.
+    fn draws(
+        &self,
+        logits: &[f32],
+        sequence: &[u32],
+        params: &SamplingParams,
+        seeds: std::ops::Range<u64>,
+        chunk: u32,
+    ) -> Draws {
+        let gpu = &self.gpu;
+        let n = logits.len() as u32;
+        let n_tokens = sequence.len() + 3;
+        let pos = sequence.len() - 1;
+        let mut tokens = vec![POISON; n_tokens];
+        tokens[..sequence.len()].copy_from_slice(sequence);
+        let pristine_logits = self.storage("logits0", bytemuck::cast_slice(logits));
+        let logits_buf = self.storage("logits", bytemuck::cast_slice(logits));
+        let pristine_tokens = self.storage("tokens0", bytemuck::cast_slice(&tokens));
+        let tokens_buf = self.storage("tokens", bytemuck::cast_slice(&tokens));
+        let pristine_step = self.storage("step0", bytemuck::cast_slice(&[pos as u32, 0]));
+        let step = self.storage("step", bytemuck::cast_slice(&[pos as u32, 0]));
+        let scratch = self.storage("scratch", &poisoned(scratch_words(n, chunk)));
+        let slots = part_slots(n, chunk);
+        let part_val = self.storage("part_val", &poisoned(slots));
+        let part_idx = self.storage("part_idx", &poisoned(slots));
+        let count = (seeds.end - seeds.start) as usize;
+        let out = self.storage("out", &poisoned(count));
+        let mut uniforms = UniformPages::new(gpu);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for (i, seed) in seeds.enumerate() {
+            enc.copy_buffer_to_buffer(&pristine_logits, 0, &logits_buf, 0, logits_buf.size());
+            enc.copy_buffer_to_buffer(&pristine_tokens, 0, &tokens_buf, 0, tokens_buf.size());
+            enc.copy_buffer_to_buffer(&pristine_step, 0, &step, 0, step.size());
+            let launches: Vec<Launch> = plan(&params.clone().seed(seed), n, n_tokens as u32, chunk)
+                .into_iter()
+                .map(|l| {
+                    let (page, offset, size) = uniforms.push(gpu, &l.params);
+                    let u = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &page,
+                        offset,
+                        size: wgpu::BufferSize::new(size),
+                    });
+                    let bufs = match l.kernel {
+                        Kernel::SamplePenalty => {
+                            vec![u, whole(&tokens_buf), whole(&step), whole(&logits_buf)]
+                        }
+                        Kernel::SampleMax => vec![u, whole(&logits_buf), whole(&scratch)],
+                        Kernel::SampleSelect => vec![
+                            u,
+                            whole(&logits_buf),
+                            whole(&scratch),
+                            whole(&step),
+                            whole(&part_val),
+                            whole(&part_idx),
+                        ],
+                        Kernel::ArgmaxPartial => {
+                            vec![u, whole(&logits_buf), whole(&part_val), whole(&part_idx)]
+                        }
+                        Kernel::ArgmaxFinal => {
+                            vec![u, whole(&part_val), whole(&part_idx), whole(&tokens_buf), whole(&step)]
+                        }
+                        other => panic!("{other:?} in the plan"),
+                    };
+                    Launch::new(gpu, &self.kernels, l.kernel, &bufs, l.workgroups)
+                })
+                .collect();
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for l in &launches {
+                    l.record(&mut pass, &self.kernels);
+                }
+            }
+            enc.copy_buffer_to_buffer(&tokens_buf, 4 * (pos as u64 + 1), &out, 4 * i as u64, 4);
+            if i % 256 == 255 {
+                let done =
+                    std::mem::replace(&mut enc, gpu.device.create_command_encoder(&Default::default()));
+                gpu.queue.submit([done.finish()]);
+            }
+        }
+        gpu.queue.submit([enc.finish()]);
+        let words = |b: &wgpu::Buffer, n: usize| -> Vec<u32> {
+            bytemuck::pod_collect_to_vec(&gpu.download(b, 4 * n).unwrap())
+        };
+        let passes = plan(params, n, n_tokens as u32, chunk)
+            .iter()
+            .filter(|l| l.kernel == Kernel::SampleSelect)
+            .count();
+        let scratch_now = words(&scratch, scratch_words(n, chunk));
+        let theta = if passes > 0 { scratch_now[parts(n, chunk) as usize + (passes - 1) * 8 + 4] } else { 0 };
+        Draws {
+            tokens: words(&out, count),
+            theta,
+            sequence: words(&tokens_buf, n_tokens),
+            logits: bytemuck::cast_slice(&words(&logits_buf, n as usize)).to_vec(),
+        }
+    }
+}
+
+fn whole(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+    b.as_entire_binding()
+}
+
+/// Counts of each token among `tokens`.
+fn histogram(tokens: &[u32], n: usize) -> Vec<u64> {
+    let mut counts = vec![0u64; n];
+    for &t in tokens {
+        assert!((t as usize) < n, "drew {t}, outside the vocabulary of {n}");
+        counts[t as usize] += 1;
+    }
+    counts
+}
+
+/// Logits with awkward features: `n` values on a coarse grid (many ties),
+/// the top value tied three times.
+fn awkward_logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as u32 % 64;
+            r as f32 * 0.125 - 4.0
+        })
+        .collect();
+    for i in [3, n / 2, n - 1] {
+        v[i] = 4.5;
+    }
+    v
+}
+
+/// Top-k's and top-p's thresholds are the reference's exactly (keys), at
+/// vocabularies that are not a multiple of the chunk, with ties at the
+/// threshold; every draw is a kept token; only tokens[pos + 1] is written.
+#[test]
+fn thresholds_and_draws_match_the_reference_at_awkward_sizes() {
+    let rig = Rig::new();
+    for (n, chunk) in [(777usize, 128u32), (1000, 256), (3001, 1024), (300, 2048)] {
+        let logits = awkward_logits(n, n as u64);
+        let mut sorted = logits.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        for k in [1u32, 2, 3, 4, 17, 200] {
+            let params = SamplingParams::default().temperature(0.9).top_k(k);
+            let d = rig.draws(&logits, &[5, 6], &params, 0..40, chunk);
+            assert_eq!(d.theta, sort_key(sorted[k as usize - 1]), "n {n} chunk {chunk} k {k}: threshold");
+            let probs = sample_probs_ref(&logits, 0.9, k, 1.0, 0.0);
+            for &t in &d.tokens {
+                assert!(probs[t as usize] > 0.0, "n {n} k {k}: drew {t}, which top-k drops");
+            }
+            assert_eq!(&d.sequence[..2], &[5, 6]);
+            assert_eq!(&d.sequence[3..], &[POISON, POISON], "n {n} k {k}: wrote past tokens[pos + 1]");
+        }
+        for (k, p) in [(0u32, 0.5f32), (0, 0.9), (50, 0.7), (0, 1e-6)] {
+            let params = SamplingParams::default().temperature(0.7).top_k(k).top_p(p);
+            let d = rig.draws(&logits, &[5, 6], &params, 0..40, chunk);
+            let probs = sample_probs_ref(&logits, 0.7, k, p, 0.0);
+            let kept_min =
+                (0..n).filter(|&i| probs[i] > 0.0).map(|i| logits[i]).fold(f32::INFINITY, f32::min);
+            assert_eq!(d.theta, sort_key(kept_min), "n {n} chunk {chunk} k {k} p {p}: threshold");
+            for &t in &d.tokens {
+                assert!(probs[t as usize] > 0.0, "n {n} k {k} p {p}: drew {t}, which the filters drop");
+            }
+        }
+        let params = SamplingParams::default().temperature(0.5).min_p(0.3);
+        let d = rig.draws(&logits, &[5, 6], &params, 0..40, chunk);
+        let probs = sample_probs_ref(&logits, 0.5, 0, 1.0, 0.3);
+        assert!(d.tokens.iter().all(|&t| probs[t as usize] > 0.0), "n {n}: min-p");
+    }
+}
+
+/// The penalties edit exactly the window's distinct tokens, as the
+/// reference does (within one ulp: the GPU may fuse the multiply-add).
+#[test]
+fn penalties_edit_the_window_as_the_reference() {
+    let rig = Rig::new();
+    let n = 1000;
+    let mut logits = awkward_logits(n, 9);
+    logits[720] = -1.5;
+    logits[591] = 2.25;
+    logits[0] = 0.0;
+    let sequence = [0u32, 851, 720, 591, 720, 110, 999, 753, 591, 720, 42, 0];
+    for window in [1u32, 5, 9, 64] {
+        let params = SamplingParams::default()
+            .temperature(1.0)
+            .repetition_penalty(1.3)
+            .presence_penalty(0.5)
+            .frequency_penalty(0.25)
+            .penalty_window(window);
+        let d = rig.draws(&logits, &sequence, &params, 0..1, 256);
+        let recent = &sequence[sequence.len().saturating_sub(window as usize)..];
+        let want = penalize_ref(&logits, recent, 1.3, 0.5, 0.25);
+        for (i, (g, w)) in d.logits.iter().zip(&want).enumerate() {
+            assert!(g.to_bits().abs_diff(w.to_bits()) <= 1, "window {window}: logit {i}: {g}, want {w}");
+        }
+        assert_eq!(d.logits.len(), n);
+        assert_ne!(want, logits, "window {window}: the case edits nothing");
+    }
+}
+
+/// The sampled next token's distribution over many seeds matches the
+/// reference's (softmax of the filtered logits / T) by a chi-square test
+/// at p < 1e-3, on the fixture model's own logits, for each filter and the
+/// penalties; the sampler's launches in a session draw what these draw.
+#[test]
+fn sampled_distribution_matches_the_reference() {
+    let model = model();
+    let mut session = model.session_with_capacity(32).unwrap();
+    session.feed(&PROMPT).unwrap();
+    let raw = session.debug_logits().unwrap();
+    let n = raw.len();
+    let rig = Rig::new();
+    let sets = [
+        SamplingParams::default().temperature(0.6),
+        SamplingParams::default().temperature(0.8).top_k(12),
+        SamplingParams::default().temperature(0.7).top_p(0.6),
+        SamplingParams::default().temperature(1.0).top_k(30).top_p(0.7),
+        SamplingParams::default().temperature(0.9).min_p(0.01),
+        SamplingParams::default()
+            .temperature(0.7)
+            .repetition_penalty(1.5)
+            .presence_penalty(0.3)
+            .frequency_penalty(0.2),
+    ];
+    for (i, params) in sets.iter().enumerate() {
+        let draws = 2400;
+        let seeds = 1000 * i as u64..1000 * i as u64 + draws;
+        let d = rig.draws(&raw, &PROMPT, params, seeds.clone(), SAMPLE_CHUNK);
+        let window = &PROMPT[PROMPT.len().saturating_sub(params.penalty_window as usize)..];
+        let logits = if params.has_penalties() {
+            penalize_ref(
+                &raw,
+                window,
+                params.repetition_penalty,
+                params.presence_penalty,
+                params.frequency_penalty,
+            )
+        } else {
+            raw.clone()
+        };
+        let probs = sample_probs_ref(&logits, params.temperature, params.top_k, params.top_p, params.min_p);
+        let (stat, df) = chi_square(&histogram(&d.tokens, n), &probs);
+        let kept = probs.iter().filter(|&&p| p > 0.0).count();
+        let critical = chi_square_critical_1e3(df);
+        eprintln!(
+            "{params:?}: {kept} kept, chi-square {stat:.1} ({df} degrees of freedom, critical {critical:.1})"
+        );
+        assert!(df >= 3, "{params:?}: too few bins ({df} degrees of freedom, {kept} kept)");
+        assert!(
+            stat < critical,
+            "{params:?}: chi-square {stat:.1} >= {critical:.1} ({df} degrees of freedom)"
+        );
+        // The session's own launches draw the same tokens for the same seeds.
+        for seed in seeds.start..seeds.start + 3 {
+            session.set_sampling(&params.clone().seed(seed)).unwrap();
+            session.truncate(PROMPT.len() - 1).unwrap();
+            let token = session.feed(&PROMPT[PROMPT.len() - 1..]).unwrap();
+            assert_eq!(
+                token,
+                d.tokens[(seed - seeds.start) as usize],
+                "{params:?} seed {seed}: session vs rig"
+            );
+        }
+    }
+}
+
+/// Same seed, same tokens, whatever the lookahead; another seed, other
+/// tokens; greedy stays greedy after sampling.
+#[test]
+fn same_seed_same_tokens_at_every_lookahead() {
+    let model = model();
+    let params =
+        SamplingParams::default().temperature(0.9).top_k(40).top_p(0.95).repetition_penalty(1.1).seed(7);
+    let run = |params: &SamplingParams, lookahead: usize| -> Vec<u32> {
+        let mut s = model.session_with_capacity(40).unwrap();
+        s.set_lookahead(lookahead);
+        s.set_sampling(params).unwrap();
+        let mut tokens = vec![s.feed(&PROMPT).unwrap()];
+        for _ in 0..16 {
+            tokens.push(s.next_token().unwrap());
+        }
+        tokens
+    };
+    let base = run(&params, 4);
+    for lookahead in [1, 2, 8] {
+        assert_eq!(run(&params, lookahead), base, "lookahead {lookahead}");
+    }
+    assert_ne!(run(&params.clone().seed(8), 4), base, "seeds 7 and 8 drew the same tokens");
+    let greedy = run(&SamplingParams::default(), 4);
+    assert_ne!(greedy, base);
+    // Switching mid-stream: the queued steps are dropped, the next token
+    // uses the new parameters.
+    let mut s = model.session_with_capacity(40).unwrap();
+    s.set_sampling(&params).unwrap();
+    let mut tokens = vec![s.feed(&PROMPT).unwrap(), s.next_token().unwrap()];
+    s.set_sampling(&SamplingParams::default()).unwrap();
+    assert_eq!(s.sampling(), &SamplingParams::default());
+    for _ in 0..15 {
+        tokens.push(s.next_token().unwrap());
+    }
+    let mut g = model.session_with_capacity(40).unwrap();
+    g.feed(&PROMPT).unwrap();
+    g.truncate(0).unwrap();
+    let mut want = vec![g.feed(&[&PROMPT[..], &tokens[..2]].concat()).unwrap()];
+    for _ in 0..14 {
+        want.push(g.next_token().unwrap());
+    }
+    assert_eq!(&tokens[2..], &want[..], "greedy after sampling");
+}
+
+/// The default is today's greedy path: the same launches (the two argmax
+/// kernels) and the fixture's expected greedy tokens.
+#[test]
+fn greedy_path_is_unchanged() {
+    let steps = plan(&SamplingParams::default(), 1000, 40, SAMPLE_CHUNK);
+    let kernels: Vec<Kernel> = steps.iter().map(|l| l.kernel).collect();
+    assert_eq!(kernels, [Kernel::ArgmaxPartial, Kernel::ArgmaxFinal]);
+    let text = std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        expected[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
+    let (prompt, want) = (ids("prompt_ids"), ids("generated_ids"));
+    let model = model();
+    let out = model.generate(&prompt, 8, |_| {}).unwrap();
+    assert_eq!(out.generated_ids(), &want[..8]);
+    let options = qwen3_wgpu::GenerateOptions::default().max_new_tokens(8).sampling(SamplingParams::greedy());
+    let out = model.generate_with(&prompt, &options, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_eq!(out.generated_ids(), &want[..8]);
+    let sampled = options.sampling(SamplingParams::default().temperature(1.0).seed(1));
+    let out = model.generate_with(&prompt, &sampled, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_ne!(out.generated_ids(), &want[..8], "sampling at T = 1 drew the greedy tokens");
+}
+
+/// Bad parameters are refused by name and leave the session as it was.
+#[test]
+fn bad_parameters_are_refused_by_name() {
+    let model = model();
+    let mut s = model.session_with_capacity(16).unwrap();
+    let good = SamplingParams::default().temperature(0.5).seed(3);
+    s.set_sampling(&good).unwrap();
+    let e = s.set_sampling(&SamplingParams::default().top_p(0.0)).unwrap_err();
+    assert_eq!(e.code(), "invalid_argument");
+    assert!(e.to_string().contains("top_p"), "{e}");
+    assert_eq!(s.sampling(), &good);
+    let options =
+        qwen3_wgpu::GenerateOptions::default().sampling(SamplingParams::default().temperature(f32::NAN));
+    let e = model.generate_with(&PROMPT, &options, |_| std::ops::ControlFlow::Continue(())).unwrap_err();
+    assert!(e.to_string().contains("temperature"), "{e}");
+}
+
+/// generation_config.json: absent gives the defaults, malformed is
+/// `checkpoint_invalid`, Qwen3's is read.
+#[test]
+fn generation_config_is_read_or_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(SamplingParams::from_generation_config(dir.path()).unwrap(), SamplingParams::default());
+    let file = dir.path().join("generation_config.json");
+    std::fs::write(&file, r#"{"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95}"#).unwrap();
+    let want = SamplingParams::default().temperature(0.6).top_k(20).top_p(0.95);
+    assert_eq!(SamplingParams::from_generation_config(dir.path()).unwrap(), want);
+    std::fs::write(&file, r#"{"do_sample": true, "temperature": "#).unwrap();
+    let e = SamplingParams::from_generation_config(dir.path()).unwrap_err();
+    assert_eq!(e.code(), "checkpoint_invalid", "{e}");
+}
