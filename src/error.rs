@@ -168,6 +168,12 @@ pub enum Error {
         /// Bytes available (0 when unknown).
         available: u64,
     },
+
+    /// The caller cancelled the operation (a load progress callback
+    /// returned `ControlFlow::Break`). Nothing it would have written is
+    /// left behind.
+    #[error("cancelled by the caller")]
+    Cancelled,
 }
 
 impl Error {
@@ -195,11 +201,12 @@ impl Error {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::Internal { .. } => "internal",
             Error::OutOfMemory { .. } => "out_of_memory",
+            Error::Cancelled => "cancelled",
         }
     }
 
     /// Every code, in declaration order (for documentation and tests).
-    pub const ALL_CODES: [&'static str; 16] = [
+    pub const ALL_CODES: [&'static str; 17] = [
         "checkpoint_not_found",
         "checkpoint_invalid",
         "unsupported_checkpoint_architecture",
@@ -216,6 +223,7 @@ impl Error {
         "invalid_argument",
         "internal",
         "out_of_memory",
+        "cancelled",
     ];
 
     pub(crate) fn cache_io(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {

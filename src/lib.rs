@@ -22,6 +22,8 @@ pub(crate) mod error;
 pub(crate) mod gpu;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod gpu_weights;
+#[cfg(feature = "hub")]
+pub mod hub;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod kernels;
 pub(crate) mod limits;
@@ -47,7 +49,7 @@ pub use engine::{
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
-pub use load::LoadReport;
+pub use load::{LoadPhase, LoadProgress, LoadProgressFn, LoadReport};
 pub use session::{Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH};
 pub use stop::{StopMatcher, StopStep};
 pub use tokenizer::{TextStream, Tokenizer};
