@@ -299,9 +299,12 @@ enum UnitWork<'b> {
 struct UnitDone {
     source: usize,
     digests: Vec<u128>,
-    /// (byte offset in the tensor, bytes) of each partial row.
-    fragments: Vec<(usize, Vec<u8>)>,
+    /// Each partial row's bytes.
+    fragments: Vec<Fragment>,
 }
+
+/// Part of a row: its byte offset in the tensor and its bytes.
+type Fragment = (usize, Vec<u8>);
 
 /// Converts every target into `blob` on all cores. Each source tensor is
 /// cut into pieces of `piece` bytes ([`HASH_PIECE`], the pieces of its
@@ -396,7 +399,7 @@ fn convert_targets(
         })
         .collect();
     let mut piece_digests: Vec<Vec<u8>> = vec![Vec::new(); sources.len()];
-    let mut fragments: HashMap<(usize, usize), Vec<(usize, Vec<u8>)>> = HashMap::new();
+    let mut fragments: HashMap<(usize, usize), Vec<Fragment>> = HashMap::new();
     for result in results {
         let Some(done) = result? else { continue };
         for d in done.digests {
