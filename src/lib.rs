@@ -22,8 +22,6 @@ pub(crate) mod error;
 pub(crate) mod gpu;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod gpu_weights;
-#[cfg(feature = "hub")]
-pub mod hub;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod kernels;
 pub(crate) mod limits;

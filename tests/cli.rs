@@ -156,21 +156,6 @@ fn every_malformed_argument_is_a_json_invalid_argument() {
     }
 }
 
-/// `--model` needs the `hub` feature (the example is built without it
-/// here): the error names the feature; with `--checkpoint` it is refused.
-#[test]
-fn model_without_the_hub_feature_names_the_feature() {
-    let out = decode(&["--model", "Qwen/Qwen3-0.6B-Base", "--prompt-ids", "1", "--json"], &[]);
-    let message = expect_error(&out, "invalid_argument");
-    assert!(message.contains("--model") && message.contains("`hub` feature"), "{message}");
-    let dir = fixture();
-    let both =
-        ["--model", "Qwen/Qwen3-0.6B-Base", "--checkpoint", dir.to_str().unwrap(), "--prompt-ids", "1"];
-    let out = decode(&[&both[..], &["--json"]].concat(), &[]);
-    let message = expect_error(&out, "invalid_argument");
-    assert!(message.contains("--model") || message.contains("--checkpoint"), "{message}");
-}
-
 #[test]
 fn without_json_an_argument_error_is_one_line_on_stderr() {
     let out = decode(&["--prompt-ids", "1,,2"], &[]);
