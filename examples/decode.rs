@@ -307,7 +307,6 @@ fn default_checkpoint() -> PathBuf {
 }
 
 fn run(args: &Args) -> Result<serde_json::Value, Error> {
-    let checkpoint = args.checkpoint.clone().unwrap_or_else(default_checkpoint);
     // The tokenizer is read only when text is needed, before the GPU is
     // touched: to encode --prompt (a broken tokenizer.json is then an error
     // naming it), or to print the generated text, which --prompt-ids runs
@@ -321,6 +320,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         let flag = if args.chat { "--chat" } else { "--print-prompt" };
         return Err(Error::InvalidArgument { name: flag.into(), reason: "needs --prompt TEXT".into() });
     }
+    let checkpoint = args.checkpoint.clone().unwrap_or_else(default_checkpoint);
     // With --chat, the text encoded is the rendered conversation.
     let chat = match (&args.prompt, args.chat) {
         (Some(text), true) => {
@@ -403,6 +403,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             (Some(dir), _) => CachePolicy::Dir(dir.clone()),
             (None, false) => CachePolicy::Default,
         },
+        ..Default::default()
     };
     let model = engine.load(&checkpoint, &options)?;
     let mut stream = tokenizer.as_ref().map(|t| t.stream());

@@ -76,6 +76,7 @@ use crate::config::ModelConfig;
 use crate::convert::{blob_bytes, plan_layout, planned_blob_len};
 use crate::converted::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
 use crate::error::{Error, Result};
+use crate::load::{LoadPhase, Progress};
 
 /// Version of the cache file format; part of the key and of the preamble.
 /// Bump it whenever the format or the conversion changes.
@@ -172,31 +173,72 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b)
 }
 
-/// Reads and fully verifies a cache file. `Ok(None)`: no file. `Err`: the
-/// reason the file must not be used.
+/// Why a cache file was not used.
+enum Rejected {
+    /// The file must not be used, for this reason.
+    Invalid(String),
+    /// The load was cancelled while the file was verified.
+    Cancelled,
+}
+
+impl From<String> for Rejected {
+    fn from(reason: String) -> Self {
+        Rejected::Invalid(reason)
+    }
+}
+
+impl From<&str> for Rejected {
+    fn from(reason: &str) -> Self {
+        Rejected::Invalid(reason.to_string())
+    }
+}
+
+/// Bytes checksummed between two progress reports while a cache file is
+/// verified.
+const VERIFY_CHUNK: usize = 8 << 20;
+
+/// Reads and fully verifies a cache file, reporting the checksum's pass
+/// over it as [`LoadPhase::ReadingCache`]. `Ok(Ok(None))`: no file.
+/// `Ok(Err)`: the reason the file must not be used. `Err`:
+/// [`Error::Cancelled`] (the file is left as it is).
 pub(crate) fn read_cache(
     path: &Path,
     key: &str,
     cfg: &ModelConfig,
-) -> Result<Option<ConvertedModel>, String> {
+    progress: &Progress<'_>,
+) -> Result<Result<Option<ConvertedModel>, String>> {
+    match verify_cache(path, key, cfg, progress) {
+        Ok(model) => Ok(Ok(model)),
+        Err(Rejected::Invalid(reason)) => Ok(Err(reason)),
+        Err(Rejected::Cancelled) => Err(Error::Cancelled),
+    }
+}
+
+/// [`read_cache`]'s work.
+fn verify_cache(
+    path: &Path,
+    key: &str,
+    cfg: &ModelConfig,
+    progress: &Progress<'_>,
+) -> Result<Option<ConvertedModel>, Rejected> {
     // The type first: opening a FIFO for reading would block until a writer came.
     match std::fs::metadata(path) {
         Ok(m) if !m.is_file() => return Err("not a regular file".into()),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot stat: {e}")),
+        Err(e) => return Err(format!("cannot stat: {e}").into()),
     }
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot open: {e}")),
+        Err(e) => return Err(format!("cannot open: {e}").into()),
     };
     let file_len = file.metadata().map_err(|e| format!("cannot stat: {e}"))?.len();
     if !file.metadata().map(|m| m.is_file()).unwrap_or(false) {
         return Err("not a regular file".into());
     }
     if file_len < (PREAMBLE_LEN + FOOTER_LEN) as u64 {
-        return Err(format!("truncated: {file_len} bytes"));
+        return Err(format!("truncated: {file_len} bytes").into());
     }
     // SAFETY: read-only private map. Cache files are only ever replaced by
     // rename, never rewritten in place, so a concurrent writer swaps the
@@ -219,14 +261,15 @@ pub(crate) fn read_cache(
     let blob_len = to_usize(u64_at(b, 32), "blob length")?;
     let header_end = PREAMBLE_LEN.checked_add(header_len).ok_or("header length overflows")?;
     if !blob_offset.is_multiple_of(BLOB_FILE_ALIGN) || blob_offset < header_end {
-        return Err(format!("blob offset {blob_offset} misplaced (header ends at {header_end})"));
+        return Err(format!("blob offset {blob_offset} misplaced (header ends at {header_end})").into());
     }
     let blob_end = blob_offset.checked_add(blob_len).ok_or("blob length overflows")?;
     let expected_len = blob_end.checked_add(FOOTER_LEN).ok_or("blob length overflows")?;
     if expected_len as u64 != file_len {
         return Err(format!(
             "file is {file_len} bytes, its preamble implies {expected_len} (truncated or extended)"
-        ));
+        )
+        .into());
     }
     let header = &b[PREAMBLE_LEN..header_end];
     let blob = &b[blob_offset..blob_end];
@@ -235,11 +278,18 @@ pub(crate) fn read_cache(
         return Err("bad end magic".into());
     }
     let mut crc = crc32fast::Hasher::new();
+    let cancelled = |_| Rejected::Cancelled;
+    progress.begin(LoadPhase::ReadingCache, (header.len() + blob.len()) as u64).map_err(cancelled)?;
     crc.update(header);
-    crc.update(blob);
+    progress.advance(header.len() as u64).map_err(cancelled)?;
+    for chunk in blob.chunks(VERIFY_CHUNK) {
+        crc.update(chunk);
+        progress.advance(chunk.len() as u64).map_err(cancelled)?;
+    }
+    progress.end().map_err(cancelled)?;
     let (computed, stored) = (crc.finalize(), u32_at(footer, 0));
     if computed != stored {
-        return Err(format!("checksum mismatch (stored {stored:08x}, computed {computed:08x})"));
+        return Err(format!("checksum mismatch (stored {stored:08x}, computed {computed:08x})").into());
     }
     let parsed: HeaderIn = serde_json::from_slice(header).map_err(|e| format!("malformed header: {e}"))?;
     if parsed.blob_len != blob_len {
@@ -300,8 +350,18 @@ fn create_temp_file(dir: &Path, key: &str) -> std::io::Result<(File, PathBuf)> {
     Err(last_err.unwrap_or_else(|| std::io::Error::other("no unique temporary name")))
 }
 
-/// Writes `model` to `path` atomically (see the module docs).
-pub(crate) fn write_cache(path: &Path, key: &str, source: &str, model: &ConvertedModel) -> Result<()> {
+/// Writes `model` to `path` atomically (see the module docs), reporting
+/// [`LoadPhase::WritingCache`] through `progress` (bytes: the whole file).
+/// Errors: [`Error::CacheIo`]; [`Error::Cancelled`] when `progress`
+/// cancels. On any error the temporary file is deleted and `path` is left
+/// as it was.
+pub(crate) fn write_cache(
+    path: &Path,
+    key: &str,
+    source: &str,
+    model: &ConvertedModel,
+    progress: &Progress<'_>,
+) -> Result<()> {
     let io = |what: &str, e: &dyn std::fmt::Display| Error::cache_io(path, format!("{what}: {e}"));
     if key.len() != KEY_LEN {
         return Err(io("bad key", &key));
@@ -326,23 +386,35 @@ pub(crate) fn write_cache(path: &Path, key: &str, source: &str, model: &Converte
     preamble.extend_from_slice(key.as_bytes());
     debug_assert_eq!(preamble.len(), PREAMBLE_LEN);
 
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&header);
-    crc.update(blob);
-    let mut footer = Vec::with_capacity(FOOTER_LEN);
-    footer.extend_from_slice(&crc.finalize().to_le_bytes());
-    footer.extend_from_slice(&[0u8; 4]);
-    footer.extend_from_slice(END_MAGIC);
+    let padding = vec![0u8; blob_offset - PREAMBLE_LEN - header.len()];
+    let file_len = blob_offset + blob.len() + FOOTER_LEN;
+    progress.begin(LoadPhase::WritingCache, file_len as u64)?;
 
     let dir = path.parent().ok_or_else(|| io("bad cache path", &"no parent directory"))?;
     let (mut file, tmp_path) =
         create_temp_file(dir, key).map_err(|e| io("cannot create temporary file", &e))?;
     let mut guard = TempFileGuard { path: tmp_path, keep: false };
-    let padding = vec![0u8; blob_offset - PREAMBLE_LEN - header.len()];
-    for part in [&preamble[..], &header, &padding, blob, &footer] {
+    // The checksum is taken as the blob is written: one pass over it.
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header);
+    let leading = [&preamble[..], &header, &padding];
+    let blob_chunks = blob.chunks(WRITE_CHUNK);
+    for (i, part) in leading.into_iter().chain(blob_chunks).enumerate() {
+        if i >= leading.len() {
+            crc.update(part);
+        }
         file.write_all(part).map_err(|e| io("cannot write cache file", &e))?;
+        progress.advance(part.len() as u64)?;
     }
+    let mut footer = Vec::with_capacity(FOOTER_LEN);
+    footer.extend_from_slice(&crc.finalize().to_le_bytes());
+    footer.extend_from_slice(&[0u8; 4]);
+    footer.extend_from_slice(END_MAGIC);
+    file.write_all(&footer).map_err(|e| io("cannot write cache file", &e))?;
     file.sync_all().map_err(|e| io("cannot sync cache file", &e))?;
+    // The last chance to cancel before the file takes its final name.
+    progress.advance(footer.len() as u64)?;
+    progress.end()?;
     drop(file);
     std::fs::rename(&guard.path, path).map_err(|e| io("cannot rename cache file into place", &e))?;
     guard.keep = true;
@@ -353,6 +425,9 @@ pub(crate) fn write_cache(path: &Path, key: &str, source: &str, model: &Converte
     }
     Ok(())
 }
+
+/// Bytes written between two progress reports.
+const WRITE_CHUNK: usize = 8 << 20;
 
 /// The housekeeping after writing the cache file of `key` for the checkpoint
 /// `source` into `dir` (see the module docs). Failures are only logged: a

@@ -24,6 +24,7 @@ use crate::config::{
 };
 use crate::converted::QUANT_GROUP;
 use crate::error::{Error, Mismatch, Result};
+use crate::load::{LoadPhase, Progress};
 
 /// Name of a single-file checkpoint's weights.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -187,10 +188,9 @@ pub const HASH_PIECE: usize = 8 << 20;
 
 /// Streaming digest of one tensor's bytes: xxh3-128 of every
 /// [`HASH_PIECE`]-byte piece, then xxh3-128 over the byte count and the
-/// pieces' digests. Pieces hash independently, so
-/// [`Checkpoint::fingerprint`] spreads one large tensor over several
-/// threads, while the converter, reading rows in its own windows, reaches
-/// the same digest. xxh3 is not cryptographic: the key guards against
+/// pieces' digests ([`combine_pieces`]). Pieces hash independently, so
+/// [`Checkpoint::fingerprint`] and the conversion spread one large tensor
+/// over several threads and reach the same digest. xxh3 is not cryptographic: the key guards against
 /// changed weights, not against someone crafting a collision on purpose.
 #[derive(Clone, Default)]
 pub struct TensorHasher {
@@ -230,7 +230,9 @@ impl TensorHasher {
     }
 }
 
-fn combine_pieces(total: u64, piece_digests: &[u8]) -> u128 {
+/// The digest of a tensor of `total` bytes from its pieces' xxh3-128
+/// digests (little-endian, in order): what [`TensorHasher::finish`] returns.
+pub fn combine_pieces(total: u64, piece_digests: &[u8]) -> u128 {
     let mut h = Xxh3Default::new();
     h.update(&total.to_le_bytes());
     h.update(piece_digests);
@@ -245,10 +247,11 @@ struct Extent {
     len: usize,
 }
 
-/// Reads one tensor front to back through a bounded buffer of whole rows
-/// (positioned reads, see the module docs), feeding a [`TensorHasher`] with
-/// every byte it reads, for the conversion (`convert`).
-pub struct TensorReader<'a> {
+/// One tensor's bytes in its weights file, read with positioned reads (see
+/// the module docs) from any thread: what the conversion reads, a piece at
+/// a time, on several threads.
+#[derive(Clone, Copy)]
+pub struct TensorSource<'a> {
     file: &'a WeightsFile,
     name: &'a str,
     dtype: Dtype,
@@ -256,20 +259,16 @@ pub struct TensorReader<'a> {
     offset: u64,
     row_bytes: usize,
     rows: usize,
-    window: Vec<u8>,
-    window_first_row: usize,
-    window_rows: usize,
-    hasher: TensorHasher,
 }
 
-/// Upper bound of a [`TensorReader`]'s buffer, unless one row is longer:
+/// Upper bound of the conversion's read buffer, unless one row is longer:
 /// small enough to stay in a core's cache between the read and its use.
 pub const READ_WINDOW: usize = 256 << 10;
 
 /// Bytes [`Checkpoint::fingerprint`] reads at once (as [`READ_WINDOW`]).
 const READ_CHUNK: usize = 256 << 10;
 
-impl<'a> TensorReader<'a> {
+impl<'a> TensorSource<'a> {
     /// Tensor name.
     pub fn name(&self) -> &'a str {
         self.name
@@ -290,54 +289,45 @@ impl<'a> TensorReader<'a> {
         self.shape.last().copied().unwrap_or(1)
     }
 
-    /// Converts row `row` to f32 into `out` (see [`TensorData::row_f32`]).
-    /// Rows must be asked for in order (each row at most once past the
-    /// buffer), so every byte is read, and hashed, exactly once.
-    pub fn row_f32(&mut self, row: usize, out: &mut [f32]) -> Result<()> {
-        let window_end = self.window_first_row + self.window_rows;
-        if !(self.window_first_row..window_end).contains(&row) {
-            if row != window_end || row >= self.rows {
-                return Err(Error::invalid(
-                    &self.file.path,
-                    format!(
-                        "{}: row {row} of {} read out of order (next is {window_end})",
-                        self.name, self.rows
-                    ),
-                ));
-            }
-            let rows = (READ_WINDOW / self.row_bytes).clamp(1, self.rows - row);
-            self.window.resize(rows * self.row_bytes, 0);
-            let offset = self.offset + (row * self.row_bytes) as u64;
-            self.file.read_exact_at(offset, &mut self.window)?;
-            self.hasher.update(&self.window);
-            self.window_first_row = row;
-            self.window_rows = rows;
-        }
-        let shape = [self.window_rows, self.row_len()];
-        let view = TensorData { name: self.name, dtype: self.dtype, shape: &shape, bytes: &self.window };
-        view.row_f32(row - self.window_first_row, out)
+    /// Bytes of one row (never 0).
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
     }
 
-    /// The whole tensor as f32 (for the small norm vectors).
-    pub fn to_f32_vec(&mut self) -> Result<Vec<f32>> {
-        let width = self.row_len();
-        let mut out = vec![0.0f32; self.rows * width];
-        for (r, chunk) in out.chunks_exact_mut(width).enumerate() {
-            self.row_f32(r, chunk)?;
-        }
-        Ok(out)
+    /// Bytes of the whole tensor: `rows() * row_bytes()`.
+    pub fn len(&self) -> usize {
+        self.rows * self.row_bytes
     }
 
-    /// The digest of the tensor's bytes; every row must have been read.
-    pub fn finish(self) -> Result<u128> {
-        let read = self.window_first_row + self.window_rows;
-        if read != self.rows {
+    /// Whether the tensor holds no bytes (no rows).
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Fills `buf` with the tensor's bytes from byte `at` of the tensor.
+    /// A file that ends early is [`Error::CheckpointInvalid`] naming it.
+    pub fn read_at(&self, at: usize, buf: &mut [u8]) -> Result<()> {
+        if at.checked_add(buf.len()).is_none_or(|end| end > self.len()) {
             return Err(Error::invalid(
                 &self.file.path,
-                format!("{}: only {read} of {} rows were read", self.name, self.rows),
+                format!(
+                    "{}: bytes {at}.. (+{}) are outside the tensor's {}",
+                    self.name,
+                    buf.len(),
+                    self.len()
+                ),
             ));
         }
-        Ok(self.hasher.finish())
+        self.file.read_exact_at(self.offset + at as u64, buf)
+    }
+
+    /// Converts row `row` of `bytes` (whole rows of this tensor, as read by
+    /// [`read_at`](Self::read_at) from a row boundary) to f32 into `out`
+    /// (see [`TensorData::row_f32`]).
+    pub fn row_f32(&self, bytes: &[u8], row: usize, out: &mut [f32]) -> Result<()> {
+        let shape = [bytes.len() / self.row_bytes, self.row_len()];
+        let view = TensorData { name: self.name, dtype: self.dtype, shape: &shape, bytes };
+        view.row_f32(row, out)
     }
 }
 
@@ -741,6 +731,18 @@ impl Checkpoint {
     /// [`Error::CheckpointInvalid`] when a weights file is shorter than its
     /// header says (truncated since it was opened) or cannot be read.
     pub fn fingerprint(&self, cfg: &ModelConfig, format_version: u32) -> Result<Fingerprint> {
+        self.fingerprint_with(cfg, format_version, &Progress::none())
+    }
+
+    /// [`fingerprint`](Self::fingerprint), reporting [`LoadPhase::Hashing`]
+    /// through `progress` (bytes: the tensors hashed); [`Error::Cancelled`]
+    /// when it cancels.
+    pub fn fingerprint_with(
+        &self,
+        cfg: &ModelConfig,
+        format_version: u32,
+        progress: &Progress<'_>,
+    ) -> Result<Fingerprint> {
         let stamps = self.files.iter().map(|f| (f.name.clone(), f.stamp())).collect();
         let mut h = Sha256::new();
         let mut part = |bytes: &[u8]| {
@@ -775,7 +777,7 @@ impl Checkpoint {
             .map(|(name, _)| name)
             .filter(|name| self.locations.contains_key(name))
             .collect();
-        let digests = self.tensor_digests(&names)?;
+        let digests = self.tensor_digests(&names, progress)?;
         for (name, digest) in names.iter().zip(&digests) {
             part(name.as_bytes());
             part(&digest.to_le_bytes());
@@ -789,11 +791,12 @@ impl Checkpoint {
 
     /// The [`TensorHasher`] digest of each of `names` (all present), in
     /// order, hashing [`HASH_PIECE`]-byte pieces on several threads.
-    fn tensor_digests(&self, names: &[String]) -> Result<Vec<u128>> {
+    fn tensor_digests(&self, names: &[String], progress: &Progress<'_>) -> Result<Vec<u128>> {
         let mut extents = Vec::with_capacity(names.len());
         for name in names {
             extents.push(self.extent(name).ok_or_else(|| self.missing(name))?);
         }
+        progress.begin(LoadPhase::Hashing, extents.iter().map(|e| e.len as u64).sum())?;
         // (tensor, offset within it, length) of every piece.
         let mut pieces = Vec::new();
         for (t, e) in extents.iter().enumerate() {
@@ -818,7 +821,7 @@ impl Checkpoint {
                 for chunk_at in (at..at + len).step_by(READ_CHUNK) {
                     buf.resize(READ_CHUNK.min(at + len - chunk_at), 0);
                     let read = self.files[e.file].read_exact_at(e.offset + chunk_at as u64, &mut buf);
-                    if let Err(err) = read {
+                    if let Err(err) = read.and_then(|()| progress.advance(buf.len() as u64)) {
                         failed.store(true, Ordering::Relaxed);
                         return Err(err);
                     }
@@ -844,6 +847,7 @@ impl Checkpoint {
                 piece_digests[i] = d;
             }
         }
+        progress.end()?;
         let mut per_tensor = vec![Vec::new(); extents.len()];
         for (&(t, _, _), d) in pieces.iter().zip(&piece_digests) {
             per_tensor[t].extend_from_slice(&d.to_le_bytes());
@@ -874,10 +878,11 @@ impl Checkpoint {
         Error::invalid(&self.dir, format!("missing tensor {name}"))
     }
 
-    /// A [`TensorReader`] over one tensor; a missing tensor is
+    /// The [`TensorSource`] of one tensor; a missing tensor is
     /// [`Error::CheckpointInvalid`], a dtype other than BF16, F16 and F32
-    /// [`Error::UnsupportedDtype`].
-    pub fn reader(&self, name: &str) -> Result<TensorReader<'_>> {
+    /// [`Error::UnsupportedDtype`], a shape that does not match the
+    /// tensor's bytes (or has an empty row) [`Error::CheckpointInvalid`].
+    pub fn source(&self, name: &str) -> Result<TensorSource<'_>> {
         let (name, &file_idx) = self.locations.get_key_value(name).ok_or_else(|| self.missing(name))?;
         let extent = self.extent(name).ok_or_else(|| self.missing(name))?;
         let file = &self.files[file_idx];
@@ -902,7 +907,7 @@ impl Checkpoint {
                     format!("{name}: shape {:?} does not match its byte length", info.shape),
                 )
             })?;
-        Ok(TensorReader {
+        Ok(TensorSource {
             file,
             name,
             dtype: info.dtype,
@@ -910,10 +915,6 @@ impl Checkpoint {
             offset: extent.offset,
             row_bytes,
             rows,
-            window: Vec::new(),
-            window_first_row: 0,
-            window_rows: 0,
-            hasher: TensorHasher::default(),
         })
     }
 
@@ -950,7 +951,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Parses the index's `weight_map`; shard names must be plain file names so
 /// an index cannot point outside the checkpoint directory.
-fn parse_shard_index(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
+pub(crate) fn parse_shard_index(bytes: &[u8]) -> Result<BTreeMap<String, String>, String> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| format!("malformed JSON: {e}"))?;
     let map = value.get("weight_map").and_then(|m| m.as_object()).ok_or("missing weight_map object")?;

@@ -6,13 +6,18 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::checkpoint::{Checkpoint, Fingerprint, TensorReader};
+use rayon::prelude::*;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
+
+use crate::checkpoint::{combine_pieces, Checkpoint, Fingerprint, TensorSource, HASH_PIECE, READ_WINDOW};
 use crate::config::ModelConfig;
 use crate::converted::{
     Blob, ByteRange, ConvertedModel, LayerWeights, QuantMatrix, WeightIndex, BLOB_ALIGN, QUANT_GROUP,
 };
 use crate::error::{Error, Result};
+use crate::load::{LoadPhase, Progress};
 
 /// Hands out aligned, non-overlapping ranges of a blob being planned.
 struct LayoutPlanner {
@@ -132,9 +137,11 @@ pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
 ///
 /// The checkpoint is validated against `cfg` first (see
 /// [`Checkpoint::validate`]), so no conversion work is done for a checkpoint
-/// that would fail. Host memory: the blob (about the int8 size of the model;
-/// checked against [`available_memory`] before it is allocated) plus a few
-/// MiB of read buffers; tensors are read a window of rows at a time with
+/// that would fail. The work is spread over all cores (rayon's pool), in
+/// pieces of a few MiB; the bytes are the same whatever the thread count.
+/// Host memory: the blob (about the int8 size of the model; checked
+/// against [`available_memory`] before it is allocated) plus a few MiB of
+/// read buffers; tensors are read a window of rows at a time with
 /// positioned reads (a checkpoint truncated meanwhile is an error, not a
 /// crash).
 ///
@@ -145,18 +152,20 @@ pub fn plan_layout(cfg: &ModelConfig) -> (WeightIndex, usize) {
 /// file ends before its header says.
 pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
     ckpt.validate(cfg)?;
-    convert_validated(ckpt, cfg, None)
+    convert_validated(ckpt, cfg, None, &Progress::none())
 }
 
 /// [`convert`] of a checkpoint already validated against `cfg`, checking
 /// every tensor's bytes against the digests of
 /// `fingerprint` as it reads them: a tensor changed since the fingerprint
 /// was taken is [`Error::CheckpointInvalid`], so a conversion is never
-/// cached under the key of other bytes.
+/// cached under the key of other bytes. Reports [`LoadPhase::Converting`]
+/// through `progress`; [`Error::Cancelled`] when it cancels.
 pub(crate) fn convert_validated(
     ckpt: &Checkpoint,
     cfg: &ModelConfig,
     fingerprint: Option<&Fingerprint>,
+    progress: &Progress<'_>,
 ) -> Result<ConvertedModel> {
     let what = format!("converting {} to int8 (held in memory until it is cached)", ckpt.dir().display());
     let available = available_memory();
@@ -170,55 +179,72 @@ pub(crate) fn convert_validated(
     // blob at the first BLOB_ALIGN boundary so every array is aligned in
     // host memory too (f32 views need it). The Vec never grows, so its
     // buffer never moves. `try_reserve_exact` turns a refused allocation
-    // into an error instead of an abort.
+    // into an error instead of an abort. The zeroing (and the page faults
+    // of a fresh allocation) runs on all cores, into the reserved space.
     let mut storage = Vec::new();
     storage.try_reserve_exact(needed).map_err(|_| Error::OutOfMemory {
         what: what.clone(),
         needed: needed as u64,
         available: available.unwrap_or(0),
     })?;
-    storage.resize(needed, 0u8);
+    storage.par_extend(rayon::iter::repeat_n(0u8, needed));
     ckpt.prefetch();
     let (index, total) = plan_layout(cfg);
     let blob_start = storage.as_ptr().align_offset(BLOB_ALIGN).min(BLOB_ALIGN);
     storage.truncate(blob_start + total);
     let blob = &mut storage[blob_start..];
-    let max_cols = cfg.hidden_size.max(cfg.intermediate_size).max(cfg.q_dim());
-    let mut row = vec![0.0f32; max_cols];
+    let targets = plan_targets(ckpt, &index)?;
     let digests = fingerprint.map(|f| &f.tensor_digests);
-    let mut q = Quantizer { blob, row: &mut row, dir: ckpt.dir(), digests };
-
-    q.matrix(&index.embed, vec![ckpt.reader("model.embed_tokens.weight")?])?;
-    for (i, layer) in index.layers.iter().enumerate() {
-        let t = |suffix: &str| ckpt.reader(&format!("model.layers.{i}.{suffix}"));
-        q.norm(layer.input_norm, t("input_layernorm.weight")?)?;
-        q.matrix(
-            &layer.qkv,
-            vec![t("self_attn.q_proj.weight")?, t("self_attn.k_proj.weight")?, t("self_attn.v_proj.weight")?],
-        )?;
-        q.norm(layer.q_norm, t("self_attn.q_norm.weight")?)?;
-        q.norm(layer.k_norm, t("self_attn.k_norm.weight")?)?;
-        q.matrix(&layer.o_proj, vec![t("self_attn.o_proj.weight")?])?;
-        q.norm(layer.post_norm, t("post_attention_layernorm.weight")?)?;
-        q.matrix_interleaved(&layer.gate_up, t("mlp.gate_proj.weight")?, t("mlp.up_proj.weight")?)?;
-        q.matrix(&layer.down, vec![t("mlp.down_proj.weight")?])?;
-    }
-    q.norm(index.final_norm, ckpt.reader("model.norm.weight")?)?;
-    if let Some(head) = &index.lm_head {
-        q.matrix(head, vec![ckpt.reader("lm_head.weight")?])?;
-    }
+    convert_targets(blob, &targets, ckpt.dir(), digests, HASH_PIECE, progress)?;
     Ok(ConvertedModel { config: cfg.clone(), index, blob: Blob::Owned(storage), blob_start })
 }
 
-/// Writes tensors into their planned ranges of the blob.
-struct Quantizer<'a> {
-    blob: &'a mut [u8],
-    /// Scratch for one row in f32.
-    row: &'a mut [f32],
-    /// The checkpoint directory, for errors.
-    dir: &'a Path,
-    /// What each tensor's bytes must hash to, when a cache key was taken.
-    digests: Option<&'a HashMap<String, u128>>,
+/// Where one or more checkpoint tensors land in the blob.
+enum Target<'c> {
+    /// A norm vector, stored as f32.
+    Norm { dst: ByteRange, source: TensorSource<'c> },
+    /// An int8 matrix: `parts` stacked row-wise in order, or, when
+    /// `interleaved`, two parts with their rows alternating (a0, b0, a1,
+    /// b1, ...: the gate/up layout the SwiGLU matvec epilogue reads).
+    Matrix { m: QuantMatrix, parts: Vec<TensorSource<'c>>, interleaved: bool },
+}
+
+impl Target<'_> {
+    fn sources(&self) -> &[TensorSource<'_>] {
+        match self {
+            Target::Norm { source, .. } => std::slice::from_ref(source),
+            Target::Matrix { parts, .. } => parts,
+        }
+    }
+}
+
+/// Every target of `index`, in blob order (the order [`plan_layout`]
+/// hands out ranges in).
+fn plan_targets<'c>(ckpt: &'c Checkpoint, index: &WeightIndex) -> Result<Vec<Target<'c>>> {
+    let norm = |dst: ByteRange, name: &str| Ok::<_, Error>(Target::Norm { dst, source: ckpt.source(name)? });
+    let matrix = |m: &QuantMatrix, names: &[&str], interleaved: bool| {
+        let parts = names.iter().map(|n| ckpt.source(n)).collect::<Result<Vec<_>>>()?;
+        Ok::<_, Error>(Target::Matrix { m: *m, parts, interleaved })
+    };
+    let mut targets = vec![matrix(&index.embed, &["model.embed_tokens.weight"], false)?];
+    for (i, layer) in index.layers.iter().enumerate() {
+        let t = |suffix: &str| format!("model.layers.{i}.{suffix}");
+        targets.push(norm(layer.input_norm, &t("input_layernorm.weight"))?);
+        let qkv = [t("self_attn.q_proj.weight"), t("self_attn.k_proj.weight"), t("self_attn.v_proj.weight")];
+        targets.push(matrix(&layer.qkv, &qkv.each_ref().map(String::as_str), false)?);
+        targets.push(norm(layer.q_norm, &t("self_attn.q_norm.weight"))?);
+        targets.push(norm(layer.k_norm, &t("self_attn.k_norm.weight"))?);
+        targets.push(matrix(&layer.o_proj, &[t("self_attn.o_proj.weight").as_str()], false)?);
+        targets.push(norm(layer.post_norm, &t("post_attention_layernorm.weight"))?);
+        let gate_up = [t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")];
+        targets.push(matrix(&layer.gate_up, &gate_up.each_ref().map(String::as_str), true)?);
+        targets.push(matrix(&layer.down, &[t("mlp.down_proj.weight").as_str()], false)?);
+    }
+    targets.push(norm(index.final_norm, "model.norm.weight")?);
+    if let Some(head) = &index.lm_head {
+        targets.push(matrix(head, &["lm_head.weight"], false)?);
+    }
+    Ok(targets)
 }
 
 /// A tensor or range that does not fit the layout planned from the config.
@@ -227,126 +253,322 @@ fn layout_error(dir: &Path, what: &str, detail: impl std::fmt::Display) -> Error
     Error::invalid(dir, format!("{what} does not fit the planned layout: {detail}"))
 }
 
-impl Quantizer<'_> {
-    fn norm(&mut self, dst: ByteRange, mut t: TensorReader<'_>) -> Result<()> {
-        let values = t.to_f32_vec()?;
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            return Err(Error::invalid(
-                self.dir,
-                format!("{} holds a NaN or infinite value (element {i}: {})", t.name(), values[i]),
-            ));
-        }
-        let out = self
-            .blob
-            .get_mut(dst.offset..dst.offset + dst.len)
-            .filter(|o| o.len() == values.len() * 4)
-            .ok_or_else(|| layout_error(self.dir, t.name(), format_args!("{} values", values.len())))?;
-        for (o, v) in out.chunks_exact_mut(4).zip(&values) {
-            o.copy_from_slice(&v.to_ne_bytes());
-        }
-        self.finish(t)
-    }
+/// Hands out disjoint ranges of the blob, in increasing offset order.
+struct Carver<'b> {
+    rest: &'b mut [u8],
+    /// Blob offset of `rest[0]`.
+    at: usize,
+}
 
-    /// Checks a fully read tensor's digest against the cache key's.
-    fn finish(&self, t: TensorReader<'_>) -> Result<()> {
-        let (name, path) = (t.name(), t.path());
-        let digest = t.finish()?;
-        match self.digests {
-            Some(expected) if expected.get(name) != Some(&digest) => Err(Error::invalid(
-                path,
-                format!(
-                    "{name} changed while the checkpoint was being loaded (its bytes differ from \
-                     those the cache key was computed from); nothing was cached, load it again"
-                ),
-            )),
-            _ => Ok(()),
-        }
+impl<'b> Carver<'b> {
+    fn take(&mut self, r: ByteRange) -> Option<&'b mut [u8]> {
+        let skip = r.offset.checked_sub(self.at)?;
+        let end = skip.checked_add(r.len).filter(|&e| e <= self.rest.len())?;
+        let rest = std::mem::take(&mut self.rest);
+        let (taken, rest) = rest.split_at_mut(end);
+        self.rest = rest;
+        self.at = r.offset + r.len;
+        Some(&mut taken[skip..])
     }
+}
 
-    /// Quantizes `parts` (stacked row-wise, in order) into `m`.
-    fn matrix(&mut self, m: &QuantMatrix, parts: Vec<TensorReader<'_>>) -> Result<()> {
-        let counts: Vec<usize> = parts.iter().map(|t| t.rows()).collect();
-        let order = counts.into_iter().enumerate().flat_map(|(p, rows)| (0..rows).map(move |r| (p, r)));
-        self.rows(m, parts, order)
-    }
+/// One row of a matrix in the blob: its int8 data and its scales.
+type RowSlot<'b> = (&'b mut [u8], &'b mut [u8]);
 
-    /// Quantizes `a` and `b` into `m` with their rows interleaved (a0, b0,
-    /// a1, b1, ...): the gate/up layout the SwiGLU matvec epilogue reads.
-    fn matrix_interleaved(
-        &mut self,
-        m: &QuantMatrix,
-        a: TensorReader<'_>,
-        b: TensorReader<'_>,
-    ) -> Result<()> {
-        if a.rows() != b.rows() {
-            let detail = format!("{} rows, {} has {}", a.rows(), b.name(), b.rows());
-            return Err(layout_error(self.dir, a.name(), detail));
-        }
-        let order = (0..a.rows()).flat_map(|r| [(0, r), (1, r)]);
-        self.rows(m, vec![a, b], order)
-    }
+/// What one worker converts: a [`HASH_PIECE`] of a source tensor (the
+/// bytes `start..end` of it) with the output rows of the whole source rows
+/// inside it; or a whole norm vector.
+struct Unit<'b, 'c> {
+    /// Index of the source tensor (in the order of [`Target::sources`]).
+    source: usize,
+    tensor: TensorSource<'c>,
+    start: usize,
+    end: usize,
+    work: UnitWork<'b>,
+}
 
-    /// Quantizes row `r` of `parts[p]` for each `(p, r)` of `order` into
-    /// consecutive rows of `m`.
-    fn rows(
-        &mut self,
-        m: &QuantMatrix,
-        mut parts: Vec<TensorReader<'_>>,
-        order: impl Iterator<Item = (usize, usize)>,
-    ) -> Result<()> {
-        let dir = self.dir;
-        let (padded, groups) = (m.padded_cols(), m.groups());
-        // Data precedes scales (see `LayoutPlanner::matrix`), so one split
-        // gives both regions mutably.
-        let outside = || layout_error(dir, "a matrix", "range outside the blob");
-        let scales_from_data = m
-            .scales
-            .offset
-            .checked_sub(m.data.offset)
-            .filter(|&gap| gap >= m.data.len)
-            .ok_or_else(outside)?;
-        let region = self.blob.get_mut(m.data.offset..m.scales.offset + m.scales.len).ok_or_else(outside)?;
-        let (data, rest) = region.split_at_mut(scales_from_data);
-        let data = &mut data[..m.data.len];
-        let scales = &mut rest[..m.scales.len];
-        let row = self
-            .row
-            .get_mut(..m.cols)
-            .ok_or_else(|| layout_error(dir, "a matrix", format_args!("{} columns", m.cols)))?;
-        for t in &parts {
-            if t.row_len() != m.cols {
-                let detail = format!("{} columns, planned {}", t.row_len(), m.cols);
-                return Err(layout_error(dir, t.name(), detail));
+enum UnitWork<'b> {
+    /// The whole tensor, as f32, into this range.
+    Norm(&'b mut [u8]),
+    /// Source rows from `first_row`, each into its slot.
+    Rows { first_row: usize, slots: Vec<RowSlot<'b>> },
+}
+
+/// What a unit leaves for after the parallel pass: its piece's digest
+/// (when hashing) and the bytes of rows it holds only part of.
+struct UnitDone {
+    source: usize,
+    digests: Vec<u128>,
+    /// Each partial row's bytes.
+    fragments: Vec<Fragment>,
+}
+
+/// Part of a row: its byte offset in the tensor and its bytes.
+type Fragment = (usize, Vec<u8>);
+
+/// Converts every target into `blob` on all cores. Each source tensor is
+/// cut into pieces of `piece` bytes ([`HASH_PIECE`], the pieces of its
+/// digest, see [`TensorHasher`](crate::checkpoint::TensorHasher)): a worker
+/// reads its piece once, hashes it and converts the whole rows inside it;
+/// the few rows that straddle pieces are put together from the bytes the
+/// workers read, and converted after. So every byte converted is a byte
+/// hashed, read once, and each tensor's digest is checked against
+/// `digests` (when given) before anything is returned. The output is the
+/// same bytes whatever the number of threads or the piece size.
+fn convert_targets(
+    blob: &mut [u8],
+    targets: &[Target<'_>],
+    dir: &Path,
+    digests: Option<&HashMap<String, u128>>,
+    piece: usize,
+    progress: &Progress<'_>,
+) -> Result<()> {
+    let sources: Vec<TensorSource<'_>> = targets.iter().flat_map(|t| t.sources().iter().copied()).collect();
+    progress.begin(LoadPhase::Converting, sources.iter().map(|t| t.len() as u64).sum())?;
+    let hashing = digests.is_some();
+
+    // Cut the blob into one slot per output row (and a range per norm),
+    // then hand each piece the slots of its whole rows.
+    let mut carver = Carver { rest: blob, at: 0 };
+    let mut units = Vec::new();
+    // (source, source row) -> output slot, for the rows that straddle pieces.
+    let mut straddling: HashMap<(usize, usize), RowSlot<'_>> = HashMap::new();
+    let mut source = 0;
+    for target in targets {
+        match target {
+            Target::Norm { dst, source: t } => {
+                let out = carver
+                    .take(*dst)
+                    .filter(|o| o.len() == t.rows() * t.row_len() * 4)
+                    .ok_or_else(|| layout_error(dir, t.name(), format_args!("{} bytes", dst.len)))?;
+                units.push(Unit { source, tensor: *t, start: 0, end: t.len(), work: UnitWork::Norm(out) });
+                source += 1;
+            }
+            Target::Matrix { m, parts, interleaved } => {
+                let mut slots = matrix_slots(&mut carver, m, dir)?;
+                let rows: usize = parts.iter().map(|t| t.rows()).sum();
+                if rows != m.rows
+                    || (*interleaved && (parts.len() != 2 || parts[0].rows() != parts[1].rows()))
+                {
+                    let detail = format!("{rows} rows in {} parts, planned {}", parts.len(), m.rows);
+                    return Err(layout_error(dir, parts[0].name(), detail));
+                }
+                let mut base = 0;
+                for (p, t) in parts.iter().enumerate() {
+                    if t.row_len() != m.cols {
+                        let detail = format!("{} columns, planned {}", t.row_len(), m.cols);
+                        return Err(layout_error(dir, t.name(), detail));
+                    }
+                    let out_row = |r: usize| if *interleaved { 2 * r + p } else { base + r };
+                    let rb = t.row_bytes();
+                    for start in (0..t.len()).step_by(piece) {
+                        let end = (start + piece).min(t.len());
+                        let full = start.div_ceil(rb)..end / rb;
+                        let piece_slots =
+                            full.clone().map(|r| slots[out_row(r)].take()).collect::<Option<Vec<_>>>();
+                        let piece_slots =
+                            piece_slots.ok_or_else(|| layout_error(dir, t.name(), "a row planned twice"))?;
+                        let work = UnitWork::Rows { first_row: full.start, slots: piece_slots };
+                        units.push(Unit { source, tensor: *t, start, end, work });
+                    }
+                    // Rows not inside one piece: converted after the pass.
+                    for r in 0..t.rows() {
+                        if let Some(slot) = slots[out_row(r)].take() {
+                            straddling.insert((source, r), slot);
+                        }
+                    }
+                    base += t.rows();
+                    source += 1;
+                }
             }
         }
+    }
 
-        let mut data_rows = data.chunks_exact_mut(padded);
-        let mut scale_rows = scales.chunks_exact_mut(groups * 4);
-        let mut rows_done = 0;
-        for (p, r) in order {
-            let t = &mut parts[p];
-            let (Some(q_row), Some(s_row)) = (data_rows.next(), scale_rows.next()) else {
-                let detail = format!("more than the planned {} rows", m.rows);
-                return Err(layout_error(dir, t.name(), detail));
-            };
-            t.row_f32(r, row)?;
-            if !quantize_row(row, q_row, s_row) {
+    let failed = AtomicBool::new(false);
+    let results: Vec<Result<Option<UnitDone>>> = units
+        .into_par_iter()
+        .map(|unit| {
+            if failed.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let done = convert_unit(unit, dir, hashing, piece, &failed, progress);
+            if done.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            done
+        })
+        .collect();
+    let mut piece_digests: Vec<Vec<u8>> = vec![Vec::new(); sources.len()];
+    let mut fragments: HashMap<(usize, usize), Vec<Fragment>> = HashMap::new();
+    for result in results {
+        let Some(done) = result? else { continue };
+        for d in done.digests {
+            piece_digests[done.source].extend_from_slice(&d.to_le_bytes());
+        }
+        for (at, bytes) in done.fragments {
+            let row = at / sources[done.source].row_bytes();
+            fragments.entry((done.source, row)).or_default().push((at, bytes));
+        }
+    }
+    // A unit skipped after another failed would have left its error.
+    progress.check()?;
+    if failed.load(Ordering::Relaxed) {
+        return Err(Error::internal("a conversion worker stopped without an error"));
+    }
+
+    let mut row = Vec::new();
+    for ((source, r), mut parts) in fragments {
+        let t = &sources[source];
+        parts.sort_by_key(|(at, _)| *at);
+        let mut bytes = Vec::with_capacity(t.row_bytes());
+        for (at, part) in parts {
+            if at != r * t.row_bytes() + bytes.len() {
+                return Err(layout_error(dir, t.name(), format_args!("row {r} pieced together with a gap")));
+            }
+            bytes.extend_from_slice(&part);
+        }
+        let (q_row, s_row) = straddling
+            .remove(&(source, r))
+            .filter(|_| bytes.len() == t.row_bytes())
+            .ok_or_else(|| layout_error(dir, t.name(), format_args!("row {r} split across pieces")))?;
+        row.resize(t.row_len(), 0.0);
+        t.row_f32(&bytes, 0, &mut row)?;
+        quantize_checked(&row, q_row, s_row, t, r, dir)?;
+    }
+    if let Some(((source, r), _)) = straddling.into_iter().next() {
+        let detail = format_args!("row {r} was never read");
+        return Err(layout_error(dir, sources[source].name(), detail));
+    }
+    if let Some(expected) = digests {
+        for (t, pieces) in sources.iter().zip(&piece_digests) {
+            if expected.get(t.name()) != Some(&combine_pieces(t.len() as u64, pieces)) {
                 return Err(Error::invalid(
-                    dir,
-                    format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name()),
+                    t.path(),
+                    format!(
+                        "{} changed while the checkpoint was being loaded (its bytes differ from \
+                         those the cache key was computed from); nothing was cached, load it again",
+                        t.name()
+                    ),
                 ));
             }
-            rows_done += 1;
         }
-        if rows_done != m.rows {
-            let detail = format!("{rows_done} rows, planned {}", m.rows);
-            return Err(layout_error(dir, "a matrix", detail));
-        }
-        for t in parts {
-            self.finish(t)?;
-        }
-        Ok(())
     }
+    progress.end()
+}
+
+/// One slot per row of `m`, carved from the blob.
+fn matrix_slots<'b>(
+    carver: &mut Carver<'b>,
+    m: &QuantMatrix,
+    dir: &Path,
+) -> Result<Vec<Option<RowSlot<'b>>>> {
+    let outside = || layout_error(dir, "a matrix", "range outside the blob");
+    let data = carver.take(m.data).ok_or_else(outside)?;
+    let scales = carver.take(m.scales).ok_or_else(outside)?;
+    let (padded, groups) = (m.padded_cols(), m.groups());
+    if data.len() != m.rows * padded || scales.len() != m.rows * groups * 4 {
+        return Err(layout_error(dir, "a matrix", format_args!("{} rows of {} columns", m.rows, m.cols)));
+    }
+    Ok(data.chunks_exact_mut(padded).zip(scales.chunks_exact_mut(groups * 4)).map(Some).collect())
+}
+
+/// Reads, hashes and converts one unit (see [`convert_targets`]). `None`
+/// when it stopped because another unit failed.
+fn convert_unit(
+    unit: Unit<'_, '_>,
+    dir: &Path,
+    hashing: bool,
+    piece: usize,
+    failed: &AtomicBool,
+    progress: &Progress<'_>,
+) -> Result<Option<UnitDone>> {
+    let Unit { source, tensor: t, start, end, work } = unit;
+    let rb = t.row_bytes();
+    let mut done = UnitDone { source, digests: Vec::new(), fragments: Vec::new() };
+    match work {
+        UnitWork::Norm(out) => {
+            let mut bytes = vec![0u8; t.len()];
+            t.read_at(0, &mut bytes)?;
+            if hashing {
+                done.digests = bytes.chunks(piece).map(xxh3_128).collect();
+            }
+            let mut values = vec![0.0f32; t.rows() * t.row_len()];
+            for (r, chunk) in values.chunks_exact_mut(t.row_len()).enumerate() {
+                t.row_f32(&bytes, r, chunk)?;
+            }
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(Error::invalid(
+                    dir,
+                    format!("{} holds a NaN or infinite value (element {i}: {})", t.name(), values[i]),
+                ));
+            }
+            for (o, v) in out.chunks_exact_mut(4).zip(&values) {
+                o.copy_from_slice(&v.to_ne_bytes());
+            }
+            progress.advance(bytes.len() as u64)?;
+        }
+        UnitWork::Rows { first_row, mut slots } => {
+            let mut hasher = hashing.then(Xxh3Default::new);
+            // Head: the end of a row begun in the previous piece (or, for a
+            // row longer than a piece, all of this piece).
+            let full_start = (first_row * rb).min(end);
+            let full_end = full_start + slots.len() * rb;
+            let mut fragment = |at: usize, len: usize, hasher: &mut Option<Xxh3Default>| -> Result<()> {
+                if len > 0 {
+                    let mut bytes = vec![0u8; len];
+                    t.read_at(at, &mut bytes)?;
+                    if let Some(h) = hasher {
+                        h.update(&bytes);
+                    }
+                    progress.advance(len as u64)?;
+                    done.fragments.push((at, bytes));
+                }
+                Ok(())
+            };
+            fragment(start, full_start - start, &mut hasher)?;
+            let window_rows = (READ_WINDOW / rb).max(1);
+            let mut window = Vec::new();
+            let mut row = vec![0.0f32; t.row_len()];
+            let mut r = first_row;
+            for window_slots in slots.chunks_mut(window_rows) {
+                if failed.load(Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                window.resize(window_slots.len() * rb, 0);
+                t.read_at(r * rb, &mut window)?;
+                if let Some(h) = &mut hasher {
+                    h.update(&window);
+                }
+                for (i, (q_row, s_row)) in window_slots.iter_mut().enumerate() {
+                    t.row_f32(&window, i, &mut row)?;
+                    quantize_checked(&row, q_row, s_row, &t, r + i, dir)?;
+                }
+                r += window_slots.len();
+                progress.advance(window.len() as u64)?;
+            }
+            // Tail: the start of a row that ends in the next piece.
+            fragment(full_end, end.saturating_sub(full_end), &mut hasher)?;
+            if let Some(h) = hasher {
+                done.digests.push(h.digest128());
+            }
+        }
+    }
+    Ok(Some(done))
+}
+
+/// [`quantize_row`] of row `r` of `t`, with non-finite input an error.
+fn quantize_checked(
+    row: &[f32],
+    q_row: &mut [u8],
+    s_row: &mut [u8],
+    t: &TensorSource<'_>,
+    r: usize,
+    dir: &Path,
+) -> Result<()> {
+    if quantize_row(row, q_row, s_row) {
+        return Ok(());
+    }
+    Err(Error::invalid(dir, format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name())))
 }
 
 /// Quantizes one row: `q_row` gets int8 values (its padding stays as it
@@ -511,7 +733,7 @@ mod tests {
         let cfg = crate::config::load_config(tmp.path()).unwrap();
         let ckpt = Checkpoint::open(tmp.path()).unwrap();
         let fp = ckpt.fingerprint(&cfg, 1).unwrap();
-        assert!(convert_validated(&ckpt, &cfg, Some(&fp)).is_ok());
+        assert!(convert_validated(&ckpt, &cfg, Some(&fp), &Progress::none()).is_ok());
 
         let path = tmp.path().join("model.safetensors");
         let bytes = std::fs::read(&path).unwrap();
@@ -521,12 +743,51 @@ mod tests {
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&[bytes[at] ^ 0x01], at as u64).unwrap();
 
-        let err = convert_validated(&ckpt, &cfg, Some(&fp)).err().expect("a changed tensor");
+        let err =
+            convert_validated(&ckpt, &cfg, Some(&fp), &Progress::none()).err().expect("a changed tensor");
         assert_eq!(err.code(), "checkpoint_invalid");
         assert!(err.to_string().contains(name) && err.to_string().contains("changed"), "{err}");
         // Without a fingerprint there is nothing to compare with.
-        assert!(convert_validated(&ckpt, &cfg, None).is_ok());
+        assert!(convert_validated(&ckpt, &cfg, None, &Progress::none()).is_ok());
         assert_ne!(ckpt.fingerprint(&cfg, 1).unwrap().key, fp.key);
+    }
+
+    /// Converts the fixture `name` in pieces of `piece` bytes, checking
+    /// each tensor's digest taken in pieces of that size.
+    fn convert_in_pieces(name: &str, piece: usize) -> Vec<u8> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name);
+        let cfg = crate::config::load_config(&dir).unwrap();
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        ckpt.validate(&cfg).unwrap();
+        let (index, total) = plan_layout(&cfg);
+        let targets = plan_targets(&ckpt, &index).unwrap();
+        let mut digests = HashMap::new();
+        for t in targets.iter().flat_map(|t| t.sources()) {
+            let bytes = ckpt.tensor(t.name()).unwrap().bytes;
+            let pieces: Vec<u8> = bytes.chunks(piece).flat_map(|p| xxh3_128(p).to_le_bytes()).collect();
+            digests.insert(t.name().to_string(), combine_pieces(bytes.len() as u64, &pieces));
+        }
+        let mut blob = vec![0u8; total];
+        convert_targets(&mut blob, &targets, &dir, Some(&digests), piece, &Progress::none()).unwrap();
+        blob
+    }
+
+    /// Pieces shorter than a row, a row long, not dividing rows, and longer:
+    /// rows inside one piece, straddling two, and spanning several all
+    /// convert to the bytes of the whole-tensor pieces, and every piece's
+    /// bytes are hashed in order.
+    #[test]
+    fn any_piece_size_converts_the_same_bytes() {
+        for name in ["odd_dims", "gqa2_hd64", "untied_head"] {
+            let whole = convert_in_pieces(name, HASH_PIECE);
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name);
+            let cfg = crate::config::load_config(&dir).unwrap();
+            let model = convert(&Checkpoint::open(&dir).unwrap(), &cfg).unwrap();
+            assert!(blob_bytes(&model).unwrap() == whole.as_slice(), "{name}");
+            for piece in [64, 191, 192, 193, 1000, 65539] {
+                assert!(convert_in_pieces(name, piece) == whole, "{name}, pieces of {piece} bytes");
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{AdapterPolicy, Gpu};
 use crate::gpu_weights::{GpuWeights, ModelGpu};
 use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLayout};
-use crate::load::{load_model, LoadReport};
+use crate::load::{load_model_with, LoadProgress, LoadProgressFn, LoadReport, Progress};
 use crate::sampling::SamplingParams;
 use crate::session::{check_prompt, Session};
 use crate::stop::StopMatcher;
@@ -202,11 +202,17 @@ impl Engine {
     }
 
     /// Loads a Hugging Face Qwen3 checkpoint directory: validates it,
-    /// converts it to int8 (or loads the cached conversion), and uploads it.
+    /// converts it to int8 (or loads the cached conversion), and uploads it,
+    /// reporting progress to [`LoadOptions::on_progress`]'s callback.
+    ///
+    /// Errors: see [`Error`]; [`Error::Cancelled`] when the progress
+    /// callback cancels (no cache file or temporary file is left behind).
     pub fn load(&self, checkpoint_dir: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
         let t0 = Instant::now();
-        let (converted, report) = load_model(checkpoint_dir.as_ref(), options.profile, &options.cache)?;
-        let weights = GpuWeights::upload(&self.gpu, &converted)?;
+        let progress = Progress::new(options.progress.as_deref());
+        let (converted, report) =
+            load_model_with(checkpoint_dir.as_ref(), options.profile, &options.cache, &progress)?;
+        let weights = GpuWeights::upload_with(&self.gpu, &converted, &progress)?;
         let config = converted.config.clone();
         // Hashed on a thread of its own, which drops the converted weights.
         let fingerprint = crate::fingerprint::WeightsFingerprint::start(converted);
@@ -217,18 +223,59 @@ impl Engine {
 }
 
 /// How to load a checkpoint.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LoadOptions {
     /// Which shapes to accept ([`ShapeProfile::AnyQwen3`] by default;
     /// [`ShapeProfile::Qwen3_0_6B`] demands the exact 0.6B shape).
     pub profile: ShapeProfile,
     /// Where converted weights are cached.
     pub cache: CachePolicy,
+    /// Called with the load's progress; see [`on_progress`](Self::on_progress).
+    pub progress: Option<Arc<LoadProgressFn>>,
+}
+
+impl LoadOptions {
+    /// Calls `callback` as the load progresses: each phase
+    /// ([`LoadPhase`](crate::LoadPhase): hashing, reading the cache or
+    /// converting and writing the cache, uploading) is reported first with
+    /// 0 bytes done, then as its bytes get done (never going back), and,
+    /// unless the load fails, last with all of its bytes done. The callback
+    /// may run on the load's worker threads, one call at a time. Returning
+    /// [`ControlFlow::Break`] cancels the load: [`Engine::load`] returns
+    /// [`Error::Cancelled`] and leaves no cache or temporary file behind.
+    ///
+    /// ```no_run
+    /// use std::ops::ControlFlow;
+    /// use qwen3_wgpu::{Engine, LoadOptions};
+    /// let options = LoadOptions::default().on_progress(|p| {
+    ///     eprintln!("{}: {} of {} bytes", p.phase.as_str(), p.bytes_done, p.bytes_total);
+    ///     ControlFlow::Continue(())
+    /// });
+    /// let model = Engine::new()?.load("./qwen3-0.6b-base", &options)?;
+    /// # Ok::<(), qwen3_wgpu::Error>(())
+    /// ```
+    pub fn on_progress(
+        mut self,
+        callback: impl Fn(LoadProgress) -> ControlFlow<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.progress = Some(Arc::new(callback));
+        self
+    }
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { profile: ShapeProfile::AnyQwen3, cache: CachePolicy::Default }
+        LoadOptions { profile: ShapeProfile::AnyQwen3, cache: CachePolicy::Default, progress: None }
+    }
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("profile", &self.profile)
+            .field("cache", &self.cache)
+            .field("progress", &self.progress.as_ref().map(|_| "callback"))
+            .finish()
     }
 }
 

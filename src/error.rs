@@ -201,6 +201,12 @@ pub enum Error {
         /// The fingerprint the file records.
         found: String,
     },
+
+    /// The caller cancelled the operation (a load progress callback
+    /// returned `ControlFlow::Break`). Nothing it would have written is
+    /// left behind.
+    #[error("cancelled by the caller")]
+    Cancelled,
 }
 
 impl Error {
@@ -231,11 +237,12 @@ impl Error {
             Error::SessionIo { .. } => "session_io",
             Error::SessionFileInvalid { .. } => "session_file_invalid",
             Error::SessionModelMismatch { .. } => "session_model_mismatch",
+            Error::Cancelled => "cancelled",
         }
     }
 
     /// Every code, in declaration order (for documentation and tests).
-    pub const ALL_CODES: [&'static str; 19] = [
+    pub const ALL_CODES: [&'static str; 20] = [
         "checkpoint_not_found",
         "checkpoint_invalid",
         "unsupported_checkpoint_architecture",
@@ -255,6 +262,7 @@ impl Error {
         "session_io",
         "session_file_invalid",
         "session_model_mismatch",
+        "cancelled",
     ];
 
     pub(crate) fn cache_io(path: impl Into<PathBuf>, e: impl std::fmt::Display) -> Self {

@@ -10,6 +10,7 @@ use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{chunk_rows, Kernels};
+use crate::load::{LoadPhase, Progress};
 
 /// A run of rows bound as one range.
 #[derive(Debug, Clone, Copy)]
@@ -31,7 +32,13 @@ pub struct GpuMatrix {
 }
 
 impl GpuMatrix {
-    fn upload(gpu: &Gpu, model: &ConvertedModel, m: &QuantMatrix, label: &str) -> Result<Self> {
+    fn upload(
+        gpu: &Gpu,
+        model: &ConvertedModel,
+        m: &QuantMatrix,
+        label: &str,
+        progress: &Progress<'_>,
+    ) -> Result<Self> {
         let row_bytes = m.padded_cols();
         let max_binding = gpu.device.limits().max_storage_buffer_binding_size;
         let per_chunk = chunk_rows(row_bytes, max_binding);
@@ -44,8 +51,8 @@ impl GpuMatrix {
             cols: m.cols,
             k_words: m.padded_cols() / 4,
             groups: m.groups(),
-            data: gpu.storage_init(label, model.bytes(m.data))?,
-            scales: gpu.storage_init(label, model.bytes(m.scales))?,
+            data: upload_range(gpu, model, m.data, label, progress)?,
+            scales: upload_range(gpu, model, m.scales, label, progress)?,
             chunks,
         })
     }
@@ -98,36 +105,51 @@ impl GpuWeights {
     /// Uploads every tensor straight into buffers mapped at creation (no
     /// staging copies pile up in the queue).
     pub fn upload(gpu: &Gpu, model: &ConvertedModel) -> Result<Self> {
+        Self::upload_with(gpu, model, &Progress::none())
+    }
+
+    /// [`upload`](Self::upload), reporting [`LoadPhase::Uploading`] through
+    /// `progress` (bytes: the converted ranges uploaded, without the
+    /// padding added on the GPU). [`Error::Cancelled`] when it cancels; the
+    /// buffers made so far are then freed.
+    pub fn upload_with(gpu: &Gpu, model: &ConvertedModel, progress: &Progress<'_>) -> Result<Self> {
+        let ix = &model.index;
+        progress.begin(LoadPhase::Uploading, upload_bytes(ix))?;
         // Norm weights, zero-padded to whole quant groups: the fused-norm
         // matvec reads them as far as the padded row length.
         let vec = |r: ByteRange, label: &str| {
             let mut bytes = model.bytes(r).to_vec();
             bytes.resize(bytes.len().div_ceil(4 * QUANT_GROUP) * 4 * QUANT_GROUP, 0);
-            gpu.storage_init(label, &bytes)
+            let buffer = gpu.storage_init(label, &bytes)?;
+            progress.advance(r.len as u64)?;
+            Ok::<_, Error>(buffer)
         };
-        let ix = &model.index;
-        gpu.scoped(
+        let qk_norm = |l: &crate::converted::LayerWeights| {
+            let buffer =
+                gpu.storage_init("qk_norm", &[model.bytes(l.q_norm), model.bytes(l.k_norm)].concat())?;
+            progress.advance((l.q_norm.len + l.k_norm.len) as u64)?;
+            Ok::<_, Error>(buffer)
+        };
+        let matrix = |m: &QuantMatrix, label: &str| GpuMatrix::upload(gpu, model, m, label, progress);
+        let weights = gpu.scoped(
             || {
                 let mut layers = Vec::with_capacity(ix.layers.len());
                 for (i, l) in ix.layers.iter().enumerate() {
                     layers.push(GpuLayer {
                         input_norm: vec(l.input_norm, "input_norm")?,
-                        qkv: GpuMatrix::upload(gpu, model, &l.qkv, &format!("layers.{i}.qkv"))?,
-                        qk_norm: gpu.storage_init(
-                            "qk_norm",
-                            &[model.bytes(l.q_norm), model.bytes(l.k_norm)].concat(),
-                        )?,
-                        o_proj: GpuMatrix::upload(gpu, model, &l.o_proj, &format!("layers.{i}.o_proj"))?,
+                        qkv: matrix(&l.qkv, &format!("layers.{i}.qkv"))?,
+                        qk_norm: qk_norm(l)?,
+                        o_proj: matrix(&l.o_proj, &format!("layers.{i}.o_proj"))?,
                         post_norm: vec(l.post_norm, "post_norm")?,
-                        gate_up: GpuMatrix::upload(gpu, model, &l.gate_up, &format!("layers.{i}.gate_up"))?,
-                        down: GpuMatrix::upload(gpu, model, &l.down, &format!("layers.{i}.down"))?,
+                        gate_up: matrix(&l.gate_up, &format!("layers.{i}.gate_up"))?,
+                        down: matrix(&l.down, &format!("layers.{i}.down"))?,
                     });
                 }
                 let mut w = GpuWeights {
                     bytes: 0,
-                    embed: GpuMatrix::upload(gpu, model, &ix.embed, "embed_tokens")?,
+                    embed: matrix(&ix.embed, "embed_tokens")?,
                     lm_head: match &ix.lm_head {
-                        Some(m) => Some(GpuMatrix::upload(gpu, model, m, "lm_head")?),
+                        Some(m) => Some(matrix(m, "lm_head")?),
                         None => None,
                     },
                     layers,
@@ -137,7 +159,9 @@ impl GpuWeights {
                 Ok(w)
             },
             |reason| Error::GpuDeviceFailed { reason: format!("uploading weights: {reason}") },
-        )
+        )?;
+        progress.end()?;
+        Ok(weights)
     }
 
     /// Every buffer the weights occupy.
@@ -153,6 +177,35 @@ impl GpuWeights {
     pub fn lm_head(&self) -> &GpuMatrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
+}
+
+/// A buffer holding the range `r` of `model`, counted as uploaded.
+fn upload_range(
+    gpu: &Gpu,
+    model: &ConvertedModel,
+    r: ByteRange,
+    label: &str,
+    progress: &Progress<'_>,
+) -> Result<wgpu::Buffer> {
+    let buffer = gpu.storage_init(label, model.bytes(r))?;
+    progress.advance(r.len as u64)?;
+    Ok(buffer)
+}
+
+/// The bytes [`GpuWeights::upload_with`] reports for `ix`: every range of
+/// the index once (the embedding once when the LM head is tied to it).
+fn upload_bytes(ix: &crate::converted::WeightIndex) -> u64 {
+    let matrix = |m: &QuantMatrix| (m.data.len + m.scales.len) as u64;
+    let layers: u64 = ix
+        .layers
+        .iter()
+        .map(|l| {
+            let norms =
+                [l.input_norm, l.q_norm, l.k_norm, l.post_norm].iter().map(|r| r.len as u64).sum::<u64>();
+            norms + matrix(&l.qkv) + matrix(&l.o_proj) + matrix(&l.gate_up) + matrix(&l.down)
+        })
+        .sum();
+    matrix(&ix.embed) + ix.lm_head.as_ref().map_or(0, matrix) + layers + ix.final_norm.len as u64
 }
 
 /// A loaded model on the GPU: what its sessions share.

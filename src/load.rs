@@ -1,9 +1,13 @@
 //! Loading a model, in order: the checkpoint directory, config.json and
 //! the shape profile, the tensors, then the converted weights from the
 //! cache ([`crate::cache`]) or a fresh conversion ([`crate::convert`])
-//! that is written to it. Every check runs once.
+//! that is written to it. Every check runs once. Each phase reports its
+//! progress ([`LoadProgress`]) to the caller's callback, which may cancel.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::cache::{cache_dir, read_cache, remove_abandoned_temp_files, remove_stale_files, write_cache};
@@ -13,6 +17,157 @@ use crate::config::{check_profile, read_config, require_checkpoint_dir, ShapePro
 use crate::convert::convert_validated;
 use crate::converted::ConvertedModel;
 use crate::error::{Error, Result};
+
+/// A phase of loading a model, in the order the phases run: [`Hashing`](Self::Hashing)
+/// (only with a cache), then [`ReadingCache`](Self::ReadingCache) on a cache hit or
+/// [`Converting`](Self::Converting) and [`WritingCache`](Self::WritingCache) (only
+/// with a cache) on a miss, then [`Uploading`](Self::Uploading).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LoadPhase {
+    /// Hashing every tensor byte the engine reads, for the cache key.
+    Hashing,
+    /// Reading and verifying the cached conversion (its checksum covers
+    /// every byte).
+    ReadingCache,
+    /// Converting the checkpoint's weights to int8; bytes are those of the
+    /// checkpoint's tensors.
+    Converting,
+    /// Writing the converted weights to the cache file.
+    WritingCache,
+    /// Uploading the converted weights to the GPU.
+    Uploading,
+}
+
+impl LoadPhase {
+    /// The phase's stable name: `hashing`, `reading_cache`, `converting`,
+    /// `writing_cache` or `uploading`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LoadPhase::Hashing => "hashing",
+            LoadPhase::ReadingCache => "reading_cache",
+            LoadPhase::Converting => "converting",
+            LoadPhase::WritingCache => "writing_cache",
+            LoadPhase::Uploading => "uploading",
+        }
+    }
+}
+
+/// How far a load has come: the phase, and the bytes of it done out of its
+/// total. Within a phase `bytes_done` never decreases; each phase is first
+/// reported with 0 bytes done, and, unless the load fails or is cancelled,
+/// last with `bytes_done == bytes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoadProgress {
+    /// The phase running.
+    pub phase: LoadPhase,
+    /// Bytes of the phase done.
+    pub bytes_done: u64,
+    /// Bytes the phase handles in all.
+    pub bytes_total: u64,
+}
+
+/// A load progress callback (see [`LoadOptions::on_progress`](crate::LoadOptions::on_progress)):
+/// returning [`ControlFlow::Break`] cancels the load.
+pub type LoadProgressFn = dyn Fn(LoadProgress) -> ControlFlow<()> + Send + Sync;
+
+/// Reports a load's progress to an optional callback, from any thread, and
+/// remembers a cancellation. Reports are serialized and never go backwards
+/// within a phase; a thread that finds another reporting skips its report
+/// (a later one carries its bytes), so a slow callback never stalls the
+/// workers.
+pub struct Progress<'a> {
+    callback: Option<&'a LoadProgressFn>,
+    /// Bytes done in the current phase.
+    done: AtomicU64,
+    cancelled: AtomicBool,
+    /// The current phase, its total and the bytes last reported.
+    reported: Mutex<(LoadPhase, u64, u64)>,
+}
+
+impl<'a> Progress<'a> {
+    /// Reports to `callback` (nothing when `None`; then nothing cancels).
+    pub fn new(callback: Option<&'a LoadProgressFn>) -> Self {
+        Progress {
+            callback,
+            done: AtomicU64::new(0),
+            cancelled: AtomicBool::new(false),
+            reported: Mutex::new((LoadPhase::Hashing, 0, 0)),
+        }
+    }
+
+    /// Reports nothing and never cancels.
+    pub fn none() -> Progress<'static> {
+        Progress::new(None)
+    }
+
+    /// Starts `phase`, of `total` bytes, reporting 0 bytes done.
+    /// [`Error::Cancelled`] when the load was (or now is) cancelled.
+    pub fn begin(&self, phase: LoadPhase, total: u64) -> Result<()> {
+        self.check()?;
+        let Some(callback) = self.callback else { return Ok(()) };
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        self.done.store(0, Ordering::Relaxed);
+        *reported = (phase, total, 0);
+        self.call(callback, phase, 0, total)
+    }
+
+    /// Counts `bytes` more done in the current phase and reports the total
+    /// so far unless another thread is reporting. [`Error::Cancelled`] when
+    /// the load was (or now is) cancelled.
+    pub fn advance(&self, bytes: u64) -> Result<()> {
+        self.check()?;
+        let Some(callback) = self.callback else { return Ok(()) };
+        self.done.fetch_add(bytes, Ordering::Relaxed);
+        let Ok(mut reported) = self.reported.try_lock() else { return Ok(()) };
+        let (phase, total, last) = *reported;
+        // Read under the lock: whoever reports next sees at least this.
+        let done = self.done.load(Ordering::Relaxed).min(total);
+        if done <= last {
+            return Ok(());
+        }
+        reported.2 = done;
+        self.call(callback, phase, done, total)
+    }
+
+    /// Ends the current phase: reports its bytes done if a report was
+    /// skipped. [`Error::Cancelled`] when the load was (or now is) cancelled.
+    pub fn end(&self) -> Result<()> {
+        self.check()?;
+        let Some(callback) = self.callback else { return Ok(()) };
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let (phase, total, last) = *reported;
+        let done = self.done.load(Ordering::Relaxed).min(total);
+        if done <= last {
+            return Ok(());
+        }
+        reported.2 = done;
+        self.call(callback, phase, done, total)
+    }
+
+    /// [`Error::Cancelled`] once the callback has asked to cancel.
+    pub fn check(&self) -> Result<()> {
+        match self.cancelled.load(Ordering::Relaxed) {
+            true => Err(Error::Cancelled),
+            false => Ok(()),
+        }
+    }
+
+    /// Whether the callback has asked to cancel.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+
+    fn call(&self, callback: &LoadProgressFn, phase: LoadPhase, done: u64, total: u64) -> Result<()> {
+        let progress = LoadProgress { phase, bytes_done: done, bytes_total: total };
+        if callback(progress).is_break() {
+            self.cancelled.store(true, Ordering::Relaxed);
+            return Err(Error::Cancelled);
+        }
+        Ok(())
+    }
+}
 
 /// What [`load_model`] did.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +209,21 @@ pub fn load_model(
     profile: ShapeProfile,
     cache: &CachePolicy,
 ) -> Result<(ConvertedModel, LoadReport)> {
+    load_model_with(dir, profile, cache, &Progress::none())
+}
+
+/// [`load_model`], reporting each phase's progress through `progress`
+/// (every phase but [`LoadPhase::Uploading`], which is the caller's).
+///
+/// Errors: those of [`load_model`]; [`Error::Cancelled`] when the progress
+/// callback asks to cancel. A cancelled load leaves no cache file and no
+/// temporary file behind (a cache file it was reading stays as it was).
+pub fn load_model_with(
+    dir: &Path,
+    profile: ShapeProfile,
+    cache: &CachePolicy,
+    progress: &Progress<'_>,
+) -> Result<(ConvertedModel, LoadReport)> {
     let started = Instant::now();
     // Each check once: the directory, config.json (with the engine's own
     // shape limits), the profile's extra demands, the tensors.
@@ -72,14 +242,14 @@ pub fn load_model(
     }
     // Only a cached load needs the key; without a cache, skip the hash.
     let fingerprint = match chosen_dir {
-        Some(_) => Some(ckpt.fingerprint(&cfg, CACHE_FORMAT_VERSION)?),
+        Some(_) => Some(ckpt.fingerprint_with(&cfg, CACHE_FORMAT_VERSION, progress)?),
         None => None,
     };
     let key = fingerprint.as_ref().map_or("", |f| f.key.as_str());
     let mut cache_path = chosen_dir.map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
 
     if let Some(path) = &cache_path {
-        match read_cache(path, key, &cfg) {
+        match read_cache(path, key, &cfg, progress)? {
             Ok(Some(model)) => {
                 if let Some(fp) = &fingerprint {
                     unchanged_since(&ckpt, fp)?;
@@ -117,7 +287,7 @@ pub fn load_model(
     }
 
     let convert_started = Instant::now();
-    let model = convert_validated(&ckpt, &cfg, fingerprint.as_ref())?;
+    let model = convert_validated(&ckpt, &cfg, fingerprint.as_ref(), progress)?;
     let convert_ms = ms_since(convert_started);
     if let Some(fp) = &fingerprint {
         unchanged_since(&ckpt, fp)?;
@@ -127,8 +297,8 @@ pub fn load_model(
     if let Some(path) = &cache_path {
         let source = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         let source = source.to_string_lossy();
-        if let Err(err) = write_cache(path, key, &source, &model) {
-            if explicit {
+        if let Err(err) = write_cache(path, key, &source, &model, progress) {
+            if explicit || matches!(err, Error::Cancelled) {
                 return Err(err);
             }
             log::warn!("{err}; the converted weights will not be cached");

@@ -66,7 +66,8 @@ fn checkpoint_invalid() {
 
 #[test]
 fn unsupported_checkpoint_architecture_lists_every_field() {
-    let options = LoadOptions { profile: ShapeProfile::Qwen3_0_6B, cache: CachePolicy::Disabled };
+    let options =
+        LoadOptions { profile: ShapeProfile::Qwen3_0_6B, cache: CachePolicy::Disabled, ..Default::default() };
     let e = decode_with(&engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
     assert_eq!(e.code(), "unsupported_checkpoint_architecture");
     let Error::UnsupportedArchitecture { mismatches, .. } = &e else { panic!("{e:?}") };

@@ -29,8 +29,11 @@ fn exact_qwen3_0_6b_shape_converts_decodes_and_caches() {
     let check = &engine.kernel_report().self_check;
     assert!(check.ok, "self-check: {}", check.describe_failures());
     println!("self-check: {} pipelines in {:.1} ms", check.pipelines, check.ms);
-    let options =
-        LoadOptions { profile: ShapeProfile::Qwen3_0_6B, cache: CachePolicy::Dir(cache_dir.clone()) };
+    let options = LoadOptions {
+        profile: ShapeProfile::Qwen3_0_6B,
+        cache: CachePolicy::Dir(cache_dir.clone()),
+        ..Default::default()
+    };
     let prompt = [785u32, 6722, 315, 9625, 374];
     let new_tokens = 4;
 
