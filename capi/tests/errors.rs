@@ -197,8 +197,8 @@ fn null_handles_and_out_pointers_are_invalid_arguments() {
 fn bad_option_values_are_invalid_arguments() {
     unsafe {
         let mut options = std::mem::zeroed::<q3w_engine_options>();
-        let mut engine = 8usize as *mut q3w_engine; // not NULL: a failure resets it
-                                                    // Never initialised: struct_size 0.
+        let mut engine = std::ptr::dangling_mut::<q3w_engine>(); // not NULL: a failure resets it
+                                                                 // Never initialised: struct_size 0.
         expect(q3w_engine_new(&options, &mut engine), Q3W_INVALID_ARGUMENT, &["options", "struct_size is 0"]);
         assert!(engine.is_null());
         assert_eq!(q3w_engine_options_init(&mut options), Q3W_OK);
@@ -276,7 +276,7 @@ fn metal_only_off_apple_is_non_metal_adapter() {
 fn checkpoint_errors() {
     let scratch = tempfile::tempdir().unwrap();
     unsafe {
-        let mut model = 8usize as *mut q3w_model;
+        let mut model = std::ptr::dangling_mut::<q3w_model>();
         let missing = c_path(&scratch.path().join("no-such-checkpoint"));
         expect(
             q3w_model_load(shared_engine(), missing.as_ptr(), &no_cache(), &mut model),
