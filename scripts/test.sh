@@ -5,8 +5,9 @@
 # nothing: the adapter is Metal, and tests/metal_kernels.rs runs the kernel
 # cases on it for the WGSL and the MSL pipelines and compiles every MSL
 # variant with `xcrun -sdk macosx metal -Werror` (Xcode needed). Then format,
-# lint, every test (ignored ones included), the package's size, and a smoke
-# run of the decode example.
+# lint, every test of the workspace (ignored ones included; the C ABI's in
+# capi/ compile the C and C++ examples with cc/c++ under AddressSanitizer),
+# the package's size, and a smoke run of the decode example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,9 +50,11 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --all-targets -- -D warnings
-echo "== cargo test"
-cargo test -- --include-ignored
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test (the crate and the C ABI, capi/)"
+# One invocation for both packages: one feature resolution, so the
+# dependencies build once.
+cargo test --workspace -- --include-ignored
 echo "== cargo package (size)"
 # The published crate leaves the test fixtures out; keep it well under
 # crates.io's 10 MB limit.

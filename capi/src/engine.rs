@@ -1,0 +1,535 @@
+//! Engines, models and sessions.
+
+use std::ffi::c_char;
+use std::path::PathBuf;
+
+use qwen3_wgpu::{
+    AdapterPolicy, CachePolicy, Engine, KernelChoice, LoadOptions, Model, Session, ShapeProfile,
+};
+
+use crate::{
+    array, clear, exclusive, init_options, invalid, optional_text, out, owned, put, q3w_status, read_options,
+    run, shared, text, Options, Poisonable,
+};
+
+/// A GPU device with the engine's kernels compiled for it.
+pub struct q3w_engine {
+    engine: Engine,
+}
+
+/// A model loaded on an engine's device (its weights on the GPU).
+pub struct q3w_model {
+    model: Model,
+}
+
+/// A decoding session over a model: its KV cache and queued steps.
+pub struct q3w_session {
+    session: Session,
+    poisoned: bool,
+}
+
+impl Poisonable for q3w_session {
+    fn poisoned(&mut self) -> &mut bool {
+        &mut self.poisoned
+    }
+}
+
+// Handles the header says may be shared between threads.
+const _: () = {
+    const fn shared_between_threads<T: Send + Sync>() {}
+    const fn moved_between_threads<T: Send>() {}
+    shared_between_threads::<q3w_engine>();
+    shared_between_threads::<q3w_model>();
+    moved_between_threads::<q3w_session>();
+};
+
+/// `adapter_policy`: `QWEN3_WGPU_BACKEND` from the environment when set
+/// (`metal` or `portable`), else Metal only.
+pub const Q3W_ADAPTER_POLICY_DEFAULT: u32 = 0;
+/// `adapter_policy`: Apple GPUs through Metal only; any other adapter is
+/// `Q3W_NON_METAL_ADAPTER`.
+pub const Q3W_ADAPTER_POLICY_METAL_ONLY: u32 = 1;
+/// `adapter_policy`: any adapter (Vulkan, DX12, Metal), the same kernels.
+pub const Q3W_ADAPTER_POLICY_PORTABLE: u32 = 2;
+
+/// `kernels`: `QWEN3_WGPU_KERNELS` from the environment when set, else auto.
+pub const Q3W_KERNELS_DEFAULT: u32 = 0;
+/// `kernels`: the hand-written MSL kernels on Metal, WGSL elsewhere.
+pub const Q3W_KERNELS_AUTO: u32 = 1;
+/// `kernels`: WGSL everywhere.
+pub const Q3W_KERNELS_WGSL: u32 = 2;
+
+/// How to create an engine (`q3w_engine_options_init` sets the defaults).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct q3w_engine_options {
+    /// `sizeof(q3w_engine_options)`, set by `q3w_engine_options_init`.
+    pub struct_size: usize,
+    /// A `Q3W_ADAPTER_POLICY_*` value (default `Q3W_ADAPTER_POLICY_DEFAULT`).
+    pub adapter_policy: u32,
+    /// A `Q3W_KERNELS_*` value (default `Q3W_KERNELS_DEFAULT`).
+    pub kernels: u32,
+}
+
+impl Options for q3w_engine_options {
+    const FIRST_SIZE: usize = std::mem::size_of::<Self>();
+    fn defaults() -> Self {
+        q3w_engine_options {
+            struct_size: std::mem::size_of::<Self>(),
+            adapter_policy: Q3W_ADAPTER_POLICY_DEFAULT,
+            kernels: Q3W_KERNELS_DEFAULT,
+        }
+    }
+}
+
+/// Sets `options` to the defaults (and its `struct_size`).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_engine_options_init(options: *mut q3w_engine_options) -> q3w_status {
+    // SAFETY: NULL or writable, as the caller promises.
+    run("q3w_engine_options_init", || unsafe { init_options(options, "options") })
+}
+
+/// Creates an engine: picks the adapter under the policy, compiles the
+/// kernels and runs their start-up self-check. `options` may be NULL (the
+/// defaults). Free it with `q3w_engine_free`.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_engine_new(
+    options: *const q3w_engine_options,
+    out_engine: *mut *mut q3w_engine,
+) -> q3w_status {
+    run("q3w_engine_new", || {
+        // SAFETY: the pointers are as the header says.
+        unsafe { clear(out_engine) };
+        out(out_engine, "out_engine")?;
+        let options = unsafe { read_options(options, "options") }?;
+        let mut builder = Engine::builder();
+        builder = match options.adapter_policy {
+            Q3W_ADAPTER_POLICY_DEFAULT => builder,
+            Q3W_ADAPTER_POLICY_METAL_ONLY => builder.policy(AdapterPolicy::MetalOnly),
+            Q3W_ADAPTER_POLICY_PORTABLE => builder.policy(AdapterPolicy::Portable),
+            other => {
+                return Err(invalid(
+                    "adapter_policy",
+                    format!("{other} is not a Q3W_ADAPTER_POLICY_* value (0, 1 or 2)"),
+                ))
+            }
+        };
+        builder = match options.kernels {
+            Q3W_KERNELS_DEFAULT => builder,
+            Q3W_KERNELS_AUTO => builder.kernels(KernelChoice::Auto),
+            Q3W_KERNELS_WGSL => builder.kernels(KernelChoice::Wgsl),
+            other => {
+                return Err(invalid("kernels", format!("{other} is not a Q3W_KERNELS_* value (0, 1 or 2)")))
+            }
+        };
+        let engine = Box::new(q3w_engine { engine: builder.build()? });
+        unsafe { put(out_engine, Box::into_raw(engine)) };
+        Ok(())
+    })
+}
+
+/// Frees an engine (NULL is allowed). Models loaded on it stay valid.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_engine_free(engine: *mut q3w_engine) -> q3w_status {
+    run("q3w_engine_free", || {
+        if !engine.is_null() {
+            // SAFETY: a live engine handle, as the caller promises.
+            drop(unsafe { Box::from_raw(engine) });
+        }
+        Ok(())
+    })
+}
+
+/// Describes the engine's adapter and kernels, e.g.
+/// `"Apple M2 (metal, msl kernels)"`: a string for `q3w_string_free`;
+/// `out_len` (may be NULL) receives its length in bytes.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_engine_describe(
+    engine: *const q3w_engine,
+    out_text: *mut *mut c_char,
+    out_len: *mut usize,
+) -> q3w_status {
+    run("q3w_engine_describe", || {
+        // SAFETY: the pointers are as the header says.
+        unsafe { clear(out_text) };
+        let engine = &unsafe { shared(engine, "engine") }?.engine;
+        out(out_text, "out_text")?;
+        let info = engine.adapter_info();
+        let description =
+            format!("{} ({}, {} kernels)", info.name, info.backend.to_str(), engine.kernel_source().as_str());
+        unsafe { put_string(&description, out_text, out_len) }
+    })
+}
+
+/// Writes a new string and its length to the out-parameters.
+///
+/// # Safety
+/// `out_text` is non-NULL and writable; `out_len` is NULL or writable.
+pub(crate) unsafe fn put_string(
+    s: &str,
+    out_text: *mut *mut c_char,
+    out_len: *mut usize,
+) -> qwen3_wgpu::Result<()> {
+    let (ptr, len) = owned::string(s)?;
+    // SAFETY: as the caller promises.
+    unsafe {
+        put(out_text, ptr);
+        if !out_len.is_null() {
+            put(out_len, len);
+        }
+    }
+    Ok(())
+}
+
+/// `cache_policy`: the platform cache directory's `qwen3-wgpu/` (failing to
+/// write there is only logged).
+pub const Q3W_CACHE_DEFAULT: u32 = 0;
+/// `cache_policy`: the directory `cache_dir` (created if needed; failing to
+/// write there is `Q3W_CACHE_IO`).
+pub const Q3W_CACHE_DIR: u32 = 1;
+/// `cache_policy`: never read or write converted weights.
+pub const Q3W_CACHE_DISABLED: u32 = 2;
+
+/// `shape_profile`: any Qwen3 shape the engine runs.
+pub const Q3W_SHAPE_ANY_QWEN3: u32 = 0;
+/// `shape_profile`: exactly Qwen3-0.6B's shape, else
+/// `Q3W_UNSUPPORTED_CHECKPOINT_ARCHITECTURE`.
+pub const Q3W_SHAPE_QWEN3_0_6B: u32 = 1;
+
+/// How to load a checkpoint (`q3w_load_options_init` sets the defaults).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct q3w_load_options {
+    /// `sizeof(q3w_load_options)`, set by `q3w_load_options_init`.
+    pub struct_size: usize,
+    /// A `Q3W_CACHE_*` value (default `Q3W_CACHE_DEFAULT`).
+    pub cache_policy: u32,
+    /// A `Q3W_SHAPE_*` value (default `Q3W_SHAPE_ANY_QWEN3`).
+    pub shape_profile: u32,
+    /// The cache directory with `Q3W_CACHE_DIR` (UTF-8); NULL otherwise.
+    pub cache_dir: *const c_char,
+}
+
+impl Options for q3w_load_options {
+    const FIRST_SIZE: usize = std::mem::size_of::<Self>();
+    fn defaults() -> Self {
+        q3w_load_options {
+            struct_size: std::mem::size_of::<Self>(),
+            cache_policy: Q3W_CACHE_DEFAULT,
+            shape_profile: Q3W_SHAPE_ANY_QWEN3,
+            cache_dir: std::ptr::null(),
+        }
+    }
+}
+
+/// Sets `options` to the defaults (and its `struct_size`).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_load_options_init(options: *mut q3w_load_options) -> q3w_status {
+    // SAFETY: NULL or writable, as the caller promises.
+    run("q3w_load_options_init", || unsafe { init_options(options, "options") })
+}
+
+/// Loads a Hugging Face Qwen3 checkpoint directory (`config.json` and
+/// safetensors) onto the engine's device: validates it, converts it to int8
+/// or reads the cached conversion, and uploads it. `options` may be NULL.
+/// Free the model with `q3w_model_free`.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_model_load(
+    engine: *const q3w_engine,
+    checkpoint_dir: *const c_char,
+    options: *const q3w_load_options,
+    out_model: *mut *mut q3w_model,
+) -> q3w_status {
+    run("q3w_model_load", || {
+        // SAFETY: the pointers are as the header says.
+        unsafe { clear(out_model) };
+        let engine = &unsafe { shared(engine, "engine") }?.engine;
+        let dir = unsafe { text(checkpoint_dir, "checkpoint_dir") }?;
+        out(out_model, "out_model")?;
+        let options = unsafe { read_options(options, "options") }?;
+        let cache_dir = unsafe { optional_text(options.cache_dir, "cache_dir") }?;
+        let cache = match (options.cache_policy, cache_dir) {
+            (Q3W_CACHE_DIR, Some(dir)) => CachePolicy::Dir(PathBuf::from(dir)),
+            (Q3W_CACHE_DIR, None) => return Err(invalid("cache_dir", "is NULL with Q3W_CACHE_DIR")),
+            (Q3W_CACHE_DEFAULT | Q3W_CACHE_DISABLED, Some(_)) => {
+                return Err(invalid("cache_dir", "is set, but cache_policy is not Q3W_CACHE_DIR"))
+            }
+            (Q3W_CACHE_DEFAULT, None) => CachePolicy::Default,
+            (Q3W_CACHE_DISABLED, None) => CachePolicy::Disabled,
+            (other, _) => {
+                return Err(invalid(
+                    "cache_policy",
+                    format!("{other} is not a Q3W_CACHE_* value (0, 1 or 2)"),
+                ))
+            }
+        };
+        let profile = match options.shape_profile {
+            Q3W_SHAPE_ANY_QWEN3 => ShapeProfile::AnyQwen3,
+            Q3W_SHAPE_QWEN3_0_6B => ShapeProfile::Qwen3_0_6B,
+            other => {
+                return Err(invalid("shape_profile", format!("{other} is not a Q3W_SHAPE_* value (0 or 1)")))
+            }
+        };
+        let model = engine.load(dir, &LoadOptions { profile, cache, ..Default::default() })?;
+        unsafe { put(out_model, Box::into_raw(Box::new(q3w_model { model }))) };
+        Ok(())
+    })
+}
+
+/// Frees a model (NULL is allowed). Its sessions stay valid.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_model_free(model: *mut q3w_model) -> q3w_status {
+    run("q3w_model_free", || {
+        if !model.is_null() {
+            // SAFETY: a live model handle, as the caller promises.
+            drop(unsafe { Box::from_raw(model) });
+        }
+        Ok(())
+    })
+}
+
+/// The model's vocabulary size: token ids run from 0 to this less one.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_model_vocab_size(model: *const q3w_model, out_size: *mut usize) -> q3w_status {
+    run("q3w_model_vocab_size", || {
+        // SAFETY: the pointers are as the header says.
+        let model = &unsafe { shared(model, "model") }?.model;
+        out(out_size, "out_size")?;
+        unsafe { put(out_size, model.config().vocab_size) };
+        Ok(())
+    })
+}
+
+/// The most positions a session of this model can hold
+/// (`max_position_embeddings`).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_model_max_context(
+    model: *const q3w_model,
+    out_positions: *mut usize,
+) -> q3w_status {
+    run("q3w_model_max_context", || {
+        // SAFETY: the pointers are as the header says.
+        let model = &unsafe { shared(model, "model") }?.model;
+        out(out_positions, "out_positions")?;
+        unsafe { put(out_positions, model.config().max_position_embeddings) };
+        Ok(())
+    })
+}
+
+/// Whether `token` is one of the checkpoint's end-of-text ids
+/// (`eos_token_id` of config.json and generation_config.json).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_model_is_end_of_text(
+    model: *const q3w_model,
+    token: u32,
+    out_is_end: *mut bool,
+) -> q3w_status {
+    run("q3w_model_is_end_of_text", || {
+        // SAFETY: the pointers are as the header says.
+        let model = &unsafe { shared(model, "model") }?.model;
+        out(out_is_end, "out_is_end")?;
+        unsafe { put(out_is_end, model.config().eos_token_ids.contains(&token)) };
+        Ok(())
+    })
+}
+
+/// How to create a session (`q3w_session_options_init` sets the defaults).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct q3w_session_options {
+    /// `sizeof(q3w_session_options)`, set by `q3w_session_options_init`.
+    pub struct_size: usize,
+    /// KV-cache positions, allocated once: 1 up to the model's
+    /// `q3w_model_max_context`, else `Q3W_CONTEXT_OVERFLOW`; 0 (the default)
+    /// means 4096, or the model's maximum if smaller.
+    pub capacity: usize,
+    /// Decode steps kept queued on the GPU ahead of the caller; 0 (the
+    /// default) means the engine's default (4). 1 waits on every token.
+    pub lookahead: usize,
+}
+
+impl Options for q3w_session_options {
+    const FIRST_SIZE: usize = std::mem::size_of::<Self>();
+    fn defaults() -> Self {
+        q3w_session_options { struct_size: std::mem::size_of::<Self>(), capacity: 0, lookahead: 0 }
+    }
+}
+
+/// Sets `options` to the defaults (and its `struct_size`).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_options_init(options: *mut q3w_session_options) -> q3w_status {
+    // SAFETY: NULL or writable, as the caller promises.
+    run("q3w_session_options_init", || unsafe { init_options(options, "options") })
+}
+
+/// Creates a session over `model` (its KV cache allocated once). `options`
+/// may be NULL. Free it with `q3w_session_free`.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_new(
+    model: *const q3w_model,
+    options: *const q3w_session_options,
+    out_session: *mut *mut q3w_session,
+) -> q3w_status {
+    run("q3w_session_new", || {
+        // SAFETY: the pointers are as the header says.
+        unsafe { clear(out_session) };
+        let model = &unsafe { shared(model, "model") }?.model;
+        out(out_session, "out_session")?;
+        let options = unsafe { read_options(options, "options") }?;
+        let mut session = match options.capacity {
+            0 => model.session()?,
+            n => model.session_with_capacity(n)?,
+        };
+        if options.lookahead > 0 {
+            session.set_lookahead(options.lookahead);
+        }
+        let handle = Box::new(q3w_session { session, poisoned: false });
+        unsafe { put(out_session, Box::into_raw(handle)) };
+        Ok(())
+    })
+}
+
+/// Frees a session (NULL is allowed), waiting for its queued GPU steps.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_free(session: *mut q3w_session) -> q3w_status {
+    run("q3w_session_free", || {
+        if !session.is_null() {
+            // SAFETY: a live session handle, as the caller promises.
+            drop(unsafe { Box::from_raw(session) });
+        }
+        Ok(())
+    })
+}
+
+/// Runs `n_ids` tokens through the model (appending them to the session's
+/// context, after the pending token if there is one) and writes the greedy
+/// next token to `out_next`, which becomes the pending token. Every id and
+/// the capacity are checked before the GPU runs: an empty array is
+/// `Q3W_EMPTY_PROMPT`, an id outside the vocabulary `Q3W_INVALID_TOKEN_ID`,
+/// too many tokens `Q3W_CONTEXT_OVERFLOW` (the session is left as it was).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_feed(
+    session: *mut q3w_session,
+    ids: *const u32,
+    n_ids: usize,
+    out_next: *mut u32,
+) -> q3w_status {
+    run("q3w_session_feed", || {
+        // SAFETY: the pointers are as the header says.
+        let mut s = unsafe { exclusive(session, "session") }?;
+        let ids = unsafe { array(ids, n_ids, "ids") }?;
+        out(out_next, "out_next")?;
+        let next = s.session.feed(ids)?;
+        unsafe { put(out_next, next) };
+        Ok(())
+    })
+}
+
+/// Feeds the pending token back in and writes the next greedy token
+/// (waiting for the GPU). `Q3W_NO_PENDING_TOKEN` before any feed,
+/// `Q3W_CONTEXT_OVERFLOW` when the session is full.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_next_token(
+    session: *mut q3w_session,
+    out_token: *mut u32,
+) -> q3w_status {
+    run("q3w_session_next_token", || {
+        // SAFETY: the pointers are as the header says.
+        let mut s = unsafe { exclusive(session, "session") }?;
+        out(out_token, "out_token")?;
+        let token = s.session.next_token()?;
+        unsafe { put(out_token, token) };
+        Ok(())
+    })
+}
+
+/// `q3w_session_next_token` that never waits for the GPU: when the next
+/// token has arrived, writes it and sets `*out_ready` to true; otherwise
+/// sets `*out_ready` to false (call again later, e.g. next frame) and leaves
+/// `*out_token` as it was. The tokens are those `q3w_session_next_token`
+/// returns.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_try_next_token(
+    session: *mut q3w_session,
+    out_token: *mut u32,
+    out_ready: *mut bool,
+) -> q3w_status {
+    run("q3w_session_try_next_token", || {
+        // SAFETY: the pointers are as the header says.
+        let mut s = unsafe { exclusive(session, "session") }?;
+        out(out_token, "out_token")?;
+        out(out_ready, "out_ready")?;
+        let token = s.session.try_next_token()?;
+        unsafe {
+            if let Some(token) = token {
+                put(out_token, token);
+            }
+            put(out_ready, token.is_some());
+        }
+        Ok(())
+    })
+}
+
+/// Rewinds the session to its first `len` positions (dropping the queued
+/// steps and the pending token): the next feed continues from there.
+/// `len` past `q3w_session_len` is `Q3W_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_truncate(session: *mut q3w_session, len: usize) -> q3w_status {
+    run("q3w_session_truncate", || {
+        // SAFETY: the pointer is as the header says.
+        let mut s = unsafe { exclusive(session, "session") }?;
+        s.session.truncate(len)
+    })
+}
+
+/// Positions in the KV cache (the pending token is not among them).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_len(session: *mut q3w_session, out_len: *mut usize) -> q3w_status {
+    run("q3w_session_len", || {
+        // SAFETY: the pointers are as the header says.
+        let s = unsafe { exclusive(session, "session") }?;
+        out(out_len, "out_len")?;
+        unsafe { put(out_len, s.session.len()) };
+        Ok(())
+    })
+}
+
+/// KV-cache capacity in positions.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_capacity(
+    session: *mut q3w_session,
+    out_capacity: *mut usize,
+) -> q3w_status {
+    run("q3w_session_capacity", || {
+        // SAFETY: the pointers are as the header says.
+        let s = unsafe { exclusive(session, "session") }?;
+        out(out_capacity, "out_capacity")?;
+        unsafe { put(out_capacity, s.session.capacity()) };
+        Ok(())
+    })
+}
+
+/// The pending token (the last one fed or returned, not yet in the KV
+/// cache): `*out_has_pending` is false before any feed and after a
+/// truncate, and `*out_token` is then left as it was.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_pending(
+    session: *mut q3w_session,
+    out_token: *mut u32,
+    out_has_pending: *mut bool,
+) -> q3w_status {
+    run("q3w_session_pending", || {
+        // SAFETY: the pointers are as the header says.
+        let s = unsafe { exclusive(session, "session") }?;
+        out(out_token, "out_token")?;
+        out(out_has_pending, "out_has_pending")?;
+        let pending = s.session.pending();
+        unsafe {
+            if let Some(token) = pending {
+                put(out_token, token);
+            }
+            put(out_has_pending, pending.is_some());
+        }
+        Ok(())
+    })
+}

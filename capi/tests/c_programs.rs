@@ -1,0 +1,191 @@
+//! The C and C++ examples and a dlopen host, compiled with the system's
+//! `cc`/`c++` under AddressSanitizer and UndefinedBehaviorSanitizer (leak
+//! detection on), linked against this package's shared library (and once
+//! against the static library), run on the portable adapter (lavapipe off
+//! Apple), and compared token for token with the Rust API on the same
+//! fixture checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, Model, Tokenizer};
+
+const PROMPT: [u32; 7] = [851, 720, 591, 221, 110, 800, 753];
+const MAX_NEW: usize = 12;
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture() -> PathBuf {
+    manifest_dir().join("../tests/fixtures/mlx/gqa2_hd64")
+}
+
+fn tokenizer_dir() -> PathBuf {
+    manifest_dir().join("../tests/fixtures/qwen3-tokenizer")
+}
+
+/// Where cargo put this package's libraries for the tests: beside the test
+/// binary, in `<target>/<profile>/deps`.
+fn library_dir() -> PathBuf {
+    std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn shared_library() -> PathBuf {
+    let name = if cfg!(target_os = "macos") { "libqwen3wgpu.dylib" } else { "libqwen3wgpu.so" };
+    let path = library_dir().join(name);
+    assert!(path.exists(), "{} is missing (cargo builds it with the tests)", path.display());
+    path
+}
+
+const SANITIZE: [&str; 3] = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"];
+
+/// Compiles `sources` into `exe` with the sanitizers, warnings as errors.
+fn compile(compiler: &str, standard: &str, sources: &[PathBuf], exe: &Path, link: &[String]) {
+    let out = Command::new(compiler)
+        .arg(standard)
+        .args(["-Wall", "-Wextra", "-Werror", "-O1"])
+        .args(SANITIZE)
+        .arg("-I")
+        .arg(manifest_dir().join("include"))
+        .args(sources)
+        .arg("-o")
+        .arg(exe)
+        .args(link)
+        .output()
+        .unwrap_or_else(|e| panic!("{compiler}: {e}"));
+    assert!(
+        out.status.success(),
+        "{compiler} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn link_shared() -> Vec<String> {
+    let dir = library_dir();
+    vec![format!("-L{}", dir.display()), "-lqwen3wgpu".into(), format!("-Wl,-rpath,{}", dir.display())]
+}
+
+/// Runs a compiled program on the portable adapter with leak detection on;
+/// returns its stdout. The cache goes to a private directory.
+fn run(exe: &Path, args: &[String]) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = Command::new(exe)
+        .args(args)
+        .env("XDG_RUNTIME_DIR", scratch.path())
+        .env("XDG_CACHE_HOME", scratch.path().join("cache"))
+        .env("QWEN3_WGPU_BACKEND", "portable")
+        // LeakSanitizer exists on Linux only (Apple's ASan refuses the option).
+        .env("ASAN_OPTIONS", if cfg!(target_os = "linux") { "detect_leaks=1" } else { "detect_leaks=0" })
+        .env("LSAN_OPTIONS", format!("suppressions={}", manifest_dir().join("tests/lsan.supp").display()))
+        .env("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        exe.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn model() -> Model {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    engine.load(fixture(), &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap()
+}
+
+/// What the examples print, from the Rust API: `generate` (which stops at
+/// an end-of-text id, as the examples do) and the tokenizer's decode.
+fn expected_example_output() -> String {
+    let out = model().generate(&PROMPT, MAX_NEW, |_| {}).unwrap();
+    let text = Tokenizer::from_checkpoint(&tokenizer_dir()).unwrap().decode(out.generated_ids()).unwrap();
+    let ids = |ids: &[u32]| ids.iter().map(|id| format!(" {id}")).collect::<String>();
+    format!("prompt:{}\ntext: {text}\ntokens:{}\n", ids(&PROMPT), ids(out.generated_ids()))
+}
+
+fn example_args() -> Vec<String> {
+    let mut args =
+        vec![fixture().display().to_string(), tokenizer_dir().display().to_string(), MAX_NEW.to_string()];
+    args.extend(PROMPT.iter().map(u32::to_string));
+    args
+}
+
+#[test]
+fn c_example_against_the_shared_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("greedy");
+    let _ = shared_library();
+    compile("cc", "-std=c11", &[manifest_dir().join("examples/c/greedy.c")], &exe, &link_shared());
+    assert_eq!(run(&exe, &example_args()), expected_example_output());
+}
+
+#[test]
+fn cpp_example_against_the_shared_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("greedy_cpp");
+    let _ = shared_library();
+    compile("c++", "-std=c++17", &[manifest_dir().join("examples/cpp/greedy.cpp")], &exe, &link_shared());
+    assert_eq!(run(&exe, &example_args()), expected_example_output());
+}
+
+/// The system libraries the static library needs (what `rustc --print
+/// native-static-libs` lists for it).
+fn native_static_libs() -> Vec<String> {
+    let libs: &[&str] = if cfg!(target_os = "macos") {
+        &[
+            "-framework",
+            "Metal",
+            "-framework",
+            "QuartzCore",
+            "-framework",
+            "CoreGraphics",
+            "-framework",
+            "Foundation",
+            "-lobjc",
+            "-liconv",
+            "-lc",
+            "-lm",
+        ]
+    } else {
+        &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"]
+    };
+    libs.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn c_example_against_the_static_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("greedy_static");
+    let archive = library_dir().join("libqwen3wgpu.a");
+    assert!(archive.exists(), "{} is missing (cargo builds it with the tests)", archive.display());
+    let mut link = vec![archive.display().to_string()];
+    link.extend(native_static_libs());
+    compile("cc", "-std=c11", &[manifest_dir().join("examples/c/greedy.c")], &exe, &link);
+    assert_eq!(run(&exe, &example_args()), expected_example_output());
+}
+
+/// A plugin host: dlopen, dlsym, error paths from C,
+/// then greedy decoding, token for token the Rust session's.
+#[test]
+fn dlopen_plugin_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("plugin_host");
+    let link = if cfg!(target_os = "linux") { vec!["-ldl".to_string()] } else { vec![] };
+    compile("cc", "-std=gnu11", &[manifest_dir().join("tests/c/plugin_host.c")], &exe, &link);
+    let mut args =
+        vec![shared_library().display().to_string(), fixture().display().to_string(), MAX_NEW.to_string()];
+    args.extend(PROMPT.iter().map(u32::to_string));
+
+    let model = model();
+    let mut session = model.session().unwrap();
+    let mut expected = vec![session.feed(&PROMPT).unwrap()];
+    while expected.len() < MAX_NEW {
+        expected.push(session.next_token().unwrap());
+    }
+    let expected: String = expected.iter().map(|id| format!(" {id}")).collect();
+    assert_eq!(run(&exe, &args), format!("tokens:{expected}\n"));
+}
