@@ -76,7 +76,7 @@ use crate::config::ModelConfig;
 use crate::convert::{blob_bytes, plan_layout, planned_blob_len};
 use crate::converted::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
 use crate::error::{Error, Result};
-use crate::load::{LoadPhase, Progress};
+use crate::progress::{LoadPhase, Progress};
 
 /// Version of the cache file format; part of the key and of the preamble.
 /// Bump it whenever the format or the conversion changes.

@@ -24,7 +24,7 @@ use crate::config::{
 };
 use crate::converted::QUANT_GROUP;
 use crate::error::{Error, Mismatch, Result};
-use crate::load::{LoadPhase, Progress};
+use crate::progress::{LoadPhase, Progress};
 
 /// Name of a single-file checkpoint's weights.
 pub const SINGLE_FILE: &str = "model.safetensors";

@@ -17,7 +17,7 @@ use crate::converted::{
     Blob, ByteRange, ConvertedModel, LayerWeights, QuantMatrix, WeightIndex, BLOB_ALIGN, QUANT_GROUP,
 };
 use crate::error::{Error, Result};
-use crate::load::{LoadPhase, Progress};
+use crate::progress::{LoadPhase, Progress};
 
 /// Hands out aligned, non-overlapping ranges of a blob being planned.
 struct LayoutPlanner {

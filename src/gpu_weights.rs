@@ -10,7 +10,7 @@ use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{chunk_rows, Kernels};
-use crate::load::{LoadPhase, Progress};
+use crate::progress::{LoadPhase, Progress};
 
 /// A run of rows bound as one range.
 #[derive(Debug, Clone, Copy)]

@@ -28,6 +28,7 @@ pub(crate) mod gpu_weights;
 pub(crate) mod kernels;
 pub(crate) mod limits;
 pub(crate) mod load;
+pub(crate) mod progress;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod qwen3;
 #[allow(missing_docs)] // reached from outside only through `internals`
