@@ -179,7 +179,8 @@ pub extern "C" fn q3w_last_error_message() -> *const c_char {
 /// no status. A static string: never freed, never NULL.
 #[no_mangle]
 pub extern "C" fn q3w_status_name(status: i32) -> *const c_char {
-    static NAMES: [&CStr; 17] = [
+    // One name per status: `ok`, then every code (a new code fails the build here).
+    static NAMES: [&CStr; Error::ALL_CODES.len() + 1] = [
         c"ok",
         c"checkpoint_not_found",
         c"checkpoint_invalid",
@@ -197,6 +198,10 @@ pub extern "C" fn q3w_status_name(status: i32) -> *const c_char {
         c"invalid_argument",
         c"internal",
         c"out_of_memory",
+        c"session_io",
+        c"session_file_invalid",
+        c"session_model_mismatch",
+        c"cancelled",
     ];
     let name = catch_unwind(|| usize::try_from(status).ok().and_then(|i| NAMES.get(i)).copied());
     name.ok().flatten().unwrap_or(c"unknown").as_ptr()
@@ -487,7 +492,7 @@ mod tests {
             assert_eq!(name.to_str().unwrap(), code);
         }
         assert_eq!(unsafe { CStr::from_ptr(q3w_status_name(0)) }.to_bytes(), b"ok");
-        assert_eq!(unsafe { CStr::from_ptr(q3w_status_name(17)) }.to_bytes(), b"unknown");
+        assert_eq!(unsafe { CStr::from_ptr(q3w_status_name(21)) }.to_bytes(), b"unknown");
         assert_eq!(unsafe { CStr::from_ptr(q3w_status_name(-1)) }.to_bytes(), b"unknown");
     }
 
