@@ -265,20 +265,7 @@ impl Session {
         // submit (writes and submits run in queue order).
         let mut at = self.len;
         while at + 1 < end {
-            let n = (end - 1 - at).min(self.bufs.batch);
-            self.write_step_at(at, end);
-            let mut enc = self.encoder();
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("prefill"),
-                    timestamp_writes: None,
-                });
-                for l in &self.forward.prefill {
-                    l.record_batch(&mut pass, &self.model.kernels, n as u32);
-                }
-            }
-            gpu.queue.submit([enc.finish()]);
-            at += n;
+            at += self.submit_prefill_batch(at, end);
         }
         self.write_step_at(end - 1, end);
         let mut enc = self.encoder();
@@ -425,6 +412,26 @@ impl Session {
                 capacity: self.bufs.capacity,
             }),
         }
+    }
+
+    /// Submits the prompt batch from position `at` (up to a batch of the
+    /// positions before `end - 1`, whose full step comes after) and returns
+    /// how many positions it runs.
+    fn submit_prefill_batch(&self, at: usize, end: usize) -> usize {
+        let n = (end - 1 - at).min(self.bufs.batch);
+        self.write_step_at(at, end);
+        let mut enc = self.encoder();
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("prefill"),
+                timestamp_writes: None,
+            });
+            for l in &self.forward.prefill {
+                l.record_batch(&mut pass, &self.model.kernels, n as u32);
+            }
+        }
+        self.model.gpu.queue.submit([enc.finish()]);
+        n
     }
 
     fn encoder(&self) -> wgpu::CommandEncoder {

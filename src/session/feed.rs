@@ -234,19 +234,7 @@ impl Session {
         progress.submits += 1;
         if progress.next + 1 < end {
             let at = progress.next;
-            let n = (end - 1 - at).min(self.bufs.batch);
-            self.write_step_at(at, end);
-            let mut enc = self.encoder();
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("prefill"),
-                    timestamp_writes: None,
-                });
-                for l in &self.forward.prefill {
-                    l.record_batch(&mut pass, &self.model.kernels, n as u32);
-                }
-            }
-            gpu.queue.submit([enc.finish()]);
+            let n = self.submit_prefill_batch(at, end);
             let done = Arc::new(AtomicBool::new(false));
             let flag = done.clone();
             gpu.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
