@@ -508,6 +508,12 @@ fn text_printer(checkpoint: &Path) -> Option<Tokenizer> {
 /// last line of stdout; exit status 2.
 fn fail(e: &Error, json: bool) -> ! {
     eprintln!("error [{}]: {e}", e.code());
+    if e.code() == "checkpoint_not_found" {
+        eprintln!(
+            "  get one: hf download Qwen/Qwen3-0.6B-Base --local-dir ./qwen3-0.6b-base \
+             (or --checkpoint DIR; README, \"Run it\")"
+        );
+    }
     if json {
         println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
     }

@@ -554,3 +554,15 @@ fn sampling_flags_are_reproducible_and_reported() {
         assert!(message.contains(flag), "{flag}: {message}");
     }
 }
+
+/// A missing checkpoint is `checkpoint_not_found`, and stderr says where
+/// to get one.
+#[test]
+fn a_missing_checkpoint_says_where_to_get_one() {
+    let out = decode(
+        &["--checkpoint", "/nonexistent/qwen3", "--prompt-ids", "1", "--backend", "portable", "--json"],
+        &[],
+    );
+    expect_error(&out, "checkpoint_not_found");
+    assert!(stderr(&out).contains("hf download Qwen/Qwen3-0.6B-Base"), "{}", stderr(&out));
+}
