@@ -28,6 +28,10 @@
 //! generation_config.json (the flags given win). The JSON's `"sampling"`
 //! holds the parameters used. The same seed gives the same tokens.
 //!
+//! `--model ID` (with the `hub` feature) takes a Hugging Face model id
+//! instead of `--checkpoint DIR`: downloaded into the Hugging Face cache,
+//! or resolved from it offline (`HF_HUB_OFFLINE=1`).
+//!
 //! `--backend`, `--kernels` and `--matvec-layout` win over the engine's
 //! environment variables (`QWEN3_WGPU_BACKEND`, `QWEN3_WGPU_KERNELS`,
 //! `QWEN3_WGPU_MATVEC_LAYOUT`), which apply when the flag is not given; a
@@ -58,6 +62,11 @@ struct Args {
     /// ./qwen3-0.6b-base, then the Hugging Face cache's Qwen3-0.6B-Base snapshot.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
+    /// Hugging Face model id (`Qwen/Qwen3-0.6B-Base`) instead of
+    /// --checkpoint: downloaded into the Hugging Face cache, or found there
+    /// offline (HF_HUB_OFFLINE=1). Needs the `hub` feature.
+    #[arg(long, value_name = "ID", conflicts_with = "checkpoint")]
+    model: Option<String>,
     /// Prompt text (encoded with the checkpoint's tokenizer.json).
     #[arg(long, conflicts_with = "prompt_ids")]
     prompt: Option<String>,
@@ -306,6 +315,34 @@ fn default_checkpoint() -> PathBuf {
     local
 }
 
+/// The checkpoint directory of Hugging Face model `id`, downloading it
+/// (progress on stderr) unless the cache holds it.
+#[cfg(feature = "hub")]
+fn resolve_model(id: &str) -> Result<PathBuf, Error> {
+    use qwen3_wgpu::hub::{resolve, HubOptions};
+    let options = HubOptions::default().on_progress(|p| {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        eprint!("\rdownloading {}: {:.0} / {:.0} MiB", p.file, mib(p.bytes_done), mib(p.bytes_total));
+        if p.bytes_done == p.bytes_total {
+            eprintln!();
+        }
+        ControlFlow::Continue(())
+    });
+    resolve(id, &options)
+}
+
+#[cfg(not(feature = "hub"))]
+fn resolve_model(id: &str) -> Result<PathBuf, Error> {
+    Err(Error::InvalidArgument {
+        name: "--model".into(),
+        reason: format!(
+            "resolving the Hugging Face id {id:?} needs the `hub` feature: \
+             cargo run --release --features hub --example decode -- --model {id} ..., \
+             or pass --checkpoint DIR"
+        ),
+    })
+}
+
 fn run(args: &Args) -> Result<serde_json::Value, Error> {
     // The tokenizer is read only when text is needed, before the GPU is
     // touched: to encode --prompt (a broken tokenizer.json is then an error
@@ -320,7 +357,11 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         let flag = if args.chat { "--chat" } else { "--print-prompt" };
         return Err(Error::InvalidArgument { name: flag.into(), reason: "needs --prompt TEXT".into() });
     }
-    let checkpoint = args.checkpoint.clone().unwrap_or_else(default_checkpoint);
+    let checkpoint = match (&args.model, &args.checkpoint) {
+        (Some(id), _) => resolve_model(id)?,
+        (None, Some(dir)) => dir.clone(),
+        (None, None) => default_checkpoint(),
+    };
     // With --chat, the text encoded is the rendered conversation.
     let chat = match (&args.prompt, args.chat) {
         (Some(text), true) => {

@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 ckpt=tests/fixtures/mlx/gqa2_hd64
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
-cargo build -q --example decode
+# The features scripts/test.sh builds everything with (none when run alone).
+cargo build -q --example decode ${QWEN3_WGPU_TEST_FEATURES:+--features "$QWEN3_WGPU_TEST_FEATURES"}
 bin=${CARGO_TARGET_DIR:-target}/debug/examples/decode
 
 check_json() { # $1: stdout's last line, $2: python assertion on `d`

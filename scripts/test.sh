@@ -5,7 +5,8 @@
 # nothing: the adapter is Metal, and tests/metal_kernels.rs runs the kernel
 # cases on it for the WGSL and the MSL pipelines and compiles every MSL
 # variant with `xcrun -sdk macosx metal -Werror` (Xcode needed). Then format,
-# lint, every test of the workspace (ignored ones included; the C ABI's in
+# lint (with and without the `hub` feature), every test of the workspace
+# (the `hub` feature on, ignored ones included; the C ABI's in
 # capi/ compile the C and C++ examples with cc/c++ under AddressSanitizer),
 # the package's size, and a smoke run of the decode example.
 set -euo pipefail
@@ -49,12 +50,18 @@ fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+# Every build below has the same features, the optional `hub` one on
+# (its tests, tests/hub.rs and decode --model, need it): one feature
+# resolution, so the dependencies build once. The examples tests/cli.rs
+# and the smoke test build get the same features.
+export QWEN3_WGPU_TEST_FEATURES=hub
+features=(--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES")
 echo "== cargo clippy"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
+echo "== cargo check (default features: the library and the examples build without hub)"
+cargo check --workspace --lib --examples
 echo "== cargo test (the crate and the C ABI, capi/)"
-# One invocation for both packages: one feature resolution, so the
-# dependencies build once.
-cargo test --workspace -- --include-ignored
+cargo test --workspace "${features[@]}" -- --include-ignored
 echo "== cargo package (size)"
 # The published crate leaves the test fixtures out; keep it well under
 # crates.io's 10 MB limit.

@@ -24,6 +24,8 @@ pub(crate) mod fingerprint;
 pub(crate) mod gpu;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod gpu_weights;
+#[cfg(feature = "hub")]
+pub mod hub;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod kernels;
 pub(crate) mod limits;

@@ -49,6 +49,10 @@ fn example_bin(name: &str) -> PathBuf {
         let out = Command::new(cargo)
             .args(["build", "--quiet", "--example", name, "--profile", profile, "--manifest-path"])
             .arg(&manifest)
+            // The tests' own features: the example shares their build (no
+            // second build of the dependencies) and the `--model` test
+            // knows which behaviour to expect.
+            .args(if cfg!(feature = "hub") { &["--features", "hub"][..] } else { &[] })
             .arg("--target-dir")
             .arg(target_dir)
             .output()
@@ -154,6 +158,31 @@ fn every_malformed_argument_is_a_json_invalid_argument() {
             assert!(message.contains(flag), "{argv:?}: {message}");
         }
     }
+}
+
+/// `--model` without the `hub` feature is an error naming the feature;
+/// with it, an id missing from an empty offline cache is
+/// `checkpoint_not_found` naming the id. Either way `--model` with
+/// `--checkpoint` is refused.
+#[test]
+fn model_resolves_through_the_hub_feature_or_names_it() {
+    let hub = tempfile::tempdir().unwrap();
+    let hub_cache = hub.path().to_str().unwrap();
+    let env = [("HF_HUB_CACHE", hub_cache), ("HF_HUB_OFFLINE", "1")];
+    let out = decode(&["--model", "Qwen/Qwen3-0.6B-Base", "--prompt-ids", "1", "--json"], &env);
+    if cfg!(feature = "hub") {
+        let message = expect_error(&out, "checkpoint_not_found");
+        assert!(message.contains("Qwen/Qwen3-0.6B-Base"), "{message}");
+    } else {
+        let message = expect_error(&out, "invalid_argument");
+        assert!(message.contains("--model") && message.contains("`hub` feature"), "{message}");
+    }
+    let dir = fixture();
+    let both =
+        ["--model", "Qwen/Qwen3-0.6B-Base", "--checkpoint", dir.to_str().unwrap(), "--prompt-ids", "1"];
+    let out = decode(&[&both[..], &["--json"]].concat(), &env);
+    let message = expect_error(&out, "invalid_argument");
+    assert!(message.contains("--model") || message.contains("--checkpoint"), "{message}");
 }
 
 #[test]
