@@ -490,6 +490,10 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     if let Some((kernel, reason)) = &kernels.fallback {
         result["kernels_fallback"] = json!(format!("{kernel}: {reason}"));
     }
+    result["cooperative_matrices"] = json!(kernels.cooperative_matrices);
+    if let Some(reason) = &kernels.cooperative_fallback {
+        result["cooperative_fallback"] = json!(reason);
+    }
     Ok(result)
 }
 
