@@ -25,9 +25,9 @@ use crate::tokenizer::Tokenizer;
 pub const DEFAULT_CAPACITY: usize = 4096;
 
 /// Environment variable read when the caller does not set
-/// [`EngineBuilder::cooperative_matrices`]: `off` keeps prompt batches on
-/// the f32 program, `auto` (the default) uses cooperative matrices where
-/// the device offers them.
+/// [`EngineBuilder::cooperative_matrices`]: `on` runs prompt batches on
+/// cooperative matrices where the device offers them, `off` (the default)
+/// keeps them on the f32 program.
 pub const COOPERATIVE_MATRICES_ENV: &str = "QWEN3_WGPU_COOPERATIVE_MATRICES";
 
 /// Builds an [`Engine`].
@@ -86,10 +86,11 @@ impl EngineBuilder {
     /// operands, f32 sums: `int8_matmul_coop`) where the device offers the
     /// 16x16 ones with 32-lane subgroups (NVIDIA through Vulkan); checked at
     /// start-up like every kernel, with the f32 program as fallback
-    /// ([`KernelReport::cooperative_matrices`]). Without it: the
-    /// `QWEN3_WGPU_COOPERATIVE_MATRICES` environment variable (`auto` or
-    /// `off`) if set, else on. An adopted device ([`Self::device`]) never
-    /// uses them.
+    /// ([`KernelReport::cooperative_matrices`]). Experimental and off by
+    /// default: on an H200 the program is still slower than the f32 one
+    /// (BENCHMARKS.md). Without it: the `QWEN3_WGPU_COOPERATIVE_MATRICES`
+    /// environment variable (`on` or `off`) if set, else off. An adopted
+    /// device ([`Self::device`]) never uses them.
     pub fn cooperative_matrices(mut self, on: bool) -> Self {
         self.cooperative_matrices = Some(on);
         self
@@ -122,8 +123,8 @@ impl EngineBuilder {
         };
         let coop = match self.cooperative_matrices {
             Some(on) => on,
-            None => crate::settings::env_choice(COOPERATIVE_MATRICES_ENV, &[("auto", true), ("off", false)])?
-                .unwrap_or(true),
+            None => crate::settings::env_choice(COOPERATIVE_MATRICES_ENV, &[("on", true), ("off", false)])?
+                .unwrap_or(false),
         };
         let mut gpu = match self.device {
             Some((device, queue)) => Gpu::from_device(device, queue, policy)?,

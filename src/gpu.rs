@@ -113,11 +113,10 @@ impl Gpu {
     }
 
     /// Picks the best adapter the policy accepts and creates a device on it
-    /// with the adapter's own limits (the defaults are far too small), with
-    /// cooperative matrices where the adapter offers the ones the engine
-    /// uses ([`Self::new_with`]).
+    /// with the adapter's own limits (the defaults are far too small),
+    /// without cooperative matrices ([`Self::new_with`]).
     pub fn new(policy: AdapterPolicy) -> Result<Self> {
-        Self::new_with(policy, true)
+        Self::new_with(policy, false)
     }
 
     /// [`Self::new`], asking for cooperative matrices only when `coop`.

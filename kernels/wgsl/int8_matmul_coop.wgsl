@@ -27,9 +27,19 @@ const CHUNK_K: u32 = 32u;
 const CHUNK_WORDS: u32 = CHUNK_K / 4u;
 const_assert MM_ROWS % SUB == 0u && MM_TOKENS % SUB == 0u;
 const_assert GROUP_WORDS % CHUNK_WORDS == 0u;
-// NORM: lanes per token in the first pass (a power of two dividing SUB).
-const TOKEN_LANES: u32 = N_SUB * SUB / MM_TOKENS;
-const_assert TOKEN_LANES * MM_TOKENS == N_SUB * SUB && SUB % TOKEN_LANES == 0u;
+// The workgroup: one subgroup per block (the WG override is set to this).
+const COOP_WG: u32 = N_SUB * SUB;
+// NORM: lanes per token in the first pass, each summing 8 loads at once.
+const TOKEN_LANES: u32 = COOP_WG / MM_TOKENS;
+const_assert TOKEN_LANES * MM_TOKENS == COOP_WG && GROUP_WORDS % (8u * TOKEN_LANES) == 0u;
+// A chunk's staging units per invocation: weight units of 16 values (one
+// vec4<u32>, row r, words 4j..4j+3 of the chunk) and input units of 4
+// (one vec4<f32>, token t, values 4q..4q+3).
+const W_UNITS: u32 = MM_ROWS * (CHUNK_WORDS / 4u);
+const W_PER: u32 = W_UNITS / COOP_WG;
+const X_UNITS: u32 = MM_TOKENS * CHUNK_WORDS;
+const X_PER: u32 = X_UNITS / COOP_WG;
+const_assert W_PER * COOP_WG == W_UNITS && X_PER * COOP_WG == X_UNITS;
 
 // w_s[r * CHUNK_K + k]: row r of the tile at the chunk's value k (an A
 // operand, row-major).
@@ -41,7 +51,67 @@ var<workgroup> c_s: array<f32, MM_ROWS * MM_TOKENS>;
 // NORM: token t's rsqrt(mean(x^2) + eps).
 var<workgroup> inv_s: array<f32, MM_TOKENS>;
 
-@compute @workgroup_size(WG)
+// One chunk's raw weights, scales, inputs and norm weights, held in
+// registers: loaded while the previous chunk multiplies.
+struct Chunk {
+    w: array<vec4<u32>, W_PER>,
+    s: array<f32, W_PER>,
+    x: array<vec4<f32>, X_PER>,
+    n: array<vec4<f32>, X_PER>,
+}
+
+fn load_chunk(c: u32, l: u32, row0: u32, t0: u32) -> Chunk {
+    var ch: Chunk;
+    let k_quads = p.k_words / 4u;
+    for (var i = 0u; i < W_PER; i++) {
+        let e = l + i * COOP_WG;
+        // Rows past the matrix repeat its last row (never stored).
+        let row = min(row0 + e / (CHUNK_WORDS / 4u), p.rows - 1u);
+        let quad = c * (CHUNK_WORDS / 4u) + e % (CHUNK_WORDS / 4u);
+        ch.w[i] = w[row * k_quads + quad];
+        ch.s[i] = scales[row * p.groups + (4u * quad) / GROUP_WORDS];
+    }
+    for (var i = 0u; i < X_PER; i++) {
+        let e = l + i * COOP_WG;
+        let q = c * CHUNK_WORDS + e % CHUNK_WORDS;
+        ch.x[i] = x[(t0 + e / CHUNK_WORDS) * p.k_words + q];
+        if NORM {
+            ch.n[i] = norm_w[q];
+        }
+    }
+    return ch;
+}
+
+// Writes a loaded chunk to workgroup memory as f16: weights times their
+// scale, inputs (NORM) normed.
+fn stage_chunk(ch: Chunk, l: u32) {
+    for (var i = 0u; i < W_PER; i++) {
+        let e = l + i * COOP_WG;
+        let o = (e / (CHUNK_WORDS / 4u)) * CHUNK_K + 16u * (e % (CHUNK_WORDS / 4u));
+        for (var j = 0u; j < 4u; j++) {
+            let f = i8x4(ch.w[i][j]) * ch.s[i];
+            w_s[o + 4u * j] = f16(f.x);
+            w_s[o + 4u * j + 1u] = f16(f.y);
+            w_s[o + 4u * j + 2u] = f16(f.z);
+            w_s[o + 4u * j + 3u] = f16(f.w);
+        }
+    }
+    for (var i = 0u; i < X_PER; i++) {
+        let e = l + i * COOP_WG;
+        let t = e / CHUNK_WORDS;
+        var v = ch.x[i];
+        if NORM {
+            v *= ch.n[i] * inv_s[t];
+        }
+        let o = t * CHUNK_K + 4u * (e % CHUNK_WORDS);
+        x_s[o] = f16(v.x);
+        x_s[o + 1u] = f16(v.y);
+        x_s[o + 2u] = f16(v.z);
+        x_s[o + 3u] = f16(v.w);
+    }
+}
+
+@compute @workgroup_size(COOP_WG)
 fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg: vec3<u32>,
                @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32) {
     let row0 = (wg.x + wg.y * nwg.x) * MM_ROWS;
@@ -49,22 +119,28 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
         return; // whole workgroup: uniform
     }
     let t0 = wg.z * MM_TOKENS;
-    let k_quads = p.k_words / 4u;
+    var ch = load_chunk(0u, l, row0, t0);
     if NORM {
-        // TOKEN_LANES neighbouring lanes per token, every lane at once: a
-        // token's sum of squares is one round of loads, not one per token.
+        // TOKEN_LANES neighbouring lanes per token, 8 independent loads
+        // in flight per lane (a row's words are a multiple of 16).
         let t = l / TOKEN_LANES;
         let xb = (t0 + t) * p.k_words;
-        var ss = 0.0;
-        for (var q = l % TOKEN_LANES; q < p.k_words; q += TOKEN_LANES) {
-            let v = x[xb + q];
-            ss += dot(v, v);
+        var ss = vec4<f32>(0.0);
+        for (var q = l % TOKEN_LANES; q < p.k_words; q += 8u * TOKEN_LANES) {
+            var v: array<vec4<f32>, 8>;
+            for (var u = 0u; u < 8u; u++) {
+                v[u] = x[xb + q + u * TOKEN_LANES];
+            }
+            for (var u = 0u; u < 8u; u += 2u) {
+                ss += vec4<f32>(dot(v[u], v[u]), dot(v[u + 1u], v[u + 1u]), 0.0, 0.0);
+            }
         }
+        var sum = ss.x + ss.y;
         for (var m = 1u; m < TOKEN_LANES; m *= 2u) {
-            ss += subgroupShuffleXor(ss, m);
+            sum += subgroupShuffleXor(sum, m);
         }
         if l % TOKEN_LANES == 0u {
-            inv_s[t] = inverseSqrt(ss / f32(p.n_in) + p.eps);
+            inv_s[t] = inverseSqrt(sum / f32(p.n_in) + p.eps);
         }
     }
     // This subgroup's block: rows sr.., tokens st.. of the tile.
@@ -77,35 +153,11 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
     let chunks = p.k_words / CHUNK_WORDS;
     for (var c = 0u; c < chunks; c++) {
         workgroupBarrier(); // the previous chunk's readers are done (and inv_s is written)
-        // Weights: unit e is word v of row r (rows past the matrix repeat
-        // its last row; their products are never stored).
-        for (var e = l; e < MM_ROWS * CHUNK_WORDS; e += WG) {
-            let r = e / CHUNK_WORDS;
-            let v = e % CHUNK_WORDS;
-            let row = min(row0 + r, p.rows - 1u);
-            let word = c * CHUNK_WORDS + v;
-            let f = i8x4(w[row * k_quads + word / 4u][word % 4u]) * scales[row * p.groups + word / GROUP_WORDS];
-            let o = r * CHUNK_K + 4u * v;
-            w_s[o] = f16(f.x);
-            w_s[o + 1u] = f16(f.y);
-            w_s[o + 2u] = f16(f.z);
-            w_s[o + 3u] = f16(f.w);
-        }
-        // Inputs: unit e is values 4q..4q+3 of token t.
-        for (var e = l; e < MM_TOKENS * CHUNK_WORDS; e += WG) {
-            let t = e / CHUNK_WORDS;
-            let q = e % CHUNK_WORDS;
-            var v = x[(t0 + t) * p.k_words + c * CHUNK_WORDS + q];
-            if NORM {
-                v *= norm_w[c * CHUNK_WORDS + q] * inv_s[t];
-            }
-            let o = t * CHUNK_K + 4u * q;
-            x_s[o] = f16(v.x);
-            x_s[o + 1u] = f16(v.y);
-            x_s[o + 2u] = f16(v.z);
-            x_s[o + 3u] = f16(v.w);
-        }
+        stage_chunk(ch, l);
         workgroupBarrier();
+        if c + 1u < chunks {
+            ch = load_chunk(c + 1u, l, row0, t0); // in flight during the products
+        }
         for (var kk = 0u; kk < CHUNK_K; kk += 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_s[sr * CHUNK_K + kk], CHUNK_K);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_s[(sr + 16u) * CHUNK_K + kk], CHUNK_K);
@@ -134,7 +186,7 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
     coopStore(v01, p01, stride);
     coopStore(v11, p11, stride);
     workgroupBarrier();
-    for (var e = l; e < MM_ROWS * MM_TOKENS; e += WG) {
+    for (var e = l; e < MM_ROWS * MM_TOKENS; e += COOP_WG) {
         let r = e % MM_ROWS;
         let row = row0 + r;
         let t = t0 + e / MM_ROWS;

@@ -78,10 +78,12 @@ pub fn tiled(variant: MatvecVariant) -> bool {
 }
 
 /// Whether `variant`'s prompt batches run `int8_matmul_coop` on a device
-/// that has cooperative matrices: the SwiGLU (gate/up) variant only. Its
-/// tiles of 64 rows x 32 tokens took 145 µs against 284 for the f32 program
-/// at the 0.6B model's 6,144 x 1,024 and 256 tokens (H200, BENCHMARKS.md);
-/// at qkv's 4,096 rows the 64 x 64 tile measured 165 against 158.
+/// that has cooperative matrices: the SwiGLU (gate/up) variant only, where
+/// a stand-alone kernel of the same tile (64 rows x 32 tokens) took 145 µs
+/// against 284 for the f32 program at the 0.6B model's 6,144 x 1,024 and
+/// 256 tokens (H200); at qkv's 4,096 rows a 64 x 64 tile measured 165
+/// against 158. In the engine `int8_matmul_coop` still takes 329 µs there
+/// (BENCHMARKS.md), hence off by default.
 pub fn coop_pays(variant: MatvecVariant) -> bool {
     variant.swiglu
 }
