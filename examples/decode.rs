@@ -32,9 +32,10 @@
 //! instead of `--checkpoint DIR`: downloaded into the Hugging Face cache,
 //! or resolved from it offline (`HF_HUB_OFFLINE=1`).
 //!
-//! `--backend`, `--kernels` and `--matvec-layout` win over the engine's
-//! environment variables (`QWEN3_WGPU_BACKEND`, `QWEN3_WGPU_KERNELS`,
-//! `QWEN3_WGPU_MATVEC_LAYOUT`), which apply when the flag is not given; a
+//! `--backend`, `--kernels`, `--matvec-layout` and `--cooperative-matrices`
+//! win over the engine's environment variables (`QWEN3_WGPU_BACKEND`,
+//! `QWEN3_WGPU_KERNELS`, `QWEN3_WGPU_MATVEC_LAYOUT`,
+//! `QWEN3_WGPU_COOPERATIVE_MATRICES`), which apply when the flag is not given; a
 //! flag and its variable accept the same names. `RUST_LOG=info` (or
 //! `debug`) shows what the engine logs; warnings show by default.
 
@@ -108,6 +109,11 @@ struct Args {
     /// QWEN3_WGPU_MATVEC_LAYOUT, else the device's.
     #[arg(long, value_name = "NAME", value_parser = parse_matvec_layout)]
     matvec_layout: Option<MatvecLayout>,
+    /// Prompt batches on cooperative matrices where the device offers them:
+    /// `on` or `off` (experimental). Default:
+    /// QWEN3_WGPU_COOPERATIVE_MATRICES, else off.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+    cooperative_matrices: Option<bool>,
     /// Demand the exact Qwen3-0.6B-Base shape.
     #[arg(long)]
     exact_shape: bool,
@@ -268,6 +274,17 @@ fn parse_kernels(value: &str) -> Result<KernelChoice, Error> {
 
 fn parse_matvec_layout(value: &str) -> Result<MatvecLayout, Error> {
     MatvecLayout::from_name("--matvec-layout", value)
+}
+
+fn parse_on_off(value: &str) -> Result<bool, Error> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(Error::InvalidArgument {
+            name: "--cooperative-matrices".into(),
+            reason: format!("unknown value {value:?}; allowed: on, off"),
+        }),
+    }
 }
 
 /// The engine's `invalid_argument` error for a command line clap refused:
@@ -436,6 +453,9 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     if let Some(layout) = args.matvec_layout {
         builder = builder.matvec_layout(layout);
     }
+    if let Some(on) = args.cooperative_matrices {
+        builder = builder.cooperative_matrices(on);
+    }
     let engine = builder.build()?;
     let options = LoadOptions {
         profile: if args.exact_shape { ShapeProfile::Qwen3_0_6B } else { ShapeProfile::AnyQwen3 },
@@ -530,6 +550,10 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     result["self_check"] = json!({"ok": check.ok, "pipelines": check.pipelines, "ms": check.ms});
     if let Some((kernel, reason)) = &kernels.fallback {
         result["kernels_fallback"] = json!(format!("{kernel}: {reason}"));
+    }
+    result["cooperative_matrices"] = json!(kernels.cooperative_matrices);
+    if let Some(reason) = &kernels.cooperative_fallback {
+        result["cooperative_fallback"] = json!(reason);
     }
     Ok(result)
 }

@@ -186,7 +186,9 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     let cache = CachePolicy::Dir(tmp.path().join("cache"));
     let engine = Engine::builder().policy(policy).build()?;
     let info = engine.adapter_info().clone();
-    let adapter = json!({"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups()});
+    let adapter = json!({"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups(),
+                         "cooperative_matrices": engine.kernel_report().cooperative_matrices,
+                         "cooperative_fallback": engine.kernel_report().cooperative_fallback});
 
     for (what, _) in [("cold_load", ()), ("cached_load", ())] {
         let t = Instant::now();

@@ -24,6 +24,12 @@ use crate::tokenizer::Tokenizer;
 /// size their session to the prompt and the token budget instead.
 pub const DEFAULT_CAPACITY: usize = 4096;
 
+/// Environment variable read when the caller does not set
+/// [`EngineBuilder::cooperative_matrices`]: `on` runs prompt batches on
+/// cooperative matrices where the device offers them, `off` (the default)
+/// keeps them on the f32 program.
+pub const COOPERATIVE_MATRICES_ENV: &str = "QWEN3_WGPU_COOPERATIVE_MATRICES";
+
 /// Builds an [`Engine`].
 #[derive(Default)]
 pub struct EngineBuilder {
@@ -33,6 +39,7 @@ pub struct EngineBuilder {
     kernels: Option<KernelChoice>,
     matvec_layout: Option<MatvecLayout>,
     msl_off_metal: bool,
+    cooperative_matrices: Option<bool>,
 }
 
 impl EngineBuilder {
@@ -75,6 +82,20 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether prompt batches may run on cooperative matrices (f16
+    /// operands, f32 sums: `int8_matmul_coop`) where the device offers the
+    /// 16x16 ones with 32-lane subgroups (NVIDIA through Vulkan); checked at
+    /// start-up like every kernel, with the f32 program as fallback
+    /// ([`KernelReport::cooperative_matrices`]). Experimental and off by
+    /// default: on an H200 the program is still slower than the f32 one
+    /// (BENCHMARKS.md). Without it: the `QWEN3_WGPU_COOPERATIVE_MATRICES`
+    /// environment variable (`on` or `off`) if set, else off. An adopted
+    /// device ([`Self::device`]) never uses them.
+    pub fn cooperative_matrices(mut self, on: bool) -> Self {
+        self.cooperative_matrices = Some(on);
+        self
+    }
+
     /// Attempts the MSL twins whatever the adapter (wgpu rejects them off
     /// Metal): drives the fallback through wgpu's own error route in tests.
     #[doc(hidden)]
@@ -100,11 +121,17 @@ impl EngineBuilder {
             Some(l) => Some(l),
             None => MatvecLayout::from_env()?,
         };
+        let coop = match self.cooperative_matrices {
+            Some(on) => on,
+            None => crate::settings::env_choice(COOPERATIVE_MATRICES_ENV, &[("on", true), ("off", false)])?
+                .unwrap_or(false),
+        };
         let mut gpu = match self.device {
             Some((device, queue)) => Gpu::from_device(device, queue, policy)?,
-            None => Gpu::new(policy)?,
+            None => Gpu::new_with(policy, coop)?,
         };
         gpu.subgroups &= !self.no_subgroups;
+        gpu.coop &= gpu.subgroups;
         gpu.probe()?;
         let check = crate::self_check::run;
         let kernels = if self.msl_off_metal && choice == KernelChoice::Auto {

@@ -80,6 +80,10 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// True when kernels use subgroup reductions.
     pub subgroups: bool,
+    /// True when the device was created with 16x16x16 f16 cooperative
+    /// matrices (f32 sums) and has 32-lane subgroups: prompt batches may
+    /// run `int8_matmul_coop` ([`coop_supported`]).
+    pub coop: bool,
     /// What the engine's own handlers saw on a device it created (an
     /// adopted device keeps its host's handlers: the engine relies on its
     /// error scopes there).
@@ -109,8 +113,14 @@ impl Gpu {
     }
 
     /// Picks the best adapter the policy accepts and creates a device on it
-    /// with the adapter's own limits (the defaults are far too small).
+    /// with the adapter's own limits (the defaults are far too small),
+    /// without cooperative matrices ([`Self::new_with`]).
     pub fn new(policy: AdapterPolicy) -> Result<Self> {
+        Self::new_with(policy, false)
+    }
+
+    /// [`Self::new`], asking for cooperative matrices only when `coop`.
+    pub fn new_with(policy: AdapterPolicy, coop: bool) -> Result<Self> {
         let adapters = Self::adapters();
         let Some(adapter) = adapters.into_iter().next() else {
             return Err(Error::NoGpuAdapter {
@@ -119,16 +129,29 @@ impl Gpu {
         };
         let info = adapter.get_info();
         policy.check(&info)?;
+        let coop = coop && coop_supported(&adapter);
+        let (features, experimental) = if coop {
+            // SAFETY: wgpu marks cooperative matrices experimental (its
+            // implementation may still have bugs). The engine only builds
+            // `int8_matmul_coop` on such a device, checks it against the
+            // CPU reference at start-up and falls back to the f32 program
+            // when the build or the check fails.
+            let features = engine_features(&adapter) | COOP_FEATURES;
+            (features, unsafe { wgpu::ExperimentalFeatures::enabled() })
+        } else {
+            (engine_features(&adapter), wgpu::ExperimentalFeatures::disabled())
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("qwen3-wgpu"),
-            required_features: engine_features(&adapter),
+            required_features: features,
             required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| Error::GpuDeviceFailed { reason: format!("request_device on {}: {e}", info.name) })?;
-        let gpu = Self::wrap(device, queue, info);
+        let mut gpu = Self::wrap(device, queue, info);
+        gpu.coop = coop && gpu.subgroups;
         gpu.watch_faults();
         Ok(gpu)
     }
@@ -137,7 +160,8 @@ impl Gpu {
     /// renderer's). No second device is created; the policy still applies.
     /// The host's uncaptured-error handler and device-lost callback stay
     /// as the host set them: the engine catches its own errors with error
-    /// scopes.
+    /// scopes. Prompt batches run without cooperative matrices there (the
+    /// device does not say which ones its adapter offers).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, policy: AdapterPolicy) -> Result<Self> {
         let info = device.adapter_info();
         policy.check(&info)?;
@@ -146,7 +170,7 @@ impl Gpu {
 
     fn wrap(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        Gpu { device, queue, info, subgroups, faults: Default::default() }
+        Gpu { device, queue, info, subgroups, coop: false, faults: Default::default() }
     }
 
     /// On a device the engine created: records errors no scope caught and
@@ -418,6 +442,28 @@ fn error_text(e: &wgpu::Error) -> String {
 /// Features used when the adapter has them.
 pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+}
+
+/// The device features `int8_matmul_coop` needs.
+const COOP_FEATURES: wgpu::Features =
+    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
+
+/// Whether `adapter` offers what `int8_matmul_coop` is written for:
+/// cooperative matrices with 16x16x16 f16 operands and f32 sums, f16, and
+/// subgroups of exactly 32 lanes (its blocks of 32 x 32 are one subgroup's;
+/// NVIDIA through Vulkan). Apple GPUs through wgpu offer 8x8 f32 ones only:
+/// there the MSL twin of `int8_matmul` runs on SIMD-group matrices.
+pub fn coop_supported(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    let f16_16 = adapter.cooperative_matrix_properties().iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    });
+    adapter.features().contains(COOP_FEATURES | wgpu::Features::SUBGROUP)
+        && f16_16
+        && info.subgroup_min_size == crate::kernels::MATMUL_COOP_SUB
+        && info.subgroup_max_size == crate::kernels::MATMUL_COOP_SUB
 }
 
 /// The features of [`wanted_features`] `adapter` offers, plus passthrough

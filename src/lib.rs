@@ -49,7 +49,7 @@ pub use config::{ModelConfig, ShapeProfile};
 pub use conversation::{Chat, ChatReply};
 pub use engine::{
     decode, decode_with, DecodeResult, Engine, EngineBuilder, GenerateOptions, LoadOptions, Model,
-    StopReason, DEFAULT_CAPACITY,
+    StopReason, COOPERATIVE_MATRICES_ENV, DEFAULT_CAPACITY,
 };
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};

@@ -15,7 +15,12 @@ use serde_json::Value;
 
 /// The engine's environment variables: cleared for every run, so the
 /// caller's environment cannot change what a case tests.
-const SETTINGS: [&str; 3] = ["QWEN3_WGPU_BACKEND", "QWEN3_WGPU_KERNELS", "QWEN3_WGPU_MATVEC_LAYOUT"];
+const SETTINGS: [&str; 4] = [
+    "QWEN3_WGPU_BACKEND",
+    "QWEN3_WGPU_KERNELS",
+    "QWEN3_WGPU_MATVEC_LAYOUT",
+    "QWEN3_WGPU_COOPERATIVE_MATRICES",
+];
 
 /// The decode example's binary, built from this tree for this test's
 /// profile. `cargo test --test cli` builds no examples, and one left over
@@ -250,6 +255,8 @@ fn flags_win_over_the_variables() {
             "wgsl",
             "--matvec-layout",
             "rows",
+            "--cooperative-matrices",
+            "off",
             "--json",
         ],
         &SETTINGS.map(|var| (var, "bogus")),

@@ -12,7 +12,8 @@
 // MM_ROWS rows.
 // Same bindings, params and epilogues (ACCUMULATE, NORM, SWIGLU; token t's
 // inputs at x[t * k_words ..], outputs at y[t * y_stride ..]) as int8_matvec:
-// int8_common.wgsl, prepended by Rust.
+// int8_common.wgsl, then int8_matmul_common.wgsl (the stores), prepended by
+// Rust.
 // Preamble (from Rust): MM_ROWS, MM_TOKENS, GROUP_WORDS (u32 words per quant
 // group), with (MM_ROWS / 4) * (MM_TOKENS / 4) == WG.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
@@ -45,22 +46,6 @@ var<workgroup> x_t: array<vec4<f32>, CHUNK_K * TOKEN_QUADS>;
 // NORM: each token's sums of x^2 over values 4q..4q+3 of every chunk, at
 // token * (CHUNK_K / 4) + q.
 var<workgroup> ss_s: array<f32, X_LOADS>;
-
-// Token `t`'s output for row `r` (SWIGLU: `r` is a gate row, `up` its up
-// row's value).
-fn store(r: u32, t: u32, v: f32, up: f32) {
-    let yb = t * p.y_stride;
-    if SWIGLU {
-        y[yb + (p.row_offset + r) / 2u] = silu(v) * up;
-        return;
-    }
-    let o = yb + p.row_offset + r;
-    if ACCUMULATE {
-        y[o] += v;
-    } else {
-        y[o] = v;
-    }
-}
 
 @compute @workgroup_size(WG)
 fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg: vec3<u32>,

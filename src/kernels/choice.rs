@@ -127,12 +127,26 @@ pub struct KernelReport {
     /// level (target `wgpu_core`). `None` when MSL is in use or was not
     /// wanted (not a Metal adapter, or WGSL chosen).
     pub fallback: Option<(String, String)>,
+    /// Whether prompt batches run on cooperative matrices
+    /// (`int8_matmul_coop`: f16 operands, f32 sums; see
+    /// [`crate::EngineBuilder::cooperative_matrices`]).
+    pub cooperative_matrices: bool,
+    /// Why the cooperative-matrix program is not in use although the
+    /// device offers it (its build or the self-check failed): `None`
+    /// otherwise.
+    pub cooperative_fallback: Option<String>,
 }
 
 impl KernelReport {
     pub(super) fn unchecked(source: KernelSource) -> Self {
         let self_check = SelfCheck { ok: false, pipelines: 0, ms: 0.0, failures: vec![] };
-        KernelReport { source, self_check, fallback: None }
+        KernelReport {
+            source,
+            self_check,
+            fallback: None,
+            cooperative_matrices: false,
+            cooperative_fallback: None,
+        }
     }
 }
 

@@ -166,10 +166,10 @@ pub(crate) fn build(
             fail,
         )
     };
-    match code {
-        Code::Wgsl { .. } => pipeline(),
-        // The Metal backend may panic on a passthrough module it cannot build.
-        Code::Msl { .. } => std::panic::catch_unwind(std::panic::AssertUnwindSafe(pipeline))
-            .unwrap_or_else(|_| Err(fail("the Metal backend panicked while building the pipeline".into()))),
-    }
+    // The Metal backend may panic on a passthrough module it cannot build,
+    // and naga's SPIR-V writer on a construct it does not support (seen with
+    // cooperative matrices): either is a failed build (with a fallback),
+    // never a panic out of the engine.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(pipeline))
+        .unwrap_or_else(|_| Err(fail("the shader compiler panicked while building the pipeline".into())))
 }

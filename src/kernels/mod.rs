@@ -34,8 +34,8 @@ pub use compile::{bind_group_layout, compile, compile_for_layout, compile_msl};
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
 pub use matmul::{
-    matmul_wg, MatmulConstants, MATMUL_MSL_WG, MATMUL_ROWS_PER_WG, MATMUL_SWIGLU_TOKENS_PER_WG,
-    MATMUL_TOKENS_PER_WG,
+    matmul_coop_wg, matmul_wg, MatmulConstants, MATMUL_COOP_SUB, MATMUL_MSL_WG, MATMUL_ROWS_PER_WG,
+    MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TOKENS_PER_WG,
 };
 pub use matvec::{
     MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit, MatvecVariant, LONG_MATRIX_WG,
@@ -322,9 +322,11 @@ impl Kernel {
         self.matvec_variant().map_or(MATMUL_TOKENS_PER_WG, matmul::tokens_per_wg)
     }
 
-    /// The override constants of this matvec variant's `int8_matmul`.
+    /// The override constants of this matvec variant's `int8_matmul` (the
+    /// f32 program; the pipeline set switches `coop` on where it uses
+    /// cooperative matrices).
     pub fn matmul_constants(self) -> Option<MatmulConstants> {
-        self.matvec_variant().map(|variant| MatmulConstants { variant })
+        self.matvec_variant().map(|variant| MatmulConstants { variant, coop: false })
     }
 
     /// The tiled prefill pipeline's WGSL (`int8_matmul`) and override

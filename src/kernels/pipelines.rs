@@ -8,11 +8,13 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::choice::{msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfChecker};
+use super::choice::{
+    msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfCheck, SelfChecker,
+};
 use super::compile::{bind_group_layout, build, Code};
 use super::{
-    attention_prefill_source, Constants, Kernel, MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit,
-    MATMUL_MSL_WG,
+    attention_prefill_source, Constants, Kernel, MatmulConstants, MatvecConstants, MatvecLayout, MatvecShape,
+    MatvecSplit, MATMUL_MSL_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -28,7 +30,8 @@ pub(crate) enum Program {
     /// `attention_prefill`, the prompt-batch program of
     /// [`Kernel::AttentionPartial`].
     AttentionPrefill,
-    /// `int8_matmul`, the tiled prompt-batch program of a matvec variant.
+    /// `int8_matmul`, the tiled prompt-batch program of a matvec variant
+    /// (or `int8_matmul_coop`, as its constants say).
     Matmul,
     /// The MSL twin of `int8_matmul`
     /// ([`crate::kernels::MatmulConstants::msl_source`]).
@@ -74,6 +77,9 @@ pub struct Kernels {
     subgroups: bool,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,
+    /// Whether the tiled prompt-batch pipelines of the variants
+    /// [`super::matmul::coop_pays`] names are `int8_matmul_coop`.
+    pub coop: bool,
     /// Where the kernels with an MSL twin came from.
     pub source: KernelSource,
     /// How the kernels were chosen and checked.
@@ -106,33 +112,56 @@ impl Kernels {
         layout: Option<MatvecLayout>,
         self_check: SelfChecker,
     ) -> Result<Self> {
+        let mut coop_rejected = None;
         let ((mut kernels, self_check), source, rejected) = with_fallback(want_msl, |source| {
-            let kernels = Self::build(gpu, source, layout)?;
-            let check = self_check(gpu, &kernels)?;
-            if !check.ok {
-                return Err(Error::GpuDeviceFailed {
-                    reason: format!(
-                        "the {} kernels failed the start-up self-check: {}",
-                        source.as_str(),
-                        check.describe_failures()
-                    ),
-                });
+            let checked = |coop: bool| -> Result<(Kernels, SelfCheck)> {
+                let kernels = Self::build(gpu, source, layout, coop)?;
+                let check = self_check(gpu, &kernels)?;
+                if !check.ok {
+                    return Err(Error::GpuDeviceFailed {
+                        reason: format!(
+                            "the {} kernels failed the start-up self-check: {}",
+                            source.as_str(),
+                            check.describe_failures()
+                        ),
+                    });
+                }
+                Ok((kernels, check))
+            };
+            // Cooperative matrices where the device has them (WGSL only:
+            // the MSL twins bring their own), falling back to the f32
+            // program when their build or check fails.
+            if source == KernelSource::Wgsl && gpu.coop {
+                match checked(true) {
+                    Ok(built) => return Ok(built),
+                    Err(e) => {
+                        log::warn!("cooperative-matrix prompt batches unavailable, using f32 ones: {e}");
+                        coop_rejected = Some(e.to_string());
+                    }
+                }
             }
-            Ok((kernels, check))
+            checked(false)
         })?;
         let fallback = rejected.map(|e| match e {
             Error::ShaderCompileFailed { kernel, reason } => (kernel, reason),
             other => ("self-check".to_string(), other.to_string()),
         });
-        kernels.report = KernelReport { source, self_check, fallback };
+        let cooperative_matrices = kernels.coop;
+        kernels.report = KernelReport {
+            source,
+            self_check,
+            fallback,
+            cooperative_matrices,
+            cooperative_fallback: coop_rejected,
+        };
         Ok(kernels)
     }
 
     /// The set for `source`, with every decode pipeline and every prefill
     /// pipeline built: the MSL twins where `source` says so (the decode
     /// kernels that have one and the tiled `int8_matmul`), WGSL for the
-    /// rest.
-    fn build(gpu: &Gpu, source: KernelSource, layout: Option<MatvecLayout>) -> Result<Self> {
+    /// rest, the tiled ones on cooperative matrices when `coop`.
+    fn build(gpu: &Gpu, source: KernelSource, layout: Option<MatvecLayout>, coop: bool) -> Result<Self> {
         let matvec_layout = match source {
             KernelSource::Msl => crate::kernels::msl::MSL_MATVEC_LAYOUT,
             KernelSource::Wgsl => layout.unwrap_or_else(|| MatvecLayout::for_device(&gpu.info)),
@@ -142,6 +171,7 @@ impl Kernels {
             cache: Default::default(),
             subgroups: gpu.subgroups,
             matvec_layout,
+            coop,
             source,
             report: KernelReport::unchecked(source),
         };
@@ -171,7 +201,10 @@ impl Kernels {
         }
         let Some(variant) = kernel.matvec_variant() else { return (None, None) };
         let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
-        let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled());
+        let tiled = kernel
+            .matmul_constants()
+            .filter(|_| kernel.prefill_tiled())
+            .map(|c| MatmulConstants { coop: self.coop && super::matmul::coop_pays(c.variant), ..c });
         let matmul = if self.source == KernelSource::Msl { Program::MatmulMsl } else { Program::Matmul };
         (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
     }
@@ -196,7 +229,10 @@ impl Kernels {
                 crate::kernels::msl::msl_entry(k),
             ),
             Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
-            Program::Matmul => (k.matmul_source().ok_or_else(|| missing("int8_matmul"))?.0, "int8_matmul"),
+            Program::Matmul => match key.constants {
+                Constants::Matmul(c) => (c.source(), "int8_matmul"),
+                _ => return Err(missing("int8_matmul constants")),
+            },
             Program::MatmulMsl => match key.constants {
                 Constants::Matmul(c) => (c.msl_source(), "int8_matmul"),
                 _ => return Err(missing("int8_matmul constants")),
