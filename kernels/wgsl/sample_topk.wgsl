@@ -5,7 +5,10 @@
 // and keeps their sort keys in registers.
 //
 // A radix select over the keys (8 bits per pass, four passes) finds the
-// chunk's k-th largest key theta, the count of keys above it and the count
+// chunk's k-th largest key theta (counting only keys at or above the k-th
+// largest of the invocations' own maxima, a lower bound of theta: k
+// invocations hold a key at least that large; this spares the histogram
+// atomics, which serialise where keys share a bin), the count of keys above it and the count
 // of keys equal to it; the chunk then writes every logit above theta and
 // the lowest-id ties at theta up to k in all (a prefix sum over the
 // invocations places them), so any element of the vocabulary's top-k that
@@ -35,6 +38,9 @@ var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> sums: array<u32, 256>;
 // The digit chosen so far: (prefix, keys above its bucket, keys in it).
 var<workgroup> chosen: vec3<u32>;
+// Each invocation's largest key, then the k-th largest of those.
+var<workgroup> lane_max: array<u32, 256>;
+var<workgroup> lower_bound: u32;
 
 @compute @workgroup_size(WG)
 fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
@@ -77,6 +83,24 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     var above = 0u;
     var ties = 0u;
     if !whole {
+        // The k-th largest of the invocations' maxima (by rank, ties by
+        // invocation): an invocation without logits counts 0, a bound
+        // that excludes nothing.
+        var mine = 0u;
+        for (var j = 0u; j < own; j++) {
+            mine = max(mine, keys[j]);
+        }
+        lane_max[t] = mine;
+        workgroupBarrier();
+        var rank = 0u;
+        for (var j = 0u; j < 256u; j++) {
+            let other = lane_max[j];
+            rank += select(0u, 1u, other > mine || (other == mine && j < t));
+        }
+        if rank == k - 1u {
+            lower_bound = mine;
+        }
+        let lower = workgroupUniformLoad(&lower_bound);
         var prefix = 0u;
         for (var round = 0u; round < 4u; round++) {
             let shift = 24u - 8u * round;
@@ -84,7 +108,8 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             workgroupBarrier();
             for (var j = 0u; j < own; j++) {
                 let key = keys[j];
-                if round == 0u || (key >> (shift + 8u)) == (prefix >> (shift + 8u)) {
+                let in_bucket = round == 0u || (key >> (shift + 8u)) == (prefix >> (shift + 8u));
+                if key >= lower && in_bucket {
                     atomicAdd(&hist[(key >> shift) & 255u], 1u);
                 }
             }
