@@ -248,3 +248,31 @@ fn record(gpu: &Gpu, kernels: &Kernels, logits: &[f32], chunk: u32, top_n: u32) 
     assert!(words[..(pos + 1) * rw].iter().all(|&w| w == POISON), "wrote before the record");
     rec
 }
+
+/// `GenerateOptions::logprobs`: one record per generated token, each the
+/// session's; more than 20 is refused before any work.
+#[test]
+fn generate_returns_logprobs_per_token() {
+    use qwen3_wgpu::GenerateOptions;
+    let model = model();
+    let params = SamplingParams::default().temperature(0.7).top_k(20).seed(5);
+    let options = GenerateOptions::default().max_new_tokens(6).sampling(params.clone()).logprobs(2);
+    let out = model.generate_with(&PROMPT, &options, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_eq!(out.logprobs.len(), out.generated_ids().len());
+    let mut s = model.session_with_capacity(32).unwrap();
+    s.set_sampling(&params).unwrap();
+    s.set_logprobs(2).unwrap();
+    let mut want = vec![(s.feed(&PROMPT).unwrap(), s.last_logprobs().unwrap().clone())];
+    while want.len() < 6 {
+        want.push((s.next_token().unwrap(), s.last_logprobs().unwrap().clone()));
+    }
+    let got: Vec<(u32, TokenLogprobs)> =
+        out.generated_ids().iter().copied().zip(out.logprobs.iter().cloned()).collect();
+    assert_eq!(got, want);
+    assert!(model.generate(&PROMPT, 3, |_| {}).unwrap().logprobs.is_empty());
+    let e = model
+        .generate_with(&PROMPT, &options.logprobs(21), |_| std::ops::ControlFlow::Continue(()))
+        .unwrap_err();
+    assert_eq!(e.code(), "invalid_argument", "{e}");
+    assert!(e.to_string().contains("logprobs"), "{e}");
+}
