@@ -310,16 +310,6 @@ pub fn takes_top_k_path(s: &SamplingParams, n: u32) -> bool {
     !s.is_greedy() && s.top_k > 0 && s.top_k < n && s.top_k <= SAMPLE_TOP_K_MAX
 }
 
-/// Whether `s` takes the two-launch path as top-p's nucleus path: sampled,
-/// top-k off (0, or at least `n`), top-p on, and more than
-/// `SAMPLE_TOP_K_MAX` logits: the top SAMPLE_TOP_K_MAX candidates usually
-/// hold the nucleus; where they do not, the merging workgroup looks below
-/// them itself (slower, never wrong).
-pub fn takes_nucleus_path(s: &SamplingParams, n: u32) -> bool {
-    let top_k_on = s.top_k > 0 && s.top_k < n;
-    !s.is_greedy() && !top_k_on && s.top_p < 1.0 && n > SAMPLE_TOP_K_MAX
-}
-
 /// [`plan`], and with `logprobs` > 0 (at most [`MAX_LOGPROBS`]) the
 /// log-probabilities of each step: `sample_topk` with k = `logprobs` over
 /// the raw logits first (before the penalties; it copies them when a
@@ -373,7 +363,6 @@ fn topk_params(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> TopkPar
         seed_hi: (s.seed >> 32) as u32,
         n_tokens,
         record_words: LOGPROB_RECORD_WORDS,
-        nucleus: 0,
     }
 }
 
@@ -382,14 +371,13 @@ fn topk_params(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> TopkPar
 /// of the chunked sampler launches, at most 4,096). Temperature 0 is
 /// greedy: the argmax launches (after `sample_penalty` when a penalty is
 /// on), exactly those of a session without sampling. With top-k on and
-/// `k <= SAMPLE_TOP_K_MAX` ([`takes_top_k_path`]), or top-k off and top-p
-/// on ([`takes_nucleus_path`]), two launches: `sample_topk`,
-/// `sample_topk_final`. Otherwise the radix path: the
+/// `k <= SAMPLE_TOP_K_MAX`, two launches ([`takes_top_k_path`]):
+/// `sample_topk`, `sample_topk_final`. Otherwise the radix path: the
 /// filters that are on, each a logit threshold: top-k (`0 < k < n`), top-p
 /// (`p < 1`), min-p (`min_p > 0`), then the draw. Both paths keep the same
 /// tokens and draw the same token for the same seed.
 pub fn plan(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> Vec<PlannedLaunch> {
-    plan_path(s, n, n_tokens, chunk, takes_top_k_path(s, n) || takes_nucleus_path(s, n))
+    plan_path(s, n, n_tokens, chunk, takes_top_k_path(s, n))
 }
 
 /// [`plan`] on the radix path whatever top-k is (tests compare the paths).
@@ -453,11 +441,7 @@ fn plan_path(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32, top_k_path: 
         return out;
     }
     if top_k_path {
-        let mut p = topk_params(s, n, n_tokens, chunk);
-        if takes_nucleus_path(s, n) {
-            p.k = SAMPLE_TOP_K_MAX;
-            p.nucleus = 1;
-        }
+        let p = topk_params(s, n, n_tokens, chunk);
         let params = bytemuck::bytes_of(&p).to_vec();
         out.push(PlannedLaunch {
             kernel: Kernel::SampleTopk,

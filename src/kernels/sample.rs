@@ -14,9 +14,7 @@
 //! which writes the token and advances the position as in greedy decoding.
 //!
 //! With top-k on and `k <= SAMPLE_TOP_K_MAX` (Qwen3's own top_k 20, and
-//! the usual 40, 50 and 100), or top-k off and top-p on (the nucleus
-//! path: the top SAMPLE_TOP_K_MAX candidates, and a look below them in
-//! the rare case the nucleus is wider), the token choice takes two launches instead
+//! the usual 40, 50 and 100), the token choice takes two launches instead
 //! (each GPU launch costs microseconds of fixed latency; the data is small):
 //! `sample_topk` (each chunk's exact top-k candidates) and
 //! `sample_topk_final` (one workgroup: the merge, top-p, min-p, the same
@@ -104,10 +102,6 @@ gpu_struct! {
         pub n_tokens: u32,
         /// Words of one log-probability record.
         pub record_words: u32,
-        /// 1: top-k off and top-p on (`sample_topk_final` takes top-p's
-        /// total over the whole vocabulary, and looks below the candidates
-        /// when the nucleus reaches there).
-        pub nucleus: u32,
     }
 }
 
