@@ -7,6 +7,9 @@ var<workgroup> m_hist: array<atomic<u32>, 256>;
 var<workgroup> m_sums: array<u32, 256>;
 var<workgroup> m_chosen: vec3<u32>;
 var<workgroup> m_total: u32;
+// Each invocation's largest stage key, then the k-th largest of those.
+var<workgroup> m_lane: array<u32, 256>;
+var<workgroup> m_lower: u32;
 // The entries gathered (sort keys and ids), sorted by merge_sort_top.
 var<workgroup> top_key: array<u32, SAMPLE_TOP_K_MAX>;
 var<workgroup> top_id: array<u32, SAMPLE_TOP_K_MAX>;
@@ -45,11 +48,31 @@ fn stage_key(c: vec3<u32>, stage: u32, tie_key: u32) -> vec2<u32> {
     return vec2<u32>(select(c.x, ~c.y, stage == 1u), 1u);
 }
 
-// The k-th largest stage key of the candidates (k >= 1) by radix select,
-// with the count of keys above it and equal to it: (theta, above, ties).
-// Fewer than k keys in all: (0, all of them, 0). Uniform control flow.
+// The k-th largest stage key of the candidates (1 <= k <= 256) by radix
+// select, with the count of keys above it and equal to it: (theta, above,
+// ties). Fewer than k keys in all: (0, all of them, 0). Only keys at or
+// above the k-th largest of the invocations' own maxima (a lower bound of
+// theta) are histogrammed, as in sample_topk. Uniform control flow.
 fn merge_select(t: u32, k: u32, stage: u32, tie_key: u32) -> vec3<u32> {
     let total = p.parts * p.k;
+    var mine = 0u;
+    for (var idx = t; idx < total; idx += WG) {
+        let s = stage_key(candidate(idx), stage, tie_key);
+        if s.y != 0u {
+            mine = max(mine, s.x);
+        }
+    }
+    m_lane[t] = mine;
+    workgroupBarrier();
+    var rank = 0u;
+    for (var j = 0u; j < 256u; j++) {
+        let other = m_lane[j];
+        rank += select(0u, 1u, other > mine || (other == mine && j < t));
+    }
+    if rank == k - 1u {
+        m_lower = mine;
+    }
+    let lower = workgroupUniformLoad(&m_lower);
     var prefix = 0u;
     var above = 0u;
     var ties = 0u;
@@ -59,7 +82,8 @@ fn merge_select(t: u32, k: u32, stage: u32, tie_key: u32) -> vec3<u32> {
         workgroupBarrier();
         for (var idx = t; idx < total; idx += WG) {
             let s = stage_key(candidate(idx), stage, tie_key);
-            if s.y != 0u && (round == 0u || (s.x >> (shift + 8u)) == (prefix >> (shift + 8u))) {
+            let in_bucket = round == 0u || (s.x >> (shift + 8u)) == (prefix >> (shift + 8u));
+            if s.y != 0u && s.x >= lower && in_bucket {
                 atomicAdd(&m_hist[(s.x >> shift) & 255u], 1u);
             }
         }
