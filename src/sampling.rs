@@ -285,10 +285,18 @@ impl TokenLogprobs {
     /// token, its log-probability's bits, the entry count, a spare word,
     /// then (token, log-probability bits) per entry; see
     /// kernels/wgsl/logprob_final.wgsl).
+    /// A record shorter than its header decodes as no token (`u32::MAX`,
+    /// log-probability NaN, no entries); entries past its end are left out.
     pub fn from_record(words: &[u32]) -> Self {
-        let count = (words[2] as usize).min((words.len() - 4) / 2);
+        let word = |i: usize| words.get(i).copied();
+        let pairs = words.len().saturating_sub(4) / 2;
+        let count = (word(2).unwrap_or(0) as usize).min(pairs);
         let top = (0..count).map(|i| (words[4 + 2 * i], f32::from_bits(words[5 + 2 * i]))).collect();
-        TokenLogprobs { token: words[0], logprob: f32::from_bits(words[1]), top }
+        TokenLogprobs {
+            token: word(0).unwrap_or(u32::MAX),
+            logprob: word(1).map_or(f32::NAN, f32::from_bits),
+            top,
+        }
     }
 }
 
@@ -496,6 +504,26 @@ mod tests {
             r#"{"temperature": "hot", "do_sample": true}"#,
         ] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn logprob_records_decode_whole_or_short() {
+        let lp = TokenLogprobs::from_record(&[
+            7,
+            0.5f32.to_bits(),
+            2,
+            0,
+            7,
+            (-0.1f32).to_bits(),
+            3,
+            (-2.0f32).to_bits(),
+        ]);
+        assert_eq!(lp, TokenLogprobs { token: 7, logprob: 0.5, top: vec![(7, -0.1), (3, -2.0)] });
+        // A count past the record's end, and records shorter than a header.
+        assert_eq!(TokenLogprobs::from_record(&[7, 0, 9, 0, 1, 0]).top, [(1, 0.0)]);
+        for short in [&[][..], &[7], &[7, 0, 5]] {
+            assert!(TokenLogprobs::from_record(short).top.is_empty());
         }
     }
 
