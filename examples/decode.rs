@@ -32,6 +32,11 @@
 //! instead of `--checkpoint DIR`: downloaded into the Hugging Face cache,
 //! or resolved from it offline (`HF_HUB_OFFLINE=1`).
 //!
+//! `--logprobs N` (at most 20) adds `"logprobs"` to the JSON: per generated
+//! token, `{"token", "logprob", "top": [[id, logprob], ...]}`, the N most
+//! likely tokens of the model's raw distribution (log_softmax of the
+//! logits, before penalties and temperature).
+//!
 //! `--backend`, `--kernels`, `--matvec-layout` and `--cooperative-matrices`
 //! win over the engine's environment variables (`QWEN3_WGPU_BACKEND`,
 //! `QWEN3_WGPU_KERNELS`, `QWEN3_WGPU_MATVEC_LAYOUT`,
@@ -157,6 +162,10 @@ struct Args {
     /// flags given win).
     #[arg(long)]
     generation_config: bool,
+    /// Log-probabilities of the N most likely tokens with each generated
+    /// token, in the JSON (at most 20).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    logprobs: u32,
 }
 
 impl Args {
@@ -428,6 +437,9 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     let sampling = args.sampling(&checkpoint)?;
     let mut generate =
         GenerateOptions::default().max_new_tokens(args.max_new_tokens).sampling(sampling.clone());
+    if args.logprobs > 0 {
+        generate = generate.logprobs(args.logprobs);
+    }
     if args.stops.iter().any(String::is_empty) {
         let reason = "a stop string must not be empty".into();
         return Err(Error::InvalidArgument { name: "--stop".into(), reason });
@@ -541,6 +553,14 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     });
     if let Some(text) = &out.text {
         result["text"] = json!(text);
+    }
+    if args.logprobs > 0 {
+        let per_token: Vec<serde_json::Value> = out
+            .logprobs
+            .iter()
+            .map(|lp| json!({"token": lp.token, "logprob": lp.logprob, "top": lp.top}))
+            .collect();
+        result["logprobs"] = json!(per_token);
     }
     if let StopReason::StopString(index) = out.stop_reason {
         result["stop_index"] = json!(index);

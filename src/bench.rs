@@ -121,14 +121,8 @@ fn parse_sampling(flag: &str, value: &str) -> Result<SamplingParams> {
 
 /// The launches that choose the token (argmax or sampler).
 fn chooses_token(kernel: Kernel) -> bool {
-    matches!(
-        kernel,
-        Kernel::ArgmaxPartial
-            | Kernel::ArgmaxFinal
-            | Kernel::SamplePenalty
-            | Kernel::SampleMax
-            | Kernel::SampleSelect
-    )
+    use crate::kernels::Family;
+    matches!(kernel.row().family, Family::Argmax | Family::Sample | Family::SampleMerge)
 }
 
 /// The sampling parameters as the JSON lines show them.
@@ -314,5 +308,28 @@ mod tests {
             let e = BenchOptions::parse(args(bad)).unwrap_err();
             assert_eq!(e.code(), "invalid_argument", "{bad}: {e}");
         }
+    }
+
+    /// The token choice's GPU time counts every launch of every plan (the
+    /// two-launch path's and the log-probabilities' included), and nothing
+    /// of the forward pass.
+    #[test]
+    fn the_choice_cost_counts_every_choice_launch() {
+        let d = SamplingParams::default;
+        let sets = [
+            d(),
+            d().repetition_penalty(1.2),
+            d().temperature(0.6).top_k(20).top_p(0.95),
+            d().temperature(0.6).top_p(0.95),
+            d().temperature(0.6).top_k(500).top_p(0.95).min_p(0.1),
+        ];
+        for params in &sets {
+            for logprobs in [0, 5] {
+                for l in crate::sampling::plan_with_logprobs(params, 151_936, 64, SAMPLE_CHUNK, logprobs) {
+                    assert!(chooses_token(l.kernel), "{:?} of {params:?}", l.kernel);
+                }
+            }
+        }
+        assert!(!chooses_token(Kernel::Int8MatvecNorm) && !chooses_token(Kernel::AttentionStep));
     }
 }

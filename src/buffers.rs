@@ -40,6 +40,9 @@ pub struct SessionBuffers {
     pub(crate) part_idx: wgpu::Buffer,
     /// The sampler's per-chunk maxima, select state and histograms.
     pub(crate) sample_scratch: wgpu::Buffer,
+    /// The log-probabilities' buffers, once asked for
+    /// (`Session::set_logprobs`).
+    pub(crate) logprobs: Option<LogprobBuffers>,
     /// Chunks of positions attention splits the context into.
     pub(crate) attention_chunks: usize,
     /// Per (head, chunk): softmax max and sum, and the weighted V sum.
@@ -50,6 +53,25 @@ pub struct SessionBuffers {
     /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`.
     pub(crate) k_cache: Vec<wgpu::Buffer>,
     pub(crate) v_cache: Vec<wgpu::Buffer>,
+}
+
+/// The buffers of the log-probabilities, allocated when first asked for.
+pub(crate) struct LogprobBuffers {
+    /// The logits before the penalties (copied only when a penalty is on).
+    pub(crate) raw_logits: wgpu::Buffer,
+    /// One record per token position (`capacity + 1`), written by
+    /// `logprob_final` at the chosen token's position.
+    pub(crate) records: wgpu::Buffer,
+}
+
+impl LogprobBuffers {
+    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, capacity: usize) -> Self {
+        let words = (capacity + 1) * sample::LOGPROB_RECORD_WORDS as usize;
+        LogprobBuffers {
+            raw_logits: gpu.storage("raw_logits", 4 * cfg.vocab_size),
+            records: gpu.storage("logprob_records", 4 * words),
+        }
+    }
 }
 
 /// `n` rounded up to the quant group: the row length of every activation
@@ -84,6 +106,7 @@ impl SessionBuffers {
             part_val: f("part_val", sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK)),
             part_idx: f("part_idx", sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK)),
             sample_scratch: f("sample_scratch", sample::scratch_words(cfg.vocab_size as u32, SAMPLE_CHUNK)),
+            logprobs: None,
             attention_chunks: chunks,
             attn_ml: f("attn_ml", batch * 2 * cfg.num_attention_heads * chunks),
             attn_acc: f("attn_acc", batch * cfg.num_attention_heads * chunks * cfg.head_dim),
@@ -115,6 +138,8 @@ impl SessionBuffers {
             &self.rope,
         ];
         let caches = self.k_cache.iter().chain(&self.v_cache);
+        let logprobs = self.logprobs.iter().flat_map(|l| [&l.raw_logits, &l.records]);
+        let caches = caches.chain(logprobs);
         fixed.into_iter().chain(caches).map(|buf| buf.size()).sum()
     }
 }

@@ -415,6 +415,11 @@ impl Model {
         let cfg = self.config();
         check_prompt(prompt_ids, cfg.vocab_size)?;
         options.sampling.validate()?;
+        let max_logprobs = crate::kernels::sample::MAX_LOGPROBS;
+        if options.logprobs > max_logprobs {
+            let reason = format!("{} is more than the {max_logprobs} supported", options.logprobs);
+            return Err(Error::invalid_argument("logprobs", reason));
+        }
         if let Some(&id) = options.eos_token_ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(Error::invalid_argument(
                 "eos_token_ids",
@@ -443,6 +448,7 @@ impl Model {
             stop_reason: StopReason::MaxNewTokens,
             text: stops.as_ref().map(|_| String::new()),
             kv_capacity: 0,
+            logprobs: Vec::new(),
         };
         if max_new_tokens == 0 {
             return Ok(result);
@@ -453,6 +459,9 @@ impl Model {
         if options.sampling != SamplingParams::default() {
             session.set_sampling(&options.sampling)?;
         }
+        if options.logprobs > 0 {
+            session.set_logprobs(options.logprobs)?;
+        }
         let t0 = Instant::now();
         let mut token = session.feed(prompt_ids)?;
         result.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -461,6 +470,7 @@ impl Model {
         let mut stopped_by_string = false;
         loop {
             result.token_ids.push(token);
+            result.logprobs.extend(session.last_logprobs().cloned());
             let flow = on_token(token);
             if is_eos(&token) {
                 result.stop_reason = StopReason::EndOfText;
@@ -525,6 +535,10 @@ pub struct GenerateOptions {
     pub eos_token_ids: Vec<u32>,
     /// How tokens are chosen (default greedy): see [`SamplingParams`].
     pub sampling: SamplingParams,
+    /// Log-probabilities of the most likely tokens to return with each
+    /// generated token (0, the default: none; at most 20): see
+    /// [`Session::set_logprobs`](crate::Session::set_logprobs).
+    pub logprobs: u32,
     stop: Option<StopStrings>,
 }
 
@@ -583,6 +597,15 @@ impl GenerateOptions {
         self
     }
 
+    /// Returns the log-probabilities of the `n` most likely tokens (and of
+    /// the token chosen) with each generated token, in
+    /// [`DecodeResult::logprobs`] (0: none; more than 20 is refused by
+    /// the generation as `invalid_argument`).
+    pub fn logprobs(mut self, n: u32) -> Self {
+        self.logprobs = n;
+        self
+    }
+
     /// The stop strings, in the order given (empty when none are set).
     pub fn stops(&self) -> &[String] {
         self.stop.as_ref().map_or(&[], |s| &s.stops)
@@ -595,6 +618,7 @@ impl Default for GenerateOptions {
             max_new_tokens: Self::DEFAULT_MAX_NEW_TOKENS,
             eos_token_ids: Vec::new(),
             sampling: SamplingParams::default(),
+            logprobs: 0,
             stop: None,
         }
     }
@@ -606,6 +630,7 @@ impl std::fmt::Debug for GenerateOptions {
             .field("max_new_tokens", &self.max_new_tokens)
             .field("eos_token_ids", &self.eos_token_ids)
             .field("sampling", &self.sampling)
+            .field("logprobs", &self.logprobs)
             .field("stops", &self.stops())
             .finish()
     }
@@ -668,6 +693,9 @@ pub struct DecodeResult {
     /// plus the token budget less one (the last new token is never fed
     /// back), allocated once; 0 when no token was asked for.
     pub kv_capacity: usize,
+    /// With [`GenerateOptions::logprobs`]: the log-probabilities of each
+    /// generated token, in order (one per generated id); empty otherwise.
+    pub logprobs: Vec<crate::TokenLogprobs>,
 }
 
 impl DecodeResult {

@@ -55,7 +55,7 @@ pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
 pub use load::{LoadPhase, LoadProgress, LoadProgressFn, LoadReport};
-pub use sampling::SamplingParams;
+pub use sampling::{SamplingParams, TokenLogprobs};
 pub use session::{
     FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH, SESSION_FORMAT_VERSION,
 };

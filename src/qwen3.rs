@@ -128,12 +128,14 @@ pub fn forward(
     }
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
     let uniform_bytes = b.uniforms.borrow().bytes();
-    let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default());
+    let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0);
     Forward { step, choose, prefill, uniform_bytes, choose_uniform_bytes }
 }
 
 /// The launches that choose the next token from the logits under `params`
-/// ([`crate::sampling::plan`]: the argmax when greedy), over the session buffers
+/// ([`crate::sampling::plan`]: the argmax when greedy), with the
+/// log-probabilities of the `logprobs` most likely tokens when not 0 (the
+/// session's logprob buffers must exist then), over the session buffers
 /// `s`, and the bytes of their parameter buffers.
 pub fn choose_launches(
     gpu: &Gpu,
@@ -141,10 +143,18 @@ pub fn choose_launches(
     cfg: &ModelConfig,
     s: &SessionBuffers,
     params: &SamplingParams,
+    logprobs: u32,
 ) -> (Vec<Launch>, u64) {
     let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
     let n_tokens = (s.capacity + 1) as u32;
-    let launches = crate::sampling::plan(params, cfg.vocab_size as u32, n_tokens, SAMPLE_CHUNK)
+    let n = cfg.vocab_size as u32;
+    // The logits before the penalties: their copy when a penalty edits
+    // them. `sample_topk` writes `raw` only then; otherwise an unused
+    // buffer stands in.
+    let lp = s.logprobs.as_ref();
+    let raw = lp.map_or(&s.part_val, |l| &l.raw_logits);
+    let src = if params.has_penalties() { raw } else { &s.logits };
+    let launches = crate::sampling::plan_with_logprobs(params, n, n_tokens, SAMPLE_CHUNK, logprobs)
         .into_iter()
         .map(|l| {
             let bufs = match l.kernel {
@@ -160,6 +170,17 @@ pub fn choose_launches(
                     whole(&s.step),
                     whole(&s.part_val),
                     whole(&s.part_idx),
+                ],
+                Kernel::SampleTopk => vec![whole(&s.logits), whole(&s.sample_scratch), whole(raw)],
+                Kernel::SampleTopkFinal => {
+                    vec![whole(&s.logits), whole(&s.sample_scratch), whole(&s.tokens), whole(&s.step)]
+                }
+                Kernel::LogprobFinal => vec![
+                    whole(src),
+                    whole(&s.sample_scratch),
+                    whole(&s.tokens),
+                    whole(&s.step),
+                    whole(&lp.expect("logprob buffers before logprob launches").records),
                 ],
                 other => unreachable!("{other:?} chooses no token"),
             };

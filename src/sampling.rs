@@ -9,7 +9,12 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
-use crate::kernels::{grid, sample, Kernel, SampleParams, ARGMAX_CHUNK, MAX_PENALTY_WINDOW};
+use crate::kernels::sample::{
+    logprob_region, LOGPROB_RECORD_WORDS, MAX_LOGPROBS, TOPK_COPY_RAW, TOPK_MAX_CHUNK, TOPK_STATS,
+};
+use crate::kernels::{
+    grid, sample, Kernel, SampleParams, TopkParams, ARGMAX_CHUNK, MAX_PENALTY_WINDOW, SAMPLE_TOP_K_MAX,
+};
 
 /// How the next token is chosen from the logits: greedy (temperature 0,
 /// the default) or sampled. Applied in Hugging Face's order: penalties,
@@ -259,6 +264,42 @@ impl SamplingParams {
     }
 }
 
+/// The log-probabilities that came with one token
+/// ([`Session::set_logprobs`](crate::Session::set_logprobs)): of the
+/// model's raw distribution, `log_softmax(logits)` before penalties,
+/// temperature and filters, computed on the GPU in f32.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TokenLogprobs {
+    /// The token chosen.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely
+    /// first; equal logits by lowest id (at the last place too).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// Decodes a record of the `logprob_final` kernel (its words: the
+    /// token, its log-probability's bits, the entry count, a spare word,
+    /// then (token, log-probability bits) per entry; see
+    /// kernels/wgsl/logprob_final.wgsl).
+    /// A record shorter than its header decodes as no token (`u32::MAX`,
+    /// log-probability NaN, no entries); entries past its end are left out.
+    pub fn from_record(words: &[u32]) -> Self {
+        let word = |i: usize| words.get(i).copied();
+        let pairs = words.len().saturating_sub(4) / 2;
+        let count = (word(2).unwrap_or(0) as usize).min(pairs);
+        let top = (0..count).map(|i| (words[4 + 2 * i], f32::from_bits(words[5 + 2 * i]))).collect();
+        TokenLogprobs {
+            token: word(0).unwrap_or(u32::MAX),
+            logprob: word(1).map_or(f32::NAN, f32::from_bits),
+            top,
+        }
+    }
+}
+
 /// One launch of the token choice: kernel, parameters, grid. The buffers
 /// each kernel binds are named by its binding order.
 #[derive(Debug, Clone, PartialEq)]
@@ -271,14 +312,89 @@ pub struct PlannedLaunch {
     pub workgroups: [u32; 3],
 }
 
+/// Whether `s` takes the sampler's two-launch top-k path: sampled, with
+/// top-k on (`0 < k < n`) and `k <= SAMPLE_TOP_K_MAX` (128).
+pub fn takes_top_k_path(s: &SamplingParams, n: u32) -> bool {
+    !s.is_greedy() && s.top_k > 0 && s.top_k < n && s.top_k <= SAMPLE_TOP_K_MAX
+}
+
+/// [`plan`], and with `logprobs` > 0 (at most [`MAX_LOGPROBS`]) the
+/// log-probabilities of each step: `sample_topk` with k = `logprobs` over
+/// the raw logits first (before the penalties; it copies them when a
+/// penalty is on), `logprob_final` last (it reads the chosen token).
+pub fn plan_with_logprobs(
+    s: &SamplingParams,
+    n: u32,
+    n_tokens: u32,
+    chunk: u32,
+    logprobs: u32,
+) -> Vec<PlannedLaunch> {
+    debug_assert!(logprobs <= MAX_LOGPROBS);
+    let mut out = Vec::new();
+    let region = logprob_region(n, chunk) as u32;
+    let flags = TOPK_STATS | if s.has_penalties() { TOPK_COPY_RAW } else { 0 };
+    let stats = TopkParams { k: logprobs, region, flags, ..topk_params(s, n, n_tokens, chunk) };
+    if logprobs > 0 {
+        out.push(PlannedLaunch {
+            kernel: Kernel::SampleTopk,
+            params: bytemuck::bytes_of(&stats).to_vec(),
+            workgroups: grid(sample::parts(n, chunk)),
+        });
+    }
+    out.extend(plan(s, n, n_tokens, chunk));
+    if logprobs > 0 {
+        out.push(PlannedLaunch {
+            kernel: Kernel::LogprobFinal,
+            params: bytemuck::bytes_of(&stats).to_vec(),
+            workgroups: grid(1),
+        });
+    }
+    out
+}
+
+/// The top-k path's parameters under `s` (records from scratch word 0).
+fn topk_params(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> TopkParams {
+    let min_p_on = s.min_p > 0.0;
+    TopkParams {
+        n,
+        chunk,
+        parts: sample::parts(n, chunk),
+        k: s.top_k,
+        region: 0,
+        flags: 0,
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_p_on: (s.top_p < 1.0) as u32,
+        min_p_on: min_p_on as u32,
+        min_p_offset: if min_p_on { s.temperature * s.min_p.ln() } else { 0.0 },
+        seed_lo: s.seed as u32,
+        seed_hi: (s.seed >> 32) as u32,
+        n_tokens,
+        record_words: LOGPROB_RECORD_WORDS,
+    }
+}
+
 /// The launches that choose the next token from `n` logits under `s`
 /// (`n_tokens`: length of the token buffer; `chunk`: logits per workgroup
-/// of the chunked sampler launches). Temperature 0 is greedy: the argmax
-/// launches (after `sample_penalty` when a penalty is on), exactly those of
-/// a session without sampling. Otherwise the filters that are on, each a
-/// logit threshold: top-k (`0 < k < n`), top-p (`p < 1`), min-p
-/// (`min_p > 0`), then the draw.
+/// of the chunked sampler launches, at most 4,096). Temperature 0 is
+/// greedy: the argmax launches (after `sample_penalty` when a penalty is
+/// on), exactly those of a session without sampling. With top-k on and
+/// `k <= SAMPLE_TOP_K_MAX`, two launches ([`takes_top_k_path`]):
+/// `sample_topk`, `sample_topk_final`. Otherwise the radix path: the
+/// filters that are on, each a logit threshold: top-k (`0 < k < n`), top-p
+/// (`p < 1`), min-p (`min_p > 0`), then the draw. Both paths keep the same
+/// tokens and draw the same token for the same seed.
 pub fn plan(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> Vec<PlannedLaunch> {
+    plan_path(s, n, n_tokens, chunk, takes_top_k_path(s, n))
+}
+
+/// [`plan`] on the radix path whatever top-k is (tests compare the paths).
+pub fn plan_radix(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> Vec<PlannedLaunch> {
+    plan_path(s, n, n_tokens, chunk, false)
+}
+
+fn plan_path(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32, top_k_path: bool) -> Vec<PlannedLaunch> {
+    debug_assert!(chunk <= TOPK_MAX_CHUNK);
     let parts = sample::parts(n, chunk);
     let top_k_on = s.top_k > 0 && s.top_k < n;
     let top_p_on = s.top_p < 1.0;
@@ -332,6 +448,17 @@ pub fn plan(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> Vec<Planne
         });
         return out;
     }
+    if top_k_path {
+        let p = topk_params(s, n, n_tokens, chunk);
+        let params = bytemuck::bytes_of(&p).to_vec();
+        out.push(PlannedLaunch {
+            kernel: Kernel::SampleTopk,
+            params: params.clone(),
+            workgroups: grid(parts),
+        });
+        out.push(PlannedLaunch { kernel: Kernel::SampleTopkFinal, params, workgroups: grid(1) });
+        return out;
+    }
     if need_max {
         out.push(launch(Kernel::SampleMax, &base, grid(parts)));
     }
@@ -377,6 +504,26 @@ mod tests {
             r#"{"temperature": "hot", "do_sample": true}"#,
         ] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn logprob_records_decode_whole_or_short() {
+        let lp = TokenLogprobs::from_record(&[
+            7,
+            0.5f32.to_bits(),
+            2,
+            0,
+            7,
+            (-0.1f32).to_bits(),
+            3,
+            (-2.0f32).to_bits(),
+        ]);
+        assert_eq!(lp, TokenLogprobs { token: 7, logprob: 0.5, top: vec![(7, -0.1), (3, -2.0)] });
+        // A count past the record's end, and records shorter than a header.
+        assert_eq!(TokenLogprobs::from_record(&[7, 0, 9, 0, 1, 0]).top, [(1, 0.0)]);
+        for short in [&[][..], &[7], &[7, 0, 5]] {
+            assert!(TokenLogprobs::from_record(short).top.is_empty());
         }
     }
 

@@ -64,6 +64,7 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 argmax(&mut rig)?,
                 embed(&mut rig)?,
                 sample(&mut rig)?,
+                sample_top_k(&mut rig)?,
             ];
             for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
                 checks.push(matmul(&mut rig, kernel)?);
@@ -650,14 +651,14 @@ fn embed(rig: &mut Rig<'_>) -> Result<Check> {
     }))
 }
 
-/// The sampler over 5,000 logits (two chunks) with every launch: the
+/// The sampler's radix path over 5,000 logits (two chunks) with every launch: the
 /// penalties over a window with a repeat, top-k 5, top-p 0.01 and min-p
 /// 0.5, so the draw can only pick the penalised maximum (a repeated token
 /// that was the largest before its penalty is not). Also checks the edited
 /// logits and top-k's threshold (the 5th largest key, in state slot 4).
 fn sample(rig: &mut Rig<'_>) -> Result<Check> {
     use crate::kernels::sample::parts;
-    use crate::sampling::plan;
+    use crate::sampling::plan_radix as plan;
     let n = 5000u32;
     let mut logits = pseudo_nonzero(43, n as usize);
     logits[4100] = 3.0;
@@ -721,6 +722,93 @@ fn sample(rig: &mut Rig<'_>) -> Result<Check> {
                 Kernel::SampleSelect,
                 format!("drew {}, want 4100 (tokens {tokens:?})", tokens[recent.len()]),
             );
+        }
+        vec![]
+    }))
+}
+
+/// The sampler's top-k path and the log-probabilities over the logits of
+/// [`sample`] (two chunks), with the same parameters: the same drawn token
+/// (the penalised maximum), and the 3 most likely tokens of the logits
+/// before the penalties, with the chosen token's log-probability, against
+/// log_softmax in f64.
+fn sample_top_k(rig: &mut Rig<'_>) -> Result<Check> {
+    use crate::kernels::sample::{LOGPROB_RECORD_WORDS, MAX_LOGPROBS};
+    use crate::sampling::plan_with_logprobs;
+    let n = 5000u32;
+    let mut logits = pseudo_nonzero(43, n as usize);
+    logits[4100] = 3.0;
+    logits[700] = 3.2;
+    logits[1500] = -0.5;
+    let recent = [700u32, 1500, 700, 33, 34];
+    let params = SamplingParams::default()
+        .temperature(0.7)
+        .top_k(5)
+        .top_p(0.01)
+        .min_p(0.5)
+        .repetition_penalty(2.0)
+        .presence_penalty(0.25)
+        .frequency_penalty(0.125)
+        .seed(3);
+    let chunk = crate::kernels::SAMPLE_CHUNK;
+    let n_tokens = 8usize;
+    let mut tokens = vec![POISON; n_tokens];
+    tokens[..recent.len()].copy_from_slice(&recent);
+    let logits_buf = rig.storage(&f32s(&logits))?;
+    let tokens_buf = rig.storage(&u32s(&tokens))?;
+    let state = rig.storage(&step(recent.len() - 1, 0))?;
+    let scratch = rig.storage(&poisoned(crate::kernels::sample::scratch_words(n, chunk)))?;
+    let raw = rig.storage(&poisoned(n as usize))?;
+    let records = rig.storage(&poisoned(n_tokens * LOGPROB_RECORD_WORDS as usize))?;
+    let top_n = 3usize;
+    const _: () = assert!(MAX_LOGPROBS >= 3);
+    for l in plan_with_logprobs(&params, n, n_tokens as u32, chunk, top_n as u32) {
+        let u = rig.uniform(&l.params)?;
+        let bufs: Vec<&wgpu::Buffer> = match l.kernel {
+            Kernel::SamplePenalty => vec![&u, &tokens_buf, &state, &logits_buf],
+            Kernel::SampleTopk => vec![&u, &logits_buf, &scratch, &raw],
+            Kernel::SampleTopkFinal => vec![&u, &logits_buf, &scratch, &tokens_buf, &state],
+            Kernel::LogprobFinal => vec![&u, &raw, &scratch, &tokens_buf, &state, &records],
+            other => return Err(Error::internal(format!("{other:?} in the top-k path's plan"))),
+        };
+        rig.dispatch(l.kernel, l.workgroups, &bufs);
+    }
+    let (tok, rec) = (rig.read(&tokens_buf, 4 * n_tokens), rig.read(&records, records.size() as usize));
+    Ok(Box::new(move |outs| {
+        let tokens = to_u32(&outs[tok]);
+        if tokens[recent.len()] != 4100 {
+            return fail(
+                Kernel::SampleTopkFinal,
+                format!("drew {}, want 4100 (tokens {tokens:?})", tokens[recent.len()]),
+            );
+        }
+        let words = to_u32(&outs[rec]);
+        let r = &words[recent.len() * LOGPROB_RECORD_WORDS as usize..][..LOGPROB_RECORD_WORDS as usize];
+        let max = logits.iter().fold(f64::MIN, |m, &l| m.max(l as f64));
+        let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+        let mut order: Vec<u32> = (0..n).collect();
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        let close = |bits: u32, id: u32| {
+            (f32::from_bits(bits) as f64 - (logits[id as usize] as f64 - lse)).abs() < 1e-4
+        };
+        if r[0] != 4100 || !close(r[1], 4100) || r[2] != top_n as u32 {
+            return fail(
+                Kernel::LogprobFinal,
+                format!("record head {:?}, want token 4100, {top_n} entries", &r[..4]),
+            );
+        }
+        for (i, &id) in order[..top_n].iter().enumerate() {
+            if r[4 + 2 * i] != id || !close(r[5 + 2 * i], id) {
+                return fail(
+                    Kernel::LogprobFinal,
+                    format!(
+                        "entry {i}: ({}, {}), want ({id}, {})",
+                        r[4 + 2 * i],
+                        f32::from_bits(r[5 + 2 * i]),
+                        logits[id as usize] as f64 - lse
+                    ),
+                );
+            }
         }
         vec![]
     }))

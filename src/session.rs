@@ -20,8 +20,9 @@ pub use crate::buffers::PREFILL_BATCH;
 use crate::error::{Error, Result};
 use crate::gpu::Timestamps;
 use crate::gpu_weights::ModelGpu;
+use crate::kernels::sample::{LOGPROB_RECORD_WORDS, MAX_LOGPROBS};
 use crate::qwen3::Forward;
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, TokenLogprobs};
 pub use diagnostics::{LaunchTimes, StepTiming};
 pub use feed::FeedStatus;
 pub(crate) use state::restore;
@@ -108,6 +109,10 @@ pub struct Session {
     blocking_waits: u64,
     /// How tokens are chosen (the launches: `forward.choose`).
     sampling: SamplingParams,
+    /// Log-probabilities per token (0: off; see [`Session::set_logprobs`]).
+    logprobs: u32,
+    /// The log-probabilities of the last token returned, when on.
+    last_logprobs: Option<TokenLogprobs>,
 }
 
 impl Session {
@@ -135,6 +140,8 @@ impl Session {
             feed_progress: None,
             blocking_waits: 0,
             sampling: SamplingParams::default(),
+            logprobs: 0,
+            last_logprobs: None,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -163,7 +170,7 @@ impl Session {
         self.lookahead = steps.clamp(1, self.bufs.capacity.max(1));
         while self.slots.len() < self.lookahead + 1 {
             self.free_slots.push(self.slots.len());
-            self.slots.push(self.model.gpu.readback("token readback", 8));
+            self.slots.push(self.model.gpu.readback("token readback", self.readback_bytes()));
         }
     }
 
@@ -198,6 +205,14 @@ impl Session {
         self.check_no_feed()?;
         params.validate()?;
         self.discard_queued()?;
+        self.rebuild_choose(params, self.logprobs)?;
+        self.sampling = params.clone();
+        Ok(())
+    }
+
+    /// Rebuilds the launches choosing the token (and computing the
+    /// log-probabilities of the `logprobs` most likely tokens).
+    fn rebuild_choose(&mut self, params: &SamplingParams, logprobs: u32) -> Result<()> {
         let model = &self.model;
         let (choose, bytes) = model.gpu.scoped(
             || {
@@ -207,14 +222,85 @@ impl Session {
                     &model.config,
                     &self.bufs,
                     params,
+                    logprobs,
                 ))
             },
             |reason| Error::GpuDeviceFailed { reason: format!("setting sampling: {reason}") },
         )?;
         self.forward.choose = choose;
         self.forward.choose_uniform_bytes = bytes;
-        self.sampling = params.clone();
         Ok(())
+    }
+
+    /// Computes the log-probabilities of the `n` most likely tokens, and of
+    /// the token chosen, with every token from the next one on (0, the
+    /// default: off, and no extra launch or readback). They are of the
+    /// model's raw distribution, `log_softmax(logits)`, before penalties,
+    /// temperature and filters (as mlx-lm returns them), computed on the
+    /// GPU inside the step and read back with the token, so steps still
+    /// queue ahead. Get them with [`last_logprobs`](Self::last_logprobs).
+    /// Steps already queued ahead are discarded (as by
+    /// [`set_sampling`](Self::set_sampling)).
+    ///
+    /// ```no_run
+    /// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
+    /// let mut session = model.session()?;
+    /// session.set_logprobs(5)?;
+    /// let token = session.feed(&[785, 6722, 315])?;
+    /// let lp = session.last_logprobs().expect("on");
+    /// assert_eq!(lp.token, token);
+    /// for (id, logprob) in &lp.top {
+    ///     println!("{id}: {logprob:.3}");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `logprobs` above 20
+    /// (OpenAI's bound), or naming `session` while a
+    /// [`begin_feed`](Self::begin_feed) is in progress (the session is left
+    /// as it was); a GPU failure while waiting for the discarded steps.
+    pub fn set_logprobs(&mut self, n: u32) -> Result<()> {
+        self.check_no_feed()?;
+        if n > MAX_LOGPROBS {
+            return Err(Error::invalid_argument(
+                "logprobs",
+                format!("{n} is more than the {MAX_LOGPROBS} supported"),
+            ));
+        }
+        self.discard_queued()?;
+        if n > 0 && self.bufs.logprobs.is_none() {
+            let cfg = &self.model.config;
+            self.bufs.logprobs =
+                Some(crate::buffers::LogprobBuffers::new(&self.model.gpu, cfg, self.bufs.capacity));
+        }
+        let params = self.sampling.clone();
+        self.rebuild_choose(&params, n)?;
+        self.logprobs = n;
+        self.last_logprobs = None;
+        // Every slot is free after the discard: resize them for the records.
+        self.slots.clear();
+        self.free_slots.clear();
+        self.set_lookahead(self.lookahead);
+        Ok(())
+    }
+
+    /// The log-probabilities of the last token returned (by
+    /// [`feed`](Self::feed), [`next_token`](Self::next_token) or
+    /// [`try_next_token`](Self::try_next_token)), when
+    /// [`set_logprobs`](Self::set_logprobs) is on; `None` otherwise.
+    pub fn last_logprobs(&self) -> Option<&TokenLogprobs> {
+        self.last_logprobs.as_ref()
+    }
+
+    /// Bytes of one readback slot: the token, and the log-probability
+    /// record when on.
+    fn readback_bytes(&self) -> usize {
+        if self.logprobs > 0 {
+            8 + 4 * LOGPROB_RECORD_WORDS as usize
+        } else {
+            8
+        }
     }
 
     /// How tokens are chosen (see [`set_sampling`](Self::set_sampling)).
@@ -313,6 +399,7 @@ impl Session {
         self.discard_queued()?;
         self.len = len;
         self.pending = None;
+        self.last_logprobs = None;
         self.reset_gpu_position();
         Ok(())
     }
@@ -474,6 +561,10 @@ impl Session {
     fn queue_readback(&mut self, enc: &mut wgpu::CommandEncoder, at: usize) -> Result<usize> {
         let slot = self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))?;
         enc.copy_buffer_to_buffer(&self.bufs.tokens, 4 * at as u64, &self.slots[slot], 0, 4);
+        if let (true, Some(lp)) = (self.logprobs > 0, &self.bufs.logprobs) {
+            let record = 4 * LOGPROB_RECORD_WORDS as u64;
+            enc.copy_buffer_to_buffer(&lp.records, at as u64 * record, &self.slots[slot], 8, record);
+        }
         Ok(slot)
     }
 
@@ -501,7 +592,8 @@ impl Session {
     /// makes the token the pending prediction.
     fn take_queued(&mut self) -> Result<u32> {
         let q = self.queued.pop_front().ok_or_else(no_step_in_flight)?;
-        let token = self.wait_slot(q)?;
+        let (token, logprobs) = self.read_slot(q)?;
+        self.last_logprobs = logprobs;
         self.len += 1;
         if token as usize >= self.model.config.vocab_size {
             return Err(Error::GpuDeviceFailed {
@@ -513,7 +605,12 @@ impl Session {
     }
 
     /// Waits until a slot is mapped, reads its token and frees the slot.
-    fn wait_slot(&mut self, mut q: InFlight) -> Result<u32> {
+    fn wait_slot(&mut self, q: InFlight) -> Result<u32> {
+        self.read_slot(q).map(|(token, _)| token)
+    }
+
+    /// [`Self::wait_slot`], with the token's log-probabilities when on.
+    fn read_slot(&mut self, mut q: InFlight) -> Result<(u32, Option<TokenLogprobs>)> {
         let gpu = &self.model.gpu;
         while !q.arrived()? {
             // Only this step's submit: the steps queued after it keep the
@@ -527,16 +624,19 @@ impl Session {
             return Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") });
         }
         let buf = &self.slots[q.slot];
-        let token = {
+        let (token, logprobs) = {
             let view = buf
                 .slice(..)
                 .get_mapped_range()
                 .map_err(|e| Error::GpuDeviceFailed { reason: format!("reading back: {e}") })?;
-            u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+            let token = u32::from_le_bytes([view[0], view[1], view[2], view[3]]);
+            let logprobs = (self.logprobs > 0 && view.len() > 8)
+                .then(|| TokenLogprobs::from_record(&bytemuck::pod_collect_to_vec::<u8, u32>(&view[8..])));
+            (token, logprobs)
         };
         buf.unmap();
         self.free_slots.push(q.slot);
-        Ok(token)
+        Ok((token, logprobs))
     }
 
     /// Drops the steps queued past `len` (waiting for their slots) and puts

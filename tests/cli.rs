@@ -602,3 +602,39 @@ fn a_missing_checkpoint_says_where_to_get_one() {
     expect_error(&out, "checkpoint_not_found");
     assert!(stderr(&out).contains("hf download Qwen/Qwen3-0.6B-Base"), "{}", stderr(&out));
 }
+
+/// `--logprobs N`: the JSON lists, per generated token, the token, its
+/// log-probability and the N most likely; without the flag, no such key;
+/// more than 20 is `invalid_argument` naming it.
+#[test]
+fn logprobs_flag_adds_them_to_the_json() {
+    let fixture = fixture();
+    let base = [
+        "--checkpoint",
+        fixture.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "4",
+        "--backend",
+        "portable",
+        "--no-cache",
+        "--json",
+    ];
+    let sampled = ["--logprobs", "3", "--temperature", "0.8", "--seed", "7"];
+    let out = decode(&[&base[..], &sampled[..]].concat(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json = last_json(&out);
+    let per_token = json["logprobs"].as_array().expect("logprobs");
+    let ids = json["generated_ids"].as_array().unwrap();
+    assert_eq!(per_token.len(), ids.len(), "{json}");
+    for (lp, id) in per_token.iter().zip(ids) {
+        assert_eq!(&lp["token"], id, "{json}");
+        assert_eq!(lp["top"].as_array().unwrap().len(), 3, "{json}");
+        assert!(lp["logprob"].as_f64().unwrap() <= 0.0, "{json}");
+    }
+    assert!(last_json(&decode(&base, &[])).get("logprobs").is_none());
+    let message =
+        expect_error(&decode(&[&base[..], &["--logprobs", "21"]].concat(), &[]), "invalid_argument");
+    assert!(message.contains("logprobs"), "{message}");
+}

@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 
 use qwen3_wgpu::internals::gpu::UniformPages;
 use qwen3_wgpu::internals::kernels::sample::{part_slots, parts, scratch_words};
+use qwen3_wgpu::internals::kernels::SAMPLE_TOP_K_MAX;
 use qwen3_wgpu::internals::kernels::{Kernel, KernelChoice, Kernels, Launch, SAMPLE_CHUNK};
 use qwen3_wgpu::internals::reference::{
     chi_square, chi_square_critical_1e3, penalize_ref, poisoned, sample_probs_ref, sort_key, POISON,
 };
-use qwen3_wgpu::internals::sampling::plan;
+use qwen3_wgpu::internals::sampling::{plan, plan_radix, PlannedLaunch};
 use qwen3_wgpu::internals::self_check;
 use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, Gpu, LoadOptions, Model, SamplingParams};
 
@@ -67,7 +68,8 @@ impl Rig {
 
     /// One draw per seed from `logits` at position `sequence.len() - 1`
     /// of the token sequence `sequence` (the penalties' window), `chunk`
-    /// logits per workgroup. Outputs start poisoned.
+    /// logits per workgroup, on the path [`plan`] picks. Outputs start
+    /// poisoned.
     fn draws(
         &self,
         logits: &[f32],
@@ -75,6 +77,19 @@ impl Rig {
         params: &SamplingParams,
         seeds: std::ops::Range<u64>,
         chunk: u32,
+    ) -> Draws {
+        self.draws_planned(logits, sequence, params, seeds, chunk, plan)
+    }
+
+    /// [`Rig::draws`] with the launches of `planner` (`plan` or `plan_radix`).
+    fn draws_planned(
+        &self,
+        logits: &[f32],
+        sequence: &[u32],
+        params: &SamplingParams,
+        seeds: std::ops::Range<u64>,
+        chunk: u32,
+        planner: Planner,
     ) -> Draws {
         let gpu = &self.gpu;
         let n = logits.len() as u32;
@@ -100,7 +115,7 @@ impl Rig {
             enc.copy_buffer_to_buffer(&pristine_logits, 0, &logits_buf, 0, logits_buf.size());
             enc.copy_buffer_to_buffer(&pristine_tokens, 0, &tokens_buf, 0, tokens_buf.size());
             enc.copy_buffer_to_buffer(&pristine_step, 0, &step, 0, step.size());
-            let launches: Vec<Launch> = plan(&params.clone().seed(seed), n, n_tokens as u32, chunk)
+            let launches: Vec<Launch> = planner(&params.clone().seed(seed), n, n_tokens as u32, chunk)
                 .into_iter()
                 .map(|l| {
                     let (page, offset, size) = uniforms.push(gpu, &l.params);
@@ -122,6 +137,13 @@ impl Rig {
                             whole(&part_val),
                             whole(&part_idx),
                         ],
+                        Kernel::SampleTopk => {
+                            // `raw` is written only with the logprobs' flag.
+                            vec![u, whole(&logits_buf), whole(&scratch), whole(&part_val)]
+                        }
+                        Kernel::SampleTopkFinal => {
+                            vec![u, whole(&logits_buf), whole(&scratch), whole(&tokens_buf), whole(&step)]
+                        }
                         Kernel::ArgmaxPartial => {
                             vec![u, whole(&logits_buf), whole(&part_val), whole(&part_idx)]
                         }
@@ -150,7 +172,7 @@ impl Rig {
         let words = |b: &wgpu::Buffer, n: usize| -> Vec<u32> {
             bytemuck::pod_collect_to_vec(&gpu.download(b, 4 * n).unwrap())
         };
-        let passes = plan(params, n, n_tokens as u32, chunk)
+        let passes = planner(params, n, n_tokens as u32, chunk)
             .iter()
             .filter(|l| l.kernel == Kernel::SampleSelect)
             .count();
@@ -164,6 +186,9 @@ impl Rig {
         }
     }
 }
+
+/// Plans the token choice: [`plan`] or [`plan_radix`].
+type Planner = fn(&SamplingParams, u32, u32, u32) -> Vec<PlannedLaunch>;
 
 fn whole(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
     b.as_entire_binding()
@@ -198,7 +223,7 @@ fn awkward_logits(n: usize, seed: u64) -> Vec<f32> {
     v
 }
 
-/// Top-k's and top-p's thresholds are the reference's exactly (keys), at
+/// The radix path: top-k's and top-p's thresholds are the reference's exactly (keys), at
 /// vocabularies that are not a multiple of the chunk, with ties at the
 /// threshold; every draw is a kept token; only tokens[pos + 1] is written.
 #[test]
@@ -210,7 +235,7 @@ fn thresholds_and_draws_match_the_reference_at_awkward_sizes() {
         sorted.sort_by(|a, b| b.total_cmp(a));
         for k in [1u32, 2, 3, 4, 17, 200] {
             let params = SamplingParams::default().temperature(0.9).top_k(k);
-            let d = rig.draws(&logits, &[5, 6], &params, 0..40, chunk);
+            let d = rig.draws_planned(&logits, &[5, 6], &params, 0..40, chunk, plan_radix);
             assert_eq!(d.theta, sort_key(sorted[k as usize - 1]), "n {n} chunk {chunk} k {k}: threshold");
             let probs = sample_probs_ref(&logits, 0.9, k, 1.0, 0.0);
             for &t in &d.tokens {
@@ -221,7 +246,7 @@ fn thresholds_and_draws_match_the_reference_at_awkward_sizes() {
         }
         for (k, p) in [(0u32, 0.5f32), (0, 0.9), (50, 0.7), (0, 1e-6)] {
             let params = SamplingParams::default().temperature(0.7).top_k(k).top_p(p);
-            let d = rig.draws(&logits, &[5, 6], &params, 0..40, chunk);
+            let d = rig.draws_planned(&logits, &[5, 6], &params, 0..40, chunk, plan_radix);
             let probs = sample_probs_ref(&logits, 0.7, k, p, 0.0);
             let kept_min =
                 (0..n).filter(|&i| probs[i] > 0.0).map(|i| logits[i]).fold(f32::INFINITY, f32::min);
@@ -231,9 +256,116 @@ fn thresholds_and_draws_match_the_reference_at_awkward_sizes() {
             }
         }
         let params = SamplingParams::default().temperature(0.5).min_p(0.3);
-        let d = rig.draws(&logits, &[5, 6], &params, 0..40, chunk);
+        let d = rig.draws_planned(&logits, &[5, 6], &params, 0..40, chunk, plan_radix);
         let probs = sample_probs_ref(&logits, 0.5, 0, 1.0, 0.3);
         assert!(d.tokens.iter().all(|&t| probs[t as usize] > 0.0), "n {n}: min-p");
+    }
+}
+
+/// The kernels of a plan, in order.
+fn kernels_of(launches: &[PlannedLaunch]) -> Vec<Kernel> {
+    launches.iter().map(|l| l.kernel).collect()
+}
+
+/// Every token drawn is one the reference keeps; only tokens[pos + 1] is
+/// written.
+fn assert_kept(d: &Draws, probs: &[f64], what: &str) {
+    for &t in &d.tokens {
+        assert!(probs[t as usize] > 0.0, "{what}: drew {t}, which the filters drop");
+    }
+    assert_eq!(&d.sequence[..2], &[5, 6], "{what}");
+    assert_eq!(&d.sequence[3..], &[POISON, POISON], "{what}: wrote past tokens[pos + 1]");
+}
+
+/// The two-launch top-k path keeps the reference's set (ties at the k-th
+/// place all kept, across chunks that could not list them all) and draws,
+/// seed for seed, the radix path's token (whose thresholds the test above
+/// checks against the reference), at vocabularies that are not a multiple
+/// of the chunk, k from 1 to SAMPLE_TOP_K_MAX, with top-p and min-p.
+#[test]
+fn top_k_path_draws_what_the_radix_path_draws() {
+    let rig = Rig::new();
+    let sets = [
+        (0.9, 1, 1.0, 0.0),
+        (0.9, 2, 1.0, 0.0),
+        (0.9, 3, 1.0, 0.0),
+        (0.9, 4, 1.0, 0.0),
+        (0.9, 17, 1.0, 0.0),
+        (0.6, 20, 0.95, 0.0),
+        (0.7, 50, 0.7, 0.0),
+        (0.7, 20, 1e-6, 0.0),
+        (1.0, 40, 1.0, 0.3),
+        (2.0, 100, 0.9, 0.0),
+        (0.8, SAMPLE_TOP_K_MAX, 0.5, 0.05),
+    ];
+    for (n, chunk) in [(777usize, 128u32), (1000, 256), (3001, 1024), (9000, 4096), (5000, 2048)] {
+        let logits = awkward_logits(n, n as u64);
+        for (t, k, p, min_p) in sets {
+            let params = SamplingParams::default().temperature(t).top_k(k).top_p(p).min_p(min_p);
+            let what = format!("n {n} chunk {chunk} {params:?}");
+            let fast = plan(&params, n as u32, 8, chunk);
+            assert_eq!(kernels_of(&fast), [Kernel::SampleTopk, Kernel::SampleTopkFinal], "{what}");
+            let d = rig.draws(&logits, &[5, 6], &params, 0..24, chunk);
+            let radix = rig.draws_planned(&logits, &[5, 6], &params, 0..24, chunk, plan_radix);
+            assert_kept(&d, &sample_probs_ref(&logits, t, k, p, min_p), &what);
+            assert_eq!(d.tokens, radix.tokens, "{what}: top-k path vs radix path");
+        }
+    }
+}
+
+/// Logits with fewer distinct values than k, and a top value tied across
+/// every chunk far more times than k: top-k keeps the whole tie group
+/// (chunks list only k of theirs), and the draws are uniform over it by a
+/// chi-square test (they would fall on the listed few otherwise).
+#[test]
+fn top_k_path_keeps_whole_tie_groups() {
+    let rig = Rig::new();
+    let n = 1000;
+    let logits: Vec<f32> = (0..n).map(|i| [0.0f32, 1.0, 0.5, 2.0, 0.0, 1.0, 0.5][i % 7]).collect();
+    for k in [5u32, 20, SAMPLE_TOP_K_MAX] {
+        let params = SamplingParams::default().temperature(0.8).top_k(k);
+        let what = format!("k {k}");
+        let d = rig.draws(&logits, &[5, 6], &params, 0..3000, 128);
+        let probs = sample_probs_ref(&logits, 0.8, k, 1.0, 0.0);
+        assert_kept(&d, &probs, &what);
+        let kept = probs.iter().filter(|&&p| p > 0.0).count();
+        assert_eq!(kept, n / 7 + 1, "{what}: the reference keeps the top group");
+        let (stat, df) = chi_square(&histogram(&d.tokens, n), &probs);
+        assert!(df >= 100, "{what}: {df} degrees of freedom");
+        assert!(stat < chi_square_critical_1e3(df), "{what}: chi-square {stat:.1} ({df} degrees of freedom)");
+        let radix = rig.draws_planned(&logits, &[5, 6], &params, 0..200, 128, plan_radix);
+        assert_eq!(&d.tokens[..200], &radix.tokens[..], "{what}: top-k path vs radix path");
+    }
+    // k greater than the number of distinct values (4): the k-th largest
+    // is a lower group, kept whole.
+    let few: Vec<f32> = (0..300).map(|i| (i % 4) as f32 * 0.25).collect();
+    let params = SamplingParams::default().temperature(0.5).top_k(100);
+    let d = rig.draws(&few, &[5, 6], &params, 0..400, 128);
+    let probs = sample_probs_ref(&few, 0.5, 100, 1.0, 0.0);
+    assert_eq!(probs.iter().filter(|&&p| p > 0.0).count(), 150);
+    assert_kept(&d, &probs, "few values");
+    let radix = rig.draws_planned(&few, &[5, 6], &params, 0..400, 128, plan_radix);
+    assert_eq!(d.tokens, radix.tokens, "few values: top-k path vs radix path");
+}
+
+/// SAMPLE_TOP_K_MAX takes the two-launch path, one more the radix path;
+/// top-k at or above the vocabulary is off (no filter launch); both
+/// boundaries draw kept tokens.
+#[test]
+fn top_k_path_boundary() {
+    let at = SamplingParams::default().temperature(0.9).top_k(SAMPLE_TOP_K_MAX);
+    let above = at.clone().top_k(SAMPLE_TOP_K_MAX + 1);
+    assert_eq!(kernels_of(&plan(&at, 3001, 8, 1024)), [Kernel::SampleTopk, Kernel::SampleTopkFinal]);
+    let radix = kernels_of(&plan(&above, 3001, 8, 1024));
+    assert_eq!(radix.iter().filter(|&&k| k == Kernel::SampleSelect).count(), 5, "{radix:?}");
+    assert!(!radix.contains(&Kernel::SampleTopk));
+    let off = kernels_of(&plan(&at, SAMPLE_TOP_K_MAX, 8, 1024));
+    assert_eq!(off, [Kernel::SampleSelect, Kernel::ArgmaxFinal], "top-k >= n is off");
+    let rig = Rig::new();
+    let logits = awkward_logits(3001, 5);
+    for params in [at, above] {
+        let d = rig.draws(&logits, &[5, 6], &params, 0..40, 1024);
+        assert_kept(&d, &sample_probs_ref(&logits, 0.9, params.top_k, 1.0, 0.0), &format!("{params:?}"));
     }
 }
 
@@ -283,6 +415,9 @@ fn sampled_distribution_matches_the_reference() {
         SamplingParams::default().temperature(0.8).top_k(12),
         SamplingParams::default().temperature(0.7).top_p(0.6),
         SamplingParams::default().temperature(1.0).top_k(30).top_p(0.7),
+        // Qwen3's generation_config.
+        SamplingParams::default().temperature(0.6).top_k(20).top_p(0.95),
+        SamplingParams::default().temperature(1.0).top_k(SAMPLE_TOP_K_MAX).min_p(0.02),
         SamplingParams::default().temperature(0.9).min_p(0.01),
         SamplingParams::default()
             .temperature(0.7)
@@ -294,6 +429,11 @@ fn sampled_distribution_matches_the_reference() {
         let draws = 2400;
         let seeds = 1000 * i as u64..1000 * i as u64 + draws;
         let d = rig.draws(&raw, &PROMPT, params, seeds.clone(), SAMPLE_CHUNK);
+        if params.top_k > 0 {
+            // The top-k path draws what the radix path draws, seed for seed.
+            let radix = rig.draws_planned(&raw, &PROMPT, params, seeds.clone(), SAMPLE_CHUNK, plan_radix);
+            assert_eq!(d.tokens, radix.tokens, "{params:?}: top-k path vs radix path");
+        }
         let window = &PROMPT[PROMPT.len().saturating_sub(params.penalty_window as usize)..];
         let logits = if params.has_penalties() {
             penalize_ref(

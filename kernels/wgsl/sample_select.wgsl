@@ -7,8 +7,8 @@
 // largest key; passes 0..k_passes) then top-p's (the largest key whose
 // mass from the top reaches p times the mass of the top-k set). Each
 // workgroup histograms the keys of its chunk that pass the earlier filter
-// and match the prefix chosen so far: counts, and for top-p the masses
-// exp((l - M) / T) in 64-bit fixed point (2^31 = the top token's), summed
+// and match the prefix chosen so far: for top-k counts, for top-p the
+// masses exp((l - M) / T) in 64-bit fixed point (2^31 = the top token's), summed
 // with integer atomics so the sums, and so the draws, are the same on
 // every run whatever the order. The next pass's workgroups each reduce
 // those per-chunk histograms redundantly (no single-workgroup launch in
@@ -251,12 +251,18 @@ fn sample_select(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
                 continue;
             }
             let b = (key >> shift) & (BINS - 1u);
-            atomicAdd(&h_count[b], 1u);
-            if !k_stage {
+            if k_stage {
+                atomicAdd(&h_count[b], 1u);
+            } else {
+                // Top-p's digits are chosen by mass alone: no counts, and
+                // a zero mass adds nothing (the histogram atomics
+                // serialise where keys share a bin).
                 let v = mass(l, m);
-                let old = atomicAdd(&h_lo[b], v);
-                if old > 0xffffffffu - v {
-                    atomicAdd(&h_hi[b], 1u);
+                if v != 0u {
+                    let old = atomicAdd(&h_lo[b], v);
+                    if old > 0xffffffffu - v {
+                        atomicAdd(&h_hi[b], 1u);
+                    }
                 }
             }
         }

@@ -128,14 +128,19 @@ pub const fn quant_padded(n: usize) -> usize {
 /// window in workgroup memory and compares each token with the others).
 pub const MAX_PENALTY_WINDOW: u32 = 1024;
 
+/// The largest top-k the sampler's two-launch path takes (its merge holds
+/// the top entries in workgroup memory, one per invocation).
+pub const SAMPLE_TOP_K_MAX: u32 = 128;
+
 /// The index sentinel of the argmax kernels: no candidate yet.
 pub const NONE: u32 = u32::MAX;
 
 /// The constants generated into the kernels: (name, value, why).
-const CONSTANTS: [(&str, u32, &str); 3] = [
+const CONSTANTS: [(&str, u32, &str); 4] = [
     ("MAX_HEAD_DIM", MAX_HEAD_DIM as u32, "largest head_dim (workgroup arrays)"),
     ("NONE", NONE, "argmax: no candidate yet"),
     ("MAX_PENALTY_WINDOW", MAX_PENALTY_WINDOW, "sampling: longest penalty window"),
+    ("SAMPLE_TOP_K_MAX", SAMPLE_TOP_K_MAX, "sampling: largest top-k of the two-launch path"),
 ];
 
 /// Whether `word` occurs in `text` as a whole identifier outside `//`

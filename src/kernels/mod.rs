@@ -20,7 +20,7 @@ pub mod norm_rope;
 mod pipelines;
 pub mod sample;
 
-pub use abi::{quant_padded, GpuStruct, Step, MAX_HEAD_DIM, MAX_PENALTY_WINDOW, NONE};
+pub use abi::{quant_padded, GpuStruct, Step, MAX_HEAD_DIM, MAX_PENALTY_WINDOW, NONE, SAMPLE_TOP_K_MAX};
 pub use argmax::{ArgmaxFinalParams, ArgmaxPartialParams, ARGMAX_CHUNK};
 pub use attention::{
     attention_prefill_source, AttentionConstants, AttentionVariant, HeadParams, ReduceParams,
@@ -43,7 +43,7 @@ pub use matvec::{
     SPLIT_K_MAX_ROWS, SPLIT_K_ROWS, SPLIT_K_WGS,
 };
 pub use pipelines::{Kernels, Pipeline};
-pub use sample::{SampleParams, SAMPLE_CHUNK};
+pub use sample::{SampleParams, TopkParams, SAMPLE_CHUNK};
 
 use abi::StructDef;
 
@@ -75,6 +75,14 @@ pub fn reduction_prelude(subgroups: bool) -> &'static str {
         include_str!("../../kernels/wgsl/prelude_workgroup.wgsl")
     }
 }
+
+/// What the merging sampler kernels share: the sampler's common WGSL and
+/// the merge ([`sample::SAMPLE_MERGE`]).
+const SAMPLE_MERGE_COMMON: &str = concat!(
+    include_str!("../../kernels/wgsl/sample_common.wgsl"),
+    "\n",
+    include_str!("../../kernels/wgsl/sample_merge.wgsl")
+);
 
 /// One compute kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,6 +119,14 @@ pub enum Kernel {
     SampleMax,
     /// One radix-select pass of the sampler's thresholds, or its draw.
     SampleSelect,
+    /// Each chunk's exact top-k candidates (the sampler's top-k path, and
+    /// the log-probabilities).
+    SampleTopk,
+    /// The top-k path's merge, filters and draw; writes the token and
+    /// advances the position.
+    SampleTopkFinal,
+    /// The log-probabilities of the step's distribution and token.
+    LogprobFinal,
 }
 
 /// The family of a kernel, with its variant.
@@ -123,6 +139,8 @@ pub enum Family {
     Embed,
     Argmax,
     Sample,
+    /// The sampler kernels that merge `sample_topk`'s candidates.
+    SampleMerge,
 }
 
 /// A kernel's row of the table.
@@ -167,7 +185,7 @@ macro_rules! row {
 
 /// The kernel table, in [`Kernel`] declaration order.
 #[rustfmt::skip]
-pub const TABLE: [KernelRow; 14] = {
+pub const TABLE: [KernelRow; 17] = {
     use Family as F;
     use {AttentionVariant as A, MatvecVariant as M};
     use {argmax as am, attention as at, embed as em, matvec as mv, norm_rope as nr, sample as sa};
@@ -186,6 +204,9 @@ pub const TABLE: [KernelRow; 14] = {
         row!(SamplePenalty, F::Sample, "sample_penalty", msl: no, sa::PENALTY_BINDINGS, WG, SampleParams),
         row!(SampleMax, F::Sample, "sample_max", msl: no, sa::MAX_BINDINGS, WG, SampleParams),
         row!(SampleSelect, F::Sample, "sample_select", msl: no, sa::SELECT_BINDINGS, WG, SampleParams),
+        row!(SampleTopk, F::Sample, "sample_topk", msl: no, sa::TOPK_BINDINGS, WG, TopkParams),
+        row!(SampleTopkFinal, F::SampleMerge, "sample_topk_final", msl: no, sa::TOPK_FINAL_BINDINGS, WG, TopkParams),
+        row!(LogprobFinal, F::SampleMerge, "logprob_final", msl: no, sa::LOGPROB_FINAL_BINDINGS, WG, TopkParams),
     ]
 };
 
@@ -224,8 +245,8 @@ impl Constants {
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 14] = {
-        let mut all = [Kernel::Int8MatvecAccumulate; 14];
+    pub const ALL: [Kernel; 17] = {
+        let mut all = [Kernel::Int8MatvecAccumulate; 17];
         let mut i = 0;
         while i < TABLE.len() {
             all[i] = TABLE[i].kernel;
@@ -341,6 +362,7 @@ impl Kernel {
             Family::Matvec(_) => matvec::INT8_COMMON,
             Family::Attention(_) => attention::ATTENTION_COMMON,
             Family::Sample => sample::SAMPLE_COMMON,
+            Family::SampleMerge => SAMPLE_MERGE_COMMON,
             _ => "",
         }
     }
