@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{mpsc, Arc};
 
+mod batch;
 mod diagnostics;
 mod feed;
 mod state;
@@ -22,6 +23,7 @@ use crate::gpu::Timestamps;
 use crate::gpu_weights::ModelGpu;
 use crate::qwen3::Forward;
 use crate::sampling::SamplingParams;
+pub use batch::{Batch, BatchOptions};
 pub use diagnostics::{LaunchTimes, StepTiming};
 pub use feed::FeedStatus;
 pub(crate) use state::restore;
@@ -108,14 +110,24 @@ pub struct Session {
     blocking_waits: u64,
     /// How tokens are chosen (the launches: `forward.choose`).
     sampling: SamplingParams,
+    /// The batch slot whose KV region this session's cache is (freed when
+    /// the session is dropped); `None`: buffers of its own.
+    kv_slot: Option<batch::SlotLease>,
 }
 
 impl Session {
     pub(crate) fn new(model: Arc<ModelGpu>, capacity: usize) -> Result<Self> {
+        Self::new_in(model, capacity, None)
+    }
+
+    /// A session whose KV cache is `kv_slot`'s region of a batch's pool
+    /// (or, without one, buffers of its own).
+    fn new_in(model: Arc<ModelGpu>, capacity: usize, kv_slot: Option<batch::SlotLease>) -> Result<Self> {
         let cfg = &model.config;
         let (bufs, forward) = model.gpu.scoped(
             || {
-                let bufs = SessionBuffers::new(&model.gpu, cfg, capacity)?;
+                let kv = kv_slot.as_ref().map(batch::SlotLease::region);
+                let bufs = SessionBuffers::new(&model.gpu, cfg, capacity, kv)?;
                 let forward = crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs);
                 Ok((bufs, forward))
             },
@@ -135,6 +147,7 @@ impl Session {
             feed_progress: None,
             blocking_waits: 0,
             sampling: SamplingParams::default(),
+            kv_slot,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)

@@ -1,0 +1,117 @@
+//! Batched decode across sessions (`Model::batch`, `Batch::step`): the
+//! greedy tokens of each session in a batch are exactly those it produces
+//! alone, whatever the other rows, their positions (one crossing the
+//! 256-position attention chunk while others stay within one), or who
+//! joins and leaves; bad input is a named error that changes nothing.
+
+use std::path::{Path, PathBuf};
+
+use qwen3_wgpu::{
+    AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, LoadOptions, MatvecLayout, Model, SamplingParams,
+    Session,
+};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name)
+}
+
+fn load(layout: MatvecLayout, name: &str) -> Model {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).matvec_layout(layout).build().unwrap();
+    engine.load(fixture(name), &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap()
+}
+
+/// `n` token ids below `vocab`, from a seed (a small LCG: varied prompts).
+fn ids(seed: u32, n: usize, vocab: u32) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+            (x >> 8) % vocab
+        })
+        .collect()
+}
+
+const CAPACITY: usize = 300;
+
+/// The greedy tokens of a session of `CAPACITY` positions fed `prompt`:
+/// the first, then `n - 1` more.
+fn alone(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = model.session_with_capacity(CAPACITY).unwrap();
+    let first = s.feed(prompt).unwrap();
+    std::iter::once(first).chain((1..n).map(|_| s.next_token().unwrap())).collect()
+}
+
+/// Steps `sessions` together, appending each one's token to its stream.
+fn step(batch: &mut Batch, sessions: &mut [(&mut Session, &mut Vec<u32>)]) {
+    let (mut ss, outs): (Vec<&mut Session>, Vec<&mut Vec<u32>>) =
+        sessions.iter_mut().map(|(s, o)| (&mut **s, &mut **o)).unzip();
+    let tokens = batch.step(&mut ss).unwrap();
+    assert_eq!(tokens.len(), outs.len());
+    for (out, t) in outs.into_iter().zip(tokens) {
+        out.push(t);
+    }
+}
+
+/// Three sessions at mixed prompt lengths: `a` starts at 250 positions and
+/// crosses the 256-position chunk while `b` and `c` stay within one; `c`
+/// joins late, `b` leaves early (its slot freed), `a` takes steps alone in
+/// between. Every stream equals the session decoded alone, and the streams
+/// differ from one another (so swapped rows or slots would show).
+fn batched_equals_alone(layout: MatvecLayout, name: &str) {
+    let model = load(layout, name);
+    let vocab = model.config().vocab_size as u32;
+    let (pa, pb, pc) = (ids(1, 250, vocab), ids(2, 5, vocab), ids(3, 40, vocab));
+    let n = 16;
+    let want = [alone(&model, &pa, n), alone(&model, &pb, n), alone(&model, &pc, n)];
+    assert!(want[0] != want[1] && want[1] != want[2] && want[0] != want[2], "{want:?}");
+
+    let mut batch = model.batch(&BatchOptions::default().slots(3).capacity_per_slot(CAPACITY)).unwrap();
+    let mut a = batch.session().unwrap();
+    let mut b = batch.session().unwrap();
+    let mut got_a = vec![a.feed(&pa).unwrap()];
+    let mut got_b = vec![b.feed(&pb).unwrap()];
+    for _ in 0..3 {
+        step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    }
+    // c joins; rows in another order.
+    let mut c = batch.session().unwrap();
+    let mut got_c = vec![c.feed(&pc).unwrap()];
+    for _ in 0..3 {
+        step(&mut batch, &mut [(&mut c, &mut got_c), (&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    }
+    // a alone between batch steps (its queued steps are discarded by the next batch step).
+    got_a.push(a.next_token().unwrap());
+    got_a.push(a.next_token().unwrap());
+    for _ in 0..2 {
+        step(&mut batch, &mut [(&mut b, &mut got_b), (&mut c, &mut got_c), (&mut a, &mut got_a)]);
+    }
+    // b leaves mid-way: its slot is free for another session.
+    while got_b.len() < n {
+        got_b.push(b.next_token().unwrap());
+    }
+    assert_eq!(got_b, want[1], "b");
+    drop(b);
+    assert_eq!(batch.free_slots(), 1);
+    let d = batch.session().unwrap();
+    drop(d);
+    while got_a.len() < n || got_c.len() < n {
+        match (got_a.len() < n, got_c.len() < n) {
+            (true, true) => step(&mut batch, &mut [(&mut a, &mut got_a), (&mut c, &mut got_c)]),
+            (true, false) => step(&mut batch, &mut [(&mut a, &mut got_a)]),
+            _ => step(&mut batch, &mut [(&mut c, &mut got_c)]),
+        }
+    }
+    assert!(a.len() > 256 && c.len() < 256, "a at {}, c at {}", a.len(), c.len());
+    assert_eq!(got_a, want[0], "a");
+    assert_eq!(got_c, want[2], "c");
+}
+
+#[test]
+fn batched_tokens_equal_each_session_alone_rows_per_team() {
+    batched_equals_alone(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+}
+
+#[test]
+fn batched_tokens_equal_each_session_alone_split_k_odd_dims() {
+    batched_equals_alone(MatvecLayout::SplitK, "odd_dims");
+}
