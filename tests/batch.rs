@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use qwen3_wgpu::{
-    AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, LoadOptions, MatvecLayout, Model, SamplingParams,
-    Session,
+    AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, Error, FeedStatus, LoadOptions, MatvecLayout, Model,
+    SamplingParams, Session,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -114,4 +114,80 @@ fn batched_tokens_equal_each_session_alone_rows_per_team() {
 #[test]
 fn batched_tokens_equal_each_session_alone_split_k_odd_dims() {
     batched_equals_alone(MatvecLayout::SplitK, "odd_dims");
+}
+
+/// The greedy tokens of a session of `capacity` positions fed `prompt`.
+fn alone_with(model: &Model, capacity: usize, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = model.session_with_capacity(capacity).unwrap();
+    let first = s.feed(prompt).unwrap();
+    std::iter::once(first).chain((1..n).map(|_| s.next_token().unwrap())).collect()
+}
+
+fn err<T>(r: Result<T, Error>) -> Error {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
+fn assert_invalid(e: Error, name: &str) {
+    assert_eq!(e.code(), "invalid_argument", "{e}");
+    assert!(matches!(&e, Error::InvalidArgument { name: n, .. } if n == name), "{e:?} should name {name}");
+}
+
+/// Bad options and bad steps are named errors, before anything runs: the
+/// sessions are left as they were and go on decoding their own tokens.
+#[test]
+fn bad_batches_and_bad_steps_are_named_errors_that_change_nothing() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let options = |slots, capacity| BatchOptions::default().slots(slots).capacity_per_slot(capacity);
+    assert_invalid(model.batch(&options(0, 8)).unwrap_err(), "slots");
+    assert_invalid(model.batch(&options(usize::MAX / 2, 8)).unwrap_err(), "slots");
+    assert_eq!(model.batch(&options(1, 0)).unwrap_err().code(), "context_overflow");
+    assert_eq!(model.batch(&options(1, 4097)).unwrap_err().code(), "context_overflow");
+
+    let capacity = 8;
+    let mut batch = model.batch(&options(2, capacity)).unwrap();
+    let mut a = batch.session().unwrap();
+    let mut b = batch.session().unwrap();
+    assert_invalid(err(batch.session()), "batch");
+    assert_invalid(batch.step(&mut []).unwrap_err(), "sessions");
+    assert_eq!(batch.step(&mut [&mut a]).unwrap_err().code(), "no_pending_token");
+    let prompt = [11u32, 22, 33];
+    let want = alone_with(&model, capacity, &prompt, capacity - prompt.len() + 1);
+    let mut got = vec![a.feed(&prompt).unwrap()];
+    b.feed(&[5, 6]).unwrap();
+
+    // Sessions that hold no slot of this batch: a plain one, one of another
+    // batch of the same model, one of another model's batch.
+    let mut plain = model.session_with_capacity(capacity).unwrap();
+    plain.feed(&[1]).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut plain]).unwrap_err(), "sessions");
+    let other_batch = model.batch(&options(1, capacity)).unwrap();
+    let mut stranger = other_batch.session().unwrap();
+    stranger.feed(&[1]).unwrap();
+    assert_invalid(batch.step(&mut [&mut stranger, &mut a]).unwrap_err(), "sessions");
+    let other_model = load(MatvecLayout::RowsPerTeam, "mqa_hd64");
+    let other_model_batch = other_model.batch(&options(1, capacity)).unwrap();
+    let mut foreign = other_model_batch.session().unwrap();
+    foreign.feed(&[1]).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut foreign]).unwrap_err(), "sessions");
+
+    // A sampling session, and one in the middle of a non-blocking feed.
+    b.set_sampling(&SamplingParams::default().temperature(0.7).seed(3)).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut b]).unwrap_err(), "sampling");
+    b.set_sampling(&SamplingParams::default()).unwrap();
+    b.begin_feed(&[7]).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut b]).unwrap_err(), "session");
+    while !matches!(b.poll_feed().unwrap(), FeedStatus::Ready(_)) {}
+
+    // Nothing changed: `a` decodes its own tokens up to its capacity, then
+    // a step is context_overflow (and `b` still steps).
+    assert_eq!(a.len(), prompt.len());
+    while a.len() < capacity {
+        got.push(batch.step(&mut [&mut a]).unwrap()[0]);
+    }
+    assert_eq!(got, want);
+    assert_eq!(batch.step(&mut [&mut b, &mut a]).unwrap_err().code(), "context_overflow");
+    assert_eq!(batch.step(&mut [&mut b]).unwrap().len(), 1);
 }

@@ -132,6 +132,16 @@ pub struct Batch {
     readback: wgpu::Buffer,
 }
 
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("slots", &self.slots)
+            .field("free_slots", &self.free_slots())
+            .field("capacity_per_slot", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Batch {
     pub(crate) fn new(model: Arc<ModelGpu>, options: &BatchOptions) -> Result<Self> {
         let cfg = &model.config;
