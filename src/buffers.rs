@@ -122,7 +122,12 @@ impl SessionBuffers {
         let rows = |n: usize| batch * padded(n);
         let kv = kv.unwrap_or_else(|| {
             let own = |label| (0..cfg.num_hidden_layers).map(|_| f(label, kv_words(cfg, capacity))).collect();
-            KvRegion { k: own("k_cache"), v: own("v_cache"), offset: 0, bytes: 4 * kv_words(cfg, capacity) as u64 }
+            KvRegion {
+                k: own("k_cache"),
+                v: own("v_cache"),
+                offset: 0,
+                bytes: 4 * kv_words(cfg, capacity) as u64,
+            }
         });
         let parts = sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK);
         Ok(SessionBuffers {

@@ -28,13 +28,13 @@ use bytemuck::bytes_of;
 pub use crate::buffers::rope_table;
 use crate::buffers::{padded, SessionBuffers};
 use crate::config::ModelConfig;
+use crate::error::Result;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
-use crate::error::Result;
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
 use crate::kernels::{
-    grid, EmbedParams, ARGMAX_CHUNK, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ATTENTION_CHUNK,
-    MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
+    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ARGMAX_CHUNK,
+    ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
 };
 use crate::sampling::SamplingParams;
 
@@ -208,9 +208,12 @@ pub fn batch_forward(
     use Matvec::{Accumulate, Normed, NormedSwiglu};
     let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
     let matvec = |w: &GpuMatrix, x, y, what: Matvec<'_>, stride| {
-        b.matvec_strided(w, x, y, what, stride).into_iter().map(|(launch, shape)| RowLaunch::Matvec { launch, shape })
+        b.matvec_strided(w, x, y, what, stride)
+            .into_iter()
+            .map(|(launch, shape)| RowLaunch::Matvec { launch, shape })
     };
-    let mut launches: Vec<RowLaunch> = b.embed(&weights.embed, embed_step).into_iter().map(RowLaunch::Grid).collect();
+    let mut launches: Vec<RowLaunch> =
+        b.embed(&weights.embed, embed_step).into_iter().map(RowLaunch::Grid).collect();
     let out_stride = padded(cfg.q_dim()) as u32;
     for (l, layer) in weights.layers.iter().enumerate() {
         let norms = &layer.qk_norm;
@@ -344,13 +347,8 @@ impl Builder<'_> {
                     row_start: c.row_start as u32,
                     row_end: (c.row_start + c.rows) as u32,
                 };
-                let bufs = [
-                    whole(step),
-                    whole(&s.tokens),
-                    table.data_range(c),
-                    table.scales_range(c),
-                    whole(&s.x),
-                ];
+                let bufs =
+                    [whole(step), whole(&s.tokens), table.data_range(c), table.scales_range(c), whole(&s.x)];
                 self.launch(
                     Kernel::EmbedLookup,
                     bytes_of(&p),

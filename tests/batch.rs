@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use qwen3_wgpu::{
-    AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, Error, FeedStatus, LoadOptions, MatvecLayout, Model,
-    SamplingParams, Session,
+    AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, Error, FeedStatus, LoadOptions, MatvecLayout,
+    Model, SamplingParams, Session,
 };
 
 fn fixture(name: &str) -> PathBuf {

@@ -110,8 +110,11 @@ impl AttentionConstants {
     /// As (WGSL name, value) pairs.
     pub fn render(&self) -> Vec<(&'static str, f64)> {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
-        let mut c =
-            vec![("WG", WG as f64), ("FUSED", flag(self.variant.fused)), ("DIRECT", flag(self.variant.direct))];
+        let mut c = vec![
+            ("WG", WG as f64),
+            ("FUSED", flag(self.variant.fused)),
+            ("DIRECT", flag(self.variant.direct)),
+        ];
         if let Some(stride) = self.rows_out_stride {
             c.extend([("ROWS", 1.0), ("OUT_STRIDE", stride as f64)]);
         }

@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use super::choice::{msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfChecker};
 use super::compile::{bind_group_layout, build, Code};
 use super::{
-    attention_prefill_source, AttentionConstants, Constants, Kernel, MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit,
-    MATMUL_MSL_WG,
+    attention_prefill_source, AttentionConstants, Constants, Kernel, MatvecConstants, MatvecLayout,
+    MatvecShape, MatvecSplit, MATMUL_MSL_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -288,13 +288,18 @@ impl Kernels {
         if self.source == KernelSource::Msl {
             return None;
         }
-        let constants =
-            MatvecConstants { shape: Some(shape), decode_rows: rows, ..MatvecConstants::decode(variant, split) };
+        let constants = MatvecConstants {
+            shape: Some(shape),
+            decode_rows: rows,
+            ..MatvecConstants::decode(variant, split)
+        };
         let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
         match self.pipeline(gpu, key) {
             Ok(p) => Some(p),
             Err(e) => {
-                log::warn!("the {rows}-row {kernel:?} for {shape:?} failed to build ({e}); rows run one per grid z");
+                log::warn!(
+                    "the {rows}-row {kernel:?} for {shape:?} failed to build ({e}); rows run one per grid z"
+                );
                 None
             }
         }

@@ -75,7 +75,12 @@ impl SlotLease {
     /// Where the slot's cache lies.
     pub(crate) fn region(&self) -> KvRegion {
         let p = &self.pool;
-        KvRegion { k: p.k.clone(), v: p.v.clone(), offset: self.slot as u64 * p.region_bytes, bytes: p.region_bytes }
+        KvRegion {
+            k: p.k.clone(),
+            v: p.v.clone(),
+            offset: self.slot as u64 * p.region_bytes,
+            bytes: p.region_bytes,
+        }
     }
 }
 
@@ -157,15 +162,16 @@ impl Batch {
         let region_bytes = kv_region_bytes(cfg, capacity);
         let limits = gpu.device.limits();
         let limit = limits.max_buffer_size.min(limits.max_storage_buffer_binding_size as u64);
-        let pool_bytes = (slots as u64).checked_mul(region_bytes).filter(|&b| b <= limit).ok_or_else(|| {
-            Error::invalid_argument(
-                "slots",
-                format!(
-                    "{slots} slots of {capacity} positions need {region_bytes} bytes each per layer, \
+        let pool_bytes =
+            (slots as u64).checked_mul(region_bytes).filter(|&b| b <= limit).ok_or_else(|| {
+                Error::invalid_argument(
+                    "slots",
+                    format!(
+                        "{slots} slots of {capacity} positions need {region_bytes} bytes each per layer, \
                      past the device's largest storage binding ({limit} bytes)"
-                ),
-            )
-        })?;
+                    ),
+                )
+            })?;
         let built = gpu.scoped(
             || {
                 let layer = |label| -> Vec<wgpu::Buffer> {
@@ -304,10 +310,13 @@ impl Batch {
         let chunk = ATTENTION_CHUNK as usize;
         let short = sessions.iter().any(|s| s.len < chunk);
         let long = sessions.iter().any(|s| s.len >= chunk);
-        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
+        let mut enc =
+            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
         {
-            let mut pass = enc
-                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("batch step"), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("batch step"),
+                timestamp_writes: None,
+            });
             self.forward.record(&mut pass, &gpu, &self.model.kernels, n as u32, short, long);
         }
         // Each row's token where its session's next step reads it.
@@ -337,11 +346,15 @@ impl Batch {
                 tokens
             }
             Ok(Err(e)) => return Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
-            Err(_) => return Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() }),
+            Err(_) => {
+                return Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() })
+            }
         };
         let vocab = self.model.config.vocab_size;
         if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::GpuDeviceFailed { reason: format!("argmax returned {bad} (non-finite logits?)") });
+            return Err(Error::GpuDeviceFailed {
+                reason: format!("argmax returned {bad} (non-finite logits?)"),
+            });
         }
         for (s, &token) in sessions.iter_mut().zip(&out) {
             s.len += 1;
