@@ -481,3 +481,51 @@ fn group_size_reaches_the_kernels() {
         assert!(k.wgsl().contains("override GROUP_WORDS"));
     }
 }
+
+/// The decode matvec over a batch of sessions' rows (`DECODE_ROWS`: each
+/// workgroup runs every row in turn, grid z = 1) matches the CPU reference
+/// and, bit for bit, the one-token decode pipeline run with row z in grid
+/// z (what each session runs alone), in every split and epilogue, at rows
+/// and K that are not multiples of a team or workgroup.
+#[test]
+fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
+    let gpu = gpu();
+    let mut seed = 500;
+    for sub in variants(&gpu) {
+        for &(rows, cols, n) in &[(6usize, 96usize, 3usize), (66, 1000, 5)] {
+            let groups = usize::div_ceil(cols, QUANT_GROUP);
+            let shape = MatvecShape {
+                rows: rows as u32,
+                k_words: (groups * QUANT_GROUP / 4) as u32,
+                groups: groups as u32,
+                n_in: cols as u32,
+            };
+            let splits = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK].into_iter().flat_map(|l| l.splits());
+            for split in splits {
+                for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+                    seed += 1;
+                    let one = move |k: Kernel| {
+                        let mut c = k.split_constants(split);
+                        c.extend(shape.constants());
+                        c
+                    };
+                    let all_rows = move |k: Kernel| {
+                        let mut c = one(k);
+                        c.push(("DECODE_ROWS", n as f64));
+                        c
+                    };
+                    let rpw = split.rows_per_wg;
+                    let alone = matvec_case(&wgsl_run(&gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
+                    let batched =
+                        matvec_case(&wgsl_run(&gpu, sub, all_rows), kernel, rpw, n, rows, cols, n, seed);
+                    let what = format!("{kernel:?} {split:?} {rows}x{cols} rows {n} sub={sub}");
+                    assert_matvec(&what, &batched);
+                    for (z, (a, b)) in alone.iter().zip(&batched).enumerate() {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&a.0), bits(&b.0), "{what}: row {z} differs from its one-token run");
+                    }
+                }
+            }
+        }
+    }
+}
