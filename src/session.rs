@@ -113,6 +113,9 @@ pub struct Session {
     /// The batch slot whose KV region this session's cache is (freed when
     /// the session is dropped); `None`: buffers of its own.
     kv_slot: Option<batch::SlotLease>,
+    /// Feeds and truncations so far: a batch step queued ahead for this
+    /// session serves only while this is unchanged.
+    edits: u64,
 }
 
 impl Session {
@@ -148,6 +151,7 @@ impl Session {
             blocking_waits: 0,
             sampling: SamplingParams::default(),
             kv_slot,
+            edits: 0,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -271,6 +275,7 @@ impl Session {
         let ids = &ids[..];
         self.check_room(ids.len())?;
         self.discard_queued()?;
+        self.edits += 1;
         let gpu = self.model.gpu.clone();
         gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(ids));
         let end = self.len + ids.len();
@@ -324,6 +329,7 @@ impl Session {
             ));
         }
         self.discard_queued()?;
+        self.edits += 1;
         self.len = len;
         self.pending = None;
         self.reset_gpu_position();

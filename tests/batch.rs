@@ -191,3 +191,39 @@ fn bad_batches_and_bad_steps_are_named_errors_that_change_nothing() {
     assert_eq!(batch.step(&mut [&mut b, &mut a]).unwrap_err().code(), "context_overflow");
     assert_eq!(batch.step(&mut [&mut b]).unwrap().len(), 1);
 }
+
+/// A step the batch queued ahead is dropped when a session's context
+/// changed since, even where its length and pending token are back to what
+/// the queued step expects (a truncation and a different token fed whose
+/// prediction is the same): the next step follows the new context.
+#[test]
+fn a_step_queued_ahead_is_dropped_when_the_context_changed() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(1).capacity_per_slot(64)).unwrap();
+    let mut a = batch.session().unwrap();
+    a.feed(&ids(7, 6, vocab)).unwrap();
+    batch.step(&mut [&mut a]).unwrap();
+    batch.step(&mut [&mut a]).unwrap(); // the next one is queued ahead
+    let (len, pending) = (a.len(), a.pending().unwrap());
+    let context = a.tokens().unwrap();
+    // Another last token with the same prediction.
+    let mut probe = model.session_with_capacity(64).unwrap();
+    probe.feed(&context[..len - 1]).unwrap();
+    let other = (0..vocab)
+        .filter(|&x| x != context[len - 1])
+        .find(|&x| {
+            probe.truncate(len - 1).unwrap();
+            probe.feed(&[x]).unwrap() == pending
+        })
+        .expect("a token with the same prediction");
+    a.truncate(len - 1).unwrap();
+    assert_eq!(a.feed(&[other]).unwrap(), pending);
+    assert_eq!(a.len(), len);
+    let got: Vec<u32> = (0..4).map(|_| batch.step(&mut [&mut a]).unwrap()[0]).collect();
+    let mut edited = context[..len - 1].to_vec();
+    edited.push(other);
+    let want = alone_with(&model, 64, &edited, 5);
+    assert_eq!(want[0], pending);
+    assert_eq!(got, want[1..]);
+}

@@ -500,7 +500,8 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                 groups: groups as u32,
                 n_in: cols as u32,
             };
-            let splits = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK].into_iter().flat_map(|l| l.splits());
+            let splits =
+                [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK].into_iter().flat_map(|l| l.splits());
             for split in splits {
                 for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
                     seed += 1;

@@ -133,8 +133,26 @@ pub struct Batch {
     /// `{pos: 1, fill_end: 0}`.
     embed_step: wgpu::Buffer,
     forward: BatchForward,
-    /// The rows' tokens, read back after each step.
-    readback: wgpu::Buffer,
+    /// The rows' tokens, read back after each step: two, for the step
+    /// waited on and the one queued behind it.
+    readbacks: [wgpu::Buffer; 2],
+    /// The step submitted ahead of the caller for the sessions of the last
+    /// call, one position on (see [`Batch::step`]).
+    ahead: Option<InFlightStep>,
+}
+
+/// What a session must hold for a step to be its next one: (slot, feeds
+/// and truncations, length, pending token).
+type RowKey = (usize, u64, usize, Option<u32>);
+
+/// A batch step on the GPU.
+struct InFlightStep {
+    /// Per row, its session's [`RowKey`]. The pending token of a step
+    /// queued ahead is known once the step before it is read back.
+    rows: Vec<RowKey>,
+    readback: usize,
+    submission: wgpu::SubmissionIndex,
+    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -205,7 +223,8 @@ impl Batch {
             rows,
             embed_step,
             forward,
-            readback: gpu.readback("batch tokens", 4 * slots),
+            readbacks: [gpu.readback("batch tokens", 4 * slots), gpu.readback("batch tokens", 4 * slots)],
+            ahead: None,
             model,
         })
     }
@@ -229,7 +248,8 @@ impl Batch {
     /// rows' activations and scratch, launch parameters), bytes. Its
     /// sessions' own buffers come on top ([`Session::buffer_bytes`]).
     pub fn buffer_bytes(&self) -> u64 {
-        let extra = [&self.rows, &self.embed_step, &self.readback].iter().map(|b| b.size()).sum::<u64>();
+        let [r0, r1] = &self.readbacks;
+        let extra = [&self.rows, &self.embed_step, r0, r1].iter().map(|b| b.size()).sum::<u64>();
         self.bufs.bytes() + self.forward.uniform_bytes + extra
     }
 
@@ -292,24 +312,83 @@ impl Batch {
             // step (its arithmetic is that of the pipelines it runs alone).
             return sessions.iter_mut().map(|s| s.next_token()).collect();
         }
+        let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
+        // The step queued ahead by the last call serves when the sessions
+        // are those it ran for, in the same order and state; otherwise it
+        // is dropped (what it wrote lies past each session's length).
+        let current = match self.ahead.take() {
+            Some(ahead) if ahead.rows == rows => ahead,
+            other => {
+                if let Some(stale) = other {
+                    self.wait(&stale)?;
+                    self.readbacks[stale.readback].unmap();
+                }
+                for s in sessions.iter_mut() {
+                    s.discard_queued()?;
+                }
+                let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
+                self.submit(sessions, 0, Some(&pending), 0)
+            }
+        };
+        // Steps a session queued alone since are discarded (they ran after
+        // the batch's and wrote the same values).
         for s in sessions.iter_mut() {
             s.discard_queued()?;
         }
-        let n = sessions.len();
-        let gpu = self.model.gpu.clone();
-        let mut rows = Vec::with_capacity(2 * n);
-        let mut tokens = vec![0u32];
-        for s in sessions.iter() {
-            let slot = s.kv_slot.as_ref().map_or(0, |l| l.slot) as u64;
-            rows.extend([s.len as u32, (slot * self.pool.region_bytes / 16) as u32]);
-            tokens.push(s.pending.ok_or(Error::NoPendingToken)?);
+        // The next step for the same sessions, queued before waiting: the
+        // GPU runs it while the host handles this one's tokens. Its inputs
+        // are this step's tokens, already on the GPU.
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        let next = room.then(|| self.submit(sessions, 1, None, 1 - current.readback));
+        let out = self.wait(&current).and_then(|()| self.read_tokens(current.readback, sessions.len()));
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                self.ahead = None;
+                return Err(e);
+            }
+        };
+        for (s, &token) in sessions.iter_mut().zip(&out) {
+            s.len += 1;
+            s.pending = Some(token);
+            s.reset_gpu_position();
         }
+        self.ahead = next.map(|mut next| {
+            for (row, s) in next.rows.iter_mut().zip(sessions.iter()) {
+                row.3 = s.pending;
+            }
+            next
+        });
+        Ok(out)
+    }
+
+    /// Submits one step of `sessions` at their lengths plus `offset`, each
+    /// row's input token from `tokens` (or, without, the previous step's
+    /// on the GPU), its token copied to its session's token sequence and to
+    /// readback buffer `readback`.
+    fn submit(
+        &self,
+        sessions: &[&mut Session],
+        offset: usize,
+        tokens: Option<&[u32]>,
+        readback: usize,
+    ) -> InFlightStep {
+        let n = sessions.len();
+        let gpu = &self.model.gpu;
+        let mut rows = Vec::with_capacity(2 * n);
+        for s in sessions {
+            let slot = s.kv_slot.as_ref().map_or(0, |l| l.slot) as u64;
+            rows.extend([(s.len + offset) as u32, (slot * self.pool.region_bytes / 16) as u32]);
+        }
+        // Written before the submit, after the submits before it (queue order).
         gpu.queue.write_buffer(&self.rows, 0, bytemuck::cast_slice(&rows));
-        gpu.queue.write_buffer(&self.bufs.tokens, 0, bytemuck::cast_slice(&tokens));
+        if let Some(tokens) = tokens {
+            gpu.queue.write_buffer(&self.bufs.tokens, 4, bytemuck::cast_slice(tokens));
+        }
         gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&[0u32, 0]));
         let chunk = ATTENTION_CHUNK as usize;
-        let short = sessions.iter().any(|s| s.len < chunk);
-        let long = sessions.iter().any(|s| s.len >= chunk);
+        let short = sessions.iter().any(|s| s.len + offset < chunk);
+        let long = sessions.iter().any(|s| s.len + offset >= chunk);
         let mut enc =
             gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
         {
@@ -317,50 +396,62 @@ impl Batch {
                 label: Some("batch step"),
                 timestamp_writes: None,
             });
-            self.forward.record(&mut pass, &gpu, &self.model.kernels, n as u32, short, long);
+            self.forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long);
         }
         // Each row's token where its session's next step reads it.
         for (z, s) in sessions.iter().enumerate() {
-            let at = 4 * (s.len as u64 + 1);
+            let at = 4 * (s.len + offset + 1) as u64;
             enc.copy_buffer_to_buffer(&self.bufs.tokens, 4 * (1 + z as u64), &s.bufs.tokens, at, 4);
         }
-        enc.copy_buffer_to_buffer(&self.bufs.tokens, 4, &self.readback, 0, 4 * n as u64);
+        let buf = &self.readbacks[readback];
+        enc.copy_buffer_to_buffer(&self.bufs.tokens, 4, buf, 0, 4 * n as u64);
         let submission = gpu.queue.submit([enc.finish()]);
         let (tx, mapped) = mpsc::channel();
-        self.readback.slice(..4 * n as u64).map_async(wgpu::MapMode::Read, move |r| {
+        buf.slice(..4 * n as u64).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        let wait = wgpu::PollType::Wait { submission_index: Some(submission), timeout: None };
+        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
+        InFlightStep { rows, readback, submission, mapped }
+    }
+
+    /// Waits until `step`'s tokens are mapped.
+    fn wait(&self, step: &InFlightStep) -> Result<()> {
+        let gpu = &self.model.gpu;
+        let wait = wgpu::PollType::Wait { submission_index: Some(step.submission.clone()), timeout: None };
         gpu.device.poll(wait).map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
         gpu.check_fault()?;
-        let out: Vec<u32> = match mapped.try_recv() {
-            Ok(Ok(())) => {
-                let view = self
-                    .readback
-                    .slice(..4 * n as u64)
-                    .get_mapped_range()
-                    .map_err(|e| Error::GpuDeviceFailed { reason: format!("reading back: {e}") })?;
-                let tokens = bytemuck::cast_slice(&view).to_vec();
-                drop(view);
-                self.readback.unmap();
-                tokens
-            }
-            Ok(Err(e)) => return Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
-            Err(_) => {
-                return Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() })
-            }
+        match step.mapped.try_recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
+            Err(_) => Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() }),
+        }
+    }
+
+    /// The `n` tokens of mapped readback buffer `readback` (then unmapped),
+    /// checked against the vocabulary.
+    fn read_tokens(&self, readback: usize, n: usize) -> Result<Vec<u32>> {
+        let buf = &self.readbacks[readback];
+        let out: Vec<u32> = {
+            let view = buf
+                .slice(..4 * n as u64)
+                .get_mapped_range()
+                .map_err(|e| Error::GpuDeviceFailed { reason: format!("reading back: {e}") })?;
+            bytemuck::cast_slice(&view).to_vec()
         };
+        buf.unmap();
         let vocab = self.model.config.vocab_size;
         if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::GpuDeviceFailed {
                 reason: format!("argmax returned {bad} (non-finite logits?)"),
             });
         }
-        for (s, &token) in sessions.iter_mut().zip(&out) {
-            s.len += 1;
-            s.pending = Some(token);
-            s.reset_gpu_position();
-        }
         Ok(out)
     }
+}
+
+/// `s`'s key as a step `offset` positions on from now finds it (the pending
+/// token of a later step is not known yet).
+fn row_key(s: &Session, offset: usize) -> RowKey {
+    let slot = s.kv_slot.as_ref().map_or(0, |l| l.slot);
+    (slot, s.edits, s.len + offset, if offset == 0 { s.pending } else { None })
 }
