@@ -227,3 +227,36 @@ fn a_step_queued_ahead_is_dropped_when_the_context_changed() {
     assert_eq!(want[0], pending);
     assert_eq!(got, want[1..]);
 }
+
+/// A session of a batch works alone like any other: fork, save and
+/// restore read its own slot's region of the pool (here not the first
+/// slot, whose region holds another session's context), and its forks and
+/// restored copies continue as it does.
+#[test]
+fn fork_save_and_restore_of_a_batch_session_use_its_own_region() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(2).capacity_per_slot(64)).unwrap();
+    let mut first = batch.session().unwrap();
+    let mut second = batch.session().unwrap();
+    first.feed(&ids(11, 20, vocab)).unwrap();
+    second.feed(&ids(12, 9, vocab)).unwrap();
+    batch.step(&mut [&mut first, &mut second]).unwrap();
+    let context = second.tokens().unwrap();
+    let want = alone_with(&model, 64, &context, 5);
+    assert_eq!(want[0], second.pending().unwrap());
+
+    let mut fork = second.fork().unwrap();
+    let forked: Vec<u32> = (1..5).map(|_| fork.next_token().unwrap()).collect();
+    assert_eq!(forked, want[1..]);
+    let dir = std::env::temp_dir().join(format!("qwen3-wgpu-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("second.session");
+    second.save(&path).unwrap();
+    let mut restored = model.restore_session(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let again: Vec<u32> = (1..5).map(|_| restored.next_token().unwrap()).collect();
+    assert_eq!(again, want[1..]);
+    let own: Vec<u32> = (1..5).map(|_| batch.step(&mut [&mut second]).unwrap()[0]).collect();
+    assert_eq!(own, want[1..]);
+}
