@@ -179,7 +179,7 @@ impl Batch {
         }
         let region_bytes = kv_region_bytes(cfg, capacity);
         let limits = gpu.device.limits();
-        let limit = limits.max_buffer_size.min(limits.max_storage_buffer_binding_size as u64);
+        let limit = limits.max_buffer_size.min(limits.max_storage_buffer_binding_size);
         let pool_bytes =
             (slots as u64).checked_mul(region_bytes).filter(|&b| b <= limit).ok_or_else(|| {
                 Error::invalid_argument(
