@@ -260,3 +260,27 @@ fn fork_save_and_restore_of_a_batch_session_use_its_own_region() {
     let own: Vec<u32> = (1..5).map(|_| batch.step(&mut [&mut second]).unwrap()[0]).collect();
     assert_eq!(own, want[1..]);
 }
+
+/// A step queued ahead for a session that is then dropped never serves the
+/// session that takes its slot next, even one fed the very same context
+/// (same length, pending token and feed count): the new session's own
+/// token sequence gets its tokens, so it goes on alone as it should.
+#[test]
+fn a_step_queued_for_a_dropped_session_never_serves_the_next_in_its_slot() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(1).capacity_per_slot(64)).unwrap();
+    let mut a = batch.session().unwrap();
+    a.feed(&ids(21, 10, vocab)).unwrap();
+    batch.step(&mut [&mut a]).unwrap();
+    batch.step(&mut [&mut a]).unwrap(); // the next one is queued ahead
+    let context = a.tokens().unwrap();
+    let len = a.len();
+    drop(a);
+    let mut b = batch.session().unwrap();
+    b.feed(&context[..len]).unwrap();
+    let want = alone_with(&model, 64, &context[..len], 5);
+    let mut got = vec![b.pending().unwrap(), batch.step(&mut [&mut b]).unwrap()[0]];
+    got.extend((0..3).map(|_| b.next_token().unwrap()));
+    assert_eq!(got, want);
+}

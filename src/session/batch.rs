@@ -6,6 +6,7 @@
 //! its own greedy token, the very token it would get stepping alone (each
 //! row runs its session's one-token arithmetic).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use super::Session;
@@ -62,6 +63,9 @@ struct KvPool {
     /// Bytes of one slot's region (a multiple of 256: a binding offset).
     region_bytes: u64,
     free: Mutex<Vec<usize>>,
+    /// Leases handed out so far (each lease's number: a session's identity
+    /// in the batch, never reused, unlike its slot).
+    leases: AtomicU64,
 }
 
 /// A session's hold on one slot of a batch's KV pool, given back when the
@@ -69,6 +73,8 @@ struct KvPool {
 pub(crate) struct SlotLease {
     pool: Arc<KvPool>,
     slot: usize,
+    /// This lease's number in its pool.
+    number: u64,
 }
 
 impl SlotLease {
@@ -141,9 +147,10 @@ pub struct Batch {
     ahead: Option<InFlightStep>,
 }
 
-/// What a session must hold for a step to be its next one: (slot, feeds
-/// and truncations, length, pending token).
-type RowKey = (usize, u64, usize, Option<u32>);
+/// What a session must hold for a step to be its next one: (its lease's
+/// number, feeds and truncations, length, pending token). The lease, not
+/// the slot: a slot freed and taken again holds another session.
+type RowKey = (u64, u64, usize, Option<u32>);
 
 /// A batch step on the GPU.
 struct InFlightStep {
@@ -216,7 +223,7 @@ impl Batch {
         let (k, v, bufs, rows, embed_step, forward) = built;
         let free = Mutex::new((0..slots).rev().collect());
         Ok(Batch {
-            pool: Arc::new(KvPool { k, v, region_bytes, free }),
+            pool: Arc::new(KvPool { k, v, region_bytes, free, leases: AtomicU64::new(0) }),
             slots,
             capacity,
             bufs,
@@ -265,7 +272,8 @@ impl Batch {
                 format!("all {} slots hold sessions: drop one to free its slot", self.slots),
             )
         })?;
-        let lease = SlotLease { pool: self.pool.clone(), slot };
+        let number = self.pool.leases.fetch_add(1, Ordering::Relaxed);
+        let lease = SlotLease { pool: self.pool.clone(), slot, number };
         Session::new_in(self.model.clone(), self.capacity, Some(lease))
     }
 
@@ -452,6 +460,6 @@ impl Batch {
 /// `s`'s key as a step `offset` positions on from now finds it (the pending
 /// token of a later step is not known yet).
 fn row_key(s: &Session, offset: usize) -> RowKey {
-    let slot = s.kv_slot.as_ref().map_or(0, |l| l.slot);
-    (slot, s.edits, s.len + offset, if offset == 0 { s.pending } else { None })
+    let lease = s.kv_slot.as_ref().map_or(u64::MAX, |l| l.number);
+    (lease, s.edits, s.len + offset, if offset == 0 { s.pending } else { None })
 }
