@@ -193,7 +193,7 @@ impl BatchForward {
 }
 
 /// Builds the launches of a batch step over the batch's buffers `s`
-/// ([`SessionBuffers::for_rows`]): `rows` holds each row's position and KV
+/// (`SessionBuffers::for_rows`): `rows` holds each row's position and KV
 /// offset (see `attention_common.wgsl`), `embed_step` the step whose
 /// position the embedding adds to the row index (see `crate::session::batch`).
 pub fn batch_forward(

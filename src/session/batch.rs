@@ -285,6 +285,13 @@ impl Batch {
     /// first. Each call passes any sessions of this batch, so sessions join
     /// and leave between calls.
     ///
+    /// Before waiting for its tokens, a call queues the next step for the
+    /// same sessions, so the GPU runs it while the caller handles these
+    /// tokens: the next call with the same sessions, in the same order and
+    /// untouched in between, gets its tokens without a step's wait. Any
+    /// other call drops it (waiting for it first); what it wrote lies past
+    /// each session's length, as for a session's own steps queued ahead.
+    ///
     /// Errors, before anything runs (no session changes):
     /// [`Error::InvalidArgument`] naming `sessions` for an empty list or a
     /// session that holds no slot of this batch (made by another batch, or
@@ -352,7 +359,12 @@ impl Batch {
         let out = match out {
             Ok(out) => out,
             Err(e) => {
-                self.ahead = None;
+                // Leave no readback buffer with a mapping pending.
+                if let Some(next) = next {
+                    if self.wait(&next).is_ok() {
+                        self.readbacks[next.readback].unmap();
+                    }
+                }
                 return Err(e);
             }
         };
