@@ -492,7 +492,7 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
     let gpu = gpu();
     let mut seed = 500;
     for sub in variants(&gpu) {
-        for &(rows, cols, n) in &[(6usize, 96usize, 3usize), (66, 1000, 5)] {
+        for &(rows, cols, n) in &[(6usize, 96usize, 3usize), (66, 1000, 5), (18, 3072, 2)] {
             let groups = usize::div_ceil(cols, QUANT_GROUP);
             let shape = MatvecShape {
                 rows: rows as u32,

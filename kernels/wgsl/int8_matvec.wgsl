@@ -207,12 +207,51 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         return;
     }
     if DECODE_ROWS > 0u {
+        if SPLIT_K && n_k_words() / 4u <= WG {
+            split_k_rows(lane, wg_row0);
+            return;
+        }
         for (var z = 0u; z < DECODE_ROWS; z++) {
             decode_token(lane, wg_row0, z);
         }
         return;
     }
     decode_token(lane, wg_row0, wg.z);
+}
+
+// DECODE_ROWS rows, split K, where each lane takes one step (quad) of K at
+// most: the lane loads its weight quads and scales once for every row,
+// then runs each row as decode_token would (partial4's one step4, the
+// same expressions, then wg_sum5 and store4).
+fn split_k_rows(lane: Lane, row0: u32) {
+    let k_quads = n_k_words() / 4u;
+    let j = lane.idx;
+    let has_step = j < k_quads;
+    let rows = vec4<u32>(row0, min(row0 + 1u, n_rows() - 1u), min(row0 + 2u, n_rows() - 1u), min(row0 + 3u, n_rows() - 1u));
+    var w0 = vec4<u32>(0u);
+    var w1 = vec4<u32>(0u);
+    var w2 = vec4<u32>(0u);
+    var w3 = vec4<u32>(0u);
+    var s = vec4<f32>(0.0);
+    if has_step {
+        let g = j / (GROUP_WORDS / 4u);
+        w0 = w[rows.x * k_quads + j];
+        w1 = w[rows.y * k_quads + j];
+        w2 = w[rows.z * k_quads + j];
+        w3 = w[rows.w * k_quads + j];
+        s = vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
+                      scales[rows.w * n_groups() + g]);
+    }
+    for (var z = 0u; z < DECODE_ROWS; z++) {
+        var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
+        if has_step {
+            let q = xq(z * n_k_words() + 4u * j, j);
+            o = Partial(rows4(w0, w1, w2, w3, q) * s, q.sq);
+        }
+        let ss = o.ss;
+        let r = wg_sum5(o.acc, ss.x + ss.y + ss.z + ss.w, lane);
+        store4(row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z);
+    }
 }
 
 // The workgroup's rows of token z's output (input x[z * k_words ..]).
