@@ -138,7 +138,8 @@ pub struct Batch {
     rows: wgpu::Buffer,
     /// `{pos: 1, fill_end: 0}`.
     embed_step: wgpu::Buffer,
-    forward: BatchForward,
+    /// `None` on the MSL kernels (each session steps alone there).
+    forward: Option<BatchForward>,
     /// The rows' tokens, read back after each step: two, for the step
     /// waited on and the one queued behind it.
     readbacks: [wgpu::Buffer; 2],
@@ -207,15 +208,20 @@ impl Batch {
                 let bufs = SessionBuffers::for_rows(gpu, cfg, capacity, slots, whole)?;
                 let rows = gpu.storage("batch rows", 8 * slots);
                 let embed_step = gpu.storage_init("batch embed step", bytemuck::cast_slice(&[1u32, 0]))?;
-                let forward = crate::qwen3::batch_forward(
-                    gpu,
-                    &model.kernels,
-                    cfg,
-                    &model.weights,
-                    &bufs,
-                    &rows,
-                    &embed_step,
-                )?;
+                let batched = model.kernels.source != KernelSource::Msl;
+                let forward = batched
+                    .then(|| {
+                        crate::qwen3::batch_forward(
+                            gpu,
+                            &model.kernels,
+                            cfg,
+                            &model.weights,
+                            &bufs,
+                            &rows,
+                            &embed_step,
+                        )
+                    })
+                    .transpose()?;
                 Ok((k, v, bufs, rows, embed_step, forward))
             },
             |reason| Error::GpuDeviceFailed { reason: format!("creating a batch: {reason}") },
@@ -257,7 +263,7 @@ impl Batch {
     pub fn buffer_bytes(&self) -> u64 {
         let [r0, r1] = &self.readbacks;
         let extra = [&self.rows, &self.embed_step, r0, r1].iter().map(|b| b.size()).sum::<u64>();
-        self.bufs.bytes() + self.forward.uniform_bytes + extra
+        self.bufs.bytes() + self.forward.as_ref().map_or(0, |f| f.uniform_bytes) + extra
     }
 
     /// A new empty session in a free slot (its KV cache is the slot's
@@ -322,7 +328,7 @@ impl Batch {
             }
             s.check_can_step(1)?;
         }
-        if self.model.kernels.source == KernelSource::Msl {
+        if self.forward.is_none() {
             // The MSL twins have no batched variants: each session's own
             // step (its arithmetic is that of the pipelines it runs alone).
             return sessions.iter_mut().map(|s| s.next_token()).collect();
@@ -416,7 +422,9 @@ impl Batch {
                 label: Some("batch step"),
                 timestamp_writes: None,
             });
-            self.forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long);
+            if let Some(forward) = &self.forward {
+                forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long);
+            }
         }
         // Each row's token where its session's next step reads it.
         for (z, s) in sessions.iter().enumerate() {
