@@ -3,7 +3,7 @@
 //! measurement (the measurements: `internals::bench`, also run by `cargo bench`).
 //!
 //! `cargo run --release --example bench -- [--checkpoint DIR] [--backend portable] [--tokens 128]
-//! [--contexts 128,1024] [--lookaheads 1,4] [--timed-steps 16]`
+//! [--contexts 128,1024] [--lookaheads 1,4] [--timed-steps 16] [--sessions 1,4,8,16]`
 
 use qwen3_wgpu::internals::bench::{run, BenchOptions, BENCH_USAGE};
 

@@ -4,7 +4,10 @@
 //! bandwidth and dispatches per token, one JSON line each. With
 //! `--sampling T,K,P`, each context also decodes sampling (temperature T,
 //! top-k K, top-p P) and a `sampling_cost` line sets its GPU time per step
-//! beside greedy's.
+//! beside greedy's. With `--sessions N,N,...`, each context also decodes
+//! N sessions together through a `Batch` (one GPU step per token of every
+//! session): a `batched_decode` line per count, and a table of aggregate
+//! and per-session tokens/s on stderr.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -39,6 +42,9 @@ pub struct BenchOptions {
     pub timed_steps: usize,
     /// Also measure sampling under these parameters, beside greedy.
     pub sampling: Option<SamplingParams>,
+    /// Session counts decoded together through a batch (none: no batched
+    /// measurement).
+    pub sessions: Vec<usize>,
 }
 
 impl Default for BenchOptions {
@@ -51,6 +57,7 @@ impl Default for BenchOptions {
             lookaheads: vec![4],
             timed_steps: 16,
             sampling: None,
+            sessions: Vec::new(),
         }
     }
 }
@@ -58,7 +65,8 @@ impl Default for BenchOptions {
 /// The options' help text.
 pub const BENCH_USAGE: &str = "options: [--checkpoint DIR] [--backend metal|portable] [--tokens N (128)] \
 [--contexts N,N,... (128,1024)] [--lookaheads N,N,... (4)] [--timed-steps N (16)] \
-[--sampling T,K,P (e.g. 0.7,20,0.95: also measure sampling)]";
+[--sampling T,K,P (e.g. 0.7,20,0.95: also measure sampling)] \
+[--sessions N,N,... (e.g. 1,4,8,16: also decode that many sessions together, batched)]";
 
 impl BenchOptions {
     /// Parses `--name value` or `--name=value` arguments (the program
@@ -80,6 +88,7 @@ impl BenchOptions {
                 "--lookaheads",
                 "--timed-steps",
                 "--sampling",
+                "--sessions",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(Error::invalid_argument(flag, format!("unknown option; {BENCH_USAGE}")));
@@ -98,6 +107,12 @@ impl BenchOptions {
                 "--timed-steps" => options.timed_steps = count(&value)?,
                 "--contexts" => options.contexts = value.split(',').map(count).collect::<Result<_>>()?,
                 "--sampling" => options.sampling = Some(parse_sampling(&flag, &value)?),
+                "--sessions" => {
+                    options.sessions = value.split(',').map(count).collect::<Result<_>>()?;
+                    if options.sessions.contains(&0) {
+                        return Err(Error::invalid_argument(flag, "a batch holds at least one session"));
+                    }
+                }
                 _ => options.lookaheads = value.split(',').map(count).collect::<Result<_>>()?,
             }
         }
@@ -284,7 +299,55 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    let mut table = Vec::new();
+    for &ctx in &args.contexts {
+        for &n in &args.sessions {
+            let (aggregate, per_session, step_ms) = batched_decode(&model, ctx, n, args.tokens)?;
+            println!(
+                "{}",
+                json!({"bench": "batched_decode", "context": ctx, "sessions": n, "tokens": args.tokens,
+                   "aggregate_tokens_per_sec": aggregate, "per_session_tokens_per_sec": per_session,
+                   "ms_per_step": step_ms, "adapter": adapter})
+            );
+            table.push((ctx, n, aggregate, per_session, step_ms));
+        }
+    }
+    if !table.is_empty() {
+        eprintln!("context  sessions  aggregate tok/s  per-session tok/s  ms/step");
+        for (ctx, n, aggregate, per_session, step_ms) in table {
+            eprintln!("{ctx:>7}  {n:>8}  {aggregate:>15.0}  {per_session:>17.0}  {step_ms:>7.3}");
+        }
+    }
     Ok(())
+}
+
+/// Decodes `n` sessions together through a batch: each fed its own
+/// `ctx`-token prompt, then `tokens` batch steps timed (after two untimed
+/// ones, which build the pipelines for `n` rows). Returns (aggregate
+/// tokens/s, per-session tokens/s, ms per step).
+fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> Result<(f64, f64, f64)> {
+    let warm = 2;
+    let options = crate::BatchOptions::default().slots(n).capacity_per_slot(ctx + tokens + warm + 1);
+    let mut batch = model.batch(&options)?;
+    let vocab = model.config().vocab_size as u32;
+    let mut sessions = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = batch.session()?;
+        let prompt: Vec<u32> = (0..ctx as u32).map(|t| (t * 7919 + i as u32 * 104_729) % vocab).collect();
+        s.feed(&prompt)?;
+        sessions.push(s);
+    }
+    let mut rows: Vec<&mut crate::Session> = sessions.iter_mut().collect();
+    for _ in 0..warm {
+        batch.step(&mut rows)?;
+    }
+    let t = Instant::now();
+    for _ in 0..tokens {
+        batch.step(&mut rows)?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let per_session = tokens as f64 / secs;
+    Ok((per_session * n as f64, per_session, 1e3 * secs / tokens as f64))
 }
 
 #[cfg(test)]
@@ -299,12 +362,22 @@ mod tests {
         assert_eq!(o.tokens, 4);
         assert_eq!(o.backend, Some(AdapterPolicy::Portable));
         assert_eq!(o.lookaheads, BenchOptions::default().lookaheads);
+        assert!(o.sessions.is_empty());
+        assert_eq!(BenchOptions::parse(args("--sessions 1,4,8,16")).unwrap().sessions, [1, 4, 8, 16]);
         let o = BenchOptions::parse(args("--sampling 0.7,20,0.95")).unwrap();
         assert_eq!(
             o.sampling,
             Some(SamplingParams::default().temperature(0.7).top_k(20).top_p(0.95).seed(1))
         );
-        for bad in ["--tokens x", "--frobnicate 1", "--contexts", "--sampling 0.7,20", "--sampling -1,0,1"] {
+        let bad_ones = [
+            "--tokens x",
+            "--frobnicate 1",
+            "--contexts",
+            "--sampling 0.7,20",
+            "--sampling -1,0,1",
+            "--sessions 4,0",
+        ];
+        for bad in bad_ones {
             let e = BenchOptions::parse(args(bad)).unwrap_err();
             assert_eq!(e.code(), "invalid_argument", "{bad}: {e}");
         }

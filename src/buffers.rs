@@ -50,9 +50,35 @@ pub struct SessionBuffers {
     pub(crate) attn_acc: wgpu::Buffer,
     /// RoPE (cos, sin) table, `[capacity][head_dim / 2]`.
     pub(crate) rope: wgpu::Buffer,
-    /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`.
+    /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`,
+    /// at byte `kv_offset` of the buffer (0, or the session's slot in a
+    /// batch's pool), `kv_bytes` long.
     pub(crate) k_cache: Vec<wgpu::Buffer>,
     pub(crate) v_cache: Vec<wgpu::Buffer>,
+    pub(crate) kv_offset: u64,
+    pub(crate) kv_bytes: u64,
+}
+
+/// The K and V buffers (one per layer) a session's cache lies in, and
+/// where: a batch's pool and the session's slot region.
+pub(crate) struct KvRegion {
+    pub k: Vec<wgpu::Buffer>,
+    pub v: Vec<wgpu::Buffer>,
+    /// Byte offset of the region in each buffer.
+    pub offset: u64,
+    /// Bytes of the region.
+    pub bytes: u64,
+}
+
+/// Bytes of one layer's K (or V) cache for `capacity` positions, rounded up
+/// to 256 so that regions of a pool start where a binding may (the largest
+/// storage-buffer offset alignment wgpu allows).
+pub(crate) fn kv_region_bytes(cfg: &ModelConfig, capacity: usize) -> u64 {
+    (4 * kv_words(cfg, capacity) as u64).next_multiple_of(256)
+}
+
+fn kv_words(cfg: &ModelConfig, capacity: usize) -> usize {
+    cfg.num_key_value_heads * capacity * cfg.head_dim / 2
 }
 
 /// The buffers of the log-probabilities, allocated when first asked for.
@@ -81,20 +107,55 @@ pub(crate) fn padded(n: usize) -> usize {
 }
 
 impl SessionBuffers {
-    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, capacity: usize) -> Result<Self> {
-        let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
-        let kv_words = cfg.num_key_value_heads * capacity * cfg.head_dim / 2;
-        let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
+    /// A session's buffers, its KV cache in buffers of its own or in `kv`.
+    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, capacity: usize, kv: Option<KvRegion>) -> Result<Self> {
         // Short contexts need no more rows than they have, rounded up to
         // the tiled prefill matvec's tokens per workgroup (it reads and
         // writes whole tiles; the groups of 4 tokens of the per-token
         // matvec and of attention_prefill divide them).
         let batch = PREFILL_BATCH.min(capacity.next_multiple_of(MATMUL_TOKENS_PER_WG as usize));
+        Self::build(gpu, cfg, capacity, batch, capacity + 1, 1, kv)
+    }
+
+    /// The buffers of a batch of sessions' decode steps: `rows` activation
+    /// and logits rows, `tokens` holding a word before the rows' tokens
+    /// (see `Batch`), and the pool `kv` whole.
+    pub(crate) fn for_rows(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        capacity: usize,
+        rows: usize,
+        kv: KvRegion,
+    ) -> Result<Self> {
+        Self::build(gpu, cfg, capacity, rows, rows + 1, rows, Some(kv))
+    }
+
+    fn build(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        capacity: usize,
+        batch: usize,
+        token_words: usize,
+        logit_rows: usize,
+        kv: Option<KvRegion>,
+    ) -> Result<Self> {
+        let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
+        let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
         let rows = |n: usize| batch * padded(n);
+        let kv = kv.unwrap_or_else(|| {
+            let own = |label| (0..cfg.num_hidden_layers).map(|_| f(label, kv_words(cfg, capacity))).collect();
+            KvRegion {
+                k: own("k_cache"),
+                v: own("v_cache"),
+                offset: 0,
+                bytes: 4 * kv_words(cfg, capacity) as u64,
+            }
+        });
+        let parts = sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK);
         Ok(SessionBuffers {
             capacity,
             batch,
-            tokens: f("tokens", capacity + 1),
+            tokens: f("tokens", token_words),
             step: f("step", 2),
             // Rows are padded to the quant group; the padding stays zero.
             x: f("x", rows(cfg.hidden_size)),
@@ -102,9 +163,9 @@ impl SessionBuffers {
             q: f("q", batch * cfg.q_dim()),
             attn: f("attn", rows(cfg.q_dim())),
             h: f("h", rows(cfg.intermediate_size)),
-            logits: f("logits", cfg.vocab_size),
-            part_val: f("part_val", sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK)),
-            part_idx: f("part_idx", sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK)),
+            logits: f("logits", logit_rows * cfg.vocab_size),
+            part_val: f("part_val", logit_rows * parts),
+            part_idx: f("part_idx", logit_rows * parts),
             sample_scratch: f("sample_scratch", sample::scratch_words(cfg.vocab_size as u32, SAMPLE_CHUNK)),
             logprobs: None,
             attention_chunks: chunks,
@@ -114,12 +175,14 @@ impl SessionBuffers {
                 "rope",
                 bytemuck::cast_slice(&rope_table(cfg.head_dim, capacity, cfg.rope_theta)),
             )?,
-            k_cache: (0..cfg.num_hidden_layers).map(|_| f("k_cache", kv_words)).collect(),
-            v_cache: (0..cfg.num_hidden_layers).map(|_| f("v_cache", kv_words)).collect(),
+            k_cache: kv.k,
+            v_cache: kv.v,
+            kv_offset: kv.offset,
+            kv_bytes: kv.bytes,
         })
     }
 
-    /// Bytes of every buffer.
+    /// Bytes of every buffer (of the caches, the session's region).
     pub(crate) fn bytes(&self) -> u64 {
         let fixed = [
             &self.tokens,
@@ -137,10 +200,9 @@ impl SessionBuffers {
             &self.attn_acc,
             &self.rope,
         ];
-        let caches = self.k_cache.iter().chain(&self.v_cache);
         let logprobs = self.logprobs.iter().flat_map(|l| [&l.raw_logits, &l.records]);
-        let caches = caches.chain(logprobs);
-        fixed.into_iter().chain(caches).map(|buf| buf.size()).sum()
+        let caches = (self.k_cache.len() + self.v_cache.len()) as u64 * self.kv_bytes;
+        fixed.into_iter().chain(logprobs).map(|buf| buf.size()).sum::<u64>() + caches
     }
 }
 

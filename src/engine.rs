@@ -15,7 +15,7 @@ use crate::kernels::{KernelChoice, KernelReport, KernelSource, Kernels, MatvecLa
 use crate::load::{load_model_with, LoadReport};
 use crate::progress::{LoadProgress, LoadProgressFn, Progress};
 use crate::sampling::SamplingParams;
-use crate::session::{check_prompt, Session};
+use crate::session::{check_prompt, Batch, BatchOptions, Session};
 use crate::stop::StopMatcher;
 use crate::tokenizer::Tokenizer;
 
@@ -350,6 +350,19 @@ impl Model {
             return Err(Error::ContextOverflow { needed: capacity, capacity: max });
         }
         Session::new(self.inner.clone(), capacity)
+    }
+
+    /// A batch: up to `options.slots` sessions, each with a KV cache of
+    /// `options.capacity_per_slot` positions, that [`Batch::step`] advances
+    /// together, one GPU step reading every weight matrix once for all of
+    /// them (see [`Batch`]). The KV pool is allocated here, once.
+    ///
+    /// Errors: `context_overflow` for a capacity of 0 or past the model's
+    /// `max_position_embeddings`; [`Error::InvalidArgument`] naming `slots`
+    /// for 0 slots or a pool larger than the device can bind; a GPU failure
+    /// allocating the pool.
+    pub fn batch(&self, options: &BatchOptions) -> Result<Batch> {
+        Batch::new(self.inner.clone(), options)
     }
 
     /// Greedy decoding of up to `max_new_tokens` after `prompt_ids`, calling

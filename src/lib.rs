@@ -57,7 +57,8 @@ pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCh
 pub use load::{LoadPhase, LoadProgress, LoadProgressFn, LoadReport};
 pub use sampling::{SamplingParams, TokenLogprobs};
 pub use session::{
-    FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH, SESSION_FORMAT_VERSION,
+    Batch, BatchOptions, FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH,
+    SESSION_FORMAT_VERSION,
 };
 pub use stop::{StopMatcher, StopStep};
 pub use tokenizer::{TextStream, Tokenizer};

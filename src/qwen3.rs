@@ -28,11 +28,13 @@ use bytemuck::bytes_of;
 pub use crate::buffers::rope_table;
 use crate::buffers::{padded, SessionBuffers};
 use crate::config::ModelConfig;
+use crate::error::Result;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
+use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
 use crate::kernels::{
-    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ATTENTION_CHUNK,
-    MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
+    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ARGMAX_CHUNK,
+    ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
 };
 use crate::sampling::SamplingParams;
 
@@ -97,7 +99,7 @@ pub fn forward(
     use Matvec::{Accumulate, Normed, NormedSwiglu};
     let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
     let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
-    let embed = b.embed(&weights.embed);
+    let embed = b.embed(&weights.embed, &s.step);
     let mut step: Vec<StepLaunch> = always(embed.clone()).collect();
     let mut prefill = embed;
     for (l, layer) in weights.layers.iter().enumerate() {
@@ -130,6 +132,119 @@ pub fn forward(
     let uniform_bytes = b.uniforms.borrow().bytes();
     let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0);
     Forward { step, choose, prefill, uniform_bytes, choose_uniform_bytes }
+}
+
+/// One launch of a batch step (see [`BatchForward`]).
+enum RowLaunch {
+    /// A matvec: each workgroup runs every row (the pipeline for the row
+    /// count is picked at record time from the launch's shape).
+    Matvec { launch: Launch, shape: MatvecShape },
+    /// Row z in grid z.
+    Grid(Launch),
+    /// A layer's attention: `chunks` then `reduce` for the rows past one
+    /// chunk of positions, then `direct` for the rows within one (each row
+    /// runs the launches its session's step alone would).
+    Attention { direct: Launch, chunks: Launch, reduce: Launch },
+}
+
+/// The launches of one decode step of a batch of sessions (the rows), over
+/// the batch's buffers: the layer matvecs read each matrix once for every
+/// row, attention reads each row's own KV region at its own position, and
+/// the argmax writes each row's greedy token. Each row's arithmetic is that
+/// of its session's step alone, so its tokens are the same.
+pub struct BatchForward {
+    launches: Vec<RowLaunch>,
+    /// Bytes of the buffers holding the launches' parameters.
+    pub uniform_bytes: u64,
+}
+
+impl BatchForward {
+    /// Records one step of `rows` rows; `short` / `long`: whether any row's
+    /// context fits one chunk of positions / needs more.
+    pub fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        rows: u32,
+        short: bool,
+        long: bool,
+    ) {
+        for l in &self.launches {
+            match l {
+                RowLaunch::Matvec { launch, shape } => {
+                    let split = launch.matvec_split.expect("a matvec launch has a split");
+                    let all_rows = kernels.matvec_rows_pipeline(gpu, launch.kernel, split, *shape, rows);
+                    launch.record_rows(pass, all_rows.as_ref(), rows);
+                }
+                RowLaunch::Grid(launch) => launch.record_rows(pass, None, rows),
+                RowLaunch::Attention { direct, chunks, reduce } => {
+                    if long {
+                        chunks.record_rows(pass, None, rows);
+                        reduce.record_rows(pass, None, rows);
+                    }
+                    if short {
+                        direct.record_rows(pass, None, rows);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Builds the launches of a batch step over the batch's buffers `s`
+/// (`SessionBuffers::for_rows`): `rows` holds each row's position and KV
+/// offset (see `attention_common.wgsl`), `embed_step` the step whose
+/// position the embedding adds to the row index (see `crate::session::batch`).
+pub fn batch_forward(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    cfg: &ModelConfig,
+    weights: &GpuWeights,
+    s: &SessionBuffers,
+    rows: &wgpu::Buffer,
+    embed_step: &wgpu::Buffer,
+) -> Result<BatchForward> {
+    use Matvec::{Accumulate, Normed, NormedSwiglu};
+    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
+    let matvec = |w: &GpuMatrix, x, y, what: Matvec<'_>, stride| {
+        b.matvec_strided(w, x, y, what, stride)
+            .into_iter()
+            .map(|(launch, shape)| RowLaunch::Matvec { launch, shape })
+    };
+    let mut launches: Vec<RowLaunch> =
+        b.embed(&weights.embed, embed_step).into_iter().map(RowLaunch::Grid).collect();
+    let out_stride = padded(cfg.q_dim()) as u32;
+    for (l, layer) in weights.layers.iter().enumerate() {
+        let norms = &layer.qk_norm;
+        launches.extend(matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm), padded(layer.qkv.rows)));
+        let attention = |kernel| -> Result<Launch> {
+            let mut l = b.attention_with_step(kernel, norms, l, rows);
+            l.decode_pipeline = Some(kernels.attention_rows_pipeline(gpu, kernel, out_stride)?);
+            Ok(l)
+        };
+        launches.push(RowLaunch::Attention {
+            direct: attention(Kernel::AttentionStepDirect)?,
+            chunks: attention(Kernel::AttentionStep)?,
+            reduce: b.attention_reduce(),
+        });
+        launches.extend(matvec(&layer.o_proj, &s.attn, &s.x, Accumulate, padded(layer.o_proj.rows)));
+        let h_stride = padded(layer.gate_up.rows / 2);
+        launches.extend(matvec(&layer.gate_up, &s.x, &s.h, NormedSwiglu(&layer.post_norm), h_stride));
+        launches.extend(matvec(&layer.down, &s.h, &s.x, Accumulate, padded(layer.down.rows)));
+    }
+    // Logits rows are vocab_size apart, as the argmax reads them.
+    let vocab = cfg.vocab_size as u32;
+    launches.extend(matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm), vocab as usize));
+    let parts = argmax::parts(vocab, ARGMAX_CHUNK);
+    let partial = ArgmaxPartialParams { n: vocab, chunk: ARGMAX_CHUNK };
+    let bufs = [whole(&s.logits), whole(&s.part_val), whole(&s.part_idx)];
+    launches.push(RowLaunch::Grid(b.launch(Kernel::ArgmaxPartial, bytes_of(&partial), &bufs, grid(parts))));
+    let last = ArgmaxFinalParams { n: parts, n_tokens: (s.batch + 1) as u32 };
+    let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.tokens), whole(&s.step)];
+    launches.push(RowLaunch::Grid(b.launch(Kernel::ArgmaxFinal, bytes_of(&last), &bufs, argmax::FINAL_GRID)));
+    let uniform_bytes = b.uniforms.borrow().bytes();
+    Ok(BatchForward { launches, uniform_bytes })
 }
 
 /// The launches that choose the next token from the logits under `params`
@@ -215,6 +330,15 @@ fn whole(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
     b.as_entire_binding()
 }
 
+/// The session's region of a K or V cache buffer.
+fn kv_range<'a>(s: &SessionBuffers, b: &'a wgpu::Buffer) -> wgpu::BindingResource<'a> {
+    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+        buffer: b,
+        offset: s.kv_offset,
+        size: wgpu::BufferSize::new(s.kv_bytes),
+    })
+}
+
 impl Builder<'_> {
     fn launch(
         &self,
@@ -232,7 +356,7 @@ impl Builder<'_> {
 
     /// x = embed[token], one launch per bound chunk of the table (only the
     /// chunk holding the token writes).
-    fn embed(&self, table: &GpuMatrix) -> Vec<Launch> {
+    fn embed(&self, table: &GpuMatrix, step: &wgpu::Buffer) -> Vec<Launch> {
         let s = self.s;
         table
             .chunks
@@ -244,13 +368,8 @@ impl Builder<'_> {
                     row_start: c.row_start as u32,
                     row_end: (c.row_start + c.rows) as u32,
                 };
-                let bufs = [
-                    whole(&s.step),
-                    whole(&s.tokens),
-                    table.data_range(c),
-                    table.scales_range(c),
-                    whole(&s.x),
-                ];
+                let bufs =
+                    [whole(step), whole(&s.tokens), table.data_range(c), table.scales_range(c), whole(&s.x)];
                 self.launch(
                     Kernel::EmbedLookup,
                     bytes_of(&p),
@@ -263,15 +382,27 @@ impl Builder<'_> {
 
     /// One matvec (see [`Matvec`]), one launch per bound row chunk of W.
     fn matvec(&self, w: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, what: Matvec<'_>) -> Vec<Launch> {
+        // Every activation buffer holds one row per token, padded to the
+        // quant group (what a consuming matvec's k_words expects).
+        let outputs = if matches!(what, Matvec::NormedSwiglu(_)) { w.rows / 2 } else { w.rows };
+        self.matvec_strided(w, x, y, what, padded(outputs)).into_iter().map(|(l, _)| l).collect()
+    }
+
+    /// [`Self::matvec`] with token z's output at `y[z * y_stride ..]`, each
+    /// launch with its shape.
+    fn matvec_strided(
+        &self,
+        w: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        what: Matvec<'_>,
+        y_stride: usize,
+    ) -> Vec<(Launch, MatvecShape)> {
         let (kernel, norm) = match what {
             Matvec::Accumulate => (Kernel::Int8MatvecAccumulate, None),
             Matvec::Normed(n) => (Kernel::Int8MatvecNorm, Some(n)),
             Matvec::NormedSwiglu(n) => (Kernel::Int8MatvecNormSwiglu, Some(n)),
         };
-        // Every activation buffer holds one row per token, padded to the
-        // quant group (what a consuming matvec's k_words expects).
-        let outputs = if kernel == Kernel::Int8MatvecNormSwiglu { w.rows / 2 } else { w.rows };
-        let y_stride = padded(outputs);
         w.chunks
             .iter()
             .map(|c| {
@@ -295,7 +426,7 @@ impl Builder<'_> {
                 if kernel.prefill_tiled() {
                     l.prefill_workgroups = grid((c.rows as u32).div_ceil(MATMUL_ROWS_PER_WG));
                 }
-                l
+                (l, shape)
             })
             .collect()
     }
@@ -323,8 +454,8 @@ impl Builder<'_> {
             whole(qk_norm),
             whole(&s.rope),
             whole(&s.q),
-            whole(&s.k_cache[layer]),
-            whole(&s.v_cache[layer]),
+            kv_range(s, &s.k_cache[layer]),
+            kv_range(s, &s.v_cache[layer]),
         ];
         self.launch(Kernel::QkNormRope, bytes_of(&self.head_params()), &bufs, grid(heads))
     }
@@ -336,13 +467,25 @@ impl Builder<'_> {
     /// The direct variant runs one chunk and writes `attn`; the others
     /// cover the capacity and leave the chunks to [`Self::attention_reduce`].
     fn attention(&self, kernel: Kernel, qk_norm: &wgpu::Buffer, layer: usize) -> Launch {
+        self.attention_with_step(kernel, qk_norm, layer, &self.s.step)
+    }
+
+    /// [`Self::attention`] reading its position(s) from `step` (a batch's
+    /// rows: see `attention_common.wgsl`).
+    fn attention_with_step(
+        &self,
+        kernel: Kernel,
+        qk_norm: &wgpu::Buffer,
+        layer: usize,
+        step: &wgpu::Buffer,
+    ) -> Launch {
         let s = self.s;
         let (fused, direct) = kernel.attention_variant().expect("an attention_partial variant");
         let bufs = [
-            whole(&s.step),
+            whole(step),
             whole(if fused { &s.qkv } else { &s.q }),
-            whole(&s.k_cache[layer]),
-            whole(&s.v_cache[layer]),
+            kv_range(s, &s.k_cache[layer]),
+            kv_range(s, &s.v_cache[layer]),
             whole(&s.attn_ml),
             whole(if direct { &s.attn } else { &s.attn_acc }),
             whole(qk_norm),

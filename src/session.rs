@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{mpsc, Arc};
 
+mod batch;
 mod diagnostics;
 mod feed;
 mod state;
@@ -23,6 +24,7 @@ use crate::gpu_weights::ModelGpu;
 use crate::kernels::sample::{LOGPROB_RECORD_WORDS, MAX_LOGPROBS};
 use crate::qwen3::Forward;
 use crate::sampling::{SamplingParams, TokenLogprobs};
+pub use batch::{Batch, BatchOptions};
 pub use diagnostics::{LaunchTimes, StepTiming};
 pub use feed::FeedStatus;
 pub(crate) use state::restore;
@@ -113,14 +115,27 @@ pub struct Session {
     logprobs: u32,
     /// The log-probabilities of the last token returned, when on.
     last_logprobs: Option<TokenLogprobs>,
+    /// The batch slot whose KV region this session's cache is (freed when
+    /// the session is dropped); `None`: buffers of its own.
+    kv_slot: Option<batch::SlotLease>,
+    /// Feeds and truncations so far: a batch step queued ahead for this
+    /// session serves only while this is unchanged.
+    edits: u64,
 }
 
 impl Session {
     pub(crate) fn new(model: Arc<ModelGpu>, capacity: usize) -> Result<Self> {
+        Self::new_in(model, capacity, None)
+    }
+
+    /// A session whose KV cache is `kv_slot`'s region of a batch's pool
+    /// (or, without one, buffers of its own).
+    fn new_in(model: Arc<ModelGpu>, capacity: usize, kv_slot: Option<batch::SlotLease>) -> Result<Self> {
         let cfg = &model.config;
         let (bufs, forward) = model.gpu.scoped(
             || {
-                let bufs = SessionBuffers::new(&model.gpu, cfg, capacity)?;
+                let kv = kv_slot.as_ref().map(batch::SlotLease::region);
+                let bufs = SessionBuffers::new(&model.gpu, cfg, capacity, kv)?;
                 let forward = crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs);
                 Ok((bufs, forward))
             },
@@ -142,6 +157,8 @@ impl Session {
             sampling: SamplingParams::default(),
             logprobs: 0,
             last_logprobs: None,
+            kv_slot,
+            edits: 0,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -344,6 +361,7 @@ impl Session {
         let ids = &ids[..];
         self.check_room(ids.len())?;
         self.discard_queued()?;
+        self.edits += 1;
         let gpu = self.model.gpu.clone();
         gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(ids));
         let end = self.len + ids.len();
@@ -397,6 +415,7 @@ impl Session {
             ));
         }
         self.discard_queued()?;
+        self.edits += 1;
         self.len = len;
         self.pending = None;
         self.last_logprobs = None;

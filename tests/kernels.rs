@@ -9,13 +9,13 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_rows, attention_step_case, matvec_case, qk_norm_rope_case, step, ATTENTION_SHAPES,
+    attention_case_rows, attention_step_case, matvec_case, qk_norm_rope_case, step, u32s, ATTENTION_SHAPES,
     ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
-    self, Bind, EmbedParams, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG,
+    self, Bind, Constants, EmbedParams, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG,
 };
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
@@ -479,5 +479,164 @@ fn group_size_reaches_the_kernels() {
         let gw = c.iter().find(|(n, _)| *n == "GROUP_WORDS").expect("GROUP_WORDS set").1;
         assert_eq!(gw as usize * 4, qwen3_wgpu::internals::converted::QUANT_GROUP);
         assert!(k.wgsl().contains("override GROUP_WORDS"));
+    }
+}
+
+/// The decode matvec over a batch of sessions' rows (`DECODE_ROWS`: each
+/// workgroup runs every row in turn, grid z = 1) matches the CPU reference
+/// and, bit for bit, the one-token decode pipeline run with row z in grid
+/// z (what each session runs alone), in every split and epilogue, at rows
+/// and K that are not multiples of a team or workgroup.
+#[test]
+fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
+    let gpu = gpu();
+    let mut seed = 500;
+    for sub in variants(&gpu) {
+        for &(rows, cols, n) in &[(6usize, 96usize, 3usize), (66, 1000, 5), (18, 3072, 2)] {
+            let groups = usize::div_ceil(cols, QUANT_GROUP);
+            let shape = MatvecShape {
+                rows: rows as u32,
+                k_words: (groups * QUANT_GROUP / 4) as u32,
+                groups: groups as u32,
+                n_in: cols as u32,
+            };
+            let splits =
+                [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK].into_iter().flat_map(|l| l.splits());
+            for split in splits {
+                for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+                    seed += 1;
+                    let one = move |k: Kernel| {
+                        let mut c = k.split_constants(split);
+                        c.extend(shape.constants());
+                        c
+                    };
+                    let all_rows = move |k: Kernel| {
+                        let mut c = one(k);
+                        c.push(("DECODE_ROWS", n as f64));
+                        c
+                    };
+                    let rpw = split.rows_per_wg;
+                    let alone = matvec_case(&wgsl_run(&gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
+                    let batched =
+                        matvec_case(&wgsl_run(&gpu, sub, all_rows), kernel, rpw, n, rows, cols, n, seed);
+                    let what = format!("{kernel:?} {split:?} {rows}x{cols} rows {n} sub={sub}");
+                    assert_matvec(&what, &batched);
+                    for (z, (a, b)) in alone.iter().zip(&batched).enumerate() {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&a.0), bits(&b.0), "{what}: row {z} differs from its one-token run");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decode attention over a batch of sessions' rows (`ROWS`: row z's
+/// position and KV region from the step binding's words, its qkv row at
+/// z * qkv_stride, the direct output at z * OUT_STRIDE) computes for each
+/// row it serves exactly, bit for bit, what the one-token kernel computes
+/// for that row alone over its own cache (the new K/V row, and the output
+/// or the chunks' partials), and leaves the other rows to the other launch
+/// (their outputs and caches untouched). Rows at positions within one
+/// chunk, at the chunk boundary and past it, in slots out of row order.
+#[test]
+fn attention_rows_match_each_row_alone_bit_for_bit() {
+    use kernels::{AttentionConstants, AttentionVariant, HeadParams};
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(77);
+    let (nh, nkv, hd, cap) = (4usize, 2usize, 64usize, 300usize);
+    let positions = [13usize, 256, 255, 299];
+    let slots = [2usize, 0, 3, 1];
+    let n = positions.len();
+    let qkv_stride = (nh + 2 * nkv) * hd + 8;
+    let out_stride = nh * hd + 5;
+    let region = nkv * cap * hd / 2; // u32 words of one slot's K (or V)
+    let params = HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: cap as u32,
+        eps: 1e-6,
+        qkv_stride: qkv_stride as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let params = bytemuck::bytes_of(&params).to_vec();
+    let qkv = nonzero(&mut rng, n * qkv_stride);
+    let qn_kn = nonzero(&mut rng, 2 * hd);
+    let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, 1_000_000.0);
+    let f16s = |v: Vec<f32>| -> Vec<u8> {
+        let h: Vec<half::f16> = v.into_iter().map(half::f16::from_f32).collect();
+        bytemuck::cast_slice(&h).to_vec()
+    };
+    let (k_pool, v_pool) = (f16s(nonzero(&mut rng, 2 * 4 * region)), f16s(nonzero(&mut rng, 2 * 4 * region)));
+    let slot_of = |pool: &[u8], s: usize| pool[4 * s * region..4 * (s + 1) * region].to_vec();
+    let rows: Vec<u32> =
+        positions.iter().zip(&slots).flat_map(|(&p, &s)| [p as u32, (s * region / 4) as u32]).collect();
+    for sub in variants(&gpu) {
+        for variant in [AttentionVariant::STEP_DIRECT, AttentionVariant::STEP] {
+            let kernel = if variant.direct { Kernel::AttentionStepDirect } else { Kernel::AttentionStep };
+            let chunks = if variant.direct { 1 } else { cap.div_ceil(kernels::ATTENTION_CHUNK as usize) };
+            let out_len =
+                |rows: usize| if variant.direct { rows * out_stride } else { rows * nh * chunks * hd };
+            let render = |rows_out_stride| {
+                Constants::Attention(AttentionConstants { variant, rows_out_stride }).render()
+            };
+            let grid = |z| [nh as u32, chunks as u32, z];
+            let batched = dispatch_with(
+                &gpu,
+                kernel,
+                sub,
+                &render(Some(out_stride as u32)),
+                &[&params],
+                &[
+                    u32s(&rows),
+                    f32s(&qkv),
+                    k_pool.clone(),
+                    v_pool.clone(),
+                    poisoned(2 * n * nh * chunks),
+                    poisoned(out_len(n)),
+                    f32s(&qn_kn),
+                    f32s(&rope),
+                ],
+                grid(n as u32),
+            );
+            for (z, (&pos, &slot)) in positions.iter().zip(&slots).enumerate() {
+                let what = format!("{kernel:?} row {z} at {pos} in slot {slot} sub={sub}");
+                let alone = dispatch_with(
+                    &gpu,
+                    kernel,
+                    sub,
+                    &render(None),
+                    &[&params],
+                    &[
+                        step(pos, 0),
+                        f32s(&qkv[z * qkv_stride..(z + 1) * qkv_stride]),
+                        slot_of(&k_pool, slot),
+                        slot_of(&v_pool, slot),
+                        poisoned(2 * nh * chunks),
+                        poisoned(out_len(1)),
+                        f32s(&qn_kn),
+                        f32s(&rope),
+                    ],
+                    grid(1),
+                );
+                let served = (pos < kernels::ATTENTION_CHUNK as usize) == variant.direct;
+                let cache = |i: usize| slot_of(&batched[i], slot);
+                let untouched = [slot_of(&k_pool, slot), slot_of(&v_pool, slot)];
+                let ml = |o: &[u8], z: usize| o[8 * z * nh * chunks..8 * (z + 1) * nh * chunks].to_vec();
+                let (len1, len0) = (4 * out_len(1), 4 * out_len(z));
+                let out_row = batched[3][len0..len0 + len1].to_vec();
+                if served {
+                    assert!(cache(0) == alone[0] && cache(1) == alone[1], "{what}: K/V differ");
+                    assert!(out_row == alone[3], "{what}: output differs");
+                    if !variant.direct {
+                        assert!(ml(&batched[2], z) == alone[2], "{what}: (m, l) differ");
+                    }
+                } else {
+                    assert!(cache(0) == untouched[0] && cache(1) == untouched[1], "{what}: K/V written");
+                    assert!(out_row.chunks(4).all(|w| w == POISON.to_le_bytes()), "{what}: output written");
+                }
+            }
+        }
     }
 }

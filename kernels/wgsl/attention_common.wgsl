@@ -5,7 +5,11 @@
 // (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> step: Step;
+// The decode Step's words: word 0 is the position (the batch's first token
+// for a prompt batch). ROWS (attention_partial over a batch of sessions'
+// steps): row z's position at word 2z, and at 2z + 1 the offset of its
+// session's region in the K/V caches, in vec4<u32> words.
+@group(0) @binding(1) var<storage, read> step: array<u32>;
 // FUSED: the qkv projection's output (q heads, then k heads, then v heads);
 // otherwise each token's normed, rotated q.
 @group(0) @binding(2) var<storage, read> q: array<f32>;

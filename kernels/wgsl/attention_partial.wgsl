@@ -19,11 +19,20 @@
 // - DIRECT (the context fits one chunk; grid (heads, 1, 1)): the chunk's
 //   result is the output, normalised and written to part_acc's binding
 //   (bound to the output), no reduce.
+// - ROWS (a batch of sessions' decode steps, FUSED): workgroup (h, c, z)
+//   serves row z: its position and KV region come from the step binding's
+//   row words, its qkv row from qkv[z * qkv_stride ..], and DIRECT writes
+//   its output at z * OUT_STRIDE. The direct launch serves the rows whose
+//   context fits one chunk and the chunked one (with the reduce) the
+//   others, each row running exactly the code of its session's step alone.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), prepended by Rust.
 
 override FUSED: bool = false;
 override DIRECT: bool = false;
+override ROWS: bool = false;
+// ROWS and DIRECT: elements between rows of the output.
+override OUT_STRIDE: u32 = 0u;
 
 // FUSED: the q norm weight, then the k norm weight (head_dim each), and
 // RoPE's (cos, sin) table (rope[pos * head_dim / 2 + d], as qk_norm_rope's).
@@ -103,11 +112,11 @@ fn pack8(lo: vec4<f32>, hi: vec4<f32>) -> vec4<u32> {
 // invocation: lanes writing different components of one vector could be
 // compiled to read-modify-writes of the whole vector that lose each
 // other's components.
-fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane) {
+fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) {
     let hd = p.head_dim;
-    let qb = h * hd;
-    let kb = (p.n_heads + kvh) * hd;
-    let vb = (p.n_heads + p.n_kv_heads + kvh) * hd;
+    let qb = qkv_row + h * hd;
+    let kb = qkv_row + (p.n_heads + kvh) * hd;
+    let vb = qkv_row + (p.n_heads + p.n_kv_heads + kvh) * hd;
     // q: dims 4i..4i+3, in range for the inactive invocations too.
     let i = min(lane.idx, hd / 4u - 1u);
     let qd = load_dims4(qb, 0u, 4u * i, pos);
@@ -141,7 +150,7 @@ fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane) {
     }
     if kv_lane {
         let rk = inverseSqrt(ss.y / f32(hd) + p.eps);
-        let row = ((kvh * p.capacity + pos) * (hd / 2u)) / 4u + j;
+        let row = kv_off + ((kvh * p.capacity + pos) * (hd / 2u)) / 4u + j;
         k_cache[row] = pack8(rope4(k0, rk), rope4(k1, rk));
         v_cache[row] = pack8(v0, v1);
     }
@@ -158,7 +167,18 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let n_chunks = nwg.y;
     let part = (z * p.n_heads + h) * n_chunks + c;
     let start = c * WG;
-    let end = min(min(step.pos + z + 1u, p.capacity), start + WG);
+    // Token z's position (a prompt batch's tokens follow the first), or row
+    // z's, and the offset of its KV region (vec4 words).
+    var pos = step[0] + z;
+    var kv_off = 0u;
+    if ROWS {
+        pos = step[2u * z];
+        kv_off = step[2u * z + 1u];
+        if (pos < WG) != DIRECT {
+            return; // the other launch serves this row (whole workgroup: uniform)
+        }
+    }
+    let end = min(min(pos + 1u, p.capacity), start + WG);
     if start >= end {
         // An empty chunk (past the context): contributes nothing.
         if lane.idx == 0u {
@@ -168,11 +188,11 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     }
     let kvh = h / (p.n_heads / p.n_kv_heads);
     let half_dim = p.head_dim / 2u;
-    let kv_base = kvh * p.capacity * half_dim;
+    let kv_base = 4u * kv_off + kvh * p.capacity * half_dim;
 
     if FUSED {
-        let pos = step.pos; // one token: z = 0
-        fused_qk(h, kvh, pos, pos >= start && pos < end, lane);
+        // One token (z = 0), or row z of a batch.
+        fused_qk(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
     } else {
         for (var i = lane.idx; i < p.head_dim / 4u; i += WG) {
             let o = (z * p.n_heads + h) * p.head_dim + 4u * i;
@@ -268,7 +288,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             total += acc_s[2u * (sl * row_quads + qi) + r / 4u][r % 4u];
         }
         if DIRECT {
-            part_acc[h * p.head_dim + lane.idx] = total / l;
+            part_acc[z * OUT_STRIDE + h * p.head_dim + lane.idx] = total / l;
         } else {
             part_acc[part * p.head_dim + lane.idx] = total;
         }

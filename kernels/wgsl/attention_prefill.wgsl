@@ -40,7 +40,7 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let n_chunks = nwg.y;
     let start = c * WG;
     // Token n attends to positions below ends[n]; the last token furthest.
-    let first_pos = step.pos + tok0 + 1u;
+    let first_pos = step[0] + tok0 + 1u;
     let ends = min(min(vec4<u32>(first_pos) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.capacity)),
                    vec4<u32>(start + WG));
     let end = ends.w;

@@ -28,6 +28,14 @@
 // ACCUMULATE variant; int8_matmul.wgsl serves the others) each weight quad
 // is loaded once for all of them. Decode runs TOKENS = 1 and z = 0 only.
 //
+// Batched decode (several sessions' steps in one launch, DECODE_ROWS > 0,
+// TOKENS = 1, grid z = 1): each workgroup runs the decode body for rows
+// z = 0 .. DECODE_ROWS - 1 in turn, inputs x[z * k_words ..], outputs
+// y[z * y_stride ..]. Every row runs exactly the one-token code (same
+// lanes, same order of additions), so a row's result is bit-identical to
+// its session's step alone; the matrix is read from memory once for all
+// rows (the workgroup's rows stay in its cache after the first).
+//
 // Bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
 // int8_common.wgsl, prepended by Rust.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
@@ -41,6 +49,8 @@ override SPLIT_K: bool = false;
 // Tokens per workgroup: 1 (decode) or 4 (the prefill pipelines, rows per
 // team only), set from Rust.
 override TOKENS: u32;
+// Decode rows per workgroup (see the header); 0: one token, row wg.z.
+override DECODE_ROWS: u32 = 0u;
 
 fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
     return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);
@@ -196,7 +206,56 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         matmul(lane, wg_row0, wg.z * TOKENS);
         return;
     }
-    let z = wg.z;
+    if DECODE_ROWS > 0u {
+        if SPLIT_K && n_k_words() / 4u <= WG {
+            split_k_rows(lane, wg_row0);
+            return;
+        }
+        for (var z = 0u; z < DECODE_ROWS; z++) {
+            decode_token(lane, wg_row0, z);
+        }
+        return;
+    }
+    decode_token(lane, wg_row0, wg.z);
+}
+
+// DECODE_ROWS rows, split K, where each lane takes one step (quad) of K at
+// most: the lane loads its weight quads and scales once for every row,
+// then runs each row as decode_token would (partial4's one step4, the
+// same expressions, then wg_sum5 and store4).
+fn split_k_rows(lane: Lane, row0: u32) {
+    let k_quads = n_k_words() / 4u;
+    let j = lane.idx;
+    let has_step = j < k_quads;
+    let rows = vec4<u32>(row0, min(row0 + 1u, n_rows() - 1u), min(row0 + 2u, n_rows() - 1u), min(row0 + 3u, n_rows() - 1u));
+    var w0 = vec4<u32>(0u);
+    var w1 = vec4<u32>(0u);
+    var w2 = vec4<u32>(0u);
+    var w3 = vec4<u32>(0u);
+    var s = vec4<f32>(0.0);
+    if has_step {
+        let g = j / (GROUP_WORDS / 4u);
+        w0 = w[rows.x * k_quads + j];
+        w1 = w[rows.y * k_quads + j];
+        w2 = w[rows.z * k_quads + j];
+        w3 = w[rows.w * k_quads + j];
+        s = vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
+                      scales[rows.w * n_groups() + g]);
+    }
+    for (var z = 0u; z < DECODE_ROWS; z++) {
+        var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
+        if has_step {
+            let q = xq(z * n_k_words() + 4u * j, j);
+            o = Partial(rows4(w0, w1, w2, w3, q) * s, q.sq);
+        }
+        let ss = o.ss;
+        let r = wg_sum5(o.acc, ss.x + ss.y + ss.z + ss.w, lane);
+        store4(row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z);
+    }
+}
+
+// The workgroup's rows of token z's output (input x[z * k_words ..]).
+fn decode_token(lane: Lane, wg_row0: u32, z: u32) {
     let xb = z * n_k_words();
     if SPLIT_K {
         // All lanes share the 4 rows; one workgroup reduction (NORM's sum

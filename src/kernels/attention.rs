@@ -100,13 +100,25 @@ impl AttentionVariant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttentionConstants {
     pub variant: AttentionVariant,
+    /// `ROWS`: a batch of sessions' decode steps, row z in grid z, with the
+    /// output's row stride (`OUT_STRIDE`, elements); `None`: one token or
+    /// a prompt batch.
+    pub rows_out_stride: Option<u32>,
 }
 
 impl AttentionConstants {
     /// As (WGSL name, value) pairs.
     pub fn render(&self) -> Vec<(&'static str, f64)> {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
-        vec![("WG", WG as f64), ("FUSED", flag(self.variant.fused)), ("DIRECT", flag(self.variant.direct))]
+        let mut c = vec![
+            ("WG", WG as f64),
+            ("FUSED", flag(self.variant.fused)),
+            ("DIRECT", flag(self.variant.direct)),
+        ];
+        if let Some(stride) = self.rows_out_stride {
+            c.extend([("ROWS", 1.0), ("OUT_STRIDE", stride as f64)]);
+        }
+        c
     }
 }
 

@@ -113,6 +113,28 @@ impl Launch {
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2] * z);
     }
+
+    /// Records the launch over `rows` decode rows of a batch of sessions'
+    /// steps, each row computed as the decode pipeline computes one token:
+    /// `all_rows` (a pipeline that runs every row in each workgroup, e.g.
+    /// [`Kernels::matvec_rows_pipeline`]) on the one-token grid, or else
+    /// the decode pipeline with row z in grid z.
+    pub fn record_rows(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        all_rows: Option<&wgpu::ComputePipeline>,
+        rows: u32,
+    ) {
+        let decode = self.decode_pipeline.as_ref().unwrap_or(&self.pipelines.decode);
+        let (pipeline, z) = match all_rows {
+            Some(p) => (p, 1),
+            None => (decode, rows),
+        };
+        let grid = self.workgroups;
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2] * z);
+    }
 }
 
 /// Splits a 1-D workgroup count over x and y (at most 65535 per dimension).

@@ -265,12 +265,16 @@ pub struct MatvecConstants {
     pub tokens: u32,
     /// The `SHAPE_*` constants of a specialised pipeline.
     pub shape: Option<MatvecShape>,
+    /// `DECODE_ROWS`: decode rows each workgroup runs in turn (a batch of
+    /// sessions' steps, each row with the one-token arithmetic); 0: one
+    /// token per grid z.
+    pub decode_rows: u32,
 }
 
 impl MatvecConstants {
     /// A decode pipeline of `variant` under `split`.
     pub fn decode(variant: MatvecVariant, split: MatvecSplit) -> Self {
-        MatvecConstants { variant, split, tokens: 1, shape: None }
+        MatvecConstants { variant, split, tokens: 1, shape: None, decode_rows: 0 }
     }
 
     /// The per-token prefill pipeline of `variant` on a device of `layout`:
@@ -283,7 +287,7 @@ impl MatvecConstants {
             workgroup_size: MATVEC_WG,
             rows_per_wg: MATVEC_ROWS.max(layout.rows_per_wg()),
         };
-        MatvecConstants { variant, split, tokens: super::PREFILL_TOKENS_PER_WG, shape: None }
+        MatvecConstants { variant, split, tokens: super::PREFILL_TOKENS_PER_WG, shape: None, decode_rows: 0 }
     }
 
     /// As (WGSL name, value) pairs.
@@ -300,6 +304,9 @@ impl MatvecConstants {
             ("TOKENS", self.tokens as f64),
         ];
         c.extend(self.shape.iter().flat_map(|s| s.constants()));
+        if self.decode_rows > 0 {
+            c.push(("DECODE_ROWS", self.decode_rows as f64));
+        }
         c
     }
 }

@@ -302,7 +302,9 @@ impl Kernel {
     pub fn typed_constants(self, layout: MatvecLayout) -> Constants {
         match self.row().family {
             Family::Matvec(v) => Constants::Matvec(MatvecConstants::decode(v, layout.default_split())),
-            Family::Attention(variant) => Constants::Attention(AttentionConstants { variant }),
+            Family::Attention(variant) => {
+                Constants::Attention(AttentionConstants { variant, rows_out_stride: None })
+            }
             Family::Embed => Constants::Embed(EmbedConstants),
             _ => Constants::Workgroup(self.workgroup_size()),
         }

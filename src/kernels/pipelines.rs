@@ -13,8 +13,8 @@ use super::choice::{
 };
 use super::compile::{bind_group_layout, build, Code};
 use super::{
-    attention_prefill_source, Constants, Kernel, MatmulConstants, MatvecConstants, MatvecLayout, MatvecShape,
-    MatvecSplit, MATMUL_MSL_WG,
+    attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatvecConstants,
+    MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -302,6 +302,60 @@ impl Kernels {
                 None
             }
         }
+    }
+
+    /// The pipeline of matvec variant `kernel` that runs `rows` decode rows
+    /// of a batch of sessions in each workgroup (`DECODE_ROWS`), under
+    /// `split` and specialised to `shape` as [`Self::matvec_pipeline`]'s:
+    /// each row computes exactly what that pipeline computes for one
+    /// token. Compiled on first use, once per engine. `None` where the
+    /// matvecs are MSL twins (which have no such variant) or if the build
+    /// fails (the caller then runs the decode pipeline over a grid of
+    /// rows: the same results, the matrix read once per row).
+    pub fn matvec_rows_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> Option<wgpu::ComputePipeline> {
+        let variant = kernel.matvec_variant()?;
+        if self.source == KernelSource::Msl {
+            return None;
+        }
+        let constants = MatvecConstants {
+            shape: Some(shape),
+            decode_rows: rows,
+            ..MatvecConstants::decode(variant, split)
+        };
+        let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
+        match self.pipeline(gpu, key) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                log::warn!(
+                    "the {rows}-row {kernel:?} for {shape:?} failed to build ({e}); rows run one per grid z"
+                );
+                None
+            }
+        }
+    }
+
+    /// The WGSL pipeline of decode attention variant `kernel`
+    /// ([`Kernel::AttentionStep`] or [`Kernel::AttentionStepDirect`]) over
+    /// a batch of sessions' steps (`ROWS`; the output's rows
+    /// `out_stride` elements apart). Compiled on first use.
+    pub fn attention_rows_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        out_stride: u32,
+    ) -> Result<wgpu::ComputePipeline> {
+        let Constants::Attention(c) = kernel.typed_constants(self.matvec_layout) else {
+            return Err(Error::internal(format!("{kernel:?} is no attention kernel")));
+        };
+        let constants = Constants::Attention(AttentionConstants { rows_out_stride: Some(out_stride), ..c });
+        self.pipeline(gpu, PipelineKey { kernel, program: Program::Wgsl, constants })
     }
 
     /// Puts `pipeline` in place of `k`'s decode pipeline (the self-check's

@@ -105,6 +105,7 @@ impl Session {
         // The steps queued ahead only write positions past `len`, which
         // the feed overwrites after them in queue order: no need to wait.
         let discarded = self.queued.drain(..).collect();
+        self.edits += 1;
         let start = self.len;
         self.model.gpu.queue.write_buffer(&self.bufs.tokens, 4 * start as u64, bytemuck::cast_slice(&ids));
         self.pending = None;

@@ -112,8 +112,8 @@ impl Session {
                 .chain(self.bufs.v_cache.iter().zip(&fork.bufs.v_cache))
             {
                 for head in 0..self.model.config.num_key_value_heads as u64 {
-                    let from = head * self.capacity() as u64 * row_bytes;
-                    let to = head * capacity as u64 * row_bytes;
+                    let from = self.bufs.kv_offset + head * self.capacity() as u64 * row_bytes;
+                    let to = fork.bufs.kv_offset + head * capacity as u64 * row_bytes;
                     enc.copy_buffer_to_buffer(src, from, dst, to, len_bytes);
                 }
             }
@@ -220,7 +220,7 @@ impl Session {
                 let mut enc = self.encoder();
                 for (i, cache) in [k, v].into_iter().enumerate() {
                     for head in 0..heads {
-                        let from = head * self.capacity() as u64 * row_bytes;
+                        let from = self.bufs.kv_offset + head * self.capacity() as u64 * row_bytes;
                         let to = (i as u64 * heads + head) * len_bytes;
                         enc.copy_buffer_to_buffer(cache, from, &staging, to, len_bytes);
                     }
@@ -419,7 +419,7 @@ pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usiz
             for (i, cache) in [&s.bufs.k_cache[l], &s.bufs.v_cache[l]].into_iter().enumerate() {
                 for head in 0..heads {
                     let from = (i * heads + head) * len_bytes;
-                    let to = (head * capacity * row_bytes) as u64;
+                    let to = s.bufs.kv_offset + (head * capacity * row_bytes) as u64;
                     shared.gpu.queue.write_buffer(cache, to, &layer[from..from + len_bytes]);
                 }
             }

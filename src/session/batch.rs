@@ -1,0 +1,492 @@
+//! Several sessions of one model decoding in one GPU step: a [`Batch`] owns
+//! a KV pool (per layer one K and one V buffer of `slots` regions), hands
+//! out sessions whose caches are its regions, and steps any of them
+//! together. A step reads every weight matrix once for all its sessions;
+//! each session attends over its own region at its own position and gets
+//! its own greedy token, the very token it would get stepping alone (each
+//! row runs its session's one-token arithmetic).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use super::Session;
+use crate::buffers::{kv_region_bytes, KvRegion, SessionBuffers};
+use crate::error::{Error, Result};
+use crate::gpu_weights::ModelGpu;
+use crate::kernels::{KernelSource, ATTENTION_CHUNK};
+use crate::qwen3::BatchForward;
+use crate::sampling::SamplingParams;
+
+/// How [`Model::batch`](crate::Model::batch) sizes a batch.
+///
+/// ```no_run
+/// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
+/// use qwen3_wgpu::BatchOptions;
+/// let batch = model.batch(&BatchOptions::default().slots(4).capacity_per_slot(512))?;
+/// # let _ = batch;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchOptions {
+    /// Sessions the batch can hold at once (default 8).
+    pub slots: usize,
+    /// KV-cache capacity of each session, in positions (default 1024).
+    pub capacity_per_slot: usize,
+}
+
+impl Default for BatchOptions {
+    fn default() -> Self {
+        BatchOptions { slots: 8, capacity_per_slot: 1024 }
+    }
+}
+
+impl BatchOptions {
+    /// Sets [`Self::slots`].
+    pub fn slots(mut self, slots: usize) -> Self {
+        self.slots = slots;
+        self
+    }
+
+    /// Sets [`Self::capacity_per_slot`].
+    pub fn capacity_per_slot(mut self, capacity: usize) -> Self {
+        self.capacity_per_slot = capacity;
+        self
+    }
+}
+
+/// The KV buffers of a batch and which of their regions are free.
+struct KvPool {
+    k: Vec<wgpu::Buffer>,
+    v: Vec<wgpu::Buffer>,
+    /// Bytes of one slot's region (a multiple of 256: a binding offset).
+    region_bytes: u64,
+    free: Mutex<Vec<usize>>,
+    /// Leases handed out so far (each lease's number: a session's identity
+    /// in the batch, never reused, unlike its slot).
+    leases: AtomicU64,
+}
+
+/// A session's hold on one slot of a batch's KV pool, given back when the
+/// session is dropped.
+pub(crate) struct SlotLease {
+    pool: Arc<KvPool>,
+    slot: usize,
+    /// This lease's number in its pool.
+    number: u64,
+}
+
+impl SlotLease {
+    /// Where the slot's cache lies.
+    pub(crate) fn region(&self) -> KvRegion {
+        let p = &self.pool;
+        KvRegion {
+            k: p.k.clone(),
+            v: p.v.clone(),
+            offset: self.slot as u64 * p.region_bytes,
+            bytes: p.region_bytes,
+        }
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        self.pool.free.lock().unwrap_or_else(|e| e.into_inner()).push(self.slot);
+    }
+}
+
+/// Sessions of one model stepped together: see [`Model::batch`](crate::Model::batch).
+///
+/// Sessions made by [`Batch::session`] are ordinary [`Session`]s (feed,
+/// `next_token`, truncate, fork, save all work on each alone); their KV
+/// caches are regions of the batch's pool, and a dropped session gives its
+/// slot back. [`Batch::step`] advances any of them by one token each, in
+/// one GPU submit; which sessions a call passes is up to the caller, so
+/// sessions join and leave between steps (continuous batching).
+///
+/// ```no_run
+/// # fn f(model: &qwen3_wgpu::Model) -> qwen3_wgpu::Result<()> {
+/// use qwen3_wgpu::BatchOptions;
+/// let mut batch = model.batch(&BatchOptions::default().slots(2).capacity_per_slot(256))?;
+/// let mut a = batch.session()?;
+/// let mut b = batch.session()?;
+/// let first = (a.feed(&[785, 6722, 315])?, b.feed(&[9707])?);
+/// for _ in 0..16 {
+///     let tokens = batch.step(&mut [&mut a, &mut b])?; // one token each
+///     println!("{tokens:?}");
+/// }
+/// # let _ = first;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Steps are greedy; a session sampling under other
+/// [`SamplingParams`] is refused. On the MSL kernels (which have no batched
+/// variants) a step runs each session's own step in turn: the same tokens,
+/// without the shared weight reads.
+pub struct Batch {
+    model: Arc<ModelGpu>,
+    pool: Arc<KvPool>,
+    slots: usize,
+    capacity: usize,
+    /// The rows' activations; `tokens` holds one word, then each row's
+    /// token: the embedding reads row z's at `embed_step.pos + z` = 1 + z,
+    /// the argmax writes it at `step.pos + 1 + z` with `step.pos` = 0.
+    bufs: SessionBuffers,
+    /// Per row: position and KV offset (vec4 words), as attention reads them.
+    rows: wgpu::Buffer,
+    /// `{pos: 1, fill_end: 0}`.
+    embed_step: wgpu::Buffer,
+    /// `None` on the MSL kernels (each session steps alone there).
+    forward: Option<BatchForward>,
+    /// The rows' tokens, read back after each step: two, for the step
+    /// waited on and the one queued behind it.
+    readbacks: [wgpu::Buffer; 2],
+    /// The step submitted ahead of the caller for the sessions of the last
+    /// call, one position on (see [`Batch::step`]).
+    ahead: Option<InFlightStep>,
+}
+
+/// What a session must hold for a step to be its next one: (its lease's
+/// number, feeds and truncations, length, pending token). The lease, not
+/// the slot: a slot freed and taken again holds another session.
+type RowKey = (u64, u64, usize, Option<u32>);
+
+/// A batch step on the GPU.
+struct InFlightStep {
+    /// Per row, its session's [`RowKey`]. The pending token of a step
+    /// queued ahead is known once the step before it is read back.
+    rows: Vec<RowKey>,
+    readback: usize,
+    submission: wgpu::SubmissionIndex,
+    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("slots", &self.slots)
+            .field("free_slots", &self.free_slots())
+            .field("capacity_per_slot", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Batch {
+    pub(crate) fn new(model: Arc<ModelGpu>, options: &BatchOptions) -> Result<Self> {
+        let cfg = &model.config;
+        let gpu = &model.gpu;
+        let (slots, capacity) = (options.slots, options.capacity_per_slot);
+        let max = cfg.max_position_embeddings;
+        if capacity == 0 || capacity > max {
+            return Err(Error::ContextOverflow { needed: capacity, capacity: max });
+        }
+        if slots == 0 {
+            return Err(Error::invalid_argument("slots", "a batch needs at least one slot"));
+        }
+        let region_bytes = kv_region_bytes(cfg, capacity);
+        let limits = gpu.device.limits();
+        let limit = limits.max_buffer_size.min(limits.max_storage_buffer_binding_size);
+        let pool_bytes =
+            (slots as u64).checked_mul(region_bytes).filter(|&b| b <= limit).ok_or_else(|| {
+                Error::invalid_argument(
+                    "slots",
+                    format!(
+                        "{slots} slots of {capacity} positions need {region_bytes} bytes each per layer, \
+                     past the device's largest storage binding ({limit} bytes)"
+                    ),
+                )
+            })?;
+        let built = gpu.scoped(
+            || {
+                let layer = |label| -> Vec<wgpu::Buffer> {
+                    (0..cfg.num_hidden_layers).map(|_| gpu.storage(label, pool_bytes as usize)).collect()
+                };
+                let (k, v) = (layer("k_pool"), layer("v_pool"));
+                let whole = KvRegion { k: k.clone(), v: v.clone(), offset: 0, bytes: pool_bytes };
+                let bufs = SessionBuffers::for_rows(gpu, cfg, capacity, slots, whole)?;
+                let rows = gpu.storage("batch rows", 8 * slots);
+                let embed_step = gpu.storage_init("batch embed step", bytemuck::cast_slice(&[1u32, 0]))?;
+                let batched = model.kernels.source != KernelSource::Msl;
+                let forward = batched
+                    .then(|| {
+                        crate::qwen3::batch_forward(
+                            gpu,
+                            &model.kernels,
+                            cfg,
+                            &model.weights,
+                            &bufs,
+                            &rows,
+                            &embed_step,
+                        )
+                    })
+                    .transpose()?;
+                Ok((k, v, bufs, rows, embed_step, forward))
+            },
+            |reason| Error::GpuDeviceFailed { reason: format!("creating a batch: {reason}") },
+        )?;
+        let (k, v, bufs, rows, embed_step, forward) = built;
+        let free = Mutex::new((0..slots).rev().collect());
+        Ok(Batch {
+            pool: Arc::new(KvPool { k, v, region_bytes, free, leases: AtomicU64::new(0) }),
+            slots,
+            capacity,
+            bufs,
+            rows,
+            embed_step,
+            forward,
+            readbacks: [gpu.readback("batch tokens", 4 * slots), gpu.readback("batch tokens", 4 * slots)],
+            ahead: None,
+            model,
+        })
+    }
+
+    /// Sessions the batch can hold at once.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Slots free for [`Batch::session`].
+    pub fn free_slots(&self) -> usize {
+        self.pool.free.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// KV-cache capacity of each session, in positions.
+    pub fn capacity_per_slot(&self) -> usize {
+        self.capacity
+    }
+
+    /// GPU memory the batch allocated (the KV pool of every slot, the
+    /// rows' activations and scratch, launch parameters), bytes. Its
+    /// sessions' own buffers come on top ([`Session::buffer_bytes`]).
+    pub fn buffer_bytes(&self) -> u64 {
+        let [r0, r1] = &self.readbacks;
+        let extra = [&self.rows, &self.embed_step, r0, r1].iter().map(|b| b.size()).sum::<u64>();
+        self.bufs.bytes() + self.forward.as_ref().map_or(0, |f| f.uniform_bytes) + extra
+    }
+
+    /// A new empty session in a free slot (its KV cache is the slot's
+    /// region; dropping the session frees the slot).
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `batch` when every slot
+    /// holds a session; a GPU failure creating the session's buffers.
+    pub fn session(&self) -> Result<Session> {
+        let slot = self.pool.free.lock().unwrap_or_else(|e| e.into_inner()).pop().ok_or_else(|| {
+            Error::invalid_argument(
+                "batch",
+                format!("all {} slots hold sessions: drop one to free its slot", self.slots),
+            )
+        })?;
+        let number = self.pool.leases.fetch_add(1, Ordering::Relaxed);
+        let lease = SlotLease { pool: self.pool.clone(), slot, number };
+        Session::new_in(self.model.clone(), self.capacity, Some(lease))
+    }
+
+    /// Advances each of `sessions` by one token, in one GPU step, and
+    /// returns their new tokens in order: for each session, exactly what
+    /// [`Session::next_token`] would return, and the session is left as
+    /// that call would leave it (the token pending, the previous one in its
+    /// KV cache). Steps the sessions had queued ahead alone are discarded
+    /// first. Each call passes any sessions of this batch, so sessions join
+    /// and leave between calls.
+    ///
+    /// Before waiting for its tokens, a call queues the next step for the
+    /// same sessions, so the GPU runs it while the caller handles these
+    /// tokens: the next call with the same sessions, in the same order and
+    /// untouched in between, gets its tokens without a step's wait. Any
+    /// other call drops it (waiting for it first); what it wrote lies past
+    /// each session's length, as for a session's own steps queued ahead.
+    ///
+    /// Errors, before anything runs (no session changes):
+    /// [`Error::InvalidArgument`] naming `sessions` for an empty list or a
+    /// session that holds no slot of this batch (made by another batch, or
+    /// by [`Model::session`](crate::Model::session)), naming `sampling` for
+    /// a session that samples (steps are greedy), naming `logprobs` for one
+    /// reporting log-probabilities, naming `session` for one
+    /// with a [`Session::begin_feed`] in progress; `no_pending_token` for a
+    /// session never fed; `context_overflow` for a full one. Then a GPU
+    /// failure.
+    pub fn step(&mut self, sessions: &mut [&mut Session]) -> Result<Vec<u32>> {
+        if sessions.is_empty() {
+            return Err(Error::invalid_argument("sessions", "an empty batch: pass at least one session"));
+        }
+        for (i, s) in sessions.iter().enumerate() {
+            match &s.kv_slot {
+                Some(lease) if Arc::ptr_eq(&lease.pool, &self.pool) => {}
+                _ => {
+                    return Err(Error::invalid_argument(
+                        "sessions",
+                        format!("session {i} holds no slot of this batch (make it with Batch::session)"),
+                    ))
+                }
+            }
+            if s.sampling != SamplingParams::default() {
+                return Err(Error::invalid_argument(
+                    "sampling",
+                    format!("session {i} samples; batched steps are greedy only"),
+                ));
+            }
+            if s.logprobs > 0 {
+                return Err(Error::invalid_argument(
+                    "logprobs",
+                    format!("session {i} reports log-probabilities; batched steps do not compute them"),
+                ));
+            }
+            s.check_can_step(1)?;
+        }
+        if self.forward.is_none() {
+            // The MSL twins have no batched variants: each session's own
+            // step (its arithmetic is that of the pipelines it runs alone).
+            return sessions.iter_mut().map(|s| s.next_token()).collect();
+        }
+        let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
+        // The step queued ahead by the last call serves when the sessions
+        // are those it ran for, in the same order and state; otherwise it
+        // is dropped (what it wrote lies past each session's length).
+        let current = match self.ahead.take() {
+            Some(ahead) if ahead.rows == rows => ahead,
+            other => {
+                if let Some(stale) = other {
+                    self.wait(&stale)?;
+                    self.readbacks[stale.readback].unmap();
+                }
+                for s in sessions.iter_mut() {
+                    s.discard_queued()?;
+                }
+                let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
+                self.submit(sessions, 0, Some(&pending), 0)
+            }
+        };
+        // Steps a session queued alone since are discarded (they ran after
+        // the batch's and wrote the same values).
+        for s in sessions.iter_mut() {
+            s.discard_queued()?;
+        }
+        // The next step for the same sessions, queued before waiting: the
+        // GPU runs it while the host handles this one's tokens. Its inputs
+        // are this step's tokens, already on the GPU.
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        let next = room.then(|| self.submit(sessions, 1, None, 1 - current.readback));
+        let out = self.wait(&current).and_then(|()| self.read_tokens(current.readback, sessions.len()));
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                // Leave no readback buffer with a mapping pending.
+                if let Some(next) = next {
+                    if self.wait(&next).is_ok() {
+                        self.readbacks[next.readback].unmap();
+                    }
+                }
+                return Err(e);
+            }
+        };
+        for (s, &token) in sessions.iter_mut().zip(&out) {
+            s.len += 1;
+            s.pending = Some(token);
+            s.reset_gpu_position();
+        }
+        self.ahead = next.map(|mut next| {
+            for (row, s) in next.rows.iter_mut().zip(sessions.iter()) {
+                row.3 = s.pending;
+            }
+            next
+        });
+        Ok(out)
+    }
+
+    /// Submits one step of `sessions` at their lengths plus `offset`, each
+    /// row's input token from `tokens` (or, without, the previous step's
+    /// on the GPU), its token copied to its session's token sequence and to
+    /// readback buffer `readback`.
+    fn submit(
+        &self,
+        sessions: &[&mut Session],
+        offset: usize,
+        tokens: Option<&[u32]>,
+        readback: usize,
+    ) -> InFlightStep {
+        let n = sessions.len();
+        let gpu = &self.model.gpu;
+        let mut rows = Vec::with_capacity(2 * n);
+        for s in sessions {
+            let slot = s.kv_slot.as_ref().map_or(0, |l| l.slot) as u64;
+            rows.extend([(s.len + offset) as u32, (slot * self.pool.region_bytes / 16) as u32]);
+        }
+        // Written before the submit, after the submits before it (queue order).
+        gpu.queue.write_buffer(&self.rows, 0, bytemuck::cast_slice(&rows));
+        if let Some(tokens) = tokens {
+            gpu.queue.write_buffer(&self.bufs.tokens, 4, bytemuck::cast_slice(tokens));
+        }
+        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&[0u32, 0]));
+        let chunk = ATTENTION_CHUNK as usize;
+        let short = sessions.iter().any(|s| s.len + offset < chunk);
+        let long = sessions.iter().any(|s| s.len + offset >= chunk);
+        let mut enc =
+            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("batch step"),
+                timestamp_writes: None,
+            });
+            if let Some(forward) = &self.forward {
+                forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long);
+            }
+        }
+        // Each row's token where its session's next step reads it.
+        for (z, s) in sessions.iter().enumerate() {
+            let at = 4 * (s.len + offset + 1) as u64;
+            enc.copy_buffer_to_buffer(&self.bufs.tokens, 4 * (1 + z as u64), &s.bufs.tokens, at, 4);
+        }
+        let buf = &self.readbacks[readback];
+        enc.copy_buffer_to_buffer(&self.bufs.tokens, 4, buf, 0, 4 * n as u64);
+        let submission = gpu.queue.submit([enc.finish()]);
+        let (tx, mapped) = mpsc::channel();
+        buf.slice(..4 * n as u64).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
+        InFlightStep { rows, readback, submission, mapped }
+    }
+
+    /// Waits until `step`'s tokens are mapped.
+    fn wait(&self, step: &InFlightStep) -> Result<()> {
+        let gpu = &self.model.gpu;
+        let wait = wgpu::PollType::Wait { submission_index: Some(step.submission.clone()), timeout: None };
+        gpu.device.poll(wait).map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        gpu.check_fault()?;
+        match step.mapped.try_recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
+            Err(_) => Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() }),
+        }
+    }
+
+    /// The `n` tokens of mapped readback buffer `readback` (then unmapped),
+    /// checked against the vocabulary.
+    fn read_tokens(&self, readback: usize, n: usize) -> Result<Vec<u32>> {
+        let buf = &self.readbacks[readback];
+        let out: Vec<u32> = {
+            let view = buf
+                .slice(..4 * n as u64)
+                .get_mapped_range()
+                .map_err(|e| Error::GpuDeviceFailed { reason: format!("reading back: {e}") })?;
+            bytemuck::cast_slice(&view).to_vec()
+        };
+        buf.unmap();
+        let vocab = self.model.config.vocab_size;
+        if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::GpuDeviceFailed {
+                reason: format!("argmax returned {bad} (non-finite logits?)"),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// `s`'s key as a step `offset` positions on from now finds it (the pending
+/// token of a later step is not known yet).
+fn row_key(s: &Session, offset: usize) -> RowKey {
+    let lease = s.kv_slot.as_ref().map_or(u64::MAX, |l| l.number);
+    (lease, s.edits, s.len + offset, if offset == 0 { s.pending } else { None })
+}

@@ -1,0 +1,290 @@
+//! Batched decode across sessions (`Model::batch`, `Batch::step`): the
+//! greedy tokens of each session in a batch are exactly those it produces
+//! alone, whatever the other rows, their positions (one crossing the
+//! 256-position attention chunk while others stay within one), or who
+//! joins and leaves; bad input is a named error that changes nothing.
+
+use std::path::{Path, PathBuf};
+
+use qwen3_wgpu::{
+    AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, Error, FeedStatus, LoadOptions, MatvecLayout,
+    Model, SamplingParams, Session,
+};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name)
+}
+
+fn load(layout: MatvecLayout, name: &str) -> Model {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).matvec_layout(layout).build().unwrap();
+    engine.load(fixture(name), &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap()
+}
+
+/// `n` token ids below `vocab`, from a seed (a small LCG: varied prompts).
+fn ids(seed: u32, n: usize, vocab: u32) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(2654435761).wrapping_add(12345);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+            (x >> 8) % vocab
+        })
+        .collect()
+}
+
+const CAPACITY: usize = 300;
+
+/// The greedy tokens of a session of `CAPACITY` positions fed `prompt`:
+/// the first, then `n - 1` more.
+fn alone(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = model.session_with_capacity(CAPACITY).unwrap();
+    let first = s.feed(prompt).unwrap();
+    std::iter::once(first).chain((1..n).map(|_| s.next_token().unwrap())).collect()
+}
+
+/// Steps `sessions` together, appending each one's token to its stream.
+fn step(batch: &mut Batch, sessions: &mut [(&mut Session, &mut Vec<u32>)]) {
+    let (mut ss, outs): (Vec<&mut Session>, Vec<&mut Vec<u32>>) =
+        sessions.iter_mut().map(|(s, o)| (&mut **s, &mut **o)).unzip();
+    let tokens = batch.step(&mut ss).unwrap();
+    assert_eq!(tokens.len(), outs.len());
+    for (out, t) in outs.into_iter().zip(tokens) {
+        out.push(t);
+    }
+}
+
+/// Three sessions at mixed prompt lengths: `a` starts at 250 positions and
+/// crosses the 256-position chunk while `b` and `c` stay within one; `c`
+/// joins late, `b` leaves early (its slot freed), `a` takes steps alone in
+/// between. Every stream equals the session decoded alone, and the streams
+/// differ from one another (so swapped rows or slots would show).
+fn batched_equals_alone(layout: MatvecLayout, name: &str) {
+    let model = load(layout, name);
+    let vocab = model.config().vocab_size as u32;
+    let (pa, pb, pc) = (ids(1, 250, vocab), ids(2, 5, vocab), ids(3, 40, vocab));
+    let n = 16;
+    let want = [alone(&model, &pa, n), alone(&model, &pb, n), alone(&model, &pc, n)];
+    assert!(want[0] != want[1] && want[1] != want[2] && want[0] != want[2], "{want:?}");
+
+    let mut batch = model.batch(&BatchOptions::default().slots(3).capacity_per_slot(CAPACITY)).unwrap();
+    let mut a = batch.session().unwrap();
+    let mut b = batch.session().unwrap();
+    let mut got_a = vec![a.feed(&pa).unwrap()];
+    let mut got_b = vec![b.feed(&pb).unwrap()];
+    for _ in 0..3 {
+        step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    }
+    // c joins; rows in another order.
+    let mut c = batch.session().unwrap();
+    let mut got_c = vec![c.feed(&pc).unwrap()];
+    for _ in 0..3 {
+        step(&mut batch, &mut [(&mut c, &mut got_c), (&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    }
+    // a alone between batch steps (its queued steps are discarded by the next batch step).
+    got_a.push(a.next_token().unwrap());
+    got_a.push(a.next_token().unwrap());
+    for _ in 0..2 {
+        step(&mut batch, &mut [(&mut b, &mut got_b), (&mut c, &mut got_c), (&mut a, &mut got_a)]);
+    }
+    // b leaves mid-way: its slot is free for another session.
+    while got_b.len() < n {
+        got_b.push(b.next_token().unwrap());
+    }
+    assert_eq!(got_b, want[1], "b");
+    drop(b);
+    assert_eq!(batch.free_slots(), 1);
+    let d = batch.session().unwrap();
+    drop(d);
+    while got_a.len() < n || got_c.len() < n {
+        match (got_a.len() < n, got_c.len() < n) {
+            (true, true) => step(&mut batch, &mut [(&mut a, &mut got_a), (&mut c, &mut got_c)]),
+            (true, false) => step(&mut batch, &mut [(&mut a, &mut got_a)]),
+            _ => step(&mut batch, &mut [(&mut c, &mut got_c)]),
+        }
+    }
+    assert!(a.len() > 256 && c.len() < 256, "a at {}, c at {}", a.len(), c.len());
+    assert_eq!(got_a, want[0], "a");
+    assert_eq!(got_c, want[2], "c");
+}
+
+#[test]
+fn batched_tokens_equal_each_session_alone_rows_per_team() {
+    batched_equals_alone(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+}
+
+#[test]
+fn batched_tokens_equal_each_session_alone_split_k_odd_dims() {
+    batched_equals_alone(MatvecLayout::SplitK, "odd_dims");
+}
+
+/// The greedy tokens of a session of `capacity` positions fed `prompt`.
+fn alone_with(model: &Model, capacity: usize, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = model.session_with_capacity(capacity).unwrap();
+    let first = s.feed(prompt).unwrap();
+    std::iter::once(first).chain((1..n).map(|_| s.next_token().unwrap())).collect()
+}
+
+fn err<T>(r: Result<T, Error>) -> Error {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
+fn assert_invalid(e: Error, name: &str) {
+    assert_eq!(e.code(), "invalid_argument", "{e}");
+    assert!(matches!(&e, Error::InvalidArgument { name: n, .. } if n == name), "{e:?} should name {name}");
+}
+
+/// Bad options and bad steps are named errors, before anything runs: the
+/// sessions are left as they were and go on decoding their own tokens.
+#[test]
+fn bad_batches_and_bad_steps_are_named_errors_that_change_nothing() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let options = |slots, capacity| BatchOptions::default().slots(slots).capacity_per_slot(capacity);
+    assert_invalid(model.batch(&options(0, 8)).unwrap_err(), "slots");
+    assert_invalid(model.batch(&options(usize::MAX / 2, 8)).unwrap_err(), "slots");
+    assert_eq!(model.batch(&options(1, 0)).unwrap_err().code(), "context_overflow");
+    assert_eq!(model.batch(&options(1, 4097)).unwrap_err().code(), "context_overflow");
+
+    let capacity = 8;
+    let mut batch = model.batch(&options(2, capacity)).unwrap();
+    let mut a = batch.session().unwrap();
+    let mut b = batch.session().unwrap();
+    assert_invalid(err(batch.session()), "batch");
+    assert_invalid(batch.step(&mut []).unwrap_err(), "sessions");
+    assert_eq!(batch.step(&mut [&mut a]).unwrap_err().code(), "no_pending_token");
+    let prompt = [11u32, 22, 33];
+    let want = alone_with(&model, capacity, &prompt, capacity - prompt.len() + 1);
+    let mut got = vec![a.feed(&prompt).unwrap()];
+    b.feed(&[5, 6]).unwrap();
+
+    // Sessions that hold no slot of this batch: a plain one, one of another
+    // batch of the same model, one of another model's batch.
+    let mut plain = model.session_with_capacity(capacity).unwrap();
+    plain.feed(&[1]).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut plain]).unwrap_err(), "sessions");
+    let other_batch = model.batch(&options(1, capacity)).unwrap();
+    let mut stranger = other_batch.session().unwrap();
+    stranger.feed(&[1]).unwrap();
+    assert_invalid(batch.step(&mut [&mut stranger, &mut a]).unwrap_err(), "sessions");
+    let other_model = load(MatvecLayout::RowsPerTeam, "mqa_hd64");
+    let other_model_batch = other_model.batch(&options(1, capacity)).unwrap();
+    let mut foreign = other_model_batch.session().unwrap();
+    foreign.feed(&[1]).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut foreign]).unwrap_err(), "sessions");
+
+    // A sampling session, one reporting log-probabilities, and one in the
+    // middle of a non-blocking feed.
+    b.set_sampling(&SamplingParams::default().temperature(0.7).seed(3)).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut b]).unwrap_err(), "sampling");
+    b.set_sampling(&SamplingParams::default()).unwrap();
+    b.set_logprobs(3).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut b]).unwrap_err(), "logprobs");
+    b.set_logprobs(0).unwrap();
+    b.begin_feed(&[7]).unwrap();
+    assert_invalid(batch.step(&mut [&mut a, &mut b]).unwrap_err(), "session");
+    while !matches!(b.poll_feed().unwrap(), FeedStatus::Ready(_)) {}
+
+    // Nothing changed: `a` decodes its own tokens up to its capacity, then
+    // a step is context_overflow (and `b` still steps).
+    assert_eq!(a.len(), prompt.len());
+    while a.len() < capacity {
+        got.push(batch.step(&mut [&mut a]).unwrap()[0]);
+    }
+    assert_eq!(got, want);
+    assert_eq!(batch.step(&mut [&mut b, &mut a]).unwrap_err().code(), "context_overflow");
+    assert_eq!(batch.step(&mut [&mut b]).unwrap().len(), 1);
+}
+
+/// A step the batch queued ahead is dropped when a session's context
+/// changed since, even where its length and pending token are back to what
+/// the queued step expects (a truncation and a different token fed whose
+/// prediction is the same): the next step follows the new context.
+#[test]
+fn a_step_queued_ahead_is_dropped_when_the_context_changed() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(1).capacity_per_slot(64)).unwrap();
+    let mut a = batch.session().unwrap();
+    a.feed(&ids(7, 6, vocab)).unwrap();
+    batch.step(&mut [&mut a]).unwrap();
+    batch.step(&mut [&mut a]).unwrap(); // the next one is queued ahead
+    let (len, pending) = (a.len(), a.pending().unwrap());
+    let context = a.tokens().unwrap();
+    // Another last token with the same prediction.
+    let mut probe = model.session_with_capacity(64).unwrap();
+    probe.feed(&context[..len - 1]).unwrap();
+    let other = (0..vocab)
+        .filter(|&x| x != context[len - 1])
+        .find(|&x| {
+            probe.truncate(len - 1).unwrap();
+            probe.feed(&[x]).unwrap() == pending
+        })
+        .expect("a token with the same prediction");
+    a.truncate(len - 1).unwrap();
+    assert_eq!(a.feed(&[other]).unwrap(), pending);
+    assert_eq!(a.len(), len);
+    let got: Vec<u32> = (0..4).map(|_| batch.step(&mut [&mut a]).unwrap()[0]).collect();
+    let mut edited = context[..len - 1].to_vec();
+    edited.push(other);
+    let want = alone_with(&model, 64, &edited, 5);
+    assert_eq!(want[0], pending);
+    assert_eq!(got, want[1..]);
+}
+
+/// A session of a batch works alone like any other: fork, save and
+/// restore read its own slot's region of the pool (here not the first
+/// slot, whose region holds another session's context), and its forks and
+/// restored copies continue as it does.
+#[test]
+fn fork_save_and_restore_of_a_batch_session_use_its_own_region() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(2).capacity_per_slot(64)).unwrap();
+    let mut first = batch.session().unwrap();
+    let mut second = batch.session().unwrap();
+    first.feed(&ids(11, 20, vocab)).unwrap();
+    second.feed(&ids(12, 9, vocab)).unwrap();
+    batch.step(&mut [&mut first, &mut second]).unwrap();
+    let context = second.tokens().unwrap();
+    let want = alone_with(&model, 64, &context, 5);
+    assert_eq!(want[0], second.pending().unwrap());
+
+    let mut fork = second.fork().unwrap();
+    let forked: Vec<u32> = (1..5).map(|_| fork.next_token().unwrap()).collect();
+    assert_eq!(forked, want[1..]);
+    let dir = std::env::temp_dir().join(format!("qwen3-wgpu-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("second.session");
+    second.save(&path).unwrap();
+    let mut restored = model.restore_session(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let again: Vec<u32> = (1..5).map(|_| restored.next_token().unwrap()).collect();
+    assert_eq!(again, want[1..]);
+    let own: Vec<u32> = (1..5).map(|_| batch.step(&mut [&mut second]).unwrap()[0]).collect();
+    assert_eq!(own, want[1..]);
+}
+
+/// A step queued ahead for a session that is then dropped never serves the
+/// session that takes its slot next, even one fed the very same context
+/// (same length, pending token and feed count): the new session's own
+/// token sequence gets its tokens, so it goes on alone as it should.
+#[test]
+fn a_step_queued_for_a_dropped_session_never_serves_the_next_in_its_slot() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(1).capacity_per_slot(64)).unwrap();
+    let mut a = batch.session().unwrap();
+    a.feed(&ids(21, 10, vocab)).unwrap();
+    batch.step(&mut [&mut a]).unwrap();
+    batch.step(&mut [&mut a]).unwrap(); // the next one is queued ahead
+    let context = a.tokens().unwrap();
+    let len = a.len();
+    drop(a);
+    let mut b = batch.session().unwrap();
+    b.feed(&context[..len]).unwrap();
+    let want = alone_with(&model, 64, &context[..len], 5);
+    let mut got = vec![b.pending().unwrap(), batch.step(&mut [&mut b]).unwrap()[0]];
+    got.extend((0..3).map(|_| b.next_token().unwrap()));
+    assert_eq!(got, want);
+}
