@@ -107,7 +107,7 @@ fn one_error_of_each_code() -> Vec<qwen3_wgpu::Error> {
 fn every_entry_point_catches_panics() {
     let header = checked_in_header();
     let mut count = 0;
-    for file in ["lib.rs", "owned.rs", "engine.rs", "text.rs"] {
+    for file in ["lib.rs", "owned.rs", "engine.rs", "session.rs", "text.rs"] {
         let source = std::fs::read_to_string(manifest_dir().join("src").join(file)).unwrap();
         for (i, _) in source.match_indices("#[no_mangle]") {
             let rest = &source[i..];

@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
         auto tokenizer = q3w::make<q3w::Tokenizer>(
             [&](q3w_tokenizer **out) { return q3w_tokenizer_from_checkpoint(argv[2], out); });
         q3w_session_options options;
-        q3w::check(q3w_session_options_init(&options));
+        q3w::check(q3w_session_options_init(&options, sizeof options));
         options.capacity = prompt.size() + max_new;
         auto session = q3w::make<q3w::Session>(
             [&](q3w_session **out) { return q3w_session_new(model.get(), &options, out); });

@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
 
     /* A policy value the header does not define. */
     q3w_engine_options options;
-    EXPECT(p_q3w_engine_options_init(&options) == Q3W_OK);
+    EXPECT(p_q3w_engine_options_init(&options, sizeof options) == Q3W_OK);
     options.adapter_policy = 7;
     q3w_engine *engine = (q3w_engine *)&options; /* must be reset to NULL */
     EXPECT(p_q3w_engine_new(&options, &engine) == Q3W_INVALID_ARGUMENT);
