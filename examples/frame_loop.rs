@@ -7,17 +7,22 @@
 //!
 //! It runs one phase of `--frames` frames with rendering alone, then one
 //! per `--sessions` count with that many conversations decoding, and prints
-//! per phase: the frame's CPU time (render encoding and submit plus the
-//! engine calls), the engine's CPU time per frame, the rendered frame's
-//! GPU-complete latency (from its submit to the queue reporting all work
-//! submitted up to it done: decode steps queued ahead of it included, as a
-//! single queue runs them first), frames that missed their boundary, and
-//! the tokens per second the conversations reached.
+//! per phase (p50, p99 and max, in ms): the frame's CPU time (the render's
+//! encoding and submit plus the engine calls), the render's and the
+//! engine's parts of it, the rendered frame's GPU-complete latency (from
+//! its submit until the queue reports all work submitted up to it done:
+//! decode steps queued ahead of it included, as one queue runs them first;
+//! seen by polling the device every 0.2 ms while the frame idles), frames
+//! that overran their boundary, and the tokens per second the
+//! conversations reached. Every token that has arrived is taken each frame
+//! (`--max-tokens-per-frame` caps it); a conversation whose context fills
+//! starts over (`Session::truncate`, which waits for its queued steps, then
+//! its prompt again).
 //!
 //! ```text
 //! cargo run --release --example frame_loop -- --checkpoint DIR [--frames 600] [--sessions 1,8]
 //!     [--backend metal|portable] [--width 1920] [--height 1080] [--render-ms 2 | --iterations N]
-//!     [--prompt-len 64] [--lookahead N] [--max-tokens-per-frame N] [--no-cache] [--json]
+//!     [--prompt-len 64] [--context 512] [--lookahead N] [--max-tokens-per-frame N] [--no-cache] [--json]
 //! ```
 //!
 //! With `--json`, one object per line: the setup, then one per phase.
@@ -31,6 +36,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use qwen3_wgpu::{
     wgpu, AdapterPolicy, CachePolicy, Engine, Error, FeedStatus, Gpu, LoadOptions, Model, Result, Session,
+    DEFAULT_LOOKAHEAD,
 };
 use serde_json::{json, Value};
 
@@ -73,6 +79,10 @@ struct Args {
     /// Prompt length of each conversation (synthetic ids; no tokenizer).
     #[arg(long, default_value_t = 64)]
     prompt_len: usize,
+    /// KV-cache positions of each conversation; a full one starts over
+    /// (rewinds and feeds its prompt again).
+    #[arg(long, default_value_t = 512)]
+    context: usize,
     /// Decode steps each session keeps queued ahead (default: the engine's).
     #[arg(long)]
     lookahead: Option<usize>,
@@ -265,6 +275,8 @@ struct Conversation {
     feed_frames: Option<usize>,
     frames_fed: usize,
     tokens: usize,
+    /// Times the context filled and the conversation started over.
+    restarts: usize,
     /// The first tokens of its first reply (the prompt's prediction first),
     /// to check against a blocking session.
     first_ids: Vec<u32>,
@@ -286,6 +298,7 @@ impl Conversation {
             feed_frames: None,
             frames_fed: 0,
             tokens: 0,
+            restarts: 0,
             first_ids: Vec::new(),
         })
     }
@@ -310,6 +323,7 @@ impl Conversation {
             self.session.begin_feed(prompt)?;
             self.feeding = true;
             self.frames_fed = 0;
+            self.restarts += 1;
             return Ok(());
         }
         let mut taken = 0;
@@ -353,11 +367,12 @@ struct InFlightFrame {
 
 /// Runs one phase of `frames` frames with `sessions` conversations.
 fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessions: usize) -> Result<Value> {
-    let capacity = (prompt.len() + args.frames + 8).min(model.config().max_position_embeddings);
+    let capacity = args.context;
     let mut conversations = (0..sessions)
         .map(|_| Conversation::start(model, prompt, capacity, args.lookahead))
         .collect::<Result<Vec<_>>>()?;
-    let (mut frame_cpu, mut engine_cpu, mut latency) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut frame_cpu, mut render_cpu, mut engine_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let mut latency = Vec::new();
     let mut in_flight: VecDeque<InFlightFrame> = VecDeque::new();
     let mut late = 0;
     let start = Instant::now();
@@ -376,6 +391,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
         renderer.queue.on_submitted_work_done(move || *slot.lock().unwrap() = Some(Instant::now()));
         in_flight.push_back(InFlightFrame { submitted: Instant::now(), done });
         let engine_start = Instant::now();
+        render_cpu.push((engine_start - frame_start).as_secs_f64() * 1e3);
         for c in &mut conversations {
             c.poll(prompt, args.max_tokens_per_frame)?;
         }
@@ -404,6 +420,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
     }
     let elapsed = start.elapsed().as_secs_f64();
     let tokens: usize = conversations.iter().map(|c| c.tokens).sum();
+    let restarts: usize = conversations.iter().map(|c| c.restarts).sum();
     let feed_frames: Vec<f64> =
         conversations.iter().filter_map(|c| c.feed_frames.map(|f| f as f64)).collect();
     let first_ids = conversations.first().map(|c| c.first_ids.clone()).unwrap_or_default();
@@ -419,9 +436,11 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
         "frames": args.frames,
         "late_frames": late,
         "frame_cpu_ms": stats(&frame_cpu),
+        "render_cpu_ms": stats(&render_cpu),
         "engine_cpu_ms": stats(&engine_cpu),
         "gpu_latency_ms": stats(&latency),
         "tokens": tokens,
+        "restarts": restarts,
         "tokens_per_sec": (tokens as f64 / elapsed * 10.0).round() / 10.0,
         "first_token_frames": stats(&feed_frames),
         "first_session_ids": first_ids,
@@ -440,6 +459,15 @@ fn run(args: &Args) -> Result<()> {
         return Err(Error::InvalidArgument {
             name: "--prompt-len".into(),
             reason: "must be at least 1".into(),
+        });
+    }
+    if args.context < args.prompt_len + 4 {
+        return Err(Error::InvalidArgument {
+            name: "--context".into(),
+            reason: format!(
+                "{} positions leave no room to decode after a {}-token prompt",
+                args.context, args.prompt_len
+            ),
         });
     }
     if args.width == 0 || args.height == 0 {
@@ -483,7 +511,8 @@ fn run(args: &Args) -> Result<()> {
         "render": {"width": args.width, "height": args.height, "iterations": renderer.iterations,
                    "frame_gpu_ms": (render_ms * 1000.0).round() / 1000.0},
         "prompt_ids": prompt,
-        "lookahead": args.lookahead,
+        "context": args.context,
+        "lookahead": args.lookahead.unwrap_or(DEFAULT_LOOKAHEAD),
         "frame_hz": 60,
     });
     if args.json {

@@ -77,6 +77,9 @@ fn frames_render_and_conversations_decode_the_blocking_tokens() {
         "4",
         "--prompt-len",
         "8",
+        // Room for a few tokens only: conversations fill and start over.
+        "--context",
+        "16",
         "--no-cache",
         "--json",
     ]);
@@ -90,6 +93,7 @@ fn frames_render_and_conversations_decode_the_blocking_tokens() {
     let prompt: Vec<u32> =
         setup["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     assert_eq!(prompt.len(), 8);
+    assert_eq!(setup["context"], 16);
 
     // The tokens a blocking session gives for the same prompt.
     let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
@@ -137,6 +141,7 @@ fn bad_arguments_are_invalid_arguments() {
         (&["--frames", "0", "--json"][..], "--frames"),
         (&["--backend", "vulkan", "--json"][..], "--backend"),
         (&["--prompt-len", "0", "--json"][..], "--prompt-len"),
+        (&["--prompt-len", "8", "--context", "11", "--json"][..], "--context"),
     ] {
         let out = frame_loop(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
