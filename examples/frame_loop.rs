@@ -13,11 +13,12 @@
 //! its submit until the queue reports all work submitted up to it done:
 //! decode steps queued ahead of it included, as one queue runs them first;
 //! seen by polling the device every 0.2 ms while the frame idles), frames
-//! that overran their boundary, and the tokens per second the
+//! that overran their boundary, the times an engine call waited for the
+//! GPU (none: every call it makes is non-blocking), and the tokens per second the
 //! conversations reached. Every token that has arrived is taken each frame
-//! (`--max-tokens-per-frame` caps it); a conversation whose context fills
-//! starts over (`Session::truncate`, which waits for its queued steps, then
-//! its prompt again).
+//! (`--max-tokens-per-frame` caps it); a conversation whose context
+//! (`--context`) fills starts over: `Session::truncate(0)`, which then has
+//! no queued step to wait for, and its prompt again.
 //!
 //! ```text
 //! cargo run --release --example frame_loop -- --checkpoint DIR [--frames 600] [--sessions 1,8]
@@ -317,8 +318,10 @@ impl Conversation {
             }
             return Ok(());
         }
-        // A full context starts the conversation over.
-        if self.session.len() + 2 >= self.session.capacity() {
+        // A full context starts the conversation over. Steps are never
+        // queued past the capacity, so once it is full every queued step
+        // has been taken, and the rewind waits for nothing.
+        if self.session.len() >= self.session.capacity() {
             self.session.truncate(0)?;
             self.session.begin_feed(prompt)?;
             self.feeding = true;
@@ -328,7 +331,7 @@ impl Conversation {
         }
         let mut taken = 0;
         while max_tokens == 0 || taken < max_tokens {
-            if self.session.len() + 2 >= self.session.capacity() {
+            if self.session.len() >= self.session.capacity() {
                 break;
             }
             match self.session.try_next_token()? {
@@ -421,6 +424,8 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
     let elapsed = start.elapsed().as_secs_f64();
     let tokens: usize = conversations.iter().map(|c| c.tokens).sum();
     let restarts: usize = conversations.iter().map(|c| c.restarts).sum();
+    // Waits on the GPU inside the engine's calls: none, if it never blocked.
+    let waits: u64 = conversations.iter().map(|c| c.session.debug_feed_counts().1).sum();
     let feed_frames: Vec<f64> =
         conversations.iter().filter_map(|c| c.feed_frames.map(|f| f as f64)).collect();
     let first_ids = conversations.first().map(|c| c.first_ids.clone()).unwrap_or_default();
@@ -441,6 +446,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
         "gpu_latency_ms": stats(&latency),
         "tokens": tokens,
         "restarts": restarts,
+        "engine_waits": waits,
         "tokens_per_sec": (tokens as f64 / elapsed * 10.0).round() / 10.0,
         "first_token_frames": stats(&feed_frames),
         "first_session_ids": first_ids,

@@ -1,7 +1,9 @@
 //! The frame-loop example (decoding while rendering on one shared device)
 //! as a smoke run on the portable adapter: a few frames per phase, its JSON
-//! lines, and the tokens its first conversation decoded between frames,
-//! which must be those of a blocking session fed the same prompt.
+//! lines, the engine never waiting for the GPU (conversations fill their
+//! small context and start over meanwhile), and the tokens its first
+//! conversation decoded between frames, which must be those of a blocking
+//! session fed the same prompt.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -112,6 +114,9 @@ fn frames_render_and_conversations_decode_the_blocking_tokens() {
         for key in ["frame_cpu_ms", "engine_cpu_ms", "gpu_latency_ms"] {
             check_stats(&phase[key], key);
         }
+        // No engine call waited for the GPU, restarts of a full context
+        // included.
+        assert_eq!(phase["engine_waits"], 0, "{phase}");
         // The engine's time is part of the frame's.
         assert!(phase["engine_cpu_ms"]["max"].as_f64() <= phase["frame_cpu_ms"]["max"].as_f64(), "{phase}");
         let ids: Vec<u32> = phase["first_session_ids"]

@@ -2,8 +2,10 @@
 //! its status values are the crate's stable error codes in order, and every
 //! entry point catches panics.
 //!
-//! After changing the API: `QWEN3_WGPU_UPDATE_HEADER=1 cargo test -p
-//! qwen3-wgpu-capi --test header` rewrites `include/qwen3_wgpu.h`.
+//! After changing the API: `QWEN3_WGPU_UPDATE_HEADER=1 cargo test
+//! --workspace --test header` rewrites `include/qwen3_wgpu.h` (a `-p`
+//! build resolves the workspace's features differently and rebuilds every
+//! dependency).
 
 use std::path::Path;
 
@@ -38,7 +40,7 @@ fn the_checked_in_header_is_fresh() {
     }
     assert!(
         checked_in_header() == generated,
-        "{} is stale: run QWEN3_WGPU_UPDATE_HEADER=1 cargo test -p qwen3-wgpu-capi --test header",
+        "{} is stale: run QWEN3_WGPU_UPDATE_HEADER=1 cargo test --workspace --test header",
         path.display()
     );
 }
