@@ -281,3 +281,34 @@ fn c_sessions_example_against_the_shared_library() {
     assert_eq!(printed, expected);
     assert!(scratch.path().join("session.q3s").is_file());
 }
+
+/// The README's example (`examples/c/chat.c`) builds warning-free under
+/// the sanitizers, and on a checkpoint that is not there it reports the
+/// status and message and frees everything it made (LeakSanitizer on).
+/// (A successful turn needs a checkpoint with the tokenizer's whole
+/// vocabulary, too slow on lavapipe for the test command.)
+#[test]
+fn readme_chat_example_reports_a_missing_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("chat");
+    let _ = shared_library();
+    compile("cc", "-std=c11", &[manifest_dir().join("examples/c/chat.c")], &exe, &link_shared());
+    let missing = dir.path().join("no-such-checkpoint");
+    let out = Command::new(&exe)
+        .arg(&missing)
+        .arg("Can you fix my sword?")
+        .env("XDG_RUNTIME_DIR", dir.path())
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .env("QWEN3_WGPU_BACKEND", "portable")
+        .env("ASAN_OPTIONS", if cfg!(target_os = "linux") { "detect_leaks=1" } else { "detect_leaks=0" })
+        .env("LSAN_OPTIONS", format!("suppressions={}", manifest_dir().join("tests/lsan.supp").display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error [checkpoint_not_found]") && stderr.contains("no-such-checkpoint"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Sanitizer"), "{stderr}");
+}
