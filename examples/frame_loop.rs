@@ -565,17 +565,31 @@ fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// Prints `e` as every example does (stderr, and stdout's last line with
+/// `--json`) and returns the failure status.
+fn fail(e: &Error, json: bool) -> ExitCode {
+    eprintln!("error [{}]: {e}", e.code());
+    if json {
+        println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
+    }
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => e.exit(), // --help
+        Err(e) => {
+            // A malformed command line is `invalid_argument` with clap's reason.
+            let reason = e.render().to_string();
+            let reason = reason.lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+            let e = Error::InvalidArgument { name: "arguments".into(), reason };
+            return fail(&e, std::env::args().any(|a| a == "--json"));
+        }
+    };
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error [{}]: {e}", e.code());
-            if args.json {
-                println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
-            }
-            ExitCode::from(2)
-        }
+        Err(e) => fail(&e, args.json),
     }
 }

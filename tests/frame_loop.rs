@@ -147,6 +147,7 @@ fn bad_arguments_are_invalid_arguments() {
         (&["--backend", "vulkan", "--json"][..], "--backend"),
         (&["--prompt-len", "0", "--json"][..], "--prompt-len"),
         (&["--prompt-len", "8", "--context", "11", "--json"][..], "--context"),
+        (&["--frames", "many", "--json"][..], "--frames"),
     ] {
         let out = frame_loop(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
