@@ -68,19 +68,22 @@ int main(int argc, char **argv) {
      * in between; here the frames are empty. */
     uint32_t token = 0;
     bool ready = false;
+    const char *piece;
+    size_t len;
     TRY(q3w_session_begin_feed(session, prompt, n_prompt));
     while (!ready) TRY(q3w_session_poll_feed(session, &token, &ready, NULL, NULL));
-    for (int n = 1; n <= 256; n++) {
+    for (int n = 1;; n++) {
         bool end = found && token == im_end;
         if (!end) TRY(q3w_model_is_end_of_text(model, token, &end));
         if (end) break;
-        const char *piece;
-        size_t len;
-        TRY(q3w_text_stream_push(stream, token, &piece, &len)); /* borrowed until the next push */
+        TRY(q3w_text_stream_push(stream, token, &piece, &len)); /* borrowed until the next call */
         fwrite(piece, 1, len, stdout);
         fflush(stdout);
+        if (n == 256) break;
         for (ready = false; !ready;) TRY(q3w_session_try_next_token(session, &token, &ready));
     }
+    TRY(q3w_text_stream_finish(stream, &piece, &len)); /* a character cut short at the end */
+    fwrite(piece, 1, len, stdout);
     printf("\n");
     exit_code = 0;
 out:
