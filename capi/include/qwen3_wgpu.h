@@ -54,6 +54,29 @@
 // `Q3W_UNSUPPORTED_CHECKPOINT_ARCHITECTURE`.
 #define Q3W_SHAPE_QWEN3_0_6B 1
 
+// Returned by a `q3w_load_progress_fn`: go on loading.
+#define Q3W_PROGRESS_CONTINUE 0
+
+// Returned by a `q3w_load_progress_fn` (as is any value but
+// `Q3W_PROGRESS_CONTINUE`): cancel the load.
+#define Q3W_PROGRESS_CANCEL 1
+
+// Load phase: hashing every tensor byte the engine reads, for the cache
+// key (only with a cache).
+#define Q3W_LOAD_PHASE_HASHING 1
+
+// Load phase: reading and verifying the cached conversion.
+#define Q3W_LOAD_PHASE_READING_CACHE 2
+
+// Load phase: converting the checkpoint's weights to int8.
+#define Q3W_LOAD_PHASE_CONVERTING 3
+
+// Load phase: writing the converted weights to the cache file.
+#define Q3W_LOAD_PHASE_WRITING_CACHE 4
+
+// Load phase: uploading the converted weights to the GPU.
+#define Q3W_LOAD_PHASE_UPLOADING 5
+
 // The status every function returns: `Q3W_OK`, or the stable error code
 // of what went wrong (`q3w_status_name` gives its name, as the Rust crate's
 // `Error::code()` spells it). New codes are added at the end.
@@ -132,6 +155,20 @@ typedef struct q3w_engine_options {
   uint32_t kernels;
 } q3w_engine_options;
 
+// A load progress callback: `phase` is a `Q3W_LOAD_PHASE_*` value,
+// `bytes_done` of `bytes_total` bytes of that phase are done. Each phase
+// is reported first with 0 bytes done and, unless the load fails or is
+// cancelled, last with `bytes_done == bytes_total`; within a phase
+// `bytes_done` never decreases. Called on the loading thread or on the
+// load's worker threads, one call at a time; it must return (not throw a
+// C++ exception or `longjmp` out). Returns `Q3W_PROGRESS_CONTINUE` to go
+// on; any other value cancels the load: `q3w_model_load` then returns
+// `Q3W_CANCELLED` and leaves no cache or temporary file behind.
+typedef int32_t (*q3w_load_progress_fn)(void *user_data,
+                                        uint32_t phase,
+                                        uint64_t bytes_done,
+                                        uint64_t bytes_total);
+
 // How to load a checkpoint (`q3w_load_options_init` sets the defaults).
 typedef struct q3w_load_options {
   // `sizeof(q3w_load_options)`, set by `q3w_load_options_init`.
@@ -142,6 +179,12 @@ typedef struct q3w_load_options {
   uint32_t shape_profile;
   // The cache directory with `Q3W_CACHE_DIR` (UTF-8); NULL otherwise.
   const char *cache_dir;
+  // Since version 2: NULL (the default), or called as the load
+  // progresses (see `q3w_load_progress_fn`); returning anything but
+  // `Q3W_PROGRESS_CONTINUE` cancels the load.
+  q3w_load_progress_fn progress;
+  // Since version 2: passed to `progress` as it is (default NULL).
+  void *progress_user_data;
 } q3w_load_options;
 
 // How to create a session (`q3w_session_options_init` sets the defaults).
@@ -156,6 +199,40 @@ typedef struct q3w_session_options {
   // default) means the engine's default (4). 1 waits on every token.
   size_t lookahead;
 } q3w_session_options;
+
+// How a session chooses its tokens (`q3w_sampling_params_init` sets the
+// defaults: greedy). Applied in Hugging Face's order: penalties over the
+// last `penalty_window` tokens, temperature, top-k, top-p, min-p, then a
+// draw keyed by (`seed`, position, token id): the same seed gives the same
+// tokens on every run.
+typedef struct q3w_sampling_params {
+  // `sizeof(q3w_sampling_params)`, set by `q3w_sampling_params_init`.
+  size_t struct_size;
+  // 0 (the default) is greedy; else the logits are divided by it.
+  // Finite and >= 0.
+  float temperature;
+  // Keep only the `top_k` largest logits (0, the default: off).
+  uint32_t top_k;
+  // Keep the smallest set of largest logits whose probability reaches
+  // `top_p`, in (0, 1] (1, the default: off).
+  float top_p;
+  // Keep the tokens whose probability is at least `min_p` times the top
+  // token's, in [0, 1] (0, the default: off).
+  float min_p;
+  // Hugging Face's repetition penalty, > 0 (1, the default: off).
+  float repetition_penalty;
+  // Subtracted once from the logit of every token in the window (0, the
+  // default: off).
+  float presence_penalty;
+  // Subtracted from a token's logit once per occurrence in the window
+  // (0, the default: off).
+  float frequency_penalty;
+  // The penalties' window, in tokens of the context (prompt included):
+  // default 64, at most 1024.
+  uint32_t penalty_window;
+  // The seed of the draws (default 0).
+  uint64_t seed;
+} q3w_sampling_params;
 
 // How a conversation is rendered (`q3w_chat_options_init` sets the
 // defaults).
@@ -204,8 +281,10 @@ const char *q3w_last_error_message(void);
 // no status. A static string: never freed, never NULL.
 const char *q3w_status_name(int32_t status);
 
-// Sets `options` to the defaults (and its `struct_size`).
-enum q3w_status q3w_engine_options_init(struct q3w_engine_options *options);
+// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+// which is `sizeof(q3w_engine_options)` as the caller's header declares it:
+// only that many bytes are written.
+enum q3w_status q3w_engine_options_init(struct q3w_engine_options *options, size_t struct_size);
 
 // Creates an engine: picks the adapter under the policy, compiles the
 // kernels and runs their start-up self-check. `options` may be NULL (the
@@ -223,8 +302,16 @@ enum q3w_status q3w_engine_describe(const struct q3w_engine *engine,
                                     char **out_text,
                                     size_t *out_len);
 
-// Sets `options` to the defaults (and its `struct_size`).
-enum q3w_status q3w_load_options_init(struct q3w_load_options *options);
+// The stable name of a `Q3W_LOAD_PHASE_*` value (`"hashing"`,
+// `"reading_cache"`, `"converting"`, `"writing_cache"`, `"uploading"`),
+// as the Rust crate's `LoadPhase::as_str` spells it; `"unknown"` for any
+// other value. A static string: never freed, never NULL.
+const char *q3w_load_phase_name(uint32_t phase);
+
+// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+// which is `sizeof(q3w_load_options)` as the caller's header declares it:
+// only that many bytes are written.
+enum q3w_status q3w_load_options_init(struct q3w_load_options *options, size_t struct_size);
 
 // Loads a Hugging Face Qwen3 checkpoint directory (`config.json` and
 // safetensors) onto the engine's device: validates it, converts it to int8
@@ -251,8 +338,10 @@ enum q3w_status q3w_model_is_end_of_text(const struct q3w_model *model,
                                          uint32_t token,
                                          bool *out_is_end);
 
-// Sets `options` to the defaults (and its `struct_size`).
-enum q3w_status q3w_session_options_init(struct q3w_session_options *options);
+// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+// which is `sizeof(q3w_session_options)` as the caller's header declares it:
+// only that many bytes are written.
+enum q3w_status q3w_session_options_init(struct q3w_session_options *options, size_t struct_size);
 
 // Creates a session over `model` (its KV cache allocated once). `options`
 // may be NULL. Free it with `q3w_session_free`.
@@ -315,6 +404,116 @@ enum q3w_status q3w_string_free(char *text);
 // out-parameter. NULL is allowed (nothing happens). A string is refused
 // with `Q3W_INVALID_ARGUMENT`.
 enum q3w_status q3w_tokens_free(uint32_t *ids);
+
+// Sets `params` to the defaults (greedy) and its `struct_size` to
+// `struct_size`, which is `sizeof(q3w_sampling_params)` as the caller's
+// header declares it: only that many bytes are written.
+enum q3w_status q3w_sampling_params_init(struct q3w_sampling_params *params, size_t struct_size);
+
+// Sets `params` (initialised by `q3w_sampling_params_init`) to the
+// checkpoint's own settings, from `checkpoint_dir/generation_config.json`
+// as Hugging Face's `generate` reads them: `do_sample` false or absent is
+// greedy; otherwise its `temperature`, `top_k`, `top_p` and `min_p`; its
+// `repetition_penalty` either way. No file: greedy. The seed is 0: set it
+// afterwards. A malformed file is `Q3W_CHECKPOINT_INVALID` (`params` is
+// then left as it was).
+enum q3w_status q3w_sampling_params_from_generation_config(const char *checkpoint_dir,
+                                                           struct q3w_sampling_params *params);
+
+// Sets how the session chooses its next tokens: `params` NULL means
+// greedy. Steps queued ahead are discarded, so the next token already
+// follows the new parameters. A bad value is `Q3W_INVALID_ARGUMENT`
+// naming the field (the session is left as it was), as is a call while a
+// `q3w_session_begin_feed` is in progress (naming `session`). A fork
+// carries the parameters; a restored session is greedy.
+enum q3w_status q3w_session_set_sampling(struct q3w_session *session,
+                                         const struct q3w_sampling_params *params);
+
+// The session's sampling parameters, written into `params` (initialised
+// by `q3w_sampling_params_init`; its `struct_size` is kept).
+enum q3w_status q3w_session_sampling(struct q3w_session *session,
+                                     struct q3w_sampling_params *params);
+
+// Starts feeding `n_ids` tokens without blocking: checks them as
+// `q3w_session_feed` does (every id, the capacity, the pending token
+// committed first; the same statuses, before anything is submitted),
+// submits the first prompt batch and returns. Then call
+// `q3w_session_poll_feed` (say once a frame) until it is ready. At most
+// one prompt batch is on the GPU at a time, so a renderer sharing the GPU
+// never waits behind a backlog of prompt work.
+//
+// While the feed is in progress, the calls that run the model or change
+// or read the context (`feed`, `begin_feed`, `next_token`,
+// `try_next_token`, `truncate`, `fork`, `save`, `tokens`, `set_sampling`)
+// are `Q3W_INVALID_ARGUMENT` naming `session`.
+enum q3w_status q3w_session_begin_feed(struct q3w_session *session,
+                                       const uint32_t *ids,
+                                       size_t n_ids);
+
+// Advances the feed `q3w_session_begin_feed` started, never waiting for
+// the GPU. While it is under way, `*out_ready` is false and `*out_token`
+// is left as it was; once the last position's token has arrived,
+// `*out_ready` is true and `*out_token` is that token (what
+// `q3w_session_feed` would have returned; the session is then exactly as
+// after it). `out_fed` and `out_total` (each may be NULL) receive the
+// positions done and the positions the feed runs (the ids plus a pending
+// token committed ahead of them). No feed in progress is
+// `Q3W_INVALID_ARGUMENT` naming `session`; a GPU failure rewinds the
+// session to where the feed began.
+enum q3w_status q3w_session_poll_feed(struct q3w_session *session,
+                                      uint32_t *out_token,
+                                      bool *out_ready,
+                                      size_t *out_fed,
+                                      size_t *out_total);
+
+// Whether a feed begun by `q3w_session_begin_feed` is still in progress.
+enum q3w_status q3w_session_is_feeding(struct q3w_session *session, bool *out_feeding);
+
+// A second session holding this one's context: its KV rows, tokens and
+// pending token are copied on the GPU, its lookahead and sampling
+// parameters carried over; the two are independent afterwards (one
+// system prompt fed once can start many conversations). `capacity` 0
+// keeps this session's capacity; otherwise it is from `q3w_session_len`
+// up to the model's maximum, else `Q3W_CONTEXT_OVERFLOW`. Free the fork
+// with `q3w_session_free`.
+enum q3w_status q3w_session_fork(struct q3w_session *session,
+                                 size_t capacity,
+                                 struct q3w_session **out_fork);
+
+// Writes the session (its tokens, KV rows, pending token and capacity,
+// and the model's weights fingerprint) to the file `path` (UTF-8), for
+// `q3w_model_restore_session`: written to a temporary file in the same
+// directory and renamed into place, so `path` only ever holds a complete
+// file. A missing or unwritable directory is `Q3W_SESSION_IO` and leaves
+// no file. The session is left as it was.
+enum q3w_status q3w_session_save(struct q3w_session *session, const char *path);
+
+// Reads a session saved by `q3w_session_save`, at `capacity` positions
+// (0: the saved capacity; else at least the saved length, otherwise
+// `Q3W_CONTEXT_OVERFLOW`). It continues exactly as the saved session
+// would have, greedy until `q3w_session_set_sampling`. A missing file is
+// `Q3W_SESSION_IO`, a damaged one `Q3W_SESSION_FILE_INVALID`, an intact
+// file of other weights `Q3W_SESSION_MODEL_MISMATCH`. Free it with
+// `q3w_session_free`.
+enum q3w_status q3w_model_restore_session(const struct q3w_model *model,
+                                          const char *path,
+                                          size_t capacity,
+                                          struct q3w_session **out_session);
+
+// The model's weights fingerprint (hex text; loads of the same
+// checkpoint share it, converted or from the cache): a string for
+// `q3w_string_free`, `out_len` (may be NULL) receiving its length. Waits
+// for the fingerprint's hashing when a load has just finished.
+enum q3w_status q3w_model_fingerprint(const struct q3w_model *model,
+                                      char **out_text,
+                                      size_t *out_len);
+
+// The token ids of the positions in the session's KV cache, in order
+// (the pending token is `q3w_session_pending`'s): `*out_ids` is a new
+// array of `*out_len` ids for `q3w_tokens_free`. Waits for the GPU.
+enum q3w_status q3w_session_tokens(struct q3w_session *session,
+                                   uint32_t **out_ids,
+                                   size_t *out_len);
 
 // Loads `checkpoint_dir/tokenizer.json`. Free it with `q3w_tokenizer_free`.
 enum q3w_status q3w_tokenizer_from_checkpoint(const char *checkpoint_dir,
@@ -403,8 +602,10 @@ enum q3w_status q3w_chat_template_from_source(const char *source,
 // Frees a chat template (NULL is allowed).
 enum q3w_status q3w_chat_template_free(struct q3w_chat_template *template_);
 
-// Sets `options` to the defaults (and its `struct_size`).
-enum q3w_status q3w_chat_options_init(struct q3w_chat_options *options);
+// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+// which is `sizeof(q3w_chat_options)` as the caller's header declares it:
+// only that many bytes are written.
+enum q3w_status q3w_chat_options_init(struct q3w_chat_options *options, size_t struct_size);
 
 // Renders `n_messages` messages to the prompt text, byte for byte what
 // transformers' `apply_chat_template(..., tokenize=False)` returns with

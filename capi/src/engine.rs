@@ -1,10 +1,13 @@
 //! Engines, models and sessions.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void, CStr};
+use std::ops::ControlFlow;
+use std::panic::catch_unwind;
 use std::path::PathBuf;
 
 use qwen3_wgpu::{
-    AdapterPolicy, CachePolicy, Engine, KernelChoice, LoadOptions, Model, Session, ShapeProfile,
+    AdapterPolicy, CachePolicy, Engine, KernelChoice, LoadOptions, LoadPhase, LoadProgress, Model, Session,
+    ShapeProfile,
 };
 
 use crate::{
@@ -19,13 +22,23 @@ pub struct q3w_engine {
 
 /// A model loaded on an engine's device (its weights on the GPU).
 pub struct q3w_model {
-    model: Model,
+    pub(crate) model: Model,
 }
 
 /// A decoding session over a model: its KV cache and queued steps.
 pub struct q3w_session {
-    session: Session,
-    poisoned: bool,
+    pub(crate) session: Session,
+    /// Positions of the feed in progress (`q3w_session_begin_feed`), for
+    /// `q3w_session_poll_feed` to report once it is ready.
+    pub(crate) feed_total: usize,
+    pub(crate) poisoned: bool,
+}
+
+impl q3w_session {
+    /// A new handle over `session`.
+    pub(crate) fn new(session: Session) -> Self {
+        q3w_session { session, feed_total: 0, poisoned: false }
+    }
 }
 
 impl Poisonable for q3w_session {
@@ -72,7 +85,7 @@ pub struct q3w_engine_options {
 }
 
 impl Options for q3w_engine_options {
-    const FIRST_SIZE: usize = std::mem::size_of::<Self>();
+    const VERSION_SIZES: &'static [usize] = &[std::mem::size_of::<Self>()];
     fn defaults() -> Self {
         q3w_engine_options {
             struct_size: std::mem::size_of::<Self>(),
@@ -82,11 +95,16 @@ impl Options for q3w_engine_options {
     }
 }
 
-/// Sets `options` to the defaults (and its `struct_size`).
+/// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+/// which is `sizeof(q3w_engine_options)` as the caller's header declares it:
+/// only that many bytes are written.
 #[no_mangle]
-pub unsafe extern "C" fn q3w_engine_options_init(options: *mut q3w_engine_options) -> q3w_status {
-    // SAFETY: NULL or writable, as the caller promises.
-    run("q3w_engine_options_init", || unsafe { init_options(options, "options") })
+pub unsafe extern "C" fn q3w_engine_options_init(
+    options: *mut q3w_engine_options,
+    struct_size: usize,
+) -> q3w_status {
+    // SAFETY: NULL or `struct_size` writable bytes, as the caller promises.
+    run("q3w_engine_options_init", || unsafe { init_options(options, struct_size, "options") })
 }
 
 /// Creates an engine: picks the adapter under the policy, compiles the
@@ -208,25 +226,124 @@ pub struct q3w_load_options {
     pub shape_profile: u32,
     /// The cache directory with `Q3W_CACHE_DIR` (UTF-8); NULL otherwise.
     pub cache_dir: *const c_char,
+    /// Since version 2: NULL (the default), or called as the load
+    /// progresses (see `q3w_load_progress_fn`); returning anything but
+    /// `Q3W_PROGRESS_CONTINUE` cancels the load.
+    pub progress: q3w_load_progress_fn,
+    /// Since version 2: passed to `progress` as it is (default NULL).
+    pub progress_user_data: *mut c_void,
 }
 
 impl Options for q3w_load_options {
-    const FIRST_SIZE: usize = std::mem::size_of::<Self>();
+    // Version 1 ended at `cache_dir`; version 2 added the progress callback.
+    const VERSION_SIZES: &'static [usize] =
+        &[std::mem::offset_of!(q3w_load_options, progress), std::mem::size_of::<Self>()];
     fn defaults() -> Self {
         q3w_load_options {
             struct_size: std::mem::size_of::<Self>(),
             cache_policy: Q3W_CACHE_DEFAULT,
             shape_profile: Q3W_SHAPE_ANY_QWEN3,
             cache_dir: std::ptr::null(),
+            progress: None,
+            progress_user_data: std::ptr::null_mut(),
         }
     }
 }
 
-/// Sets `options` to the defaults (and its `struct_size`).
+/// A load progress callback: `phase` is a `Q3W_LOAD_PHASE_*` value,
+/// `bytes_done` of `bytes_total` bytes of that phase are done. Each phase
+/// is reported first with 0 bytes done and, unless the load fails or is
+/// cancelled, last with `bytes_done == bytes_total`; within a phase
+/// `bytes_done` never decreases. Called on the loading thread or on the
+/// load's worker threads, one call at a time; it must return (not throw a
+/// C++ exception or `longjmp` out). Returns `Q3W_PROGRESS_CONTINUE` to go
+/// on; any other value cancels the load: `q3w_model_load` then returns
+/// `Q3W_CANCELLED` and leaves no cache or temporary file behind.
+pub type q3w_load_progress_fn = Option<
+    unsafe extern "C" fn(user_data: *mut c_void, phase: u32, bytes_done: u64, bytes_total: u64) -> i32,
+>;
+
+/// Returned by a `q3w_load_progress_fn`: go on loading.
+pub const Q3W_PROGRESS_CONTINUE: i32 = 0;
+/// Returned by a `q3w_load_progress_fn` (as is any value but
+/// `Q3W_PROGRESS_CONTINUE`): cancel the load.
+pub const Q3W_PROGRESS_CANCEL: i32 = 1;
+
+/// Load phase: hashing every tensor byte the engine reads, for the cache
+/// key (only with a cache).
+pub const Q3W_LOAD_PHASE_HASHING: u32 = 1;
+/// Load phase: reading and verifying the cached conversion.
+pub const Q3W_LOAD_PHASE_READING_CACHE: u32 = 2;
+/// Load phase: converting the checkpoint's weights to int8.
+pub const Q3W_LOAD_PHASE_CONVERTING: u32 = 3;
+/// Load phase: writing the converted weights to the cache file.
+pub const Q3W_LOAD_PHASE_WRITING_CACHE: u32 = 4;
+/// Load phase: uploading the converted weights to the GPU.
+pub const Q3W_LOAD_PHASE_UPLOADING: u32 = 5;
+
+/// Each load phase with its `Q3W_LOAD_PHASE_*` value, in the order they run.
+const LOAD_PHASES: [(LoadPhase, u32); 5] = [
+    (LoadPhase::Hashing, Q3W_LOAD_PHASE_HASHING),
+    (LoadPhase::ReadingCache, Q3W_LOAD_PHASE_READING_CACHE),
+    (LoadPhase::Converting, Q3W_LOAD_PHASE_CONVERTING),
+    (LoadPhase::WritingCache, Q3W_LOAD_PHASE_WRITING_CACHE),
+    (LoadPhase::Uploading, Q3W_LOAD_PHASE_UPLOADING),
+];
+
+/// The stable name of a `Q3W_LOAD_PHASE_*` value (`"hashing"`,
+/// `"reading_cache"`, `"converting"`, `"writing_cache"`, `"uploading"`),
+/// as the Rust crate's `LoadPhase::as_str` spells it; `"unknown"` for any
+/// other value. A static string: never freed, never NULL.
 #[no_mangle]
-pub unsafe extern "C" fn q3w_load_options_init(options: *mut q3w_load_options) -> q3w_status {
-    // SAFETY: NULL or writable, as the caller promises.
-    run("q3w_load_options_init", || unsafe { init_options(options, "options") })
+pub extern "C" fn q3w_load_phase_name(phase: u32) -> *const c_char {
+    static NAMES: [&CStr; 5] = [c"hashing", c"reading_cache", c"converting", c"writing_cache", c"uploading"];
+    let name = catch_unwind(|| LOAD_PHASES.iter().position(|(_, value)| *value == phase).map(|i| NAMES[i]));
+    name.ok().flatten().unwrap_or(c"unknown").as_ptr()
+}
+
+/// The caller's `user_data`, handed back to its callback from whichever
+/// thread reports progress (the callback's contract says it may be).
+#[derive(Clone, Copy)]
+struct UserData(*mut c_void);
+
+// SAFETY: the pointer is only handed back to the caller's callback, which
+// the header documents as called from the load's threads.
+unsafe impl Send for UserData {}
+unsafe impl Sync for UserData {}
+
+impl UserData {
+    fn get(self) -> *mut c_void {
+        self.0
+    }
+}
+
+/// The load options' progress callback as the Rust crate takes it.
+fn progress_callback(
+    callback: unsafe extern "C" fn(*mut c_void, u32, u64, u64) -> i32,
+    user_data: *mut c_void,
+) -> impl Fn(LoadProgress) -> ControlFlow<()> + Send + Sync + 'static {
+    let user_data = UserData(user_data);
+    move |p: LoadProgress| {
+        // A phase newer than this table is reported as 0 ("unknown").
+        let phase = LOAD_PHASES.iter().find(|(lp, _)| *lp == p.phase).map_or(0, |(_, v)| *v);
+        // SAFETY: the caller's callback, with the caller's pointer.
+        match unsafe { callback(user_data.get(), phase, p.bytes_done, p.bytes_total) } {
+            Q3W_PROGRESS_CONTINUE => ControlFlow::Continue(()),
+            _ => ControlFlow::Break(()),
+        }
+    }
+}
+
+/// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+/// which is `sizeof(q3w_load_options)` as the caller's header declares it:
+/// only that many bytes are written.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_load_options_init(
+    options: *mut q3w_load_options,
+    struct_size: usize,
+) -> q3w_status {
+    // SAFETY: NULL or `struct_size` writable bytes, as the caller promises.
+    run("q3w_load_options_init", || unsafe { init_options(options, struct_size, "options") })
 }
 
 /// Loads a Hugging Face Qwen3 checkpoint directory (`config.json` and
@@ -270,7 +387,13 @@ pub unsafe extern "C" fn q3w_model_load(
                 return Err(invalid("shape_profile", format!("{other} is not a Q3W_SHAPE_* value (0 or 1)")))
             }
         };
-        let model = engine.load(dir, &LoadOptions { profile, cache, ..Default::default() })?;
+        let mut load = LoadOptions { profile, cache, ..Default::default() };
+        if let Some(callback) = options.progress {
+            load = load.on_progress(progress_callback(callback, options.progress_user_data));
+        } else if !options.progress_user_data.is_null() {
+            return Err(invalid("progress_user_data", "is set, but progress is NULL"));
+        }
+        let model = engine.load(dir, &load)?;
         unsafe { put(out_model, Box::into_raw(Box::new(q3w_model { model }))) };
         Ok(())
     })
@@ -349,17 +472,22 @@ pub struct q3w_session_options {
 }
 
 impl Options for q3w_session_options {
-    const FIRST_SIZE: usize = std::mem::size_of::<Self>();
+    const VERSION_SIZES: &'static [usize] = &[std::mem::size_of::<Self>()];
     fn defaults() -> Self {
         q3w_session_options { struct_size: std::mem::size_of::<Self>(), capacity: 0, lookahead: 0 }
     }
 }
 
-/// Sets `options` to the defaults (and its `struct_size`).
+/// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+/// which is `sizeof(q3w_session_options)` as the caller's header declares it:
+/// only that many bytes are written.
 #[no_mangle]
-pub unsafe extern "C" fn q3w_session_options_init(options: *mut q3w_session_options) -> q3w_status {
-    // SAFETY: NULL or writable, as the caller promises.
-    run("q3w_session_options_init", || unsafe { init_options(options, "options") })
+pub unsafe extern "C" fn q3w_session_options_init(
+    options: *mut q3w_session_options,
+    struct_size: usize,
+) -> q3w_status {
+    // SAFETY: NULL or `struct_size` writable bytes, as the caller promises.
+    run("q3w_session_options_init", || unsafe { init_options(options, struct_size, "options") })
 }
 
 /// Creates a session over `model` (its KV cache allocated once). `options`
@@ -383,7 +511,7 @@ pub unsafe extern "C" fn q3w_session_new(
         if options.lookahead > 0 {
             session.set_lookahead(options.lookahead);
         }
-        let handle = Box::new(q3w_session { session, poisoned: false });
+        let handle = Box::new(q3w_session::new(session));
         unsafe { put(out_session, Box::into_raw(handle)) };
         Ok(())
     })

@@ -37,8 +37,12 @@
 //!   from several threads at once. A session or a text stream may be used
 //!   from any thread, one call at a time.
 //! - **Options structs** start with `struct_size`, set by their `_init`
-//!   function: fields added in later versions go at the end, and a library
-//!   reads only the `struct_size` bytes the caller's header knew.
+//!   function, which takes the struct's size as the caller's header
+//!   declares it (`q3w_load_options_init(&options, sizeof options)`):
+//!   fields added in later versions go at the end, and the library reads
+//!   and writes only the `struct_size` bytes the caller's header knew (a
+//!   program built against an older header keeps working with a newer
+//!   library, and a newer header's fields must be zero for an older one).
 //!
 //! # Safety
 //!
@@ -62,10 +66,12 @@ use qwen3_wgpu::{Error, Result};
 
 mod engine;
 mod owned;
+mod session;
 mod text;
 
 pub use engine::*;
 pub use owned::{q3w_string_free, q3w_tokens_free};
+pub use session::*;
 pub use text::*;
 
 /// The status every function returns: `Q3W_OK`, or the stable error code
@@ -370,13 +376,32 @@ pub(crate) unsafe fn array<'a, T>(ptr: *const T, n: usize, name: &str) -> Result
 }
 
 /// An options struct the caller passed: `struct_size` first, fields added
-/// later at the end.
+/// later at the end. Options structs have no padding (every byte belongs
+/// to a field), so copying a prefix of one copies whole fields.
 pub(crate) trait Options: Copy {
-    /// The struct's size in the first version of the header: a smaller
-    /// `struct_size` is an error. Never changes once released.
-    const FIRST_SIZE: usize;
+    /// The struct's size in each released version of the header, oldest
+    /// first; the last is `size_of::<Self>()`. A `struct_size` below the
+    /// last must be one of these (a size inside a field is refused). Never
+    /// changes once released: a new version appends a size.
+    const VERSION_SIZES: &'static [usize];
     /// The defaults its `_init` function sets.
     fn defaults() -> Self;
+}
+
+/// Checks a caller's `struct_size` against the versions of `T`.
+fn check_struct_size<T: Options>(size: usize, name: &str) -> Result<()> {
+    let known = std::mem::size_of::<T>();
+    debug_assert_eq!(T::VERSION_SIZES.last(), Some(&known));
+    if size >= known || T::VERSION_SIZES.contains(&size) {
+        return Ok(());
+    }
+    Err(invalid(
+        name,
+        format!(
+            "struct_size is {size}, not the size of any version of the struct ({:?} bytes; call its _init function with sizeof)",
+            T::VERSION_SIZES
+        ),
+    ))
 }
 
 /// Reads an options struct: NULL means the defaults; `struct_size` bytes
@@ -393,15 +418,13 @@ pub(crate) unsafe fn read_options<T: Options>(ptr: *const T, name: &str) -> Resu
     if ptr.is_null() {
         return Ok(value);
     }
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(invalid(name, format!("is not aligned to {} bytes", std::mem::align_of::<T>())));
+    }
     // SAFETY: every options struct starts with `size_t struct_size`.
     let size = unsafe { ptr.cast::<usize>().read() };
+    check_struct_size::<T>(size, name)?;
     let known = std::mem::size_of::<T>();
-    if size < T::FIRST_SIZE {
-        return Err(invalid(
-            name,
-            format!("struct_size is {size}, less than the {} bytes of its first version (call its _init function)", T::FIRST_SIZE),
-        ));
-    }
     // SAFETY: the caller's struct has `size` readable bytes.
     let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), size) };
     if let Some(at) = bytes.iter().skip(known).position(|&b| b != 0) {
@@ -411,20 +434,58 @@ pub(crate) unsafe fn read_options<T: Options>(ptr: *const T, name: &str) -> Resu
         ));
     }
     let n = size.min(known);
-    // SAFETY: `n` bytes fit both; every field is valid for any bits.
+    // SAFETY: `n` bytes fit both and end at a field boundary (a version's
+    // size); every field is valid for any bits.
     unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut value as *mut T).cast::<u8>(), n) };
     Ok(value)
 }
 
-/// Writes an options struct's defaults (its `_init` function).
+/// Writes `value` into the caller's struct as far as its `struct_size`
+/// reaches (fields of an older header are left out; a newer header's
+/// fields past this library's are left as they are), keeping that
+/// `struct_size`.
 ///
 /// # Safety
-/// `ptr` is NULL or points to a writable `T`.
-pub(crate) unsafe fn init_options<T: Options>(ptr: *mut T, name: &str) -> Result<()> {
+/// `ptr` is NULL or points to `struct_size` writable bytes.
+pub(crate) unsafe fn write_options<T: Options>(ptr: *mut T, value: T, name: &str) -> Result<()> {
     out(ptr, name)?;
-    // SAFETY: non-NULL and writable, as the caller promises.
-    unsafe { put(ptr, T::defaults()) };
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(invalid(name, format!("is not aligned to {} bytes", std::mem::align_of::<T>())));
+    }
+    // SAFETY: every options struct starts with `size_t struct_size`.
+    let size = unsafe { ptr.cast::<usize>().read() };
+    check_struct_size::<T>(size, name)?;
+    let n = size.min(std::mem::size_of::<T>());
+    // SAFETY: `n` bytes are writable and end at a field boundary; the
+    // struct has no padding, so all `n` bytes of `value` are initialised.
+    unsafe {
+        std::ptr::copy_nonoverlapping((&value as *const T).cast::<u8>(), ptr.cast::<u8>(), n);
+        ptr.cast::<usize>().write(size);
+    }
     Ok(())
+}
+
+/// Writes an options struct's defaults (its `_init` function) into the
+/// caller's `struct_size` bytes: the fields of the caller's version get
+/// their defaults, fields of a newer header than this library's are
+/// zeroed (unset), and `struct_size` is set. So a program built with an
+/// older header never has more bytes written than its struct holds.
+///
+/// # Safety
+/// `ptr` is NULL or points to `struct_size` writable bytes.
+pub(crate) unsafe fn init_options<T: Options>(ptr: *mut T, struct_size: usize, name: &str) -> Result<()> {
+    out(ptr, name)?;
+    check_struct_size::<T>(struct_size, "struct_size")?;
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(invalid(name, format!("is not aligned to {} bytes", std::mem::align_of::<T>())));
+    }
+    // SAFETY: `struct_size` writable bytes, as the caller promises; then
+    // `write_options` reads the size just written.
+    unsafe {
+        std::ptr::write_bytes(ptr.cast::<u8>(), 0, struct_size);
+        ptr.cast::<usize>().write(struct_size);
+        write_options(ptr, T::defaults(), name)
+    }
 }
 
 #[cfg(test)]

@@ -404,7 +404,7 @@ pub struct q3w_chat_options {
 }
 
 impl Options for q3w_chat_options {
-    const FIRST_SIZE: usize = std::mem::size_of::<Self>();
+    const VERSION_SIZES: &'static [usize] = &[std::mem::size_of::<Self>()];
     fn defaults() -> Self {
         q3w_chat_options {
             struct_size: std::mem::size_of::<Self>(),
@@ -418,11 +418,16 @@ impl Options for q3w_chat_options {
     }
 }
 
-/// Sets `options` to the defaults (and its `struct_size`).
+/// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+/// which is `sizeof(q3w_chat_options)` as the caller's header declares it:
+/// only that many bytes are written.
 #[no_mangle]
-pub unsafe extern "C" fn q3w_chat_options_init(options: *mut q3w_chat_options) -> q3w_status {
-    // SAFETY: NULL or writable, as the caller promises.
-    run("q3w_chat_options_init", || unsafe { init_options(options, "options") })
+pub unsafe extern "C" fn q3w_chat_options_init(
+    options: *mut q3w_chat_options,
+    struct_size: usize,
+) -> q3w_status {
+    // SAFETY: NULL or `struct_size` writable bytes, as the caller promises.
+    run("q3w_chat_options_init", || unsafe { init_options(options, struct_size, "options") })
 }
 
 /// Parses an optional JSON argument.

@@ -5,10 +5,14 @@
 //! Apple), and compared token for token with the Rust API on the same
 //! fixture checkpoint.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, Model, Tokenizer};
+use qwen3_wgpu::{
+    AdapterPolicy, CachePolicy, Engine, LoadOptions, LoadPhase, Model, SamplingParams, Tokenizer,
+};
 
 const PROMPT: [u32; 7] = [851, 720, 591, 221, 110, 800, 753];
 const MAX_NEW: usize = 12;
@@ -188,4 +192,123 @@ fn dlopen_plugin_host() {
     }
     let expected: String = expected.iter().map(|id| format!(" {id}")).collect();
     assert_eq!(run(&exe, &args), format!("tokens:{expected}\n"));
+}
+
+/// Phases a load reports (each once, in order) when its callback cancels
+/// at `cancel_at`; the load's result; the entries left in the cache
+/// directory.
+fn rust_load_phases(
+    cache: &Path,
+    cancel_at: Option<LoadPhase>,
+) -> (Vec<&'static str>, qwen3_wgpu::Result<Model>, usize) {
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let phases = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+    let seen = phases.clone();
+    let options = LoadOptions { cache: CachePolicy::Dir(cache.to_path_buf()), ..Default::default() }
+        .on_progress(move |p| {
+            let mut seen = seen.lock().unwrap();
+            if seen.last() != Some(&p.phase.as_str()) {
+                seen.push(p.phase.as_str());
+            }
+            match Some(p.phase) == cancel_at {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
+        });
+    let result = engine.load(fixture(), &options);
+    let entries = std::fs::read_dir(cache).map_or(0, |d| d.count());
+    let phases = phases.lock().unwrap().clone();
+    (phases, result, entries)
+}
+
+/// What `examples/c/sessions.c` prints, from the Rust API.
+fn expected_sessions_output() -> String {
+    let ids = |ids: &[u32]| ids.iter().map(|id| format!(" {id}")).collect::<String>();
+    let scratch = tempfile::tempdir().unwrap();
+    let cache = scratch.path().join("cache");
+    let (phases, cancelled, entries) = rust_load_phases(&cache, Some(LoadPhase::Converting));
+    let cancelled = cancelled.err().expect("the load is cancelled");
+    let mut out =
+        format!("cancelled: {}; phases: {}; cache entries: {entries}\n", cancelled.code(), phases.join(" "));
+    let (phases, model, entries) = rust_load_phases(&cache, None);
+    let model = model.unwrap();
+    out += &format!("loaded; phases: {}; cache entries: {entries}\n", phases.join(" "));
+
+    let decode = |params: Option<&SamplingParams>| {
+        let mut session = model.session_with_capacity(PROMPT.len() + MAX_NEW).unwrap();
+        if let Some(params) = params {
+            session.set_sampling(params).unwrap();
+        }
+        let mut tokens = vec![session.feed(&PROMPT).unwrap()];
+        while tokens.len() < MAX_NEW {
+            tokens.push(session.next_token().unwrap());
+        }
+        tokens
+    };
+    let greedy = decode(None);
+    out += &format!("feed: {} ({} of {} positions)\n", greedy[0], PROMPT.len(), PROMPT.len());
+    for label in ["greedy", "fork", "restored"] {
+        out += &format!("{label}:{}\n", ids(&greedy));
+    }
+    let params = SamplingParams::default().temperature(0.8).top_k(40).top_p(0.95).seed(7);
+    let sampled = decode(Some(&params));
+    assert_ne!(sampled, greedy, "sampling at temperature 0.8 picks other tokens than greedy here");
+    for _ in 0..2 {
+        out += &format!("sampled (seed 7):{}\n", ids(&sampled));
+    }
+    out
+}
+
+/// The C example of the session features (a load cancelled from its
+/// progress callback leaving no cache file, the non-blocking feed, a fork,
+/// save and restore, seeded sampling twice) prints what the Rust API gives.
+#[test]
+fn c_sessions_example_against_the_shared_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("sessions");
+    let _ = shared_library();
+    compile("cc", "-std=c11", &[manifest_dir().join("examples/c/sessions.c")], &exe, &link_shared());
+    let scratch = tempfile::tempdir().unwrap();
+    let mut args =
+        vec![fixture().display().to_string(), scratch.path().display().to_string(), MAX_NEW.to_string()];
+    args.extend(PROMPT.iter().map(u32::to_string));
+    let printed = run(&exe, &args);
+    let expected = expected_sessions_output();
+    assert!(
+        expected.starts_with("cancelled: cancelled; phases: hashing converting; cache entries: 0\n"),
+        "{expected}"
+    );
+    assert_eq!(printed, expected);
+    assert!(scratch.path().join("session.q3s").is_file());
+}
+
+/// The README's example (`examples/c/chat.c`) builds warning-free under
+/// the sanitizers, and on a checkpoint that is not there it reports the
+/// status and message and frees everything it made (LeakSanitizer on).
+/// (A successful turn needs a checkpoint with the tokenizer's whole
+/// vocabulary, too slow on lavapipe for the test command.)
+#[test]
+fn readme_chat_example_reports_a_missing_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("chat");
+    let _ = shared_library();
+    compile("cc", "-std=c11", &[manifest_dir().join("examples/c/chat.c")], &exe, &link_shared());
+    let missing = dir.path().join("no-such-checkpoint");
+    let out = Command::new(&exe)
+        .arg(&missing)
+        .arg("Can you fix my sword?")
+        .env("XDG_RUNTIME_DIR", dir.path())
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .env("QWEN3_WGPU_BACKEND", "portable")
+        .env("ASAN_OPTIONS", if cfg!(target_os = "linux") { "detect_leaks=1" } else { "detect_leaks=0" })
+        .env("LSAN_OPTIONS", format!("suppressions={}", manifest_dir().join("tests/lsan.supp").display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error [checkpoint_not_found]") && stderr.contains("no-such-checkpoint"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Sanitizer"), "{stderr}");
 }

@@ -50,7 +50,10 @@ fn shared_engine() -> *mut q3w_engine {
     ENGINE
         .get_or_init(|| {
             let mut options = unsafe { std::mem::zeroed::<q3w_engine_options>() };
-            assert_eq!(unsafe { q3w_engine_options_init(&mut options) }, Q3W_OK);
+            assert_eq!(
+                unsafe { q3w_engine_options_init(&mut options, std::mem::size_of::<q3w_engine_options>()) },
+                Q3W_OK
+            );
             options.adapter_policy = Q3W_ADAPTER_POLICY_PORTABLE;
             let mut engine = null_mut();
             expect(unsafe { q3w_engine_new(&options, &mut engine) }, Q3W_OK, &[]);
@@ -61,7 +64,10 @@ fn shared_engine() -> *mut q3w_engine {
 
 fn no_cache() -> q3w_load_options {
     let mut options = unsafe { std::mem::zeroed::<q3w_load_options>() };
-    assert_eq!(unsafe { q3w_load_options_init(&mut options) }, Q3W_OK);
+    assert_eq!(
+        unsafe { q3w_load_options_init(&mut options, std::mem::size_of::<q3w_load_options>()) },
+        Q3W_OK
+    );
     options.cache_policy = Q3W_CACHE_DISABLED;
     options
 }
@@ -84,7 +90,10 @@ fn shared_model() -> *mut q3w_model {
 
 fn new_session(capacity: usize) -> *mut q3w_session {
     let mut options = unsafe { std::mem::zeroed::<q3w_session_options>() };
-    assert_eq!(unsafe { q3w_session_options_init(&mut options) }, Q3W_OK);
+    assert_eq!(
+        unsafe { q3w_session_options_init(&mut options, std::mem::size_of::<q3w_session_options>()) },
+        Q3W_OK
+    );
     options.capacity = capacity;
     let mut session = null_mut();
     expect(unsafe { q3w_session_new(shared_model(), &options, &mut session) }, Q3W_OK, &[]);
@@ -185,7 +194,7 @@ fn null_handles_and_out_pointers_are_invalid_arguments() {
             Q3W_INVALID_ARGUMENT,
             &["template: is NULL"],
         );
-        expect(q3w_engine_options_init(null_mut()), Q3W_INVALID_ARGUMENT, &["options: is NULL"]);
+        expect(q3w_engine_options_init(null_mut(), 16), Q3W_INVALID_ARGUMENT, &["options: is NULL"]);
         // Freeing NULL is allowed, as free(NULL) is.
         assert_eq!(q3w_engine_free(null_mut()), Q3W_OK);
         assert_eq!(q3w_session_free(null_mut()), Q3W_OK);
@@ -201,7 +210,7 @@ fn bad_option_values_are_invalid_arguments() {
                                                                  // Never initialised: struct_size 0.
         expect(q3w_engine_new(&options, &mut engine), Q3W_INVALID_ARGUMENT, &["options", "struct_size is 0"]);
         assert!(engine.is_null());
-        assert_eq!(q3w_engine_options_init(&mut options), Q3W_OK);
+        assert_eq!(q3w_engine_options_init(&mut options, std::mem::size_of::<q3w_engine_options>()), Q3W_OK);
         options.adapter_policy = 7;
         expect(q3w_engine_new(&options, &mut engine), Q3W_INVALID_ARGUMENT, &["adapter_policy", "7 is not"]);
         options.adapter_policy = Q3W_ADAPTER_POLICY_PORTABLE;
@@ -239,7 +248,10 @@ fn bad_option_values_are_invalid_arguments() {
             added: u64,
         }
         let mut newer = Newer { known: std::mem::zeroed(), added: 0 };
-        assert_eq!(q3w_session_options_init(&mut newer.known), Q3W_OK);
+        assert_eq!(
+            q3w_session_options_init(&mut newer.known, std::mem::size_of::<q3w_session_options>()),
+            Q3W_OK
+        );
         newer.known.struct_size = std::mem::size_of::<Newer>();
         newer.known.capacity = 8;
         let mut session = null_mut();
@@ -264,7 +276,7 @@ fn bad_option_values_are_invalid_arguments() {
 fn metal_only_off_apple_is_non_metal_adapter() {
     unsafe {
         let mut options = std::mem::zeroed::<q3w_engine_options>();
-        assert_eq!(q3w_engine_options_init(&mut options), Q3W_OK);
+        assert_eq!(q3w_engine_options_init(&mut options, std::mem::size_of::<q3w_engine_options>()), Q3W_OK);
         options.adapter_policy = Q3W_ADAPTER_POLICY_METAL_ONLY;
         let mut engine = null_mut();
         expect(q3w_engine_new(&options, &mut engine), Q3W_NON_METAL_ADAPTER, &["Metal"]);
@@ -331,7 +343,10 @@ fn session_errors() {
     unsafe {
         let mut session = null_mut();
         let mut options = std::mem::zeroed::<q3w_session_options>();
-        assert_eq!(q3w_session_options_init(&mut options), Q3W_OK);
+        assert_eq!(
+            q3w_session_options_init(&mut options, std::mem::size_of::<q3w_session_options>()),
+            Q3W_OK
+        );
         options.capacity = 4097;
         expect(
             q3w_session_new(shared_model(), &options, &mut session),
@@ -458,14 +473,14 @@ fn text_errors() {
             &["messages"],
         );
         let mut options = std::mem::zeroed::<q3w_chat_options>();
-        assert_eq!(q3w_chat_options_init(&mut options), Q3W_OK);
+        assert_eq!(q3w_chat_options_init(&mut options, std::mem::size_of::<q3w_chat_options>()), Q3W_OK);
         options.enable_thinking = 2;
         expect(
             q3w_chat_template_render(template, &message, 1, &options, &mut rendered, null_mut()),
             Q3W_INVALID_ARGUMENT,
             &["enable_thinking"],
         );
-        assert_eq!(q3w_chat_options_init(&mut options), Q3W_OK);
+        assert_eq!(q3w_chat_options_init(&mut options, std::mem::size_of::<q3w_chat_options>()), Q3W_OK);
         let not_json = c("[1,");
         options.tools_json = not_json.as_ptr();
         expect(
@@ -515,7 +530,7 @@ fn text_matches_the_rust_api() {
             q3w_chat_message { role: strings[2].as_ptr(), content: strings[3].as_ptr(), extra_json: null() },
         ];
         let mut options = std::mem::zeroed::<q3w_chat_options>();
-        assert_eq!(q3w_chat_options_init(&mut options), Q3W_OK);
+        assert_eq!(q3w_chat_options_init(&mut options, std::mem::size_of::<q3w_chat_options>()), Q3W_OK);
         options.enable_thinking = 0;
         let (mut text, mut len) = (null_mut(), 0usize);
         assert_eq!(
@@ -568,5 +583,447 @@ fn text_matches_the_rust_api() {
         assert!(found);
         assert_eq!(Some(id), rust_tokenizer.token_id("<|im_end|>"));
         assert_eq!(q3w_chat_template_free(template), Q3W_OK);
+    }
+}
+
+fn sampling_params() -> q3w_sampling_params {
+    let mut params = unsafe { std::mem::zeroed::<q3w_sampling_params>() };
+    assert_eq!(
+        unsafe { q3w_sampling_params_init(&mut params, std::mem::size_of::<q3w_sampling_params>()) },
+        Q3W_OK
+    );
+    params
+}
+
+/// An `_init` function writes only the bytes of the caller's version: a
+/// program built with the first header's `q3w_load_options` (which ended
+/// at `cache_dir`) keeps the bytes after it, and loads with it.
+#[test]
+fn init_writes_only_the_callers_version() {
+    const V1: usize = std::mem::offset_of!(q3w_load_options, progress);
+    unsafe {
+        // The first version's struct, followed by bytes the caller owns.
+        #[repr(C)]
+        struct V1Struct {
+            bytes: [usize; V1 / 8],
+            after: [u8; 32],
+        }
+        let mut v1 = V1Struct { bytes: [0; V1 / 8], after: [0xa5; 32] };
+        let options = (&mut v1 as *mut V1Struct).cast::<q3w_load_options>();
+        assert_eq!(q3w_load_options_init(options, V1), Q3W_OK);
+        assert_eq!(v1.after, [0xa5; 32], "init wrote past the caller's struct");
+        assert_eq!(v1.bytes[0], V1, "struct_size is the caller's");
+        // It reads as the defaults (no progress callback) and loads.
+        (*options).cache_policy = Q3W_CACHE_DISABLED;
+        let mut model = null_mut();
+        let dir = c_path(&fixture());
+        expect(q3w_model_load(shared_engine(), dir.as_ptr(), options, &mut model), Q3W_OK, &[]);
+        assert_eq!(q3w_model_free(model), Q3W_OK);
+
+        // A size inside a field is no version's size.
+        let mut load = no_cache();
+        for size in [0, 8, V1 + 4] {
+            load.struct_size = size;
+            expect(
+                q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model),
+                Q3W_INVALID_ARGUMENT,
+                &["options", &format!("struct_size is {size}")],
+            );
+            expect(q3w_load_options_init(&mut load, size), Q3W_INVALID_ARGUMENT, &["struct_size"]);
+        }
+        // A newer header's struct: its unknown fields are zeroed.
+        #[repr(C)]
+        struct Newer {
+            known: q3w_sampling_params,
+            added: u64,
+        }
+        let mut newer = Newer { known: std::mem::zeroed(), added: u64::MAX };
+        assert_eq!(q3w_sampling_params_init(&mut newer.known, std::mem::size_of::<Newer>()), Q3W_OK);
+        assert_eq!(newer.added, 0);
+        assert_eq!(newer.known.struct_size, std::mem::size_of::<Newer>());
+        assert_eq!(newer.known.penalty_window, 64);
+    }
+}
+
+/// The progress callback sees the phases in order and cancels the load:
+/// `Q3W_CANCELLED`, no model, nothing in the cache directory. User data
+/// without a callback is refused.
+#[test]
+fn a_progress_callback_cancels_a_load() {
+    struct Seen {
+        phases: Vec<u32>,
+        cancel_at: u32,
+        monotonic: bool,
+        last: (u32, u64),
+    }
+    unsafe extern "C" fn on_progress(
+        user_data: *mut std::ffi::c_void,
+        phase: u32,
+        done: u64,
+        total: u64,
+    ) -> i32 {
+        let seen = unsafe { &mut *user_data.cast::<Seen>() };
+        if seen.phases.last() != Some(&phase) {
+            seen.phases.push(phase);
+            seen.monotonic &= done == 0;
+        } else {
+            seen.monotonic &= done >= seen.last.1;
+        }
+        seen.monotonic &= done <= total;
+        seen.last = (phase, done);
+        if phase == seen.cancel_at {
+            Q3W_PROGRESS_CANCEL
+        } else {
+            Q3W_PROGRESS_CONTINUE
+        }
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let cache = c_path(&scratch.path().join("cache"));
+    let dir = c_path(&fixture());
+    unsafe {
+        let mut seen =
+            Seen { phases: vec![], cancel_at: Q3W_LOAD_PHASE_WRITING_CACHE, monotonic: true, last: (0, 0) };
+        let mut load = no_cache();
+        load.cache_policy = Q3W_CACHE_DIR;
+        load.cache_dir = cache.as_ptr();
+        load.progress_user_data = (&mut seen as *mut Seen).cast();
+        let mut model = std::ptr::dangling_mut::<q3w_model>();
+        expect(
+            q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model),
+            Q3W_INVALID_ARGUMENT,
+            &["progress_user_data"],
+        );
+        load.progress = Some(on_progress);
+        expect(q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model), Q3W_CANCELLED, &[]);
+        assert!(model.is_null());
+        assert_eq!(
+            seen.phases,
+            [Q3W_LOAD_PHASE_HASHING, Q3W_LOAD_PHASE_CONVERTING, Q3W_LOAD_PHASE_WRITING_CACHE]
+        );
+        let left: Vec<_> = std::fs::read_dir(scratch.path().join("cache")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+
+        seen = Seen { phases: vec![], cancel_at: 0, monotonic: true, last: (0, 0) };
+        load.progress_user_data = (&mut seen as *mut Seen).cast();
+        expect(q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model), Q3W_OK, &[]);
+        assert_eq!(
+            seen.phases,
+            [
+                Q3W_LOAD_PHASE_HASHING,
+                Q3W_LOAD_PHASE_CONVERTING,
+                Q3W_LOAD_PHASE_WRITING_CACHE,
+                Q3W_LOAD_PHASE_UPLOADING
+            ]
+        );
+        assert!(seen.monotonic);
+        assert_eq!(q3w_model_free(model), Q3W_OK);
+        // From the cache now.
+        seen = Seen { phases: vec![], cancel_at: 0, monotonic: true, last: (0, 0) };
+        load.progress_user_data = (&mut seen as *mut Seen).cast();
+        expect(q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model), Q3W_OK, &[]);
+        assert_eq!(
+            seen.phases,
+            [Q3W_LOAD_PHASE_HASHING, Q3W_LOAD_PHASE_READING_CACHE, Q3W_LOAD_PHASE_UPLOADING]
+        );
+        assert_eq!(q3w_model_free(model), Q3W_OK);
+    }
+    let name = |phase| unsafe { CStr::from_ptr(q3w_load_phase_name(phase)) }.to_str().unwrap();
+    use qwen3_wgpu::LoadPhase::*;
+    for (phase, rust) in [
+        (Q3W_LOAD_PHASE_HASHING, Hashing),
+        (Q3W_LOAD_PHASE_READING_CACHE, ReadingCache),
+        (Q3W_LOAD_PHASE_CONVERTING, Converting),
+        (Q3W_LOAD_PHASE_WRITING_CACHE, WritingCache),
+        (Q3W_LOAD_PHASE_UPLOADING, Uploading),
+    ] {
+        assert_eq!(name(phase), rust.as_str());
+    }
+    assert_eq!(name(0), "unknown");
+    assert_eq!(name(6), "unknown");
+}
+
+/// Sampling parameters: each bad value is refused naming its field (the
+/// session left as it was), the session reports what it samples with, the
+/// same seed gives the same tokens, and generation_config.json is read as
+/// the Rust API reads it.
+#[test]
+fn sampling_parameters() {
+    let prompt = [851u32, 720, 591, 221];
+    unsafe {
+        let s = new_session(32);
+        let mut params = sampling_params();
+        assert_eq!(params.temperature, 0.0);
+        assert_eq!(params.top_p, 1.0);
+        assert_eq!(params.repetition_penalty, 1.0);
+        for (field, set) in [
+            (
+                "temperature",
+                (|p: &mut q3w_sampling_params| p.temperature = -1.0) as fn(&mut q3w_sampling_params),
+            ),
+            ("temperature", |p| p.temperature = f32::NAN),
+            ("top_p", |p| p.top_p = 0.0),
+            ("min_p", |p| p.min_p = 1.5),
+            ("repetition_penalty", |p| p.repetition_penalty = 0.0),
+            ("presence_penalty", |p| p.presence_penalty = f32::INFINITY),
+            ("penalty_window", |p| p.penalty_window = 1025),
+        ] {
+            let mut bad = sampling_params();
+            set(&mut bad);
+            expect(q3w_session_set_sampling(s, &bad), Q3W_INVALID_ARGUMENT, &[field]);
+        }
+        expect(q3w_session_set_sampling(null_mut(), &params), Q3W_INVALID_ARGUMENT, &["session: is NULL"]);
+        let mut current = sampling_params();
+        current.seed = 99;
+        assert_eq!(q3w_session_sampling(s, &mut current), Q3W_OK);
+        assert_eq!((current.temperature, current.seed), (0.0, 0), "still greedy");
+
+        params.temperature = 1.0;
+        params.top_k = 50;
+        params.seed = 3;
+        assert_eq!(q3w_session_set_sampling(s, &params), Q3W_OK);
+        assert_eq!(q3w_session_sampling(s, &mut current), Q3W_OK);
+        assert_eq!((current.temperature, current.top_k, current.seed), (1.0, 50, 3));
+        let decode = |s: *mut q3w_session| {
+            let mut token = 0;
+            expect(q3w_session_feed(s, prompt.as_ptr(), prompt.len(), &mut token), Q3W_OK, &[]);
+            let mut tokens = vec![token];
+            while tokens.len() < 8 {
+                expect(q3w_session_next_token(s, &mut token), Q3W_OK, &[]);
+                tokens.push(token);
+            }
+            tokens
+        };
+        let first = decode(s);
+        assert_eq!(q3w_session_truncate(s, 0), Q3W_OK);
+        assert_eq!(decode(s), first, "the same seed, the same tokens");
+        // A fork samples as its original does.
+        assert_eq!(q3w_session_truncate(s, 0), Q3W_OK);
+        let mut fork = null_mut();
+        assert_eq!(q3w_session_fork(s, 0, &mut fork), Q3W_OK);
+        assert_eq!(q3w_session_sampling(fork, &mut current), Q3W_OK);
+        assert_eq!((current.temperature, current.top_k, current.seed), (1.0, 50, 3));
+        assert_eq!(decode(fork), first);
+        assert_eq!(q3w_session_free(fork), Q3W_OK);
+        // The Rust API's tokens.
+        let engine =
+            qwen3_wgpu::Engine::builder().policy(qwen3_wgpu::AdapterPolicy::Portable).build().unwrap();
+        let model = engine
+            .load(
+                fixture(),
+                &qwen3_wgpu::LoadOptions { cache: qwen3_wgpu::CachePolicy::Disabled, ..Default::default() },
+            )
+            .unwrap();
+        let mut rust = model.session_with_capacity(32).unwrap();
+        rust.set_sampling(&qwen3_wgpu::SamplingParams::default().temperature(1.0).top_k(50).seed(3)).unwrap();
+        let mut expected = vec![rust.feed(&prompt).unwrap()];
+        while expected.len() < 8 {
+            expected.push(rust.next_token().unwrap());
+        }
+        assert_eq!(first, expected);
+        // NULL: greedy again.
+        assert_eq!(q3w_session_set_sampling(s, null()), Q3W_OK);
+        assert_eq!(q3w_session_sampling(s, &mut current), Q3W_OK);
+        assert_eq!(current.temperature, 0.0);
+        assert_eq!(q3w_session_free(s), Q3W_OK);
+
+        // generation_config.json: none (greedy), sampling, malformed.
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = c_path(scratch.path());
+        let mut read = sampling_params();
+        read.temperature = 5.0;
+        assert_eq!(q3w_sampling_params_from_generation_config(dir.as_ptr(), &mut read), Q3W_OK);
+        assert_eq!(read.temperature, 0.0);
+        std::fs::write(
+            scratch.path().join("generation_config.json"),
+            r#"{"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.1}"#,
+        )
+        .unwrap();
+        assert_eq!(q3w_sampling_params_from_generation_config(dir.as_ptr(), &mut read), Q3W_OK);
+        assert_eq!((read.temperature, read.top_k, read.top_p, read.repetition_penalty), (0.6, 20, 0.95, 1.1));
+        assert_eq!(read.struct_size, std::mem::size_of::<q3w_sampling_params>());
+        std::fs::write(scratch.path().join("generation_config.json"), "{ not json").unwrap();
+        expect(
+            q3w_sampling_params_from_generation_config(dir.as_ptr(), &mut read),
+            Q3W_CHECKPOINT_INVALID,
+            &["generation_config.json"],
+        );
+        assert_eq!(read.temperature, 0.6, "left as it was");
+        expect(
+            q3w_sampling_params_from_generation_config(dir.as_ptr(), null_mut()),
+            Q3W_INVALID_ARGUMENT,
+            &["params: is NULL"],
+        );
+    }
+}
+
+/// The non-blocking feed gives the blocking feed's token and progress;
+/// while it runs, every call that runs the model or touches the context is
+/// refused naming `session`, and polling without a feed is refused too.
+#[test]
+fn the_non_blocking_feed() {
+    let prompt = [851u32, 720, 591, 221, 110];
+    unsafe {
+        let blocking = new_session(16);
+        let mut expected = 0;
+        assert_eq!(q3w_session_feed(blocking, prompt.as_ptr(), prompt.len(), &mut expected), Q3W_OK);
+
+        let s = new_session(16);
+        let (mut token, mut ready, mut fed, mut total) = (0u32, true, 9usize, 0usize);
+        expect(
+            q3w_session_poll_feed(s, &mut token, &mut ready, null_mut(), null_mut()),
+            Q3W_INVALID_ARGUMENT,
+            &["session", "begin_feed"],
+        );
+        expect(q3w_session_begin_feed(s, null(), 0), Q3W_EMPTY_PROMPT, &[]);
+        let bad = [1u32, 1000];
+        expect(q3w_session_begin_feed(s, bad.as_ptr(), 2), Q3W_INVALID_TOKEN_ID, &["1000"]);
+        let long = [1u32; 17];
+        expect(q3w_session_begin_feed(s, long.as_ptr(), 17), Q3W_CONTEXT_OVERFLOW, &[]);
+
+        assert_eq!(q3w_session_begin_feed(s, prompt.as_ptr(), prompt.len()), Q3W_OK);
+        let mut feeding = false;
+        assert_eq!(q3w_session_is_feeding(s, &mut feeding), Q3W_OK);
+        assert!(feeding);
+        let mut other = 0u32;
+        let mut n = 0usize;
+        let mut ids = null_mut();
+        let mut fork = null_mut();
+        let path = c_path(&tempfile::tempdir().unwrap().path().join("s.q3s"));
+        let greedy = sampling_params();
+        for status in [
+            q3w_session_feed(s, prompt.as_ptr(), 1, &mut other),
+            q3w_session_begin_feed(s, prompt.as_ptr(), 1),
+            q3w_session_next_token(s, &mut other),
+            q3w_session_try_next_token(s, &mut other, &mut ready),
+            q3w_session_truncate(s, 0),
+            q3w_session_fork(s, 0, &mut fork),
+            q3w_session_save(s, path.as_ptr()),
+            q3w_session_tokens(s, &mut ids, &mut n),
+            q3w_session_set_sampling(s, &greedy),
+        ] {
+            expect(status, Q3W_INVALID_ARGUMENT, &["session", "poll_feed"]);
+        }
+        assert!(fork.is_null() && ids.is_null());
+        let mut polls = 0;
+        loop {
+            assert_eq!(q3w_session_poll_feed(s, &mut token, &mut ready, &mut fed, &mut total), Q3W_OK);
+            polls += 1;
+            assert_eq!(total, prompt.len());
+            assert!(fed <= total);
+            if ready {
+                break;
+            }
+        }
+        assert!(polls >= 1);
+        assert_eq!((token, fed), (expected, prompt.len()));
+        assert_eq!(q3w_session_is_feeding(s, &mut feeding), Q3W_OK);
+        assert!(!feeding);
+        // The session is as after the blocking feed: the next tokens agree,
+        // and a second non-blocking feed commits the pending token first.
+        let (mut a, mut b) = (0, 0);
+        assert_eq!(q3w_session_next_token(s, &mut a), Q3W_OK);
+        assert_eq!(q3w_session_next_token(blocking, &mut b), Q3W_OK);
+        assert_eq!(a, b);
+        assert_eq!(q3w_session_begin_feed(s, prompt.as_ptr(), 2), Q3W_OK);
+        assert_eq!(q3w_session_feed(blocking, prompt.as_ptr(), 2, &mut b), Q3W_OK);
+        loop {
+            assert_eq!(q3w_session_poll_feed(s, &mut a, &mut ready, &mut fed, &mut total), Q3W_OK);
+            assert_eq!(total, 3, "the pending token and two ids");
+            if ready {
+                break;
+            }
+        }
+        assert_eq!(a, b);
+        assert_eq!(q3w_session_free(s), Q3W_OK);
+        assert_eq!(q3w_session_free(blocking), Q3W_OK);
+    }
+}
+
+/// Fork, save and restore: capacities, the file errors, and the restored
+/// context.
+#[test]
+fn fork_save_and_restore() {
+    let prompt = [851u32, 720, 591, 221, 110];
+    let scratch = tempfile::tempdir().unwrap();
+    unsafe {
+        let s = new_session(16);
+        let mut token = 0;
+        assert_eq!(q3w_session_feed(s, prompt.as_ptr(), prompt.len(), &mut token), Q3W_OK);
+        let mut fork = std::ptr::dangling_mut::<q3w_session>();
+        expect(q3w_session_fork(s, 3, &mut fork), Q3W_CONTEXT_OVERFLOW, &[]);
+        assert!(fork.is_null());
+        expect(q3w_session_fork(s, 5000, &mut fork), Q3W_CONTEXT_OVERFLOW, &[]);
+        expect(q3w_session_fork(null_mut(), 0, &mut fork), Q3W_INVALID_ARGUMENT, &["session: is NULL"]);
+        expect(q3w_session_fork(s, 0, null_mut()), Q3W_INVALID_ARGUMENT, &["out_fork: is NULL"]);
+        assert_eq!(q3w_session_fork(s, 64, &mut fork), Q3W_OK);
+        let mut capacity = 0;
+        assert_eq!(q3w_session_capacity(fork, &mut capacity), Q3W_OK);
+        assert_eq!(capacity, 64);
+
+        // The context's tokens: the prompt (the pending token is not among
+        // them).
+        let (mut ids, mut n) = (null_mut(), 0usize);
+        assert_eq!(q3w_session_tokens(fork, &mut ids, &mut n), Q3W_OK);
+        assert_eq!(std::slice::from_raw_parts(ids, n), &prompt);
+        assert_eq!(q3w_tokens_free(ids), Q3W_OK);
+
+        let missing_dir = c_path(&scratch.path().join("no-such-dir/s.q3s"));
+        expect(q3w_session_save(s, missing_dir.as_ptr()), Q3W_SESSION_IO, &["no-such-dir"]);
+        assert!(!scratch.path().join("no-such-dir").exists());
+        let path = scratch.path().join("s.q3s");
+        let c_file = c_path(&path);
+        assert_eq!(q3w_session_save(s, c_file.as_ptr()), Q3W_OK);
+
+        let mut restored = std::ptr::dangling_mut::<q3w_session>();
+        let missing = c_path(&scratch.path().join("missing.q3s"));
+        expect(
+            q3w_model_restore_session(shared_model(), missing.as_ptr(), 0, &mut restored),
+            Q3W_SESSION_IO,
+            &["missing.q3s"],
+        );
+        assert!(restored.is_null());
+        expect(
+            q3w_model_restore_session(shared_model(), c_file.as_ptr(), 2, &mut restored),
+            Q3W_CONTEXT_OVERFLOW,
+            &[],
+        );
+        let damaged = scratch.path().join("damaged.q3s");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&damaged, bytes).unwrap();
+        let c_damaged = c_path(&damaged);
+        expect(
+            q3w_model_restore_session(shared_model(), c_damaged.as_ptr(), 0, &mut restored),
+            Q3W_SESSION_FILE_INVALID,
+            &["damaged.q3s"],
+        );
+        assert_eq!(q3w_model_restore_session(shared_model(), c_file.as_ptr(), 0, &mut restored), Q3W_OK);
+        assert_eq!(q3w_session_capacity(restored, &mut capacity), Q3W_OK);
+        assert_eq!(capacity, 16);
+
+        // Original, fork and restored copy continue alike.
+        let (mut pending, mut has) = (0, false);
+        assert_eq!(q3w_session_pending(restored, &mut pending, &mut has), Q3W_OK);
+        assert!(has);
+        assert_eq!(pending, token);
+        let next = |s: *mut q3w_session| {
+            let mut t = 0;
+            assert_eq!(q3w_session_next_token(s, &mut t), Q3W_OK);
+            t
+        };
+        let expected: Vec<u32> = (0..4).map(|_| next(s)).collect();
+        assert_eq!((0..4).map(|_| next(fork)).collect::<Vec<_>>(), expected);
+        assert_eq!((0..4).map(|_| next(restored)).collect::<Vec<_>>(), expected);
+
+        let (mut text, mut len) = (null_mut(), 0usize);
+        assert_eq!(q3w_model_fingerprint(shared_model(), &mut text, &mut len), Q3W_OK);
+        let fingerprint = CStr::from_ptr(text).to_str().unwrap().to_string();
+        assert_eq!(len, fingerprint.len());
+        assert!(!fingerprint.is_empty());
+        assert_eq!(q3w_string_free(text), Q3W_OK);
+        for h in [s, fork, restored] {
+            assert_eq!(q3w_session_free(h), Q3W_OK);
+        }
     }
 }

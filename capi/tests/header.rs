@@ -2,8 +2,10 @@
 //! its status values are the crate's stable error codes in order, and every
 //! entry point catches panics.
 //!
-//! After changing the API: `QWEN3_WGPU_UPDATE_HEADER=1 cargo test -p
-//! qwen3-wgpu-capi --test header` rewrites `include/qwen3_wgpu.h`.
+//! After changing the API: `QWEN3_WGPU_UPDATE_HEADER=1 cargo test
+//! --workspace --test header` rewrites `include/qwen3_wgpu.h` (a `-p`
+//! build resolves the workspace's features differently and rebuilds every
+//! dependency).
 
 use std::path::Path;
 
@@ -38,7 +40,7 @@ fn the_checked_in_header_is_fresh() {
     }
     assert!(
         checked_in_header() == generated,
-        "{} is stale: run QWEN3_WGPU_UPDATE_HEADER=1 cargo test -p qwen3-wgpu-capi --test header",
+        "{} is stale: run QWEN3_WGPU_UPDATE_HEADER=1 cargo test --workspace --test header",
         path.display()
     );
 }
@@ -107,7 +109,7 @@ fn one_error_of_each_code() -> Vec<qwen3_wgpu::Error> {
 fn every_entry_point_catches_panics() {
     let header = checked_in_header();
     let mut count = 0;
-    for file in ["lib.rs", "owned.rs", "engine.rs", "text.rs"] {
+    for file in ["lib.rs", "owned.rs", "engine.rs", "session.rs", "text.rs"] {
         let source = std::fs::read_to_string(manifest_dir().join("src").join(file)).unwrap();
         for (i, _) in source.match_indices("#[no_mangle]") {
             let rest = &source[i..];

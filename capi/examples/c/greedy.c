@@ -46,13 +46,13 @@ int main(int argc, char **argv) {
     char *description = NULL;
 
     q3w_engine_options engine_options;
-    CHECK(q3w_engine_options_init(&engine_options));
+    CHECK(q3w_engine_options_init(&engine_options, sizeof engine_options));
     CHECK(q3w_engine_new(&engine_options, &engine));
     CHECK(q3w_engine_describe(engine, &description, NULL));
     fprintf(stderr, "adapter: %s\n", description);
 
     q3w_load_options load_options;
-    CHECK(q3w_load_options_init(&load_options)); /* the platform's cache directory */
+    CHECK(q3w_load_options_init(&load_options, sizeof load_options)); /* the platform's cache directory */
     CHECK(q3w_model_load(engine, argv[1], &load_options, &model));
     CHECK(q3w_tokenizer_from_checkpoint(argv[2], &tokenizer));
 
@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
     } else {
         q3w_chat_message turn = {.role = "user", .content = "The capital of France is", .extra_json = NULL};
         q3w_chat_options chat_options;
-        CHECK(q3w_chat_options_init(&chat_options));
+        CHECK(q3w_chat_options_init(&chat_options, sizeof chat_options));
         chat_options.enable_thinking = 0;
         CHECK(q3w_chat_template_from_checkpoint(argv[2], &chat));
         CHECK(q3w_chat_template_encode(chat, tokenizer, &turn, 1, &chat_options, &chat_ids, &n_prompt));
@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     printf("\ntext: ");
 
     q3w_session_options session_options;
-    CHECK(q3w_session_options_init(&session_options));
+    CHECK(q3w_session_options_init(&session_options, sizeof session_options));
     session_options.capacity = n_prompt + max_new;
     CHECK(q3w_session_new(model, &session_options, &session));
     CHECK(q3w_text_stream_new(tokenizer, &stream));

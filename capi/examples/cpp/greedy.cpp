@@ -1,5 +1,6 @@
 // Greedy decoding through the qwen3-wgpu C API from C++, with RAII handles
-// and a frame loop that never blocks on the GPU (q3w_session_try_next_token).
+// and a frame loop that never blocks on the GPU (the prompt through
+// q3w_session_begin_feed/poll_feed, then q3w_session_try_next_token).
 //
 //   greedy_cpp CHECKPOINT_DIR TOKENIZER_DIR MAX_NEW_TOKENS PROMPT_ID [PROMPT_ID ...]
 //
@@ -70,7 +71,7 @@ int main(int argc, char **argv) {
         auto tokenizer = q3w::make<q3w::Tokenizer>(
             [&](q3w_tokenizer **out) { return q3w_tokenizer_from_checkpoint(argv[2], out); });
         q3w_session_options options;
-        q3w::check(q3w_session_options_init(&options));
+        q3w::check(q3w_session_options_init(&options, sizeof options));
         options.capacity = prompt.size() + max_new;
         auto session = q3w::make<q3w::Session>(
             [&](q3w_session **out) { return q3w_session_new(model.get(), &options, out); });
@@ -90,12 +91,17 @@ int main(int argc, char **argv) {
             std::fflush(stdout);
         };
         uint32_t token = 0;
+        size_t frames = 0;
         if (max_new > 0) {
-            q3w::check(q3w_session_feed(session.get(), prompt.data(), prompt.size(), &token));
+            // The prompt, fed without blocking: one poll per "frame".
+            q3w::check(q3w_session_begin_feed(session.get(), prompt.data(), prompt.size()));
+            for (bool ready = false; !ready; frames++) {
+                q3w::check(q3w_session_poll_feed(session.get(), &token, &ready, nullptr, nullptr));
+                if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
             generated.push_back(token);
             show(token);
         }
-        size_t frames = 0;
         bool end = false;
         while (generated.size() < max_new && !end) {
             q3w::check(q3w_model_is_end_of_text(model.get(), token, &end));

@@ -6,6 +6,7 @@
  *   plugin_host LIBRARY CHECKPOINT_DIR MAX_NEW_TOKENS PROMPT_ID...
  *
  * Checks error paths from C (a bad policy value, a NULL handle), then
+ * loads with a progress callback, feeds the prompt without blocking,
  * decodes greedily and prints "tokens: ...".
  */
 #include <dlfcn.h>
@@ -30,6 +31,15 @@
         return 1;                                                                \
     }
 
+/* Counts the load's progress reports. */
+static int32_t count_progress(void *user_data, uint32_t phase, uint64_t done, uint64_t total) {
+    (void)phase;
+    (void)done;
+    (void)total;
+    ++*(unsigned long *)user_data;
+    return Q3W_PROGRESS_CONTINUE;
+}
+
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s LIBRARY CHECKPOINT_DIR MAX_NEW_TOKENS PROMPT_ID...\n", argv[0]);
@@ -49,8 +59,10 @@ int main(int argc, char **argv) {
     RESOLVE(q3w_model_free);
     RESOLVE(q3w_session_new);
     RESOLVE(q3w_session_free);
-    RESOLVE(q3w_session_feed);
+    RESOLVE(q3w_session_begin_feed);
+    RESOLVE(q3w_session_poll_feed);
     RESOLVE(q3w_session_next_token);
+    RESOLVE(q3w_load_options_init);
 
     size_t max_new = strtoul(argv[3], NULL, 10);
     size_t n_prompt = (size_t)(argc - 4);
@@ -59,7 +71,7 @@ int main(int argc, char **argv) {
 
     /* A policy value the header does not define. */
     q3w_engine_options options;
-    EXPECT(p_q3w_engine_options_init(&options) == Q3W_OK);
+    EXPECT(p_q3w_engine_options_init(&options, sizeof options) == Q3W_OK);
     options.adapter_policy = 7;
     q3w_engine *engine = (q3w_engine *)&options; /* must be reset to NULL */
     EXPECT(p_q3w_engine_new(&options, &engine) == Q3W_INVALID_ARGUMENT);
@@ -76,12 +88,21 @@ int main(int argc, char **argv) {
     options.adapter_policy = Q3W_ADAPTER_POLICY_PORTABLE;
     EXPECT(p_q3w_engine_new(&options, &engine) == Q3W_OK);
     q3w_model *model = NULL;
-    EXPECT(p_q3w_model_load(engine, argv[2], NULL, &model) == Q3W_OK);
+    q3w_load_options load_options;
+    EXPECT(p_q3w_load_options_init(&load_options, sizeof load_options) == Q3W_OK);
+    unsigned long progress_calls = 0;
+    load_options.progress = count_progress;
+    load_options.progress_user_data = &progress_calls;
+    EXPECT(p_q3w_model_load(engine, argv[2], &load_options, &model) == Q3W_OK);
+    EXPECT(progress_calls > 0);
     q3w_session *session = NULL;
     EXPECT(p_q3w_session_new(model, NULL, &session) == Q3W_OK);
     printf("tokens:");
     if (max_new > 0) {
-        EXPECT(p_q3w_session_feed(session, prompt, n_prompt, &token) == Q3W_OK);
+        /* The prompt fed without blocking, as a frame loop would. */
+        EXPECT(p_q3w_session_begin_feed(session, prompt, n_prompt) == Q3W_OK);
+        bool ready = false;
+        while (!ready) EXPECT(p_q3w_session_poll_feed(session, &token, &ready, NULL, NULL) == Q3W_OK);
         printf(" %u", token);
         for (size_t i = 1; i < max_new; i++) {
             EXPECT(p_q3w_session_next_token(session, &token) == Q3W_OK);
