@@ -444,6 +444,10 @@ pub fn wanted_features() -> wgpu::Features {
     wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
 }
 
+/// The subgroup size `int8_matmul_coop` is written for (its 32 x 32 blocks
+/// are one subgroup's).
+pub const COOP_SUBGROUP_SIZE: u32 = 32;
+
 /// The device features `int8_matmul_coop` needs.
 const COOP_FEATURES: wgpu::Features =
     wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
@@ -462,8 +466,8 @@ pub fn coop_supported(adapter: &wgpu::Adapter) -> bool {
     });
     adapter.features().contains(COOP_FEATURES | wgpu::Features::SUBGROUP)
         && f16_16
-        && info.subgroup_min_size == crate::kernels::MATMUL_COOP_SUB
-        && info.subgroup_max_size == crate::kernels::MATMUL_COOP_SUB
+        && info.subgroup_min_size == COOP_SUBGROUP_SIZE
+        && info.subgroup_max_size == COOP_SUBGROUP_SIZE
 }
 
 /// The features of [`wanted_features`] `adapter` offers, plus passthrough

@@ -40,7 +40,7 @@ pub const MATMUL_COOP_WGSL: &str = include_str!("../../kernels/wgsl/int8_matmul_
 const MATMUL_COMMON: &str = include_str!("../../kernels/wgsl/int8_matmul_common.wgsl");
 /// Rows and tokens of one subgroup's block in `int8_matmul_coop`, and the
 /// subgroup size it is written for.
-pub const MATMUL_COOP_SUB: u32 = 32;
+pub const MATMUL_COOP_SUB: u32 = crate::gpu::COOP_SUBGROUP_SIZE;
 
 /// Workgroup size of `int8_matmul_coop` for tiles of `tokens` tokens: one
 /// 32-lane subgroup per 32 x 32 block of the tile.
