@@ -153,8 +153,9 @@ impl Session {
     }
 
     /// Writes the session (its positions' tokens and KV rows, its pending
-    /// token, its capacity, and the model's [fingerprint](Model::fingerprint))
-    /// to `path`, for [`Model::restore_session`]. Written to a temporary file
+    /// token, its capacity, and the model's
+    /// [fingerprint](crate::Model::fingerprint)) to `path`, for
+    /// [`Model::restore_session`](crate::Model::restore_session). Written to a temporary file
     /// in the same directory and renamed into place: `path` only ever holds
     /// a complete file, and a failed save leaves no file. The file takes
     /// `len()` times `4 * num_hidden_layers * num_key_value_heads * head_dim`
