@@ -4,12 +4,13 @@
 //! back to back, and the first run is reported beside the later ones (the
 //! later runs find their inputs in cache and their predecessor finished).
 //!
-//! `cargo run --release --example profile -- CHECKPOINT [portable | --backend NAME] [--repeat N] [--context N]`
-//! (without either: `QWEN3_WGPU_BACKEND`, else metal).
+//! `cargo run --release --example profile -- CHECKPOINT [portable | --backend NAME] [--repeat N] [--context N]
+//! [--sampling T,K,P]` (without a backend: `QWEN3_WGPU_BACKEND`, else metal). `--sampling` profiles the
+//! step with the sampler's launches (temperature, top-k, top-p; seed 1) in place of the argmax.
 
 use std::collections::BTreeMap;
 
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, SamplingParams};
 
 fn main() -> Result<(), qwen3_wgpu::Error> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
@@ -28,6 +29,15 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
         |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)?.parse::<usize>().ok());
     let context = flag("--context").unwrap_or(3).max(1);
     let mut s = model.session_with_capacity(context + 16)?;
+    if let Some(i) = args.iter().position(|a| a == "--sampling") {
+        let v: Vec<f32> =
+            args.get(i + 1).map_or("", |v| v.as_str()).split(',').filter_map(|x| x.parse().ok()).collect();
+        let [t, k, p] = v[..] else {
+            eprintln!("--sampling takes T,K,P (e.g. 0.6,20,0.95)");
+            std::process::exit(2);
+        };
+        s.set_sampling(&SamplingParams::default().temperature(t).top_k(k as u32).top_p(p).seed(1))?;
+    }
     let vocab = model.config().vocab_size as u32;
     s.feed(&(0..context as u32).map(|i| (i * 7919) % vocab).collect::<Vec<_>>())?;
     // Warm-up, in a session of its own: the GPU's clocks rise under load
