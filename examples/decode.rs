@@ -593,11 +593,17 @@ fn text_printer(checkpoint: &Path) -> Option<Tokenizer> {
 /// last line of stdout; exit status 2.
 fn fail(e: &Error, json: bool) -> ! {
     eprintln!("error [{}]: {e}", e.code());
-    if e.code() == "checkpoint_not_found" {
-        eprintln!(
+    match e {
+        // A checkpoint without a tokenizer (random_checkpoint writes none):
+        // the weights are there, only text needs the file.
+        Error::CheckpointNotFound { path, .. } if path.file_name().is_some_and(|n| n == "tokenizer.json") => {
+            eprintln!("  this checkpoint has no tokenizer.json: pass token ids with --prompt-ids")
+        }
+        Error::CheckpointNotFound { .. } => eprintln!(
             "  get one: hf download Qwen/Qwen3-0.6B-Base --local-dir ./qwen3-0.6b-base \
              (or --checkpoint DIR; README, \"Run it\")"
-        );
+        ),
+        _ => {}
     }
     if json {
         println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));

@@ -603,6 +603,30 @@ fn a_missing_checkpoint_says_where_to_get_one() {
     assert!(stderr(&out).contains("hf download Qwen/Qwen3-0.6B-Base"), "{}", stderr(&out));
 }
 
+/// A checkpoint without tokenizer.json asked for text: the hint is
+/// `--prompt-ids`, not a download of another checkpoint.
+#[test]
+fn a_checkpoint_without_a_tokenizer_points_to_prompt_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(f), dir.path().join(f)).unwrap();
+    }
+    let args = [
+        "--checkpoint",
+        dir.path().to_str().unwrap(),
+        "--prompt",
+        "hello",
+        "--backend",
+        "portable",
+        "--json",
+    ];
+    let out = decode(&args, &[]);
+    let message = expect_error(&out, "checkpoint_not_found");
+    assert!(message.contains("tokenizer.json"), "{message}");
+    let err = stderr(&out);
+    assert!(err.contains("--prompt-ids") && !err.contains("hf download"), "{err}");
+}
+
 /// `--logprobs N`: the JSON lists, per generated token, the token, its
 /// log-probability and the N most likely; without the flag, no such key;
 /// more than 20 is `invalid_argument` naming it.
