@@ -174,9 +174,12 @@ fn merge_sort_top(t: u32) -> u32 {
 
 // The few-candidates path of the merge. The vocabulary's k-th largest key
 // is at least every chunk's own theta (the chunk holds k keys that large),
-// so only the candidates at or above the largest of those matter: about k
-// on real logits. They are gathered in f_key/f_id and ranked there (key
-// descending, id ascending).
+// and at least the ceil(k / r)-th largest of the chunks' r-th keys (that
+// many chunks hold r keys that large each; r = ceil(k / parts), the lists
+// are sorted): only the candidates at or above the larger bound matter,
+// about k on real logits (the chunks' thetas alone leave hundreds). They
+// are gathered in f_key/f_id and ranked there (key descending, id
+// ascending).
 const FAST_CANDIDATES: u32 = 256u;
 var<workgroup> f_key: array<u32, FAST_CANDIDATES>;
 var<workgroup> f_id: array<u32, FAST_CANDIDATES>;
@@ -201,6 +204,29 @@ fn merge_fast(t: u32, k: u32) -> vec4<u32> {
     for (var c = t; c < p.parts; c += WG) {
         // A chunk of at most k logits says theta 0: no bound.
         atomicMax(&f_bound, scratch[chunk_record(c) + 1u]);
+    }
+    let parts = p.parts;
+    let r = max(1u, (k + parts - 1u) / parts);
+    let need = (k + r - 1u) / r;
+    var v = 0u;
+    if t < parts {
+        let rec = chunk_record(t);
+        if scratch[rec] >= r {
+            v = sort_key(bitcast<f32>(scratch[rec + 8u + r - 1u]));
+        }
+    }
+    m_lane[t] = v;
+    workgroupBarrier();
+    // (More chunks than invocations: the thetas' bound alone.)
+    if t < parts && parts <= WG {
+        var rank = 0u;
+        for (var c = 0u; c < parts; c++) {
+            let other = m_lane[c];
+            rank += select(0u, 1u, other > v || (other == v && c < t));
+        }
+        if rank == need - 1u {
+            atomicMax(&f_bound, v);
+        }
     }
     workgroupBarrier();
     let bound = atomicLoad(&f_bound);

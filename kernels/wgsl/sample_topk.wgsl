@@ -13,7 +13,8 @@
 // (8 bits per pass, four passes) finds theta instead, the count of keys
 // above it and of keys equal to it, and the chunk writes every logit above
 // theta and the lowest-id ties at theta up to k in all (a prefix sum over
-// the invocations places them), unsorted. Either way any element of the
+// the invocations places them). Either way the list is written sorted
+// (key descending, id ascending), and any element of the
 // vocabulary's top-k that is not written is a tie at its chunk's theta,
 // which the chunk's record says (theta, ties, ties written). A chunk of at
 // most k logits writes them all (theta 0).
@@ -133,24 +134,7 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
         topk_radix(t, start, end, out);
         return;
     }
-    // Each candidate's rank: key descending, id ascending.
-    var key = 0u;
-    var id = 0u;
-    var rank = 0u;
-    if t < total {
-        key = cand_key[t];
-        id = cand_id[t];
-        for (var j = 0u; j < total; j++) {
-            let kj = cand_key[j];
-            rank += select(0u, 1u, kj > key || (kj == key && cand_id[j] < id));
-        }
-    }
-    workgroupBarrier();
-    if t < total {
-        cand_key[rank] = key;
-        cand_id[rank] = id;
-    }
-    workgroupBarrier();
+    rank_sort(t, total);
     let vals = out + 8u;
     let ids = vals + k;
     if t < min(k, total) {
@@ -275,22 +259,30 @@ fn topk_radix(t: u32, start: u32, end: u32, out: u32) {
     var a_slot = before & 0xffffu;
     var t_slot = before >> 16u;
     let need = k - above;
-    let vals = out + 8u;
-    let ids = vals + k;
+    // Gathered in workgroup memory (k <= CANDIDATES), then written sorted
+    // as the few-candidates path writes them (the merge reads each list's
+    // r-th entry).
+    workgroupBarrier();
     for (var j = 0u; j < own; j++) {
         let key = keys[j];
         let id = first + j;
         if whole || key > theta {
-            scratch[vals + a_slot] = bitcast<u32>(logits[id]);
-            scratch[ids + a_slot] = id;
+            cand_key[a_slot] = key;
+            cand_id[a_slot] = id;
             a_slot++;
         } else if key == theta {
             if t_slot < need {
-                scratch[vals + above + t_slot] = bitcast<u32>(logits[id]);
-                scratch[ids + above + t_slot] = id;
+                cand_key[above + t_slot] = key;
+                cand_id[above + t_slot] = id;
             }
             t_slot++;
         }
+    }
+    let written = select(k, len, whole);
+    rank_sort(t, written);
+    if t < written {
+        scratch[out + 8u + t] = bitcast<u32>(key_value(cand_key[t]));
+        scratch[out + 8u + k + t] = cand_id[t];
     }
     if t == 0u {
         scratch[out] = select(k, len, whole);
@@ -300,6 +292,30 @@ fn topk_radix(t: u32, start: u32, end: u32, out: u32) {
     }
 }
 
+
+// Sorts cand_key/cand_id[0 .. n] (n <= CANDIDATES) by key descending, id
+// ascending: each entry's rank is the count of entries before it. Uniform
+// control flow.
+fn rank_sort(t: u32, n: u32) {
+    workgroupBarrier();
+    var key = 0u;
+    var id = 0u;
+    var rank = 0u;
+    if t < n {
+        key = cand_key[t];
+        id = cand_id[t];
+        for (var j = 0u; j < n; j++) {
+            let kj = cand_key[j];
+            rank += select(0u, 1u, kj > key || (kj == key && cand_id[j] < id));
+        }
+    }
+    workgroupBarrier();
+    if t < n {
+        cand_key[rank] = key;
+        cand_id[rank] = id;
+    }
+    workgroupBarrier();
+}
 
 // sums[t] = the sum of sums[t ..] (WG == 256 bins; uniform control flow).
 fn suffix_sums(t: u32) {
