@@ -44,6 +44,8 @@ var<workgroup> chosen: vec3<u32>;
 // Each invocation's largest key, then the k-th largest of those.
 var<workgroup> lane_max: array<u32, 256>;
 var<workgroup> lower_bound: u32;
+// The same maxima, four to an entry.
+var<workgroup> lane_max4: array<vec4<u32>, 64>;
 // The keys at or above the bound, ranked in place, and how many.
 const CANDIDATES: u32 = 256u;
 var<workgroup> cand_key: array<u32, CANDIDATES>;
@@ -98,7 +100,9 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     // ties by invocation). With more than k logits at least k invocations
     // hold one (k <= WG), so an invocation without logits (0) never
     // reaches rank k; a whole chunk takes every logit (bound 0).
-    lane_max[t] = mine;
+    // (Four maxima per workgroup-memory read: the ranking loop is the
+    // launch's longest part.)
+    lane_max4[t / 4u][t % 4u] = mine;
     if t == 0u {
         atomicStore(&cand_count, 0u);
         lower_bound = 0u;
@@ -106,9 +110,13 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     workgroupBarrier();
     if !whole {
         var rank = 0u;
-        for (var j = 0u; j < 256u; j++) {
-            let other = lane_max[j];
-            rank += select(0u, 1u, other > mine || (other == mine && j < t));
+        for (var q = 0u; q < 64u; q++) {
+            let o = lane_max4[q];
+            let j = 4u * q;
+            rank += select(0u, 1u, o.x > mine || (o.x == mine && j < t));
+            rank += select(0u, 1u, o.y > mine || (o.y == mine && j + 1u < t));
+            rank += select(0u, 1u, o.z > mine || (o.z == mine && j + 2u < t));
+            rank += select(0u, 1u, o.w > mine || (o.w == mine && j + 3u < t));
         }
         if rank == k - 1u {
             lower_bound = mine;
