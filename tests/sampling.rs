@@ -348,6 +348,25 @@ fn top_k_path_keeps_whole_tie_groups() {
     assert_eq!(d.tokens, radix.tokens, "few values: top-k path vs radix path");
 }
 
+/// Chunks where far more logits than fit the candidate lists reach the
+/// chunk's bound (585 ties at the top of each 4,096-logit chunk): each
+/// chunk takes its radix select and, for the larger k, so does the merge;
+/// the draws are the radix path's, seed for seed.
+#[test]
+fn top_k_path_with_more_ties_than_candidate_slots() {
+    let rig = Rig::new();
+    let n = 9000;
+    let logits: Vec<f32> = (0..n).map(|i| [0.0f32, 1.0, 0.5, 2.0, 0.0, 1.0, 0.5][i % 7]).collect();
+    for k in [5u32, 20, 100, SAMPLE_TOP_K_MAX] {
+        let params = SamplingParams::default().temperature(0.8).top_k(k).top_p(0.9);
+        let what = format!("k {k}");
+        let d = rig.draws(&logits, &[5, 6], &params, 0..200, 4096);
+        assert_kept(&d, &sample_probs_ref(&logits, 0.8, k, 0.9, 0.0), &what);
+        let radix = rig.draws_planned(&logits, &[5, 6], &params, 0..200, 4096, plan_radix);
+        assert_eq!(d.tokens, radix.tokens, "{what}: top-k path vs radix path");
+    }
+}
+
 /// SAMPLE_TOP_K_MAX takes the two-launch path, one more the radix path;
 /// top-k at or above the vocabulary is off (no filter launch); both
 /// boundaries draw kept tokens.

@@ -10,6 +10,11 @@ fn sort_key(x: f32) -> u32 {
     return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 
+// The value of a sort key (the inverse of sort_key, bit for bit).
+fn key_value(key: u32) -> f32 {
+    return bitcast<f32>(select(~key, key & 0x7fffffffu, (key & 0x80000000u) != 0u));
+}
+
 // pcg4d (Jarzynski and Olano, "Hash Functions for GPU Rendering", 2020): a
 // counter-based hash, so a draw depends on (seed, position, token id) only,
 // never on how many steps ran before or were queued together.

@@ -20,11 +20,6 @@ fn chunk_record(c: u32) -> u32 {
     return p.region + c * (8u + 2u * p.k);
 }
 
-// The value of a sort key (the inverse of sort_key).
-fn key_value(key: u32) -> f32 {
-    return bitcast<f32>(select(~key, key & 0x7fffffffu, (key & 0x80000000u) != 0u));
-}
-
 // Candidate `idx` (chunk idx / k, entry idx % k) as (sort key, id, 1), or
 // (0, 0, 0) past its chunk's count.
 fn candidate(idx: u32) -> vec3<u32> {
@@ -175,4 +170,117 @@ fn merge_sort_top(t: u32) -> u32 {
     }
     workgroupBarrier();
     return count;
+}
+
+// The few-candidates path of the merge. The vocabulary's k-th largest key
+// is at least every chunk's own theta (the chunk holds k keys that large),
+// and at least the ceil(k / r)-th largest of the chunks' r-th keys (that
+// many chunks hold r keys that large each; r = ceil(k / parts), the lists
+// are sorted): only the candidates at or above the larger bound matter,
+// about k on real logits (the chunks' thetas alone leave hundreds). They
+// are gathered in f_key/f_id and ranked there (key descending, id
+// ascending).
+const FAST_CANDIDATES: u32 = 256u;
+var<workgroup> f_key: array<u32, FAST_CANDIDATES>;
+var<workgroup> f_id: array<u32, FAST_CANDIDATES>;
+var<workgroup> f_count: atomic<u32>;
+var<workgroup> f_bound: atomic<u32>;
+// (rank of theta's group's first key, one past its last, candidates,
+// theta).
+var<workgroup> f_sel: vec4<u32>;
+
+// merge_select(t, k, 0u, 0u)'s (theta, above, ties) with a fourth word 1,
+// the candidates at or above the bound sorted in f_key/f_id (ranks 0 ..
+// above + ties include the whole tie group at theta); or .w == 0 when more
+// than FAST_CANDIDATES reach the bound (the caller takes merge_select).
+// Uniform control flow; the result is uniform.
+fn merge_fast(t: u32, k: u32) -> vec4<u32> {
+    if t == 0u {
+        atomicStore(&f_count, 0u);
+        atomicStore(&f_bound, 0u);
+        f_sel = vec4<u32>(0u);
+    }
+    workgroupBarrier();
+    for (var c = t; c < p.parts; c += WG) {
+        // A chunk of at most k logits says theta 0: no bound.
+        atomicMax(&f_bound, scratch[chunk_record(c) + 1u]);
+    }
+    let parts = p.parts;
+    let r = max(1u, (k + parts - 1u) / parts);
+    let need = (k + r - 1u) / r;
+    var v = 0u;
+    if t < parts {
+        let rec = chunk_record(t);
+        if scratch[rec] >= r {
+            v = sort_key(bitcast<f32>(scratch[rec + 8u + r - 1u]));
+        }
+    }
+    m_lane[t] = v;
+    workgroupBarrier();
+    // (More chunks than invocations: the thetas' bound alone.)
+    if t < parts && parts <= WG {
+        var rank = 0u;
+        for (var c = 0u; c < parts; c++) {
+            let other = m_lane[c];
+            rank += select(0u, 1u, other > v || (other == v && c < t));
+        }
+        if rank == need - 1u {
+            atomicMax(&f_bound, v);
+        }
+    }
+    workgroupBarrier();
+    let bound = atomicLoad(&f_bound);
+    for (var idx = t; idx < p.parts * p.k; idx += WG) {
+        let c = candidate(idx);
+        if c.z != 0u && c.x >= bound {
+            let slot = atomicAdd(&f_count, 1u);
+            if slot < FAST_CANDIDATES {
+                f_key[slot] = c.x;
+                f_id[slot] = c.y;
+            }
+        }
+    }
+    workgroupBarrier();
+    if t == 0u {
+        f_sel.z = atomicLoad(&f_count);
+    }
+    let total = workgroupUniformLoad(&f_sel).z;
+    if total > FAST_CANDIDATES {
+        return vec4<u32>(0u);
+    }
+    var key = 0u;
+    var id = 0u;
+    var rank = 0u;
+    if t < total {
+        key = f_key[t];
+        id = f_id[t];
+        for (var j = 0u; j < total; j++) {
+            let kj = f_key[j];
+            rank += select(0u, 1u, kj > key || (kj == key && f_id[j] < id));
+        }
+    }
+    workgroupBarrier();
+    if t < total {
+        f_key[rank] = key;
+        f_id[rank] = id;
+    }
+    workgroupBarrier();
+    if total < k {
+        // Fewer candidates than k (a vocabulary of at most k): all kept.
+        return vec4<u32>(0u, total, 0u, 1u);
+    }
+    let theta = f_key[k - 1u];
+    if t == 0u {
+        f_sel.w = theta;
+    }
+    if t < total && f_key[t] == theta {
+        if t == 0u || f_key[t - 1u] != theta {
+            f_sel.x = t;
+        }
+        if t + 1u == total || f_key[t + 1u] != theta {
+            f_sel.y = t + 1u;
+        }
+    }
+    let s = workgroupUniformLoad(&f_sel);
+    return vec4<u32>(s.w, s.x, s.y - s.x, 1u);
 }

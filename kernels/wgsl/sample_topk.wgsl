@@ -1,20 +1,23 @@
 // The top-k candidates of each chunk of p.chunk logits (one workgroup
 // each; p.k <= SAMPLE_TOP_K_MAX): the first launch of the sampler's top-k
 // path (sample_topk_final merges them) and of the log-probabilities
-// (logprob_final). Each invocation owns ceil(chunk / WG) consecutive logits
-// and keeps their sort keys in registers.
+// (logprob_final). Invocation t holds logits start + j WG + t (coalesced
+// loads) as sort keys in registers.
 //
-// A radix select over the keys (8 bits per pass, four passes) finds the
-// chunk's k-th largest key theta (counting only keys at or above the k-th
-// largest of the invocations' own maxima, a lower bound of theta: k
-// invocations hold a key at least that large; this spares the histogram
-// atomics, which serialise where keys share a bin), the count of keys above it and the count
-// of keys equal to it; the chunk then writes every logit above theta and
-// the lowest-id ties at theta up to k in all (a prefix sum over the
-// invocations places them), so any element of the vocabulary's top-k that
-// is not written is a tie at its chunk's theta, which the chunk's record
-// says (theta, ties, ties written). A chunk of at most k logits writes
-// them all (theta 0).
+// The chunk's k-th largest key theta is at least the k-th largest of the
+// invocations' own maxima (k invocations hold a key that large): the keys at
+// or above that bound are few (about k on real logits), so they are
+// gathered in workgroup memory and ranked there (key descending, id
+// ascending), and the first k ranks are written, sorted. Where more than
+// CANDIDATES keys reach the bound (many ties), a radix select over the keys
+// (8 bits per pass, four passes) finds theta instead, the count of keys
+// above it and of keys equal to it, and the chunk writes every logit above
+// theta and the lowest-id ties at theta up to k in all (a prefix sum over
+// the invocations places them). Either way the list is written sorted
+// (key descending, id ascending), and any element of the
+// vocabulary's top-k that is not written is a tie at its chunk's theta,
+// which the chunk's record says (theta, ties, ties written). A chunk of at
+// most k logits writes them all (theta 0).
 //
 // Chunk c's record in scratch, at p.region + c * (8 + 2 k) words:
 //   [0] candidates written, [1] theta (0: the whole chunk), [2] keys equal
@@ -41,12 +44,144 @@ var<workgroup> chosen: vec3<u32>;
 // Each invocation's largest key, then the k-th largest of those.
 var<workgroup> lane_max: array<u32, 256>;
 var<workgroup> lower_bound: u32;
+// The same maxima, four to an entry.
+var<workgroup> lane_max4: array<vec4<u32>, 64>;
+// The keys at or above the bound, ranked in place, and how many.
+const CANDIDATES: u32 = 256u;
+var<workgroup> cand_key: array<u32, CANDIDATES>;
+var<workgroup> cand_id: array<u32, CANDIDATES>;
+var<workgroup> cand_count: atomic<u32>;
+var<workgroup> cand_total: u32;
+// The ranks of the first and last key equal to theta.
+var<workgroup> tie_first: u32;
+var<workgroup> tie_last: u32;
 
 @compute @workgroup_size(WG)
 fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let t = lane.idx;
     let start = wg.x * p.chunk;
     let end = min(p.n, start + p.chunk);
+    let len = end - start;
+    let out = p.region + wg.x * (8u + 2u * p.k);
+    let k = p.k;
+    let whole = len <= k;
+    var keys: array<u32, MAX_PER_LANE>;
+    var local_max = -3.0e38;
+    var mine = 0u;
+    for (var j = 0u; j < MAX_PER_LANE; j++) {
+        let i = start + j * WG + t;
+        var key = 0u;
+        if i < end {
+            let l = logits[i];
+            key = sort_key(l);
+            local_max = max(local_max, l);
+            mine = max(mine, key);
+            if (p.flags & 2u) != 0u {
+                raw[i] = l;
+            }
+        }
+        keys[j] = key;
+    }
+    if (p.flags & 1u) != 0u {
+        let m = wg_max(local_max, lane);
+        var s = 0.0;
+        for (var j = 0u; j < MAX_PER_LANE; j++) {
+            if start + j * WG + t < end {
+                s += exp(key_value(keys[j]) - m);
+            }
+        }
+        s = wg_sum4(vec4<f32>(s, 0.0, 0.0, 0.0), lane).x;
+        if t == 0u {
+            scratch[out + 4u] = bitcast<u32>(m);
+            scratch[out + 5u] = bitcast<u32>(s);
+        }
+    }
+    // The bound: the k-th largest of the invocations' maxima (by rank,
+    // ties by invocation). With more than k logits at least k invocations
+    // hold one (k <= WG), so an invocation without logits (0) never
+    // reaches rank k; a whole chunk takes every logit (bound 0).
+    // (Four maxima per workgroup-memory read: the ranking loop is the
+    // launch's longest part.)
+    lane_max4[t / 4u][t % 4u] = mine;
+    if t == 0u {
+        atomicStore(&cand_count, 0u);
+        lower_bound = 0u;
+    }
+    workgroupBarrier();
+    if !whole {
+        var rank = 0u;
+        for (var q = 0u; q < 64u; q++) {
+            let o = lane_max4[q];
+            let j = 4u * q;
+            rank += select(0u, 1u, o.x > mine || (o.x == mine && j < t));
+            rank += select(0u, 1u, o.y > mine || (o.y == mine && j + 1u < t));
+            rank += select(0u, 1u, o.z > mine || (o.z == mine && j + 2u < t));
+            rank += select(0u, 1u, o.w > mine || (o.w == mine && j + 3u < t));
+        }
+        if rank == k - 1u {
+            lower_bound = mine;
+        }
+    }
+    let lower = workgroupUniformLoad(&lower_bound);
+    for (var j = 0u; j < MAX_PER_LANE; j++) {
+        let i = start + j * WG + t;
+        if i < end && keys[j] >= lower {
+            let slot = atomicAdd(&cand_count, 1u);
+            if slot < CANDIDATES {
+                cand_key[slot] = keys[j];
+                cand_id[slot] = i;
+            }
+        }
+    }
+    workgroupBarrier();
+    if t == 0u {
+        cand_total = atomicLoad(&cand_count);
+    }
+    let total = workgroupUniformLoad(&cand_total);
+    if total > CANDIDATES {
+        topk_radix(t, start, end, out);
+        return;
+    }
+    rank_sort(t, total);
+    let vals = out + 8u;
+    let ids = vals + k;
+    if t < min(k, total) {
+        scratch[vals + t] = bitcast<u32>(key_value(cand_key[t]));
+        scratch[ids + t] = cand_id[t];
+    }
+    if whole {
+        if t == 0u {
+            scratch[out] = len;
+            scratch[out + 1u] = 0u;
+            scratch[out + 2u] = 0u;
+            scratch[out + 3u] = 0u;
+        }
+        return;
+    }
+    // At least k candidates: the bound is at most the k-th largest key.
+    let theta = cand_key[k - 1u];
+    if t < total && cand_key[t] == theta {
+        if t == 0u || cand_key[t - 1u] != theta {
+            tie_first = t;
+        }
+        if t + 1u == total || cand_key[t + 1u] != theta {
+            tie_last = t;
+        }
+    }
+    workgroupBarrier();
+    if t == 0u {
+        scratch[out] = k;
+        scratch[out + 1u] = theta;
+        scratch[out + 2u] = tie_last + 1u - tie_first;
+        scratch[out + 3u] = k - tie_first;
+    }
+}
+
+// The many-ties path: theta by radix select over the chunk's keys (each
+// invocation holding its ceil(chunk / WG) consecutive logits, so the
+// invocation order is the id order), then the logits above theta and the
+// lowest-id ties, placed by a prefix sum. Uniform control flow.
+fn topk_radix(t: u32, start: u32, end: u32, out: u32) {
     let len = end - start;
     let per = (p.chunk + WG - 1u) / WG;
     let first = start + t * per;
@@ -55,27 +190,8 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
         own = min(per, end - first);
     }
     var keys: array<u32, MAX_PER_LANE>;
-    var local_max = -3.0e38;
     for (var j = 0u; j < own; j++) {
-        let l = logits[first + j];
-        keys[j] = sort_key(l);
-        local_max = max(local_max, l);
-        if (p.flags & 2u) != 0u {
-            raw[first + j] = l;
-        }
-    }
-    let out = p.region + wg.x * (8u + 2u * p.k);
-    if (p.flags & 1u) != 0u {
-        let m = wg_max(local_max, lane);
-        var s = 0.0;
-        for (var j = 0u; j < own; j++) {
-            s += exp(logits[first + j] - m);
-        }
-        s = wg_sum4(vec4<f32>(s, 0.0, 0.0, 0.0), lane).x;
-        if t == 0u {
-            scratch[out + 4u] = bitcast<u32>(m);
-            scratch[out + 5u] = bitcast<u32>(s);
-        }
+        keys[j] = sort_key(logits[first + j]);
     }
     let k = p.k;
     let whole = len <= k;
@@ -151,22 +267,30 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     var a_slot = before & 0xffffu;
     var t_slot = before >> 16u;
     let need = k - above;
-    let vals = out + 8u;
-    let ids = vals + k;
+    // Gathered in workgroup memory (k <= CANDIDATES), then written sorted
+    // as the few-candidates path writes them (the merge reads each list's
+    // r-th entry).
+    workgroupBarrier();
     for (var j = 0u; j < own; j++) {
         let key = keys[j];
         let id = first + j;
         if whole || key > theta {
-            scratch[vals + a_slot] = bitcast<u32>(logits[id]);
-            scratch[ids + a_slot] = id;
+            cand_key[a_slot] = key;
+            cand_id[a_slot] = id;
             a_slot++;
         } else if key == theta {
             if t_slot < need {
-                scratch[vals + above + t_slot] = bitcast<u32>(logits[id]);
-                scratch[ids + above + t_slot] = id;
+                cand_key[above + t_slot] = key;
+                cand_id[above + t_slot] = id;
             }
             t_slot++;
         }
+    }
+    let written = select(k, len, whole);
+    rank_sort(t, written);
+    if t < written {
+        scratch[out + 8u + t] = bitcast<u32>(key_value(cand_key[t]));
+        scratch[out + 8u + k + t] = cand_id[t];
     }
     if t == 0u {
         scratch[out] = select(k, len, whole);
@@ -174,6 +298,31 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
         scratch[out + 2u] = select(ties, 0u, whole);
         scratch[out + 3u] = select(need, 0u, whole);
     }
+}
+
+
+// Sorts cand_key/cand_id[0 .. n] (n <= CANDIDATES) by key descending, id
+// ascending: each entry's rank is the count of entries before it. Uniform
+// control flow.
+fn rank_sort(t: u32, n: u32) {
+    workgroupBarrier();
+    var key = 0u;
+    var id = 0u;
+    var rank = 0u;
+    if t < n {
+        key = cand_key[t];
+        id = cand_id[t];
+        for (var j = 0u; j < n; j++) {
+            let kj = cand_key[j];
+            rank += select(0u, 1u, kj > key || (kj == key && cand_id[j] < id));
+        }
+    }
+    workgroupBarrier();
+    if t < n {
+        cand_key[rank] = key;
+        cand_id[rank] = id;
+    }
+    workgroupBarrier();
 }
 
 // sums[t] = the sum of sums[t ..] (WG == 256 bins; uniform control flow).

@@ -26,6 +26,10 @@
 
 // (top-p's threshold key, M's bits), from invocation 0.
 var<workgroup> kept: vec2<u32>;
+// Ties at theta that chunks did not write.
+var<workgroup> left_out: atomic<u32>;
+// The fixed-point masses of the entries above theta, in order.
+var<workgroup> masses: array<u32, SAMPLE_TOP_K_MAX>;
 
 // The fixed-point mass of logit l (0 ..= 2^31), as sample_select's.
 fn mass(l: f32, m: f32) -> u32 {
@@ -71,30 +75,57 @@ fn consider(best: Best, id: u32, l: f32, pos: u32) -> Best {
 @compute @workgroup_size(WG)
 fn sample_topk_final(lane: Lane) {
     let t = lane.idx;
-    let sel = merge_select(t, p.k, 0u, 0u);
+    // (theta, candidates above it, candidates equal to it), the
+    // candidates above theta (all when fewer than k) sorted in top_key /
+    // top_id, `count` of them.
+    let fast = merge_fast(t, p.k);
+    var sel: vec3<u32>;
+    var count: u32;
+    if fast.w != 0u {
+        sel = fast.xyz;
+        count = sel.y;
+        if t < count {
+            top_key[t] = f_key[t];
+            top_id[t] = f_id[t];
+        }
+        if t == 0u {
+            atomicStore(&left_out, 0u);
+        }
+        workgroupBarrier();
+    } else {
+        sel = merge_select(t, p.k, 0u, 0u);
+        // Fewer candidates than k (k >= the vocabulary): all kept.
+        merge_gather(t, sel.x, sel.x == 0u && sel.z == 0u, false, 0u);
+        count = merge_sort_top(t);
+        if t == 0u {
+            atomicStore(&left_out, 0u);
+        }
+        workgroupBarrier();
+    }
     let theta = sel.x;
-    // Fewer candidates than k (k >= the vocabulary): all kept.
     let whole = theta == 0u && sel.z == 0u;
-    merge_gather(t, theta, whole, false, 0u);
-    let count = merge_sort_top(t);
-    if t == 0u {
-        // The tie group at theta: its candidates, and the ties chunks
-        // left out.
-        var ties = sel.z;
-        if !whole {
-            for (var c = 0u; c < p.parts; c++) {
-                let rec = chunk_record(c);
-                if scratch[rec + 1u] == theta && scratch[rec + 2u] > scratch[rec + 3u] {
-                    ties += scratch[rec + 2u] - scratch[rec + 3u];
-                }
+    // The tie group at theta: its candidates, and the ties chunks left
+    // out.
+    if !whole {
+        for (var c = t; c < p.parts; c += WG) {
+            let rec = chunk_record(c);
+            if scratch[rec + 1u] == theta && scratch[rec + 2u] > scratch[rec + 3u] {
+                atomicAdd(&left_out, scratch[rec + 2u] - scratch[rec + 3u]);
             }
         }
-        let m = select(key_value(theta), key_value(top_key[0]), count > 0u);
+    }
+    let m = select(key_value(theta), key_value(top_key[0]), count > 0u);
+    if p.top_p_on != 0u && t < count {
+        masses[t] = mass(key_value(top_key[t]), m);
+    }
+    workgroupBarrier();
+    if t == 0u {
+        let ties = sel.z + atomicLoad(&left_out);
         var key_p = theta;
         if p.top_p_on != 0u {
             var z = vec2<u32>(0u);
             for (var i = 0u; i < count; i++) {
-                z = add_product(z, mass(key_value(top_key[i]), m), 1u);
+                z = add_product(z, masses[i], 1u);
             }
             if !whole {
                 z = add_product(z, mass(key_value(theta), m), ties);
@@ -102,7 +133,7 @@ fn sample_topk_final(lane: Lane) {
             let target_mass = p.top_p * to_f32(z.x, z.y);
             var cum = vec2<u32>(0u);
             for (var i = 0u; i < count; i++) {
-                cum = add_product(cum, mass(key_value(top_key[i]), m), 1u);
+                cum = add_product(cum, masses[i], 1u);
                 let group_end = i + 1u == count || top_key[i + 1u] != top_key[i];
                 if group_end && to_f32(cum.x, cum.y) >= target_mass {
                     key_p = top_key[i];
@@ -125,20 +156,29 @@ fn sample_topk_final(lane: Lane) {
     }
     let theta_l = key_value(theta);
     if !whole && theta >= key_p && (p.min_p_on == 0u || theta_l >= min_logit) {
-        for (var idx = t; idx < p.parts * p.k; idx += WG) {
-            let c = candidate(idx);
-            if c.z != 0u && c.x == theta {
-                best = consider(best, c.y, theta_l, pos);
+        if fast.w != 0u {
+            // The candidates of the tie group, ranked after those above.
+            for (var r = sel.y + t; r < sel.y + sel.z; r += WG) {
+                best = consider(best, f_id[r], theta_l, pos);
+            }
+        } else {
+            for (var idx = t; idx < p.parts * p.k; idx += WG) {
+                let c = candidate(idx);
+                if c.z != 0u && c.x == theta {
+                    best = consider(best, c.y, theta_l, pos);
+                }
             }
         }
         // Chunks that left ties out: read them (duplicates are harmless).
-        for (var c = 0u; c < p.parts; c++) {
-            let rec = chunk_record(c);
-            if scratch[rec + 1u] == theta && scratch[rec + 2u] > scratch[rec + 3u] {
-                let end = min(p.n, (c + 1u) * p.chunk);
-                for (var i = c * p.chunk + t; i < end; i += WG) {
-                    if sort_key(logits[i]) == theta {
-                        best = consider(best, i, theta_l, pos);
+        if atomicLoad(&left_out) != 0u {
+            for (var c = 0u; c < p.parts; c++) {
+                let rec = chunk_record(c);
+                if scratch[rec + 1u] == theta && scratch[rec + 2u] > scratch[rec + 3u] {
+                    let end = min(p.n, (c + 1u) * p.chunk);
+                    for (var i = c * p.chunk + t; i < end; i += WG) {
+                        if sort_key(logits[i]) == theta {
+                            best = consider(best, i, theta_l, pos);
+                        }
                     }
                 }
             }
