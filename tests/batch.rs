@@ -390,32 +390,35 @@ fn try_step_with_the_sessions_changed_mid_flight_gives_their_own_tokens() {
     let mut got_b = vec![b.feed(&pb).unwrap()];
     let mut got_c = vec![c.feed(&pc).unwrap()];
 
-    // In flight for [a, b]; then [b, a] (another order).
-    assert!(try_once(&mut batch, &mut [&mut a, &mut b]).is_none());
-    try_until(&mut batch, &mut [(&mut b, &mut got_b), (&mut a, &mut got_a)]);
-    try_until(&mut batch, &mut [(&mut b, &mut got_b), (&mut a, &mut got_a)]);
-    // In flight for [a, b, c]; then [c, a] (another list).
-    assert!(try_once(&mut batch, &mut [&mut a, &mut b, &mut c]).is_none());
-    try_until(&mut batch, &mut [(&mut c, &mut got_c), (&mut a, &mut got_a)]);
-    // In flight for [a, b]; `step` takes that step over (and waits for it).
-    assert!(try_once(&mut batch, &mut [&mut a, &mut b]).is_none());
-    step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
-    step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
-    // `try_step` takes over the step `step` queued ahead.
+    // After a call that returns tokens, the next step of its sessions is
+    // in flight. [a, b], then [b, a] (another order): a changed list never
+    // returns tokens at once.
     try_until(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
-    // In flight for [a, c]; `a` steps alone, then both again.
-    assert!(try_once(&mut batch, &mut [&mut c, &mut a]).is_none());
-    got_a.push(a.next_token().unwrap());
+    assert!(try_once(&mut batch, &mut [&mut b, &mut a]).is_none());
+    try_until(&mut batch, &mut [(&mut b, &mut got_b), (&mut a, &mut got_a)]);
+    // In flight for [b, a]; then [c, a] (another list).
     try_until(&mut batch, &mut [(&mut c, &mut got_c), (&mut a, &mut got_a)]);
+    // `step` takes over the step of a try_step that returned None, and
+    // try_step the step `step` queued ahead.
+    assert!(try_once(&mut batch, &mut [&mut a, &mut b]).is_none());
+    step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    try_until(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    // In flight for [a, b]; `a` steps alone, then both again.
+    got_a.push(a.next_token().unwrap());
+    try_until(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
     // In flight for [b, c]; `b` is dropped and its slot taken by `d`, fed
-    // b's context (same length, pending token and feed count): d goes on
-    // as b would have.
-    assert!(try_once(&mut batch, &mut [&mut b, &mut c]).is_none());
+    // b's context (same length, pending token and feed count): the step in
+    // flight never serves [d, c], and d goes on as b would have, in the
+    // batch and alone.
+    try_until(&mut batch, &mut [(&mut b, &mut got_b), (&mut c, &mut got_c)]);
     let context = b.tokens().unwrap();
     let pending = b.pending();
     drop(b);
     let mut d = batch.session().unwrap();
     assert_eq!(Some(d.feed(&context).unwrap()), pending);
+    try_until(&mut batch, &mut [(&mut d, &mut got_b), (&mut c, &mut got_c)]);
+    got_b.push(d.next_token().unwrap()); // reads the token the step gave d
     while got_a.len() < n || got_b.len() < n || got_c.len() < n {
         try_until(&mut batch, &mut [(&mut d, &mut got_b), (&mut c, &mut got_c), (&mut a, &mut got_a)]);
     }
