@@ -366,6 +366,17 @@ fn try_step_gives_the_tokens_of_step_and_never_waits() {
     // The first call submits and cannot have the tokens yet.
     assert!(nones > 0, "{calls} calls, none returned None");
     assert_eq!(waits(&batch, &sessions), before, "a try_step waited for the GPU");
+
+    // A session leaves while the next step of all three is in flight: that
+    // step is dropped without a wait, and the other two go on.
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone_with(&model, 64, p, n + 3)).collect();
+    let [s0, _, s2] = &mut sessions[..] else { unreachable!() };
+    let [g0, _, g2] = &mut got[..] else { unreachable!() };
+    for _ in 0..3 {
+        try_until(&mut batch, &mut [(s2, g2), (s0, g0)]);
+    }
+    assert_eq!([&got[0], &got[2]], [&want[0], &want[2]]);
+    assert_eq!(waits(&batch, &sessions), before, "a try_step waited for the GPU");
 }
 
 /// The sessions change while a `try_step`'s step is in flight: another
