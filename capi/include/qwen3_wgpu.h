@@ -326,9 +326,9 @@ enum q3w_status q3w_batch_new(const struct q3w_model *model,
                               const struct q3w_batch_options *options,
                               struct q3w_batch **out_batch);
 
-// Frees a batch (NULL is allowed), waiting for its steps in flight. Its
-// sessions stay valid (each keeps its slot's cache until it is freed) and
-// decode on their own.
+// Frees a batch (NULL is allowed); steps it left in flight are dropped.
+// Its sessions stay valid (each keeps its slot's cache until it is freed)
+// and decode on their own.
 enum q3w_status q3w_batch_free(struct q3w_batch *batch);
 
 // A new empty session in a free slot of the batch: an ordinary session

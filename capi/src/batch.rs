@@ -92,9 +92,9 @@ pub unsafe extern "C" fn q3w_batch_new(
     })
 }
 
-/// Frees a batch (NULL is allowed), waiting for its steps in flight. Its
-/// sessions stay valid (each keeps its slot's cache until it is freed) and
-/// decode on their own.
+/// Frees a batch (NULL is allowed); steps it left in flight are dropped.
+/// Its sessions stay valid (each keeps its slot's cache until it is freed)
+/// and decode on their own.
 #[no_mangle]
 pub unsafe extern "C" fn q3w_batch_free(batch: *mut q3w_batch) -> q3w_status {
     run("q3w_batch_free", || {
