@@ -288,3 +288,152 @@ fn a_step_queued_for_a_dropped_session_never_serves_the_next_in_its_slot() {
     got.extend((0..3).map(|_| b.next_token().unwrap()));
     assert_eq!(got, want);
 }
+
+/// Each session's (length, pending token).
+fn states(sessions: &[&mut Session]) -> Vec<(usize, Option<u32>)> {
+    sessions.iter().map(|s| (s.len(), s.pending())).collect()
+}
+
+/// One `try_step`: on `None`, every session is as it was (length, pending
+/// token).
+fn try_once(batch: &mut Batch, sessions: &mut [&mut Session]) -> Option<Vec<u32>> {
+    let before = states(sessions);
+    let out = batch.try_step(sessions).unwrap();
+    match &out {
+        Some(tokens) => assert_eq!(tokens.len(), sessions.len()),
+        None => assert_eq!(states(sessions), before, "a try_step that returned None changed a session"),
+    }
+    out
+}
+
+/// `try_step` until it gives the tokens, appending each to its stream.
+fn try_until(batch: &mut Batch, sessions: &mut [(&mut Session, &mut Vec<u32>)]) {
+    let (mut ss, outs): (Vec<&mut Session>, Vec<&mut Vec<u32>>) =
+        sessions.iter_mut().map(|(s, o)| (&mut **s, &mut **o)).unzip();
+    let tokens = loop {
+        match try_once(batch, &mut ss) {
+            Some(tokens) => break tokens,
+            None => std::thread::sleep(std::time::Duration::from_micros(200)),
+        }
+    };
+    for (out, t) in outs.into_iter().zip(tokens) {
+        out.push(t);
+    }
+}
+
+/// A `try_step` loop gives the tokens of a `step` loop and of each session
+/// alone; each `None` leaves every session as it was, and no call waits
+/// for the GPU (neither the batch nor a session counts a wait).
+#[test]
+fn try_step_gives_the_tokens_of_step_and_never_waits() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let prompts = [ids(31, 9, vocab), ids(32, 3, vocab), ids(33, 20, vocab)];
+    let n = 10;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone_with(&model, 64, p, n)).collect();
+    let options = BatchOptions::default().slots(3).capacity_per_slot(64);
+
+    let mut batch = model.batch(&options).unwrap();
+    let mut sessions: Vec<Session> = (0..3).map(|_| batch.session().unwrap()).collect();
+    let mut stepped: Vec<Vec<u32>> =
+        sessions.iter_mut().zip(&prompts).map(|(s, p)| vec![s.feed(p).unwrap()]).collect();
+    while stepped[0].len() < n {
+        let tokens = batch.step(&mut sessions.iter_mut().collect::<Vec<_>>()).unwrap();
+        stepped.iter_mut().zip(tokens).for_each(|(out, t)| out.push(t));
+    }
+    assert_eq!(stepped, want);
+
+    let mut batch = model.batch(&options).unwrap();
+    let mut sessions: Vec<Session> = (0..3).map(|_| batch.session().unwrap()).collect();
+    let mut got: Vec<Vec<u32>> =
+        sessions.iter_mut().zip(&prompts).map(|(s, p)| vec![s.feed(p).unwrap()]).collect();
+    let waits = |batch: &Batch, sessions: &[Session]| {
+        batch.debug_blocking_waits() + sessions.iter().map(|s| s.debug_feed_counts().1).sum::<u64>()
+    };
+    let before = waits(&batch, &sessions);
+    let (mut calls, mut nones) = (0, 0);
+    while got[0].len() < n {
+        calls += 1;
+        match try_once(&mut batch, &mut sessions.iter_mut().collect::<Vec<_>>()) {
+            Some(tokens) => got.iter_mut().zip(tokens).for_each(|(out, t)| out.push(t)),
+            None => {
+                nones += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    }
+    assert_eq!(got, want);
+    // The first call submits and cannot have the tokens yet.
+    assert!(nones > 0, "{calls} calls, none returned None");
+    assert_eq!(waits(&batch, &sessions), before, "a try_step waited for the GPU");
+
+    // A session leaves while the next step of all three is in flight: that
+    // step is dropped without a wait, and the other two go on.
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone_with(&model, 64, p, n + 3)).collect();
+    let [s0, _, s2] = &mut sessions[..] else { unreachable!() };
+    let [g0, _, g2] = &mut got[..] else { unreachable!() };
+    for _ in 0..3 {
+        try_until(&mut batch, &mut [(s2, g2), (s0, g0)]);
+    }
+    assert_eq!([&got[0], &got[2]], [&want[0], &want[2]]);
+    assert_eq!(waits(&batch, &sessions), before, "a try_step waited for the GPU");
+}
+
+/// The sessions change while a `try_step`'s step is in flight: another
+/// order, another list, a session stepped alone, a `step` taking over,
+/// and a session dropped and its slot taken by one fed the same context.
+/// Each stream equals the session's tokens alone: no token is wrong or
+/// lost, and a dropped step never serves another session.
+#[test]
+fn try_step_with_the_sessions_changed_mid_flight_gives_their_own_tokens() {
+    let model = load(MatvecLayout::SplitK, "odd_dims");
+    let vocab = model.config().vocab_size as u32;
+    let (pa, pb, pc) = (ids(41, 7, vocab), ids(42, 2, vocab), ids(43, 15, vocab));
+    let n = 14;
+    let want =
+        [alone_with(&model, 64, &pa, n), alone_with(&model, 64, &pb, n), alone_with(&model, 64, &pc, n)];
+    assert!(want[0] != want[1] && want[1] != want[2] && want[0] != want[2], "{want:?}");
+
+    let mut batch = model.batch(&BatchOptions::default().slots(3).capacity_per_slot(64)).unwrap();
+    let (mut a, mut b, mut c) =
+        (batch.session().unwrap(), batch.session().unwrap(), batch.session().unwrap());
+    let mut got_a = vec![a.feed(&pa).unwrap()];
+    let mut got_b = vec![b.feed(&pb).unwrap()];
+    let mut got_c = vec![c.feed(&pc).unwrap()];
+
+    // After a call that returns tokens, the next step of its sessions is
+    // in flight. [a, b], then [b, a] (another order): a changed list never
+    // returns tokens at once.
+    try_until(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    assert!(try_once(&mut batch, &mut [&mut b, &mut a]).is_none());
+    try_until(&mut batch, &mut [(&mut b, &mut got_b), (&mut a, &mut got_a)]);
+    // In flight for [b, a]; then [c, a] (another list).
+    try_until(&mut batch, &mut [(&mut c, &mut got_c), (&mut a, &mut got_a)]);
+    // `step` takes over the step of a try_step that returned None, and
+    // try_step the step `step` queued ahead.
+    assert!(try_once(&mut batch, &mut [&mut a, &mut b]).is_none());
+    step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    step(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    try_until(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    // In flight for [a, b]; `a` steps alone, then both again.
+    got_a.push(a.next_token().unwrap());
+    try_until(&mut batch, &mut [(&mut a, &mut got_a), (&mut b, &mut got_b)]);
+    // In flight for [b, c]; `b` is dropped and its slot taken by `d`, fed
+    // b's context (same length, pending token and feed count): the step in
+    // flight never serves [d, c], and d goes on as b would have, in the
+    // batch and alone.
+    try_until(&mut batch, &mut [(&mut b, &mut got_b), (&mut c, &mut got_c)]);
+    let context = b.tokens().unwrap();
+    let pending = b.pending();
+    drop(b);
+    let mut d = batch.session().unwrap();
+    assert_eq!(Some(d.feed(&context).unwrap()), pending);
+    try_until(&mut batch, &mut [(&mut d, &mut got_b), (&mut c, &mut got_c)]);
+    got_b.push(d.next_token().unwrap()); // reads the token the step gave d
+    while got_a.len() < n || got_b.len() < n || got_c.len() < n {
+        try_until(&mut batch, &mut [(&mut d, &mut got_b), (&mut c, &mut got_c), (&mut a, &mut got_a)]);
+    }
+    assert_eq!(got_a[..n], want[0][..], "a");
+    assert_eq!(got_b[..n], want[1][..], "b");
+    assert_eq!(got_c[..n], want[2][..], "c");
+}

@@ -77,6 +77,10 @@
 // Load phase: uploading the converted weights to the GPU.
 #define Q3W_LOAD_PHASE_UPLOADING 5
 
+// The most log-probabilities a session reports per token
+// (`q3w_session_set_logprobs`).
+#define Q3W_MAX_LOGPROBS 20
+
 // The status every function returns: `Q3W_OK`, or the stable error code
 // of what went wrong (`q3w_status_name` gives its name, as the Rust crate's
 // `Error::code()` spells it). New codes are added at the end.
@@ -127,6 +131,11 @@ typedef enum q3w_status {
   Q3W_CANCELLED = 20,
 } q3w_status;
 
+// Sessions of one model stepped together: each step reads the weights
+// once for all its sessions, and each session gets the greedy token it
+// would get alone.
+typedef struct q3w_batch q3w_batch;
+
 // A checkpoint's chat template, compiled once.
 typedef struct q3w_chat_template q3w_chat_template;
 
@@ -144,6 +153,18 @@ typedef struct q3w_text_stream q3w_text_stream;
 
 // A checkpoint's tokenizer (`tokenizer.json`).
 typedef struct q3w_tokenizer q3w_tokenizer;
+
+// How to create a batch (`q3w_batch_options_init` sets the defaults).
+typedef struct q3w_batch_options {
+  // `sizeof(q3w_batch_options)`, set by `q3w_batch_options_init`.
+  size_t struct_size;
+  // Sessions the batch holds at once (default 8); 0 is
+  // `Q3W_INVALID_ARGUMENT`.
+  size_t slots;
+  // KV-cache positions of each session (default 1024): 1 up to the
+  // model's `q3w_model_max_context`, else `Q3W_CONTEXT_OVERFLOW`.
+  size_t capacity_per_slot;
+} q3w_batch_options;
 
 // How to create an engine (`q3w_engine_options_init` sets the defaults).
 typedef struct q3w_engine_options {
@@ -234,6 +255,16 @@ typedef struct q3w_sampling_params {
   uint64_t seed;
 } q3w_sampling_params;
 
+// A token and its log-probability (natural log of its probability under
+// the model's raw logits: log_softmax, before sampling's penalties and
+// temperature), <= 0.
+typedef struct q3w_logprob {
+  // The token id.
+  uint32_t token;
+  // Its log-probability.
+  float logprob;
+} q3w_logprob;
+
 // How a conversation is rendered (`q3w_chat_options_init` sets the
 // defaults).
 typedef struct q3w_chat_options {
@@ -280,6 +311,74 @@ const char *q3w_last_error_message(void);
 // Rust crate's `Error::code()` spells it; `"unknown"` for a value that is
 // no status. A static string: never freed, never NULL.
 const char *q3w_status_name(int32_t status);
+
+// Sets `options` to the defaults and its `struct_size` to `struct_size`,
+// which is `sizeof(q3w_batch_options)` as the caller's header declares it:
+// only that many bytes are written.
+enum q3w_status q3w_batch_options_init(struct q3w_batch_options *options, size_t struct_size);
+
+// Creates a batch over `model`: its KV pool (a cache of
+// `capacity_per_slot` positions for each of `slots` sessions) is allocated
+// here, once. `options` may be NULL (the defaults). Slots whose pool would
+// pass the device's largest buffer are `Q3W_INVALID_ARGUMENT` naming
+// `slots`. Free it with `q3w_batch_free`.
+enum q3w_status q3w_batch_new(const struct q3w_model *model,
+                              const struct q3w_batch_options *options,
+                              struct q3w_batch **out_batch);
+
+// Frees a batch (NULL is allowed); steps it left in flight are dropped.
+// Its sessions stay valid (each keeps its slot's cache until it is freed)
+// and decode on their own.
+enum q3w_status q3w_batch_free(struct q3w_batch *batch);
+
+// A new empty session in a free slot of the batch: an ordinary session
+// (feed, next_token, sampling, fork, save all work on it alone) whose KV
+// cache is the slot's; `q3w_session_free` frees it and its slot. No free
+// slot is `Q3W_INVALID_ARGUMENT` naming `batch`.
+enum q3w_status q3w_batch_session(struct q3w_batch *batch, struct q3w_session **out_session);
+
+// Sessions the batch holds at once.
+enum q3w_status q3w_batch_slots(struct q3w_batch *batch, size_t *out_slots);
+
+// Slots free for `q3w_batch_session` (a freed session gives its slot back).
+enum q3w_status q3w_batch_free_slots(struct q3w_batch *batch, size_t *out_free);
+
+// Advances each of the `n_sessions` sessions by one token in one GPU step
+// (waiting for it) and writes their tokens, in order, to `out_tokens` (room
+// for `n_sessions`): each session's token is what
+// `q3w_session_next_token` would give it, and the session is left as that
+// call leaves it. Pass any sessions of this batch: sessions join and leave
+// between steps. Before waiting, a step queues the next one for the same
+// sessions; the next call with the same list, in the same order and
+// untouched in between, finds it done or running.
+//
+// Errors, before anything runs (no session changes):
+// `Q3W_INVALID_ARGUMENT` naming `sessions` (none, a NULL entry, one listed
+// twice, one not made by this batch), `sampling` (a session that samples:
+// steps are greedy), `logprobs` (one reporting log-probabilities) or
+// `session` (a feed in progress); `Q3W_NO_PENDING_TOKEN` for a session
+// never fed; `Q3W_CONTEXT_OVERFLOW` for a full one.
+enum q3w_status q3w_batch_step(struct q3w_batch *batch,
+                               struct q3w_session *const *sessions,
+                               size_t n_sessions,
+                               uint32_t *out_tokens);
+
+// `q3w_batch_step` that never waits for the GPU (call it once a frame):
+// while the step's tokens are on their way, `*out_ready` is false,
+// `out_tokens` is left as it was and every session is as it was; once
+// they are back, `*out_ready` is true and `out_tokens` holds them, the
+// sessions advanced as `q3w_batch_step` advances them. Call again with the
+// same sessions in the same order until ready. A call with another list
+// (or after a session changed: fed, truncated, stepped alone, freed) drops
+// the step in flight once it has finished, without waiting (no token is
+// lost: it advanced no session), and then submits its own. It mixes with
+// `q3w_batch_step`, which takes over (and waits for) a step in flight for
+// the same sessions. Errors as `q3w_batch_step`'s.
+enum q3w_status q3w_batch_try_step(struct q3w_batch *batch,
+                                   struct q3w_session *const *sessions,
+                                   size_t n_sessions,
+                                   uint32_t *out_tokens,
+                                   bool *out_ready);
 
 // Sets `options` to the defaults and its `struct_size` to `struct_size`,
 // which is `sizeof(q3w_engine_options)` as the caller's header declares it:
@@ -433,6 +532,35 @@ enum q3w_status q3w_session_set_sampling(struct q3w_session *session,
 // by `q3w_sampling_params_init`; its `struct_size` is kept).
 enum q3w_status q3w_session_sampling(struct q3w_session *session,
                                      struct q3w_sampling_params *params);
+
+// Reports, with each token the session returns from now on (`feed`,
+// `next_token`, `try_next_token`, `poll_feed`), its log-probability and
+// those of the `n` most likely tokens (`q3w_session_last_logprobs`); 0
+// turns them off (no cost then). Steps queued ahead are discarded, so the
+// next token already reports them. More than `Q3W_MAX_LOGPROBS` is
+// `Q3W_INVALID_ARGUMENT` naming `logprobs`, a call while a
+// `q3w_session_begin_feed` is in progress `Q3W_INVALID_ARGUMENT` naming
+// `session` (the session is left as it was either way). A session
+// reporting them is refused by batch steps (`logprobs`).
+enum q3w_status q3w_session_set_logprobs(struct q3w_session *session, uint32_t n);
+
+// The log-probabilities of the last token the session returned, when
+// `q3w_session_set_logprobs` is on: `*out_available` is true,
+// `*out_chosen` the token and its log-probability, and `*out_n_top` the
+// count N of its most likely tokens (N as set), of which the first
+// `min(N, top_capacity)` are written to `top`, most likely first (equal
+// log-probabilities by lowest id); nothing is written past
+// `top_capacity` (`top` may be NULL when it is 0), so an array of
+// `Q3W_MAX_LOGPROBS` always holds them all. Under greedy decoding the
+// chosen token is the first entry. Otherwise (off, no token returned
+// since it was set, or after a truncate) `*out_available` is false,
+// `*out_n_top` 0, and `out_chosen` and `top` are left as they were.
+enum q3w_status q3w_session_last_logprobs(struct q3w_session *session,
+                                          struct q3w_logprob *out_chosen,
+                                          struct q3w_logprob *top,
+                                          size_t top_capacity,
+                                          size_t *out_n_top,
+                                          bool *out_available);
 
 // Starts feeding `n_ids` tokens without blocking: checks them as
 // `q3w_session_feed` does (every id, the capacity, the pending token

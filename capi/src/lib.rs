@@ -1,7 +1,7 @@
 //! The C ABI of [`qwen3_wgpu`]: opaque handles over the engine, models,
-//! sessions, tokenizers, streaming decoders and chat templates, built as a
-//! shared library (`libqwen3wgpu.so` / `.dylib`), a static library
-//! (`libqwen3wgpu.a`) and a Rust library (for this crate's tests). The
+//! sessions, batches, tokenizers, streaming decoders and chat templates,
+//! built as a shared library (`libqwen3wgpu.so` / `.dylib`), a static
+//! library (`libqwen3wgpu.a`) and a Rust library (for this crate's tests). The
 //! header, `include/qwen3_wgpu.h`, is generated from these sources by
 //! cbindgen.
 //!
@@ -26,16 +26,17 @@
 //!   it still works). The library must be built with `panic = "unwind"`
 //!   (the default).
 //! - **Ownership.** Each thing the caller owns has exactly one free
-//!   function: `q3w_engine_free`, `q3w_model_free`, `q3w_session_free`,
-//!   `q3w_tokenizer_free`, `q3w_text_stream_free`, `q3w_chat_template_free`,
+//!   function: `q3w_engine_free`, `q3w_model_free`, `q3w_session_free`
+//!   (also for a batch's sessions), `q3w_batch_free`, `q3w_tokenizer_free`, `q3w_text_stream_free`, `q3w_chat_template_free`,
 //!   `q3w_string_free` (every `char *` returned through an out-parameter)
 //!   and `q3w_tokens_free` (every `uint32_t *` returned). Each accepts NULL.
 //!   Strings returned as `const char *` are borrowed and never freed. Handles
 //!   keep what they need alive: a model outlives its engine's handle, a
-//!   session its model's, a text stream its tokenizer's.
+//!   session its model's and its batch's, a text stream its tokenizer's.
 //! - **Threads.** Engines, models, tokenizers and chat templates may be used
-//!   from several threads at once. A session or a text stream may be used
-//!   from any thread, one call at a time.
+//!   from several threads at once. A session, a batch or a text stream may
+//!   be used from any thread, one call at a time (a batch step uses each
+//!   of its sessions for the call).
 //! - **Options structs** start with `struct_size`, set by their `_init`
 //!   function, which takes the struct's size as the caller's header
 //!   declares it (`q3w_load_options_init(&options, sizeof options)`):
@@ -64,11 +65,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use qwen3_wgpu::{Error, Result};
 
+mod batch;
 mod engine;
 mod owned;
 mod session;
 mod text;
 
+pub use batch::*;
 pub use engine::*;
 pub use owned::{q3w_string_free, q3w_tokens_free};
 pub use session::*;
@@ -373,6 +376,22 @@ pub(crate) unsafe fn array<'a, T>(ptr: *const T, n: usize, name: &str) -> Result
     // SAFETY: non-NULL, aligned, `n` elements within isize::MAX bytes, as
     // the caller promises.
     Ok(unsafe { std::slice::from_raw_parts(ptr, n) })
+}
+
+/// An array of `n` elements the caller passed for the library to fill
+/// (NULL allowed when `n` is 0): checked as [`array`] checks its input.
+///
+/// # Safety
+/// `ptr` is NULL or points to `n` writable elements that outlive `'a`,
+/// used by nothing else during the call.
+pub(crate) unsafe fn array_out<'a, T>(ptr: *mut T, n: usize, name: &str) -> Result<&'a mut [T]> {
+    // SAFETY: as the caller promises; `array` checks NULL, alignment and size.
+    let checked = unsafe { array(ptr.cast_const(), n, name) }?;
+    if checked.is_empty() {
+        return Ok(&mut []);
+    }
+    // SAFETY: the same checked elements, writable as the caller promises.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, n) })
 }
 
 /// An options struct the caller passed: `struct_size` first, fields added

@@ -1,5 +1,6 @@
-//! Sessions beyond greedy feeding: sampling parameters, the non-blocking
-//! feed, forking, saving and restoring, and the context's tokens.
+//! Sessions beyond greedy feeding: sampling parameters, log-probabilities,
+//! the non-blocking feed, forking, saving and restoring, and the context's
+//! tokens.
 
 use std::ffi::c_char;
 use std::path::Path;
@@ -8,8 +9,8 @@ use qwen3_wgpu::{FeedStatus, SamplingParams};
 
 use crate::engine::{put_string, q3w_model, q3w_session};
 use crate::{
-    array, clear, exclusive, init_options, out, owned, put, q3w_status, read_options, run, shared, text,
-    write_options, Options,
+    array, array_out, clear, exclusive, init_options, out, owned, put, q3w_status, read_options, run, shared,
+    text, write_options, Options,
 };
 
 /// How a session chooses its tokens (`q3w_sampling_params_init` sets the
@@ -151,6 +152,86 @@ pub unsafe extern "C" fn q3w_session_sampling(
         let s = unsafe { exclusive(session, "session") }?;
         let current = q3w_sampling_params::from_params(s.session.sampling());
         unsafe { write_options(params, current, "params") }
+    })
+}
+
+/// The most log-probabilities a session reports per token
+/// (`q3w_session_set_logprobs`).
+pub const Q3W_MAX_LOGPROBS: u32 = 20;
+
+const _: () = assert!(Q3W_MAX_LOGPROBS == qwen3_wgpu::internals::kernels::sample::MAX_LOGPROBS);
+
+/// A token and its log-probability (natural log of its probability under
+/// the model's raw logits: log_softmax, before sampling's penalties and
+/// temperature), <= 0.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct q3w_logprob {
+    /// The token id.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+}
+
+/// Reports, with each token the session returns from now on (`feed`,
+/// `next_token`, `try_next_token`, `poll_feed`), its log-probability and
+/// those of the `n` most likely tokens (`q3w_session_last_logprobs`); 0
+/// turns them off (no cost then). Steps queued ahead are discarded, so the
+/// next token already reports them. More than `Q3W_MAX_LOGPROBS` is
+/// `Q3W_INVALID_ARGUMENT` naming `logprobs`, a call while a
+/// `q3w_session_begin_feed` is in progress `Q3W_INVALID_ARGUMENT` naming
+/// `session` (the session is left as it was either way). A session
+/// reporting them is refused by batch steps (`logprobs`).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_set_logprobs(session: *mut q3w_session, n: u32) -> q3w_status {
+    run("q3w_session_set_logprobs", || {
+        // SAFETY: the pointer is as the header says.
+        let mut s = unsafe { exclusive(session, "session") }?;
+        s.session.set_logprobs(n)
+    })
+}
+
+/// The log-probabilities of the last token the session returned, when
+/// `q3w_session_set_logprobs` is on: `*out_available` is true,
+/// `*out_chosen` the token and its log-probability, and `*out_n_top` the
+/// count N of its most likely tokens (N as set), of which the first
+/// `min(N, top_capacity)` are written to `top`, most likely first (equal
+/// log-probabilities by lowest id); nothing is written past
+/// `top_capacity` (`top` may be NULL when it is 0), so an array of
+/// `Q3W_MAX_LOGPROBS` always holds them all. Under greedy decoding the
+/// chosen token is the first entry. Otherwise (off, no token returned
+/// since it was set, or after a truncate) `*out_available` is false,
+/// `*out_n_top` 0, and `out_chosen` and `top` are left as they were.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_last_logprobs(
+    session: *mut q3w_session,
+    out_chosen: *mut q3w_logprob,
+    top: *mut q3w_logprob,
+    top_capacity: usize,
+    out_n_top: *mut usize,
+    out_available: *mut bool,
+) -> q3w_status {
+    run("q3w_session_last_logprobs", || {
+        // SAFETY: the pointers are as the header says.
+        let s = unsafe { exclusive(session, "session") }?;
+        out(out_chosen, "out_chosen")?;
+        let top = unsafe { array_out(top, top_capacity, "top") }?;
+        out(out_n_top, "out_n_top")?;
+        out(out_available, "out_available")?;
+        let last = s.session.last_logprobs();
+        if let Some(lp) = last {
+            for (slot, &(token, logprob)) in top.iter_mut().zip(&lp.top) {
+                *slot = q3w_logprob { token, logprob };
+            }
+        }
+        unsafe {
+            if let Some(lp) = last {
+                put(out_chosen, q3w_logprob { token: lp.token, logprob: lp.logprob });
+            }
+            put(out_n_top, last.map_or(0, |lp| lp.top.len()));
+            put(out_available, last.is_some());
+        }
+        Ok(())
     })
 }
 

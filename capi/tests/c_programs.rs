@@ -312,3 +312,59 @@ fn readme_chat_example_reports_a_missing_checkpoint() {
     );
     assert!(!stderr.contains("Sanitizer"), "{stderr}");
 }
+
+/// What `examples/c/batch.c` prints, from the Rust API: each prompt's
+/// greedy tokens in a session of its own (the batch's must be the same),
+/// and the log-probabilities of the first prompt's second token.
+fn expected_batch_output(prompts: &[Vec<u32>], max_new: usize) -> String {
+    let ids = |ids: &[u32]| ids.iter().map(|id| format!(" {id}")).collect::<String>();
+    let model = model();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|prompt| {
+            let mut session = model.session().unwrap();
+            let mut tokens = vec![session.feed(prompt).unwrap()];
+            while tokens.len() < max_new {
+                tokens.push(session.next_token().unwrap());
+            }
+            tokens
+        })
+        .collect();
+    let mut out = format!("free slots: 0 of {}\n", prompts.len());
+    for label in ["alone", "batch"] {
+        for (i, tokens) in alone.iter().enumerate() {
+            out += &format!("{label} {i}:{}\n", ids(tokens));
+        }
+    }
+    out += "batch: same tokens as alone\n";
+    let mut session = model.session().unwrap();
+    session.set_logprobs(5).unwrap();
+    session.feed(&prompts[0]).unwrap();
+    let token = session.next_token().unwrap();
+    let lp = session.last_logprobs().unwrap();
+    assert_eq!(lp.token, token);
+    let top: Vec<u32> = lp.top.iter().map(|&(id, _)| id).collect();
+    out += &format!("logprobs: {} of {token} (top:{})\n", top.len(), ids(&top));
+    out += "logprobs: finite, sorted, <= 0, the chosen token first\n";
+    out += &format!("logprobs into 2 entries: 2 written of {}\n", top.len());
+    out += "batch step of a session reporting logprobs: invalid_argument\n";
+    out
+}
+
+/// The C example of batches and log-probabilities: three conversations
+/// stepped as a batch (blocking, then a non-blocking loop) give each one's
+/// tokens alone, and the log-probabilities of a greedy step are finite,
+/// sorted, <= 0, led by the chosen token and written only up to the
+/// caller's capacity; all as the Rust API gives them.
+#[test]
+fn c_batch_example_against_the_shared_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("batch");
+    let _ = shared_library();
+    compile("cc", "-std=c11", &[manifest_dir().join("examples/c/batch.c")], &exe, &link_shared());
+    let prompts = vec![PROMPT.to_vec(), vec![17, 404], PROMPT[2..].iter().rev().copied().collect()];
+    let mut args = vec![fixture().display().to_string(), MAX_NEW.to_string()];
+    args.extend(prompts.iter().map(|p| p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")));
+    let printed = run(&exe, &args);
+    assert_eq!(printed, expected_batch_output(&prompts, MAX_NEW));
+}

@@ -1027,3 +1027,192 @@ fn fork_save_and_restore() {
         }
     }
 }
+
+fn batch_options(slots: usize, capacity: usize) -> q3w_batch_options {
+    let mut options = unsafe { std::mem::zeroed::<q3w_batch_options>() };
+    assert_eq!(
+        unsafe { q3w_batch_options_init(&mut options, std::mem::size_of::<q3w_batch_options>()) },
+        Q3W_OK
+    );
+    assert_eq!((options.slots, options.capacity_per_slot), (8, 1024), "the defaults");
+    options.slots = slots;
+    options.capacity_per_slot = capacity;
+    options
+}
+
+/// Batches: bad options, a full batch, and every bad step list are named
+/// errors that leave the sessions and the caller's token array as they
+/// were; a step after them decodes as usual; `try_step` writes nothing
+/// until ready; a freed batch's sessions decode on alone.
+#[test]
+fn batch_errors() {
+    unsafe {
+        let model = shared_model();
+        let mut batch = null_mut();
+        expect(q3w_batch_new(null(), null(), &mut batch), Q3W_INVALID_ARGUMENT, &["model: is NULL"]);
+        expect(q3w_batch_new(model, null(), null_mut()), Q3W_INVALID_ARGUMENT, &["out_batch: is NULL"]);
+        expect(q3w_batch_new(model, &batch_options(0, 8), &mut batch), Q3W_INVALID_ARGUMENT, &["slots"]);
+        expect(q3w_batch_new(model, &batch_options(1, 0), &mut batch), Q3W_CONTEXT_OVERFLOW, &[]);
+        expect(q3w_batch_new(model, &batch_options(1, 4097), &mut batch), Q3W_CONTEXT_OVERFLOW, &["4096"]);
+        assert!(batch.is_null());
+        expect(q3w_batch_new(model, &batch_options(2, 8), &mut batch), Q3W_OK, &[]);
+        let (mut a, mut b, mut c) = (null_mut(), null_mut(), null_mut());
+        expect(q3w_batch_session(batch, &mut a), Q3W_OK, &[]);
+        expect(q3w_batch_session(batch, &mut b), Q3W_OK, &[]);
+        expect(q3w_batch_session(batch, &mut c), Q3W_INVALID_ARGUMENT, &["batch", "all 2 slots"]);
+        assert!(c.is_null());
+        let (mut slots, mut free) = (0, 9);
+        assert_eq!(q3w_batch_slots(batch, &mut slots), Q3W_OK);
+        assert_eq!(q3w_batch_free_slots(batch, &mut free), Q3W_OK);
+        assert_eq!((slots, free), (2, 0));
+
+        let mut tokens = [u32::MAX; 2];
+        let mut ready = true;
+        expect(q3w_batch_step(batch, [a].as_ptr(), 1, tokens.as_mut_ptr()), Q3W_NO_PENDING_TOKEN, &[]);
+        let mut token = 0;
+        expect(q3w_session_feed(a, [1u32, 2, 3].as_ptr(), 3, &mut token), Q3W_OK, &[]);
+        expect(q3w_session_feed(b, [4u32].as_ptr(), 1, &mut token), Q3W_OK, &[]);
+        let plain = new_session(8);
+        expect(q3w_session_feed(plain, [4u32].as_ptr(), 1, &mut token), Q3W_OK, &[]);
+        let lists: [(&[*mut q3w_session], &[&str]); 4] = [
+            (&[], &["sessions", "empty"]),
+            (&[a, null_mut()], &["sessions", "entry 1 is NULL"]),
+            (&[a, b, a], &["sessions", "entries 0 and 2 are the same session"]),
+            (&[plain, a], &["sessions", "no slot of this batch"]),
+        ];
+        for (list, words) in lists {
+            let out = tokens.as_mut_ptr();
+            expect(q3w_batch_step(batch, list.as_ptr(), list.len(), out), Q3W_INVALID_ARGUMENT, words);
+            let status = q3w_batch_try_step(batch, list.as_ptr(), list.len(), out, &mut ready);
+            expect(status, Q3W_INVALID_ARGUMENT, words);
+        }
+        expect(q3w_batch_step(batch, null(), 2, tokens.as_mut_ptr()), Q3W_INVALID_ARGUMENT, &["sessions"]);
+        let both = [a, b];
+        expect(
+            q3w_batch_step(null_mut(), both.as_ptr(), 2, tokens.as_mut_ptr()),
+            Q3W_INVALID_ARGUMENT,
+            &["batch"],
+        );
+        expect(q3w_batch_step(batch, both.as_ptr(), 2, null_mut()), Q3W_INVALID_ARGUMENT, &["out_tokens"]);
+        expect(
+            q3w_batch_try_step(batch, both.as_ptr(), 2, tokens.as_mut_ptr(), null_mut()),
+            Q3W_INVALID_ARGUMENT,
+            &["out_ready"],
+        );
+        expect(q3w_session_set_logprobs(b, 2), Q3W_OK, &[]);
+        expect(
+            q3w_batch_step(batch, both.as_ptr(), 2, tokens.as_mut_ptr()),
+            Q3W_INVALID_ARGUMENT,
+            &["logprobs"],
+        );
+        expect(q3w_session_set_logprobs(b, 0), Q3W_OK, &[]);
+        assert!(ready, "refused calls leave out_ready as it was");
+        assert_eq!(tokens, [u32::MAX; 2], "refused steps write no token");
+        let mut len = 0;
+        assert_eq!(q3w_session_len(a, &mut len), Q3W_OK);
+        assert_eq!(len, 3, "refused steps leave the sessions as they were");
+
+        // What each session gives alone, then the batch's tokens.
+        let want: Vec<Vec<u32>> = [&[1u32, 2, 3][..], &[4u32]]
+            .iter()
+            .map(|prompt| {
+                let s = new_session(8);
+                let mut t = 0;
+                expect(q3w_session_feed(s, prompt.as_ptr(), prompt.len(), &mut t), Q3W_OK, &[]);
+                let mut out = vec![];
+                for _ in 0..3 {
+                    expect(q3w_session_next_token(s, &mut t), Q3W_OK, &[]);
+                    out.push(t);
+                }
+                assert_eq!(q3w_session_free(s), Q3W_OK);
+                out
+            })
+            .collect();
+        let mut got = vec![vec![], vec![]];
+        expect(q3w_batch_step(batch, both.as_ptr(), 2, tokens.as_mut_ptr()), Q3W_OK, &[]);
+        got[0].push(tokens[0]);
+        got[1].push(tokens[1]);
+        while got[0].len() < 3 {
+            tokens = [u32::MAX; 2];
+            expect(q3w_batch_try_step(batch, both.as_ptr(), 2, tokens.as_mut_ptr(), &mut ready), Q3W_OK, &[]);
+            if ready {
+                got[0].push(tokens[0]);
+                got[1].push(tokens[1]);
+            } else {
+                assert_eq!(tokens, [u32::MAX; 2], "not ready: no token written");
+            }
+        }
+        assert_eq!(got, want);
+
+        // A freed session gives its slot back; a freed batch's sessions
+        // decode on alone.
+        assert_eq!(q3w_session_free(b), Q3W_OK);
+        assert_eq!(q3w_batch_free_slots(batch, &mut free), Q3W_OK);
+        assert_eq!(free, 1);
+        assert_eq!(q3w_batch_free(batch), Q3W_OK);
+        expect(q3w_session_next_token(a, &mut token), Q3W_OK, &[]);
+        assert_eq!(q3w_session_free(a), Q3W_OK);
+        assert_eq!(q3w_session_free(plain), Q3W_OK);
+        assert_eq!(q3w_batch_free(null_mut()), Q3W_OK);
+    }
+}
+
+/// Log-probabilities: the bound on N, a feed in progress, the out-pointers;
+/// nothing to report before a token, after turning them off and after a
+/// truncate; and a read never writes past the caller's capacity.
+#[test]
+fn logprob_errors() {
+    unsafe {
+        let s = new_session(16);
+        expect(q3w_session_set_logprobs(null_mut(), 3), Q3W_INVALID_ARGUMENT, &["session: is NULL"]);
+        expect(q3w_session_set_logprobs(s, Q3W_MAX_LOGPROBS + 1), Q3W_INVALID_ARGUMENT, &["logprobs", "21"]);
+        expect(q3w_session_set_logprobs(s, Q3W_MAX_LOGPROBS), Q3W_OK, &[]);
+        let untouched = q3w_logprob { token: 7, logprob: 1.0 };
+        let mut chosen = untouched;
+        let mut top = [untouched; 4];
+        let (mut n, mut available) = (9, true);
+        let read =
+            |chosen: &mut q3w_logprob, top: &mut [q3w_logprob], n: &mut usize, available: &mut bool| {
+                q3w_session_last_logprobs(s, chosen, top.as_mut_ptr(), top.len(), n, available)
+            };
+        expect(read(&mut chosen, &mut top, &mut n, &mut available), Q3W_OK, &[]);
+        assert_eq!((n, available), (0, false), "no token yet");
+        assert_eq!((chosen.token, top[0].token), (7, 7));
+        let mut token = 0;
+        expect(q3w_session_begin_feed(s, [5u32, 6].as_ptr(), 2), Q3W_OK, &[]);
+        expect(q3w_session_set_logprobs(s, 2), Q3W_INVALID_ARGUMENT, &["session"]);
+        let mut ready = false;
+        while !ready {
+            expect(q3w_session_poll_feed(s, &mut token, &mut ready, null_mut(), null_mut()), Q3W_OK, &[]);
+        }
+        expect(read(&mut chosen, &mut top, &mut n, &mut available), Q3W_OK, &[]);
+        assert!(available);
+        assert_eq!((n, chosen.token, top[0].token), (20, token, token));
+        assert!(top.iter().all(|e| e.token != 7 && e.logprob <= 0.0));
+        // Only the capacity is written; NULL with a capacity of 0 is fine.
+        let mut two = [untouched; 3];
+        let status = q3w_session_last_logprobs(s, &mut chosen, two.as_mut_ptr(), 2, &mut n, &mut available);
+        expect(status, Q3W_OK, &[]);
+        assert_eq!((two[0].token, two[1].token, two[2].token, n), (top[0].token, top[1].token, 7, 20));
+        let status = q3w_session_last_logprobs(s, &mut chosen, null_mut(), 0, &mut n, &mut available);
+        expect(status, Q3W_OK, &[]);
+        let status = q3w_session_last_logprobs(s, &mut chosen, null_mut(), 2, &mut n, &mut available);
+        expect(status, Q3W_INVALID_ARGUMENT, &["top", "NULL"]);
+        let status = q3w_session_last_logprobs(s, null_mut(), null_mut(), 0, &mut n, &mut available);
+        expect(status, Q3W_INVALID_ARGUMENT, &["out_chosen"]);
+        let status = q3w_session_last_logprobs(s, &mut chosen, null_mut(), 0, null_mut(), &mut available);
+        expect(status, Q3W_INVALID_ARGUMENT, &["out_n_top"]);
+        let status = q3w_session_last_logprobs(s, &mut chosen, null_mut(), 0, &mut n, null_mut());
+        expect(status, Q3W_INVALID_ARGUMENT, &["out_available"]);
+        // A truncate drops them; so does turning them off.
+        expect(q3w_session_truncate(s, 1), Q3W_OK, &[]);
+        expect(read(&mut chosen, &mut top, &mut n, &mut available), Q3W_OK, &[]);
+        assert_eq!((n, available), (0, false));
+        expect(q3w_session_feed(s, [8u32].as_ptr(), 1, &mut token), Q3W_OK, &[]);
+        expect(q3w_session_set_logprobs(s, 0), Q3W_OK, &[]);
+        expect(q3w_session_next_token(s, &mut token), Q3W_OK, &[]);
+        expect(read(&mut chosen, &mut top, &mut n, &mut available), Q3W_OK, &[]);
+        assert_eq!((n, available), (0, false));
+        assert_eq!(q3w_session_free(s), Q3W_OK);
+    }
+}

@@ -109,7 +109,7 @@ fn one_error_of_each_code() -> Vec<qwen3_wgpu::Error> {
 fn every_entry_point_catches_panics() {
     let header = checked_in_header();
     let mut count = 0;
-    for file in ["lib.rs", "owned.rs", "engine.rs", "session.rs", "text.rs"] {
+    for file in ["lib.rs", "owned.rs", "engine.rs", "session.rs", "batch.rs", "text.rs"] {
         let source = std::fs::read_to_string(manifest_dir().join("src").join(file)).unwrap();
         for (i, _) in source.match_indices("#[no_mangle]") {
             let rest = &source[i..];
@@ -143,7 +143,15 @@ fn one_free_function_per_owned_thing() {
         .collect();
     assert_eq!(
         opaque,
-        ["q3w_chat_template", "q3w_engine", "q3w_model", "q3w_session", "q3w_text_stream", "q3w_tokenizer"]
+        [
+            "q3w_batch",
+            "q3w_chat_template",
+            "q3w_engine",
+            "q3w_model",
+            "q3w_session",
+            "q3w_text_stream",
+            "q3w_tokenizer"
+        ]
     );
     // Declarations: `enum q3w_status q3w_engine_free(struct q3w_engine *engine);`.
     let frees: Vec<&str> = header

@@ -143,9 +143,16 @@ pub struct Batch {
     /// The rows' tokens, read back after each step: two, for the step
     /// waited on and the one queued behind it.
     readbacks: [wgpu::Buffer; 2],
-    /// The step submitted ahead of the caller for the sessions of the last
-    /// call, one position on (see [`Batch::step`]).
+    /// The step submitted for the sessions of the last call as they are
+    /// now: queued ahead by [`Batch::step`], or waited for by
+    /// [`Batch::try_step`].
     ahead: Option<InFlightStep>,
+    /// The step queued behind `ahead` for the same sessions, one position
+    /// further on (a [`Batch::try_step`] still waiting for `ahead`'s tokens
+    /// has queued it already).
+    behind: Option<InFlightStep>,
+    /// Waits on the GPU so far (a [`Batch::try_step`] never adds one).
+    blocking_waits: u64,
 }
 
 /// What a session must hold for a step to be its next one: (its lease's
@@ -161,6 +168,28 @@ struct InFlightStep {
     readback: usize,
     submission: wgpu::SubmissionIndex,
     mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    /// The mapping's outcome once seen (by a non-blocking check).
+    done: Option<std::result::Result<(), wgpu::BufferAsyncError>>,
+}
+
+impl InFlightStep {
+    /// Whether the step's tokens are mapped (`Ok(true)`), not yet
+    /// (`Ok(false)`), or never will be (a failed mapping), without waiting.
+    fn arrived(&mut self) -> Result<bool> {
+        if self.done.is_none() {
+            match self.mapped.try_recv() {
+                Ok(r) => self.done = Some(r),
+                Err(mpsc::TryRecvError::Empty) => return Ok(false),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() })
+                }
+            }
+        }
+        match &self.done {
+            Some(Err(e)) => Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
+            _ => Ok(true),
+        }
+    }
 }
 
 impl std::fmt::Debug for Batch {
@@ -238,6 +267,8 @@ impl Batch {
             forward,
             readbacks: [gpu.readback("batch tokens", 4 * slots), gpu.readback("batch tokens", 4 * slots)],
             ahead: None,
+            behind: None,
+            blocking_waits: 0,
             model,
         })
     }
@@ -297,6 +328,8 @@ impl Batch {
     /// untouched in between, gets its tokens without a step's wait. Any
     /// other call drops it (waiting for it first); what it wrote lies past
     /// each session's length, as for a session's own steps queued ahead.
+    /// A call after a [`Batch::try_step`] that returned `None` for the same
+    /// sessions waits for that step and returns its tokens.
     ///
     /// Errors, before anything runs (no session changes):
     /// [`Error::InvalidArgument`] naming `sessions` for an empty list or a
@@ -308,6 +341,158 @@ impl Batch {
     /// session never fed; `context_overflow` for a full one. Then a GPU
     /// failure.
     pub fn step(&mut self, sessions: &mut [&mut Session]) -> Result<Vec<u32>> {
+        self.check_step(sessions)?;
+        if self.forward.is_none() {
+            // The MSL twins have no batched variants: each session's own
+            // step (its arithmetic is that of the pipelines it runs alone).
+            return sessions.iter_mut().map(|s| s.next_token()).collect();
+        }
+        let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
+        // The step queued ahead by the last call serves when the sessions
+        // are those it ran for, in the same order and state; otherwise it
+        // is dropped (what it wrote lies past each session's length).
+        let mut current = match self.ahead.take() {
+            Some(ahead) if ahead.rows == rows => ahead,
+            other => {
+                self.ahead = other;
+                self.drop_stale_steps()?;
+                for s in sessions.iter_mut() {
+                    s.discard_queued()?;
+                }
+                let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
+                self.submit(sessions, 0, Some(&pending), 0)
+            }
+        };
+        // Steps a session queued alone since are discarded (they ran after
+        // the batch's and wrote the same values).
+        for s in sessions.iter_mut() {
+            if let Err(e) = s.discard_queued() {
+                self.ahead = Some(current); // in flight: the next call drops it
+                return Err(e);
+            }
+        }
+        // The next step for the same sessions, queued before waiting (a
+        // try_step may have queued it already): the GPU runs it while the
+        // host handles this one's tokens. Its inputs are this step's
+        // tokens, already on the GPU.
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        let next = match self.behind.take() {
+            Some(next) => Some(next),
+            None => room.then(|| self.submit(sessions, 1, None, 1 - current.readback)),
+        };
+        let out = self.wait(&mut current).and_then(|()| self.read_tokens(current.readback, sessions.len()));
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                // Leave no readback buffer with a mapping pending.
+                if let Some(mut next) = next {
+                    if self.wait(&mut next).is_ok() {
+                        self.readbacks[next.readback].unmap();
+                    }
+                }
+                return Err(e);
+            }
+        };
+        self.advance(sessions, &out, next);
+        Ok(out)
+    }
+
+    /// [`Batch::step`] that never waits for the GPU (a host that renders
+    /// calls it once a frame and keeps its frame rate): `Ok(None)` while
+    /// the step's tokens are on their way, leaving every session as it was
+    /// (its length, pending token and context); then `Ok(Some(tokens))`,
+    /// the tokens [`Batch::step`] returns, each session advanced as `step`
+    /// advances it.
+    ///
+    /// ```no_run
+    /// # fn frame(batch: &mut qwen3_wgpu::Batch, a: &mut qwen3_wgpu::Session, b: &mut qwen3_wgpu::Session) -> qwen3_wgpu::Result<()> {
+    /// if let Some(tokens) = batch.try_step(&mut [a, b])? {
+    ///     println!("{tokens:?}"); // one token each, in order
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// The first call for some sessions submits their step and, as `step`
+    /// does, the next one behind it, and returns `None`; calls with the
+    /// same sessions, in the same order and untouched in between, poll the
+    /// device until the step's tokens are back (the call that returns them
+    /// leaves the next step in flight, so the following call may find its
+    /// tokens at once). A call with other sessions, another order,
+    /// or a session changed in between (fed, truncated, stepped alone,
+    /// dropped) drops the steps in flight once they have finished (they
+    /// advanced no session, so no token is lost; what they wrote lies past
+    /// each session's length) and returns `None` until then; then it
+    /// submits the step of its own sessions. Steps a session queued alone
+    /// are discarded once they have finished, in the same way.
+    /// [`Batch::step`] and `try_step` mix freely: either one takes over
+    /// the step the other left in flight for the same sessions (`step`
+    /// waits for it).
+    ///
+    /// Errors: those of [`Batch::step`], before anything is submitted;
+    /// then a GPU failure.
+    pub fn try_step(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
+        self.check_step(sessions)?;
+        if self.forward.is_none() {
+            return try_step_each(sessions);
+        }
+        self.poll()?;
+        let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
+        let mut current = match self.ahead.take() {
+            Some(ahead) if ahead.rows == rows => ahead,
+            other => {
+                self.ahead = other;
+                if !self.try_drop_stale_steps()? || !own_steps_arrived(sessions)? {
+                    return Ok(None);
+                }
+                // Nothing of theirs is in flight: discarding waits for nothing.
+                for s in sessions.iter_mut() {
+                    s.discard_queued()?;
+                }
+                // This call submits the step and the next one behind it;
+                // later calls poll for its tokens.
+                let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
+                let current = self.submit(sessions, 0, Some(&pending), 0);
+                let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+                self.behind = room.then(|| self.submit(sessions, 1, None, 1 - current.readback));
+                self.ahead = Some(current);
+                return Ok(None);
+            }
+        };
+        // The next step behind this one, as `step` queues it (unless a
+        // call queued it already).
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        if self.behind.is_none() && room {
+            self.behind = Some(self.submit(sessions, 1, None, 1 - current.readback));
+        }
+        // A failed mapping drops the step (its buffer is not mapped); the
+        // one behind it is dropped as stale by the next call.
+        if !current.arrived()? || !own_steps_arrived(sessions)? {
+            self.ahead = Some(current);
+            return Ok(None);
+        }
+        for s in sessions.iter_mut() {
+            if let Err(e) = s.discard_queued() {
+                self.ahead = Some(current); // mapped: the next call unmaps it
+                return Err(e);
+            }
+        }
+        let out = self.read_tokens(current.readback, sessions.len())?;
+        let next = self.behind.take();
+        self.advance(sessions, &out, next);
+        Ok(Some(out))
+    }
+
+    /// Waits on the GPU by this batch so far (a [`Batch::try_step`] never
+    /// adds one): for tests that check that it never waits.
+    #[doc(hidden)]
+    pub fn debug_blocking_waits(&self) -> u64 {
+        self.blocking_waits
+    }
+
+    /// Checks the sessions of a step ([`Batch::step`]'s errors), changing
+    /// nothing.
+    fn check_step(&self, sessions: &[&mut Session]) -> Result<()> {
         if sessions.is_empty() {
             return Err(Error::invalid_argument("sessions", "an empty batch: pass at least one session"));
         }
@@ -335,53 +520,14 @@ impl Batch {
             }
             s.check_can_step(1)?;
         }
-        if self.forward.is_none() {
-            // The MSL twins have no batched variants: each session's own
-            // step (its arithmetic is that of the pipelines it runs alone).
-            return sessions.iter_mut().map(|s| s.next_token()).collect();
-        }
-        let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
-        // The step queued ahead by the last call serves when the sessions
-        // are those it ran for, in the same order and state; otherwise it
-        // is dropped (what it wrote lies past each session's length).
-        let current = match self.ahead.take() {
-            Some(ahead) if ahead.rows == rows => ahead,
-            other => {
-                if let Some(stale) = other {
-                    self.wait(&stale)?;
-                    self.readbacks[stale.readback].unmap();
-                }
-                for s in sessions.iter_mut() {
-                    s.discard_queued()?;
-                }
-                let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
-                self.submit(sessions, 0, Some(&pending), 0)
-            }
-        };
-        // Steps a session queued alone since are discarded (they ran after
-        // the batch's and wrote the same values).
-        for s in sessions.iter_mut() {
-            s.discard_queued()?;
-        }
-        // The next step for the same sessions, queued before waiting: the
-        // GPU runs it while the host handles this one's tokens. Its inputs
-        // are this step's tokens, already on the GPU.
-        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
-        let next = room.then(|| self.submit(sessions, 1, None, 1 - current.readback));
-        let out = self.wait(&current).and_then(|()| self.read_tokens(current.readback, sessions.len()));
-        let out = match out {
-            Ok(out) => out,
-            Err(e) => {
-                // Leave no readback buffer with a mapping pending.
-                if let Some(next) = next {
-                    if self.wait(&next).is_ok() {
-                        self.readbacks[next.readback].unmap();
-                    }
-                }
-                return Err(e);
-            }
-        };
-        for (s, &token) in sessions.iter_mut().zip(&out) {
+        Ok(())
+    }
+
+    /// Gives each session its token (the pending one before it is now in
+    /// its KV cache) and makes `next`, if any, the step ahead, its rows'
+    /// pending tokens now known.
+    fn advance(&mut self, sessions: &mut [&mut Session], tokens: &[u32], next: Option<InFlightStep>) {
+        for (s, &token) in sessions.iter_mut().zip(tokens) {
             s.len += 1;
             s.pending = Some(token);
             s.reset_gpu_position();
@@ -392,7 +538,49 @@ impl Batch {
             }
             next
         });
-        Ok(out)
+    }
+
+    /// Drops the steps in flight for an earlier call (what they wrote lies
+    /// past each session's length), waiting for each: a readback buffer
+    /// must not be reused while its mapping is pending.
+    fn drop_stale_steps(&mut self) -> Result<()> {
+        let mut result = Ok(());
+        for mut stale in [self.ahead.take(), self.behind.take()].into_iter().flatten() {
+            match self.wait(&mut stale) {
+                Ok(()) => self.readbacks[stale.readback].unmap(),
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        result
+    }
+
+    /// [`Self::drop_stale_steps`] without waiting: `Ok(false)` while one of
+    /// them is still running (those not finished stay in flight).
+    fn try_drop_stale_steps(&mut self) -> Result<bool> {
+        for slot in [&mut self.ahead, &mut self.behind] {
+            if let Some(step) = slot {
+                match step.arrived() {
+                    Ok(false) => return Ok(false),
+                    Ok(true) => self.readbacks[step.readback].unmap(),
+                    // A failed mapping leaves nothing mapped.
+                    Err(e) => {
+                        *slot = None;
+                        return Err(e);
+                    }
+                }
+                *slot = None;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Polls the device without waiting: mappings of finished steps complete.
+    fn poll(&self) -> Result<()> {
+        let gpu = &self.model.gpu;
+        gpu.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        gpu.check_fault()
     }
 
     /// Submits one step of `sessions` at their lengths plus `offset`, each
@@ -446,19 +634,22 @@ impl Batch {
             let _ = tx.send(r);
         });
         let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
-        InFlightStep { rows, readback, submission, mapped }
+        InFlightStep { rows, readback, submission, mapped, done: None }
     }
 
-    /// Waits until `step`'s tokens are mapped.
-    fn wait(&self, step: &InFlightStep) -> Result<()> {
+    /// Waits until `step`'s tokens are mapped (at once when they are).
+    fn wait(&mut self, step: &mut InFlightStep) -> Result<()> {
+        if step.arrived()? {
+            return Ok(());
+        }
+        self.blocking_waits += 1;
         let gpu = &self.model.gpu;
         let wait = wgpu::PollType::Wait { submission_index: Some(step.submission.clone()), timeout: None };
         gpu.device.poll(wait).map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
         gpu.check_fault()?;
-        match step.mapped.try_recv() {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
-            Err(_) => Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() }),
+        match step.arrived()? {
+            true => Ok(()),
+            false => Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() }),
         }
     }
 
@@ -489,4 +680,40 @@ impl Batch {
 fn row_key(s: &Session, offset: usize) -> RowKey {
     let lease = s.kv_slot.as_ref().map_or(u64::MAX, |l| l.number);
     (lease, s.edits, s.len + offset, if offset == 0 { s.pending } else { None })
+}
+
+/// Whether every step the sessions queued alone has its token back (so
+/// discarding them waits for nothing).
+fn own_steps_arrived(sessions: &mut [&mut Session]) -> Result<bool> {
+    for s in sessions.iter_mut() {
+        for q in s.queued.iter_mut() {
+            if !q.arrived()? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// [`Batch::try_step`] on kernels without batched variants: each session's
+/// own steps are queued, and the tokens taken once every session's has
+/// arrived (all or none: a `None` leaves every session as it was).
+fn try_step_each(sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
+    for s in sessions.iter_mut() {
+        s.queue_ahead()?;
+    }
+    if let Some(s) = sessions.first() {
+        let gpu = &s.model.gpu;
+        gpu.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        gpu.check_fault()?;
+    }
+    for s in sessions.iter_mut() {
+        let front = s.queued.front_mut().ok_or_else(super::no_step_in_flight)?;
+        if !front.arrived()? {
+            return Ok(None);
+        }
+    }
+    sessions.iter_mut().map(|s| s.take_queued()).collect::<Result<Vec<u32>>>().map(Some)
 }
