@@ -118,8 +118,9 @@ pub struct Session {
     /// The batch slot whose KV region this session's cache is (freed when
     /// the session is dropped); `None`: buffers of its own.
     kv_slot: Option<batch::SlotLease>,
-    /// Feeds and truncations so far: a batch step queued ahead for this
-    /// session serves only while this is unchanged.
+    /// Feeds, truncations and changes of how tokens are chosen so far: a
+    /// batch step queued ahead for this session serves only while this is
+    /// unchanged.
     edits: u64,
 }
 
@@ -224,6 +225,7 @@ impl Session {
         self.discard_queued()?;
         self.rebuild_choose(params, self.logprobs)?;
         self.sampling = params.clone();
+        self.edits += 1;
         Ok(())
     }
 

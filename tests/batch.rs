@@ -173,11 +173,8 @@ fn bad_batches_and_bad_steps_are_named_errors_that_change_nothing() {
     foreign.feed(&[1]).unwrap();
     assert_invalid(batch.step(&mut [&mut a, &mut foreign]).unwrap_err(), "sessions");
 
-    // A sampling session, one reporting log-probabilities, and one in the
-    // middle of a non-blocking feed.
-    b.set_sampling(&SamplingParams::default().temperature(0.7).seed(3)).unwrap();
-    assert_invalid(batch.step(&mut [&mut a, &mut b]).unwrap_err(), "sampling");
-    b.set_sampling(&SamplingParams::default()).unwrap();
+    // A session reporting log-probabilities, and one in the middle of a
+    // non-blocking feed.
     b.set_logprobs(3).unwrap();
     assert_invalid(batch.step(&mut [&mut a, &mut b]).unwrap_err(), "logprobs");
     b.set_logprobs(0).unwrap();
@@ -194,6 +191,83 @@ fn bad_batches_and_bad_steps_are_named_errors_that_change_nothing() {
     assert_eq!(got, want);
     assert_eq!(batch.step(&mut [&mut b, &mut a]).unwrap_err().code(), "context_overflow");
     assert_eq!(batch.step(&mut [&mut b]).unwrap().len(), 1);
+}
+
+/// The tokens of a session of `CAPACITY` positions choosing under
+/// `params`, fed `prompt`: the first, then `n - 1` more; from token
+/// `switch.0` on under `switch.1` (when given).
+fn alone_sampled(
+    model: &Model,
+    params: &SamplingParams,
+    prompt: &[u32],
+    n: usize,
+    switch: Option<(usize, &SamplingParams)>,
+) -> Vec<u32> {
+    let mut s = model.session_with_capacity(CAPACITY).unwrap();
+    s.set_sampling(params).unwrap();
+    let mut out = vec![s.feed(prompt).unwrap()];
+    while out.len() < n {
+        if let Some((at, p)) = switch {
+            if out.len() == at {
+                s.set_sampling(p).unwrap();
+            }
+        }
+        out.push(s.next_token().unwrap());
+    }
+    out
+}
+
+/// Sessions choosing under their own parameters (greedy; top-k with top-p,
+/// the two-launch path; top-p with a repetition penalty, the radix path;
+/// greedy with penalties) draw in a batch, seed for seed, what each draws
+/// alone, at mixed prompt lengths; a session changing its parameters
+/// between steps draws under the new ones from the next step on (the step
+/// the batch queued ahead under the old ones is not used).
+#[test]
+fn sampling_sessions_draw_in_a_batch_what_they_draw_alone() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let params = [
+        SamplingParams::default(),
+        SamplingParams::default().temperature(0.9).top_k(20).top_p(0.95).seed(7),
+        SamplingParams::default().temperature(1.0).top_p(0.9).repetition_penalty(1.3).seed(11),
+        SamplingParams::default().repetition_penalty(1.5).presence_penalty(0.5),
+    ];
+    let reseeded = params[1].clone().seed(8);
+    let prompts = [ids(1, 9, vocab), ids(2, 3, vocab), ids(3, 17, vocab), ids(4, 5, vocab)];
+    let n = 14;
+    let switch_at = 7;
+    let want: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            let switch = (i == 1).then_some((switch_at, &reseeded));
+            alone_sampled(&model, &params[i], &prompts[i], n, switch)
+        })
+        .collect();
+    // The sampled streams are not their prompts' greedy streams.
+    for i in [1, 2] {
+        assert_ne!(want[i], alone(&model, &prompts[i], n), "session {i} should sample");
+    }
+
+    let mut batch = model.batch(&BatchOptions::default().slots(4).capacity_per_slot(CAPACITY)).unwrap();
+    let mut sessions: Vec<Session> = (0..4).map(|_| batch.session().unwrap()).collect();
+    let mut got: Vec<Vec<u32>> = Vec::new();
+    for (i, s) in sessions.iter_mut().enumerate() {
+        s.set_sampling(&params[i]).unwrap();
+        got.push(vec![s.feed(&prompts[i]).unwrap()]);
+    }
+    while got[0].len() < n {
+        if got[1].len() == switch_at {
+            sessions[1].set_sampling(&reseeded).unwrap();
+        }
+        let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
+        let tokens = batch.step(&mut refs).unwrap();
+        for (out, t) in got.iter_mut().zip(tokens) {
+            out.push(t);
+        }
+    }
+    for i in 0..4 {
+        assert_eq!(got[i], want[i], "session {i} ({:?})", params[i]);
+    }
 }
 
 /// A step the batch queued ahead is dropped when a session's context

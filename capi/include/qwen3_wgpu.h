@@ -132,8 +132,8 @@ typedef enum q3w_status {
 } q3w_status;
 
 // Sessions of one model stepped together: each step reads the weights
-// once for all its sessions, and each session gets the greedy token it
-// would get alone.
+// once for all its sessions, and each session gets the token it would get
+// alone (greedy or sampled under its own parameters).
 typedef struct q3w_batch q3w_batch;
 
 // A checkpoint's chat template, compiled once.
@@ -354,8 +354,8 @@ enum q3w_status q3w_batch_free_slots(struct q3w_batch *batch, size_t *out_free);
 //
 // Errors, before anything runs (no session changes):
 // `Q3W_INVALID_ARGUMENT` naming `sessions` (none, a NULL entry, one listed
-// twice, one not made by this batch), `sampling` (a session that samples:
-// steps are greedy), `logprobs` (one reporting log-probabilities) or
+// twice, one not made by this batch), `logprobs` (one reporting
+// log-probabilities) or
 // `session` (a feed in progress); `Q3W_NO_PENDING_TOKEN` for a session
 // never fed; `Q3W_CONTEXT_OVERFLOW` for a full one.
 enum q3w_status q3w_batch_step(struct q3w_batch *batch,

@@ -10,8 +10,8 @@ use crate::{
 };
 
 /// Sessions of one model stepped together: each step reads the weights
-/// once for all its sessions, and each session gets the greedy token it
-/// would get alone.
+/// once for all its sessions, and each session gets the token it would get
+/// alone (greedy or sampled under its own parameters).
 pub struct q3w_batch {
     batch: Batch,
     poisoned: bool,
@@ -184,8 +184,8 @@ fn sessions_of<'a>(guards: &'a mut [Exclusive<'_, q3w_session>]) -> Vec<&'a mut 
 ///
 /// Errors, before anything runs (no session changes):
 /// `Q3W_INVALID_ARGUMENT` naming `sessions` (none, a NULL entry, one listed
-/// twice, one not made by this batch), `sampling` (a session that samples:
-/// steps are greedy), `logprobs` (one reporting log-probabilities) or
+/// twice, one not made by this batch), `logprobs` (one reporting
+/// log-probabilities) or
 /// `session` (a feed in progress); `Q3W_NO_PENDING_TOKEN` for a session
 /// never fed; `Q3W_CONTEXT_OVERFLOW` for a full one.
 #[no_mangle]

@@ -3,8 +3,9 @@
 //! out sessions whose caches are its regions, and steps any of them
 //! together. A step reads every weight matrix once for all its sessions;
 //! each session attends over its own region at its own position and gets
-//! its own greedy token, the very token it would get stepping alone (each
-//! row runs its session's one-token arithmetic).
+//! its own token, the very token it would get stepping alone (each row runs
+//! its session's one-token arithmetic; a greedy row takes the batch's
+//! argmax, a sampling row its session's own sampler launches).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -121,8 +122,10 @@ impl Drop for SlotLease {
 /// # }
 /// ```
 ///
-/// Steps are greedy; a session sampling under other
-/// [`SamplingParams`] is refused. On the MSL kernels (which have no batched
+/// Each session chooses its token under its own [`SamplingParams`]
+/// ([`Session::set_sampling`]): greedy rows through the batch's argmax,
+/// sampling rows through their session's sampler (same seed, same tokens as
+/// alone); a session reporting log-probabilities is refused. On the MSL kernels (which have no batched
 /// variants) a step runs each session's own step in turn: the same tokens,
 /// without the shared weight reads.
 pub struct Batch {
@@ -334,8 +337,7 @@ impl Batch {
     /// Errors, before anything runs (no session changes):
     /// [`Error::InvalidArgument`] naming `sessions` for an empty list or a
     /// session that holds no slot of this batch (made by another batch, or
-    /// by [`Model::session`](crate::Model::session)), naming `sampling` for
-    /// a session that samples (steps are greedy), naming `logprobs` for one
+    /// by [`Model::session`](crate::Model::session)), naming `logprobs` for one
     /// reporting log-probabilities, naming `session` for one
     /// with a [`Session::begin_feed`] in progress; `no_pending_token` for a
     /// session never fed; `context_overflow` for a full one. Then a GPU
@@ -506,12 +508,6 @@ impl Batch {
                     ))
                 }
             }
-            if s.sampling != SamplingParams::default() {
-                return Err(Error::invalid_argument(
-                    "sampling",
-                    format!("session {i} samples; batched steps are greedy only"),
-                ));
-            }
             if s.logprobs > 0 {
                 return Err(Error::invalid_argument(
                     "logprobs",
@@ -607,6 +603,12 @@ impl Batch {
             gpu.queue.write_buffer(&self.bufs.tokens, 4, bytemuck::cast_slice(tokens));
         }
         gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&[0u32, 0]));
+        for s in sessions.iter().filter(|s| chooses_alone(s)) {
+            // Its choice reads tokens[pos] back through the penalty window
+            // and writes tokens[pos + 1].
+            let pos = s.len + offset;
+            s.write_step_at(pos, pos + 1);
+        }
         let chunk = ATTENTION_CHUNK as usize;
         let short = sessions.iter().any(|s| s.len + offset < chunk);
         let long = sessions.iter().any(|s| s.len + offset >= chunk);
@@ -621,10 +623,32 @@ impl Batch {
                 forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long);
             }
         }
-        // Each row's token where its session's next step reads it.
+        // A row that samples (or applies penalties) chooses its token with
+        // its session's own launches over its session's buffers: its logits
+        // row copied there, at its own position (the draw is keyed by it),
+        // so it draws the very token it would draw alone.
+        let row_bytes = 4 * self.model.config.vocab_size as u64;
+        for (z, s) in sessions.iter().enumerate().filter(|(_, s)| chooses_alone(s)) {
+            enc.copy_buffer_to_buffer(&self.bufs.logits, z as u64 * row_bytes, &s.bufs.logits, 0, row_bytes);
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("batch row's token choice"),
+                timestamp_writes: None,
+            });
+            for l in &s.forward.choose {
+                l.record(&mut pass, &self.model.kernels);
+            }
+        }
+        // Each row's token where its session's next step reads it (a row
+        // choosing alone: from where its choice wrote it, to the batch's
+        // row, which the readback and the next batch step read).
         for (z, s) in sessions.iter().enumerate() {
             let at = 4 * (s.len + offset + 1) as u64;
-            enc.copy_buffer_to_buffer(&self.bufs.tokens, 4 * (1 + z as u64), &s.bufs.tokens, at, 4);
+            let row = 4 * (1 + z as u64);
+            if chooses_alone(s) {
+                enc.copy_buffer_to_buffer(&s.bufs.tokens, at, &self.bufs.tokens, row, 4);
+            } else {
+                enc.copy_buffer_to_buffer(&self.bufs.tokens, row, &s.bufs.tokens, at, 4);
+            }
         }
         let buf = &self.readbacks[readback];
         enc.copy_buffer_to_buffer(&self.bufs.tokens, 4, buf, 0, 4 * n as u64);
@@ -673,6 +697,12 @@ impl Batch {
         }
         Ok(out)
     }
+}
+
+/// Whether `s` chooses its token with its own launches in a batch step
+/// (it samples or applies penalties) rather than by the batch's argmax.
+fn chooses_alone(s: &Session) -> bool {
+    !s.sampling.is_greedy() || s.sampling.has_penalties()
 }
 
 /// `s`'s key as a step `offset` positions on from now finds it (the pending

@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
     }
     printf("logprobs into 2 entries: 2 written of %zu\n", n_top);
 
-    /* Batch steps are greedy without log-probabilities. */
+    /* Batch steps compute no log-probabilities: refused. */
     CHECK(q3w_session_set_logprobs(members[0], 3));
     q3w_status refused = q3w_batch_step(batch, members, n_sessions, step_tokens);
     printf("batch step of a session reporting logprobs: %s\n", q3w_status_name(refused));
