@@ -5,12 +5,13 @@
 //! later runs find their inputs in cache and their predecessor finished).
 //!
 //! `cargo run --release --example profile -- CHECKPOINT [portable | --backend NAME] [--repeat N] [--context N]
-//! [--sampling T,K,P]` (without a backend: `QWEN3_WGPU_BACKEND`, else metal). `--sampling` profiles the
+//! [--sampling T,K,P] [--sessions N]` (without a backend: `QWEN3_WGPU_BACKEND`, else metal). `--sampling` profiles the
 //! step with the sampler's launches (temperature, top-k, top-p; seed 1) in place of the argmax.
+//! `--sessions N` profiles one batched step of N sessions (`Batch`) at the context instead.
 
 use std::collections::BTreeMap;
 
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, SamplingParams};
+use qwen3_wgpu::{AdapterPolicy, BatchOptions, CachePolicy, Engine, LoadOptions, SamplingParams};
 
 fn main() -> Result<(), qwen3_wgpu::Error> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
@@ -67,6 +68,45 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
                 println!("{k:42} {launches:4} launches {us:10.0} us  ({:.1} us each)", us / launches as f64);
             }
         }
+    }
+    if let Some(n) = flag("--sessions") {
+        // One batched step of n sessions at the context, per kernel (the
+        // median of 5 steps per launch).
+        let mut batch =
+            model.batch(&BatchOptions::default().slots(n.max(1)).capacity_per_slot(context + 16))?;
+        let mut sessions = (0..n.max(1)).map(|_| batch.session()).collect::<Result<Vec<_>, _>>()?;
+        for (i, b) in sessions.iter_mut().enumerate() {
+            b.feed(&(0..context as u32).map(|j| (j * 7919 + i as u32) % vocab).collect::<Vec<_>>())?;
+        }
+        let mut runs: Vec<Vec<(qwen3_wgpu::internals::kernels::LaunchKind, f64)>> = Vec::new();
+        for _ in 0..5 {
+            let mut refs: Vec<&mut qwen3_wgpu::Session> = sessions.iter_mut().collect();
+            match batch.profile_step(&mut refs)? {
+                Some(p) => runs.push(p),
+                None => break,
+            }
+        }
+        if let Some(first) = runs.first() {
+            let mut by: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+            let mut total = 0.0;
+            for (i, (k, _)) in first.iter().enumerate() {
+                let mut v: Vec<f64> = runs.iter().map(|r| r[i].1).collect();
+                v.sort_by(f64::total_cmp);
+                let us = v[v.len() / 2];
+                total += us;
+                let e = by.entry(k.to_string()).or_default();
+                e.0 += 1;
+                e.1 += us;
+            }
+            println!(
+                "batched step of {n} sessions at context {context}: {} launches, {total:.0} us",
+                first.len()
+            );
+            for (k, (launches, us)) in by {
+                println!("{k:42} {launches:4} launches {us:10.0} us  ({:.1} us each)", us / launches as f64);
+            }
+        }
+        return Ok(());
     }
     // Too many repeats is the session's invalid_argument, not a truncated count.
     let repeat = flag("--repeat").map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));

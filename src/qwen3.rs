@@ -33,8 +33,8 @@ use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
 use crate::kernels::{
-    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, ARGMAX_CHUNK,
-    ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
+    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, LaunchKind, MatvecParams, MatvecShape,
+    ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
 };
 use crate::sampling::SamplingParams;
 
@@ -170,25 +170,59 @@ impl BatchForward {
         short: bool,
         long: bool,
     ) {
+        self.record_each(pass, gpu, kernels, rows, short, long, &mut |_, _| {});
+    }
+
+    /// [`Self::record`], calling `after` after each launch with its kind
+    /// (the profiler writes a timestamp there).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_each(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        rows: u32,
+        short: bool,
+        long: bool,
+        after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, LaunchKind),
+    ) {
         for l in &self.launches {
             match l {
                 RowLaunch::Matvec { launch, shape } => {
                     let split = launch.matvec_split.expect("a matvec launch has a split");
                     let all_rows = kernels.matvec_rows_pipeline(gpu, launch.kernel, split, *shape, rows);
                     launch.record_rows(pass, all_rows.as_ref(), rows);
+                    after(pass, launch.kind());
                 }
-                RowLaunch::Grid(launch) => launch.record_rows(pass, None, rows),
+                RowLaunch::Grid(launch) => {
+                    launch.record_rows(pass, None, rows);
+                    after(pass, launch.kind());
+                }
                 RowLaunch::Attention { direct, chunks, reduce } => {
                     if long {
                         chunks.record_rows(pass, None, rows);
+                        after(pass, chunks.kind());
                         reduce.record_rows(pass, None, rows);
+                        after(pass, reduce.kind());
                     }
                     if short {
                         direct.record_rows(pass, None, rows);
+                        after(pass, direct.kind());
                     }
                 }
             }
         }
+    }
+
+    /// Launches one step of `rows` rows records (as [`Self::record`]).
+    pub fn launch_count(&self, short: bool, long: bool) -> usize {
+        self.launches
+            .iter()
+            .map(|l| match l {
+                RowLaunch::Attention { .. } => 2 * long as usize + short as usize,
+                _ => 1,
+            })
+            .sum()
     }
 }
 

@@ -30,11 +30,12 @@
 //
 // Batched decode (several sessions' steps in one launch, DECODE_ROWS > 0,
 // TOKENS = 1, grid z = 1): each workgroup runs the decode body for rows
-// z = 0 .. DECODE_ROWS - 1 in turn, inputs x[z * k_words ..], outputs
-// y[z * y_stride ..]. Every row runs exactly the one-token code (same
-// lanes, same order of additions), so a row's result is bit-identical to
-// its session's step alone; the matrix is read from memory once for all
-// rows (the workgroup's rows stay in its cache after the first).
+// z = 0 .. DECODE_ROWS - 1 (rows per team: four at a time, each weight quad
+// loaded once for the four), inputs x[z * k_words ..], outputs
+// y[z * y_stride ..]. Every row runs the one-token arithmetic (same lanes,
+// same order of additions), so a row's result is bit-identical to its
+// session's step alone; the matrix is read from memory once for all rows
+// (the workgroup's rows stay in its cache after the first).
 //
 // Bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
 // int8_common.wgsl, prepended by Rust.
@@ -134,7 +135,10 @@ struct Partials {
     s3: vec4<f32>,
 }
 
-fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
+// `peel`: the first quad's products are the sums' first values rather than
+// added to zero (as partial4 does: the same sums to the sign of a zero, so
+// a batched decode row stays bit-identical to its one-token step).
+fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32, peel: bool) -> Partials {
     let k_quads = n_k_words() / 4u;
     let r1 = min(row0 + 1u, n_rows() - 1u);
     let r2 = min(row0 + 2u, n_rows() - 1u);
@@ -155,14 +159,22 @@ fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32) -> Partials {
         let q1 = xq(b + n_k_words(), j);
         let q2 = xq(b + 2u * n_k_words(), j);
         let q3 = xq(b + 3u * n_k_words(), j);
-        o.a0 += rows4(w0, w1, w2, w3, q0) * s;
-        o.a1 += rows4(w0, w1, w2, w3, q1) * s;
-        o.a2 += rows4(w0, w1, w2, w3, q2) * s;
-        o.a3 += rows4(w0, w1, w2, w3, q3) * s;
-        o.s0 += q0.sq;
-        o.s1 += q1.sq;
-        o.s2 += q2.sq;
-        o.s3 += q3.sq;
+        let p0 = rows4(w0, w1, w2, w3, q0) * s;
+        let p1 = rows4(w0, w1, w2, w3, q1) * s;
+        let p2 = rows4(w0, w1, w2, w3, q2) * s;
+        let p3 = rows4(w0, w1, w2, w3, q3) * s;
+        if peel && j == first {
+            o = Partials(p0, p1, p2, p3, q0.sq, q1.sq, q2.sq, q3.sq);
+        } else {
+            o.a0 += p0;
+            o.a1 += p1;
+            o.a2 += p2;
+            o.a3 += p3;
+            o.s0 += q0.sq;
+            o.s1 += q1.sq;
+            o.s2 += q2.sq;
+            o.s3 += q3.sq;
+        }
     }
     return o;
 }
@@ -203,7 +215,7 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         return; // whole workgroup: uniform
     }
     if TOKENS > 1u {
-        matmul(lane, wg_row0, wg.z * TOKENS);
+        matmul(lane, wg_row0, wg.z * TOKENS, false);
         return;
     }
     if DECODE_ROWS > 0u {
@@ -211,7 +223,16 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
             split_k_rows(lane, wg_row0);
             return;
         }
-        for (var z = 0u; z < DECODE_ROWS; z++) {
+        // Rows per team: four rows per pass over the weights (each weight
+        // quad loaded once for them, each row's sums as its one-token
+        // step adds them), then the rest one at a time.
+        var z = 0u;
+        if !SPLIT_K {
+            for (; z + 4u <= DECODE_ROWS; z += 4u) {
+                matmul(lane, wg_row0, z, true);
+            }
+        }
+        for (; z < DECODE_ROWS; z++) {
             decode_token(lane, wg_row0, z);
         }
         return;
@@ -292,12 +313,12 @@ fn team_finish(row0: u32, a: vec4<f32>, s: vec4<f32>, lane: Lane, t: u32) {
     store4(row0, finish(sums, ss), team_lane(lane), t);
 }
 
-fn matmul(lane: Lane, wg_row0: u32, t0: u32) {
+fn matmul(lane: Lane, wg_row0: u32, t0: u32, peel: bool) {
     let xb = t0 * n_k_words();
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < n_rows() {
-            let o = partial4_tokens(row0, xb, team_lane(lane), team_size(lane));
+            let o = partial4_tokens(row0, xb, team_lane(lane), team_size(lane), peel);
             team_finish(row0, o.a0, o.s0, lane, t0);
             team_finish(row0, o.a1, o.s1, lane, t0 + 1u);
             team_finish(row0, o.a2, o.s2, lane, t0 + 2u);

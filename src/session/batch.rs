@@ -13,10 +13,10 @@ use std::sync::{mpsc, Arc, Mutex};
 use super::Session;
 use crate::buffers::{kv_region_bytes, KvRegion, SessionBuffers};
 use crate::error::{Error, Result};
+use crate::gpu::Timestamps;
 use crate::gpu_weights::ModelGpu;
-use crate::kernels::{KernelSource, ATTENTION_CHUNK};
+use crate::kernels::{KernelSource, LaunchKind, ATTENTION_CHUNK};
 use crate::qwen3::BatchForward;
-use crate::sampling::SamplingParams;
 
 /// How [`Model::batch`](crate::Model::batch) sizes a batch.
 ///
@@ -122,7 +122,7 @@ impl Drop for SlotLease {
 /// # }
 /// ```
 ///
-/// Each session chooses its token under its own [`SamplingParams`]
+/// Each session chooses its token under its own [`SamplingParams`](crate::SamplingParams)
 /// ([`Session::set_sampling`]): greedy rows through the batch's argmax,
 /// sampling rows through their session's sampler (same seed, same tokens as
 /// alone); a session reporting log-probabilities is refused. On the MSL kernels (which have no batched
@@ -485,6 +485,37 @@ impl Batch {
         Ok(Some(out))
     }
 
+    /// Runs one step of `sessions` (as [`Batch::step`], nothing queued
+    /// ahead) with a GPU timestamp after each launch of the batch's pass,
+    /// and returns each launch's kind and GPU time in microseconds; `None`
+    /// where the device cannot time inside a pass or the kernels have no
+    /// batched variants. A diagnostic for the `profile` tool.
+    #[doc(hidden)]
+    pub fn profile_step(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<(LaunchKind, f64)>>> {
+        self.check_step(sessions)?;
+        let gpu = self.model.gpu.clone();
+        let Some(forward) = &self.forward else { return Ok(None) };
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            return Ok(None);
+        }
+        let short = sessions.iter().any(|s| s.len < ATTENTION_CHUNK as usize);
+        let long = sessions.iter().any(|s| s.len >= ATTENTION_CHUNK as usize);
+        let count = forward.launch_count(short, long) as u32 + 1;
+        self.drop_stale_steps()?;
+        for s in sessions.iter_mut() {
+            s.discard_queued()?;
+        }
+        let ts = Timestamps::new(&gpu, "batch launch timestamps", count);
+        let mut kinds = Vec::new();
+        let pending: Vec<u32> = sessions.iter().map(|s| s.pending.unwrap_or(0)).collect();
+        let mut step = self.submit_timed(sessions, 0, Some(&pending), 0, Some((&ts, &mut kinds)));
+        self.wait(&mut step)?;
+        let out = self.read_tokens(step.readback, sessions.len())?;
+        self.advance(sessions, &out, None);
+        let us = ts.intervals_us(&gpu)?;
+        Ok(Some(kinds.into_iter().zip(us).collect()))
+    }
+
     /// Waits on the GPU by this batch so far (a [`Batch::try_step`] never
     /// adds one): for tests that check that it never waits.
     #[doc(hidden)]
@@ -590,6 +621,20 @@ impl Batch {
         tokens: Option<&[u32]>,
         readback: usize,
     ) -> InFlightStep {
+        self.submit_timed(sessions, offset, tokens, readback, None)
+    }
+
+    /// [`Self::submit`], with a GPU timestamp after each launch of the
+    /// batch's pass into `timestamps` (query 0 before the first), each
+    /// launch's kind pushed to its list.
+    fn submit_timed(
+        &self,
+        sessions: &[&mut Session],
+        offset: usize,
+        tokens: Option<&[u32]>,
+        readback: usize,
+        mut timestamps: Option<(&Timestamps, &mut Vec<LaunchKind>)>,
+    ) -> InFlightStep {
         let n = sessions.len();
         let gpu = &self.model.gpu;
         let mut rows = Vec::with_capacity(2 * n);
@@ -620,7 +665,27 @@ impl Batch {
                 timestamp_writes: None,
             });
             if let Some(forward) = &self.forward {
-                forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long);
+                match timestamps.as_mut() {
+                    Some((ts, kinds)) => {
+                        pass.write_timestamp(&ts.set, 0);
+                        let mut q = 1;
+                        let mut after = |pass: &mut wgpu::ComputePass<'_>, kind| {
+                            pass.write_timestamp(&ts.set, q);
+                            kinds.push(kind);
+                            q += 1;
+                        };
+                        forward.record_each(
+                            &mut pass,
+                            gpu,
+                            &self.model.kernels,
+                            n as u32,
+                            short,
+                            long,
+                            &mut after,
+                        );
+                    }
+                    None => forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long),
+                }
             }
         }
         // A row that samples (or applies penalties) chooses its token with
@@ -649,6 +714,9 @@ impl Batch {
             } else {
                 enc.copy_buffer_to_buffer(&self.bufs.tokens, row, &s.bufs.tokens, at, 4);
             }
+        }
+        if let Some((ts, _)) = &timestamps {
+            ts.resolve(&mut enc);
         }
         let buf = &self.readbacks[readback];
         enc.copy_buffer_to_buffer(&self.bufs.tokens, 4, buf, 0, 4 * n as u64);
