@@ -263,16 +263,39 @@ fn split_k_rows(lane: Lane, row0: u32) {
         s = vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
                       scales[rows.w * n_groups() + g]);
     }
-    for (var z = 0u; z < DECODE_ROWS; z++) {
-        var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
-        if has_step {
-            let q = xq(z * n_k_words() + 4u * j, j);
-            o = Partial(rows4(w0, w1, w2, w3, q) * s, q.sq);
-        }
+    // Four rows per workgroup exchange (wg_sum5x4: each row's sums exactly
+    // wg_sum5's), then the rest one at a time.
+    var z = 0u;
+    for (; z + 4u <= DECODE_ROWS; z += 4u) {
+        let o0 = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
+        let o1 = split_k_row(has_step, w0, w1, w2, w3, s, z + 1u, j);
+        let o2 = split_k_row(has_step, w0, w1, w2, w3, s, z + 2u, j);
+        let o3 = split_k_row(has_step, w0, w1, w2, w3, s, z + 3u, j);
+        let ss = vec4<f32>(o0.ss.x + o0.ss.y + o0.ss.z + o0.ss.w, o1.ss.x + o1.ss.y + o1.ss.z + o1.ss.w,
+                           o2.ss.x + o2.ss.y + o2.ss.z + o2.ss.w, o3.ss.x + o3.ss.y + o3.ss.z + o3.ss.w);
+        let r = wg_sum5x4(o0.acc, o1.acc, o2.acc, o3.acc, ss, lane);
+        store4(row0, finish(r.v0, vec4<f32>(r.s.x, 0.0, 0.0, 0.0)), lane.idx, z);
+        store4(row0, finish(r.v1, vec4<f32>(r.s.y, 0.0, 0.0, 0.0)), lane.idx, z + 1u);
+        store4(row0, finish(r.v2, vec4<f32>(r.s.z, 0.0, 0.0, 0.0)), lane.idx, z + 2u);
+        store4(row0, finish(r.v3, vec4<f32>(r.s.w, 0.0, 0.0, 0.0)), lane.idx, z + 3u);
+    }
+    for (; z < DECODE_ROWS; z++) {
+        let o = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
         let ss = o.ss;
         let r = wg_sum5(o.acc, ss.x + ss.y + ss.z + ss.w, lane);
         store4(row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z);
     }
+}
+
+// One row's step of split_k_rows (partial4's one step4 for the lane).
+fn split_k_row(has_step: bool, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, s: vec4<f32>, z: u32,
+               j: u32) -> Partial {
+    var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
+    if has_step {
+        let q = xq(z * n_k_words() + 4u * j, j);
+        o = Partial(rows4(w0, w1, w2, w3, q) * s, q.sq);
+    }
+    return o;
 }
 
 // The workgroup's rows of token z's output (input x[z * k_words ..]).

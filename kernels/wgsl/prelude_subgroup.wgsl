@@ -75,6 +75,58 @@ fn wg_sum5(v: vec4<f32>, s: f32, lane: Lane) -> Sum5 {
     return t;
 }
 
+// wg_sum5 of four (v, s) pairs (s: their four scalars) in one exchange,
+// each pair's sums exactly wg_sum5's (the same subgroup sums, added in the
+// same order). Subgroups narrower than 4 lanes: four wg_sum5 calls.
+struct Sum5x4 {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    s: vec4<f32>,
+}
+
+fn wg_sum5x4(v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>, s: vec4<f32>, lane: Lane) -> Sum5x4 {
+    let n = lane.n_sg;
+    if 4u * n > WG {
+        let r0 = wg_sum5(v0, s.x, lane);
+        let r1 = wg_sum5(v1, s.y, lane);
+        let r2 = wg_sum5(v2, s.z, lane);
+        let r3 = wg_sum5(v3, s.w, lane);
+        return Sum5x4(r0.v, r1.v, r2.v, r3.v, vec4<f32>(r0.s, r1.s, r2.s, r3.s));
+    }
+    let a0 = subgroupAdd(v0);
+    let a1 = subgroupAdd(v1);
+    let a2 = subgroupAdd(v2);
+    let a3 = subgroupAdd(v3);
+    let b = vec4<f32>(subgroupAdd(s.x), subgroupAdd(s.y), subgroupAdd(s.z), subgroupAdd(s.w));
+    workgroupBarrier(); // earlier readers of red_f / red_u are done
+    if lane.sg_lane == 0u {
+        let i = lane.sg_id;
+        red_f[i] = a0;
+        red_f[n + i] = a1;
+        red_f[2u * n + i] = a2;
+        red_f[3u * n + i] = a3;
+        red_u[i] = bitcast<u32>(b.x);
+        red_u[n + i] = bitcast<u32>(b.y);
+        red_u[2u * n + i] = bitcast<u32>(b.z);
+        red_u[3u * n + i] = bitcast<u32>(b.w);
+    }
+    workgroupBarrier();
+    var t = Sum5x4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var i = 0u; i < n; i++) {
+        t.v0 += red_f[i];
+        t.v1 += red_f[n + i];
+        t.v2 += red_f[2u * n + i];
+        t.v3 += red_f[3u * n + i];
+        t.s.x += bitcast<f32>(red_u[i]);
+        t.s.y += bitcast<f32>(red_u[n + i]);
+        t.s.z += bitcast<f32>(red_u[2u * n + i]);
+        t.s.w += bitcast<f32>(red_u[3u * n + i]);
+    }
+    return t;
+}
+
 fn wg_max(v: f32, lane: Lane) -> f32 {
     let s = subgroupMax(v);
     workgroupBarrier();

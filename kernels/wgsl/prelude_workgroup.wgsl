@@ -52,6 +52,24 @@ fn wg_sum5(v: vec4<f32>, s: f32, lane: Lane) -> Sum5 {
     return Sum5(a, wg_sum4(vec4<f32>(s, 0.0, 0.0, 0.0), lane).x);
 }
 
+// wg_sum5 of four (v, s) pairs (s: their four scalars), each exactly
+// wg_sum5's (prelude_subgroup.wgsl exchanges all four at once).
+struct Sum5x4 {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    s: vec4<f32>,
+}
+
+fn wg_sum5x4(v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>, s: vec4<f32>, lane: Lane) -> Sum5x4 {
+    let r0 = wg_sum5(v0, s.x, lane);
+    let r1 = wg_sum5(v1, s.y, lane);
+    let r2 = wg_sum5(v2, s.z, lane);
+    let r3 = wg_sum5(v3, s.w, lane);
+    return Sum5x4(r0.v, r1.v, r2.v, r3.v, vec4<f32>(r0.s, r1.s, r2.s, r3.s));
+}
+
 fn wg_max(v: f32, lane: Lane) -> f32 {
     return wg_max4(vec4<f32>(v), lane).x;
 }
