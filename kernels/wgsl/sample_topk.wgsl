@@ -101,11 +101,15 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     // hold one (k <= WG), so an invocation without logits (0) never
     // reaches rank k; a whole chunk takes every logit (bound 0).
     // (Four maxima per workgroup-memory read: the ranking loop is the
-    // launch's longest part.)
-    lane_max4[t / 4u][t % 4u] = mine;
+    // launch's longest part. Whole-vector stores only.)
+    lane_max[t] = mine;
     if t == 0u {
         atomicStore(&cand_count, 0u);
         lower_bound = 0u;
+    }
+    workgroupBarrier();
+    if t < 64u {
+        lane_max4[t] = vec4<u32>(lane_max[4u * t], lane_max[4u * t + 1u], lane_max[4u * t + 2u], lane_max[4u * t + 3u]);
     }
     workgroupBarrier();
     if !whole {
