@@ -771,6 +771,9 @@ impl Session {
             });
         }
         self.pending = Some(token);
+        // The next submit is recorded from here on, so the call that
+        // queues it (the first after a feed included) finds it ready.
+        self.record_ahead();
         Ok(token)
     }
 
@@ -866,6 +869,9 @@ mod tests {
             let mut s = model.session_with_capacity(40).unwrap();
             s.set_lookahead(lookahead);
             let mut got = vec![s.feed(&prompt).unwrap()];
+            // The first submit after the feed is being recorded already.
+            let first = s.prerecorded.as_ref().map(|p| p.positions.clone());
+            assert_eq!(first, Some(s.gpu_pos..s.gpu_pos + s.steps_per_submit()), "lookahead {lookahead}");
             let waits = s.debug_feed_counts().1;
             let mut recorded_ahead = false;
             while s.len() < s.capacity() {
