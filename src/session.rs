@@ -772,8 +772,12 @@ impl Session {
         }
         self.pending = Some(token);
         // The next submit is recorded from here on, so the call that
-        // queues it (the first after a feed included) finds it ready.
-        self.record_ahead();
+        // queues it (the first after a feed included) finds it ready. Not
+        // for a batch's session: its batch steps it (if it queues steps
+        // alone, they are recorded ahead from its second submit on).
+        if self.kv_slot.is_none() {
+            self.record_ahead();
+        }
         Ok(token)
     }
 
