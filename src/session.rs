@@ -7,7 +7,7 @@
 //! runs the steps after it, and each step's 4-byte token comes back through
 //! its own small readback buffer without stalling the queue. The next
 //! submit's steps are recorded ahead on a thread of the session's own
-//! ([`recorder`]), so a call that queues steps only submits them.
+//! (`recorder`), so a call that queues steps only submits them.
 
 use std::collections::VecDeque;
 use std::ops::Range;
