@@ -94,9 +94,12 @@ impl StepsJob {
 }
 
 /// A session's recording thread: encodes the jobs it is sent, in order,
-/// and ends when the session drops its [`Recorder`].
+/// and ends when the session drops its [`Recorder`] (which waits for it:
+/// no thread of the session's is left inside the driver once it is gone,
+/// e.g. while the process exits).
 pub(super) struct Recorder {
-    jobs: mpsc::Sender<(StepsJob, mpsc::Sender<wgpu::CommandBuffer>)>,
+    jobs: Option<mpsc::Sender<(StepsJob, mpsc::Sender<wgpu::CommandBuffer>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Recorder {
@@ -104,7 +107,7 @@ impl Recorder {
     /// then records on the caller's thread, as before).
     pub(super) fn start() -> Option<Self> {
         let (jobs, incoming) = mpsc::channel::<(StepsJob, mpsc::Sender<wgpu::CommandBuffer>)>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("qwen3-wgpu recorder".into())
             .spawn(move || {
                 for (job, done) in incoming {
@@ -113,7 +116,7 @@ impl Recorder {
                 }
             })
             .ok()?;
-        Some(Recorder { jobs })
+        Some(Recorder { jobs: Some(jobs), thread: Some(thread) })
     }
 
     /// Queues `job`; its commands arrive on the returned receiver (which
@@ -122,8 +125,21 @@ impl Recorder {
         let (done, commands) = mpsc::channel();
         // A send fails only once the thread is gone: the receiver then
         // reports the disconnect and the caller records the job itself.
-        let _ = self.jobs.send((job, done));
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send((job, done));
+        }
         commands
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after the job at hand (at
+        // most one submit's recording).
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
