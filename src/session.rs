@@ -902,6 +902,23 @@ mod tests {
         }
     }
 
+    /// The recorder's launches are the forward pass's at every position:
+    /// one attention launch per layer within the first chunk, chunks and
+    /// their reduction past it.
+    #[test]
+    fn recorded_steps_are_the_forward_pass_steps() {
+        let model = fixture_model();
+        let s = model.session_with_capacity(8).unwrap();
+        let launches = super::recorder::StepLaunches::of(&s.forward);
+        let chunk = crate::kernels::ATTENTION_CHUNK as usize;
+        for pos in [0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk] {
+            let want: Vec<_> = s.forward.step_at(pos).map(|l| (l.kind(), l.workgroups)).collect();
+            let got: Vec<_> = launches.at(pos).iter().map(|l| (l.kind(), l.workgroups)).collect();
+            assert_eq!(got, want, "position {pos}");
+        }
+        assert_ne!(launches.at(0).len(), launches.at(chunk).len());
+    }
+
     /// Counts past the capacity are refused whatever their size (no
     /// wrapping `len + n`, no readback buffer per requested step), and
     /// leave the session as it was.

@@ -37,7 +37,7 @@ impl StepLaunches {
     }
 
     /// The step at position `pos`, in order (as `Forward::step_at`).
-    fn at(&self, pos: usize) -> &[Launch] {
+    pub(super) fn at(&self, pos: usize) -> &[Launch] {
         if pos < ATTENTION_CHUNK as usize {
             &self.short
         } else {
