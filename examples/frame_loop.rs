@@ -2,8 +2,10 @@
 //! engine, as in a game. Each frame renders a full-screen fragment shader
 //! (an iterated Julia set, enough work to take a few milliseconds of GPU)
 //! to an offscreen texture, then polls every conversation without blocking
-//! (`begin_feed`/`poll_feed` for the prompt, `try_next_token` after it),
-//! then sleeps to the next 60 Hz frame boundary.
+//! (`begin_feed`/`poll_feed` for the prompt; then a single conversation
+//! takes its tokens with `try_next_token`, while several are sessions of
+//! one `Batch` stepped together by one `Batch::try_step` a frame: one GPU
+//! step, one token each), then sleeps to the next 60 Hz frame boundary.
 //!
 //! It runs one phase of `--frames` frames with rendering alone, then one
 //! per `--sessions` count with that many conversations decoding, and prints
@@ -15,8 +17,9 @@
 //! seen by polling the device every 0.2 ms while the frame idles), frames
 //! that overran their boundary, the times an engine call waited for the
 //! GPU (none: every call it makes is non-blocking), and the tokens per second the
-//! conversations reached. Every token that has arrived is taken each frame
-//! (`--max-tokens-per-frame` caps it); a conversation whose context
+//! conversations reached. A single conversation takes every token that has
+//! arrived each frame (`--max-tokens-per-frame` caps it); batched ones take
+//! at most one each per frame. A conversation whose context
 //! (`--context`) fills starts over: `Session::truncate(0)`, which then has
 //! no queued step to wait for, and its prompt again.
 //!
@@ -36,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use qwen3_wgpu::{
-    wgpu, AdapterPolicy, CachePolicy, Engine, Error, FeedStatus, Gpu, LoadOptions, Model, Result, Session,
-    DEFAULT_LOOKAHEAD,
+    wgpu, AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, Error, FeedStatus, Gpu, LoadOptions,
+    Model, Result, Session, DEFAULT_LOOKAHEAD,
 };
 use serde_json::{json, Value};
 
@@ -84,7 +87,8 @@ struct Args {
     /// (rewinds and feeds its prompt again).
     #[arg(long, default_value_t = 512)]
     context: usize,
-    /// Decode steps each session keeps queued ahead (default: the engine's).
+    /// Decode steps a conversation stepped alone keeps queued ahead
+    /// (default: the engine's).
     #[arg(long)]
     lookahead: Option<usize>,
     /// Tokens taken from each session per frame (0: every token that has
@@ -287,11 +291,8 @@ struct Conversation {
 const FIRST_IDS: usize = 16;
 
 impl Conversation {
-    fn start(model: &Model, prompt: &[u32], capacity: usize, lookahead: Option<usize>) -> Result<Self> {
-        let mut session = model.session_with_capacity(capacity)?;
-        if let Some(n) = lookahead {
-            session.set_lookahead(n);
-        }
+    /// Begins feeding `prompt` to `session`.
+    fn start(mut session: Session, prompt: &[u32]) -> Result<Self> {
         session.begin_feed(prompt)?;
         Ok(Conversation {
             session,
@@ -304,29 +305,10 @@ impl Conversation {
         })
     }
 
-    /// One frame's engine work: never waits for the GPU.
+    /// One frame's engine work for a conversation stepped alone: never
+    /// waits for the GPU.
     fn poll(&mut self, prompt: &[u32], max_tokens: usize) -> Result<()> {
-        if self.feeding {
-            self.frames_fed += 1;
-            if let FeedStatus::Ready(token) = self.session.poll_feed()? {
-                self.feeding = false;
-                self.tokens += 1;
-                if self.feed_frames.is_none() {
-                    self.feed_frames = Some(self.frames_fed);
-                    self.first_ids.push(token);
-                }
-            }
-            return Ok(());
-        }
-        // A full context starts the conversation over. Steps are never
-        // queued past the capacity, so once it is full every queued step
-        // has been taken, and the rewind waits for nothing.
-        if self.session.len() >= self.session.capacity() {
-            self.session.truncate(0)?;
-            self.session.begin_feed(prompt)?;
-            self.feeding = true;
-            self.frames_fed = 0;
-            self.restarts += 1;
+        if !self.ready_to_decode(prompt)? {
             return Ok(());
         }
         let mut taken = 0;
@@ -337,17 +319,75 @@ impl Conversation {
             match self.session.try_next_token()? {
                 Some(token) => {
                     taken += 1;
-                    // Only the first reply: a restart feeds the prompt again.
-                    if self.first_ids.len() < FIRST_IDS && self.first_ids.len() == self.tokens + taken - 1 {
-                        self.first_ids.push(token);
-                    }
+                    self.took(token);
                 }
                 None => break,
             }
         }
-        self.tokens += taken;
         Ok(())
     }
+
+    /// Advances the prompt's feed, or starts the conversation over once its
+    /// context is full; whether it can decode a token this frame (neither
+    /// waits for the GPU).
+    fn ready_to_decode(&mut self, prompt: &[u32]) -> Result<bool> {
+        if self.feeding {
+            self.frames_fed += 1;
+            if let FeedStatus::Ready(token) = self.session.poll_feed()? {
+                self.feeding = false;
+                self.tokens += 1;
+                if self.feed_frames.is_none() {
+                    self.feed_frames = Some(self.frames_fed);
+                    self.first_ids.push(token);
+                }
+            }
+            return Ok(false);
+        }
+        // A full context starts the conversation over. Steps are never
+        // queued past the capacity, so once it is full every queued step
+        // has been taken, and the rewind waits for nothing.
+        if self.session.len() >= self.session.capacity() {
+            self.session.truncate(0)?;
+            self.session.begin_feed(prompt)?;
+            self.feeding = true;
+            self.frames_fed = 0;
+            self.restarts += 1;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Counts a decoded token (kept while the first reply is short).
+    fn took(&mut self, token: u32) {
+        // Only the first reply: a restart feeds the prompt again.
+        if self.first_ids.len() < FIRST_IDS && self.first_ids.len() == self.tokens {
+            self.first_ids.push(token);
+        }
+        self.tokens += 1;
+    }
+}
+
+/// One frame's engine work for conversations stepped as one batch: feeds
+/// and restarts as alone, then one [`Batch::try_step`] for every
+/// conversation ready to decode (one GPU step for all of them; never waits
+/// for the GPU).
+fn poll_batch(batch: &mut Batch, conversations: &mut [Conversation], prompt: &[u32]) -> Result<()> {
+    let mut decoding = Vec::with_capacity(conversations.len());
+    for c in conversations.iter_mut() {
+        if c.ready_to_decode(prompt)? {
+            decoding.push(c);
+        }
+    }
+    if decoding.is_empty() {
+        return Ok(());
+    }
+    let mut sessions: Vec<&mut Session> = decoding.iter_mut().map(|c| &mut c.session).collect();
+    if let Some(tokens) = batch.try_step(&mut sessions)? {
+        for (c, token) in decoding.iter_mut().zip(tokens) {
+            c.took(token);
+        }
+    }
+    Ok(())
 }
 
 /// p50, p99 and max of `values`, in milliseconds.
@@ -371,8 +411,26 @@ struct InFlightFrame {
 /// Runs one phase of `frames` frames with `sessions` conversations.
 fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessions: usize) -> Result<Value> {
     let capacity = args.context;
+    // Several conversations step as one batch (one GPU step for all of
+    // them per frame); a single one steps alone, queueing steps ahead.
+    let mut batch = match sessions {
+        0 | 1 => None,
+        n => Some(model.batch(&BatchOptions::default().slots(n).capacity_per_slot(capacity))?),
+    };
     let mut conversations = (0..sessions)
-        .map(|_| Conversation::start(model, prompt, capacity, args.lookahead))
+        .map(|_| {
+            let session = match &batch {
+                Some(batch) => batch.session()?,
+                None => {
+                    let mut session = model.session_with_capacity(capacity)?;
+                    if let Some(n) = args.lookahead {
+                        session.set_lookahead(n);
+                    }
+                    session
+                }
+            };
+            Conversation::start(session, prompt)
+        })
         .collect::<Result<Vec<_>>>()?;
     let (mut frame_cpu, mut render_cpu, mut engine_cpu) = (Vec::new(), Vec::new(), Vec::new());
     let mut latency = Vec::new();
@@ -395,8 +453,13 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
         in_flight.push_back(InFlightFrame { submitted: Instant::now(), done });
         let engine_start = Instant::now();
         render_cpu.push((engine_start - frame_start).as_secs_f64() * 1e3);
-        for c in &mut conversations {
-            c.poll(prompt, args.max_tokens_per_frame)?;
+        match &mut batch {
+            Some(batch) => poll_batch(batch, &mut conversations, prompt)?,
+            None => {
+                for c in &mut conversations {
+                    c.poll(prompt, args.max_tokens_per_frame)?;
+                }
+            }
         }
         let end = Instant::now();
         engine_cpu.push((end - engine_start).as_secs_f64() * 1e3);
@@ -425,11 +488,13 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
     let tokens: usize = conversations.iter().map(|c| c.tokens).sum();
     let restarts: usize = conversations.iter().map(|c| c.restarts).sum();
     // Waits on the GPU inside the engine's calls: none, if it never blocked.
-    let waits: u64 = conversations.iter().map(|c| c.session.debug_feed_counts().1).sum();
+    let waits: u64 = conversations.iter().map(|c| c.session.debug_feed_counts().1).sum::<u64>()
+        + batch.as_ref().map_or(0, Batch::debug_blocking_waits);
     let feed_frames: Vec<f64> =
         conversations.iter().filter_map(|c| c.feed_frames.map(|f| f as f64)).collect();
     let first_ids = conversations.first().map(|c| c.first_ids.clone()).unwrap_or_default();
     drop(conversations);
+    drop(batch);
     renderer
         .device
         .poll(wgpu::PollType::wait_indefinitely())
@@ -438,6 +503,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
     Ok(json!({
         "phase": if sessions == 0 { "render" } else { "decode" },
         "sessions": sessions,
+        "batched": sessions > 1,
         "frames": args.frames,
         "late_frames": late,
         "frame_cpu_ms": stats(&frame_cpu),

@@ -5,7 +5,9 @@
 //! where the next step's embedding reads it), so decode steps are queued
 //! ahead of the caller: while the caller handles token N, the GPU already
 //! runs the steps after it, and each step's 4-byte token comes back through
-//! its own small readback buffer without stalling the queue.
+//! its own small readback buffer without stalling the queue. The next
+//! submit's steps are recorded ahead on a thread of the session's own
+//! (`recorder`), so a call that queues steps only submits them.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -14,6 +16,7 @@ use std::sync::{mpsc, Arc};
 mod batch;
 mod diagnostics;
 mod feed;
+mod recorder;
 mod state;
 
 use crate::buffers::SessionBuffers;
@@ -122,6 +125,16 @@ pub struct Session {
     /// batch step queued ahead for this session serves only while this is
     /// unchanged.
     edits: u64,
+    /// The decode step's launches as the recorder records them (made on
+    /// first use, dropped when the token choice is rebuilt).
+    step_launches: Option<Arc<recorder::StepLaunches>>,
+    /// The thread recording submits ahead (started on first use; `None`
+    /// before, or if the system refused a thread).
+    recorder: Option<recorder::Recorder>,
+    /// The next submit's steps, recorded ahead.
+    prerecorded: Option<recorder::Prerecorded>,
+    /// Decode submits so far (steps queued ahead; not prompts).
+    decode_submits: u64,
 }
 
 impl Session {
@@ -160,6 +173,10 @@ impl Session {
             last_logprobs: None,
             kv_slot,
             edits: 0,
+            step_launches: None,
+            recorder: None,
+            prerecorded: None,
+            decode_submits: 0,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -184,9 +201,12 @@ impl Session {
     /// queued on the GPU (at least 1; 1 means a wait on every token; at
     /// most the capacity, as no more steps can ever be queued).
     pub fn set_lookahead(&mut self, steps: usize) {
-        // Each step that can be in flight holds a readback buffer.
+        // Each step that can be in flight holds a readback buffer, and so
+        // does each step of the next submit, recorded ahead; never more
+        // than the capacity's steps are in flight or recorded.
         self.lookahead = steps.clamp(1, self.bufs.capacity.max(1));
-        while self.slots.len() < self.lookahead + 1 {
+        let wanted = (self.lookahead + 1 + self.steps_per_submit()).min(self.bufs.capacity + 1);
+        while self.slots.len() < wanted {
             self.free_slots.push(self.slots.len());
             self.slots.push(self.model.gpu.readback("token readback", self.readback_bytes()));
         }
@@ -248,6 +268,7 @@ impl Session {
         )?;
         self.forward.choose = choose;
         self.forward.choose_uniform_bytes = bytes;
+        self.step_launches = None;
         Ok(())
     }
 
@@ -428,7 +449,7 @@ impl Session {
     /// Feeds the pending greedy token back in and returns the next one
     /// (the streaming step). Fails with `no_pending_token` before any `feed`.
     pub fn next_token(&mut self) -> Result<u32> {
-        self.queue_ahead()?;
+        self.queue_ahead(usize::MAX)?;
         self.take_queued()
     }
 
@@ -436,7 +457,10 @@ impl Session {
     /// queues steps the same way and returns `Ok(None)` while the next
     /// token is still on its way (call again later, e.g. next frame: a host
     /// that renders keeps its frame rate). The tokens are those
-    /// `next_token` would return.
+    /// `next_token` would return. A call submits at most one batch of
+    /// steps (half the lookahead), recorded ahead of time on a thread of
+    /// the session's own, so the caller's thread pays for the submit and
+    /// the readback, not for recording.
     ///
     /// ```no_run
     /// # fn frame(session: &mut qwen3_wgpu::Session) -> qwen3_wgpu::Result<()> {
@@ -447,15 +471,20 @@ impl Session {
     /// # }
     /// ```
     pub fn try_next_token(&mut self) -> Result<Option<u32>> {
-        self.queue_ahead()?;
-        let gpu = &self.model.gpu;
-        gpu.device
-            .poll(wgpu::PollType::Poll)
-            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-        gpu.check_fault()?;
+        self.queue_ahead(1)?;
         let front = self.queued.front_mut().ok_or_else(no_step_in_flight)?;
         if !front.arrived()? {
-            return Ok(None);
+            // Polling only when the token is not there yet: one poll maps
+            // every step of a submit.
+            let gpu = &self.model.gpu;
+            gpu.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+            gpu.check_fault()?;
+            let front = self.queued.front_mut().ok_or_else(no_step_in_flight)?;
+            if !front.arrived()? {
+                return Ok(None);
+            }
         }
         self.take_queued().map(Some)
     }
@@ -465,40 +494,157 @@ impl Session {
     /// capacity): once at most half are left, the steps up to the
     /// lookahead go in submits of half the lookahead (each submit costs
     /// the host and the driver a round of work, so several steps share
-    /// one).
-    fn queue_ahead(&mut self) -> Result<()> {
+    /// one), at most `max_submits` of them in this call. Then the next
+    /// submit's steps are recorded ahead.
+    fn queue_ahead(&mut self, max_submits: usize) -> Result<()> {
         self.check_can_step(1)?;
-        if self.queued.len() > self.lookahead / 2 {
-            return Ok(());
+        if self.queued.len() <= self.lookahead / 2 {
+            // At most half the lookahead per submit: filling an empty queue
+            // takes two submits, so the second still runs when the first's
+            // tokens come back and the host queues more (a single submit
+            // left the GPU idle ~0.9 ms at the start of every decode on an
+            // H200).
+            let mut submits = 0;
+            while submits < max_submits
+                && self.queued.len() < self.lookahead
+                && self.gpu_pos < self.bufs.capacity
+            {
+                let k = (self.lookahead - self.queued.len())
+                    .min(self.steps_per_submit())
+                    .min(self.bufs.capacity - self.gpu_pos);
+                // A call that need not wait leaves a submit still being
+                // recorded for a later call, while steps remain queued.
+                let wait = max_submits > 1 || self.queued.is_empty();
+                if !self.submit_steps(k, wait)? {
+                    break;
+                }
+                submits += 1;
+            }
         }
-        let n = (self.lookahead - self.queued.len()).min(self.bufs.capacity - self.gpu_pos);
-        // At most half the lookahead per submit: filling an empty queue
-        // takes two submits, so the second still runs when the first's
-        // tokens come back and the host queues more (a single submit left
-        // the GPU idle ~0.9 ms at the start of every decode on an H200).
-        let per_submit = (self.lookahead / 2).max(1);
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(per_submit);
-            self.submit_steps(k)?;
-            left -= k;
-        }
+        self.record_ahead();
         Ok(())
     }
 
-    /// Submits the next `n` decode steps, each with its token's readback.
-    fn submit_steps(&mut self, n: usize) -> Result<()> {
-        let mut enc = self.encoder();
-        self.record(&mut enc, self.gpu_pos..self.gpu_pos + n, None);
-        // Each step's token is read back once the whole submit is done
-        // anyway, so the copies can all follow the one pass.
-        let mut slots = Vec::with_capacity(n);
-        for i in 0..n {
-            slots.push(self.queue_readback(&mut enc, self.gpu_pos + i + 1)?);
+    /// Steps per submit of [`Self::queue_ahead`].
+    fn steps_per_submit(&self) -> usize {
+        (self.lookahead / 2).max(1)
+    }
+
+    /// Starts recording the next submit's steps, unless one is recorded
+    /// already, none fits, or too few readback slots are free.
+    fn record_ahead(&mut self) {
+        if self.prerecorded.is_some() {
+            return;
         }
-        self.submit_with_readbacks(enc, &slots);
+        let k = self.steps_per_submit().min(self.bufs.capacity - self.gpu_pos);
+        if k == 0 || self.free_slots.len() < k {
+            return;
+        }
+        if self.recorder.is_none() {
+            self.recorder = recorder::Recorder::start();
+            if self.recorder.is_none() {
+                return;
+            }
+        }
+        let positions = self.gpu_pos..self.gpu_pos + k;
+        let slots: Vec<usize> = (0..k).filter_map(|_| self.free_slots.pop()).collect();
+        let job = self.steps_job(positions.clone(), &slots);
+        let Some(rec) = &self.recorder else { return };
+        let commands = rec.record(job.clone());
+        self.prerecorded =
+            Some(recorder::Prerecorded { positions, launches: job.launches.clone(), slots, job, commands });
+    }
+
+    /// The launches of a decode step, shared with the recorder.
+    fn step_launches(&mut self) -> Arc<recorder::StepLaunches> {
+        self.step_launches.get_or_insert_with(|| Arc::new(recorder::StepLaunches::of(&self.forward))).clone()
+    }
+
+    /// The recording of the steps at `positions`, each copying its token
+    /// into the matching one of `slots`.
+    fn steps_job(&mut self, positions: std::ops::Range<usize>, slots: &[usize]) -> recorder::StepsJob {
+        let mut copies = Vec::with_capacity(2 * slots.len());
+        for (i, &slot) in slots.iter().enumerate() {
+            let at = (positions.start + i + 1) as u64;
+            copies.push(recorder::ReadbackCopy {
+                src: self.bufs.tokens.clone(),
+                src_offset: 4 * at,
+                dst: self.slots[slot].clone(),
+                dst_offset: 0,
+                size: 4,
+            });
+            if let (true, Some(lp)) = (self.logprobs > 0, &self.bufs.logprobs) {
+                let record = 4 * LOGPROB_RECORD_WORDS as u64;
+                copies.push(recorder::ReadbackCopy {
+                    src: lp.records.clone(),
+                    src_offset: at * record,
+                    dst: self.slots[slot].clone(),
+                    dst_offset: 8,
+                    size: record,
+                });
+            }
+        }
+        recorder::StepsJob { model: self.model.clone(), launches: self.step_launches(), positions, copies }
+    }
+
+    /// Decode submits so far (steps queued ahead by
+    /// [`next_token`](Self::next_token) and
+    /// [`try_next_token`](Self::try_next_token); not prompts): for tests
+    /// that count the submits of a call.
+    #[doc(hidden)]
+    pub fn debug_decode_submits(&self) -> u64 {
+        self.decode_submits
+    }
+
+    /// Drops the submit recorded ahead, unsubmitted, and frees its slots.
+    fn drop_prerecorded(&mut self) {
+        if let Some(p) = self.prerecorded.take() {
+            self.free_slots.extend(p.slots);
+        }
+    }
+
+    /// Submits the next `n` decode steps, each with its token's readback:
+    /// the commands recorded ahead for them, or else recorded here. While
+    /// those are still being recorded, returns `false` without submitting
+    /// unless `wait`.
+    fn submit_steps(&mut self, n: usize, wait: bool) -> Result<bool> {
+        let positions = self.gpu_pos..self.gpu_pos + n;
+        let ahead = match self.prerecorded.take() {
+            Some(p)
+                if p.positions == positions
+                    && self.step_launches.as_ref().is_some_and(|l| Arc::ptr_eq(l, &p.launches)) =>
+            {
+                let commands = p.take(wait);
+                match commands {
+                    Some(commands) => Some((commands, p.slots)),
+                    None => {
+                        self.prerecorded = Some(p);
+                        return Ok(false);
+                    }
+                }
+            }
+            other => {
+                self.prerecorded = other;
+                self.drop_prerecorded();
+                None
+            }
+        };
+        let (commands, slots) = match ahead {
+            Some(recorded) => recorded,
+            None => {
+                let slots = (0..n)
+                    .map(|_| {
+                        self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let commands = self.steps_job(positions, &slots).encode();
+                (commands, slots)
+            }
+        };
+        self.submit_commands_with_readbacks(commands, &slots);
+        self.decode_submits += 1;
         self.gpu_pos += n;
-        Ok(())
+        Ok(true)
     }
 
     /// Whether `n` decode steps can run now: a token is pending (a `feed`
@@ -599,7 +745,12 @@ impl Session {
     /// [`Self::submit_with_readback`] for an encoder holding several steps,
     /// each copying its token into one of `slots`, in order.
     fn submit_with_readbacks(&mut self, enc: wgpu::CommandEncoder, slots: &[usize]) {
-        let submission = self.model.gpu.queue.submit([enc.finish()]);
+        self.submit_commands_with_readbacks(enc.finish(), slots);
+    }
+
+    /// [`Self::submit_with_readbacks`] for finished commands.
+    fn submit_commands_with_readbacks(&mut self, commands: wgpu::CommandBuffer, slots: &[usize]) {
+        let submission = self.model.gpu.queue.submit([commands]);
         for &slot in slots {
             let (tx, mapped) = mpsc::channel();
             self.slots[slot].slice(..).map_async(wgpu::MapMode::Read, move |r| {
@@ -622,6 +773,13 @@ impl Session {
             });
         }
         self.pending = Some(token);
+        // The next submit is recorded from here on, so the call that
+        // queues it (the first after a feed included) finds it ready. Not
+        // for a batch's session: its batch steps it (if it queues steps
+        // alone, they are recorded ahead from its second submit on).
+        if self.kv_slot.is_none() {
+            self.record_ahead();
+        }
         Ok(token)
     }
 
@@ -664,6 +822,7 @@ impl Session {
     /// the GPU's position back at `len`, whose token (`pending`) is intact:
     /// queued steps only write tokens after it.
     fn discard_queued(&mut self) -> Result<()> {
+        self.drop_prerecorded();
         while let Some(q) = self.queued.pop_front() {
             self.wait_slot(q)?;
         }
@@ -690,7 +849,77 @@ fn no_step_in_flight() -> Error {
 
 #[cfg(test)]
 mod tests {
-    use crate::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
+    use crate::{AdapterPolicy, CachePolicy, Engine, LoadOptions, Model};
+
+    fn fixture_model() -> Model {
+        let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+        let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
+        engine.load(fixture, &options).unwrap()
+    }
+
+    /// A non-blocking call submits at most one batch of steps (a frame
+    /// pays for one submit per call, not for refilling the whole
+    /// lookahead), the next submit is recorded ahead meanwhile, and the
+    /// tokens are those of blocking calls, whatever the lookahead.
+    #[test]
+    fn try_next_token_submits_at_most_once_per_call_and_records_ahead() {
+        let model = fixture_model();
+        let prompt = [1u32, 2, 3];
+        let mut blocking = model.session_with_capacity(40).unwrap();
+        let mut want = vec![blocking.feed(&prompt).unwrap()];
+        while blocking.len() < blocking.capacity() {
+            want.push(blocking.next_token().unwrap());
+        }
+        for lookahead in [1, 2, 4, 8] {
+            let mut s = model.session_with_capacity(40).unwrap();
+            s.set_lookahead(lookahead);
+            let mut got = vec![s.feed(&prompt).unwrap()];
+            // The first submit after the feed is being recorded already.
+            let first = s.prerecorded.as_ref().map(|p| p.positions.clone());
+            assert_eq!(first, Some(s.gpu_pos..s.gpu_pos + s.steps_per_submit()), "lookahead {lookahead}");
+            let waits = s.debug_feed_counts().1;
+            let mut recorded_ahead = false;
+            while s.len() < s.capacity() {
+                let before = s.debug_decode_submits();
+                let token = s.try_next_token().unwrap();
+                assert!(
+                    s.debug_decode_submits() <= before + 1,
+                    "lookahead {lookahead}: several submits in one call"
+                );
+                // Once steps are queued, the next submit is being recorded
+                // (unless the capacity leaves no room for one).
+                if let Some(p) = &s.prerecorded {
+                    assert_eq!(p.positions.start, s.gpu_pos, "lookahead {lookahead}");
+                    recorded_ahead = true;
+                }
+                match token {
+                    Some(t) => got.push(t),
+                    None => std::thread::sleep(std::time::Duration::from_micros(200)),
+                }
+            }
+            assert!(recorded_ahead, "lookahead {lookahead}: nothing recorded ahead");
+            assert_eq!(got, want, "lookahead {lookahead}");
+            assert_eq!(s.debug_feed_counts().1, waits, "lookahead {lookahead}: a non-blocking call waited");
+        }
+    }
+
+    /// The recorder's launches are the forward pass's at every position:
+    /// one attention launch per layer within the first chunk, chunks and
+    /// their reduction past it.
+    #[test]
+    fn recorded_steps_are_the_forward_pass_steps() {
+        let model = fixture_model();
+        let s = model.session_with_capacity(8).unwrap();
+        let launches = super::recorder::StepLaunches::of(&s.forward);
+        let chunk = crate::kernels::ATTENTION_CHUNK as usize;
+        for pos in [0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk] {
+            let want: Vec<_> = s.forward.step_at(pos).map(|l| (l.kind(), l.workgroups)).collect();
+            let got: Vec<_> = launches.at(pos).iter().map(|l| (l.kind(), l.workgroups)).collect();
+            assert_eq!(got, want, "position {pos}");
+        }
+        assert_ne!(launches.at(0).len(), launches.at(chunk).len());
+    }
 
     /// Counts past the capacity are refused whatever their size (no
     /// wrapping `len + n`, no readback buffer per requested step), and

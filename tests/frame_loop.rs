@@ -2,8 +2,8 @@
 //! as a smoke run on the portable adapter: a few frames per phase, its JSON
 //! lines, the engine never waiting for the GPU (conversations fill their
 //! small context and start over meanwhile), and the tokens its first
-//! conversation decoded between frames, which must be those of a blocking
-//! session fed the same prompt.
+//! conversation decoded between frames (alone, or in a batch with the
+//! others), which must be those of a blocking session fed the same prompt.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -110,6 +110,8 @@ fn frames_render_and_conversations_decode_the_blocking_tokens() {
     for (phase, sessions) in lines[1..].iter().zip([0, 1, 3]) {
         assert_eq!(phase["sessions"], sessions, "{phase}");
         assert_eq!(phase["phase"], if sessions == 0 { "render" } else { "decode" });
+        // Several conversations step as one batch.
+        assert_eq!(phase["batched"], sessions > 1, "{phase}");
         assert_eq!(phase["frames"], FRAMES);
         for key in ["frame_cpu_ms", "engine_cpu_ms", "gpu_latency_ms"] {
             check_stats(&phase[key], key);

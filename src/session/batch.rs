@@ -415,13 +415,14 @@ impl Batch {
     /// # }
     /// ```
     ///
-    /// The first call for some sessions submits their step and, as `step`
-    /// does, the next one behind it, and returns `None`; calls with the
-    /// same sessions, in the same order and untouched in between, poll the
-    /// device until the step's tokens are back (the call that returns them
-    /// leaves the next step in flight, so the following call may find its
-    /// tokens at once). A call with other sessions, another order,
-    /// or a session changed in between (fed, truncated, stepped alone,
+    /// A call submits at most one step. The first call for some sessions
+    /// submits their step and returns `None`; calls with the same
+    /// sessions, in the same order and untouched in between, submit the
+    /// next step behind it (as `step` does) and poll the device until the
+    /// step's tokens are back (the call that returns them leaves the next
+    /// step in flight, so the following call may find its tokens at once).
+    /// A call with other sessions, another order, or a session changed in
+    /// between (fed, truncated, stepped alone,
     /// dropped) drops the steps in flight once they have finished (they
     /// advanced no session, so no token is lost; what they wrote lies past
     /// each session's length) and returns `None` until then; then it
@@ -451,13 +452,11 @@ impl Batch {
                 for s in sessions.iter_mut() {
                     s.discard_queued()?;
                 }
-                // This call submits the step and the next one behind it;
-                // later calls poll for its tokens.
+                // This call submits the step; later calls submit the next
+                // one behind it and poll for its tokens (one submit a
+                // call: a frame pays for one step's recording).
                 let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
-                let current = self.submit(sessions, 0, Some(&pending), 0);
-                let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
-                self.behind = room.then(|| self.submit(sessions, 1, None, 1 - current.readback));
-                self.ahead = Some(current);
+                self.ahead = Some(self.submit(sessions, 0, Some(&pending), 0));
                 return Ok(None);
             }
         };
@@ -798,7 +797,7 @@ fn own_steps_arrived(sessions: &mut [&mut Session]) -> Result<bool> {
 /// arrived (all or none: a `None` leaves every session as it was).
 fn try_step_each(sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
     for s in sessions.iter_mut() {
-        s.queue_ahead()?;
+        s.queue_ahead(1)?;
     }
     if let Some(s) = sessions.first() {
         let gpu = &s.model.gpu;
@@ -814,4 +813,35 @@ fn try_step_each(sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
         }
     }
     sessions.iter_mut().map(|s| s.take_queued()).collect::<Result<Vec<u32>>>().map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{AdapterPolicy, BatchOptions, CachePolicy, Engine, LoadOptions, Session};
+
+    /// A `try_step` submits at most one step: the first call for some
+    /// sessions submits theirs alone, and the step behind it goes with
+    /// the next call (a frame pays for one step's recording).
+    #[test]
+    fn try_step_submits_one_step_a_call() {
+        let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+        let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
+        let model = engine.load(fixture, &options).unwrap();
+        let mut batch = model.batch(&BatchOptions::default().slots(2).capacity_per_slot(32)).unwrap();
+        let (mut a, mut b) = (batch.session().unwrap(), batch.session().unwrap());
+        a.feed(&[1, 2, 3]).unwrap();
+        b.feed(&[4, 5]).unwrap();
+        let in_flight = |batch: &super::Batch| (batch.ahead.is_some(), batch.behind.is_some());
+        let sessions: &mut [&mut Session] = &mut [&mut a, &mut b];
+        assert!(batch.try_step(sessions).unwrap().is_none());
+        assert_eq!(in_flight(&batch), (true, false), "the first call submitted more than its step");
+        // The next call queues the step behind it, whether or not the
+        // first step's tokens are back.
+        let tokens = batch.try_step(sessions).unwrap();
+        match tokens {
+            None => assert_eq!(in_flight(&batch), (true, true)),
+            Some(_) => assert_eq!(in_flight(&batch), (true, false)),
+        }
+    }
 }

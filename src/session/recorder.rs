@@ -1,0 +1,177 @@
+//! Decode steps recorded ahead of their submit, on a thread of the
+//! session's own: recording a step's ~150 launches and encoding them
+//! (`CommandEncoder::finish`: wgpu's tracking and the driver's commands)
+//! costs the host ~0.4 ms per step on x86 hosts, most of a decode call's
+//! time. A session that keeps steps queued ahead knows the next submit's
+//! positions one submit early, so its recorder encodes them meanwhile and
+//! the caller's thread only submits the finished commands: a frame that
+//! takes tokens pays for submits and readbacks, not for recording. Every
+//! submit stays on the caller's thread, in the caller's order, so writes
+//! the caller queues (`Queue::write_buffer`) keep their order relative to
+//! the steps; commands recorded for positions that are no longer next are
+//! dropped unsubmitted.
+
+use std::ops::Range;
+use std::sync::{mpsc, Arc};
+
+use crate::gpu_weights::ModelGpu;
+use crate::kernels::{Launch, ATTENTION_CHUNK};
+
+/// A session's decode-step launches, owned (handles shared with its
+/// forward pass) so that another thread can record them.
+pub(super) struct StepLaunches {
+    /// The step while the context fits one attention chunk.
+    short: Vec<Launch>,
+    /// The step after (chunked attention and its reduction).
+    long: Vec<Launch>,
+}
+
+impl StepLaunches {
+    /// The launches of `forward`'s steps (shared handles: cheap).
+    pub(super) fn of(forward: &crate::qwen3::Forward) -> Self {
+        let chunk = ATTENTION_CHUNK as usize;
+        StepLaunches {
+            short: forward.step_at(0).cloned().collect(),
+            long: forward.step_at(chunk).cloned().collect(),
+        }
+    }
+
+    /// The step at position `pos`, in order (as `Forward::step_at`).
+    pub(super) fn at(&self, pos: usize) -> &[Launch] {
+        if pos < ATTENTION_CHUNK as usize {
+            &self.short
+        } else {
+            &self.long
+        }
+    }
+}
+
+/// One buffer-to-buffer copy recorded after the steps (a token, or its
+/// log-probability record, into a readback slot).
+#[derive(Clone)]
+pub(super) struct ReadbackCopy {
+    pub src: wgpu::Buffer,
+    pub src_offset: u64,
+    pub dst: wgpu::Buffer,
+    pub dst_offset: u64,
+    pub size: u64,
+}
+
+/// What one submit of decode steps records.
+#[derive(Clone)]
+pub(super) struct StepsJob {
+    pub model: Arc<ModelGpu>,
+    pub launches: Arc<StepLaunches>,
+    pub positions: Range<usize>,
+    pub copies: Vec<ReadbackCopy>,
+}
+
+impl StepsJob {
+    /// Records the steps at `positions` in one compute pass (a pass per
+    /// step cost ~40 µs of GPU time per step on an H200), then the copies
+    /// (each step's token is read back once the whole submit is done
+    /// anyway, so they all follow the pass), and finishes the commands.
+    pub(super) fn encode(&self) -> wgpu::CommandBuffer {
+        let device = &self.model.gpu.device;
+        let mut enc =
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward"),
+                timestamp_writes: None,
+            });
+            for pos in self.positions.clone() {
+                for l in self.launches.at(pos) {
+                    l.record(&mut pass, &self.model.kernels);
+                }
+            }
+        }
+        for c in &self.copies {
+            enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
+        }
+        enc.finish()
+    }
+}
+
+/// A session's recording thread: encodes the jobs it is sent, in order,
+/// and ends when the session drops its [`Recorder`] (which waits for it:
+/// no thread of the session's is left inside the driver once it is gone,
+/// e.g. while the process exits).
+pub(super) struct Recorder {
+    jobs: Option<mpsc::Sender<(StepsJob, mpsc::Sender<wgpu::CommandBuffer>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Recorder {
+    /// Starts the thread; `None` when the system refuses one (the session
+    /// then records on the caller's thread, as before).
+    pub(super) fn start() -> Option<Self> {
+        let (jobs, incoming) = mpsc::channel::<(StepsJob, mpsc::Sender<wgpu::CommandBuffer>)>();
+        let thread = std::thread::Builder::new()
+            .name("qwen3-wgpu recorder".into())
+            .spawn(move || {
+                for (job, done) in incoming {
+                    // The session may have moved on and dropped the receiver.
+                    let _ = done.send(job.encode());
+                }
+            })
+            .ok()?;
+        Some(Recorder { jobs: Some(jobs), thread: Some(thread) })
+    }
+
+    /// Queues `job`; its commands arrive on the returned receiver (which
+    /// reports a disconnect if the thread is gone).
+    pub(super) fn record(&self, job: StepsJob) -> mpsc::Receiver<wgpu::CommandBuffer> {
+        let (done, commands) = mpsc::channel();
+        // A send fails only once the thread is gone: the receiver then
+        // reports the disconnect and the caller records the job itself.
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send((job, done));
+        }
+        commands
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after the job at hand (at
+        // most one submit's recording).
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The next submit's steps, being recorded (or recorded) ahead.
+pub(super) struct Prerecorded {
+    /// The positions it steps.
+    pub positions: Range<usize>,
+    /// The launches it records (a rebuilt forward pass does not match).
+    pub launches: Arc<StepLaunches>,
+    /// The readback slots its copies write, one per step in order (held
+    /// until it is submitted or dropped).
+    pub slots: Vec<usize>,
+    /// The job, kept to record it on the caller's thread should the
+    /// recorder be gone.
+    pub job: StepsJob,
+    pub commands: mpsc::Receiver<wgpu::CommandBuffer>,
+}
+
+impl Prerecorded {
+    /// The commands once recorded (waiting for them if `wait`; else
+    /// `None` while they are being recorded).
+    pub(super) fn take(&self, wait: bool) -> Option<wgpu::CommandBuffer> {
+        let got = if wait {
+            self.commands.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
+        } else {
+            self.commands.try_recv()
+        };
+        match got {
+            Ok(commands) => Some(commands),
+            Err(mpsc::TryRecvError::Empty) => None,
+            // The recorder is gone: record here.
+            Err(mpsc::TryRecvError::Disconnected) => Some(self.job.encode()),
+        }
+    }
+}
