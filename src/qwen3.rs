@@ -161,6 +161,10 @@ pub struct BatchForward {
 impl BatchForward {
     /// Records one step of `rows` rows; `short` / `long`: whether any row's
     /// context fits one chunk of positions / needs more.
+    /// `wait`: a rows pipeline not built yet is built now; otherwise its
+    /// build starts on another thread and this step runs the decode
+    /// pipeline over a grid of rows (the same results).
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -169,8 +173,9 @@ impl BatchForward {
         rows: u32,
         short: bool,
         long: bool,
+        wait: bool,
     ) {
-        self.record_each(pass, gpu, kernels, rows, short, long, &mut |_, _| {});
+        self.record_each(pass, gpu, kernels, rows, short, long, wait, &mut |_, _| {});
     }
 
     /// [`Self::record`], calling `after` after each launch with its kind
@@ -184,13 +189,18 @@ impl BatchForward {
         rows: u32,
         short: bool,
         long: bool,
+        wait: bool,
         after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, LaunchKind),
     ) {
         for l in &self.launches {
             match l {
                 RowLaunch::Matvec { launch, shape } => {
                     let split = launch.matvec_split.expect("a matvec launch has a split");
-                    let all_rows = kernels.matvec_rows_pipeline(gpu, launch.kernel, split, *shape, rows);
+                    let all_rows = if wait {
+                        kernels.matvec_rows_pipeline(gpu, launch.kernel, split, *shape, rows)
+                    } else {
+                        kernels.matvec_rows_pipeline_or_start(gpu, launch.kernel, split, *shape, rows)
+                    };
                     launch.record_rows(pass, all_rows.as_ref(), rows);
                     after(pass, launch.kind());
                 }

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::thread::JoinHandle;
 
 use super::choice::{
     msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfCheck, SelfChecker,
@@ -73,6 +74,11 @@ pub struct Kernels {
     layouts: Vec<wgpu::BindGroupLayout>,
     /// Every pipeline built, shared by every session.
     cache: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    /// Batched-row pipelines being built on a thread of their own, and
+    /// those whose build failed (never tried again): see
+    /// [`Kernels::matvec_rows_pipeline_or_start`]. Dropping the set joins
+    /// the threads (none is left inside the driver as the process exits).
+    building: Mutex<HashMap<PipelineKey, Build>>,
     /// Whether the WGSL takes the subgroup reduction prelude.
     subgroups: bool,
     /// The matvec layout the pipelines were built for.
@@ -84,6 +90,23 @@ pub struct Kernels {
     pub source: KernelSource,
     /// How the kernels were chosen and checked.
     pub report: KernelReport,
+}
+
+/// A batched-row pipeline built off the caller's thread.
+enum Build {
+    Running(JoinHandle<Result<wgpu::ComputePipeline>>),
+    Failed,
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        let building = std::mem::take(self.building.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for build in building.into_values() {
+            if let Build::Running(thread) = build {
+                let _ = thread.join();
+            }
+        }
+    }
 }
 
 impl Kernels {
@@ -169,6 +192,7 @@ impl Kernels {
         let kernels = Kernels {
             layouts: Kernel::ALL.iter().map(|k| bind_group_layout(gpu, k.entry(), k.bindings())).collect(),
             cache: Default::default(),
+            building: Default::default(),
             subgroups: gpu.subgroups,
             matvec_layout,
             coop,
@@ -212,12 +236,23 @@ impl Kernels {
     /// The pipeline `key` names: from the cache, or compiled on `k`'s
     /// layout and cached.
     fn pipeline(&self, gpu: &Gpu, key: PipelineKey) -> Result<wgpu::ComputePipeline> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = cache.get(&key) {
-            return Ok(p.clone());
+        if let Some(p) = self.cached(key) {
+            return Ok(p);
         }
+        let p = self.build_pipeline(gpu, key)?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(cache.entry(key).or_insert(p).clone())
+    }
+
+    /// Builds the pipeline of `key` (not cached).
+    fn build_pipeline(&self, gpu: &Gpu, key: PipelineKey) -> Result<wgpu::ComputePipeline> {
+        let (source, entry) = self.source_of(key)?;
+        build_from(gpu, key, &source, entry, &self.layouts[key.kernel as usize])
+    }
+
+    /// The program of `key` and its entry point.
+    fn source_of(&self, key: PipelineKey) -> Result<(String, &'static str)> {
         let k = key.kernel;
-        let constants = key.constants.render();
         let missing = |what: &str| Error::ShaderCompileFailed {
             kernel: k.entry().to_string(),
             reason: format!("{k:?} has no {what}"),
@@ -238,15 +273,12 @@ impl Kernels {
                 _ => return Err(missing("int8_matmul constants")),
             },
         };
-        let code = match key.program {
-            Program::Msl => Code::Msl { source: &source, workgroup_size: k.workgroup_size() },
-            Program::MatmulMsl => Code::Msl { source: &source, workgroup_size: MATMUL_MSL_WG },
-            _ => Code::Wgsl { source: &source, constants: &constants },
-        };
-        let layout = &self.layouts[k as usize];
-        let (p, _) = build(gpu, entry, code, entry, k.bindings(), Some(layout))?;
-        cache.insert(key, p.clone());
-        Ok(p)
+        Ok((source, entry))
+    }
+
+    /// The pipeline of `key` if built.
+    fn cached(&self, key: PipelineKey) -> Option<wgpu::ComputePipeline> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned()
     }
 
     /// A pipeline built with the set: present by construction.
@@ -320,16 +352,7 @@ impl Kernels {
         shape: MatvecShape,
         rows: u32,
     ) -> Option<wgpu::ComputePipeline> {
-        let variant = kernel.matvec_variant()?;
-        if self.source == KernelSource::Msl {
-            return None;
-        }
-        let constants = MatvecConstants {
-            shape: Some(shape),
-            decode_rows: rows,
-            ..MatvecConstants::decode(variant, split)
-        };
-        let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
+        let key = self.matvec_rows_key(kernel, split, shape, rows)?;
         match self.pipeline(gpu, key) {
             Ok(p) => Some(p),
             Err(e) => {
@@ -339,6 +362,92 @@ impl Kernels {
                 None
             }
         }
+    }
+
+    /// [`Self::matvec_rows_pipeline`] that never builds on the caller's
+    /// thread (a frame must not wait for a compiler): the pipeline if
+    /// built; otherwise `None`, and its build starts on a thread of its
+    /// own (once: a failed build is not tried again), so a later call
+    /// finds it. Meanwhile the caller runs the decode pipeline over a grid
+    /// of rows (the same results).
+    pub fn matvec_rows_pipeline_or_start(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> Option<wgpu::ComputePipeline> {
+        let key = self.matvec_rows_key(kernel, split, shape, rows)?;
+        if let Some(p) = self.cached(key) {
+            return Some(p);
+        }
+        let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+        match building.remove(&key) {
+            Some(Build::Failed) => {
+                building.insert(key, Build::Failed);
+                None
+            }
+            Some(Build::Running(thread)) if thread.is_finished() => {
+                let built =
+                    thread.join().unwrap_or_else(|_| Err(Error::internal("a pipeline build panicked")));
+                match built {
+                    Ok(p) => {
+                        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                        Some(cache.entry(key).or_insert(p).clone())
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "the {rows}-row {kernel:?} for {shape:?} failed to build ({e}); rows run one per grid z"
+                        );
+                        building.insert(key, Build::Failed);
+                        None
+                    }
+                }
+            }
+            Some(running) => {
+                building.insert(key, running);
+                None
+            }
+            None => {
+                // The thread owns what the build needs (not the set, which
+                // joins it when dropped).
+                let Ok((source, entry)) = self.source_of(key) else {
+                    building.insert(key, Build::Failed);
+                    return None;
+                };
+                let (gpu, layout) = (gpu.clone(), self.layouts[key.kernel as usize].clone());
+                let thread = std::thread::Builder::new()
+                    .name("qwen3-wgpu pipeline build".into())
+                    .spawn(move || build_from(&gpu, key, &source, entry, &layout));
+                // No thread now: a later call tries again.
+                if let Ok(thread) = thread {
+                    building.insert(key, Build::Running(thread));
+                }
+                None
+            }
+        }
+    }
+
+    /// The key of matvec variant `kernel`'s `rows`-row pipeline; `None`
+    /// where the matvecs are MSL twins (no such variant).
+    fn matvec_rows_key(
+        &self,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> Option<PipelineKey> {
+        let variant = kernel.matvec_variant()?;
+        if self.source == KernelSource::Msl {
+            return None;
+        }
+        let constants = MatvecConstants {
+            shape: Some(shape),
+            decode_rows: rows,
+            ..MatvecConstants::decode(variant, split)
+        };
+        Some(PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) })
     }
 
     /// The WGSL pipeline of decode attention variant `kernel`
@@ -375,11 +484,58 @@ impl Kernels {
     }
 }
 
+/// Builds `key`'s pipeline from its program `source` (entry point `entry`)
+/// against its kernel's bind-group `layout`.
+fn build_from(
+    gpu: &Gpu,
+    key: PipelineKey,
+    source: &str,
+    entry: &str,
+    layout: &wgpu::BindGroupLayout,
+) -> Result<wgpu::ComputePipeline> {
+    let k = key.kernel;
+    let constants = key.constants.render();
+    let code = match key.program {
+        Program::Msl => Code::Msl { source, workgroup_size: k.workgroup_size() },
+        Program::MatmulMsl => Code::Msl { source, workgroup_size: MATMUL_MSL_WG },
+        _ => Code::Wgsl { source, constants: &constants },
+    };
+    let (p, _) = build(gpu, entry, code, entry, k.bindings(), Some(layout))?;
+    Ok(p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gpu::AdapterPolicy;
     use crate::kernels::SelfCheck;
+
+    /// A batched-row pipeline asked for without waiting is built on a
+    /// thread of its own: the call returns at once with none, a later call
+    /// finds the very pipeline the blocking call returns (one cache entry),
+    /// and a key being built is not built twice.
+    #[test]
+    fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, pass).unwrap();
+        let split = kernels.matvec_layout.splits()[0];
+        let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+        let kernel = Kernel::Int8MatvecNorm;
+        let before = kernels.cache.lock().unwrap().len();
+        assert!(kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 5).is_none());
+        let t0 = std::time::Instant::now();
+        let built = loop {
+            if let Some(p) = kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 5) {
+                break p;
+            }
+            assert!(t0.elapsed().as_secs() < 120, "the build never finished");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(kernels.cache.lock().unwrap().len(), before + 1, "one build, one entry");
+        assert_eq!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 5), Some(built));
+        assert!(kernels.building.lock().unwrap().is_empty(), "the finished build is taken");
+    }
 
     /// The set is built once, eagerly: each decode and prefill pipeline is
     /// one cache entry, and what launches and the self-check get is that

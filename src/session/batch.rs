@@ -362,7 +362,7 @@ impl Batch {
                     s.discard_queued()?;
                 }
                 let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
-                self.submit(sessions, 0, Some(&pending), 0)
+                self.submit(sessions, 0, Some(&pending), 0, true)
             }
         };
         // Steps a session queued alone since are discarded (they ran after
@@ -380,7 +380,7 @@ impl Batch {
         let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
         let next = match self.behind.take() {
             Some(next) => Some(next),
-            None => room.then(|| self.submit(sessions, 1, None, 1 - current.readback)),
+            None => room.then(|| self.submit(sessions, 1, None, 1 - current.readback, true)),
         };
         let out = self.wait(&mut current).and_then(|()| self.read_tokens(current.readback, sessions.len()));
         let out = match out {
@@ -456,7 +456,7 @@ impl Batch {
                 // one behind it and poll for its tokens (one submit a
                 // call: a frame pays for one step's recording).
                 let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
-                self.ahead = Some(self.submit(sessions, 0, Some(&pending), 0));
+                self.ahead = Some(self.submit(sessions, 0, Some(&pending), 0, false));
                 return Ok(None);
             }
         };
@@ -464,7 +464,7 @@ impl Batch {
         // call queued it already).
         let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
         if self.behind.is_none() && room {
-            self.behind = Some(self.submit(sessions, 1, None, 1 - current.readback));
+            self.behind = Some(self.submit(sessions, 1, None, 1 - current.readback, false));
         }
         // A failed mapping drops the step (its buffer is not mapped); the
         // one behind it is dropped as stale by the next call.
@@ -507,7 +507,7 @@ impl Batch {
         let ts = Timestamps::new(&gpu, "batch launch timestamps", count);
         let mut kinds = Vec::new();
         let pending: Vec<u32> = sessions.iter().map(|s| s.pending.unwrap_or(0)).collect();
-        let mut step = self.submit_timed(sessions, 0, Some(&pending), 0, Some((&ts, &mut kinds)));
+        let mut step = self.submit_timed(sessions, 0, Some(&pending), 0, true, Some((&ts, &mut kinds)));
         self.wait(&mut step)?;
         let out = self.read_tokens(step.readback, sessions.len())?;
         self.advance(sessions, &out, None);
@@ -612,15 +612,19 @@ impl Batch {
     /// Submits one step of `sessions` at their lengths plus `offset`, each
     /// row's input token from `tokens` (or, without, the previous step's
     /// on the GPU), its token copied to its session's token sequence and to
-    /// readback buffer `readback`.
+    /// readback buffer `readback`. `wait`: the row pipelines of this
+    /// session count are built now if not yet (a blocking step); otherwise
+    /// they are built on another thread meanwhile (see
+    /// [`BatchForward::record`]).
     fn submit(
         &self,
         sessions: &[&mut Session],
         offset: usize,
         tokens: Option<&[u32]>,
         readback: usize,
+        wait: bool,
     ) -> InFlightStep {
-        self.submit_timed(sessions, offset, tokens, readback, None)
+        self.submit_timed(sessions, offset, tokens, readback, wait, None)
     }
 
     /// [`Self::submit`], with a GPU timestamp after each launch of the
@@ -632,6 +636,7 @@ impl Batch {
         offset: usize,
         tokens: Option<&[u32]>,
         readback: usize,
+        wait: bool,
         mut timestamps: Option<(&Timestamps, &mut Vec<LaunchKind>)>,
     ) -> InFlightStep {
         let n = sessions.len();
@@ -680,10 +685,11 @@ impl Batch {
                             n as u32,
                             short,
                             long,
+                            wait,
                             &mut after,
                         );
                     }
-                    None => forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long),
+                    None => forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long, wait),
                 }
             }
         }
