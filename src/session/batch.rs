@@ -430,7 +430,10 @@ impl Batch {
     /// are discarded once they have finished, in the same way.
     /// [`Batch::step`] and `try_step` mix freely: either one takes over
     /// the step the other left in flight for the same sessions (`step`
-    /// waits for it).
+    /// waits for it). Each session count has its own pipelines; `try_step`
+    /// never builds them on the caller's thread: their build starts on a
+    /// thread of its own, and until it is done that count's steps run each
+    /// row through the one-token pipelines (the same tokens).
     ///
     /// Errors: those of [`Batch::step`], before anything is submitted;
     /// then a GPU failure.
