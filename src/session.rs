@@ -39,24 +39,34 @@ pub use state::SESSION_FORMAT_VERSION;
 /// the caller stops early.
 pub const DEFAULT_LOOKAHEAD: usize = 4;
 
-/// A token on its way back from the GPU: the readback slot it is copied
-/// into and the signal that the slot is mapped.
-struct InFlight {
-    slot: usize,
-    /// The submit that carries the step (a wait waits for it alone).
+/// A readback buffer's mapping on its way: the submit that fills the
+/// buffer and the `map_async` signal, with its outcome once seen. The one
+/// place a readback signal is read (a session's tokens and a batch's).
+struct Mapping {
+    /// The submit that fills the buffer (a wait waits for it alone).
     submission: wgpu::SubmissionIndex,
-    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
-    /// The mapping's outcome once seen (by a non-blocking check).
-    done: Option<std::result::Result<(), wgpu::BufferAsyncError>>,
+    signal: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    /// The outcome once seen (by a non-blocking check).
+    outcome: Option<std::result::Result<(), wgpu::BufferAsyncError>>,
 }
 
-impl InFlight {
-    /// Whether the slot's mapping has completed (successfully or not),
-    /// without waiting: the one place a step's readback signal is read.
+impl Mapping {
+    /// Maps `slice` for reading once `submission` (already submitted) is
+    /// done.
+    fn start(slice: wgpu::BufferSlice<'_>, submission: wgpu::SubmissionIndex) -> Self {
+        let (tx, signal) = mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        Mapping { submission, signal, outcome: None }
+    }
+
+    /// Whether the mapping has completed (successfully or not: see
+    /// [`Self::check`]), without waiting.
     fn arrived(&mut self) -> Result<bool> {
-        if self.done.is_none() {
-            match self.mapped.try_recv() {
-                Ok(r) => self.done = Some(r),
+        if self.outcome.is_none() {
+            match self.signal.try_recv() {
+                Ok(r) => self.outcome = Some(r),
                 Err(mpsc::TryRecvError::Empty) => return Ok(false),
                 Err(mpsc::TryRecvError::Disconnected) => {
                     return Err(Error::GpuDeviceFailed { reason: "map_async callback never ran".into() })
@@ -64,6 +74,42 @@ impl InFlight {
             }
         }
         Ok(true)
+    }
+
+    /// The failed mapping's error, once it has arrived.
+    fn check(&self) -> Result<()> {
+        match &self.outcome {
+            Some(Err(e)) => Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits (polling the device for this submit alone) until the mapping
+    /// has completed; counts the wait in `waits`.
+    fn wait(&mut self, gpu: &crate::gpu::Gpu, waits: &mut u64) -> Result<()> {
+        while !self.arrived()? {
+            let wait =
+                wgpu::PollType::Wait { submission_index: Some(self.submission.clone()), timeout: None };
+            *waits += 1;
+            gpu.device.poll(wait).map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+            gpu.check_fault()?;
+        }
+        Ok(())
+    }
+}
+
+/// A token on its way back from the GPU: the readback slot it is copied
+/// into and the slot's mapping.
+struct InFlight {
+    slot: usize,
+    mapping: Mapping,
+}
+
+impl InFlight {
+    /// Whether the slot's mapping has completed (successfully or not),
+    /// without waiting.
+    fn arrived(&mut self) -> Result<bool> {
+        self.mapping.arrived()
     }
 }
 
@@ -752,11 +798,8 @@ impl Session {
     fn submit_commands_with_readbacks(&mut self, commands: wgpu::CommandBuffer, slots: &[usize]) {
         let submission = self.model.gpu.queue.submit([commands]);
         for &slot in slots {
-            let (tx, mapped) = mpsc::channel();
-            self.slots[slot].slice(..).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            self.queued.push_back(InFlight { slot, submission: submission.clone(), mapped, done: None });
+            let mapping = Mapping::start(self.slots[slot].slice(..), submission.clone());
+            self.queued.push_back(InFlight { slot, mapping });
         }
     }
 
@@ -790,18 +833,10 @@ impl Session {
 
     /// [`Self::wait_slot`], with the token's log-probabilities when on.
     fn read_slot(&mut self, mut q: InFlight) -> Result<(u32, Option<TokenLogprobs>)> {
-        let gpu = &self.model.gpu;
-        while !q.arrived()? {
-            // Only this step's submit: the steps queued after it keep the
-            // GPU busy meanwhile.
-            let wait = wgpu::PollType::Wait { submission_index: Some(q.submission.clone()), timeout: None };
-            self.blocking_waits += 1;
-            gpu.device.poll(wait).map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-            gpu.check_fault()?;
-        }
-        if let Some(Err(e)) = q.done {
-            return Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") });
-        }
+        // Only this step's submit: the steps queued after it keep the GPU
+        // busy meanwhile.
+        q.mapping.wait(&self.model.gpu, &mut self.blocking_waits)?;
+        q.mapping.check()?;
         let buf = &self.slots[q.slot];
         let (token, logprobs) = {
             let view = buf

@@ -8,9 +8,9 @@
 //! argmax, a sampling row its session's own sampler launches).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 
-use super::Session;
+use super::{Mapping, Session};
 use crate::buffers::{kv_region_bytes, KvRegion, SessionBuffers};
 use crate::error::{Error, Result};
 use crate::gpu::Timestamps;
@@ -169,29 +169,18 @@ struct InFlightStep {
     /// queued ahead is known once the step before it is read back.
     rows: Vec<RowKey>,
     readback: usize,
-    submission: wgpu::SubmissionIndex,
-    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
-    /// The mapping's outcome once seen (by a non-blocking check).
-    done: Option<std::result::Result<(), wgpu::BufferAsyncError>>,
+    mapping: Mapping,
 }
 
 impl InFlightStep {
     /// Whether the step's tokens are mapped (`Ok(true)`), not yet
     /// (`Ok(false)`), or never will be (a failed mapping), without waiting.
     fn arrived(&mut self) -> Result<bool> {
-        if self.done.is_none() {
-            match self.mapped.try_recv() {
-                Ok(r) => self.done = Some(r),
-                Err(mpsc::TryRecvError::Empty) => return Ok(false),
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    return Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() })
-                }
-            }
+        if !self.mapping.arrived()? {
+            return Ok(false);
         }
-        match &self.done {
-            Some(Err(e)) => Err(Error::GpuDeviceFailed { reason: format!("map_async: {e}") }),
-            _ => Ok(true),
-        }
+        self.mapping.check()?;
+        Ok(true)
     }
 }
 
@@ -729,28 +718,15 @@ impl Batch {
         let buf = &self.readbacks[readback];
         enc.copy_buffer_to_buffer(&self.bufs.tokens, 4, buf, 0, 4 * n as u64);
         let submission = gpu.queue.submit([enc.finish()]);
-        let (tx, mapped) = mpsc::channel();
-        buf.slice(..4 * n as u64).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        let mapping = Mapping::start(buf.slice(..4 * n as u64), submission);
         let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
-        InFlightStep { rows, readback, submission, mapped, done: None }
+        InFlightStep { rows, readback, mapping }
     }
 
     /// Waits until `step`'s tokens are mapped (at once when they are).
     fn wait(&mut self, step: &mut InFlightStep) -> Result<()> {
-        if step.arrived()? {
-            return Ok(());
-        }
-        self.blocking_waits += 1;
-        let gpu = &self.model.gpu;
-        let wait = wgpu::PollType::Wait { submission_index: Some(step.submission.clone()), timeout: None };
-        gpu.device.poll(wait).map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-        gpu.check_fault()?;
-        match step.arrived()? {
-            true => Ok(()),
-            false => Err(Error::GpuDeviceFailed { reason: "the batch's tokens never arrived".into() }),
-        }
+        step.mapping.wait(&self.model.gpu, &mut self.blocking_waits)?;
+        step.mapping.check()
     }
 
     /// The `n` tokens of mapped readback buffer `readback` (then unmapped),
