@@ -15,6 +15,53 @@ fn key_value(key: u32) -> f32 {
     return bitcast<f32>(select(~key, key & 0x7fffffffu, (key & 0x80000000u) != 0u));
 }
 
+// A top-k selection's candidates in workgroup memory (sample_topk's
+// chunk, the merge's few), ranked in place by rank_sort; then the ranks
+// [tie_first, tie_end) of the keys equal to a threshold (find_tie_group).
+const CANDIDATES: u32 = 256u;
+var<workgroup> cand_key: array<u32, CANDIDATES>;
+var<workgroup> cand_id: array<u32, CANDIDATES>;
+var<workgroup> tie_first: u32;
+var<workgroup> tie_end: u32;
+
+// Sorts cand_key/cand_id[0 .. n] (n <= CANDIDATES) by key descending, id
+// ascending: each entry's rank is the count of entries before it. Uniform
+// control flow.
+fn rank_sort(t: u32, n: u32) {
+    workgroupBarrier();
+    var key = 0u;
+    var id = 0u;
+    var rank = 0u;
+    if t < n {
+        key = cand_key[t];
+        id = cand_id[t];
+        for (var j = 0u; j < n; j++) {
+            let kj = cand_key[j];
+            rank += select(0u, 1u, kj > key || (kj == key && cand_id[j] < id));
+        }
+    }
+    workgroupBarrier();
+    if t < n {
+        cand_key[rank] = key;
+        cand_id[rank] = id;
+    }
+    workgroupBarrier();
+}
+
+// After rank_sort of n candidates: writes the ranks of the first key equal
+// to `theta` (a candidate's key) and one past the last to tie_first and
+// tie_end (read them after a barrier).
+fn find_tie_group(t: u32, n: u32, theta: u32) {
+    if t < n && cand_key[t] == theta {
+        if t == 0u || cand_key[t - 1u] != theta {
+            tie_first = t;
+        }
+        if t + 1u == n || cand_key[t + 1u] != theta {
+            tie_end = t + 1u;
+        }
+    }
+}
+
 // pcg4d (Jarzynski and Olano, "Hash Functions for GPU Rendering", 2020): a
 // counter-based hash, so a draw depends on (seed, position, token id) only,
 // never on how many steps ran before or were queued together.

@@ -178,27 +178,23 @@ fn merge_sort_top(t: u32) -> u32 {
 // many chunks hold r keys that large each; r = ceil(k / parts), the lists
 // are sorted): only the candidates at or above the larger bound matter,
 // about k on real logits (the chunks' thetas alone leave hundreds). They
-// are gathered in f_key/f_id and ranked there (key descending, id
+// are gathered in cand_key/cand_id and ranked there (key descending, id
 // ascending).
-const FAST_CANDIDATES: u32 = 256u;
-var<workgroup> f_key: array<u32, FAST_CANDIDATES>;
-var<workgroup> f_id: array<u32, FAST_CANDIDATES>;
 var<workgroup> f_count: atomic<u32>;
 var<workgroup> f_bound: atomic<u32>;
-// (rank of theta's group's first key, one past its last, candidates,
-// theta).
-var<workgroup> f_sel: vec4<u32>;
+// The candidates gathered, and the k-th largest of them.
+var<workgroup> f_total: u32;
+var<workgroup> f_theta: u32;
 
 // merge_select(t, k, 0u, 0u)'s (theta, above, ties) with a fourth word 1,
-// the candidates at or above the bound sorted in f_key/f_id (ranks 0 ..
+// the candidates at or above the bound sorted in cand_key/cand_id (ranks 0 ..
 // above + ties include the whole tie group at theta); or .w == 0 when more
-// than FAST_CANDIDATES reach the bound (the caller takes merge_select).
+// than CANDIDATES reach the bound (the caller takes merge_select).
 // Uniform control flow; the result is uniform.
 fn merge_fast(t: u32, k: u32) -> vec4<u32> {
     if t == 0u {
         atomicStore(&f_count, 0u);
         atomicStore(&f_bound, 0u);
-        f_sel = vec4<u32>(0u);
     }
     workgroupBarrier();
     for (var c = t; c < p.parts; c += WG) {
@@ -234,53 +230,31 @@ fn merge_fast(t: u32, k: u32) -> vec4<u32> {
         let c = candidate(idx);
         if c.z != 0u && c.x >= bound {
             let slot = atomicAdd(&f_count, 1u);
-            if slot < FAST_CANDIDATES {
-                f_key[slot] = c.x;
-                f_id[slot] = c.y;
+            if slot < CANDIDATES {
+                cand_key[slot] = c.x;
+                cand_id[slot] = c.y;
             }
         }
     }
     workgroupBarrier();
     if t == 0u {
-        f_sel.z = atomicLoad(&f_count);
+        f_total = atomicLoad(&f_count);
     }
-    let total = workgroupUniformLoad(&f_sel).z;
-    if total > FAST_CANDIDATES {
+    let total = workgroupUniformLoad(&f_total);
+    if total > CANDIDATES {
         return vec4<u32>(0u);
     }
-    var key = 0u;
-    var id = 0u;
-    var rank = 0u;
-    if t < total {
-        key = f_key[t];
-        id = f_id[t];
-        for (var j = 0u; j < total; j++) {
-            let kj = f_key[j];
-            rank += select(0u, 1u, kj > key || (kj == key && f_id[j] < id));
-        }
-    }
-    workgroupBarrier();
-    if t < total {
-        f_key[rank] = key;
-        f_id[rank] = id;
-    }
-    workgroupBarrier();
+    rank_sort(t, total);
     if total < k {
         // Fewer candidates than k (a vocabulary of at most k): all kept.
         return vec4<u32>(0u, total, 0u, 1u);
     }
-    let theta = f_key[k - 1u];
+    let theta = cand_key[k - 1u];
     if t == 0u {
-        f_sel.w = theta;
+        f_theta = theta;
     }
-    if t < total && f_key[t] == theta {
-        if t == 0u || f_key[t - 1u] != theta {
-            f_sel.x = t;
-        }
-        if t + 1u == total || f_key[t + 1u] != theta {
-            f_sel.y = t + 1u;
-        }
-    }
-    let s = workgroupUniformLoad(&f_sel);
-    return vec4<u32>(s.w, s.x, s.y - s.x, 1u);
+    find_tie_group(t, total, theta);
+    let first = workgroupUniformLoad(&tie_first);
+    let end = workgroupUniformLoad(&tie_end);
+    return vec4<u32>(workgroupUniformLoad(&f_theta), first, end - first, 1u);
 }

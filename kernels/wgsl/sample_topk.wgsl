@@ -46,15 +46,10 @@ var<workgroup> lane_max: array<u32, 256>;
 var<workgroup> lower_bound: u32;
 // The same maxima, four to an entry.
 var<workgroup> lane_max4: array<vec4<u32>, 64>;
-// The keys at or above the bound, ranked in place, and how many.
-const CANDIDATES: u32 = 256u;
-var<workgroup> cand_key: array<u32, CANDIDATES>;
-var<workgroup> cand_id: array<u32, CANDIDATES>;
+// How many keys reach the bound (they go to cand_key/cand_id,
+// sample_common.wgsl).
 var<workgroup> cand_count: atomic<u32>;
 var<workgroup> cand_total: u32;
-// The ranks of the first and last key equal to theta.
-var<workgroup> tie_first: u32;
-var<workgroup> tie_last: u32;
 
 @compute @workgroup_size(WG)
 fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
@@ -164,19 +159,12 @@ fn sample_topk(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     }
     // At least k candidates: the bound is at most the k-th largest key.
     let theta = cand_key[k - 1u];
-    if t < total && cand_key[t] == theta {
-        if t == 0u || cand_key[t - 1u] != theta {
-            tie_first = t;
-        }
-        if t + 1u == total || cand_key[t + 1u] != theta {
-            tie_last = t;
-        }
-    }
+    find_tie_group(t, total, theta);
     workgroupBarrier();
     if t == 0u {
         scratch[out] = k;
         scratch[out + 1u] = theta;
-        scratch[out + 2u] = tie_last + 1u - tie_first;
+        scratch[out + 2u] = tie_end - tie_first;
         scratch[out + 3u] = k - tie_first;
     }
 }
@@ -304,30 +292,6 @@ fn topk_radix(t: u32, start: u32, end: u32, out: u32) {
     }
 }
 
-
-// Sorts cand_key/cand_id[0 .. n] (n <= CANDIDATES) by key descending, id
-// ascending: each entry's rank is the count of entries before it. Uniform
-// control flow.
-fn rank_sort(t: u32, n: u32) {
-    workgroupBarrier();
-    var key = 0u;
-    var id = 0u;
-    var rank = 0u;
-    if t < n {
-        key = cand_key[t];
-        id = cand_id[t];
-        for (var j = 0u; j < n; j++) {
-            let kj = cand_key[j];
-            rank += select(0u, 1u, kj > key || (kj == key && cand_id[j] < id));
-        }
-    }
-    workgroupBarrier();
-    if t < n {
-        cand_key[rank] = key;
-        cand_id[rank] = id;
-    }
-    workgroupBarrier();
-}
 
 // sums[t] = the sum of sums[t ..] (WG == 256 bins; uniform control flow).
 fn suffix_sums(t: u32) {

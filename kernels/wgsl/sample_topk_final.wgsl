@@ -85,8 +85,8 @@ fn sample_topk_final(lane: Lane) {
         sel = fast.xyz;
         count = sel.y;
         if t < count {
-            top_key[t] = f_key[t];
-            top_id[t] = f_id[t];
+            top_key[t] = cand_key[t];
+            top_id[t] = cand_id[t];
         }
         if t == 0u {
             atomicStore(&left_out, 0u);
@@ -159,7 +159,7 @@ fn sample_topk_final(lane: Lane) {
         if fast.w != 0u {
             // The candidates of the tie group, ranked after those above.
             for (var r = sel.y + t; r < sel.y + sel.z; r += WG) {
-                best = consider(best, f_id[r], theta_l, pos);
+                best = consider(best, cand_id[r], theta_l, pos);
             }
         } else {
             for (var idx = t; idx < p.parts * p.k; idx += WG) {
