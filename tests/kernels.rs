@@ -483,7 +483,7 @@ fn group_size_reaches_the_kernels() {
 }
 
 /// The decode matvec over a batch of sessions' rows (`DECODE_ROWS`: each
-/// workgroup runs every row in turn, grid z = 1) matches the CPU reference
+/// workgroup runs `ROWS_PER_Z` rows in turn, grid z over the groups) matches the CPU reference
 /// and, bit for bit, the one-token decode pipeline run with row z in grid
 /// z (what each session runs alone), in every split and epilogue, at rows
 /// and K that are not multiples of a team or workgroup.
@@ -510,20 +510,37 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                         c.extend(shape.constants());
                         c
                     };
-                    let all_rows = move |k: Kernel| {
-                        let mut c = one(k);
-                        c.push(("DECODE_ROWS", n as f64));
-                        c
-                    };
                     let rpw = split.rows_per_wg;
                     let alone = matvec_case(&wgsl_run(&gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
-                    let batched =
-                        matvec_case(&wgsl_run(&gpu, sub, all_rows), kernel, rpw, n, rows, cols, n, seed);
-                    let what = format!("{kernel:?} {split:?} {rows}x{cols} rows {n} sub={sub}");
-                    assert_matvec(&what, &batched);
-                    for (z, (a, b)) in alone.iter().zip(&batched).enumerate() {
-                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(&a.0), bits(&b.0), "{what}: row {z} differs from its one-token run");
+                    // Every row in each workgroup, and two per grid z (the
+                    // last group short where n is odd).
+                    for per_z in if n > 2 { vec![n, 2] } else { vec![n] } {
+                        let all_rows = move |k: Kernel| {
+                            let mut c = one(k);
+                            c.extend([("DECODE_ROWS", n as f64), ("ROWS_PER_Z", per_z as f64)]);
+                            c
+                        };
+                        let batched = matvec_case(
+                            &wgsl_run(&gpu, sub, all_rows),
+                            kernel,
+                            rpw,
+                            per_z,
+                            rows,
+                            cols,
+                            n,
+                            seed,
+                        );
+                        let what =
+                            format!("{kernel:?} {split:?} {rows}x{cols} rows {n} per z {per_z} sub={sub}");
+                        assert_matvec(&what, &batched);
+                        for (z, (a, b)) in alone.iter().zip(&batched).enumerate() {
+                            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&a.0),
+                                bits(&b.0),
+                                "{what}: row {z} differs from its one-token run"
+                            );
+                        }
                     }
                 }
             }

@@ -28,14 +28,15 @@
 // ACCUMULATE variant; int8_matmul.wgsl serves the others) each weight quad
 // is loaded once for all of them. Decode runs TOKENS = 1 and z = 0 only.
 //
-// Batched decode (several sessions' steps in one launch, DECODE_ROWS > 0,
-// TOKENS = 1, grid z = 1): each workgroup runs the decode body for rows
-// z = 0 .. DECODE_ROWS - 1 (rows per team: four at a time, each weight quad
+// Batched decode (several sessions' steps in one launch, DECODE_ROWS > 0
+// rows, TOKENS = 1): each workgroup runs the decode body for the ROWS_PER_Z
+// rows z of its grid z (rows per team: four at a time, each weight quad
 // loaded once for the four), inputs x[z * k_words ..], outputs
 // y[z * y_stride ..]. Every row runs the one-token arithmetic (same lanes,
 // same order of additions), so a row's result is bit-identical to its
 // session's step alone; the matrix is read from memory once for all rows
-// (the workgroup's rows stay in its cache after the first).
+// (a workgroup's rows stay in its cache after the first; the grid's z
+// groups run side by side and share it in the L2).
 //
 // Bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
 // int8_common.wgsl, prepended by Rust.
@@ -52,6 +53,9 @@ override SPLIT_K: bool = false;
 override TOKENS: u32;
 // Decode rows per workgroup (see the header); 0: one token, row wg.z.
 override DECODE_ROWS: u32 = 0u;
+// Decode rows per grid z (DECODE_ROWS > 0): workgroups of grid z = g run
+// rows g * ROWS_PER_Z .. min((g + 1) * ROWS_PER_Z, DECODE_ROWS) - 1.
+override ROWS_PER_Z: u32 = 0u;
 
 fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
     return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);
@@ -219,20 +223,24 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         return;
     }
     if DECODE_ROWS > 0u {
+        // Grid z = g takes rows z0 .. z_end - 1 (ROWS_PER_Z of them, the
+        // last group fewer).
+        let z0 = wg.z * ROWS_PER_Z;
+        let z_end = min(z0 + ROWS_PER_Z, DECODE_ROWS);
         if SPLIT_K && n_k_words() / 4u <= WG {
-            split_k_rows(lane, wg_row0);
+            split_k_rows(lane, wg_row0, z0, z_end);
             return;
         }
         // Rows per team: four rows per pass over the weights (each weight
         // quad loaded once for them, each row's sums as its one-token
         // step adds them), then the rest one at a time.
-        var z = 0u;
+        var z = z0;
         if !SPLIT_K {
-            for (; z + 4u <= DECODE_ROWS; z += 4u) {
+            for (; z + 4u <= z_end; z += 4u) {
                 matmul(lane, wg_row0, z, true);
             }
         }
-        for (; z < DECODE_ROWS; z++) {
+        for (; z < z_end; z++) {
             decode_token(lane, wg_row0, z);
         }
         return;
@@ -244,7 +252,7 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 // most: the lane loads its weight quads and scales once for every row,
 // then runs each row as decode_token would (partial4's one step4, the
 // same expressions, then wg_sum5 and store4).
-fn split_k_rows(lane: Lane, row0: u32) {
+fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
     let k_quads = n_k_words() / 4u;
     let j = lane.idx;
     let has_step = j < k_quads;
@@ -265,8 +273,8 @@ fn split_k_rows(lane: Lane, row0: u32) {
     }
     // Four rows per workgroup exchange (wg_sum5x4: each row's sums exactly
     // wg_sum5's), then the rest one at a time.
-    var z = 0u;
-    for (; z + 4u <= DECODE_ROWS; z += 4u) {
+    var z = z0;
+    for (; z + 4u <= z_end; z += 4u) {
         let o0 = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
         let o1 = split_k_row(has_step, w0, w1, w2, w3, s, z + 1u, j);
         let o2 = split_k_row(has_step, w0, w1, w2, w3, s, z + 2u, j);
@@ -279,7 +287,7 @@ fn split_k_rows(lane: Lane, row0: u32) {
         store4(row0, finish(r.v2, vec4<f32>(r.s.z, 0.0, 0.0, 0.0)), lane.idx, z + 2u);
         store4(row0, finish(r.v3, vec4<f32>(r.s.w, 0.0, 0.0, 0.0)), lane.idx, z + 3u);
     }
-    for (; z < DECODE_ROWS; z++) {
+    for (; z < z_end; z++) {
         let o = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
         let ss = o.ss;
         let r = wg_sum5(o.acc, ss.x + ss.y + ss.z + ss.w, lane);

@@ -116,9 +116,10 @@ impl Launch {
 
     /// Records the launch over `rows` decode rows of a batch of sessions'
     /// steps, each row computed as the decode pipeline computes one token:
-    /// `all_rows` (a pipeline that runs every row in each workgroup, e.g.
-    /// [`Kernels::matvec_rows_pipeline`]) on the one-token grid, or else
-    /// the decode pipeline with row z in grid z.
+    /// `all_rows` (a matvec pipeline whose workgroups run several rows each,
+    /// [`Kernels::matvec_rows_pipeline`]) on the one-token grid times its
+    /// z groups ([`super::batch_rows_per_z`]), or else the decode pipeline
+    /// with row z in grid z.
     pub fn record_rows(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -126,9 +127,9 @@ impl Launch {
         rows: u32,
     ) {
         let decode = self.decode_pipeline.as_ref().unwrap_or(&self.pipelines.decode);
-        let (pipeline, z) = match all_rows {
-            Some(p) => (p, 1),
-            None => (decode, rows),
+        let (pipeline, z) = match (all_rows, self.matvec_split) {
+            (Some(p), Some(split)) => (p, rows.div_ceil(super::batch_rows_per_z(split, rows))),
+            _ => (decode, rows),
         };
         let grid = self.workgroups;
         pass.set_pipeline(pipeline);

@@ -254,6 +254,25 @@ impl MatvecShape {
     }
 }
 
+/// Rows of a batch of sessions' decode steps (`rows`) that one workgroup of
+/// a batched matvec under `split` runs ([`MatvecConstants::rows_per_z`]):
+/// split K at most [`BATCH_SPLIT_K_ROWS_PER_Z`], spread evenly over the
+/// grid's z groups; rows per team all of them (its workgroups read each
+/// weight quad once for four rows).
+pub fn batch_rows_per_z(split: MatvecSplit, rows: u32) -> u32 {
+    let rows = rows.max(1);
+    match split.layout {
+        MatvecLayout::SplitK => rows.div_ceil(rows.div_ceil(BATCH_SPLIT_K_ROWS_PER_Z)),
+        MatvecLayout::RowsPerTeam => rows,
+    }
+}
+
+/// The most batch rows a split-K workgroup runs: more z groups in flight
+/// beat one workgroup running every row (H200, 16 rows: o_proj 21.1 ->
+/// 18.4 us, down 30.0 -> 25.7; 8 sessions 3,055 -> 3,162 tok/s,
+/// BENCHMARKS.md 2026-12-01).
+pub const BATCH_SPLIT_K_ROWS_PER_Z: u32 = 4;
+
 /// The override constants of an `int8_matvec` pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MatvecConstants {
@@ -265,16 +284,18 @@ pub struct MatvecConstants {
     pub tokens: u32,
     /// The `SHAPE_*` constants of a specialised pipeline.
     pub shape: Option<MatvecShape>,
-    /// `DECODE_ROWS`: decode rows each workgroup runs in turn (a batch of
-    /// sessions' steps, each row with the one-token arithmetic); 0: one
-    /// token per grid z.
+    /// `DECODE_ROWS`: the decode rows of a batch of sessions' steps, each
+    /// row with the one-token arithmetic; 0: one token per grid z.
     pub decode_rows: u32,
+    /// `ROWS_PER_Z`: of those rows, how many each workgroup runs in turn
+    /// (grid z = g takes rows g * rows_per_z ..).
+    pub rows_per_z: u32,
 }
 
 impl MatvecConstants {
     /// A decode pipeline of `variant` under `split`.
     pub fn decode(variant: MatvecVariant, split: MatvecSplit) -> Self {
-        MatvecConstants { variant, split, tokens: 1, shape: None, decode_rows: 0 }
+        MatvecConstants { variant, split, tokens: 1, shape: None, decode_rows: 0, rows_per_z: 0 }
     }
 
     /// The per-token prefill pipeline of `variant` on a device of `layout`:
@@ -287,7 +308,14 @@ impl MatvecConstants {
             workgroup_size: MATVEC_WG,
             rows_per_wg: MATVEC_ROWS.max(layout.rows_per_wg()),
         };
-        MatvecConstants { variant, split, tokens: super::PREFILL_TOKENS_PER_WG, shape: None, decode_rows: 0 }
+        MatvecConstants {
+            variant,
+            split,
+            tokens: super::PREFILL_TOKENS_PER_WG,
+            shape: None,
+            decode_rows: 0,
+            rows_per_z: 0,
+        }
     }
 
     /// As (WGSL name, value) pairs.
@@ -306,6 +334,7 @@ impl MatvecConstants {
         c.extend(self.shape.iter().flat_map(|s| s.constants()));
         if self.decode_rows > 0 {
             c.push(("DECODE_ROWS", self.decode_rows as f64));
+            c.push(("ROWS_PER_Z", self.rows_per_z as f64));
         }
         c
     }

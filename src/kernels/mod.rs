@@ -38,9 +38,9 @@ pub use matmul::{
     MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TOKENS_PER_WG,
 };
 pub use matvec::{
-    MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit, MatvecVariant, LONG_MATRIX_WG,
-    MATVEC_LAYOUT_ENV, MATVEC_ROWS, MATVEC_ROWS_PER_TEAM, MATVEC_VALUES_PER_LANE, MATVEC_WG,
-    SPLIT_K_MAX_ROWS, SPLIT_K_ROWS, SPLIT_K_WGS,
+    batch_rows_per_z, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit, MatvecVariant,
+    BATCH_SPLIT_K_ROWS_PER_Z, LONG_MATRIX_WG, MATVEC_LAYOUT_ENV, MATVEC_ROWS, MATVEC_ROWS_PER_TEAM,
+    MATVEC_VALUES_PER_LANE, MATVEC_WG, SPLIT_K_MAX_ROWS, SPLIT_K_ROWS, SPLIT_K_WGS,
 };
 pub use pipelines::{Kernels, Pipeline};
 pub use sample::{SampleParams, TopkParams, SAMPLE_CHUNK};

@@ -445,6 +445,7 @@ impl Kernels {
         let constants = MatvecConstants {
             shape: Some(shape),
             decode_rows: rows,
+            rows_per_z: super::batch_rows_per_z(split, rows),
             ..MatvecConstants::decode(variant, split)
         };
         Some(PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) })
