@@ -14,10 +14,11 @@ use super::matvec::{MatvecParams, MatvecVariant, INT8_COMMON};
 use super::msl::preamble_of;
 use super::PREFILL_TOKENS_PER_WG;
 use crate::converted::QUANT_GROUP;
+use crate::error::Result;
 
-/// Rows and prompt tokens of one `int8_matmul` tile (the tiled prefill
-/// pipelines: MM_ROWS and MM_TOKENS in its preamble); each invocation
-/// computes 4 rows x 4 tokens.
+/// Rows of one `int8_matmul` tile (the tiled prefill pipelines: MM_ROWS
+/// in its preamble), the grid's rows per workgroup, which the MSL twin and
+/// `int8_matmul_coop` share.
 pub const MATMUL_ROWS_PER_WG: u32 = 64;
 /// The most tokens of any `int8_matmul` tile (see
 /// [`super::Kernel::matmul_tokens_per_wg`]): activation buffers hold a multiple.
@@ -25,6 +26,107 @@ pub const MATMUL_TOKENS_PER_WG: u32 = 64;
 /// Tokens of the SwiGLU (gate/up) variant's tiles: its 6,144 rows fill an
 /// H200 better in twice the workgroups of half the tokens (BENCHMARKS.md).
 pub const MATMUL_SWIGLU_TOKENS_PER_WG: u32 = 32;
+
+/// Environment variable that picks the register tile of the f32
+/// `int8_matmul` by name ([`MatmulTile::NAMES`]), for benchmarks.
+pub const MATMUL_TILE_ENV: &str = "QWEN3_WGPU_MATMUL_TILE";
+
+/// How the f32 `int8_matmul` divides its tile among invocations: each
+/// computes `inv_rows` rows x `inv_tokens` tokens in registers, reading
+/// `inv_rows / 4 + inv_tokens / 4` vec4s of workgroup memory per
+/// `inv_rows * inv_tokens` multiply-adds. Every tiling computes each output
+/// as the same sum in the same order (the results are bit for bit those of
+/// the 4 x 4 tile); only the speed differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatmulTile {
+    /// Rows of one invocation's register tile (a multiple of 4 dividing
+    /// [`MATMUL_ROWS_PER_WG`]).
+    pub inv_rows: u32,
+    /// Tokens of one invocation's register tile (a multiple of 4 dividing
+    /// every variant's tokens per tile).
+    pub inv_tokens: u32,
+    /// Whether each chunk's memory loads are issued into registers before
+    /// the previous chunk's multiply-adds (double-buffered staging: their
+    /// latency hides behind arithmetic) rather than after them.
+    pub prefetch: bool,
+}
+
+impl MatmulTile {
+    /// The tiling before register tiles grew: 4 x 4, no prefetch.
+    pub const BASE: MatmulTile = MatmulTile { inv_rows: 4, inv_tokens: 4, prefetch: false };
+
+    /// The tiling used unless [`MATMUL_TILE_ENV`] names another: 8 rows x 4
+    /// tokens per invocation, prefetching. Per multiply-add it reads 3 / 32
+    /// vec4s of workgroup memory against 2 / 16 for the 4 x 4 tile, and
+    /// neighbouring invocations' reads cover whole 128-byte lines (3
+    /// wavefronts per 32 multiply-adds of a 32-lane subgroup, against 3 per
+    /// 16); it keeps the 4 x 4 tile's grid, so the 0.6B model's qkv
+    /// (4,096 rows, 256 tokens) still runs 256 workgroups and gate/up (6,144
+    /// rows) 768 over an H200's 132 SMs, each of half as many invocations
+    /// (128 and 64); 8 x 8 would leave one 32-lane subgroup per gate/up
+    /// workgroup and under 4 per SM.
+    pub const DEFAULT: MatmulTile = MatmulTile { inv_rows: 8, inv_tokens: 4, prefetch: true };
+
+    /// The names [`Self::from_name`] accepts: `RxT` (rows x tokens per
+    /// invocation), `-pf` for prefetching.
+    pub const NAMES: [(&'static str, MatmulTile); 8] = [
+        ("4x4", MatmulTile::BASE),
+        ("4x4-pf", MatmulTile { prefetch: true, ..MatmulTile::BASE }),
+        ("8x4", MatmulTile { inv_rows: 8, inv_tokens: 4, prefetch: false }),
+        ("8x4-pf", MatmulTile::DEFAULT),
+        ("4x8", MatmulTile { inv_rows: 4, inv_tokens: 8, prefetch: false }),
+        ("4x8-pf", MatmulTile { inv_rows: 4, inv_tokens: 8, prefetch: true }),
+        ("8x8", MatmulTile { inv_rows: 8, inv_tokens: 8, prefetch: false }),
+        ("8x8-pf", MatmulTile { inv_rows: 8, inv_tokens: 8, prefetch: true }),
+    ];
+
+    /// The tiling named `value` ([`Self::NAMES`]); anything else is
+    /// `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        crate::settings::parse_choice(what, value, &Self::NAMES)
+    }
+
+    /// The tiling [`MATMUL_TILE_ENV`] names: `None` when it is unset,
+    /// `invalid_argument` when it names none.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(MATMUL_TILE_ENV, &Self::NAMES)
+    }
+
+    /// This tiling's name in [`Self::NAMES`].
+    pub fn name(&self) -> &'static str {
+        Self::NAMES.iter().find(|(_, t)| t == self).map_or("unnamed", |(n, _)| n)
+    }
+
+    /// Invocations of a tile of `tokens` tokens.
+    pub const fn workgroup_size(&self, tokens: u32) -> u32 {
+        (MATMUL_ROWS_PER_WG / self.inv_rows) * (tokens / self.inv_tokens)
+    }
+
+    /// Whether the tiling divides tiles of `tokens` tokens into whole
+    /// register tiles of at most 256 invocations.
+    const fn fits(&self, tokens: u32) -> bool {
+        self.inv_rows.is_multiple_of(4)
+            && self.inv_tokens.is_multiple_of(4)
+            && MATMUL_ROWS_PER_WG.is_multiple_of(self.inv_rows)
+            && tokens.is_multiple_of(self.inv_tokens)
+            && self.workgroup_size(tokens) <= 256
+    }
+}
+
+impl Default for MatmulTile {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+const _: () = {
+    let mut n = 0;
+    while n < MatmulTile::NAMES.len() {
+        let t = MatmulTile::NAMES[n].1;
+        assert!(t.fits(MATMUL_TOKENS_PER_WG) && t.fits(MATMUL_SWIGLU_TOKENS_PER_WG));
+        n += 1;
+    }
+};
 
 /// The MSL twin of `int8_matmul` (kernels/msl/int8_matmul.metal).
 pub const MATMUL_MSL: &str = include_str!("../../kernels/msl/int8_matmul.metal");
@@ -53,13 +155,8 @@ const _: () = assert!(
         && MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_COOP_SUB)
 );
 
-/// Workgroup size of `int8_matmul` for tiles of `tokens` tokens.
-pub const fn matmul_wg(tokens: u32) -> u32 {
-    (MATMUL_ROWS_PER_WG / 4) * (tokens / 4)
-}
 const _: () = assert!(
-    matmul_wg(MATMUL_TOKENS_PER_WG) <= 256
-        && MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_SWIGLU_TOKENS_PER_WG)
+    MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_SWIGLU_TOKENS_PER_WG)
         && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(16)
         && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG)
 );
@@ -104,6 +201,8 @@ pub struct MatmulConstants {
     /// The cooperative-matrix program (`int8_matmul_coop`) rather than
     /// the f32 one.
     pub coop: bool,
+    /// The f32 program's register tiling (the other programs ignore it).
+    pub tile: MatmulTile,
 }
 
 impl MatmulConstants {
@@ -117,7 +216,7 @@ impl MatmulConstants {
         if self.coop {
             matmul_coop_wg(self.tokens())
         } else {
-            matmul_wg(self.tokens())
+            self.tile.workgroup_size(self.tokens())
         }
     }
 
@@ -160,7 +259,7 @@ impl MatmulConstants {
     }
 
     /// The WGSL: (for the cooperative-matrix program, its `enable`s), the
-    /// tile sizes and quant group as `const`s, the generated declarations
+    /// tile sizes, register tiling and quant group as `const`s, the generated declarations
     /// (the params), what the matvec shares, the stores, then the kernel.
     pub fn source(&self) -> String {
         let (enables, body) = if self.coop {
@@ -169,9 +268,12 @@ impl MatmulConstants {
             ("", include_str!("../../kernels/wgsl/int8_matmul.wgsl"))
         };
         let decls = wgsl_decls(&MatvecParams::DEF, &format!("{INT8_COMMON}{MATMUL_COMMON}{body}"));
+        let MatmulTile { inv_rows, inv_tokens, prefetch } = self.tile;
         format!(
             "{enables}const MM_ROWS: u32 = {MATMUL_ROWS_PER_WG}u;\nconst MM_TOKENS: u32 = {}u;\n\
-             const GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n{decls}\n{INT8_COMMON}\n{MATMUL_COMMON}\n{}",
+             const INV_ROWS: u32 = {inv_rows}u;\nconst INV_TOKENS: u32 = {inv_tokens}u;\n\
+             const PREFETCH: bool = {prefetch};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
+             {decls}\n{INT8_COMMON}\n{MATMUL_COMMON}\n{}",
             self.tokens(),
             QUANT_GROUP / 4,
             self.workgroup_size(),
@@ -184,6 +286,37 @@ impl MatmulConstants {
 mod tests {
     use super::*;
     use crate::kernels::Kernel;
+
+    /// Every named tiling parses by its name (any case) and names itself;
+    /// an unknown name is `invalid_argument` naming the variable and every
+    /// allowed value.
+    #[test]
+    fn tilings_parse_by_name_and_an_unknown_one_is_a_named_error() {
+        for (name, tile) in MatmulTile::NAMES {
+            assert_eq!(MatmulTile::from_name(MATMUL_TILE_ENV, &name.to_uppercase()).unwrap(), tile);
+            assert_eq!(tile.name(), name);
+        }
+        assert_eq!(MatmulTile::default().name(), "8x4-pf");
+        let e = MatmulTile::from_name(MATMUL_TILE_ENV, "16x16").unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
+        let msg = e.to_string();
+        assert!(msg.contains(MATMUL_TILE_ENV) && msg.contains("4x4, 4x4-pf, 8x4, 8x4-pf"), "{msg}");
+    }
+
+    /// Each tiling's workgroup size is the one its source declares, and its
+    /// register tiles cover the tile: (64 / rows) x (tokens / tokens per
+    /// invocation) invocations.
+    #[test]
+    fn each_tiling_sizes_its_workgroup_to_cover_the_tile() {
+        let variant = Kernel::Int8MatvecNormSwiglu.matvec_variant().unwrap();
+        for (name, tile) in MatmulTile::NAMES {
+            let c = MatmulConstants { variant, coop: false, tile };
+            let wg = c.workgroup_size();
+            assert_eq!(wg * tile.inv_rows * tile.inv_tokens, MATMUL_ROWS_PER_WG * c.tokens(), "{name}");
+            assert!(c.source().contains(&format!("override WG: u32 = {wg}u;")), "{name}");
+            assert!(c.render().contains(&("WG", wg as f64)), "{name}");
+        }
+    }
 
     /// The cooperative-matrix program of each tiled variant goes through
     /// the naga path a Vulkan device takes (parse, validate, overrides,

@@ -14,8 +14,8 @@ use super::choice::{
 };
 use super::compile::{bind_group_layout, build, Code};
 use super::{
-    attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatvecConstants,
-    MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG,
+    attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatmulTile,
+    MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -86,6 +86,9 @@ pub struct Kernels {
     /// Whether the tiled prompt-batch pipelines of the variants
     /// [`super::matmul::coop_pays`] names are `int8_matmul_coop`.
     pub coop: bool,
+    /// The register tiling of the f32 `int8_matmul` pipelines
+    /// ([`MatmulTile::from_env`], else [`MatmulTile::DEFAULT`]).
+    pub matmul_tile: MatmulTile,
     /// Where the kernels with an MSL twin came from.
     pub source: KernelSource,
     /// How the kernels were chosen and checked.
@@ -196,6 +199,7 @@ impl Kernels {
             subgroups: gpu.subgroups,
             matvec_layout,
             coop,
+            matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             source,
             report: KernelReport::unchecked(source),
         };
@@ -225,10 +229,11 @@ impl Kernels {
         }
         let Some(variant) = kernel.matvec_variant() else { return (None, None) };
         let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
-        let tiled = kernel
-            .matmul_constants()
-            .filter(|_| kernel.prefill_tiled())
-            .map(|c| MatmulConstants { coop: self.coop && super::matmul::coop_pays(c.variant), ..c });
+        let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled()).map(|c| MatmulConstants {
+            coop: self.coop && super::matmul::coop_pays(c.variant),
+            tile: self.matmul_tile,
+            ..c
+        });
         let matmul = if self.source == KernelSource::Msl { Program::MatmulMsl } else { Program::Matmul };
         (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
     }
