@@ -9,7 +9,7 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_rows, attention_step_case, matmul_case, matvec_case, qk_norm_rope_case, step, u32s,
+    attention_case_rows, attention_step_case, matmul_case_in, matvec_case, qk_norm_rope_case, step, u32s,
     ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
@@ -243,9 +243,9 @@ fn int8_matvec_matches_cpu() {
     }
 }
 
-/// The tiled prefill kernel (int8_matmul, tiles of MATMUL_ROWS_PER_WG rows x
-/// each variant's `matmul_tokens_per_wg` tokens) in every register tiling
-/// and every epilogue: row counts not multiples of the tile (and odd ones),
+/// The tiled prefill kernel (int8_matmul) in every tiling (its tile of rows
+/// x tokens and register tile) and every epilogue, on the tiling's grid:
+/// row counts not multiples of the tile (and odd ones),
 /// token counts not multiples of it (the buffers hold whole tiles, the
 /// spare tokens' inputs NaN), one to three token tiles, K of 1 to 32 quant
 /// groups, outputs poisoned before the run. Each tiling matches the CPU
@@ -258,12 +258,15 @@ fn int8_matmul_matches_cpu_and_the_4x4_tile_bit_for_bit() {
     let shapes = [(6, 96, 1, 0), (66, 1000, 2, 5), (130, 64, 1, 29), (40, 2048, 1, 0), (20, 160, 3, 31)];
     for &(rows, cols, tiles, short) in &shapes {
         for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
-            let per_wg = kernel.matmul_tokens_per_wg() as usize;
-            let tokens = tiles * per_wg - short;
+            // Whole tiles of the largest tile's tokens (the activation
+            // buffers' multiple), less `short`.
+            let tokens = tiles * kernels::MATMUL_TOKENS_PER_WG as usize - short;
             seed += 1;
             let case = |tile: MatmulTile| {
                 let run = matmul_run(&gpu, tile);
-                let res = matmul_case(&run, kernel, per_wg, rows, cols, tokens, seed);
+                let c = MatmulConstants { tile, ..kernel.matmul_constants().expect("a matvec variant") };
+                let res =
+                    matmul_case_in(&run, kernel, c.rows(), c.tokens() as usize, rows, cols, tokens, seed);
                 let what = format!("int8_matmul {} {kernel:?} {rows}x{cols} x{tokens}", tile.name());
                 assert_matvec(&what, &res);
                 (what, res)

@@ -31,19 +31,27 @@ pub const MATMUL_SWIGLU_TOKENS_PER_WG: u32 = 32;
 /// `int8_matmul` by name ([`MatmulTile::NAMES`]), for benchmarks.
 pub const MATMUL_TILE_ENV: &str = "QWEN3_WGPU_MATMUL_TILE";
 
-/// How the f32 `int8_matmul` divides its tile among invocations: each
-/// computes `inv_rows` rows x `inv_tokens` tokens in registers, reading
+/// The f32 `int8_matmul`'s tile and how it is divided among invocations:
+/// a workgroup computes `rows` rows x `tokens` tokens (SwiGLU: half the
+/// tokens, see [`MATMUL_SWIGLU_TOKENS_PER_WG`]), each invocation
+/// `inv_rows` rows x `inv_tokens` tokens of it in registers, reading
 /// `inv_rows / 4 + inv_tokens / 4` vec4s of workgroup memory per
 /// `inv_rows * inv_tokens` multiply-adds. Every tiling computes each output
 /// as the same sum in the same order (the results are bit for bit those of
-/// the 4 x 4 tile); only the speed differs.
+/// [`MatmulTile::BASE`]); only the speed differs. `int8_matmul_coop` keeps
+/// the base tile's grid ([`MatmulConstants::rows`]), and the pipeline set
+/// builds the MSL twin in the base tiling (its grid).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MatmulTile {
-    /// Rows of one invocation's register tile (a multiple of 4 dividing
-    /// [`MATMUL_ROWS_PER_WG`]).
+    /// Rows of one workgroup's tile (a multiple of its `inv_rows`).
+    pub rows: u32,
+    /// Tokens of one workgroup's tile for the variants other than SwiGLU,
+    /// which takes half as many (both multiples of `inv_tokens`, dividing
+    /// [`MATMUL_TOKENS_PER_WG`]).
+    pub tokens: u32,
+    /// Rows of one invocation's register tile (a multiple of 4).
     pub inv_rows: u32,
-    /// Tokens of one invocation's register tile (a multiple of 4 dividing
-    /// every variant's tokens per tile).
+    /// Tokens of one invocation's register tile (a multiple of 4).
     pub inv_tokens: u32,
     /// Whether each chunk's memory loads are issued into registers before
     /// the previous chunk's multiply-adds (double-buffered staging: their
@@ -51,33 +59,47 @@ pub struct MatmulTile {
     pub prefetch: bool,
 }
 
+/// A tiling of `rows` x `tokens` with `inv_rows` x `inv_tokens` per
+/// invocation (for the table of names).
+const fn tiling(rows: u32, tokens: u32, inv_rows: u32, inv_tokens: u32, prefetch: bool) -> MatmulTile {
+    MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch }
+}
+
 impl MatmulTile {
-    /// The tiling before register tiles grew: 4 x 4, no prefetch.
-    pub const BASE: MatmulTile = MatmulTile { inv_rows: 4, inv_tokens: 4, prefetch: false };
+    /// The tiling before register tiles grew: 64 x 64 (SwiGLU 64 x 32),
+    /// 4 x 4 per invocation, no prefetch; the grid the MSL twin and
+    /// `int8_matmul_coop` take.
+    pub const BASE: MatmulTile = tiling(MATMUL_ROWS_PER_WG, MATMUL_TOKENS_PER_WG, 4, 4, false);
 
-    /// The tiling used unless [`MATMUL_TILE_ENV`] names another: 8 rows x 4
-    /// tokens per invocation, prefetching. Per multiply-add it reads 3 / 32
-    /// vec4s of workgroup memory against 2 / 16 for the 4 x 4 tile, and
-    /// neighbouring invocations' reads cover whole 128-byte lines (3
-    /// wavefronts per 32 multiply-adds of a 32-lane subgroup, against 3 per
-    /// 16); it keeps the 4 x 4 tile's grid, so the 0.6B model's qkv
-    /// (4,096 rows, 256 tokens) still runs 256 workgroups and gate/up (6,144
-    /// rows) 768 over an H200's 132 SMs, each of half as many invocations
-    /// (128 and 64); 8 x 8 would leave one 32-lane subgroup per gate/up
-    /// workgroup and under 4 per SM.
-    pub const DEFAULT: MatmulTile = MatmulTile { inv_rows: 8, inv_tokens: 4, prefetch: true };
+    /// The tiling used unless [`MATMUL_TILE_ENV`] names another: the base
+    /// tile's grid, 8 rows x 4 tokens per invocation, prefetching. Per
+    /// multiply-add it reads 3 / 32 vec4s of workgroup memory against 2 / 16
+    /// for 4 x 4, and neighbouring invocations' reads cover whole 128-byte
+    /// lines (3 wavefronts per 32 multiply-adds of a 32-lane subgroup,
+    /// against 3 per 16). Keeping the grid, the 0.6B model's qkv (4,096
+    /// rows, 256 tokens) still runs 256 workgroups and gate/up (6,144 rows)
+    /// 768 over an H200's 132 SMs, of 128 and 64 invocations; a 128-row
+    /// tile would give qkv 128 workgroups (SMs left idle), 8 x 8 per
+    /// invocation one 32-lane subgroup per gate/up workgroup and under 4 per
+    /// SM for qkv.
+    pub const DEFAULT: MatmulTile = tiling(64, 64, 8, 4, true);
 
-    /// The names [`Self::from_name`] accepts: `RxT` (rows x tokens per
-    /// invocation), `-pf` for prefetching.
-    pub const NAMES: [(&'static str, MatmulTile); 8] = [
-        ("4x4", MatmulTile::BASE),
-        ("4x4-pf", MatmulTile { prefetch: true, ..MatmulTile::BASE }),
-        ("8x4", MatmulTile { inv_rows: 8, inv_tokens: 4, prefetch: false }),
-        ("8x4-pf", MatmulTile::DEFAULT),
-        ("4x8", MatmulTile { inv_rows: 4, inv_tokens: 8, prefetch: false }),
-        ("4x8-pf", MatmulTile { inv_rows: 4, inv_tokens: 8, prefetch: true }),
-        ("8x8", MatmulTile { inv_rows: 8, inv_tokens: 8, prefetch: false }),
-        ("8x8-pf", MatmulTile { inv_rows: 8, inv_tokens: 8, prefetch: true }),
+    /// The names [`Self::from_name`] accepts: `RxT-rxt`, a workgroup tile
+    /// of R rows x T tokens (SwiGLU T / 2) in register tiles of r rows x t
+    /// tokens, `-pf` for prefetching.
+    pub const NAMES: [(&'static str, MatmulTile); 12] = [
+        ("64x64-4x4", MatmulTile::BASE),
+        ("64x64-4x4-pf", tiling(64, 64, 4, 4, true)),
+        ("64x64-8x4", tiling(64, 64, 8, 4, false)),
+        ("64x64-8x4-pf", MatmulTile::DEFAULT),
+        ("64x64-4x8", tiling(64, 64, 4, 8, false)),
+        ("64x64-4x8-pf", tiling(64, 64, 4, 8, true)),
+        ("64x64-8x8", tiling(64, 64, 8, 8, false)),
+        ("64x64-8x8-pf", tiling(64, 64, 8, 8, true)),
+        ("128x64-8x4", tiling(128, 64, 8, 4, false)),
+        ("128x64-8x4-pf", tiling(128, 64, 8, 4, true)),
+        ("128x64-8x8", tiling(128, 64, 8, 8, false)),
+        ("128x64-8x8-pf", tiling(128, 64, 8, 8, true)),
     ];
 
     /// The tiling named `value` ([`Self::NAMES`]); anything else is
@@ -97,18 +119,29 @@ impl MatmulTile {
         Self::NAMES.iter().find(|(_, t)| t == self).map_or("unnamed", |(n, _)| n)
     }
 
+    /// Tokens of one tile of `variant`.
+    pub const fn tokens_for(&self, variant: MatvecVariant) -> u32 {
+        if variant.swiglu {
+            self.tokens / 2
+        } else {
+            self.tokens
+        }
+    }
+
     /// Invocations of a tile of `tokens` tokens.
     pub const fn workgroup_size(&self, tokens: u32) -> u32 {
-        (MATMUL_ROWS_PER_WG / self.inv_rows) * (tokens / self.inv_tokens)
+        (self.rows / self.inv_rows) * (tokens / self.inv_tokens)
     }
 
     /// Whether the tiling divides tiles of `tokens` tokens into whole
-    /// register tiles of at most 256 invocations.
+    /// register tiles of at most 256 invocations, and whole tiles of tokens
+    /// into the activation buffers.
     const fn fits(&self, tokens: u32) -> bool {
         self.inv_rows.is_multiple_of(4)
             && self.inv_tokens.is_multiple_of(4)
-            && MATMUL_ROWS_PER_WG.is_multiple_of(self.inv_rows)
+            && self.rows.is_multiple_of(self.inv_rows)
             && tokens.is_multiple_of(self.inv_tokens)
+            && MATMUL_TOKENS_PER_WG.is_multiple_of(tokens)
             && self.workgroup_size(tokens) <= 256
     }
 }
@@ -123,7 +156,7 @@ const _: () = {
     let mut n = 0;
     while n < MatmulTile::NAMES.len() {
         let t = MatmulTile::NAMES[n].1;
-        assert!(t.fits(MATMUL_TOKENS_PER_WG) && t.fits(MATMUL_SWIGLU_TOKENS_PER_WG));
+        assert!(t.fits(t.tokens) && t.fits(t.tokens / 2) && t.tokens / 2 >= PREFILL_TOKENS_PER_WG);
         n += 1;
     }
 };
@@ -206,9 +239,23 @@ pub struct MatmulConstants {
 }
 
 impl MatmulConstants {
-    /// Tokens of one tile (in the source's preamble, not an override).
+    /// Tokens of one tile (in the source's preamble, not an override): the
+    /// grid's tokens per workgroup.
     pub fn tokens(&self) -> u32 {
-        tokens_per_wg(self.variant)
+        if self.coop {
+            tokens_per_wg(self.variant)
+        } else {
+            self.tile.tokens_for(self.variant)
+        }
+    }
+
+    /// Rows of one tile: the grid's rows per workgroup.
+    pub fn rows(&self) -> u32 {
+        if self.coop {
+            MATMUL_ROWS_PER_WG
+        } else {
+            self.tile.rows
+        }
     }
 
     /// Workgroup size of the WGSL program.
@@ -238,7 +285,7 @@ impl MatmulConstants {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         vec![
             ("WG", MATMUL_MSL_WG as f64),
-            ("MM_ROWS", MATMUL_ROWS_PER_WG as f64),
+            ("MM_ROWS", self.rows() as f64),
             ("MM_TOKENS", self.tokens() as f64),
             ("GROUP_WORDS", (QUANT_GROUP / 4) as f64),
             ("ACCUMULATE", flag(self.variant.accumulate)),
@@ -268,12 +315,13 @@ impl MatmulConstants {
             ("", include_str!("../../kernels/wgsl/int8_matmul.wgsl"))
         };
         let decls = wgsl_decls(&MatvecParams::DEF, &format!("{INT8_COMMON}{MATMUL_COMMON}{body}"));
-        let MatmulTile { inv_rows, inv_tokens, prefetch } = self.tile;
+        let MatmulTile { inv_rows, inv_tokens, prefetch, .. } = self.tile;
         format!(
-            "{enables}const MM_ROWS: u32 = {MATMUL_ROWS_PER_WG}u;\nconst MM_TOKENS: u32 = {}u;\n\
+            "{enables}const MM_ROWS: u32 = {}u;\nconst MM_TOKENS: u32 = {}u;\n\
              const INV_ROWS: u32 = {inv_rows}u;\nconst INV_TOKENS: u32 = {inv_tokens}u;\n\
              const PREFETCH: bool = {prefetch};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
              {decls}\n{INT8_COMMON}\n{MATMUL_COMMON}\n{}",
+            self.rows(),
             self.tokens(),
             QUANT_GROUP / 4,
             self.workgroup_size(),
@@ -296,25 +344,33 @@ mod tests {
             assert_eq!(MatmulTile::from_name(MATMUL_TILE_ENV, &name.to_uppercase()).unwrap(), tile);
             assert_eq!(tile.name(), name);
         }
-        assert_eq!(MatmulTile::default().name(), "8x4-pf");
+        assert_eq!(MatmulTile::default().name(), "64x64-8x4-pf");
         let e = MatmulTile::from_name(MATMUL_TILE_ENV, "16x16").unwrap_err();
         assert_eq!(e.code(), "invalid_argument");
         let msg = e.to_string();
-        assert!(msg.contains(MATMUL_TILE_ENV) && msg.contains("4x4, 4x4-pf, 8x4, 8x4-pf"), "{msg}");
+        assert!(msg.contains(MATMUL_TILE_ENV) && msg.contains("64x64-4x4, 64x64-4x4-pf, 64x64-8x4"), "{msg}");
     }
 
     /// Each tiling's workgroup size is the one its source declares, and its
-    /// register tiles cover the tile: (64 / rows) x (tokens / tokens per
-    /// invocation) invocations.
+    /// register tiles cover its tile, which is the grid's (SwiGLU: half the
+    /// tokens); the cooperative-matrix program keeps the base tile's grid
+    /// whatever the tiling.
     #[test]
     fn each_tiling_sizes_its_workgroup_to_cover_the_tile() {
-        let variant = Kernel::Int8MatvecNormSwiglu.matvec_variant().unwrap();
-        for (name, tile) in MatmulTile::NAMES {
-            let c = MatmulConstants { variant, coop: false, tile };
-            let wg = c.workgroup_size();
-            assert_eq!(wg * tile.inv_rows * tile.inv_tokens, MATMUL_ROWS_PER_WG * c.tokens(), "{name}");
-            assert!(c.source().contains(&format!("override WG: u32 = {wg}u;")), "{name}");
-            assert!(c.render().contains(&("WG", wg as f64)), "{name}");
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
+            let base = kernel.matmul_constants().unwrap();
+            for (name, tile) in MatmulTile::NAMES {
+                let c = MatmulConstants { tile, ..base };
+                let wg = c.workgroup_size();
+                assert_eq!((c.rows(), c.tokens()), (tile.rows, tile.tokens_for(base.variant)), "{name}");
+                assert_eq!(wg * tile.inv_rows * tile.inv_tokens, c.rows() * c.tokens(), "{name}");
+                let source = c.source();
+                assert!(source.contains(&format!("override WG: u32 = {wg}u;")), "{name}");
+                assert!(source.contains(&format!("const MM_ROWS: u32 = {}u;", tile.rows)), "{name}");
+                assert!(c.render().contains(&("WG", wg as f64)), "{name}");
+                let coop = MatmulConstants { coop: true, ..c };
+                assert_eq!((coop.rows(), coop.tokens()), (MATMUL_ROWS_PER_WG, kernel.matmul_tokens_per_wg()));
+            }
         }
     }
 

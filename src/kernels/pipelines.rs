@@ -63,8 +63,17 @@ pub(crate) struct LaunchPipelines {
     pub per_token: Option<wgpu::ComputePipeline>,
     /// `int8_matmul`, for the variants [`Kernel::prefill_tiled`] names, used
     /// for batches that fill a tile (smaller ones would compute a whole
-    /// tile of [`Kernel::matmul_tokens_per_wg`] tokens for a few).
-    pub tiled: Option<wgpu::ComputePipeline>,
+    /// tile for a few).
+    pub tiled: Option<TiledPipeline>,
+}
+
+/// A tiled prompt-batch pipeline and its tile: the grid's rows and tokens
+/// per workgroup.
+#[derive(Clone)]
+pub(crate) struct TiledPipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub rows: u32,
+    pub tokens: u32,
 }
 
 /// Every kernel compiled for one device.
@@ -308,7 +317,12 @@ impl Kernels {
         LaunchPipelines {
             decode: self.built(self.decode_key(k)),
             per_token: per_token.map(|key| self.built(key)),
-            tiled: tiled.map(|key| self.built(key)),
+            tiled: tiled.and_then(|key| match key.constants {
+                Constants::Matmul(c) => {
+                    Some(TiledPipeline { pipeline: self.built(key), rows: c.rows(), tokens: c.tokens() })
+                }
+                _ => None,
+            }),
         }
     }
 
