@@ -9,8 +9,8 @@
 // tokens. Invocation (i, j) owns a register tile of INV_ROWS rows x
 // INV_TOKENS tokens: per k it reads INV_ROWS / 4 + INV_TOKENS / 4 vec4s and
 // adds their outer product, INV_ROWS * INV_TOKENS multiply-adds (4 x 4: 2
-// loads per 16; 8 x 4: 3 per 32; 8 x 8: 4 per 64). Its row quads are i,
-// i + ROW_BLOCKS, ... and its token quads j, j + TOKEN_BLOCKS, ..., so
+// loads per 16; 8 x 4: 3 per 32; 8 x 8: 4 per 64). Its row quads are i
+// (and i + ROW_BLOCKS) and its token quads j (and j + TOKEN_BLOCKS), so
 // that neighbouring invocations read neighbouring vec4s (whole 128-byte
 // lines of workgroup memory, no bank conflicts). Each weight is read from
 // memory once per MM_TOKENS tokens, each input once per MM_ROWS rows.
@@ -24,7 +24,7 @@
 // int8_common.wgsl, then int8_matmul_common.wgsl (the stores), prepended by
 // Rust.
 // Preamble (from Rust, src/kernels/matmul.rs): MM_ROWS, MM_TOKENS,
-// INV_ROWS, INV_TOKENS (multiples of 4 dividing them), PREFETCH,
+// INV_ROWS, INV_TOKENS (4 or 8, dividing them), PREFETCH,
 // GROUP_WORDS (u32 words per quant group), with
 // (MM_ROWS / INV_ROWS) * (MM_TOKENS / INV_TOKENS) == WG.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
@@ -156,6 +156,52 @@ fn store_chunk(l: u32) {
     }
 }
 
+// Token quad tq's factors 1 / rms (NORM; else 1).
+fn token_inv(tq: u32) -> vec4<f32> {
+    var inv = vec4<f32>(1.0);
+    if NORM {
+        // Token t's sum of x^2 is spread over ss_s[t * (CHUNK_K / 4) ..].
+        var s = vec4<f32>(0.0);
+        for (var q = 0u; q < CHUNK_K / 4u; q++) {
+            let b = 4u * tq * (CHUNK_K / 4u) + q;
+            s += vec4<f32>(ss_s[b], ss_s[b + CHUNK_K / 4u], ss_s[b + 2u * (CHUNK_K / 4u)],
+                           ss_s[b + 3u * (CHUNK_K / 4u)]);
+        }
+        inv = inverseSqrt(s / f32(p.n_in) + p.eps);
+    }
+    return inv;
+}
+
+// Stores rows r..r+3 of tokens t..t+3 (c0 token t, ..., c3 token t + 3),
+// each token's times its factor in `inv`.
+fn store_quad(c0: vec4<f32>, c1: vec4<f32>, c2: vec4<f32>, c3: vec4<f32>, inv: vec4<f32>, r: u32, t: u32) {
+    let accs = array<vec4<f32>, 4>(c0 * inv.x, c1 * inv.y, c2 * inv.z, c3 * inv.w);
+    for (var u = 0u; u < 4u; u++) {
+        let a = accs[u];
+        if SWIGLU {
+            if r + 1u < p.rows {
+                store(r, t + u, a.x, a.y);
+            }
+            if r + 3u < p.rows {
+                store(r + 2u, t + u, a.z, a.w);
+            }
+        } else {
+            for (var m = 0u; m < 4u; m++) {
+                if r + m < p.rows {
+                    store(r + m, t + u, a[m], 0.0);
+                }
+            }
+        }
+    }
+}
+
+// Register tiles of 4 or 8 rows by 4 or 8 tokens, in named accumulators (no
+// array a compiler might leave in memory): the constant conditions below
+// drop the ones a tiling does not use.
+const TWO_ROW_QUADS: bool = INV_ROW_QUADS == 2u;
+const TWO_TOKEN_QUADS: bool = INV_TOKEN_QUADS == 2u;
+const_assert INV_ROW_QUADS <= 2u && INV_TOKEN_QUADS <= 2u;
+
 @compute @workgroup_size(WG)
 fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg: vec3<u32>,
                @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -166,11 +212,24 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
     let t0 = wg.z * MM_TOKENS;
     let i = l % ROW_BLOCKS;
     let j = l / ROW_BLOCKS;
-    // acc[(4n + u) * INV_ROW_QUADS + m]: row quad i + m * ROW_BLOCKS for
-    // token 4 (j + n * TOKEN_BLOCKS) + u.
-    var acc = array<vec4<f32>, INV_ROW_QUADS * INV_TOKENS>();
-    // This invocation's row quads at one k.
-    var a = array<vec4<f32>, INV_ROW_QUADS>();
+    // r<m>t<u>: row quad i + m * ROW_BLOCKS for the invocation's token u,
+    // token 4 (j + (u / 4) * TOKEN_BLOCKS) + u % 4.
+    var r0t0 = vec4<f32>(0.0);
+    var r0t1 = vec4<f32>(0.0);
+    var r0t2 = vec4<f32>(0.0);
+    var r0t3 = vec4<f32>(0.0);
+    var r0t4 = vec4<f32>(0.0);
+    var r0t5 = vec4<f32>(0.0);
+    var r0t6 = vec4<f32>(0.0);
+    var r0t7 = vec4<f32>(0.0);
+    var r1t0 = vec4<f32>(0.0);
+    var r1t1 = vec4<f32>(0.0);
+    var r1t2 = vec4<f32>(0.0);
+    var r1t3 = vec4<f32>(0.0);
+    var r1t4 = vec4<f32>(0.0);
+    var r1t5 = vec4<f32>(0.0);
+    var r1t6 = vec4<f32>(0.0);
+    var r1t7 = vec4<f32>(0.0);
     let chunks = p.k_words / CHUNK_WORDS;
     if PREFETCH {
         load_chunk(l, 0u, row0, t0);
@@ -186,17 +245,31 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
             load_chunk(l, c + 1u, row0, t0);
         }
         for (var k = 0u; k < CHUNK_K; k++) {
-            for (var m = 0u; m < INV_ROW_QUADS; m++) {
-                a[m] = w_t[k * ROW_QUADS + i + m * ROW_BLOCKS];
+            let a0 = w_t[k * ROW_QUADS + i];
+            let b0 = x_t[k * TOKEN_QUADS + j];
+            r0t0 += a0 * b0.x;
+            r0t1 += a0 * b0.y;
+            r0t2 += a0 * b0.z;
+            r0t3 += a0 * b0.w;
+            var a1 = vec4<f32>(0.0);
+            if TWO_ROW_QUADS {
+                a1 = w_t[k * ROW_QUADS + i + ROW_BLOCKS];
+                r1t0 += a1 * b0.x;
+                r1t1 += a1 * b0.y;
+                r1t2 += a1 * b0.z;
+                r1t3 += a1 * b0.w;
             }
-            for (var n = 0u; n < INV_TOKEN_QUADS; n++) {
-                let b = x_t[k * TOKEN_QUADS + j + n * TOKEN_BLOCKS];
-                for (var m = 0u; m < INV_ROW_QUADS; m++) {
-                    let o = 4u * n * INV_ROW_QUADS + m;
-                    acc[o] += a[m] * b.x;
-                    acc[o + INV_ROW_QUADS] += a[m] * b.y;
-                    acc[o + 2u * INV_ROW_QUADS] += a[m] * b.z;
-                    acc[o + 3u * INV_ROW_QUADS] += a[m] * b.w;
+            if TWO_TOKEN_QUADS {
+                let b1 = x_t[k * TOKEN_QUADS + j + TOKEN_BLOCKS];
+                r0t4 += a0 * b1.x;
+                r0t5 += a0 * b1.y;
+                r0t6 += a0 * b1.z;
+                r0t7 += a0 * b1.w;
+                if TWO_ROW_QUADS {
+                    r1t4 += a1 * b1.x;
+                    r1t5 += a1 * b1.y;
+                    r1t6 += a1 * b1.z;
+                    r1t7 += a1 * b1.w;
                 }
             }
         }
@@ -214,39 +287,19 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
         }
         workgroupBarrier();
     }
-    for (var n = 0u; n < INV_TOKEN_QUADS; n++) {
-        let tq = j + n * TOKEN_BLOCKS;
-        var inv = vec4<f32>(1.0);
-        if NORM {
-            // Token t's sum of x^2 is spread over ss_s[t * (CHUNK_K / 4) ..].
-            var s = vec4<f32>(0.0);
-            for (var q = 0u; q < CHUNK_K / 4u; q++) {
-                let b = 4u * tq * (CHUNK_K / 4u) + q;
-                s += vec4<f32>(ss_s[b], ss_s[b + CHUNK_K / 4u], ss_s[b + 2u * (CHUNK_K / 4u)],
-                               ss_s[b + 3u * (CHUNK_K / 4u)]);
-            }
-            inv = inverseSqrt(s / f32(p.n_in) + p.eps);
-        }
-        let t = t0 + 4u * tq;
-        for (var u = 0u; u < 4u; u++) {
-            for (var m = 0u; m < INV_ROW_QUADS; m++) {
-                let v = acc[(4u * n + u) * INV_ROW_QUADS + m] * inv[u];
-                let r = row0 + 4u * (i + m * ROW_BLOCKS);
-                if SWIGLU {
-                    if r + 1u < p.rows {
-                        store(r, t + u, v.x, v.y);
-                    }
-                    if r + 3u < p.rows {
-                        store(r + 2u, t + u, v.z, v.w);
-                    }
-                } else {
-                    for (var e = 0u; e < 4u; e++) {
-                        if r + e < p.rows {
-                            store(r + e, t + u, v[e], 0.0);
-                        }
-                    }
-                }
-            }
+    let r0 = row0 + 4u * i;
+    let r1 = row0 + 4u * (i + ROW_BLOCKS);
+    let inv0 = token_inv(j);
+    store_quad(r0t0, r0t1, r0t2, r0t3, inv0, r0, t0 + 4u * j);
+    if TWO_ROW_QUADS {
+        store_quad(r1t0, r1t1, r1t2, r1t3, inv0, r1, t0 + 4u * j);
+    }
+    if TWO_TOKEN_QUADS {
+        let inv1 = token_inv(j + TOKEN_BLOCKS);
+        let t1 = t0 + 4u * (j + TOKEN_BLOCKS);
+        store_quad(r0t4, r0t5, r0t6, r0t7, inv1, r0, t1);
+        if TWO_ROW_QUADS {
+            store_quad(r1t4, r1t5, r1t6, r1t7, inv1, r1, t1);
         }
     }
 }

@@ -49,9 +49,9 @@ pub struct MatmulTile {
     /// which takes half as many (both multiples of `inv_tokens`, dividing
     /// [`MATMUL_TOKENS_PER_WG`]).
     pub tokens: u32,
-    /// Rows of one invocation's register tile (a multiple of 4).
+    /// Rows of one invocation's register tile (4 or 8).
     pub inv_rows: u32,
-    /// Tokens of one invocation's register tile (a multiple of 4).
+    /// Tokens of one invocation's register tile (4 or 8).
     pub inv_tokens: u32,
     /// Whether each chunk's memory loads are issued into registers before
     /// the previous chunk's multiply-adds (double-buffered staging: their
@@ -134,11 +134,12 @@ impl MatmulTile {
     }
 
     /// Whether the tiling divides tiles of `tokens` tokens into whole
-    /// register tiles of at most 256 invocations, and whole tiles of tokens
+    /// register tiles (4 or 8 rows by 4 or 8 tokens: the kernel's named
+    /// accumulators) of at most 256 invocations, and whole tiles of tokens
     /// into the activation buffers.
     const fn fits(&self, tokens: u32) -> bool {
-        self.inv_rows.is_multiple_of(4)
-            && self.inv_tokens.is_multiple_of(4)
+        matches!(self.inv_rows, 4 | 8)
+            && matches!(self.inv_tokens, 4 | 8)
             && self.rows.is_multiple_of(self.inv_rows)
             && tokens.is_multiple_of(self.inv_tokens)
             && MATMUL_TOKENS_PER_WG.is_multiple_of(tokens)
