@@ -340,7 +340,10 @@ impl Kernel {
         self.matvec_variant().is_some_and(matmul::tiled)
     }
 
-    /// Tokens of one tile of this variant's `int8_matmul`.
+    /// Tokens of one tile of this variant's `int8_matmul` in the base
+    /// tiling ([`MatmulTile::BASE`]: the grid of the MSL twin and of
+    /// `int8_matmul_coop`); a launch takes the tile of the pipeline it
+    /// runs ([`MatmulConstants::tokens`]).
     pub fn matmul_tokens_per_wg(self) -> u32 {
         self.matvec_variant().map_or(MATMUL_TOKENS_PER_WG, matmul::tokens_per_wg)
     }
