@@ -16,9 +16,10 @@
 // memory once per MM_TOKENS tokens, each input once per MM_ROWS rows.
 // Every output is the same sum in the same order whatever the tile: the
 // same staged values, k ascending, one multiply-add each.
-// PREFETCH: a chunk's memory loads (and conversion) go to registers while
-// the previous chunk is multiplied, so their latency hides behind its
-// arithmetic; the registers are then stored to workgroup memory.
+// PREFETCH: a chunk's memory loads go to registers before the previous
+// chunk is multiplied, so their latency hides behind its arithmetic; the
+// values are converted (and normalised) as they are stored to workgroup
+// memory, after it.
 // Same bindings, params and epilogues (ACCUMULATE, NORM, SWIGLU; token t's
 // inputs at x[t * k_words ..], outputs at y[t * y_stride ..]) as int8_matvec:
 // int8_common.wgsl, then int8_matmul_common.wgsl (the stores), prepended by
@@ -65,17 +66,20 @@ var<workgroup> x_t: array<vec4<f32>, CHUNK_K * TOKEN_QUADS>;
 // token * (CHUNK_K / 4) + q.
 var<workgroup> ss_s: array<f32, X_LOADS>;
 
-// One chunk's staging units as loaded, before they are stored transposed:
-// xs[4n + m] is token 4tq + m of input unit n; ws[4n + m] row 4rq + m of
-// weight unit n.
+// One chunk's staging units as loaded from memory, before they are
+// converted and stored transposed (the loads of the next chunk are in
+// flight meanwhile, under PREFETCH): xs[4n + m] is token 4tq + m of input
+// unit n and nws[n] its norm weights; wq[4n + m] and wsc[4n + m] are the
+// int8 word and scale of row 4rq + m of weight unit n.
 var<private> xs: array<vec4<f32>, 4u * X_PER>;
-var<private> ws: array<vec4<f32>, 4u * W_PER>;
+var<private> nws: array<vec4<f32>, X_PER>;
+var<private> wq: array<u32, 4u * W_PER>;
+var<private> wsc: array<f32, 4u * W_PER>;
 // NORM: this invocation's input units' sums of x^2, one per token (the
 // same tokens and values mod CHUNK_K in every chunk).
 var<private> ss: array<vec4<f32>, X_PER>;
 
-// Loads (and normalises, and converts) chunk c's staging units of
-// invocation l into xs and ws.
+// Loads chunk c's staging units of invocation l into registers.
 fn load_chunk(l: u32, c: u32, row0: u32, t0: u32) {
     let k_quads = p.k_words / 4u;
     // Inputs: unit e holds tokens 4tq..4tq+3 at values 4q..4q+3.
@@ -85,22 +89,13 @@ fn load_chunk(l: u32, c: u32, row0: u32, t0: u32) {
             let tq = e / CHUNK_WORDS;
             let q = e % CHUNK_WORDS;
             let xb = (t0 + 4u * tq) * p.k_words + c * CHUNK_WORDS + q;
-            var v0 = x[xb];
-            var v1 = x[xb + p.k_words];
-            var v2 = x[xb + 2u * p.k_words];
-            var v3 = x[xb + 3u * p.k_words];
+            xs[4u * n] = x[xb];
+            xs[4u * n + 1u] = x[xb + p.k_words];
+            xs[4u * n + 2u] = x[xb + 2u * p.k_words];
+            xs[4u * n + 3u] = x[xb + 3u * p.k_words];
             if NORM {
-                ss[n] += vec4<f32>(dot(v0, v0), dot(v1, v1), dot(v2, v2), dot(v3, v3));
-                let nw = norm_w[c * CHUNK_WORDS + q];
-                v0 *= nw;
-                v1 *= nw;
-                v2 *= nw;
-                v3 *= nw;
+                nws[n] = norm_w[c * CHUNK_WORDS + q];
             }
-            xs[4u * n] = v0;
-            xs[4u * n + 1u] = v1;
-            xs[4u * n + 2u] = v2;
-            xs[4u * n + 3u] = v3;
         }
     }
     // Weights: unit e holds rows 4rq..4rq+3 at values 4v..4v+3 (word v of
@@ -114,23 +109,34 @@ fn load_chunk(l: u32, c: u32, row0: u32, t0: u32) {
             let g = (c * CHUNK_WORDS) / GROUP_WORDS;
             for (var m = 0u; m < 4u; m++) {
                 let r = min(row0 + 4u * rq + m, p.rows - 1u);
-                ws[4u * n + m] = i8x4(w[r * k_quads + word / 4u][word % 4u]) * scales[r * p.groups + g];
+                wq[4u * n + m] = w[r * k_quads + word / 4u][word % 4u];
+                wsc[4u * n + m] = scales[r * p.groups + g];
             }
         }
     }
 }
 
-// Stores the staging units in xs and ws to x_t and w_t, transposed.
+// Normalises (NORM: adding the inputs' squares to ss first) and converts
+// the staging units in registers and stores them to x_t and w_t,
+// transposed.
 fn store_chunk(l: u32) {
     for (var n = 0u; n < X_PER; n++) {
         let e = l + n * MM_WG;
         if e < X_UNITS {
             let tq = e / CHUNK_WORDS;
             let q = e % CHUNK_WORDS;
-            let v0 = xs[4u * n];
-            let v1 = xs[4u * n + 1u];
-            let v2 = xs[4u * n + 2u];
-            let v3 = xs[4u * n + 3u];
+            var v0 = xs[4u * n];
+            var v1 = xs[4u * n + 1u];
+            var v2 = xs[4u * n + 2u];
+            var v3 = xs[4u * n + 3u];
+            if NORM {
+                ss[n] += vec4<f32>(dot(v0, v0), dot(v1, v1), dot(v2, v2), dot(v3, v3));
+                let nw = nws[n];
+                v0 *= nw;
+                v1 *= nw;
+                v2 *= nw;
+                v3 *= nw;
+            }
             let o = 4u * q * TOKEN_QUADS + tq;
             x_t[o] = vec4<f32>(v0.x, v1.x, v2.x, v3.x);
             x_t[o + TOKEN_QUADS] = vec4<f32>(v0.y, v1.y, v2.y, v3.y);
@@ -143,10 +149,10 @@ fn store_chunk(l: u32) {
         if e < W_UNITS {
             let rq = e / CHUNK_WORDS;
             let v = e % CHUNK_WORDS;
-            let a0 = ws[4u * n];
-            let a1 = ws[4u * n + 1u];
-            let a2 = ws[4u * n + 2u];
-            let a3 = ws[4u * n + 3u];
+            let a0 = i8x4(wq[4u * n]) * wsc[4u * n];
+            let a1 = i8x4(wq[4u * n + 1u]) * wsc[4u * n + 1u];
+            let a2 = i8x4(wq[4u * n + 2u]) * wsc[4u * n + 2u];
+            let a3 = i8x4(wq[4u * n + 3u]) * wsc[4u * n + 3u];
             let o = 4u * v * ROW_QUADS + rq;
             w_t[o] = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
             w_t[o + ROW_QUADS] = vec4<f32>(a0.y, a1.y, a2.y, a3.y);
