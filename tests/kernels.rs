@@ -272,7 +272,7 @@ fn int8_matmul_matches_cpu_and_the_4x4_tile_bit_for_bit() {
                 (what, res)
             };
             let (_, base) = case(MatmulTile::BASE);
-            for (_, tile) in MatmulTile::NAMES.into_iter().filter(|(_, t)| *t != MatmulTile::BASE) {
+            for (_, tile) in MatmulTile::all().into_iter().filter(|(_, t)| *t != MatmulTile::BASE) {
                 let (what, res) = case(tile);
                 for (z, ((got, _, _), (want, _, _))) in res.iter().zip(&base).enumerate() {
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

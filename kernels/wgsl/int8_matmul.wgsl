@@ -16,6 +16,12 @@
 // memory once per MM_TOKENS tokens, each input once per MM_ROWS rows.
 // Every output is the same sum in the same order whatever the tile: the
 // same staged values, k ascending, one multiply-add each.
+// SWIZZLE: value k's vec4 of quad q sits at quad q ^ (k / 4) of the
+// staging arrays' row k (within aligned groups of 8 quads). A staging
+// invocation writes values 4v..4v+3 of one quad, its neighbours those of
+// v + 1, ... of the same quad: unswizzled, 4 rows apart, the same bank
+// group, 8 writes in turn; swizzled, 8 bank groups at once. The
+// multiply-adds' reads of one k still cover whole 128-byte lines.
 // PREFETCH: a chunk's memory loads go to registers before the previous
 // chunk is multiplied, so their latency hides behind its arithmetic; the
 // values are converted (and normalised) as they are stored to workgroup
@@ -24,8 +30,9 @@
 // inputs at x[t * k_words ..], outputs at y[t * y_stride ..]) as int8_matvec:
 // int8_common.wgsl, then int8_matmul_common.wgsl (the stores), prepended by
 // Rust.
-// Preamble (from Rust, src/kernels/matmul.rs): MM_ROWS, MM_TOKENS,
-// INV_ROWS, INV_TOKENS (4 or 8, dividing them), PREFETCH,
+// Preamble (from Rust, src/kernels/matmul.rs): MM_ROWS, MM_TOKENS
+// (multiples of 32), INV_ROWS, INV_TOKENS (4 or 8, dividing them),
+// PREFETCH, SWIZZLE,
 // GROUP_WORDS (u32 words per quant group), with
 // (MM_ROWS / INV_ROWS) * (MM_TOKENS / INV_TOKENS) == WG.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
@@ -41,6 +48,7 @@ const ROW_BLOCKS: u32 = ROW_QUADS / INV_ROW_QUADS;
 const TOKEN_BLOCKS: u32 = TOKEN_QUADS / INV_TOKEN_QUADS;
 const MM_WG: u32 = ROW_BLOCKS * TOKEN_BLOCKS;
 const_assert ROW_BLOCKS * INV_ROW_QUADS == ROW_QUADS && TOKEN_BLOCKS * INV_TOKEN_QUADS == TOKEN_QUADS;
+const_assert ROW_QUADS % 8u == 0u && TOKEN_QUADS % 8u == 0u;
 // K values per chunk: half a quant group of 64 keeps both staging arrays
 // small (the quant group divides into whole chunks).
 const CHUNK_K: u32 = 32u;
@@ -58,10 +66,17 @@ const X_UNITS: u32 = TOKEN_QUADS * CHUNK_WORDS;
 const W_UNITS: u32 = ROW_QUADS * CHUNK_WORDS;
 const X_PER: u32 = (X_UNITS + MM_WG - 1u) / MM_WG;
 const W_PER: u32 = (W_UNITS + MM_WG - 1u) / MM_WG;
-// w_t[k * ROW_QUADS + q]: rows 4q..4q+3 of the tile at the chunk's value k.
+// w_t[k * ROW_QUADS + (q ^ swizzle(k))]: rows 4q..4q+3 of the tile at the
+// chunk's value k.
 var<workgroup> w_t: array<vec4<f32>, CHUNK_K * ROW_QUADS>;
-// x_t[k * TOKEN_QUADS + q]: tokens 4q..4q+3 at the chunk's value k.
+// x_t[k * TOKEN_QUADS + (q ^ swizzle(k))]: tokens 4q..4q+3 at the chunk's
+// value k.
 var<workgroup> x_t: array<vec4<f32>, CHUNK_K * TOKEN_QUADS>;
+// The swizzle of the staging arrays' row k (see SWIZZLE): XORed into the
+// quad index.
+fn swizzle(k: u32) -> u32 {
+    return select(0u, k / 4u, SWIZZLE);
+}
 // NORM: each token's sums of x^2 over values 4q..4q+3 of every chunk, at
 // token * (CHUNK_K / 4) + q.
 var<workgroup> ss_s: array<f32, X_LOADS>;
@@ -137,7 +152,7 @@ fn store_chunk(l: u32) {
                 v2 *= nw;
                 v3 *= nw;
             }
-            let o = 4u * q * TOKEN_QUADS + tq;
+            let o = 4u * q * TOKEN_QUADS + (tq ^ swizzle(4u * q));
             x_t[o] = vec4<f32>(v0.x, v1.x, v2.x, v3.x);
             x_t[o + TOKEN_QUADS] = vec4<f32>(v0.y, v1.y, v2.y, v3.y);
             x_t[o + 2u * TOKEN_QUADS] = vec4<f32>(v0.z, v1.z, v2.z, v3.z);
@@ -153,7 +168,7 @@ fn store_chunk(l: u32) {
             let a1 = i8x4(wq[4u * n + 1u]) * wsc[4u * n + 1u];
             let a2 = i8x4(wq[4u * n + 2u]) * wsc[4u * n + 2u];
             let a3 = i8x4(wq[4u * n + 3u]) * wsc[4u * n + 3u];
-            let o = 4u * v * ROW_QUADS + rq;
+            let o = 4u * v * ROW_QUADS + (rq ^ swizzle(4u * v));
             w_t[o] = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
             w_t[o + ROW_QUADS] = vec4<f32>(a0.y, a1.y, a2.y, a3.y);
             w_t[o + 2u * ROW_QUADS] = vec4<f32>(a0.z, a1.z, a2.z, a3.z);
@@ -251,22 +266,23 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
             load_chunk(l, c + 1u, row0, t0);
         }
         for (var k = 0u; k < CHUNK_K; k++) {
-            let a0 = w_t[k * ROW_QUADS + i];
-            let b0 = x_t[k * TOKEN_QUADS + j];
+            let s = swizzle(k);
+            let a0 = w_t[k * ROW_QUADS + (i ^ s)];
+            let b0 = x_t[k * TOKEN_QUADS + (j ^ s)];
             r0t0 += a0 * b0.x;
             r0t1 += a0 * b0.y;
             r0t2 += a0 * b0.z;
             r0t3 += a0 * b0.w;
             var a1 = vec4<f32>(0.0);
             if TWO_ROW_QUADS {
-                a1 = w_t[k * ROW_QUADS + i + ROW_BLOCKS];
+                a1 = w_t[k * ROW_QUADS + ((i + ROW_BLOCKS) ^ s)];
                 r1t0 += a1 * b0.x;
                 r1t1 += a1 * b0.y;
                 r1t2 += a1 * b0.z;
                 r1t3 += a1 * b0.w;
             }
             if TWO_TOKEN_QUADS {
-                let b1 = x_t[k * TOKEN_QUADS + j + TOKEN_BLOCKS];
+                let b1 = x_t[k * TOKEN_QUADS + ((j + TOKEN_BLOCKS) ^ s)];
                 r0t4 += a0 * b1.x;
                 r0t5 += a0 * b1.y;
                 r0t6 += a0 * b1.z;

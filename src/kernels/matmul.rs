@@ -28,7 +28,7 @@ pub const MATMUL_TOKENS_PER_WG: u32 = 64;
 pub const MATMUL_SWIGLU_TOKENS_PER_WG: u32 = 32;
 
 /// Environment variable that picks the register tile of the f32
-/// `int8_matmul` by name ([`MatmulTile::NAMES`]), for benchmarks.
+/// `int8_matmul` by name ([`MatmulTile::all`]), for benchmarks.
 pub const MATMUL_TILE_ENV: &str = "QWEN3_WGPU_MATMUL_TILE";
 
 /// The f32 `int8_matmul`'s tile and how it is divided among invocations:
@@ -57,66 +57,87 @@ pub struct MatmulTile {
     /// the previous chunk's multiply-adds (double-buffered staging: their
     /// latency hides behind arithmetic) rather than after them.
     pub prefetch: bool,
+    /// Whether the staged vec4s of value k sit at quad q ^ (k / 4) rather
+    /// than q: a staging invocation writes 4 values of one row quad (or
+    /// token quad), and its neighbours the next values of the same quad, 4
+    /// rows of the staging array apart, all in one bank group of workgroup
+    /// memory (8 writes in turn where one would do); swizzled, neighbours
+    /// write 8 different bank groups, and the multiply-adds' reads stay
+    /// whole 128-byte lines.
+    pub swizzle: bool,
 }
 
-/// A tiling of `rows` x `tokens` with `inv_rows` x `inv_tokens` per
-/// invocation (for the table of names).
-const fn tiling(rows: u32, tokens: u32, inv_rows: u32, inv_tokens: u32, prefetch: bool) -> MatmulTile {
-    MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch }
-}
+/// The workgroup and register tiles offered (rows x tokens, rows x tokens
+/// per invocation), each with and without prefetch and swizzle.
+const SHAPES: [[u32; 4]; 6] =
+    [[64, 64, 4, 4], [64, 64, 8, 4], [64, 64, 4, 8], [64, 64, 8, 8], [128, 64, 8, 4], [128, 64, 8, 8]];
 
 impl MatmulTile {
     /// The tiling before register tiles grew: 64 x 64 (SwiGLU 64 x 32),
-    /// 4 x 4 per invocation, no prefetch; the grid the MSL twin and
-    /// `int8_matmul_coop` take.
-    pub const BASE: MatmulTile = tiling(MATMUL_ROWS_PER_WG, MATMUL_TOKENS_PER_WG, 4, 4, false);
+    /// 4 x 4 per invocation, no prefetch, no swizzle; the grid the MSL twin
+    /// and `int8_matmul_coop` take.
+    pub const BASE: MatmulTile = MatmulTile {
+        rows: MATMUL_ROWS_PER_WG,
+        tokens: MATMUL_TOKENS_PER_WG,
+        inv_rows: 4,
+        inv_tokens: 4,
+        prefetch: false,
+        swizzle: false,
+    };
 
     /// The tiling used unless [`MATMUL_TILE_ENV`] names another: the base
-    /// tile's grid, 8 rows x 4 tokens per invocation, prefetching. Per
-    /// multiply-add it reads 3 / 32 vec4s of workgroup memory against 2 / 16
-    /// for 4 x 4, and neighbouring invocations' reads cover whole 128-byte
-    /// lines (3 wavefronts per 32 multiply-adds of a 32-lane subgroup,
-    /// against 3 per 16). Keeping the grid, the 0.6B model's qkv (4,096
-    /// rows, 256 tokens) still runs 256 workgroups and gate/up (6,144 rows)
-    /// 768 over an H200's 132 SMs, of 128 and 64 invocations; a 128-row
-    /// tile would give qkv 128 workgroups (SMs left idle), 8 x 8 per
+    /// tile's grid, 8 rows x 4 tokens per invocation, prefetching,
+    /// swizzled. Per multiply-add it reads 3 / 32 vec4s of workgroup memory
+    /// against 2 / 16 for 4 x 4, and neighbouring invocations' reads cover
+    /// whole 128-byte lines (3 wavefronts per 32 multiply-adds of a 32-lane
+    /// subgroup, against 3 per 16). Keeping the grid, the 0.6B model's qkv
+    /// (4,096 rows, 256 tokens) still runs 256 workgroups and gate/up (6,144
+    /// rows) 768 over an H200's 132 SMs, of 128 and 64 invocations; a
+    /// 128-row tile would give qkv 128 workgroups (SMs left idle), 8 x 8 per
     /// invocation one 32-lane subgroup per gate/up workgroup and under 4 per
     /// SM for qkv.
-    pub const DEFAULT: MatmulTile = tiling(64, 64, 8, 4, true);
+    pub const DEFAULT: MatmulTile =
+        MatmulTile { inv_rows: 8, prefetch: true, swizzle: true, ..MatmulTile::BASE };
 
-    /// The names [`Self::from_name`] accepts: `RxT-rxt`, a workgroup tile
-    /// of R rows x T tokens (SwiGLU T / 2) in register tiles of r rows x t
-    /// tokens, `-pf` for prefetching.
-    pub const NAMES: [(&'static str, MatmulTile); 12] = [
-        ("64x64-4x4", MatmulTile::BASE),
-        ("64x64-4x4-pf", tiling(64, 64, 4, 4, true)),
-        ("64x64-8x4", tiling(64, 64, 8, 4, false)),
-        ("64x64-8x4-pf", MatmulTile::DEFAULT),
-        ("64x64-4x8", tiling(64, 64, 4, 8, false)),
-        ("64x64-4x8-pf", tiling(64, 64, 4, 8, true)),
-        ("64x64-8x8", tiling(64, 64, 8, 8, false)),
-        ("64x64-8x8-pf", tiling(64, 64, 8, 8, true)),
-        ("128x64-8x4", tiling(128, 64, 8, 4, false)),
-        ("128x64-8x4-pf", tiling(128, 64, 8, 4, true)),
-        ("128x64-8x8", tiling(128, 64, 8, 8, false)),
-        ("128x64-8x8-pf", tiling(128, 64, 8, 8, true)),
-    ];
+    /// Every tiling offered, by name: `RxT-rxt`, a workgroup tile of R rows
+    /// x T tokens (SwiGLU T / 2) in register tiles of r rows x t tokens,
+    /// then `-pf` for prefetching and `-sw` for swizzled staging.
+    pub fn all() -> Vec<(String, MatmulTile)> {
+        let mut all = Vec::new();
+        for [rows, tokens, inv_rows, inv_tokens] in SHAPES {
+            for (prefetch, swizzle) in [(false, false), (true, false), (false, true), (true, true)] {
+                let tile = MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle };
+                all.push((tile.name(), tile));
+            }
+        }
+        all
+    }
 
-    /// The tiling named `value` ([`Self::NAMES`]); anything else is
+    /// The tiling named `value` ([`Self::all`]); anything else is
     /// `invalid_argument` naming `what` (a flag or variable).
     pub fn from_name(what: &str, value: &str) -> Result<Self> {
-        crate::settings::parse_choice(what, value, &Self::NAMES)
+        let all = Self::all();
+        crate::settings::parse_choice(what, value, &Self::choices(&all))
     }
 
     /// The tiling [`MATMUL_TILE_ENV`] names: `None` when it is unset,
     /// `invalid_argument` when it names none.
     pub fn from_env() -> Result<Option<Self>> {
-        crate::settings::env_choice(MATMUL_TILE_ENV, &Self::NAMES)
+        let all = Self::all();
+        crate::settings::env_choice(MATMUL_TILE_ENV, &Self::choices(&all))
     }
 
-    /// This tiling's name in [`Self::NAMES`].
-    pub fn name(&self) -> &'static str {
-        Self::NAMES.iter().find(|(_, t)| t == self).map_or("unnamed", |(n, _)| n)
+    /// `all` as the settings' choices.
+    fn choices(all: &[(String, MatmulTile)]) -> Vec<(&str, MatmulTile)> {
+        all.iter().map(|(name, tile)| (name.as_str(), *tile)).collect()
+    }
+
+    /// This tiling's name (see [`Self::all`]).
+    pub fn name(&self) -> String {
+        let MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle } = *self;
+        let pf = if prefetch { "-pf" } else { "" };
+        let sw = if swizzle { "-sw" } else { "" };
+        format!("{rows}x{tokens}-{inv_rows}x{inv_tokens}{pf}{sw}")
     }
 
     /// Tokens of one tile of `variant`.
@@ -132,19 +153,21 @@ impl MatmulTile {
     pub const fn workgroup_size(&self, tokens: u32) -> u32 {
         (self.rows / self.inv_rows) * (tokens / self.inv_tokens)
     }
+}
 
-    /// Whether the tiling divides tiles of `tokens` tokens into whole
-    /// register tiles (4 or 8 rows by 4 or 8 tokens: the kernel's named
-    /// accumulators) of at most 256 invocations, and whole tiles of tokens
-    /// into the activation buffers.
-    const fn fits(&self, tokens: u32) -> bool {
-        matches!(self.inv_rows, 4 | 8)
-            && matches!(self.inv_tokens, 4 | 8)
-            && self.rows.is_multiple_of(self.inv_rows)
-            && tokens.is_multiple_of(self.inv_tokens)
-            && MATMUL_TOKENS_PER_WG.is_multiple_of(tokens)
-            && self.workgroup_size(tokens) <= 256
-    }
+/// Whether a workgroup tile of `rows` x `tokens` in register tiles of
+/// `inv_rows` x `inv_tokens` (4 or 8 each: the kernel's named
+/// accumulators) has at most 256 invocations, tiles of tokens that divide
+/// the activation buffers, and quads in whole groups of 8 (the swizzle).
+const fn fits(rows: u32, tokens: u32, inv_rows: u32, inv_tokens: u32) -> bool {
+    matches!(inv_rows, 4 | 8)
+        && matches!(inv_tokens, 4 | 8)
+        && rows.is_multiple_of(inv_rows)
+        && tokens.is_multiple_of(inv_tokens)
+        && MATMUL_TOKENS_PER_WG.is_multiple_of(tokens)
+        && (rows / inv_rows) * (tokens / inv_tokens) <= 256
+        && rows.is_multiple_of(32)
+        && tokens.is_multiple_of(32)
 }
 
 impl Default for MatmulTile {
@@ -155,9 +178,10 @@ impl Default for MatmulTile {
 
 const _: () = {
     let mut n = 0;
-    while n < MatmulTile::NAMES.len() {
-        let t = MatmulTile::NAMES[n].1;
-        assert!(t.fits(t.tokens) && t.fits(t.tokens / 2) && t.tokens / 2 >= PREFILL_TOKENS_PER_WG);
+    while n < SHAPES.len() {
+        let [rows, tokens, inv_rows, inv_tokens] = SHAPES[n];
+        assert!(fits(rows, tokens, inv_rows, inv_tokens) && fits(rows, tokens / 2, inv_rows, inv_tokens));
+        assert!(tokens / 2 >= PREFILL_TOKENS_PER_WG);
         n += 1;
     }
 };
@@ -316,11 +340,11 @@ impl MatmulConstants {
             ("", include_str!("../../kernels/wgsl/int8_matmul.wgsl"))
         };
         let decls = wgsl_decls(&MatvecParams::DEF, &format!("{INT8_COMMON}{MATMUL_COMMON}{body}"));
-        let MatmulTile { inv_rows, inv_tokens, prefetch, .. } = self.tile;
+        let MatmulTile { inv_rows, inv_tokens, prefetch, swizzle, .. } = self.tile;
         format!(
             "{enables}const MM_ROWS: u32 = {}u;\nconst MM_TOKENS: u32 = {}u;\n\
              const INV_ROWS: u32 = {inv_rows}u;\nconst INV_TOKENS: u32 = {inv_tokens}u;\n\
-             const PREFETCH: bool = {prefetch};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
+             const PREFETCH: bool = {prefetch};\nconst SWIZZLE: bool = {swizzle};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
              {decls}\n{INT8_COMMON}\n{MATMUL_COMMON}\n{}",
             self.rows(),
             self.tokens(),
@@ -336,20 +360,30 @@ mod tests {
     use super::*;
     use crate::kernels::Kernel;
 
-    /// Every named tiling parses by its name (any case) and names itself;
-    /// an unknown name is `invalid_argument` naming the variable and every
-    /// allowed value.
+    /// Every tiling parses by its name (any case) and names itself, the
+    /// base and default ones among them; an unknown name is
+    /// `invalid_argument` naming the variable and every allowed value.
     #[test]
     fn tilings_parse_by_name_and_an_unknown_one_is_a_named_error() {
-        for (name, tile) in MatmulTile::NAMES {
-            assert_eq!(MatmulTile::from_name(MATMUL_TILE_ENV, &name.to_uppercase()).unwrap(), tile);
-            assert_eq!(tile.name(), name);
+        let all = MatmulTile::all();
+        assert_eq!(all.len(), 24);
+        for (name, tile) in &all {
+            assert_eq!(MatmulTile::from_name(MATMUL_TILE_ENV, &name.to_uppercase()).unwrap(), *tile);
+            assert_eq!(&tile.name(), name);
         }
-        assert_eq!(MatmulTile::default().name(), "64x64-8x4-pf");
+        assert!(
+            all.iter().any(|(_, t)| *t == MatmulTile::BASE)
+                && all.iter().any(|(_, t)| *t == MatmulTile::DEFAULT)
+        );
+        assert_eq!(MatmulTile::BASE.name(), "64x64-4x4");
+        assert_eq!(MatmulTile::default().name(), "64x64-8x4-pf-sw");
         let e = MatmulTile::from_name(MATMUL_TILE_ENV, "16x16").unwrap_err();
         assert_eq!(e.code(), "invalid_argument");
         let msg = e.to_string();
-        assert!(msg.contains(MATMUL_TILE_ENV) && msg.contains("64x64-4x4, 64x64-4x4-pf, 64x64-8x4"), "{msg}");
+        assert!(
+            msg.contains(MATMUL_TILE_ENV) && msg.contains("64x64-4x4, 64x64-4x4-pf, 64x64-4x4-sw"),
+            "{msg}"
+        );
     }
 
     /// Each tiling's workgroup size is the one its source declares, and its
@@ -360,7 +394,7 @@ mod tests {
     fn each_tiling_sizes_its_workgroup_to_cover_the_tile() {
         for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
             let base = kernel.matmul_constants().unwrap();
-            for (name, tile) in MatmulTile::NAMES {
+            for (name, tile) in MatmulTile::all() {
                 let c = MatmulConstants { tile, ..base };
                 let wg = c.workgroup_size();
                 assert_eq!((c.rows(), c.tokens()), (tile.rows, tile.tokens_for(base.variant)), "{name}");
