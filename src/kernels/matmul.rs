@@ -7,7 +7,9 @@
 //! the same bind group and grid, where the MSL twins are in use; on
 //! adapters with 16x16 f16 cooperative matrices and 32-lane subgroups
 //! (NVIDIA through Vulkan), `int8_matmul_coop` does (the same tile and
-//! grid; [`MatmulConstants::coop`]).
+//! grid; [`MatmulConstants::coop`]). The f32 program's tile and its
+//! division among invocations ([`MatmulTile`]) are chosen at start-up
+//! (`QWEN3_WGPU_MATMUL_TILE`); the others keep [`MatmulTile::BASE`]'s grid.
 
 use super::abi::{msl_decls, wgsl_decls, GpuStruct};
 use super::matvec::{MatvecParams, MatvecVariant, INT8_COMMON};
@@ -16,9 +18,9 @@ use super::PREFILL_TOKENS_PER_WG;
 use crate::converted::QUANT_GROUP;
 use crate::error::Result;
 
-/// Rows of one `int8_matmul` tile (the tiled prefill pipelines: MM_ROWS
-/// in its preamble), the grid's rows per workgroup, which the MSL twin and
-/// `int8_matmul_coop` share.
+/// Rows of one `int8_matmul` tile in the base tiling ([`MatmulTile::BASE`]:
+/// MM_ROWS in the preamble, the grid's rows per workgroup), which the MSL
+/// twin and `int8_matmul_coop` keep.
 pub const MATMUL_ROWS_PER_WG: u32 = 64;
 /// The most tokens of any `int8_matmul` tile (see
 /// [`super::Kernel::matmul_tokens_per_wg`]): activation buffers hold a multiple.
@@ -27,8 +29,9 @@ pub const MATMUL_TOKENS_PER_WG: u32 = 64;
 /// H200 better in twice the workgroups of half the tokens (BENCHMARKS.md).
 pub const MATMUL_SWIGLU_TOKENS_PER_WG: u32 = 32;
 
-/// Environment variable that picks the register tile of the f32
-/// `int8_matmul` by name ([`MatmulTile::all`]), for benchmarks.
+/// Environment variable that picks the tiling of the f32 `int8_matmul`
+/// (workgroup tile, register tile, prefetch, swizzle) by name
+/// ([`MatmulTile::all`]), for benchmarks.
 pub const MATMUL_TILE_ENV: &str = "QWEN3_WGPU_MATMUL_TILE";
 
 /// The f32 `int8_matmul`'s tile and how it is divided among invocations:
@@ -243,7 +246,7 @@ pub fn coop_pays(variant: MatvecVariant) -> bool {
     variant.swiglu
 }
 
-/// Tokens of one tile of `variant`'s `int8_matmul`.
+/// Tokens of one tile of `variant`'s `int8_matmul` in the base tiling.
 pub fn tokens_per_wg(variant: MatvecVariant) -> u32 {
     if variant.swiglu {
         MATMUL_SWIGLU_TOKENS_PER_WG
@@ -259,7 +262,7 @@ pub struct MatmulConstants {
     /// The cooperative-matrix program (`int8_matmul_coop`) rather than
     /// the f32 one.
     pub coop: bool,
-    /// The f32 program's register tiling (the other programs ignore it).
+    /// The f32 program's tiling (`int8_matmul_coop` ignores it).
     pub tile: MatmulTile,
 }
 
