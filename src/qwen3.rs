@@ -34,7 +34,7 @@ use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
 use crate::kernels::{
     grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, LaunchKind, MatvecParams, MatvecShape,
-    ARGMAX_CHUNK, ATTENTION_CHUNK, MATMUL_ROWS_PER_WG, SAMPLE_CHUNK, WG,
+    ARGMAX_CHUNK, ATTENTION_CHUNK, SAMPLE_CHUNK, WG,
 };
 use crate::sampling::SamplingParams;
 
@@ -467,8 +467,8 @@ impl Builder<'_> {
                 l.matvec_split = Some(split);
                 let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
                 l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape);
-                if kernel.prefill_tiled() {
-                    l.prefill_workgroups = grid((c.rows as u32).div_ceil(MATMUL_ROWS_PER_WG));
+                if let Some(rows_per_wg) = l.tiled_rows_per_wg() {
+                    l.prefill_workgroups = grid((c.rows as u32).div_ceil(rows_per_wg));
                 }
                 (l, shape)
             })

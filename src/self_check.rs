@@ -27,7 +27,6 @@ use crate::gpu::Gpu;
 use crate::kernels::{
     argmax, attention, embed, grid, matvec, norm_rope, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams,
     HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, SelfCheck, Step, ARGMAX_CHUNK, ATTENTION_CHUNK,
-    MATMUL_ROWS_PER_WG,
 };
 use crate::qwen3::rope_table;
 use crate::reference::{
@@ -276,9 +275,9 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
 /// token's output.
 fn matmul(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
     let variant = kernel.matvec_variant().expect("a matvec variant");
-    let pipeline = rig.kernels.launch_pipelines(kernel).tiled.expect("a tiled prefill pipeline");
+    let tiled = rig.kernels.launch_pipelines(kernel).tiled.expect("a tiled prefill pipeline");
     let seed = kernel as u64 * 211;
-    let tile = kernel.matmul_tokens_per_wg() as usize;
+    let tile = tiled.tokens as usize;
     let (tokens, tiles) = (tile + 5, 2);
     let (rows, cols) = if variant.swiglu { (14, 200) } else { (13, 200) };
     let m = Quant::pseudo(seed + 1, rows, cols);
@@ -313,9 +312,9 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         rig.storage(&init)?,
         rig.storage(&f32s(&norm_w))?,
     ];
-    let mut workgroups = matvec::grid(rows as u32, MATMUL_ROWS_PER_WG);
+    let mut workgroups = matvec::grid(rows as u32, tiled.rows);
     workgroups[2] = tiles as u32;
-    rig.dispatch_pipeline(kernel, true, &pipeline, workgroups, &bufs.each_ref());
+    rig.dispatch_pipeline(kernel, true, &tiled.pipeline, workgroups, &bufs.each_ref());
     let y = rig.read(&bufs[4], 4 * y_len);
     Ok(Box::new(move |out| {
         let got = to_f32(&out[y]);

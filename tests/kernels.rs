@@ -9,13 +9,14 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_rows, attention_step_case, matvec_case, qk_norm_rope_case, step, u32s, ATTENTION_SHAPES,
-    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_case_rows, attention_step_case, matmul_case_in, matvec_case, qk_norm_rope_case, step, u32s,
+    ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
-    self, Bind, Constants, EmbedParams, Kernel, MatvecLayout, MatvecShape, MatvecSplit, WG,
+    self, Bind, Constants, EmbedParams, Kernel, MatmulConstants, MatmulTile, MatvecLayout, MatvecShape,
+    MatvecSplit, WG,
 };
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
@@ -149,12 +150,13 @@ fn wgsl_run<'a>(
     }
 }
 
-/// [`wgsl_run`] over the matvec variants' tiled prefill kernel (int8_matmul).
-fn matmul_run(gpu: &Gpu) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + '_ {
+/// [`wgsl_run`] over the matvec variants' tiled prefill kernel
+/// (int8_matmul) in register tiling `tile`.
+fn matmul_run(gpu: &Gpu, tile: MatmulTile) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + '_ {
     move |k, grid, buffers| {
         let (uniforms, storage) = split_buffers(k, buffers);
-        let (source, constants) = k.matmul_source().expect("a matvec variant");
-        dispatch_source(gpu, k, (source, "int8_matmul"), &constants, &uniforms, &storage, grid)
+        let c = MatmulConstants { tile, ..k.matmul_constants().expect("a matvec variant") };
+        dispatch_source(gpu, k, (c.source(), "int8_matmul"), &c.render(), &uniforms, &storage, grid)
     }
 }
 
@@ -241,23 +243,42 @@ fn int8_matvec_matches_cpu() {
     }
 }
 
-/// The tiled prefill kernel (int8_matmul, tiles of MATMUL_ROWS_PER_WG rows x
-/// each variant's `matmul_tokens_per_wg` tokens) in every epilogue: row
-/// counts not multiples of the tile (and odd ones), one and two token tiles,
-/// K of 1 to 32 quant groups.
+/// The tiled prefill kernel (int8_matmul) in every tiling (its tile of rows
+/// x tokens and register tile) and every epilogue, on the tiling's grid:
+/// row counts not multiples of the tile (and odd ones),
+/// token counts not multiples of it (the buffers hold whole tiles, the
+/// spare tokens' inputs NaN), one to three token tiles, K of 1 to 32 quant
+/// groups, outputs poisoned before the run. Each tiling matches the CPU
+/// reference and, bit for bit, the 4 x 4 tile (every tiling computes each
+/// output as the same sum in the same order).
 #[test]
-fn int8_matmul_matches_cpu() {
+fn int8_matmul_matches_cpu_and_the_4x4_tile_bit_for_bit() {
     let gpu = gpu();
-    let run = matmul_run(&gpu);
     let mut seed = 100;
-    for &(rows, cols, tiles) in &[(6, 96, 1), (66, 1000, 2), (130, 64, 1), (40, 2048, 1), (20, 160, 2)] {
+    let shapes = [(6, 96, 1, 0), (66, 1000, 2, 5), (130, 64, 1, 29), (40, 2048, 1, 0), (20, 160, 3, 31)];
+    for &(rows, cols, tiles, short) in &shapes {
         for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
-            let per_wg = kernel.matmul_tokens_per_wg() as usize;
-            let tokens = tiles * per_wg;
+            // Whole tiles of the largest tile's tokens (the activation
+            // buffers' multiple), less `short`.
+            let tokens = tiles * kernels::MATMUL_TOKENS_PER_WG as usize - short;
             seed += 1;
-            let res =
-                matvec_case(&run, kernel, kernels::MATMUL_ROWS_PER_WG, per_wg, rows, cols, tokens, seed);
-            assert_matvec(&format!("int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
+            let case = |tile: MatmulTile| {
+                let run = matmul_run(&gpu, tile);
+                let c = MatmulConstants { tile, ..kernel.matmul_constants().expect("a matvec variant") };
+                let res =
+                    matmul_case_in(&run, kernel, c.rows(), c.tokens() as usize, rows, cols, tokens, seed);
+                let what = format!("int8_matmul {} {kernel:?} {rows}x{cols} x{tokens}", tile.name());
+                assert_matvec(&what, &res);
+                (what, res)
+            };
+            let (_, base) = case(MatmulTile::BASE);
+            for (_, tile) in MatmulTile::all().into_iter().filter(|(_, t)| *t != MatmulTile::BASE) {
+                let (what, res) = case(tile);
+                for (z, ((got, _, _), (want, _, _))) in res.iter().zip(&base).enumerate() {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(got), bits(want), "{what} token {z}: not the 4x4 tile's bits");
+                }
+            }
         }
     }
 }

@@ -41,9 +41,9 @@ pub struct Launch {
     /// shape ([`Kernels::matvec_pipeline`]); `None`: the kernel's default
     /// pipeline.
     pub decode_pipeline: Option<wgpu::ComputePipeline>,
-    /// The tiled prefill pipeline's grid for one tile of tokens
-    /// ([`Kernel::matmul_tokens_per_wg`]; one workgroup per
-    /// [`super::MATMUL_ROWS_PER_WG`] rows); see [`Kernel::prefill_tiled`].
+    /// The tiled prefill pipeline's grid for one tile of tokens (one
+    /// workgroup per [`Self::tiled_rows_per_wg`] rows); see
+    /// [`Kernel::prefill_tiled`].
     pub prefill_workgroups: [u32; 3],
     /// The kernel's pipelines, resolved when the launch is made (recording
     /// looks nothing up).
@@ -81,6 +81,12 @@ impl Launch {
         }
     }
 
+    /// Rows of one workgroup of the tiled prefill pipeline (`None`: it has
+    /// none): `prefill_workgroups` covers the launch's rows in these.
+    pub fn tiled_rows_per_wg(&self) -> Option<u32> {
+        self.pipelines.tiled.as_ref().map(|t| t.rows)
+    }
+
     /// What this launch runs (for diagnostics).
     pub fn kind(&self) -> LaunchKind {
         LaunchKind { kernel: self.kernel, split: self.matvec_split }
@@ -97,13 +103,13 @@ impl Launch {
     /// as the token's index in the batch (a matvec's prefill pipelines and
     /// `attention_prefill` as the index of its group of
     /// [`PREFILL_TOKENS_PER_WG`] tokens, `int8_matmul` as that of its tile
-    /// of [`Kernel::matmul_tokens_per_wg`] for a batch that fills one).
+    /// of tokens for a batch that fills one).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, _kernels: &Kernels, tokens: u32) {
         let p = &self.pipelines;
         let (pipeline, grid, z) = match (tokens > 1, &p.per_token) {
             (true, Some(per_token)) => match &p.tiled {
-                Some(tiled) if tokens >= self.kernel.matmul_tokens_per_wg() => {
-                    (tiled, self.prefill_workgroups, tokens.div_ceil(self.kernel.matmul_tokens_per_wg()))
+                Some(tiled) if tokens >= tiled.tokens => {
+                    (&tiled.pipeline, self.prefill_workgroups, tokens.div_ceil(tiled.tokens))
                 }
                 _ => (per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
             },

@@ -7,17 +7,20 @@
 //! the same bind group and grid, where the MSL twins are in use; on
 //! adapters with 16x16 f16 cooperative matrices and 32-lane subgroups
 //! (NVIDIA through Vulkan), `int8_matmul_coop` does (the same tile and
-//! grid; [`MatmulConstants::coop`]).
+//! grid; [`MatmulConstants::coop`]). The f32 program's tile and its
+//! division among invocations ([`MatmulTile`]) are chosen at start-up
+//! (`QWEN3_WGPU_MATMUL_TILE`); the others keep [`MatmulTile::BASE`]'s grid.
 
 use super::abi::{msl_decls, wgsl_decls, GpuStruct};
 use super::matvec::{MatvecParams, MatvecVariant, INT8_COMMON};
 use super::msl::preamble_of;
 use super::PREFILL_TOKENS_PER_WG;
 use crate::converted::QUANT_GROUP;
+use crate::error::Result;
 
-/// Rows and prompt tokens of one `int8_matmul` tile (the tiled prefill
-/// pipelines: MM_ROWS and MM_TOKENS in its preamble); each invocation
-/// computes 4 rows x 4 tokens.
+/// Rows of one `int8_matmul` tile in the base tiling ([`MatmulTile::BASE`]:
+/// MM_ROWS in the preamble, the grid's rows per workgroup), which the MSL
+/// twin and `int8_matmul_coop` keep.
 pub const MATMUL_ROWS_PER_WG: u32 = 64;
 /// The most tokens of any `int8_matmul` tile (see
 /// [`super::Kernel::matmul_tokens_per_wg`]): activation buffers hold a multiple.
@@ -25,6 +28,166 @@ pub const MATMUL_TOKENS_PER_WG: u32 = 64;
 /// Tokens of the SwiGLU (gate/up) variant's tiles: its 6,144 rows fill an
 /// H200 better in twice the workgroups of half the tokens (BENCHMARKS.md).
 pub const MATMUL_SWIGLU_TOKENS_PER_WG: u32 = 32;
+
+/// Environment variable that picks the tiling of the f32 `int8_matmul`
+/// (workgroup tile, register tile, prefetch, swizzle) by name
+/// ([`MatmulTile::all`]), for benchmarks.
+pub const MATMUL_TILE_ENV: &str = "QWEN3_WGPU_MATMUL_TILE";
+
+/// The f32 `int8_matmul`'s tile and how it is divided among invocations:
+/// a workgroup computes `rows` rows x `tokens` tokens (SwiGLU: half the
+/// tokens, see [`MATMUL_SWIGLU_TOKENS_PER_WG`]), each invocation
+/// `inv_rows` rows x `inv_tokens` tokens of it in registers, reading
+/// `inv_rows / 4 + inv_tokens / 4` vec4s of workgroup memory per
+/// `inv_rows * inv_tokens` multiply-adds. Every tiling computes each output
+/// as the same sum in the same order (the results are bit for bit those of
+/// [`MatmulTile::BASE`]); only the speed differs. `int8_matmul_coop` keeps
+/// the base tile's grid ([`MatmulConstants::rows`]), and the pipeline set
+/// builds the MSL twin in the base tiling (its grid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatmulTile {
+    /// Rows of one workgroup's tile (a multiple of its `inv_rows`).
+    pub rows: u32,
+    /// Tokens of one workgroup's tile for the variants other than SwiGLU,
+    /// which takes half as many (both multiples of `inv_tokens`, dividing
+    /// [`MATMUL_TOKENS_PER_WG`]).
+    pub tokens: u32,
+    /// Rows of one invocation's register tile (4 or 8).
+    pub inv_rows: u32,
+    /// Tokens of one invocation's register tile (4 or 8).
+    pub inv_tokens: u32,
+    /// Whether each chunk's memory loads are issued into registers before
+    /// the previous chunk's multiply-adds (double-buffered staging: their
+    /// latency hides behind arithmetic) rather than after them.
+    pub prefetch: bool,
+    /// Whether the staged vec4s of value k sit at quad q ^ (k / 4) rather
+    /// than q: a staging invocation writes 4 values of one row quad (or
+    /// token quad), and its neighbours the next values of the same quad, 4
+    /// rows of the staging array apart, all in one bank group of workgroup
+    /// memory (8 writes in turn where one would do); swizzled, neighbours
+    /// write 8 different bank groups, and the multiply-adds' reads stay
+    /// whole 128-byte lines.
+    pub swizzle: bool,
+}
+
+/// The workgroup and register tiles offered (rows x tokens, rows x tokens
+/// per invocation), each with and without prefetch and swizzle.
+const SHAPES: [[u32; 4]; 6] =
+    [[64, 64, 4, 4], [64, 64, 8, 4], [64, 64, 4, 8], [64, 64, 8, 8], [128, 64, 8, 4], [128, 64, 8, 8]];
+
+impl MatmulTile {
+    /// The tiling before register tiles grew: 64 x 64 (SwiGLU 64 x 32),
+    /// 4 x 4 per invocation, no prefetch, no swizzle; the grid the MSL twin
+    /// and `int8_matmul_coop` take.
+    pub const BASE: MatmulTile = MatmulTile {
+        rows: MATMUL_ROWS_PER_WG,
+        tokens: MATMUL_TOKENS_PER_WG,
+        inv_rows: 4,
+        inv_tokens: 4,
+        prefetch: false,
+        swizzle: false,
+    };
+
+    /// The tiling used unless [`MATMUL_TILE_ENV`] names another: the base
+    /// tile's grid, 8 rows x 4 tokens per invocation, prefetching,
+    /// swizzled. Per multiply-add it reads 3 / 32 vec4s of workgroup memory
+    /// against 2 / 16 for 4 x 4, and neighbouring invocations' reads cover
+    /// whole 128-byte lines (3 wavefronts per 32 multiply-adds of a 32-lane
+    /// subgroup, against 3 per 16). Keeping the grid, the 0.6B model's qkv
+    /// (4,096 rows, 256 tokens) still runs 256 workgroups and gate/up (6,144
+    /// rows) 768 over an H200's 132 SMs, of 128 and 64 invocations; a
+    /// 128-row tile would give qkv 128 workgroups (SMs left idle), 8 x 8 per
+    /// invocation one 32-lane subgroup per gate/up workgroup and under 4 per
+    /// SM for qkv.
+    pub const DEFAULT: MatmulTile =
+        MatmulTile { inv_rows: 8, prefetch: true, swizzle: true, ..MatmulTile::BASE };
+
+    /// Every tiling offered, by name: `RxT-rxt`, a workgroup tile of R rows
+    /// x T tokens (SwiGLU T / 2) in register tiles of r rows x t tokens,
+    /// then `-pf` for prefetching and `-sw` for swizzled staging.
+    pub fn all() -> Vec<(String, MatmulTile)> {
+        let mut all = Vec::new();
+        for [rows, tokens, inv_rows, inv_tokens] in SHAPES {
+            for (prefetch, swizzle) in [(false, false), (true, false), (false, true), (true, true)] {
+                let tile = MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle };
+                all.push((tile.name(), tile));
+            }
+        }
+        all
+    }
+
+    /// The tiling named `value` ([`Self::all`]); anything else is
+    /// `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        let all = Self::all();
+        crate::settings::parse_choice(what, value, &Self::choices(&all))
+    }
+
+    /// The tiling [`MATMUL_TILE_ENV`] names: `None` when it is unset,
+    /// `invalid_argument` when it names none.
+    pub fn from_env() -> Result<Option<Self>> {
+        let all = Self::all();
+        crate::settings::env_choice(MATMUL_TILE_ENV, &Self::choices(&all))
+    }
+
+    /// `all` as the settings' choices.
+    fn choices(all: &[(String, MatmulTile)]) -> Vec<(&str, MatmulTile)> {
+        all.iter().map(|(name, tile)| (name.as_str(), *tile)).collect()
+    }
+
+    /// This tiling's name (see [`Self::all`]).
+    pub fn name(&self) -> String {
+        let MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle } = *self;
+        let pf = if prefetch { "-pf" } else { "" };
+        let sw = if swizzle { "-sw" } else { "" };
+        format!("{rows}x{tokens}-{inv_rows}x{inv_tokens}{pf}{sw}")
+    }
+
+    /// Tokens of one tile of `variant`.
+    pub const fn tokens_for(&self, variant: MatvecVariant) -> u32 {
+        if variant.swiglu {
+            self.tokens / 2
+        } else {
+            self.tokens
+        }
+    }
+
+    /// Invocations of a tile of `tokens` tokens.
+    pub const fn workgroup_size(&self, tokens: u32) -> u32 {
+        (self.rows / self.inv_rows) * (tokens / self.inv_tokens)
+    }
+}
+
+/// Whether a workgroup tile of `rows` x `tokens` in register tiles of
+/// `inv_rows` x `inv_tokens` (4 or 8 each: the kernel's named
+/// accumulators) has at most 256 invocations, tiles of tokens that divide
+/// the activation buffers, and quads in whole groups of 8 (the swizzle).
+const fn fits(rows: u32, tokens: u32, inv_rows: u32, inv_tokens: u32) -> bool {
+    matches!(inv_rows, 4 | 8)
+        && matches!(inv_tokens, 4 | 8)
+        && rows.is_multiple_of(inv_rows)
+        && tokens.is_multiple_of(inv_tokens)
+        && MATMUL_TOKENS_PER_WG.is_multiple_of(tokens)
+        && (rows / inv_rows) * (tokens / inv_tokens) <= 256
+        && rows.is_multiple_of(32)
+        && tokens.is_multiple_of(32)
+}
+
+impl Default for MatmulTile {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+const _: () = {
+    let mut n = 0;
+    while n < SHAPES.len() {
+        let [rows, tokens, inv_rows, inv_tokens] = SHAPES[n];
+        assert!(fits(rows, tokens, inv_rows, inv_tokens) && fits(rows, tokens / 2, inv_rows, inv_tokens));
+        assert!(tokens / 2 >= PREFILL_TOKENS_PER_WG);
+        n += 1;
+    }
+};
 
 /// The MSL twin of `int8_matmul` (kernels/msl/int8_matmul.metal).
 pub const MATMUL_MSL: &str = include_str!("../../kernels/msl/int8_matmul.metal");
@@ -53,13 +216,8 @@ const _: () = assert!(
         && MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_COOP_SUB)
 );
 
-/// Workgroup size of `int8_matmul` for tiles of `tokens` tokens.
-pub const fn matmul_wg(tokens: u32) -> u32 {
-    (MATMUL_ROWS_PER_WG / 4) * (tokens / 4)
-}
 const _: () = assert!(
-    matmul_wg(MATMUL_TOKENS_PER_WG) <= 256
-        && MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_SWIGLU_TOKENS_PER_WG)
+    MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_SWIGLU_TOKENS_PER_WG)
         && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(16)
         && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(PREFILL_TOKENS_PER_WG)
 );
@@ -88,7 +246,7 @@ pub fn coop_pays(variant: MatvecVariant) -> bool {
     variant.swiglu
 }
 
-/// Tokens of one tile of `variant`'s `int8_matmul`.
+/// Tokens of one tile of `variant`'s `int8_matmul` in the base tiling.
 pub fn tokens_per_wg(variant: MatvecVariant) -> u32 {
     if variant.swiglu {
         MATMUL_SWIGLU_TOKENS_PER_WG
@@ -104,12 +262,28 @@ pub struct MatmulConstants {
     /// The cooperative-matrix program (`int8_matmul_coop`) rather than
     /// the f32 one.
     pub coop: bool,
+    /// The f32 program's tiling (`int8_matmul_coop` ignores it).
+    pub tile: MatmulTile,
 }
 
 impl MatmulConstants {
-    /// Tokens of one tile (in the source's preamble, not an override).
+    /// Tokens of one tile (in the source's preamble, not an override): the
+    /// grid's tokens per workgroup.
     pub fn tokens(&self) -> u32 {
-        tokens_per_wg(self.variant)
+        if self.coop {
+            tokens_per_wg(self.variant)
+        } else {
+            self.tile.tokens_for(self.variant)
+        }
+    }
+
+    /// Rows of one tile: the grid's rows per workgroup.
+    pub fn rows(&self) -> u32 {
+        if self.coop {
+            MATMUL_ROWS_PER_WG
+        } else {
+            self.tile.rows
+        }
     }
 
     /// Workgroup size of the WGSL program.
@@ -117,7 +291,7 @@ impl MatmulConstants {
         if self.coop {
             matmul_coop_wg(self.tokens())
         } else {
-            matmul_wg(self.tokens())
+            self.tile.workgroup_size(self.tokens())
         }
     }
 
@@ -139,7 +313,7 @@ impl MatmulConstants {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         vec![
             ("WG", MATMUL_MSL_WG as f64),
-            ("MM_ROWS", MATMUL_ROWS_PER_WG as f64),
+            ("MM_ROWS", self.rows() as f64),
             ("MM_TOKENS", self.tokens() as f64),
             ("GROUP_WORDS", (QUANT_GROUP / 4) as f64),
             ("ACCUMULATE", flag(self.variant.accumulate)),
@@ -160,7 +334,7 @@ impl MatmulConstants {
     }
 
     /// The WGSL: (for the cooperative-matrix program, its `enable`s), the
-    /// tile sizes and quant group as `const`s, the generated declarations
+    /// tile sizes, register tiling and quant group as `const`s, the generated declarations
     /// (the params), what the matvec shares, the stores, then the kernel.
     pub fn source(&self) -> String {
         let (enables, body) = if self.coop {
@@ -169,9 +343,13 @@ impl MatmulConstants {
             ("", include_str!("../../kernels/wgsl/int8_matmul.wgsl"))
         };
         let decls = wgsl_decls(&MatvecParams::DEF, &format!("{INT8_COMMON}{MATMUL_COMMON}{body}"));
+        let MatmulTile { inv_rows, inv_tokens, prefetch, swizzle, .. } = self.tile;
         format!(
-            "{enables}const MM_ROWS: u32 = {MATMUL_ROWS_PER_WG}u;\nconst MM_TOKENS: u32 = {}u;\n\
-             const GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n{decls}\n{INT8_COMMON}\n{MATMUL_COMMON}\n{}",
+            "{enables}const MM_ROWS: u32 = {}u;\nconst MM_TOKENS: u32 = {}u;\n\
+             const INV_ROWS: u32 = {inv_rows}u;\nconst INV_TOKENS: u32 = {inv_tokens}u;\n\
+             const PREFETCH: bool = {prefetch};\nconst SWIZZLE: bool = {swizzle};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
+             {decls}\n{INT8_COMMON}\n{MATMUL_COMMON}\n{}",
+            self.rows(),
             self.tokens(),
             QUANT_GROUP / 4,
             self.workgroup_size(),
@@ -184,6 +362,55 @@ impl MatmulConstants {
 mod tests {
     use super::*;
     use crate::kernels::Kernel;
+
+    /// Every tiling parses by its name (any case) and names itself, the
+    /// base and default ones among them; an unknown name is
+    /// `invalid_argument` naming the variable and every allowed value.
+    #[test]
+    fn tilings_parse_by_name_and_an_unknown_one_is_a_named_error() {
+        let all = MatmulTile::all();
+        assert_eq!(all.len(), 24);
+        for (name, tile) in &all {
+            assert_eq!(MatmulTile::from_name(MATMUL_TILE_ENV, &name.to_uppercase()).unwrap(), *tile);
+            assert_eq!(&tile.name(), name);
+        }
+        assert!(
+            all.iter().any(|(_, t)| *t == MatmulTile::BASE)
+                && all.iter().any(|(_, t)| *t == MatmulTile::DEFAULT)
+        );
+        assert_eq!(MatmulTile::BASE.name(), "64x64-4x4");
+        assert_eq!(MatmulTile::default().name(), "64x64-8x4-pf-sw");
+        let e = MatmulTile::from_name(MATMUL_TILE_ENV, "16x16").unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(MATMUL_TILE_ENV) && msg.contains("64x64-4x4, 64x64-4x4-pf, 64x64-4x4-sw"),
+            "{msg}"
+        );
+    }
+
+    /// Each tiling's workgroup size is the one its source declares, and its
+    /// register tiles cover its tile, which is the grid's (SwiGLU: half the
+    /// tokens); the cooperative-matrix program keeps the base tile's grid
+    /// whatever the tiling.
+    #[test]
+    fn each_tiling_sizes_its_workgroup_to_cover_the_tile() {
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
+            let base = kernel.matmul_constants().unwrap();
+            for (name, tile) in MatmulTile::all() {
+                let c = MatmulConstants { tile, ..base };
+                let wg = c.workgroup_size();
+                assert_eq!((c.rows(), c.tokens()), (tile.rows, tile.tokens_for(base.variant)), "{name}");
+                assert_eq!(wg * tile.inv_rows * tile.inv_tokens, c.rows() * c.tokens(), "{name}");
+                let source = c.source();
+                assert!(source.contains(&format!("override WG: u32 = {wg}u;")), "{name}");
+                assert!(source.contains(&format!("const MM_ROWS: u32 = {}u;", tile.rows)), "{name}");
+                assert!(c.render().contains(&("WG", wg as f64)), "{name}");
+                let coop = MatmulConstants { coop: true, ..c };
+                assert_eq!((coop.rows(), coop.tokens()), (MATMUL_ROWS_PER_WG, kernel.matmul_tokens_per_wg()));
+            }
+        }
+    }
 
     /// The cooperative-matrix program of each tiled variant goes through
     /// the naga path a Vulkan device takes (parse, validate, overrides,

@@ -34,8 +34,8 @@ pub use compile::{bind_group_layout, compile, compile_for_layout, compile_msl};
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
 pub use matmul::{
-    matmul_coop_wg, matmul_wg, MatmulConstants, MATMUL_COOP_SUB, MATMUL_MSL_WG, MATMUL_ROWS_PER_WG,
-    MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TOKENS_PER_WG,
+    matmul_coop_wg, MatmulConstants, MatmulTile, MATMUL_COOP_SUB, MATMUL_MSL_WG, MATMUL_ROWS_PER_WG,
+    MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TILE_ENV, MATMUL_TOKENS_PER_WG,
 };
 pub use matvec::{
     batch_rows_per_z, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit, MatvecVariant,
@@ -340,16 +340,23 @@ impl Kernel {
         self.matvec_variant().is_some_and(matmul::tiled)
     }
 
-    /// Tokens of one tile of this variant's `int8_matmul`.
+    /// Tokens of one tile of this variant's `int8_matmul` in the base
+    /// tiling ([`MatmulTile::BASE`]: the grid of the MSL twin and of
+    /// `int8_matmul_coop`); a launch takes the tile of the pipeline it
+    /// runs ([`MatmulConstants::tokens`]).
     pub fn matmul_tokens_per_wg(self) -> u32 {
         self.matvec_variant().map_or(MATMUL_TOKENS_PER_WG, matmul::tokens_per_wg)
     }
 
     /// The override constants of this matvec variant's `int8_matmul` (the
-    /// f32 program; the pipeline set switches `coop` on where it uses
-    /// cooperative matrices).
+    /// f32 program in the default tiling; the pipeline set switches `coop`
+    /// on where it uses cooperative matrices, and takes its own tiling).
     pub fn matmul_constants(self) -> Option<MatmulConstants> {
-        self.matvec_variant().map(|variant| MatmulConstants { variant, coop: false })
+        self.matvec_variant().map(|variant| MatmulConstants {
+            variant,
+            coop: false,
+            tile: MatmulTile::DEFAULT,
+        })
     }
 
     /// The tiled prefill pipeline's WGSL (`int8_matmul`) and override

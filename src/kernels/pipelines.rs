@@ -14,8 +14,8 @@ use super::choice::{
 };
 use super::compile::{bind_group_layout, build, Code};
 use super::{
-    attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatvecConstants,
-    MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG,
+    attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatmulTile,
+    MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -63,8 +63,17 @@ pub(crate) struct LaunchPipelines {
     pub per_token: Option<wgpu::ComputePipeline>,
     /// `int8_matmul`, for the variants [`Kernel::prefill_tiled`] names, used
     /// for batches that fill a tile (smaller ones would compute a whole
-    /// tile of [`Kernel::matmul_tokens_per_wg`] tokens for a few).
-    pub tiled: Option<wgpu::ComputePipeline>,
+    /// tile for a few).
+    pub tiled: Option<TiledPipeline>,
+}
+
+/// A tiled prompt-batch pipeline and its tile: the grid's rows and tokens
+/// per workgroup.
+#[derive(Clone)]
+pub(crate) struct TiledPipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub rows: u32,
+    pub tokens: u32,
 }
 
 /// Every kernel compiled for one device.
@@ -86,6 +95,9 @@ pub struct Kernels {
     /// Whether the tiled prompt-batch pipelines of the variants
     /// [`super::matmul::coop_pays`] names are `int8_matmul_coop`.
     pub coop: bool,
+    /// The register tiling of the f32 `int8_matmul` pipelines
+    /// ([`MatmulTile::from_env`], else [`MatmulTile::DEFAULT`]).
+    pub matmul_tile: MatmulTile,
     /// Where the kernels with an MSL twin came from.
     pub source: KernelSource,
     /// How the kernels were chosen and checked.
@@ -196,6 +208,7 @@ impl Kernels {
             subgroups: gpu.subgroups,
             matvec_layout,
             coop,
+            matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             source,
             report: KernelReport::unchecked(source),
         };
@@ -225,10 +238,11 @@ impl Kernels {
         }
         let Some(variant) = kernel.matvec_variant() else { return (None, None) };
         let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
-        let tiled = kernel
-            .matmul_constants()
-            .filter(|_| kernel.prefill_tiled())
-            .map(|c| MatmulConstants { coop: self.coop && super::matmul::coop_pays(c.variant), ..c });
+        let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled()).map(|c| MatmulConstants {
+            coop: self.coop && super::matmul::coop_pays(c.variant),
+            tile: self.matmul_tile,
+            ..c
+        });
         let matmul = if self.source == KernelSource::Msl { Program::MatmulMsl } else { Program::Matmul };
         (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
     }
@@ -303,7 +317,12 @@ impl Kernels {
         LaunchPipelines {
             decode: self.built(self.decode_key(k)),
             per_token: per_token.map(|key| self.built(key)),
-            tiled: tiled.map(|key| self.built(key)),
+            tiled: tiled.and_then(|key| match key.constants {
+                Constants::Matmul(c) => {
+                    Some(TiledPipeline { pipeline: self.built(key), rows: c.rows(), tokens: c.tokens() })
+                }
+                _ => None,
+            }),
         }
     }
 

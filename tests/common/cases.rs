@@ -134,8 +134,22 @@ pub fn matmul_case(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
+    matmul_case_in(run, kernel, kernels::MATMUL_ROWS_PER_WG, tile_tokens, rows, cols, tokens, seed)
+}
+
+/// [`matmul_case`] on tiles of `rows_per_wg` rows.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_case_in(
+    run: Run<'_>,
+    kernel: Kernel,
+    rows_per_wg: u32,
+    tile_tokens: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
     let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
-    let rows_per_wg = kernels::MATMUL_ROWS_PER_WG;
     batch_case(run, kernel, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed)
 }
 

@@ -1,0 +1,51 @@
+//! QWEN3_WGPU_MATMUL_TILE picks the prompt-batch product's tiling when the
+//! engine starts (WGSL on lavapipe): an unknown value is a named error from
+//! the engine's build, and under the base tiling and every workgroup and
+//! register tile (prefetching, swizzled), each on its own grid (128-row
+//! tiles run half the workgroups of 64-row ones), a 300-token prompt ends
+//! in the default tiling's logits bit for bit (every tiling computes each
+//! output as the same sum in the same order; tests/kernels.rs runs every
+//! tiling against the base one kernel by kernel). One test: the variable
+//! is the process's.
+
+use std::path::Path;
+
+use qwen3_wgpu::internals::kernels::{MatmulTile, MATMUL_TILE_ENV};
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
+
+/// The logits after a 300-token prompt (batches of 256 and 44 tokens: the
+/// second fills SwiGLU's tiles of 32, not qkv's of 64) on the `prompt_300tok`
+/// fixture (qkv and gate/up of 512 rows), under the variable as set now.
+fn logits_after_a_long_prompt() -> Vec<u32> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/prompt_300tok");
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine");
+    let model =
+        engine.load(dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
+    let prompt: Vec<u32> = (0..300u32).map(|i| (i * 37 + 11) % 1000).collect();
+    let mut session = model.session_with_capacity(320).unwrap();
+    session.feed(&prompt).unwrap();
+    session.debug_logits().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn every_tiling_gives_the_default_logits_and_an_unknown_one_is_a_named_error() {
+    std::env::remove_var(MATMUL_TILE_ENV);
+    let want = logits_after_a_long_prompt();
+
+    std::env::set_var(MATMUL_TILE_ENV, "8x8");
+    let e = Engine::builder().policy(AdapterPolicy::Portable).build().err().expect("an unknown tiling fails");
+    assert_eq!(e.code(), "invalid_argument");
+    let msg = e.to_string();
+    assert!(msg.contains(MATMUL_TILE_ENV) && msg.contains("128x64-8x8-pf-sw"), "{msg}");
+
+    let tilings =
+        MatmulTile::all().into_iter().filter(|(_, t)| *t == MatmulTile::BASE || (t.prefetch && t.swizzle));
+    for (name, _) in tilings {
+        std::env::set_var(MATMUL_TILE_ENV, &name);
+        assert!(
+            logits_after_a_long_prompt() == want,
+            "{MATMUL_TILE_ENV}={name}: not the default tiling's logits"
+        );
+    }
+    std::env::remove_var(MATMUL_TILE_ENV);
+}
