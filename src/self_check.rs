@@ -852,7 +852,7 @@ mod tests {
         let check = run(&gpu, &kernels).unwrap();
         assert!(check.ok, "{}", check.describe_failures());
         assert_eq!(check.pipelines, pipelines_checked());
-        assert_eq!(pipelines_checked(), Kernel::ALL.len() + 2, "qkv and gate/up run tiled");
+        assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3, "every matvec variant runs tiled");
         // Engine construction ran it too.
         assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == pipelines_checked());
     }

@@ -13,7 +13,7 @@
 // significant bits, so a dot product is off by ~1e-4 of its terms'
 // magnitude (the self-check allows 1e-3). The accumulators land in
 // workgroup memory and the epilogue (ACCUMULATE, SWIGLU, the row bounds)
-// runs from there. Only the normed variants run tiled (matmul.rs `tiled`),
+// runs from there. Only the SwiGLU variant runs it (matmul.rs `coop_pays`),
 // so NORM is always set here.
 // Preamble (from Rust): `enable f16; enable wgpu_cooperative_matrix;`,
 // MM_ROWS, MM_TOKENS (multiples of SUB), GROUP_WORDS, the WG override

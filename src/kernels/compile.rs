@@ -10,8 +10,10 @@ use crate::gpu::Gpu;
 /// The code a pipeline is built from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Code<'a> {
-    /// WGSL with its override constants.
-    Wgsl { source: &'a str, constants: &'a [(&'a str, f64)] },
+    /// WGSL with its override constants; `checked`: whether naga's runtime
+    /// checks (index clamping, loop bounding) stay in (see
+    /// [`super::Kernel::runtime_checks`]).
+    Wgsl { source: &'a str, constants: &'a [(&'a str, f64)], checked: bool },
     /// MSL, whose constants are in its preamble; the threadgroup size to
     /// dispatch with.
     Msl { source: &'a str, workgroup_size: u32 },
@@ -68,7 +70,7 @@ pub fn compile_for_layout(
     constants: &[(&str, f64)],
     layout: Option<&wgpu::BindGroupLayout>,
 ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
-    build(gpu, label, Code::Wgsl { source, constants }, entry, bindings, layout)
+    build(gpu, label, Code::Wgsl { source, constants, checked: true }, entry, bindings, layout)
 }
 
 /// Builds a pipeline from hand-written MSL (a passthrough module, Metal
@@ -118,16 +120,36 @@ pub(crate) fn build(
                     immediate_size: 0,
                 });
                 let (module, compilation_options) = match code {
-                    Code::Wgsl { source, constants } => (
-                        gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    Code::Wgsl { source, constants, checked } => {
+                        let desc = wgpu::ShaderModuleDescriptor {
                             label: Some(label),
                             source: wgpu::ShaderSource::Wgsl(source.into()),
-                        }),
-                        wgpu::PipelineCompilationOptions {
-                            constants,
-                            zero_initialize_workgroup_memory: false,
-                        },
-                    ),
+                        };
+                        let module = if checked {
+                            gpu.device.create_shader_module(desc)
+                        } else {
+                            // SAFETY: only kernels that index through their params,
+                            // grid and lane ids come here (Kernel::runtime_checks);
+                            // the host sizes every binding for the params, the
+                            // kernel tests run them at awkward shapes against the
+                            // checked build bit for bit (tests/shader_checks.rs),
+                            // and their MSL twins run on Metal under the same
+                            // contract.
+                            unsafe {
+                                gpu.device.create_shader_module_trusted(
+                                    desc,
+                                    wgpu::ShaderRuntimeChecks::unchecked(),
+                                )
+                            }
+                        };
+                        (
+                            module,
+                            wgpu::PipelineCompilationOptions {
+                                constants,
+                                zero_initialize_workgroup_memory: false,
+                            },
+                        )
+                    }
                     Code::Msl { source, workgroup_size } => {
                         let entry_points = [wgpu::PassthroughShaderEntryPoint {
                             name: entry.into(),
@@ -172,4 +194,42 @@ pub(crate) fn build(
     // never a panic out of the engine.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(pipeline))
         .unwrap_or_else(|_| Err(fail("the shader compiler panicked while building the pipeline".into())))
+}
+
+/// The environment variable that keeps naga's runtime checks in every WGSL
+/// kernel (`all`), a diagnostic for a suspected out-of-range index.
+pub const SHADER_CHECKS_ENV: &str = "QWEN3_WGPU_SHADER_CHECKS";
+
+/// Which WGSL kernels keep naga's runtime checks (every index clamped to
+/// its array, every loop bounded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ShaderChecks {
+    /// The kernels with an MSL twin (the matvec family with its
+    /// prompt-batch products, attention, q/k norm and RoPE, the argmax)
+    /// drop them: they index only through their params, grid, lane ids and
+    /// the positions the engine writes, bounded by each session's capacity
+    /// before a step is queued, exactly as their twins do, which run
+    /// without checks on Metal. The others, which index through data a
+    /// caller or a sampler supplies (token ids, sampler candidates), keep
+    /// them. On an H200 the checks cost the prompt-batch product half its
+    /// speed and prefill attention a quarter (BENCHMARKS.md, 2026-12-01).
+    DataIndexed,
+    /// Every kernel keeps them.
+    All,
+}
+
+impl ShaderChecks {
+    const NAMES: [(&'static str, ShaderChecks); 2] =
+        [("data-indexed", ShaderChecks::DataIndexed), ("all", ShaderChecks::All)];
+
+    /// The choice [`SHADER_CHECKS_ENV`] names: `None` when unset; an
+    /// unknown value is `invalid_argument`.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(SHADER_CHECKS_ENV, &Self::NAMES)
+    }
+
+    /// Whether `kernel`'s WGSL keeps the checks.
+    pub fn keeps(self, kernel: super::Kernel) -> bool {
+        self == ShaderChecks::All || kernel.row().msl.is_none()
+    }
 }

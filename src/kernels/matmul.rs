@@ -89,18 +89,12 @@ impl MatmulTile {
     };
 
     /// The tiling used unless [`MATMUL_TILE_ENV`] names another: the base
-    /// tile's grid, 8 rows x 4 tokens per invocation, prefetching,
-    /// swizzled. Per multiply-add it reads 3 / 32 vec4s of workgroup memory
-    /// against 2 / 16 for 4 x 4, and neighbouring invocations' reads cover
-    /// whole 128-byte lines (3 wavefronts per 32 multiply-adds of a 32-lane
-    /// subgroup, against 3 per 16). Keeping the grid, the 0.6B model's qkv
-    /// (4,096 rows, 256 tokens) still runs 256 workgroups and gate/up (6,144
-    /// rows) 768 over an H200's 132 SMs, of 128 and 64 invocations; a
-    /// 128-row tile would give qkv 128 workgroups (SMs left idle), 8 x 8 per
-    /// invocation one 32-lane subgroup per gate/up workgroup and under 4 per
-    /// SM for qkv.
-    pub const DEFAULT: MatmulTile =
-        MatmulTile { inv_rows: 8, prefetch: true, swizzle: true, ..MatmulTile::BASE };
+    /// tile (4 rows x 4 tokens per invocation), prefetching, swizzled: the
+    /// fastest of the 24 on an H200 (512-token prefill of the 0.6B shape
+    /// 10,600-10,700 tok/s against 9,800 for the base tiling; every larger
+    /// register tile was slower, 8 x 8 down to 7,400: BENCHMARKS.md
+    /// 2026-12-01).
+    pub const DEFAULT: MatmulTile = MatmulTile { prefetch: true, swizzle: true, ..MatmulTile::BASE };
 
     /// Every tiling offered, by name: `RxT-rxt`, a workgroup tile of R rows
     /// x T tokens (SwiGLU T / 2) in register tiles of r rows x t tokens,
@@ -223,17 +217,6 @@ const _: () = assert!(
 );
 // int8_matmul's K chunks of 32 values divide the quant group.
 const _: () = assert!(QUANT_GROUP.is_multiple_of(32));
-
-/// Whether prompt batches of a tile or more run this matvec variant
-/// through the tiled `int8_matmul` rather than the per-token matvec (4
-/// tokens per workgroup). Tiled for the projections out of an RMSNorm (qkv,
-/// gate/up: 4096 and 6144 rows in the 0.6B model, 128+ tiles of 32 rows);
-/// per token for those into the residual stream (o_proj, down: `hidden`
-/// rows, 1024 in the 0.6B model, too few tiles to fill the GPU): measured
-/// in BENCHMARKS.md.
-pub fn tiled(variant: MatvecVariant) -> bool {
-    variant.norm
-}
 
 /// Whether `variant`'s prompt batches run `int8_matmul_coop` on a device
 /// that has cooperative matrices: the SwiGLU (gate/up) variant only, where
@@ -379,7 +362,7 @@ mod tests {
                 && all.iter().any(|(_, t)| *t == MatmulTile::DEFAULT)
         );
         assert_eq!(MatmulTile::BASE.name(), "64x64-4x4");
-        assert_eq!(MatmulTile::default().name(), "64x64-8x4-pf-sw");
+        assert_eq!(MatmulTile::default().name(), "64x64-4x4-pf-sw");
         let e = MatmulTile::from_name(MATMUL_TILE_ENV, "16x16").unwrap_err();
         assert_eq!(e.code(), "invalid_argument");
         let msg = e.to_string();
@@ -420,7 +403,8 @@ mod tests {
     /// kernel edit that brings that back.
     #[test]
     fn the_cooperative_matrix_program_compiles_to_spirv() {
-        let tiled: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()).collect();
+        let normed = |k: &Kernel| k.matvec_variant().is_some_and(|v| v.norm);
+        let tiled: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.prefill_tiled() && normed(k)).collect();
         assert_eq!(tiled.len(), 2, "qkv and gate/up run tiled");
         for kernel in tiled {
             let c = MatmulConstants { coop: true, ..kernel.matmul_constants().unwrap() };

@@ -30,7 +30,9 @@ pub use choice::{
     msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfCheck, SelfChecker,
     KERNELS_ENV,
 };
-pub use compile::{bind_group_layout, compile, compile_for_layout, compile_msl};
+pub use compile::{
+    bind_group_layout, compile, compile_for_layout, compile_msl, ShaderChecks, SHADER_CHECKS_ENV,
+};
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
 pub use matmul::{
@@ -334,10 +336,14 @@ impl Kernel {
         }
     }
 
-    /// Whether prompt batches of a tile or more run this matvec variant
-    /// through the tiled `int8_matmul` ([`matmul::tiled`]).
+    /// Whether prompt batches of a tile or more run this kernel through the
+    /// tiled `int8_matmul`: every matvec variant. o_proj and down (`hidden`
+    /// rows, 1,024 in the 0.6B model: 16 tiles of 64 rows per 64 tokens)
+    /// fill an H200 poorly, yet run faster tiled than per token (104.8 ->
+    /// 92.2 and 142.3 -> 131.4 µs per 256-token batch; BENCHMARKS.md
+    /// 2026-12-01).
     pub fn prefill_tiled(self) -> bool {
-        self.matvec_variant().is_some_and(matmul::tiled)
+        self.matvec_variant().is_some()
     }
 
     /// Tokens of one tile of this variant's `int8_matmul` in the base

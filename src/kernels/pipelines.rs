@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use super::choice::{
     msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfCheck, SelfChecker,
 };
-use super::compile::{bind_group_layout, build, Code};
+use super::compile::{bind_group_layout, build, Code, ShaderChecks};
 use super::{
     attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatmulTile,
     MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG,
@@ -98,6 +98,9 @@ pub struct Kernels {
     /// The register tiling of the f32 `int8_matmul` pipelines
     /// ([`MatmulTile::from_env`], else [`MatmulTile::DEFAULT`]).
     pub matmul_tile: MatmulTile,
+    /// Which WGSL kernels keep naga's runtime checks
+    /// ([`ShaderChecks::from_env`], else [`ShaderChecks::DataIndexed`]).
+    pub shader_checks: ShaderChecks,
     /// Where the kernels with an MSL twin came from.
     pub source: KernelSource,
     /// How the kernels were chosen and checked.
@@ -209,6 +212,7 @@ impl Kernels {
             matvec_layout,
             coop,
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
+            shader_checks: ShaderChecks::from_env()?.unwrap_or(ShaderChecks::DataIndexed),
             source,
             report: KernelReport::unchecked(source),
         };
@@ -261,7 +265,7 @@ impl Kernels {
     /// Builds the pipeline of `key` (not cached).
     fn build_pipeline(&self, gpu: &Gpu, key: PipelineKey) -> Result<wgpu::ComputePipeline> {
         let (source, entry) = self.source_of(key)?;
-        build_from(gpu, key, &source, entry, &self.layouts[key.kernel as usize])
+        build_from(gpu, self.shader_checks, key, &source, entry, &self.layouts[key.kernel as usize])
     }
 
     /// The program of `key` and its entry point.
@@ -435,10 +439,11 @@ impl Kernels {
                     building.insert(key, Build::Failed);
                     return None;
                 };
-                let (gpu, layout) = (gpu.clone(), self.layouts[key.kernel as usize].clone());
+                let (gpu, layout, checks) =
+                    (gpu.clone(), self.layouts[key.kernel as usize].clone(), self.shader_checks);
                 let thread = std::thread::Builder::new()
                     .name("qwen3-wgpu pipeline build".into())
-                    .spawn(move || build_from(&gpu, key, &source, entry, &layout));
+                    .spawn(move || build_from(&gpu, checks, key, &source, entry, &layout));
                 // No thread now: a later call tries again.
                 if let Ok(thread) = thread {
                     building.insert(key, Build::Running(thread));
@@ -508,6 +513,7 @@ impl Kernels {
 /// against its kernel's bind-group `layout`.
 fn build_from(
     gpu: &Gpu,
+    checks: ShaderChecks,
     key: PipelineKey,
     source: &str,
     entry: &str,
@@ -518,7 +524,7 @@ fn build_from(
     let code = match key.program {
         Program::Msl => Code::Msl { source, workgroup_size: k.workgroup_size() },
         Program::MatmulMsl => Code::Msl { source, workgroup_size: MATMUL_MSL_WG },
-        _ => Code::Wgsl { source, constants: &constants },
+        _ => Code::Wgsl { source, constants: &constants, checked: checks.keeps(k) },
     };
     let (p, _) = build(gpu, entry, code, entry, k.bindings(), Some(layout))?;
     Ok(p)
@@ -568,17 +574,17 @@ mod tests {
         let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, pass).unwrap();
         let entries = || kernels.cache.lock().unwrap().len();
         // 11 decode; per token: 3 matvec variants and attention_prefill;
-        // tiled: the 2 normed variants' int8_matmul.
-        assert_eq!(entries(), Kernel::ALL.len() + 4 + 2);
+        // tiled: the 3 variants' int8_matmul.
+        assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
         let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm);
         assert!(normed.per_token.is_some() && normed.tiled.is_some());
         assert_eq!(normed.decode, kernels.get(Kernel::Int8MatvecNorm).pipeline);
         let add = kernels.launch_pipelines(Kernel::Int8MatvecAccumulate);
-        assert!(add.per_token.is_some() && add.tiled.is_none());
+        assert!(add.per_token.is_some() && add.tiled.is_some());
         let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
         assert!(attention.per_token.is_some() && attention.tiled.is_none());
         let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
         assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
-        assert_eq!(entries(), Kernel::ALL.len() + 4 + 2);
+        assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
     }
 }
