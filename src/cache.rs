@@ -64,10 +64,9 @@
 //!   cached. This cheap check catches a file still being copied or
 //!   rewritten; the digests catch every other change.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use memmap2::Mmap;
@@ -77,6 +76,7 @@ use crate::convert::{blob_bytes, plan_layout, planned_blob_len};
 use crate::converted::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
 use crate::error::{Error, Result};
 use crate::progress::{LoadPhase, Progress};
+use crate::temp_file::TempFile;
 
 /// Version of the cache file format; part of the key and of the preamble.
 /// Bump it whenever the format or the conversion changes.
@@ -315,41 +315,6 @@ fn verify_cache(
     }))
 }
 
-/// Removes the temporary file on drop unless it was renamed into place.
-struct TempFileGuard {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl Drop for TempFileGuard {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// Creates a new file with a name no other writer (thread or process) uses.
-fn create_temp_file(dir: &Path, key: &str) -> std::io::Result<(File, PathBuf)> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let pid = std::process::id();
-    let mut last_err = None;
-    for _ in 0..16 {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let path = dir.join(format!(".{key}.{pid}.{n}.{nanos}.tmp"));
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(f) => return Ok((f, path)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last_err = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| std::io::Error::other("no unique temporary name")))
-}
-
 /// Writes `model` to `path` atomically (see the module docs), reporting
 /// [`LoadPhase::WritingCache`] through `progress` (bytes: the whole file).
 /// Errors: [`Error::CacheIo`]; [`Error::Cancelled`] when `progress`
@@ -391,9 +356,7 @@ pub(crate) fn write_cache(
     progress.begin(LoadPhase::WritingCache, file_len as u64)?;
 
     let dir = path.parent().ok_or_else(|| io("bad cache path", &"no parent directory"))?;
-    let (mut file, tmp_path) =
-        create_temp_file(dir, key).map_err(|e| io("cannot create temporary file", &e))?;
-    let mut guard = TempFileGuard { path: tmp_path, keep: false };
+    let (mut file, temp) = TempFile::create(dir, key).map_err(|e| io("cannot create temporary file", &e))?;
     // The checksum is taken as the blob is written: one pass over it.
     let mut crc = crc32fast::Hasher::new();
     crc.update(&header);
@@ -411,19 +374,13 @@ pub(crate) fn write_cache(
     footer.extend_from_slice(&[0u8; 4]);
     footer.extend_from_slice(END_MAGIC);
     file.write_all(&footer).map_err(|e| io("cannot write cache file", &e))?;
-    file.sync_all().map_err(|e| io("cannot sync cache file", &e))?;
     // The last chance to cancel before the file takes its final name.
     progress.advance(footer.len() as u64)?;
     progress.end()?;
-    drop(file);
-    std::fs::rename(&guard.path, path).map_err(|e| io("cannot rename cache file into place", &e))?;
-    guard.keep = true;
-    // Make the rename itself durable; not fatal where directories cannot be
-    // opened or synced.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    temp.persist(file, path).map_err(|(step, e)| match step {
+        "sync" => io("cannot sync cache file", &e),
+        _ => io("cannot rename cache file into place", &e),
+    })
 }
 
 /// Bytes written between two progress reports.
@@ -457,17 +414,11 @@ pub(crate) fn remove_stale_files(dir: &Path, key: &str, source: &str) {
     }
 }
 
-/// The writer's process id when `name` is a temporary file of
-/// [`create_temp_file`]: `.{64 hex}.{pid}.{n}.{nanos}.tmp`.
+/// The writer's process id when `name` is a temporary cache file
+/// (`TempFile::create` named after a key): `.{64 hex}.{pid}.{n}.{nanos}.tmp`.
 fn temp_writer(name: &str) -> Option<u64> {
-    let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
-    let parts: Vec<&str> = inner.split('.').collect();
-    let well_formed = parts.len() == 4
-        && parts[0].len() == KEY_LEN
-        && parts[0].bytes().all(|b| b.is_ascii_hexdigit())
-        && parts[1..].iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-    // A pid too long for a u64 is still a temp name; 0 is never a writer.
-    well_formed.then(|| parts[1].parse().unwrap_or(0))
+    let (stem, pid) = TempFile::parse_name(name)?;
+    (stem.len() == KEY_LEN && stem.bytes().all(|b| b.is_ascii_hexdigit())).then_some(pid)
 }
 
 /// Whether the temporary file `entry`, written by process `writer`, is

@@ -40,6 +40,7 @@ pub(crate) mod self_check;
 pub(crate) mod session;
 mod settings;
 pub(crate) mod stop;
+mod temp_file;
 pub(crate) mod testing;
 pub(crate) mod tokenizer;
 

@@ -28,10 +28,9 @@
 //! fsynced and renamed into place, so the target name only ever holds a
 //! complete file, and a failed save leaves none.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3Default;
@@ -40,6 +39,7 @@ use super::Session;
 use crate::error::{Error, Result};
 use crate::gpu_weights::ModelGpu;
 use crate::sampling::SamplingParams;
+use crate::temp_file::TempFile;
 
 /// Version of the session file format.
 pub const SESSION_FORMAT_VERSION: u32 = 1;
@@ -185,9 +185,8 @@ impl Session {
             _ => PathBuf::from("."),
         };
         let name = path.file_name().ok_or_else(|| io("not a file name", &path.display()))?;
-        let (file, tmp_path) = create_temp_file(&dir, &name.to_string_lossy())
+        let (file, temp) = TempFile::create(&dir, &name.to_string_lossy())
             .map_err(|e| io("cannot create a file in its directory", &e))?;
-        let mut guard = TempFileGuard { path: tmp_path, keep: false };
         let mut out =
             HashingWriter { inner: BufWriter::with_capacity(1 << 20, file), hash: Xxh3Default::new() };
         let write_err = |e: std::io::Error| io("cannot write", &e);
@@ -235,15 +234,10 @@ impl Session {
         let mut file = out.inner.into_inner().map_err(|e| io("cannot write", &e.error()))?;
         file.write_all(&checksum.to_le_bytes()).map_err(write_err)?;
         file.write_all(END_MAGIC).map_err(write_err)?;
-        file.sync_all().map_err(|e| io("cannot sync", &e))?;
-        drop(file);
-        std::fs::rename(&guard.path, path).map_err(|e| io("cannot rename the file into place", &e))?;
-        guard.keep = true;
-        // Make the rename durable; not fatal where a directory cannot be synced.
-        if let Ok(d) = File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        temp.persist(file, path).map_err(|(step, e)| match step {
+            "sync" => io("cannot sync", &e),
+            _ => io("cannot rename the file into place", &e),
+        })
     }
 
     /// The model's configuration.
@@ -293,38 +287,6 @@ impl<R: Read> HashingReader<R> {
         self.hash.update(buf);
         Ok(())
     }
-}
-
-/// Removes the temporary file on drop unless it was renamed into place.
-struct TempFileGuard {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl Drop for TempFileGuard {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// Creates a new file, named after `name`, that no other writer (thread or
-/// process) uses.
-fn create_temp_file(dir: &Path, name: &str) -> std::io::Result<(File, PathBuf)> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let pid = std::process::id();
-    let mut last_err = None;
-    for _ in 0..16 {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!(".{name}.{pid}.{n}.tmp"));
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(f) => return Ok((f, path)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last_err = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| std::io::Error::other("no unique temporary name")))
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
