@@ -597,6 +597,9 @@ mod tests {
         assert!(add.per_token.is_some() && add.tiled.is_some());
         let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
         assert!(attention.per_token.is_some() && attention.tiled.is_none());
+        // Its grid's z groups are those of the tokens the set was built for.
+        assert_eq!(attention.per_token_tokens, kernels.attention_tokens.get());
+        assert_eq!(normed.per_token_tokens, crate::kernels::PREFILL_TOKENS_PER_WG);
         let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
         assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
         assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
