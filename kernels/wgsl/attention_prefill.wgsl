@@ -13,6 +13,11 @@
 // q comes normed and rotated from qk_norm_rope, which also wrote the batch's
 // K/V. Tokens past the batch (its last group may be partial) are computed
 // like the others, from the rows past the batch, and never read.
+// The loops whose bodies hold barriers (the per-group softmax statistics,
+// the per-token acc) are written out by Rust, one copy per group or token:
+// a line `// for # in GROUPS: code` (or TOKENS) becomes `code` with # = 0,
+// 1, ..., so that every index into the per-token arrays is a constant and
+// they stay in registers however the compiler treats such loops.
 // Bindings and lo4/hi4: attention_common.wgsl, prepended by Rust after the
 // preamble (TOKENS).
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
@@ -38,6 +43,60 @@ fn dot8x4(lo: vec4<f32>, hi: vec4<f32>, g: u32, j: u32, stride: u32) -> vec4<f32
         r[n] = dot(scratch[at], lo) + dot(scratch[at + 1u], hi);
     }
     return r;
+}
+
+// Softmax statistics of group g of the tokens over the chunk: (m, l) and
+// this invocation's exp(s - m).
+struct Stats {
+    m: vec4<f32>,
+    l: vec4<f32>,
+    e: vec4<f32>,
+}
+
+fn group_stats(g: u32, d: vec4<f32>, t: u32, end: u32, first_pos: u32, start: u32, lane: Lane) -> Stats {
+    let ends = min(min(vec4<u32>(first_pos + 4u * g) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.capacity)),
+                   vec4<u32>(start + WG));
+    let live = vec4<u32>(t) < ends;
+    var s = vec4<f32>(-3.0e38);
+    if t < end {
+        s = select(vec4<f32>(-3.0e38), d * p.scale, live);
+    }
+    let m = wg_max4(s, lane);
+    let e = select(vec4<f32>(0.0), exp(s - m), live);
+    return Stats(m, wg_sum4(e, lane), e);
+}
+
+// Where a workgroup's partial results go, and its slices of acc.
+struct Parts {
+    tok0: u32,
+    h: u32,
+    c: u32,
+    n_chunks: u32,
+    row_quads: u32,
+    n_slices: u32,
+}
+
+// Token n of the group: the slices' parts of its acc (this invocation's lo
+// and hi) added, and its (m, l), written.
+fn finish_token(at: Parts, n: u32, lo: vec4<f32>, hi: vec4<f32>, ml: vec2<f32>, lane: Lane) {
+    workgroupBarrier(); // the previous readers of scratch are done
+    scratch[2u * lane.idx] = lo;
+    scratch[2u * lane.idx + 1u] = hi;
+    workgroupBarrier();
+    // Invocation d < head_dim adds dim d (= 8i + r) over the slices.
+    let part = ((at.tok0 + n) * p.n_heads + at.h) * at.n_chunks + at.c;
+    if lane.idx < p.head_dim {
+        let qi = lane.idx / 8u;
+        let r = lane.idx % 8u;
+        var total = 0.0;
+        for (var sl = 0u; sl < at.n_slices; sl++) {
+            total += scratch[2u * (sl * at.row_quads + qi) + r / 4u][r % 4u];
+        }
+        part_acc[part * p.head_dim + lane.idx] = total;
+    }
+    if lane.idx == 0u {
+        part_ml[part] = ml;
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -112,21 +171,8 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             }
         }
     }
-    var m: array<vec4<f32>, GROUPS>;
-    var l: array<vec4<f32>, GROUPS>;
-    var e: array<vec4<f32>, GROUPS>;
-    for (var g = 0u; g < GROUPS; g++) {
-        let ends = min(min(vec4<u32>(first_pos + 4u * g) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.capacity)),
-                       vec4<u32>(start + WG));
-        let live = vec4<u32>(t) < ends;
-        var s = vec4<f32>(-3.0e38);
-        if t < end {
-            s = select(vec4<f32>(-3.0e38), d[g] * p.scale, live);
-        }
-        m[g] = wg_max4(s, lane);
-        e[g] = select(vec4<f32>(0.0), exp(s - m[g]), live);
-        l[g] = wg_sum4(e[g], lane);
-    }
+    var stats: array<Stats, GROUPS>;
+    // for # in GROUPS: stats[#] = group_stats(#u, d[#], t, end, first_pos, start, lane);
 
     // Invocation (slice, i) sums dims 8i..8i+7 (one 16-byte load per
     // position, shared by the tokens) over positions start + slice,
@@ -144,7 +190,7 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         workgroupBarrier(); // the previous readers of scratch are done
         if lane.idx >= p0 && lane.idx < p0 + e_piece {
             for (var g = 0u; g < GROUPS; g++) {
-                scratch[(lane.idx - p0) * GROUPS + g] = e[g];
+                scratch[(lane.idx - p0) * GROUPS + g] = stats[g].e;
             }
         }
         workgroupBarrier();
@@ -169,24 +215,6 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             }
         }
     }
-    for (var n = 0u; n < TOKENS; n++) {
-        workgroupBarrier(); // the previous readers of scratch are done
-        scratch[2u * lane.idx] = lo[n];
-        scratch[2u * lane.idx + 1u] = hi[n];
-        workgroupBarrier();
-        // Invocation d < head_dim adds dim d (= 8i + r) over the slices.
-        let part = ((tok0 + n) * p.n_heads + h) * n_chunks + c;
-        if lane.idx < p.head_dim {
-            let qi = lane.idx / 8u;
-            let r = lane.idx % 8u;
-            var total = 0.0;
-            for (var sl = 0u; sl < n_slices; sl++) {
-                total += scratch[2u * (sl * row_quads + qi) + r / 4u][r % 4u];
-            }
-            part_acc[part * p.head_dim + lane.idx] = total;
-        }
-        if lane.idx == 0u {
-            part_ml[part] = vec2<f32>(m[n / 4u][n % 4u], l[n / 4u][n % 4u]);
-        }
-    }
+    let at = Parts(tok0, h, c, n_chunks, row_quads, n_slices);
+    // for # in TOKENS: finish_token(at, #u, lo[#], hi[#], vec2<f32>(stats[# / 4].m[# % 4], stats[# / 4].l[# % 4]), lane);
 }

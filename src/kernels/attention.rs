@@ -193,7 +193,35 @@ pub fn attention_prefill_source(
     tokens: PrefillAttentionTokens,
 ) -> (String, Vec<(&'static str, f64)>) {
     let k = Kernel::AttentionPartial;
-    let body = include_str!("../../kernels/wgsl/attention_prefill.wgsl");
-    let src = format!("const TOKENS: u32 = {}u;\n{}", tokens.get(), k.source_with(subgroups, body));
+    let body = write_out_loops(include_str!("../../kernels/wgsl/attention_prefill.wgsl"), tokens.get());
+    let src = format!("const TOKENS: u32 = {}u;\n{}", tokens.get(), k.source_with(subgroups, &body));
     (src, vec![("WG", k.workgroup_size() as f64)])
+}
+
+/// `body` with each line `// for # in GROUPS: code` (or `TOKENS`) written
+/// out as `code` once per group of 4 tokens (or token), `#` standing for
+/// its index: attention_prefill's loops whose bodies hold barriers, which
+/// a compiler might keep as loops and so index its per-token arrays at run
+/// time (in memory rather than registers).
+fn write_out_loops(body: &str, tokens: u32) -> String {
+    let mut out = String::with_capacity(body.len() + 2048);
+    for line in body.lines() {
+        let code = line.trim_start();
+        let indent = &line[..line.len() - code.len()];
+        let loop_of = [("GROUPS", tokens / 4), ("TOKENS", tokens)]
+            .into_iter()
+            .find_map(|(name, count)| Some((code.strip_prefix(&format!("// for # in {name}: "))?, count)));
+        match loop_of {
+            Some((code, count)) => {
+                for i in 0..count {
+                    out.push_str(&format!("{indent}{}\n", code.replace('#', &i.to_string())));
+                }
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
