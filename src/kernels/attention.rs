@@ -84,11 +84,12 @@ const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
 pub const PREFILL_ATTENTION_TOKENS_ENV: &str = "QWEN3_WGPU_PREFILL_ATTENTION_TOKENS";
 
 /// Prompt tokens one `attention_prefill` workgroup serves (its `TOKENS`):
-/// each K and V row it reads serves that many queries. Every value gives
-/// each token the same results bit for bit (the same sums in the same
-/// order); they differ in memory traffic and registers only. Workgroup
-/// memory is the same for all (8 KB at [`WG`] = 256, plus the reductions'
-/// 4 KB): q and exp(s - m) pass through it a piece at a time.
+/// each K and V row it reads serves that many queries. Every value
+/// computes each token's results with the same operations in the same
+/// order (bit for bit the same on lavapipe, tests/kernels.rs); they differ
+/// in memory traffic and registers only. Workgroup memory is the same for
+/// all (8 KB at [`WG`] = 256, plus the reduction prelude's 5 KB): q and
+/// exp(s - m) pass through it a piece at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PrefillAttentionTokens(u32);
 
