@@ -2,7 +2,7 @@
 //! pipelines, recorded into a compute pass for one token or a prompt batch.
 
 use super::pipelines::LaunchPipelines;
-use super::{Kernel, Kernels, MatvecLayout, MatvecSplit, PREFILL_TOKENS_PER_WG};
+use super::{Kernel, Kernels, MatvecLayout, MatvecSplit};
 use crate::gpu::Gpu;
 
 /// What a launch runs, as diagnostics name it: the kernel and, for a
@@ -101,9 +101,10 @@ impl Launch {
     /// Records the launch for `tokens` consecutive tokens (batched
     /// prefill): the grid's z dimension, which every batched kernel reads
     /// as the token's index in the batch (a matvec's prefill pipelines and
-    /// `attention_prefill` as the index of its group of
-    /// [`PREFILL_TOKENS_PER_WG`] tokens, `int8_matmul` as that of its tile
-    /// of tokens for a batch that fills one).
+    /// `attention_prefill` as the index of its group of tokens,
+    /// [`super::PREFILL_TOKENS_PER_WG`] and [`Kernels::attention_tokens`],
+    /// `int8_matmul` as that of its tile of tokens for a batch that fills
+    /// one).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, _kernels: &Kernels, tokens: u32) {
         let p = &self.pipelines;
         let (pipeline, grid, z) = match (tokens > 1, &p.per_token) {
@@ -111,7 +112,7 @@ impl Launch {
                 Some(tiled) if tokens >= tiled.tokens => {
                     (&tiled.pipeline, self.prefill_workgroups, tokens.div_ceil(tiled.tokens))
                 }
-                _ => (per_token, self.workgroups, tokens.div_ceil(PREFILL_TOKENS_PER_WG)),
+                _ => (per_token, self.workgroups, tokens.div_ceil(p.per_token_tokens)),
             },
             _ => (self.decode_pipeline.as_ref().unwrap_or(&p.decode), self.workgroups, tokens),
         };

@@ -15,7 +15,7 @@ use super::choice::{
 use super::compile::{bind_group_layout, build, Code, ShaderChecks};
 use super::{
     attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatmulTile,
-    MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG,
+    MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, PrefillAttentionTokens, MATMUL_MSL_WG,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -59,8 +59,12 @@ pub struct Pipeline {
 #[derive(Clone)]
 pub(crate) struct LaunchPipelines {
     pub decode: wgpu::ComputePipeline,
-    /// [`super::PREFILL_TOKENS_PER_WG`] tokens per workgroup, on the decode grid.
+    /// [`super::PREFILL_TOKENS_PER_WG`] tokens per workgroup (a matvec) or
+    /// [`Kernels::attention_tokens`] (`attention_prefill`), on the decode
+    /// grid.
     pub per_token: Option<wgpu::ComputePipeline>,
+    /// Tokens per workgroup of `per_token`: its grid's z groups.
+    pub per_token_tokens: u32,
     /// `int8_matmul`, for the variants [`Kernel::prefill_tiled`] names, used
     /// for batches that fill a tile (smaller ones would compute a whole
     /// tile for a few).
@@ -95,6 +99,9 @@ pub struct Kernels {
     /// Whether the tiled prompt-batch pipelines of the variants
     /// [`super::matmul::coop_pays`] names are `int8_matmul_coop`.
     pub coop: bool,
+    /// Prompt tokens per `attention_prefill` workgroup
+    /// ([`PrefillAttentionTokens::from_env`], else the default).
+    pub attention_tokens: PrefillAttentionTokens,
     /// The register tiling of the f32 `int8_matmul` pipelines
     /// ([`MatmulTile::from_env`], else [`MatmulTile::DEFAULT`]).
     pub matmul_tile: MatmulTile,
@@ -211,6 +218,7 @@ impl Kernels {
             subgroups: gpu.subgroups,
             matvec_layout,
             coop,
+            attention_tokens: PrefillAttentionTokens::from_env()?.unwrap_or_default(),
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             shader_checks: ShaderChecks::from_env()?.unwrap_or(ShaderChecks::DataIndexed),
             source,
@@ -281,7 +289,9 @@ impl Kernels {
                 crate::kernels::msl::msl_source(k).ok_or_else(|| missing("MSL twin"))?,
                 crate::kernels::msl::msl_entry(k),
             ),
-            Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
+            Program::AttentionPrefill => {
+                (attention_prefill_source(self.subgroups, self.attention_tokens).0, "attention_prefill")
+            }
             Program::Matmul => match key.constants {
                 Constants::Matmul(c) => (c.source(), "int8_matmul"),
                 _ => return Err(missing("int8_matmul constants")),
@@ -321,6 +331,10 @@ impl Kernels {
         LaunchPipelines {
             decode: self.built(self.decode_key(k)),
             per_token: per_token.map(|key| self.built(key)),
+            per_token_tokens: match k {
+                Kernel::AttentionPartial => self.attention_tokens.get(),
+                _ => super::PREFILL_TOKENS_PER_WG,
+            },
             tiled: tiled.and_then(|key| match key.constants {
                 Constants::Matmul(c) => {
                     Some(TiledPipeline { pipeline: self.built(key), rows: c.rows(), tokens: c.tokens() })
@@ -583,6 +597,9 @@ mod tests {
         assert!(add.per_token.is_some() && add.tiled.is_some());
         let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
         assert!(attention.per_token.is_some() && attention.tiled.is_none());
+        // Its grid's z groups are those of the tokens the set was built for.
+        assert_eq!(attention.per_token_tokens, kernels.attention_tokens.get());
+        assert_eq!(normed.per_token_tokens, crate::kernels::PREFILL_TOKENS_PER_WG);
         let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
         assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
         assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
