@@ -5,7 +5,12 @@
 //! each session attends over its own region at its own position and gets
 //! its own token, the very token it would get stepping alone (each row runs
 //! its session's one-token arithmetic; a greedy row takes the batch's
-//! argmax, a sampling row its session's own sampler launches).
+//! argmax, a sampling row its session's own sampler launches). A step's
+//! commands depend on its rows (their sessions, positions and token
+//! choices), not on its input tokens: those and each row's position as the
+//! kernels read it are buffers written at the submit, so
+//! [`Batch::try_step`] records the next step of the same sessions, one
+//! position on, ahead on a thread of the batch's own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -556,6 +561,16 @@ impl Batch {
     /// never builds them on the caller's thread: their build starts on a
     /// thread of its own, and until it is done that count's steps run each
     /// row through the one-token pipelines (the same tokens).
+    ///
+    /// Nor does it record the steps of sessions it steps call after call:
+    /// right after a call submits a step, the commands of the next one for
+    /// the same sessions are recorded on a thread of the batch's own, so the
+    /// call that submits it only writes the rows' positions and submits
+    /// them (waiting for that recording only if it is not done yet, at most
+    /// one step's recording). Commands recorded for sessions that changed
+    /// since (another list or order, a session fed, truncated, given other
+    /// sampling parameters or dropped) are dropped unsubmitted; that step is
+    /// recorded on the caller's thread.
     ///
     /// Errors: those of [`Batch::step`], before anything is submitted;
     /// then a GPU failure.
