@@ -48,7 +48,8 @@ impl StepLaunches {
 }
 
 /// One buffer-to-buffer copy recorded after the steps (a token, or its
-/// log-probability record, into a readback slot).
+/// log-probability record, into a readback slot; a batch row's token
+/// between the batch's and its session's token sequences).
 #[derive(Clone)]
 pub(super) struct ReadbackCopy {
     pub src: wgpu::Buffer,
