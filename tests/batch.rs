@@ -511,3 +511,81 @@ fn try_step_with_the_sessions_changed_mid_flight_gives_their_own_tokens() {
     assert_eq!(got_b[..n], want[1][..], "b");
     assert_eq!(got_c[..n], want[2][..], "c");
 }
+
+/// `try_step` until it gives the tokens of `sessions[i]` for each `i` of
+/// `rows` (ascending), each the token `alone[i]`, the same session
+/// decoding alone, gives.
+fn try_rows(batch: &mut Batch, sessions: &mut [Session], alone: &mut [Session], rows: &[usize]) {
+    let mut picked: Vec<&mut Session> =
+        sessions.iter_mut().enumerate().filter(|(i, _)| rows.contains(i)).map(|(_, s)| s).collect();
+    let tokens = loop {
+        match try_once(batch, &mut picked) {
+            Some(tokens) => break tokens,
+            None => std::thread::sleep(std::time::Duration::from_micros(200)),
+        }
+    };
+    let want: Vec<u32> = rows.iter().map(|&i| alone[i].next_token().unwrap()).collect();
+    assert_eq!(tokens, want, "rows {rows:?}");
+}
+
+/// A `try_step` loop over the same sessions submits commands recorded
+/// ahead: only its first step is recorded on the caller's thread. A change
+/// of the sessions (one joining, one leaving, sessions fed and one given
+/// other sampling parameters) is recorded on the caller's thread once, never
+/// served by commands recorded for the sessions before it, even where the
+/// rows' positions are those recorded ahead: every token equals the
+/// session's own alone.
+#[test]
+fn try_step_records_the_next_step_ahead_and_never_submits_a_stale_recording() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(3).capacity_per_slot(64)).unwrap();
+    let mut sessions: Vec<Session> = (0..3).map(|_| batch.session().unwrap()).collect();
+    let mut alone: Vec<Session> = (0..3).map(|_| model.session_with_capacity(64).unwrap()).collect();
+    for (i, (s, own)) in sessions.iter_mut().zip(&mut alone).enumerate() {
+        let prompt = ids(51 + i as u32, 4 + 3 * i, vocab);
+        assert_eq!(s.feed(&prompt).unwrap(), own.feed(&prompt).unwrap());
+    }
+    let inline = |batch: &Batch| batch.debug_step_recordings().0;
+
+    let steps = 6;
+    for _ in 0..steps {
+        try_rows(&mut batch, &mut sessions, &mut alone, &[0, 1]);
+    }
+    let (on_caller, ahead) = batch.debug_step_recordings();
+    assert_eq!(on_caller, 1, "steps recorded on the caller's thread");
+    // Each call that gave tokens had submitted the step behind them.
+    assert!(ahead >= steps, "{ahead} steps recorded ahead for {steps} calls giving tokens");
+
+    // One joins, then one leaves: each change is recorded once.
+    for _ in 0..3 {
+        try_rows(&mut batch, &mut sessions, &mut alone, &[0, 1, 2]);
+    }
+    assert_eq!(inline(&batch), 2);
+    for _ in 0..3 {
+        try_rows(&mut batch, &mut sessions, &mut alone, &[0, 2]);
+    }
+    assert_eq!(inline(&batch), 3);
+    // Three calls after a change, the commands recorded ahead are for the
+    // rows' next positions and the readback buffer a changed list's first
+    // step copies to; each row's pending token replaced by another one fed
+    // brings the rows to those positions. One of them samples from now on,
+    // so commands recorded before (its row taking the batch's argmax)
+    // would give it the greedy token.
+    let sampled = SamplingParams::default().temperature(1.5).top_k(50).seed(5);
+    for i in [0, 2] {
+        if i == 0 {
+            sessions[i].set_sampling(&sampled).unwrap();
+            alone[i].set_sampling(&sampled).unwrap();
+        }
+        let token = ids(60 + i as u32, 1, vocab);
+        for s in [&mut sessions[i], &mut alone[i]] {
+            s.truncate(s.len()).unwrap();
+        }
+        assert_eq!(sessions[i].feed(&token).unwrap(), alone[i].feed(&token).unwrap());
+    }
+    for _ in 0..4 {
+        try_rows(&mut batch, &mut sessions, &mut alone, &[0, 2]);
+    }
+    assert_eq!(inline(&batch), 4);
+}

@@ -5,17 +5,23 @@
 //! each session attends over its own region at its own position and gets
 //! its own token, the very token it would get stepping alone (each row runs
 //! its session's one-token arithmetic; a greedy row takes the batch's
-//! argmax, a sampling row its session's own sampler launches).
+//! argmax, a sampling row its session's own sampler launches). A step's
+//! commands depend on its rows (their sessions, positions and token
+//! choices), not on its input tokens: those and each row's position as the
+//! kernels read it are buffers written at the submit, so
+//! [`Batch::try_step`] records the next step of the same sessions, one
+//! position on, ahead on a thread of the batch's own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 
+use super::recorder::{take_recorded, ReadbackCopy, Recordable, Recorder};
 use super::{Mapping, Session};
 use crate::buffers::{kv_region_bytes, KvRegion, SessionBuffers};
 use crate::error::{Error, Result};
 use crate::gpu::Timestamps;
 use crate::gpu_weights::ModelGpu;
-use crate::kernels::{KernelSource, LaunchKind, ATTENTION_CHUNK};
+use crate::kernels::{KernelSource, Launch, LaunchKind, ATTENTION_CHUNK};
 use crate::qwen3::BatchForward;
 
 /// How [`Model::batch`](crate::Model::batch) sizes a batch.
@@ -142,7 +148,7 @@ pub struct Batch {
     /// `{pos: 1, fill_end: 0}`.
     embed_step: wgpu::Buffer,
     /// `None` on the MSL kernels (each session steps alone there).
-    forward: Option<BatchForward>,
+    forward: Option<Arc<BatchForward>>,
     /// The rows' tokens, read back after each step: two, for the step
     /// waited on and the one queued behind it.
     readbacks: [wgpu::Buffer; 2],
@@ -156,12 +162,140 @@ pub struct Batch {
     behind: Option<InFlightStep>,
     /// Waits on the GPU so far (a [`Batch::try_step`] never adds one).
     blocking_waits: u64,
+    /// The thread recording the next step of [`Batch::try_step`]'s
+    /// sessions ahead (started on first use; `None` before, or if the
+    /// system refused a thread).
+    recorder: Option<Recorder>,
+    /// The next step's commands, recorded ahead.
+    prerecorded: Option<PrerecordedStep>,
+    /// Steps submitted so far with commands recorded on the caller's
+    /// thread, and with commands recorded ahead.
+    recordings: (u64, u64),
 }
 
 /// What a session must hold for a step to be its next one: (its lease's
 /// number, feeds and truncations, length, pending token). The lease, not
 /// the slot: a slot freed and taken again holds another session.
 type RowKey = (u64, u64, usize, Option<u32>);
+
+/// What a batch step's commands depend on per row besides the row count
+/// and order: (its session's lease number, feeds, truncations and changes
+/// of how it chooses its token, position). Not the pending token: a step's
+/// input tokens are written at its submit.
+type RecordingKey = (u64, u64, usize);
+
+/// Everything the commands of one batch step depend on (shared handles),
+/// so that they can be recorded on another thread: see [`Batch::step_job`].
+#[derive(Clone)]
+struct StepJob {
+    model: Arc<ModelGpu>,
+    forward: Option<Arc<BatchForward>>,
+    rows: u32,
+    /// Whether any row's context fits one chunk of positions / needs more.
+    short: bool,
+    long: bool,
+    /// Build row pipelines missing now (see [`BatchForward::record`]).
+    wait: bool,
+    /// The batch's logits (rows `vocab_size` apart).
+    logits: wgpu::Buffer,
+    /// The rows that choose their token with their session's launches.
+    choices: Vec<RowChoice>,
+    /// Each row's token to where it goes next, then the tokens to the
+    /// readback buffer.
+    copies: Vec<ReadbackCopy>,
+}
+
+/// A row choosing its token with its session's own launches.
+#[derive(Clone)]
+struct RowChoice {
+    row: usize,
+    /// Its session's logits, where its launches read them.
+    logits: wgpu::Buffer,
+    launches: Vec<Launch>,
+}
+
+impl StepJob {
+    /// Records the step, with a GPU timestamp after each launch of the
+    /// batch's pass into `timestamps` (query 0 before the first; each
+    /// launch's kind pushed to its list) when given.
+    fn encode_timed(
+        &self,
+        mut timestamps: Option<(&Timestamps, &mut Vec<LaunchKind>)>,
+    ) -> wgpu::CommandBuffer {
+        let gpu = &self.model.gpu;
+        let kernels = &self.model.kernels;
+        let (rows, short, long, wait) = (self.rows, self.short, self.long, self.wait);
+        let mut enc =
+            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("batch step"),
+                timestamp_writes: None,
+            });
+            if let Some(forward) = &self.forward {
+                match timestamps.as_mut() {
+                    Some((ts, kinds)) => {
+                        pass.write_timestamp(&ts.set, 0);
+                        let mut q = 1;
+                        let mut after = |pass: &mut wgpu::ComputePass<'_>, kind| {
+                            pass.write_timestamp(&ts.set, q);
+                            kinds.push(kind);
+                            q += 1;
+                        };
+                        forward.record_each(&mut pass, gpu, kernels, rows, short, long, wait, &mut after);
+                    }
+                    None => forward.record(&mut pass, gpu, kernels, rows, short, long, wait),
+                }
+            }
+        }
+        // A row that samples (or applies penalties) chooses its token with
+        // its session's own launches over its session's buffers: its logits
+        // row copied there, at its own position (the draw is keyed by it),
+        // so it draws the very token it would draw alone.
+        let row_bytes = 4 * self.model.config.vocab_size as u64;
+        for choice in &self.choices {
+            enc.copy_buffer_to_buffer(
+                &self.logits,
+                choice.row as u64 * row_bytes,
+                &choice.logits,
+                0,
+                row_bytes,
+            );
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("batch row's token choice"),
+                timestamp_writes: None,
+            });
+            for l in &choice.launches {
+                l.record(&mut pass, kernels);
+            }
+        }
+        for c in &self.copies {
+            enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
+        }
+        if let Some((ts, _)) = &timestamps {
+            ts.resolve(&mut enc);
+        }
+        enc.finish()
+    }
+}
+
+impl Recordable for StepJob {
+    fn encode(&self) -> wgpu::CommandBuffer {
+        self.encode_timed(None)
+    }
+}
+
+/// A batch step whose commands are recorded (or being recorded) ahead.
+struct PrerecordedStep {
+    /// Per row, what the commands were recorded for.
+    rows: Vec<RecordingKey>,
+    /// The readback buffer its tokens are copied to.
+    readback: usize,
+    /// The job, kept to record it on the caller's thread should the
+    /// recorder be gone.
+    job: StepJob,
+    commands: mpsc::Receiver<wgpu::CommandBuffer>,
+}
 
 /// A batch step on the GPU.
 struct InFlightStep {
@@ -241,6 +375,7 @@ impl Batch {
                             &rows,
                             &embed_step,
                         )
+                        .map(Arc::new)
                     })
                     .transpose()?;
                 Ok((k, v, bufs, rows, embed_step, forward))
@@ -261,6 +396,9 @@ impl Batch {
             ahead: None,
             behind: None,
             blocking_waits: 0,
+            recorder: None,
+            prerecorded: None,
+            recordings: (0, 0),
             model,
         })
     }
@@ -424,6 +562,16 @@ impl Batch {
     /// thread of its own, and until it is done that count's steps run each
     /// row through the one-token pipelines (the same tokens).
     ///
+    /// Nor does it record the steps of sessions it steps call after call:
+    /// right after a call submits a step, the commands of the next one for
+    /// the same sessions are recorded on a thread of the batch's own, so the
+    /// call that submits it only writes the rows' positions and submits
+    /// them (waiting for that recording only if it is not done yet, at most
+    /// one step's recording). Commands recorded for sessions that changed
+    /// since (another list or order, a session fed, truncated, given other
+    /// sampling parameters or dropped) are dropped unsubmitted; that step is
+    /// recorded on the caller's thread.
+    ///
     /// Errors: those of [`Batch::step`], before anything is submitted;
     /// then a GPU failure.
     pub fn try_step(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
@@ -499,7 +647,10 @@ impl Batch {
         let ts = Timestamps::new(&gpu, "batch launch timestamps", count);
         let mut kinds = Vec::new();
         let pending: Vec<u32> = sessions.iter().map(|s| s.pending.unwrap_or(0)).collect();
-        let mut step = self.submit_timed(sessions, 0, Some(&pending), 0, true, Some((&ts, &mut kinds)));
+        self.prerecorded = None;
+        self.recordings.0 += 1;
+        let commands = self.step_job(sessions, 0, 0, true).encode_timed(Some((&ts, &mut kinds)));
+        let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, commands);
         self.wait(&mut step)?;
         let out = self.read_tokens(step.readback, sessions.len())?;
         self.advance(sessions, &out, None);
@@ -512,6 +663,15 @@ impl Batch {
     #[doc(hidden)]
     pub fn debug_blocking_waits(&self) -> u64 {
         self.blocking_waits
+    }
+
+    /// Steps submitted by this batch so far whose commands were recorded
+    /// on the caller's thread, and whose commands were recorded ahead on
+    /// the batch's recorder: for tests that check which steps were
+    /// recorded where.
+    #[doc(hidden)]
+    pub fn debug_step_recordings(&self) -> (u64, u64) {
+        self.recordings
     }
 
     /// Checks the sessions of a step ([`Batch::step`]'s errors), changing
@@ -607,29 +767,122 @@ impl Batch {
     /// readback buffer `readback`. `wait`: the row pipelines of this
     /// session count are built now if not yet (a blocking step); otherwise
     /// they are built on another thread meanwhile (see
-    /// [`BatchForward::record`]).
+    /// [`BatchForward::record`]), the commands recorded ahead for this very
+    /// step serve if there are any (waiting for their recording to end if
+    /// need be: it started a submit earlier), and the next step's are
+    /// recorded ahead once this one is submitted.
     fn submit(
-        &self,
+        &mut self,
         sessions: &[&mut Session],
         offset: usize,
         tokens: Option<&[u32]>,
         readback: usize,
         wait: bool,
     ) -> InFlightStep {
-        self.submit_timed(sessions, offset, tokens, readback, wait, None)
+        let key = recording_key(sessions, offset);
+        // Commands recorded for other rows, positions or token choices
+        // are dropped unsubmitted.
+        let recorded = self.prerecorded.take().filter(|p| !wait && p.rows == key && p.readback == readback);
+        let commands = match recorded {
+            Some(p) => {
+                self.recordings.1 += 1;
+                take_recorded(&p.commands, true, || p.job.encode()).unwrap_or_else(|| p.job.encode())
+            }
+            None => {
+                self.recordings.0 += 1;
+                self.step_job(sessions, offset, readback, wait).encode()
+            }
+        };
+        let step = self.submit_commands(sessions, offset, tokens, readback, commands);
+        if !wait {
+            self.record_ahead(sessions, offset + 1, 1 - readback);
+        }
+        step
     }
 
-    /// [`Self::submit`], with a GPU timestamp after each launch of the
-    /// batch's pass into `timestamps` (query 0 before the first), each
-    /// launch's kind pushed to its list.
-    fn submit_timed(
+    /// Starts recording the step of `sessions` at their lengths plus
+    /// `offset` (the one after the step just submitted: the next submit
+    /// for the same sessions), its tokens to readback buffer `readback`,
+    /// on the batch's recorder, unless it would not fit.
+    fn record_ahead(&mut self, sessions: &[&mut Session], offset: usize, readback: usize) {
+        if !sessions.iter().all(|s| s.len + offset < s.bufs.capacity) {
+            return;
+        }
+        if self.recorder.is_none() {
+            self.recorder = Recorder::start();
+        }
+        let job = self.step_job(sessions, offset, readback, false);
+        let Some(recorder) = &self.recorder else { return };
+        let commands = recorder.record(job.clone());
+        let rows = recording_key(sessions, offset);
+        self.prerecorded = Some(PrerecordedStep { rows, readback, job, commands });
+    }
+
+    /// What the commands of the step of `sessions` at their lengths plus
+    /// `offset` record (see [`Self::submit`]): the batch's launches for
+    /// the row count and the rows' positions, each row's own token choice
+    /// where it samples, and the copies of the tokens. The rows' positions
+    /// and input tokens are buffer contents, written at the submit
+    /// ([`Self::submit_commands`]).
+    fn step_job(&self, sessions: &[&mut Session], offset: usize, readback: usize, wait: bool) -> StepJob {
+        let n = sessions.len();
+        let chunk = ATTENTION_CHUNK as usize;
+        let choices = sessions
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| chooses_alone(s))
+            .map(|(row, s)| RowChoice {
+                row,
+                logits: s.bufs.logits.clone(),
+                launches: s.forward.choose.clone(),
+            })
+            .collect();
+        // Each row's token where its session's next step reads it (a row
+        // choosing alone: from where its choice wrote it, to the batch's
+        // row, which the readback and the next batch step read).
+        let mut copies = Vec::with_capacity(n + 1);
+        for (z, s) in sessions.iter().enumerate() {
+            let at = 4 * (s.len + offset + 1) as u64;
+            let row = 4 * (1 + z as u64);
+            let (batch, own) = (self.bufs.tokens.clone(), s.bufs.tokens.clone());
+            copies.push(if chooses_alone(s) {
+                ReadbackCopy { src: own, src_offset: at, dst: batch, dst_offset: row, size: 4 }
+            } else {
+                ReadbackCopy { src: batch, src_offset: row, dst: own, dst_offset: at, size: 4 }
+            });
+        }
+        copies.push(ReadbackCopy {
+            src: self.bufs.tokens.clone(),
+            src_offset: 4,
+            dst: self.readbacks[readback].clone(),
+            dst_offset: 0,
+            size: 4 * n as u64,
+        });
+        StepJob {
+            model: self.model.clone(),
+            forward: self.forward.clone(),
+            rows: n as u32,
+            short: sessions.iter().any(|s| s.len + offset < chunk),
+            long: sessions.iter().any(|s| s.len + offset >= chunk),
+            wait,
+            logits: self.bufs.logits.clone(),
+            choices,
+            copies,
+        }
+    }
+
+    /// Writes what the step of `sessions` at their lengths plus `offset`
+    /// reads from the host (each row's position and KV offset, the input
+    /// tokens when given, each sampling row's position), then submits its
+    /// `commands` (recorded by [`Self::step_job`] for the same step) and
+    /// starts mapping readback buffer `readback`.
+    fn submit_commands(
         &self,
         sessions: &[&mut Session],
         offset: usize,
         tokens: Option<&[u32]>,
         readback: usize,
-        wait: bool,
-        mut timestamps: Option<(&Timestamps, &mut Vec<LaunchKind>)>,
+        commands: wgpu::CommandBuffer,
     ) -> InFlightStep {
         let n = sessions.len();
         let gpu = &self.model.gpu;
@@ -650,74 +903,8 @@ impl Batch {
             let pos = s.len + offset;
             s.write_step_at(pos, pos + 1);
         }
-        let chunk = ATTENTION_CHUNK as usize;
-        let short = sessions.iter().any(|s| s.len + offset < chunk);
-        let long = sessions.iter().any(|s| s.len + offset >= chunk);
-        let mut enc =
-            gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batch") });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("batch step"),
-                timestamp_writes: None,
-            });
-            if let Some(forward) = &self.forward {
-                match timestamps.as_mut() {
-                    Some((ts, kinds)) => {
-                        pass.write_timestamp(&ts.set, 0);
-                        let mut q = 1;
-                        let mut after = |pass: &mut wgpu::ComputePass<'_>, kind| {
-                            pass.write_timestamp(&ts.set, q);
-                            kinds.push(kind);
-                            q += 1;
-                        };
-                        forward.record_each(
-                            &mut pass,
-                            gpu,
-                            &self.model.kernels,
-                            n as u32,
-                            short,
-                            long,
-                            wait,
-                            &mut after,
-                        );
-                    }
-                    None => forward.record(&mut pass, gpu, &self.model.kernels, n as u32, short, long, wait),
-                }
-            }
-        }
-        // A row that samples (or applies penalties) chooses its token with
-        // its session's own launches over its session's buffers: its logits
-        // row copied there, at its own position (the draw is keyed by it),
-        // so it draws the very token it would draw alone.
-        let row_bytes = 4 * self.model.config.vocab_size as u64;
-        for (z, s) in sessions.iter().enumerate().filter(|(_, s)| chooses_alone(s)) {
-            enc.copy_buffer_to_buffer(&self.bufs.logits, z as u64 * row_bytes, &s.bufs.logits, 0, row_bytes);
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("batch row's token choice"),
-                timestamp_writes: None,
-            });
-            for l in &s.forward.choose {
-                l.record(&mut pass, &self.model.kernels);
-            }
-        }
-        // Each row's token where its session's next step reads it (a row
-        // choosing alone: from where its choice wrote it, to the batch's
-        // row, which the readback and the next batch step read).
-        for (z, s) in sessions.iter().enumerate() {
-            let at = 4 * (s.len + offset + 1) as u64;
-            let row = 4 * (1 + z as u64);
-            if chooses_alone(s) {
-                enc.copy_buffer_to_buffer(&s.bufs.tokens, at, &self.bufs.tokens, row, 4);
-            } else {
-                enc.copy_buffer_to_buffer(&self.bufs.tokens, row, &s.bufs.tokens, at, 4);
-            }
-        }
-        if let Some((ts, _)) = &timestamps {
-            ts.resolve(&mut enc);
-        }
+        let submission = gpu.queue.submit([commands]);
         let buf = &self.readbacks[readback];
-        enc.copy_buffer_to_buffer(&self.bufs.tokens, 4, buf, 0, 4 * n as u64);
-        let submission = gpu.queue.submit([enc.finish()]);
         let mapping = Mapping::start(buf.slice(..4 * n as u64), submission);
         let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
         InFlightStep { rows, readback, mapping }
@@ -762,6 +949,12 @@ fn chooses_alone(s: &Session) -> bool {
 fn row_key(s: &Session, offset: usize) -> RowKey {
     let lease = s.kv_slot.as_ref().map_or(u64::MAX, |l| l.number);
     (lease, s.edits, s.len + offset, if offset == 0 { s.pending } else { None })
+}
+
+/// Per row, the key of the commands of the step `offset` positions on
+/// from now (see [`RecordingKey`]).
+fn recording_key(sessions: &[&mut Session], offset: usize) -> Vec<RecordingKey> {
+    sessions.iter().map(|s| row_key(s, offset)).map(|(lease, edits, pos, _)| (lease, edits, pos)).collect()
 }
 
 /// Whether every step the sessions queued alone has its token back (so

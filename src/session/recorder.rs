@@ -1,15 +1,16 @@
-//! Decode steps recorded ahead of their submit, on a thread of the
-//! session's own: recording a step's ~150 launches and encoding them
+//! Decode steps recorded ahead of their submit, on a thread of their
+//! own: recording a step's ~150 launches and encoding them
 //! (`CommandEncoder::finish`: wgpu's tracking and the driver's commands)
 //! costs the host ~0.4 ms per step on x86 hosts, most of a decode call's
 //! time. A session that keeps steps queued ahead knows the next submit's
-//! positions one submit early, so its recorder encodes them meanwhile and
-//! the caller's thread only submits the finished commands: a frame that
-//! takes tokens pays for submits and readbacks, not for recording. Every
-//! submit stays on the caller's thread, in the caller's order, so writes
-//! the caller queues (`Queue::write_buffer`) keep their order relative to
-//! the steps; commands recorded for positions that are no longer next are
-//! dropped unsubmitted.
+//! positions one submit early, and so does a batch stepping the same
+//! sessions frame after frame, so a [`Recorder`] encodes them meanwhile
+//! and the caller's thread only submits the finished commands: a frame
+//! that takes tokens pays for submits and readbacks, not for recording.
+//! Every submit stays on the caller's thread, in the caller's order, so
+//! writes the caller queues (`Queue::write_buffer`) keep their order
+//! relative to the steps; commands recorded for positions that are no
+//! longer next are dropped unsubmitted.
 
 use std::ops::Range;
 use std::sync::{mpsc, Arc};
@@ -47,7 +48,8 @@ impl StepLaunches {
 }
 
 /// One buffer-to-buffer copy recorded after the steps (a token, or its
-/// log-probability record, into a readback slot).
+/// log-probability record, into a readback slot; a batch row's token
+/// between the batch's and its session's token sequences).
 #[derive(Clone)]
 pub(super) struct ReadbackCopy {
     pub src: wgpu::Buffer,
@@ -57,7 +59,14 @@ pub(super) struct ReadbackCopy {
     pub size: u64,
 }
 
-/// What one submit of decode steps records.
+/// Commands a [`Recorder`] can record: a job holds everything they depend
+/// on (shared handles), so recording needs nothing of the caller's.
+pub(super) trait Recordable: Send + 'static {
+    /// Records and finishes the commands.
+    fn encode(&self) -> wgpu::CommandBuffer;
+}
+
+/// What one submit of a session's decode steps records.
 #[derive(Clone)]
 pub(super) struct StepsJob {
     pub model: Arc<ModelGpu>,
@@ -93,25 +102,56 @@ impl StepsJob {
     }
 }
 
-/// A session's recording thread: encodes the jobs it is sent, in order,
-/// and ends when the session drops its [`Recorder`] (which waits for it:
-/// no thread of the session's is left inside the driver once it is gone,
-/// e.g. while the process exits).
+impl Recordable for StepsJob {
+    fn encode(&self) -> wgpu::CommandBuffer {
+        StepsJob::encode(self)
+    }
+}
+
+/// The commands a job queued on a [`Recorder`] yields once recorded
+/// (waiting for them if `wait`; else `None` while they are being
+/// recorded); `fallback` records them on the caller's thread when the
+/// recorder is gone.
+pub(super) fn take_recorded(
+    commands: &mpsc::Receiver<wgpu::CommandBuffer>,
+    wait: bool,
+    fallback: impl FnOnce() -> wgpu::CommandBuffer,
+) -> Option<wgpu::CommandBuffer> {
+    let got = if wait {
+        commands.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
+    } else {
+        commands.try_recv()
+    };
+    match got {
+        Ok(commands) => Some(commands),
+        Err(mpsc::TryRecvError::Empty) => None,
+        // The recorder is gone: record here.
+        Err(mpsc::TryRecvError::Disconnected) => Some(fallback()),
+    }
+}
+
+/// A job on its way to the recording thread, and where its commands go.
+type QueuedJob = (Box<dyn Recordable>, mpsc::Sender<wgpu::CommandBuffer>);
+
+/// A session's or a batch's recording thread: encodes the jobs it is
+/// sent, in order, and ends when its owner drops the [`Recorder`] (which
+/// waits for it: no thread of the owner's is left inside the driver once
+/// it is gone, e.g. while the process exits).
 pub(super) struct Recorder {
-    jobs: Option<mpsc::Sender<(StepsJob, mpsc::Sender<wgpu::CommandBuffer>)>>,
+    jobs: Option<mpsc::Sender<QueuedJob>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Recorder {
-    /// Starts the thread; `None` when the system refuses one (the session
-    /// then records on the caller's thread, as before).
+    /// Starts the thread; `None` when the system refuses one (the owner
+    /// then records on the caller's thread).
     pub(super) fn start() -> Option<Self> {
-        let (jobs, incoming) = mpsc::channel::<(StepsJob, mpsc::Sender<wgpu::CommandBuffer>)>();
+        let (jobs, incoming) = mpsc::channel::<QueuedJob>();
         let thread = std::thread::Builder::new()
             .name("qwen3-wgpu recorder".into())
             .spawn(move || {
                 for (job, done) in incoming {
-                    // The session may have moved on and dropped the receiver.
+                    // The owner may have moved on and dropped the receiver.
                     let _ = done.send(job.encode());
                 }
             })
@@ -121,12 +161,12 @@ impl Recorder {
 
     /// Queues `job`; its commands arrive on the returned receiver (which
     /// reports a disconnect if the thread is gone).
-    pub(super) fn record(&self, job: StepsJob) -> mpsc::Receiver<wgpu::CommandBuffer> {
+    pub(super) fn record(&self, job: impl Recordable) -> mpsc::Receiver<wgpu::CommandBuffer> {
         let (done, commands) = mpsc::channel();
         // A send fails only once the thread is gone: the receiver then
         // reports the disconnect and the caller records the job itself.
         if let Some(jobs) = &self.jobs {
-            let _ = jobs.send((job, done));
+            let _ = jobs.send((Box::new(job), done));
         }
         commands
     }
@@ -162,16 +202,6 @@ impl Prerecorded {
     /// The commands once recorded (waiting for them if `wait`; else
     /// `None` while they are being recorded).
     pub(super) fn take(&self, wait: bool) -> Option<wgpu::CommandBuffer> {
-        let got = if wait {
-            self.commands.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
-        } else {
-            self.commands.try_recv()
-        };
-        match got {
-            Ok(commands) => Some(commands),
-            Err(mpsc::TryRecvError::Empty) => None,
-            // The recorder is gone: record here.
-            Err(mpsc::TryRecvError::Disconnected) => Some(self.job.encode()),
-        }
+        take_recorded(&self.commands, wait, || self.job.encode())
     }
 }
