@@ -605,9 +605,9 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                     };
                     let rpw = split.rows_per_wg;
                     let alone = matvec_case(&wgsl_run(&gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
-                    // Every row in each workgroup, and two per grid z (the
-                    // last group short where n is odd).
-                    for per_z in if n > 2 { vec![n, 2] } else { vec![n] } {
+                    // Every row in each workgroup, and (first shape: 3
+                    // rows) two per grid z, the last group short.
+                    for per_z in if rows == 6 { vec![n, 2] } else { vec![n] } {
                         let all_rows = move |k: Kernel| {
                             let mut c = one(k);
                             c.extend([("DECODE_ROWS", n as f64), ("ROWS_PER_Z", per_z as f64)]);
