@@ -295,6 +295,34 @@ struct PrerecordedStep {
     /// recorder be gone.
     job: StepJob,
     commands: mpsc::Receiver<wgpu::CommandBuffer>,
+    /// The commands, once [`Self::is_ready`] has seen them arrive.
+    arrived: Option<wgpu::CommandBuffer>,
+}
+
+impl PrerecordedStep {
+    /// Whether the commands can be submitted without waiting for the
+    /// recorder: recorded, or the recorder gone (they are then recorded
+    /// on the caller's thread).
+    fn is_ready(&mut self) -> bool {
+        if self.arrived.is_none() {
+            match self.commands.try_recv() {
+                Ok(commands) => self.arrived = Some(commands),
+                Err(mpsc::TryRecvError::Empty) => return false,
+                Err(mpsc::TryRecvError::Disconnected) => {}
+            }
+        }
+        true
+    }
+
+    /// The commands, waiting for the recorder if need be.
+    fn take(self) -> wgpu::CommandBuffer {
+        match self.arrived {
+            Some(commands) => commands,
+            None => {
+                take_recorded(&self.commands, true, || self.job.encode()).unwrap_or_else(|| self.job.encode())
+            }
+        }
+    }
 }
 
 /// A batch step on the GPU.
@@ -543,7 +571,9 @@ impl Batch {
     /// ```
     ///
     /// A call submits at most one step. The first call for some sessions
-    /// submits their step and returns `None`; calls with the same
+    /// starts recording their step on a thread of the batch's own and
+    /// returns `None`; the first call that finds it recorded submits it
+    /// (and returns `None`); calls with the same
     /// sessions, in the same order and untouched in between, submit the
     /// next step behind it (as `step` does) and poll the device until the
     /// step's tokens are back (the call that returns them leaves the next
@@ -553,7 +583,8 @@ impl Batch {
     /// dropped) drops the steps in flight once they have finished (they
     /// advanced no session, so no token is lost; what they wrote lies past
     /// each session's length) and returns `None` until then; then it
-    /// submits the step of its own sessions. Steps a session queued alone
+    /// records and submits the step of its own sessions as a first call
+    /// does. Steps a session queued alone
     /// are discarded once they have finished, in the same way.
     /// [`Batch::step`] and `try_step` mix freely: either one takes over
     /// the step the other left in flight for the same sessions (`step`
@@ -562,15 +593,16 @@ impl Batch {
     /// thread of its own, and until it is done that count's steps run each
     /// row through the one-token pipelines (the same tokens).
     ///
-    /// Nor does it record the steps of sessions it steps call after call:
-    /// right after a call submits a step, the commands of the next one for
-    /// the same sessions are recorded on a thread of the batch's own, so the
-    /// call that submits it only writes the rows' positions and submits
-    /// them (waiting for that recording only if it is not done yet, at most
-    /// one step's recording). Commands recorded for sessions that changed
-    /// since (another list or order, a session fed, truncated, given other
-    /// sampling parameters or dropped) are dropped unsubmitted; that step is
-    /// recorded on the caller's thread.
+    /// Nor does it record steps on the caller's thread: right after a call
+    /// submits a step, the commands of the next one for the same sessions
+    /// are recorded on the batch's thread, so the call that submits it only
+    /// writes the rows' positions and submits them (waiting for that
+    /// recording only if it is not done yet, at most one step's
+    /// recording). Commands recorded for sessions that changed since
+    /// (another list or order, a session fed, truncated, given other
+    /// sampling parameters or dropped) are dropped unsubmitted, and the
+    /// step is recorded anew there as a first call's. Only where no thread
+    /// can be started is a step recorded on the caller's thread.
     ///
     /// Errors: those of [`Batch::step`], before anything is submitted;
     /// then a GPU failure.
@@ -591,6 +623,12 @@ impl Batch {
                 // Nothing of theirs is in flight: discarding waits for nothing.
                 for s in sessions.iter_mut() {
                     s.discard_queued()?;
+                }
+                // Nor is a step of this list recorded yet: its recording
+                // starts on the batch's recorder and a later call submits
+                // it (a frame's call never records a step itself).
+                if !self.first_step_ready(sessions) {
+                    return Ok(None);
                 }
                 // This call submits the step; later calls submit the next
                 // one behind it and poll for its tokens (one submit a
@@ -786,7 +824,7 @@ impl Batch {
         let commands = match recorded {
             Some(p) => {
                 self.recordings.1 += 1;
-                take_recorded(&p.commands, true, || p.job.encode()).unwrap_or_else(|| p.job.encode())
+                p.take()
             }
             None => {
                 self.recordings.0 += 1;
@@ -798,6 +836,22 @@ impl Batch {
             self.record_ahead(sessions, offset + 1, 1 - readback);
         }
         step
+    }
+
+    /// Whether the first step of `sessions` (a list with no step in
+    /// flight) is recorded and can be submitted without waiting: if no
+    /// recording of it is under way, one starts on the batch's recorder.
+    /// True where no recorder thread can run (the step is then recorded on
+    /// the caller's thread).
+    fn first_step_ready(&mut self, sessions: &[&mut Session]) -> bool {
+        let key = recording_key(sessions, 0);
+        match &mut self.prerecorded {
+            Some(p) if p.rows == key && p.readback == 0 => p.is_ready(),
+            _ => {
+                self.record_ahead(sessions, 0, 0);
+                self.prerecorded.is_none()
+            }
+        }
     }
 
     /// Starts recording the step of `sessions` at their lengths plus
@@ -815,7 +869,7 @@ impl Batch {
         let Some(recorder) = &self.recorder else { return };
         let commands = recorder.record(job.clone());
         let rows = recording_key(sessions, offset);
-        self.prerecorded = Some(PrerecordedStep { rows, readback, job, commands });
+        self.prerecorded = Some(PrerecordedStep { rows, readback, job, commands, arrived: None });
     }
 
     /// What the commands of the step of `sessions` at their lengths plus
@@ -1012,8 +1066,20 @@ mod tests {
         b.feed(&[4, 5]).unwrap();
         let in_flight = |batch: &super::Batch| (batch.ahead.is_some(), batch.behind.is_some());
         let sessions: &mut [&mut Session] = &mut [&mut a, &mut b];
-        assert!(batch.try_step(sessions).unwrap().is_none());
-        assert_eq!(in_flight(&batch), (true, false), "the first call submitted more than its step");
+        // The first calls only wait for the first step's recording; the
+        // call that finds it recorded submits it, and only it.
+        for _ in 0..10_000 {
+            if in_flight(&batch) != (false, false) {
+                break;
+            }
+            assert!(batch.try_step(sessions).unwrap().is_none());
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+        assert_eq!(
+            in_flight(&batch),
+            (true, false),
+            "the first submitting call submitted more than its step"
+        );
         // The next call queues the step behind it, whether or not the
         // first step's tokens are back.
         let tokens = batch.try_step(sessions).unwrap();
