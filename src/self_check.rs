@@ -1,6 +1,7 @@
 //! The start-up self-check: every pipeline the engine built for the decode
-//! step, and the tiled prompt-batch products (`int8_matmul`, an MSL twin on
-//! Metal), runs once on small known-answer inputs and is compared with the
+//! step, the tiled prompt-batch products (`int8_matmul`, an MSL twin on
+//! Metal) and the prompt-batch attention (`attention_prefill`, WGSL
+//! everywhere), runs once on small known-answer inputs and is compared with the
 //! CPU references ([`crate::reference`]) before the engine is returned. It
 //! proves the hand-written MSL twins on the device they run on (a shifted
 //! buffer slot, a compiler difference, a fast-math surprise or another
@@ -15,7 +16,8 @@
 //! value by value with every other row compared bit for bit, and the
 //! argmax's maximum is tied across chunks; the tiled products run over two
 //! token tiles whose spare tokens are NaN, which must reach no real
-//! token's output. One submit and one wait.
+//! token's output; the prompt-batch attention serves a short last group of
+//! tokens whose contexts cross a chunk edge. One submit and one wait.
 
 use std::time::Instant;
 
@@ -43,8 +45,8 @@ const ATTENTION_TOLERANCE: f64 = 2e-3;
 /// A value rounded to f16 in the KV cache.
 const F16_TOLERANCE: f64 = 4e-3;
 
-/// Runs every decode pipeline of `kernels` and every tiled prompt-batch
-/// pipeline once and compares with the CPU references. A device error
+/// Runs every decode pipeline of `kernels`, every tiled prompt-batch
+/// pipeline and the prompt-batch attention once and compares with the CPU references. A device error
 /// during the check is an `Err`; a wrong result is a [`SelfCheck`] with
 /// `ok: false`.
 pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
@@ -58,6 +60,7 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 matvec(&mut rig, Kernel::Int8MatvecNormSwiglu)?,
                 qk_norm_rope(&mut rig)?,
                 attention_prompt(&mut rig)?,
+                attention_prompt_batch(&mut rig)?,
                 attention_step(&mut rig, Kernel::AttentionStepDirect, 16, 9)?,
                 attention_step(&mut rig, Kernel::AttentionStep, 300, 270)?,
                 argmax(&mut rig)?,
@@ -93,7 +96,7 @@ struct Rig<'a> {
     /// Readback buffers and the bytes each holds.
     readbacks: Vec<(wgpu::Buffer, usize)>,
     /// The pipelines launched: each kernel's decode pipeline, and its
-    /// tiled prompt-batch one (`true`).
+    /// prompt-batch one (`true`: the tiled product, `attention_prefill`).
     ran: Vec<(Kernel, bool)>,
 }
 
@@ -446,23 +449,24 @@ fn qk_norm_rope(rig: &mut Rig<'_>) -> Result<Check> {
     }))
 }
 
-/// Records `attention_reduce` over `chunks` chunks of `parts` for one
-/// token; returns the readback index of its output (`nh * hd` values and 3
-/// that must stay poisoned).
+/// Records `attention_reduce` over `chunks` chunks of `parts` for
+/// `tokens` tokens (grid z); returns the readback index of its output, per
+/// token `nh * hd` values and 3 that must stay poisoned.
 fn reduce(
     rig: &mut Rig<'_>,
     part_ml: &wgpu::Buffer,
     part_acc: &wgpu::Buffer,
     chunks: usize,
+    tokens: usize,
 ) -> Result<usize> {
     let (nh, _, hd) = HEADS;
-    let out_len = nh * hd + 3;
-    let p = ReduceParams { head_dim: hd as u32, n_chunks: chunks as u32, out_stride: out_len as u32 };
+    let row = nh * hd + 3;
+    let p = ReduceParams { head_dim: hd as u32, n_chunks: chunks as u32, out_stride: row as u32 };
     let params = rig.uniform(bytes_of(&p))?;
-    let out = rig.storage(&poisoned(out_len))?;
-    let grid = attention::reduce_grid(nh as u32);
-    rig.dispatch(Kernel::AttentionReduce, grid, &[&params, part_ml, part_acc, &out]);
-    Ok(rig.read(&out, 4 * out_len))
+    let out = rig.storage(&poisoned(tokens * row))?;
+    let [x, y, _] = attention::reduce_grid(nh as u32);
+    rig.dispatch(Kernel::AttentionReduce, [x, y, tokens as u32], &[&params, part_ml, part_acc, &out]);
+    Ok(rig.read(&out, 4 * tokens * row))
 }
 
 /// The attention output (`nh * hd` values, then a poisoned tail) against
@@ -501,10 +505,57 @@ fn attention_prompt(rig: &mut Rig<'_>) -> Result<Check> {
         rig.storage(&f32s(&[2.0; 4]))?,
     ];
     rig.dispatch(kernel, attention::partial_grid(nh as u32, chunks as u32), &bufs.each_ref());
-    let out = reduce(rig, &bufs[5], &bufs[6], chunks)?;
+    let out = reduce(rig, &bufs[5], &bufs[6], chunks, 1)?;
     Ok(Box::new(move |outs| {
         let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, p.scale as f64);
         check_attention(kernel, &to_f32(&outs[out]), &want)
+    }))
+}
+
+/// The prompt-batch program of `attention_partial` (`attention_prefill`,
+/// its tokens per workgroup as the engine's) over 5 tokens at contexts
+/// 254..258 of a capacity of 300 (the last group of tokens short, the
+/// contexts across the chunk edge), then `attention_reduce` per token.
+fn attention_prompt_batch(rig: &mut Rig<'_>) -> Result<Check> {
+    let kernel = Kernel::AttentionPartial;
+    let (nh, nkv, hd) = HEADS;
+    let (cap, seq, tokens) = (300, 254, 5);
+    // The engine's activation rows come in multiples of 64 tokens, which
+    // every group size divides; the spare rows' queries are never read.
+    let rows = 64;
+    let p = head_params(cap);
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let q = pseudo_nonzero(24, rows * nh * hd);
+    let k = f16s(&pseudo_nonzero(25, nkv * cap * hd));
+    let v = f16s(&pseudo_nonzero(26, nkv * cap * hd));
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(seq - 1, 0))?,
+        rig.storage(&f32s(&q))?,
+        rig.storage(bytemuck::cast_slice(&k))?,
+        rig.storage(bytemuck::cast_slice(&v))?,
+        rig.storage(&poisoned(rows * 2 * nh * chunks))?,
+        rig.storage(&poisoned(rows * nh * chunks * hd))?,
+        rig.storage(&f32s(&[1.0; 4]))?,
+        rig.storage(&f32s(&[2.0; 4]))?,
+    ];
+    let launch = rig.kernels.launch_pipelines(kernel);
+    let pipeline =
+        launch.per_token.ok_or_else(|| Error::internal("attention_partial has no prompt-batch program"))?;
+    let [x, y, _] = attention::partial_grid(nh as u32, chunks as u32);
+    let groups = (tokens as u32).div_ceil(launch.per_token_tokens);
+    rig.dispatch_pipeline(kernel, true, &pipeline, [x, y, groups], &bufs.each_ref());
+    let out = reduce(rig, &bufs[5], &bufs[6], chunks, tokens)?;
+    Ok(Box::new(move |outs| {
+        let got = to_f32(&outs[out]);
+        let row = nh * hd + 3;
+        (0..tokens)
+            .flat_map(|z| {
+                let qz = &q[z * nh * hd..(z + 1) * nh * hd];
+                let want = attention_ref(qz, &k, &v, nh, nkv, hd, cap, seq + z, p.scale as f64);
+                check_attention(kernel, &got[z * row..(z + 1) * row], &want)
+            })
+            .collect()
     }))
 }
 
@@ -538,7 +589,8 @@ fn attention_step(rig: &mut Rig<'_>, kernel: Kernel, capacity: usize, pos: usize
     ];
     rig.dispatch(kernel, attention::partial_grid(nh as u32, chunks as u32), &bufs.each_ref());
     let (kr, vr) = (rig.read(&bufs[3], k0.len()), rig.read(&bufs[4], v0.len()));
-    let out = if direct { rig.read(&bufs[6], 4 * out_len) } else { reduce(rig, &bufs[5], &bufs[6], chunks)? };
+    let out =
+        if direct { rig.read(&bufs[6], 4 * out_len) } else { reduce(rig, &bufs[5], &bufs[6], chunks, 1)? };
     Ok(Box::new(move |outs| {
         let head = |h: usize| &qkv[h * hd..(h + 1) * hd];
         let (qn, kn) = norms.split_at(hd);
@@ -840,10 +892,10 @@ mod tests {
             .0
     }
 
-    /// Every decode pipeline, and the tiled prompt-batch pipeline of each
-    /// variant that has one.
+    /// Every decode pipeline, the tiled prompt-batch pipeline of each
+    /// variant that has one, and `attention_prefill`.
     fn pipelines_checked() -> usize {
-        Kernel::ALL.len() + Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count()
+        Kernel::ALL.len() + Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count() + 1
     }
 
     #[test]
@@ -852,7 +904,7 @@ mod tests {
         let check = run(&gpu, &kernels).unwrap();
         assert!(check.ok, "{}", check.describe_failures());
         assert_eq!(check.pipelines, pipelines_checked());
-        assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3, "every matvec variant runs tiled");
+        assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3 + 1, "every matvec variant runs tiled");
         // Engine construction ran it too.
         assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == pipelines_checked());
     }

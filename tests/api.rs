@@ -362,9 +362,10 @@ fn every_engine_build_runs_the_self_check() {
     let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
     let report = engine.kernel_report();
     assert!(report.self_check.ok, "{:?}", report.self_check);
-    // Every decode pipeline, and the tiled prompt-batch ones (qkv, gate/up).
+    // Every decode pipeline, the tiled prompt-batch ones (every matvec
+    // variant) and the prompt-batch attention.
     let all = qwen3_wgpu::internals::kernels::Kernel::ALL;
-    assert_eq!(report.self_check.pipelines, all.len() + all.iter().filter(|k| k.prefill_tiled()).count());
+    assert_eq!(report.self_check.pipelines, all.len() + all.iter().filter(|k| k.prefill_tiled()).count() + 1);
     assert!(report.self_check.ms > 0.0);
     assert!(report.fallback.is_none(), "MSL was not wanted on {:?}", engine.adapter_info().backend);
 }
