@@ -8,24 +8,11 @@
 //! tiling against the base one kernel by kernel). One test: the variable
 //! is the process's.
 
-use std::path::Path;
+mod common;
 
+use common::logits_after_a_long_prompt;
 use qwen3_wgpu::internals::kernels::{MatmulTile, MATMUL_TILE_ENV};
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
-
-/// The logits after a 300-token prompt (batches of 256 and 44 tokens: the
-/// second fills SwiGLU's tiles of 32, not qkv's of 64) on the `prompt_300tok`
-/// fixture (qkv and gate/up of 512 rows), under the variable as set now.
-fn logits_after_a_long_prompt() -> Vec<u32> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/prompt_300tok");
-    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine");
-    let model =
-        engine.load(dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
-    let prompt: Vec<u32> = (0..300u32).map(|i| (i * 37 + 11) % 1000).collect();
-    let mut session = model.session_with_capacity(320).unwrap();
-    session.feed(&prompt).unwrap();
-    session.debug_logits().unwrap().iter().map(|v| v.to_bits()).collect()
-}
+use qwen3_wgpu::{AdapterPolicy, Engine};
 
 #[test]
 fn every_tiling_gives_the_default_logits_and_an_unknown_one_is_a_named_error() {

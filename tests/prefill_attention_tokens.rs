@@ -6,25 +6,11 @@
 //! the same order; tests/kernels.rs compares the values kernel by kernel).
 //! One test: the variable is the process's.
 
-use std::path::Path;
+mod common;
 
+use common::logits_after_a_long_prompt;
 use qwen3_wgpu::internals::kernels::{PrefillAttentionTokens, PREFILL_ATTENTION_TOKENS_ENV};
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
-
-/// The logits after a 300-token prompt (batches of 256 and 44 tokens: the
-/// second no multiple of 8 or 16, its contexts across the first chunk of
-/// 256 positions) on the `prompt_300tok` fixture (4 query heads on 2 K/V
-/// heads), under the variable as set now.
-fn logits_after_a_long_prompt() -> Vec<u32> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/prompt_300tok");
-    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine");
-    let model =
-        engine.load(dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
-    let prompt: Vec<u32> = (0..300u32).map(|i| (i * 37 + 11) % 1000).collect();
-    let mut session = model.session_with_capacity(320).unwrap();
-    session.feed(&prompt).unwrap();
-    session.debug_logits().unwrap().iter().map(|v| v.to_bits()).collect()
-}
+use qwen3_wgpu::{AdapterPolicy, Engine};
 
 #[test]
 fn every_value_gives_the_default_logits_and_an_unknown_one_is_a_named_error() {
