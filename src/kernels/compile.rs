@@ -12,7 +12,7 @@ use crate::gpu::Gpu;
 pub(crate) enum Code<'a> {
     /// WGSL with its override constants; `checked`: whether naga's runtime
     /// checks (index clamping, loop bounding) stay in (see
-    /// [`super::Kernel::runtime_checks`]).
+    /// [`ShaderChecks::keeps`]).
     Wgsl { source: &'a str, constants: &'a [(&'a str, f64)], checked: bool },
     /// MSL, whose constants are in its preamble; the threadgroup size to
     /// dispatch with.
@@ -129,8 +129,9 @@ pub(crate) fn build(
                             gpu.device.create_shader_module(desc)
                         } else {
                             // SAFETY: only kernels that index through their params,
-                            // grid and lane ids come here (Kernel::runtime_checks);
-                            // the host sizes every binding for the params, the
+                            // grid, lane ids and the positions the engine writes come
+                            // here (ShaderChecks::keeps); the host sizes every
+                            // binding for the params, the
                             // kernel tests run them at awkward shapes against the
                             // checked build bit for bit (tests/shader_checks.rs),
                             // and their MSL twins run on Metal under the same
