@@ -62,8 +62,9 @@ pub struct Forward {
     /// sampler's: see [`choose_launches`]), replaced when the sampling
     /// parameters change.
     pub choose: Vec<Launch>,
-    /// The launches of a prompt batch, in order.
-    pub prefill: Vec<Launch>,
+    /// The launches of a prompt batch, in order (shared with the
+    /// session's recorder thread).
+    pub prefill: std::sync::Arc<Vec<Launch>>,
     /// Bytes of the buffers holding the parameters of every launch but
     /// `choose`.
     pub uniform_bytes: u64,
@@ -131,7 +132,7 @@ pub fn forward(
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
     let uniform_bytes = b.uniforms.borrow().bytes();
     let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0);
-    Forward { step, choose, prefill, uniform_bytes, choose_uniform_bytes }
+    Forward { step, choose, prefill: std::sync::Arc::new(prefill), uniform_bytes, choose_uniform_bytes }
 }
 
 /// One launch of a batch step (see [`BatchForward`]).

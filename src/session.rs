@@ -181,6 +181,9 @@ pub struct Session {
     prerecorded: Option<recorder::Prerecorded>,
     /// Decode submits so far (steps queued ahead; not prompts).
     decode_submits: u64,
+    /// Prompt submits whose commands were recorded on the caller's thread
+    /// (a blocking feed's; a polled feed's only when the recorder is gone).
+    inline_feed_recordings: u64,
 }
 
 impl Session {
@@ -223,6 +226,7 @@ impl Session {
             recorder: None,
             prerecorded: None,
             decode_submits: 0,
+            inline_feed_recordings: 0,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -443,6 +447,7 @@ impl Session {
         self.write_step_at(end - 1, end);
         let mut enc = self.encoder();
         self.record(&mut enc, end - 1..end, None);
+        self.inline_feed_recordings += 1;
         let slot = self.queue_readback(&mut enc, end)?;
         self.submit_with_readback(enc, slot);
         self.gpu_pos = end;
@@ -586,11 +591,8 @@ impl Session {
         if k == 0 || self.free_slots.len() < k {
             return;
         }
-        if self.recorder.is_none() {
-            self.recorder = recorder::Recorder::start();
-            if self.recorder.is_none() {
-                return;
-            }
+        if self.started_recorder().is_none() {
+            return;
         }
         let positions = self.gpu_pos..self.gpu_pos + k;
         let slots: Vec<usize> = (0..k).filter_map(|_| self.free_slots.pop()).collect();
@@ -599,6 +601,15 @@ impl Session {
         let commands = rec.record(job.clone());
         self.prerecorded =
             Some(recorder::Prerecorded { positions, launches: job.launches.clone(), slots, job, commands });
+    }
+
+    /// The session's recorder, started on first use (`None` when the
+    /// system refuses a thread).
+    fn started_recorder(&mut self) -> Option<&recorder::Recorder> {
+        if self.recorder.is_none() {
+            self.recorder = recorder::Recorder::start();
+        }
+        self.recorder.as_ref()
     }
 
     /// The launches of a decode step, shared with the recorder.
@@ -687,7 +698,7 @@ impl Session {
                 (commands, slots)
             }
         };
-        self.submit_commands_with_readbacks(commands, &slots);
+        self.submit_commands_with_readbacks([commands], &slots);
         self.decode_submits += 1;
         self.gpu_pos += n;
         Ok(true)
@@ -717,21 +728,22 @@ impl Session {
     /// Submits the prompt batch from position `at` (up to a batch of the
     /// positions before `end - 1`, whose full step comes after) and returns
     /// how many positions it runs.
-    fn submit_prefill_batch(&self, at: usize, end: usize) -> usize {
+    fn submit_prefill_batch(&mut self, at: usize, end: usize) -> usize {
         let n = (end - 1 - at).min(self.bufs.batch);
         self.write_step_at(at, end);
-        let mut enc = self.encoder();
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("prefill"),
-                timestamp_writes: None,
-            });
-            for l in &self.forward.prefill {
-                l.record_batch(&mut pass, &self.model.kernels, n as u32);
-            }
-        }
-        self.model.gpu.queue.submit([enc.finish()]);
+        let commands = self.prefill_job(n).encode();
+        self.inline_feed_recordings += 1;
+        self.model.gpu.queue.submit([commands]);
         n
+    }
+
+    /// The recording of a prompt batch of `n` positions.
+    fn prefill_job(&self, n: usize) -> recorder::PrefillJob {
+        recorder::PrefillJob {
+            model: self.model.clone(),
+            launches: self.forward.prefill.clone(),
+            tokens: n as u32,
+        }
     }
 
     fn encoder(&self) -> wgpu::CommandEncoder {
@@ -791,12 +803,16 @@ impl Session {
     /// [`Self::submit_with_readback`] for an encoder holding several steps,
     /// each copying its token into one of `slots`, in order.
     fn submit_with_readbacks(&mut self, enc: wgpu::CommandEncoder, slots: &[usize]) {
-        self.submit_commands_with_readbacks(enc.finish(), slots);
+        self.submit_commands_with_readbacks([enc.finish()], slots);
     }
 
     /// [`Self::submit_with_readbacks`] for finished commands.
-    fn submit_commands_with_readbacks(&mut self, commands: wgpu::CommandBuffer, slots: &[usize]) {
-        let submission = self.model.gpu.queue.submit([commands]);
+    fn submit_commands_with_readbacks(
+        &mut self,
+        commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
+        slots: &[usize],
+    ) {
+        let submission = self.model.gpu.queue.submit(commands);
         for &slot in slots {
             let mapping = Mapping::start(self.slots[slot].slice(..), submission.clone());
             self.queued.push_back(InFlight { slot, mapping });

@@ -4,9 +4,11 @@
 //! keeps its frame rate: at most one batch is on the GPU at a time, so a
 //! frame submitted meanwhile never queues behind a backlog of prompt work.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::recorder::{Ahead, PrefillJob, StepsJob};
 use super::{check_prompt, InFlight, Session};
 use crate::error::{Error, Result};
 
@@ -49,6 +51,14 @@ pub(super) struct FeedProgress {
     discarded: Vec<InFlight>,
     /// Submits so far (tests check that each call adds at most one).
     submits: usize,
+    /// The prompt batches not submitted yet, in order, recorded (or being
+    /// recorded) on the session's recorder: a frame that polls the feed
+    /// pays for submits, not for recording ~300 launches per batch.
+    batches: VecDeque<Ahead<PrefillJob>>,
+    /// The last position's step, recorded likewise (without its token's
+    /// readback copy, recorded at its submit: the readback slot is chosen
+    /// then); `None` once submitted.
+    last: Option<Ahead<StepsJob>>,
 }
 
 impl FeedProgress {
@@ -60,8 +70,10 @@ impl FeedProgress {
 impl Session {
     /// Starts feeding `ids` without blocking: checks them as
     /// [`feed`](Self::feed) does (every id, the capacity, the pending token
-    /// committed first), submits the first prompt batch and returns. Then
-    /// call [`poll_feed`](Self::poll_feed) (say once a frame) until it
+    /// committed first), hands the prompt batches' and the last
+    /// position's commands to the session's recording thread and returns:
+    /// a frame that starts or polls a feed pays for submits, not for
+    /// recording. Then call [`poll_feed`](Self::poll_feed) (say once a frame) until it
     /// returns [`FeedStatus::Ready`] with the prediction after the last id,
     /// the token [`feed`](Self::feed) would return. Neither call ever waits
     /// for the GPU, and at most one batch of [`PREFILL_BATCH`](crate::PREFILL_BATCH)
@@ -110,15 +122,35 @@ impl Session {
         self.model.gpu.queue.write_buffer(&self.bufs.tokens, 4 * start as u64, bytemuck::cast_slice(&ids));
         self.pending = None;
         self.gpu_pos = start;
+        let end = start + ids.len();
+        // Every submit's commands, sent to the recorder now, in order.
+        let mut prefill_jobs = Vec::new();
+        let mut at = start;
+        while at + 1 < end {
+            let n = (end - 1 - at).min(self.bufs.batch);
+            prefill_jobs.push(self.prefill_job(n));
+            at += n;
+        }
+        let last_job = StepsJob {
+            model: self.model.clone(),
+            launches: self.step_launches(),
+            positions: end - 1..end,
+            copies: Vec::new(),
+        };
+        let recorder = self.started_recorder();
+        let batches = prefill_jobs.into_iter().map(|job| Ahead::record(recorder, job)).collect();
+        let last = Some(Ahead::record(recorder, last_job));
         let mut progress = FeedProgress {
             start,
-            end: start + ids.len(),
+            end,
             next: start,
             done: start,
             in_flight: None,
             final_submitted: false,
             discarded,
             submits: 0,
+            batches,
+            last,
         };
         self.submit_feed_work(&mut progress);
         self.feed_progress = Some(progress);
@@ -126,8 +158,9 @@ impl Session {
     }
 
     /// Advances the feed [`begin_feed`](Self::begin_feed) started, without
-    /// waiting: when the batch on the GPU is done, submits the next one (or
-    /// the last position's step); when that step's token has arrived,
+    /// waiting: when the batch on the GPU is done (or none was submitted
+    /// yet), submits the next one (or the last position's step) once its
+    /// commands are recorded; when that step's token has arrived,
     /// returns it as [`FeedStatus::Ready`] and the feed is over (the session
     /// then holds the ids, and the token is pending, exactly as after
     /// [`feed`](Self::feed)). Otherwise [`FeedStatus::Pending`] with the
@@ -170,6 +203,15 @@ impl Session {
     #[doc(hidden)]
     pub fn debug_feed_counts(&self) -> (usize, u64) {
         (self.feed_progress.as_ref().map_or(0, |p| p.submits), self.blocking_waits)
+    }
+
+    /// Prompt submits (batches and a feed's last step) so far whose
+    /// commands were recorded on the caller's thread: a blocking
+    /// [`feed`](Self::feed)'s, and a polled feed's only when the recording
+    /// thread is gone. For tests that check where a feed is recorded.
+    #[doc(hidden)]
+    pub fn debug_inline_feed_recordings(&self) -> u64 {
+        self.inline_feed_recordings
     }
 
     /// The named error of a call made while a feed is in progress.
@@ -228,14 +270,29 @@ impl Session {
     }
 
     /// Submits the feed's next prompt batch, or its last position's full
-    /// step with the token's readback once every batch is done.
+    /// step with the token's readback once every batch is done, unless its
+    /// commands are still being recorded (a later poll submits them).
     fn submit_feed_work(&mut self, progress: &mut FeedProgress) {
         let gpu = self.model.gpu.clone();
         let end = progress.end;
-        progress.submits += 1;
         if progress.next + 1 < end {
             let at = progress.next;
-            let n = self.submit_prefill_batch(at, end);
+            let (commands, n, inline) = match progress.batches.front() {
+                Some(batch) => match batch.take() {
+                    Some((commands, inline)) => (commands, batch.job.tokens as usize, inline),
+                    None => return,
+                },
+                // Unreachable (one job per batch); record here.
+                None => {
+                    let n = (end - 1 - at).min(self.bufs.batch);
+                    (self.prefill_job(n).encode(), n, true)
+                }
+            };
+            progress.batches.pop_front();
+            self.inline_feed_recordings += u64::from(inline);
+            self.write_step_at(at, end);
+            gpu.queue.submit([commands]);
+            progress.submits += 1;
             let done = Arc::new(AtomicBool::new(false));
             let flag = done.clone();
             gpu.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
@@ -243,18 +300,37 @@ impl Session {
             progress.in_flight = Some((at + n, done));
             return;
         }
+        let launches = self.step_launches();
+        let (commands, inline) = match &progress.last {
+            // Recorded with the launches the session steps with now.
+            Some(last) if Arc::ptr_eq(&last.job.launches, &launches) => match last.take() {
+                Some(recorded) => recorded,
+                None => return,
+            },
+            _ => {
+                let job = StepsJob {
+                    model: self.model.clone(),
+                    launches,
+                    positions: end - 1..end,
+                    copies: Vec::new(),
+                };
+                (job.encode(), true)
+            }
+        };
+        progress.last = None;
+        self.inline_feed_recordings += u64::from(inline);
         self.write_step_at(end - 1, end);
-        let mut enc = self.encoder();
-        self.record(&mut enc, end - 1..end, None);
+        let mut copy = self.encoder();
         // A slot is free: at most `lookahead` steps are ever queued, and
         // there is one slot more.
-        match self.queue_readback(&mut enc, end) {
-            Ok(slot) => self.submit_with_readback(enc, slot),
+        match self.queue_readback(&mut copy, end) {
+            Ok(slot) => self.submit_commands_with_readbacks([commands, copy.finish()], &[slot]),
             Err(_) => {
                 // Unreachable by the count above; fail the next poll cleanly.
-                gpu.queue.submit([enc.finish()]);
+                gpu.queue.submit([commands, copy.finish()]);
             }
         }
+        progress.submits += 1;
         self.gpu_pos = end;
         self.len = end - 1;
         progress.next = end;

@@ -108,6 +108,73 @@ impl Recordable for StepsJob {
     }
 }
 
+/// What one prompt batch of a feed records: the prompt-batch launches
+/// over `tokens` positions (their first position is in the session's step
+/// buffer, written before the submit).
+#[derive(Clone)]
+pub(super) struct PrefillJob {
+    pub model: Arc<ModelGpu>,
+    pub launches: Arc<Vec<Launch>>,
+    pub tokens: u32,
+}
+
+impl Recordable for PrefillJob {
+    fn encode(&self) -> wgpu::CommandBuffer {
+        PrefillJob::encode(self)
+    }
+}
+
+impl PrefillJob {
+    /// Records the batch in one compute pass and finishes the commands.
+    pub(super) fn encode(&self) -> wgpu::CommandBuffer {
+        let device = &self.model.gpu.device;
+        let mut enc =
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("prefill") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("prefill"),
+                timestamp_writes: None,
+            });
+            for l in self.launches.iter() {
+                l.record_batch(&mut pass, &self.model.kernels, self.tokens);
+            }
+        }
+        enc.finish()
+    }
+}
+
+/// A job sent to a [`Recorder`] (or to none: then recorded on the caller's
+/// thread when taken), kept to record it there should the recorder be
+/// gone.
+pub(super) struct Ahead<J> {
+    pub job: J,
+    commands: mpsc::Receiver<wgpu::CommandBuffer>,
+}
+
+impl<J: Recordable + Clone> Ahead<J> {
+    /// Sends `job` to `recorder`.
+    pub(super) fn record(recorder: Option<&Recorder>, job: J) -> Self {
+        let commands = match recorder {
+            Some(rec) => rec.record(job.clone()),
+            // A receiver whose sender is gone: `take` records inline.
+            None => mpsc::channel().1,
+        };
+        Ahead { job, commands }
+    }
+
+    /// The commands once recorded (`None` while they are being recorded),
+    /// and whether they were recorded on the caller's thread (the
+    /// recorder being gone).
+    pub(super) fn take(&self) -> Option<(wgpu::CommandBuffer, bool)> {
+        let mut inline = false;
+        let commands = take_recorded(&self.commands, false, || {
+            inline = true;
+            self.job.encode()
+        })?;
+        Some((commands, inline))
+    }
+}
+
 /// The commands a job queued on a [`Recorder`] yields once recorded
 /// (waiting for them if `wait`; else `None` while they are being
 /// recorded); `fallback` records them on the caller's thread when the
