@@ -71,34 +71,13 @@ struct Quad {
 }
 
 fn xq(b: u32, j: u32) -> Quad {
-    return xq_normed(b, norm_quad(j));
-}
-
-// The norm weights of quad j (NORM; else unused), loaded once where several
-// tokens' inputs take them.
-struct NormQuad {
-    n0: vec4<f32>,
-    n1: vec4<f32>,
-    n2: vec4<f32>,
-    n3: vec4<f32>,
-}
-
-fn norm_quad(j: u32) -> NormQuad {
-    if NORM {
-        return NormQuad(norm_w[4u * j], norm_w[4u * j + 1u], norm_w[4u * j + 2u], norm_w[4u * j + 3u]);
-    }
-    return NormQuad(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-}
-
-// xq with quad j's norm weights `n` (from norm_quad(j)).
-fn xq_normed(b: u32, n: NormQuad) -> Quad {
     var q = Quad(x[b], x[b + 1u], x[b + 2u], x[b + 3u], vec4<f32>(0.0));
     if NORM {
         q.sq = q.x0 * q.x0 + q.x1 * q.x1 + q.x2 * q.x2 + q.x3 * q.x3;
-        q.x0 *= n.n0;
-        q.x1 *= n.n1;
-        q.x2 *= n.n2;
-        q.x3 *= n.n3;
+        q.x0 *= norm_w[4u * j];
+        q.x1 *= norm_w[4u * j + 1u];
+        q.x2 *= norm_w[4u * j + 2u];
+        q.x3 *= norm_w[4u * j + 3u];
     }
     return q;
 }
@@ -180,11 +159,10 @@ fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32, peel: bool) -> P
         let s = vec4<f32>(scales[row0 * n_groups() + g], scales[r1 * n_groups() + g], scales[r2 * n_groups() + g],
                           scales[r3 * n_groups() + g]);
         let b = xb + 4u * j;
-        let n = norm_quad(j);
-        let q0 = xq_normed(b, n);
-        let q1 = xq_normed(b + n_k_words(), n);
-        let q2 = xq_normed(b + 2u * n_k_words(), n);
-        let q3 = xq_normed(b + 3u * n_k_words(), n);
+        let q0 = xq(b, j);
+        let q1 = xq(b + n_k_words(), j);
+        let q2 = xq(b + 2u * n_k_words(), j);
+        let q3 = xq(b + 3u * n_k_words(), j);
         let p0 = rows4(w0, w1, w2, w3, q0) * s;
         let p1 = rows4(w0, w1, w2, w3, q1) * s;
         let p2 = rows4(w0, w1, w2, w3, q2) * s;
@@ -271,9 +249,9 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 }
 
 // DECODE_ROWS rows, split K, where each lane takes one step (quad) of K at
-// most: the lane loads its weight quads, scales and norm weights once for
-// every row, then runs each row as decode_token would (partial4's one
-// step4, the same expressions, then wg_sum5 and store4).
+// most: the lane loads its weight quads and scales once for every row,
+// then runs each row as decode_token would (partial4's one step4, the
+// same expressions, then wg_sum5 and store4).
 fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
     let k_quads = n_k_words() / 4u;
     let j = lane.idx;
@@ -284,10 +262,7 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
     var w2 = vec4<u32>(0u);
     var w3 = vec4<u32>(0u);
     var s = vec4<f32>(0.0);
-    // The norm weights of the lane's quad, once for every row.
-    var n = NormQuad(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     if has_step {
-        n = norm_quad(j);
         let g = j / (GROUP_WORDS / 4u);
         w0 = w[rows.x * k_quads + j];
         w1 = w[rows.y * k_quads + j];
@@ -300,10 +275,10 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
     // wg_sum5's), then the rest one at a time.
     var z = z0;
     for (; z + 4u <= z_end; z += 4u) {
-        let o0 = split_k_row(has_step, w0, w1, w2, w3, s, n, z, j);
-        let o1 = split_k_row(has_step, w0, w1, w2, w3, s, n, z + 1u, j);
-        let o2 = split_k_row(has_step, w0, w1, w2, w3, s, n, z + 2u, j);
-        let o3 = split_k_row(has_step, w0, w1, w2, w3, s, n, z + 3u, j);
+        let o0 = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
+        let o1 = split_k_row(has_step, w0, w1, w2, w3, s, z + 1u, j);
+        let o2 = split_k_row(has_step, w0, w1, w2, w3, s, z + 2u, j);
+        let o3 = split_k_row(has_step, w0, w1, w2, w3, s, z + 3u, j);
         let ss = vec4<f32>(o0.ss.x + o0.ss.y + o0.ss.z + o0.ss.w, o1.ss.x + o1.ss.y + o1.ss.z + o1.ss.w,
                            o2.ss.x + o2.ss.y + o2.ss.z + o2.ss.w, o3.ss.x + o3.ss.y + o3.ss.z + o3.ss.w);
         let r = wg_sum5x4(o0.acc, o1.acc, o2.acc, o3.acc, ss, lane);
@@ -313,7 +288,7 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
         store4(row0, finish(r.v3, vec4<f32>(r.s.w, 0.0, 0.0, 0.0)), lane.idx, z + 3u);
     }
     for (; z < z_end; z++) {
-        let o = split_k_row(has_step, w0, w1, w2, w3, s, n, z, j);
+        let o = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
         let ss = o.ss;
         let r = wg_sum5(o.acc, ss.x + ss.y + ss.z + ss.w, lane);
         store4(row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z);
@@ -321,11 +296,11 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
 }
 
 // One row's step of split_k_rows (partial4's one step4 for the lane).
-fn split_k_row(has_step: bool, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, s: vec4<f32>,
-               n: NormQuad, z: u32, j: u32) -> Partial {
+fn split_k_row(has_step: bool, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, s: vec4<f32>, z: u32,
+               j: u32) -> Partial {
     var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
     if has_step {
-        let q = xq_normed(z * n_k_words() + 4u * j, n);
+        let q = xq(z * n_k_words() + 4u * j, j);
         o = Partial(rows4(w0, w1, w2, w3, q) * s, q.sq);
     }
     return o;
