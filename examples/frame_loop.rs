@@ -500,8 +500,14 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
         .poll(wgpu::PollType::wait_indefinitely())
         .map_err(|e| Error::GpuDeviceFailed { reason: format!("waiting for the phase's work: {e}") })?;
     harvest(&mut in_flight, &mut latency);
+    // The slowest frames' engine time, with their index: where the p99
+    // comes from (a conversation's first frames, a restart, ...).
+    let mut slowest: Vec<(usize, f64)> = engine_cpu.iter().copied().enumerate().collect();
+    slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    slowest.truncate(5);
     Ok(json!({
         "phase": if sessions == 0 { "render" } else { "decode" },
+        "slowest_engine_frames": slowest.iter().map(|&(i, ms)| json!({"frame": i, "ms": ms})).collect::<Vec<_>>(),
         "sessions": sessions,
         "batched": sessions > 1,
         "frames": args.frames,
@@ -626,6 +632,15 @@ fn run(args: &Args) -> Result<()> {
                 result["late_frames"],
                 result["tokens_per_sec"].as_f64().unwrap_or(0.0)
             );
+            if sessions > 0 {
+                let slowest: Vec<String> = result["slowest_engine_frames"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|f| format!("#{} {:.3}", f["frame"], f["ms"].as_f64().unwrap_or(0.0)))
+                    .collect();
+                println!("{:>8} slowest engine frames (ms): {}", "", slowest.join(", "));
+            }
         }
     }
     Ok(())
