@@ -55,10 +55,13 @@ pub(super) struct FeedProgress {
     /// recorded) on the session's recorder: a frame that polls the feed
     /// pays for submits, not for recording ~300 launches per batch.
     batches: VecDeque<Ahead<PrefillJob>>,
-    /// The last position's step, recorded likewise (without its token's
-    /// readback copy, recorded at its submit: the readback slot is chosen
-    /// then); `None` once submitted.
+    /// The last position's step, recorded likewise, with the copy of its
+    /// token into `last_slot` (without, if no slot was free: the copy is
+    /// then recorded at its submit); `None` once submitted.
     last: Option<Ahead<StepsJob>>,
+    /// The readback slot the last step's token goes to, taken at
+    /// `begin_feed` (returned if the feed fails before its submit).
+    last_slot: Option<usize>,
 }
 
 impl FeedProgress {
@@ -117,6 +120,8 @@ impl Session {
         // The steps queued ahead only write positions past `len`, which
         // the feed overwrites after them in queue order: no need to wait.
         let discarded = self.queued.drain(..).collect();
+        // A submit recorded ahead serves positions the feed moves past.
+        self.drop_prerecorded();
         self.edits += 1;
         let start = self.len;
         self.model.gpu.queue.write_buffer(&self.bufs.tokens, 4 * start as u64, bytemuck::cast_slice(&ids));
@@ -131,11 +136,12 @@ impl Session {
             prefill_jobs.push(self.prefill_job(n));
             at += n;
         }
-        let last_job = StepsJob {
-            model: self.model.clone(),
-            launches: self.step_launches(),
-            positions: end - 1..end,
-            copies: Vec::new(),
+        // A slot is free: at most `lookahead` steps are ever queued (now
+        // discarded), and there is one slot more.
+        let last_slot = self.free_slots.pop();
+        let last_job = match last_slot {
+            Some(slot) => self.steps_job(end - 1..end, &[slot]),
+            None => self.last_step_job(end),
         };
         let recorder = self.started_recorder();
         let batches = prefill_jobs.into_iter().map(|job| Ahead::record(recorder, job)).collect();
@@ -151,6 +157,7 @@ impl Session {
             submits: 0,
             batches,
             last,
+            last_slot,
         };
         self.submit_feed_work(&mut progress);
         self.feed_progress = Some(progress);
@@ -183,6 +190,7 @@ impl Session {
                 // Rewind to where the feed began; what is still in flight
                 // is reclaimed by the next call that discards queued steps.
                 self.queued.extend(progress.discarded.drain(..));
+                self.free_slots.extend(progress.last_slot.take());
                 self.len = progress.start;
                 self.pending = None;
                 self.reset_gpu_position();
@@ -269,6 +277,16 @@ impl Session {
         Ok(())
     }
 
+    /// The step at position `end - 1` without its token's readback copy.
+    fn last_step_job(&mut self, end: usize) -> StepsJob {
+        StepsJob {
+            model: self.model.clone(),
+            launches: self.step_launches(),
+            positions: end - 1..end,
+            copies: Vec::new(),
+        }
+    }
+
     /// Submits the feed's next prompt batch, or its last position's full
     /// step with the token's readback once every batch is done, unless its
     /// commands are still being recorded (a later poll submits them).
@@ -301,33 +319,36 @@ impl Session {
             return;
         }
         let launches = self.step_launches();
-        let (commands, inline) = match &progress.last {
-            // Recorded with the launches the session steps with now.
+        // Recorded ahead with the launches the session steps with now.
+        let recorded = match &progress.last {
             Some(last) if Arc::ptr_eq(&last.job.launches, &launches) => match last.take() {
-                Some(recorded) => recorded,
+                Some(recorded) => Some(recorded),
                 None => return,
             },
-            _ => {
-                let job = StepsJob {
-                    model: self.model.clone(),
-                    launches,
-                    positions: end - 1..end,
-                    copies: Vec::new(),
-                };
-                (job.encode(), true)
-            }
+            _ => None,
         };
         progress.last = None;
-        self.inline_feed_recordings += u64::from(inline);
         self.write_step_at(end - 1, end);
-        let mut copy = self.encoder();
-        // A slot is free: at most `lookahead` steps are ever queued, and
-        // there is one slot more.
-        match self.queue_readback(&mut copy, end) {
-            Ok(slot) => self.submit_commands_with_readbacks([commands, copy.finish()], &[slot]),
-            Err(_) => {
-                // Unreachable by the count above; fail the next poll cleanly.
-                gpu.queue.submit([commands, copy.finish()]);
+        match progress.last_slot.take() {
+            Some(slot) => {
+                let (commands, inline) =
+                    recorded.unwrap_or_else(|| (self.steps_job(end - 1..end, &[slot]).encode(), true));
+                self.inline_feed_recordings += u64::from(inline);
+                self.submit_commands_with_readbacks([commands], &[slot]);
+            }
+            None => {
+                // No slot was free at begin_feed (unreachable by the count
+                // there): the token's copy is recorded here.
+                let (commands, inline) = recorded.unwrap_or_else(|| (self.last_step_job(end).encode(), true));
+                self.inline_feed_recordings += u64::from(inline);
+                let mut copy = self.encoder();
+                match self.queue_readback(&mut copy, end) {
+                    Ok(slot) => self.submit_commands_with_readbacks([commands, copy.finish()], &[slot]),
+                    // Fails the next poll cleanly.
+                    Err(_) => {
+                        gpu.queue.submit([commands, copy.finish()]);
+                    }
+                }
             }
         }
         progress.submits += 1;
