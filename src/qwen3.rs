@@ -40,6 +40,9 @@ use crate::sampling::SamplingParams;
 
 /// One launch of the decode step, or the attention of one layer, whose
 /// launches depend on the step's position.
+// Built once per session, ~150 of them: boxing the larger variant would
+// save little memory and add an indirection per recorded launch.
+#[allow(clippy::large_enum_variant)]
 enum StepLaunch {
     Always(Launch),
     /// `direct` when the context (position + 1) fits one chunk of

@@ -109,7 +109,7 @@ impl Launch {
         let p = &self.pipelines;
         let (pipeline, grid, z) = match (tokens > 1, &p.per_token) {
             (true, Some(per_token)) => match &p.tiled {
-                Some(tiled) if tokens >= tiled.tokens => {
+                Some(tiled) if tokens >= tiled.min_tokens => {
                     (&tiled.pipeline, self.prefill_workgroups, tokens.div_ceil(tiled.tokens))
                 }
                 _ => (per_token, self.workgroups, tokens.div_ceil(p.per_token_tokens)),

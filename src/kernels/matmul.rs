@@ -68,6 +68,13 @@ pub struct MatmulTile {
     /// write 8 different bank groups, and the multiply-adds' reads stay
     /// whole 128-byte lines.
     pub swizzle: bool,
+    /// Whether the variants that add into the residual stream (o_proj and
+    /// down: the model's hidden size in rows, few next to qkv's and
+    /// gate/up's) take tiles of half the rows and half the tokens: four
+    /// times the workgroups. The 0.6B model's 1,024 rows x 256 tokens
+    /// otherwise make 64 workgroups for an H200's 132 cores (o_proj 91.7 ->
+    /// 55.7 µs, down 131.3 -> 76.6; BENCHMARKS.md 2026-12-01).
+    pub narrow: bool,
 }
 
 /// The workgroup and register tiles offered (rows x tokens, rows x tokens
@@ -86,25 +93,34 @@ impl MatmulTile {
         inv_tokens: 4,
         prefetch: false,
         swizzle: false,
+        narrow: false,
     };
 
     /// The tiling used unless [`MATMUL_TILE_ENV`] names another: the base
-    /// tile (4 rows x 4 tokens per invocation), prefetching, swizzled: the
-    /// fastest of the 24 on an H200 (512-token prefill of the 0.6B shape
-    /// 10,600-10,700 tok/s against 9,800 for the base tiling; every larger
-    /// register tile was slower, 8 x 8 down to 7,400: BENCHMARKS.md
-    /// 2026-12-01).
-    pub const DEFAULT: MatmulTile = MatmulTile { prefetch: true, swizzle: true, ..MatmulTile::BASE };
+    /// tile (4 rows x 4 tokens per invocation), prefetching, swizzled, and
+    /// narrow for o_proj and down: the fastest on an H200 (512-token
+    /// prefill of the 0.6B shape 10,600-10,700 tok/s against 9,800 for
+    /// the base tiling before narrow tiles; every larger register tile was
+    /// slower, 8 x 8 down to 7,400: BENCHMARKS.md 2026-12-01).
+    pub const DEFAULT: MatmulTile =
+        MatmulTile { prefetch: true, swizzle: true, narrow: true, ..MatmulTile::BASE };
 
     /// Every tiling offered, by name: `RxT-rxt`, a workgroup tile of R rows
     /// x T tokens (SwiGLU T / 2) in register tiles of r rows x t tokens,
-    /// then `-pf` for prefetching and `-sw` for swizzled staging.
+    /// then `-pf` for prefetching, `-sw` for swizzled staging and `-n` for
+    /// narrow tiles of o_proj and down (R / 2 x T / 2; offered with
+    /// prefetching and swizzled staging).
     pub fn all() -> Vec<(String, MatmulTile)> {
         let mut all = Vec::new();
-        for [rows, tokens, inv_rows, inv_tokens] in SHAPES {
-            for (prefetch, swizzle) in [(false, false), (true, false), (false, true), (true, true)] {
-                let tile = MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle };
-                all.push((tile.name(), tile));
+        for narrow in [false, true] {
+            for [rows, tokens, inv_rows, inv_tokens] in SHAPES {
+                for (prefetch, swizzle) in [(false, false), (true, false), (false, true), (true, true)] {
+                    if narrow && !(prefetch && swizzle) {
+                        continue;
+                    }
+                    let tile = MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle, narrow };
+                    all.push((tile.name(), tile));
+                }
             }
         }
         all
@@ -131,24 +147,39 @@ impl MatmulTile {
 
     /// This tiling's name (see [`Self::all`]).
     pub fn name(&self) -> String {
-        let MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle } = *self;
+        let MatmulTile { rows, tokens, inv_rows, inv_tokens, prefetch, swizzle, narrow } = *self;
         let pf = if prefetch { "-pf" } else { "" };
         let sw = if swizzle { "-sw" } else { "" };
-        format!("{rows}x{tokens}-{inv_rows}x{inv_tokens}{pf}{sw}")
+        let n = if narrow { "-n" } else { "" };
+        format!("{rows}x{tokens}-{inv_rows}x{inv_tokens}{pf}{sw}{n}")
+    }
+
+    /// Whether `variant`'s tile is narrow (see [`Self::narrow`]).
+    const fn narrows(&self, variant: MatvecVariant) -> bool {
+        self.narrow && variant.accumulate && !variant.swiglu
+    }
+
+    /// Rows of one tile of `variant`.
+    pub const fn rows_for(&self, variant: MatvecVariant) -> u32 {
+        if self.narrows(variant) {
+            self.rows / 2
+        } else {
+            self.rows
+        }
     }
 
     /// Tokens of one tile of `variant`.
     pub const fn tokens_for(&self, variant: MatvecVariant) -> u32 {
-        if variant.swiglu {
+        if variant.swiglu || self.narrows(variant) {
             self.tokens / 2
         } else {
             self.tokens
         }
     }
 
-    /// Invocations of a tile of `tokens` tokens.
-    pub const fn workgroup_size(&self, tokens: u32) -> u32 {
-        (self.rows / self.inv_rows) * (tokens / self.inv_tokens)
+    /// Invocations of a tile of `rows` rows x `tokens` tokens.
+    pub const fn workgroup_size(&self, rows: u32, tokens: u32) -> u32 {
+        (rows / self.inv_rows) * (tokens / self.inv_tokens)
     }
 }
 
@@ -178,6 +209,7 @@ const _: () = {
     while n < SHAPES.len() {
         let [rows, tokens, inv_rows, inv_tokens] = SHAPES[n];
         assert!(fits(rows, tokens, inv_rows, inv_tokens) && fits(rows, tokens / 2, inv_rows, inv_tokens));
+        assert!(fits(rows / 2, tokens / 2, inv_rows, inv_tokens));
         assert!(tokens / 2 >= PREFILL_TOKENS_PER_WG);
         n += 1;
     }
@@ -265,7 +297,7 @@ impl MatmulConstants {
         if self.coop {
             MATMUL_ROWS_PER_WG
         } else {
-            self.tile.rows
+            self.tile.rows_for(self.variant)
         }
     }
 
@@ -274,7 +306,7 @@ impl MatmulConstants {
         if self.coop {
             matmul_coop_wg(self.tokens())
         } else {
-            self.tile.workgroup_size(self.tokens())
+            self.tile.workgroup_size(self.rows(), self.tokens())
         }
     }
 
@@ -296,8 +328,9 @@ impl MatmulConstants {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         vec![
             ("WG", MATMUL_MSL_WG as f64),
-            ("MM_ROWS", self.rows() as f64),
-            ("MM_TOKENS", self.tokens() as f64),
+            // The base tile whatever the tiling: the twin is written for it.
+            ("MM_ROWS", MATMUL_ROWS_PER_WG as f64),
+            ("MM_TOKENS", tokens_per_wg(self.variant) as f64),
             ("GROUP_WORDS", (QUANT_GROUP / 4) as f64),
             ("ACCUMULATE", flag(self.variant.accumulate)),
             ("NORM", flag(self.variant.norm)),
@@ -352,7 +385,7 @@ mod tests {
     #[test]
     fn tilings_parse_by_name_and_an_unknown_one_is_a_named_error() {
         let all = MatmulTile::all();
-        assert_eq!(all.len(), 24);
+        assert_eq!(all.len(), 30);
         for (name, tile) in &all {
             assert_eq!(MatmulTile::from_name(MATMUL_TILE_ENV, &name.to_uppercase()).unwrap(), *tile);
             assert_eq!(&tile.name(), name);
@@ -362,7 +395,7 @@ mod tests {
                 && all.iter().any(|(_, t)| *t == MatmulTile::DEFAULT)
         );
         assert_eq!(MatmulTile::BASE.name(), "64x64-4x4");
-        assert_eq!(MatmulTile::default().name(), "64x64-4x4-pf-sw");
+        assert_eq!(MatmulTile::default().name(), "64x64-4x4-pf-sw-n");
         let e = MatmulTile::from_name(MATMUL_TILE_ENV, "16x16").unwrap_err();
         assert_eq!(e.code(), "invalid_argument");
         let msg = e.to_string();
@@ -378,16 +411,20 @@ mod tests {
     /// whatever the tiling.
     #[test]
     fn each_tiling_sizes_its_workgroup_to_cover_the_tile() {
-        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu, Kernel::Int8MatvecAccumulate] {
             let base = kernel.matmul_constants().unwrap();
             for (name, tile) in MatmulTile::all() {
                 let c = MatmulConstants { tile, ..base };
                 let wg = c.workgroup_size();
-                assert_eq!((c.rows(), c.tokens()), (tile.rows, tile.tokens_for(base.variant)), "{name}");
+                let narrow = tile.narrow && kernel == Kernel::Int8MatvecAccumulate;
+                let halves = |n: u32, by: bool| if by { n / 2 } else { n };
+                let want_rows = halves(tile.rows, narrow);
+                let want_tokens = halves(tile.tokens, narrow || kernel == Kernel::Int8MatvecNormSwiglu);
+                assert_eq!((c.rows(), c.tokens()), (want_rows, want_tokens), "{name}");
                 assert_eq!(wg * tile.inv_rows * tile.inv_tokens, c.rows() * c.tokens(), "{name}");
                 let source = c.source();
                 assert!(source.contains(&format!("override WG: u32 = {wg}u;")), "{name}");
-                assert!(source.contains(&format!("const MM_ROWS: u32 = {}u;", tile.rows)), "{name}");
+                assert!(source.contains(&format!("const MM_ROWS: u32 = {want_rows}u;")), "{name}");
                 assert!(c.render().contains(&("WG", wg as f64)), "{name}");
                 let coop = MatmulConstants { coop: true, ..c };
                 assert_eq!((coop.rows(), coop.tokens()), (MATMUL_ROWS_PER_WG, kernel.matmul_tokens_per_wg()));

@@ -78,6 +78,11 @@ pub(crate) struct TiledPipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub rows: u32,
     pub tokens: u32,
+    /// The fewest tokens a batch runs tiled (fewer run the per-token
+    /// pipeline): the base tiling's tile, whatever the tiling, so that the
+    /// tiling never changes which path a batch takes (the two paths add in
+    /// different orders).
+    pub min_tokens: u32,
 }
 
 /// Every kernel compiled for one device.
@@ -252,7 +257,8 @@ impl Kernels {
         let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
         let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled()).map(|c| MatmulConstants {
             coop: self.coop && super::matmul::coop_pays(c.variant),
-            tile: self.matmul_tile,
+            // The MSL twin is written for the base tile (its grid).
+            tile: if self.source == KernelSource::Msl { MatmulTile::BASE } else { self.matmul_tile },
             ..c
         });
         let matmul = if self.source == KernelSource::Msl { Program::MatmulMsl } else { Program::Matmul };
@@ -336,9 +342,12 @@ impl Kernels {
                 _ => super::PREFILL_TOKENS_PER_WG,
             },
             tiled: tiled.and_then(|key| match key.constants {
-                Constants::Matmul(c) => {
-                    Some(TiledPipeline { pipeline: self.built(key), rows: c.rows(), tokens: c.tokens() })
-                }
+                Constants::Matmul(c) => Some(TiledPipeline {
+                    pipeline: self.built(key),
+                    rows: c.rows(),
+                    tokens: c.tokens(),
+                    min_tokens: k.matmul_tokens_per_wg(),
+                }),
                 _ => None,
             }),
         }
