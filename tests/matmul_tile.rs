@@ -1,9 +1,9 @@
 //! QWEN3_WGPU_MATMUL_TILE picks the prompt-batch product's tiling when the
 //! engine starts (WGSL on lavapipe): an unknown value is a named error from
 //! the engine's build, and under the base tiling and every workgroup and
-//! register tile (prefetching, swizzled; o_proj and down in narrow tiles
-//! or not), each on its own grid (128-row tiles run half the workgroups of
-//! 64-row ones, narrow ones four times), a 300-token prompt ends
+//! register tile (prefetching, swizzled; narrow or not), each on its own
+//! grid (128-row tiles run half the workgroups of 64-row ones, narrow ones
+//! up to four times as many), a 300-token prompt ends
 //! in the default tiling's logits bit for bit (every tiling computes each
 //! output as the same sum in the same order; tests/kernels.rs runs every
 //! tiling against the base one kernel by kernel). One test: the variable

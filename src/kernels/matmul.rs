@@ -68,12 +68,13 @@ pub struct MatmulTile {
     /// write 8 different bank groups, and the multiply-adds' reads stay
     /// whole 128-byte lines.
     pub swizzle: bool,
-    /// Whether the variants that add into the residual stream (o_proj and
-    /// down: the model's hidden size in rows, few next to qkv's and
-    /// gate/up's) take tiles of half the rows and half the tokens: four
-    /// times the workgroups. The 0.6B model's 1,024 rows x 256 tokens
-    /// otherwise make 64 workgroups for an H200's 132 cores (o_proj 91.7 ->
-    /// 55.7 µs, down 131.3 -> 76.6; BENCHMARKS.md 2026-12-01).
+    /// Whether every variant takes tiles of half the rows and half the
+    /// tokens (SwiGLU: half the rows, the same tokens): four (two) times
+    /// the workgroups. o_proj and down (the model's hidden size in rows:
+    /// the 0.6B model's 1,024 rows x 256 tokens make 64 workgroups for an
+    /// H200's 132 cores) gain most: 91.7 -> 55.7 µs and 131.3 -> 76.6 per
+    /// 256-token batch; a 512-token prefill 16,050 -> 19,000-19,500 tok/s
+    /// (0.6B), 2,730 -> 3,270 (4B; BENCHMARKS.md 2026-12-01).
     pub narrow: bool,
 }
 
@@ -97,8 +98,8 @@ impl MatmulTile {
     };
 
     /// The tiling used unless [`MATMUL_TILE_ENV`] names another: the base
-    /// tile (4 rows x 4 tokens per invocation), prefetching, swizzled, and
-    /// narrow for o_proj and down: the fastest on an H200 (512-token
+    /// tile (4 rows x 4 tokens per invocation), prefetching, swizzled,
+    /// narrow: the fastest on an H200 (512-token
     /// prefill of the 0.6B shape 10,600-10,700 tok/s against 9,800 for
     /// the base tiling before narrow tiles; every larger register tile was
     /// slower, 8 x 8 down to 7,400: BENCHMARKS.md 2026-12-01).
@@ -108,8 +109,8 @@ impl MatmulTile {
     /// Every tiling offered, by name: `RxT-rxt`, a workgroup tile of R rows
     /// x T tokens (SwiGLU T / 2) in register tiles of r rows x t tokens,
     /// then `-pf` for prefetching, `-sw` for swizzled staging and `-n` for
-    /// narrow tiles of o_proj and down (R / 2 x T / 2; offered with
-    /// prefetching and swizzled staging).
+    /// narrow tiles (R / 2 x T / 2, SwiGLU too; offered with prefetching
+    /// and swizzled staging).
     pub fn all() -> Vec<(String, MatmulTile)> {
         let mut all = Vec::new();
         for narrow in [false, true] {
@@ -154,23 +155,19 @@ impl MatmulTile {
         format!("{rows}x{tokens}-{inv_rows}x{inv_tokens}{pf}{sw}{n}")
     }
 
-    /// Whether `variant`'s tile is narrow (see [`Self::narrow`]).
-    const fn narrows(&self, variant: MatvecVariant) -> bool {
-        self.narrow && variant.accumulate && !variant.swiglu
-    }
-
-    /// Rows of one tile of `variant`.
-    pub const fn rows_for(&self, variant: MatvecVariant) -> u32 {
-        if self.narrows(variant) {
+    /// Rows of one tile (of any variant).
+    pub const fn rows_for(&self) -> u32 {
+        if self.narrow {
             self.rows / 2
         } else {
             self.rows
         }
     }
 
-    /// Tokens of one tile of `variant`.
+    /// Tokens of one tile of `variant` (SwiGLU's tile is half as many
+    /// tokens as the others' unless narrow, where both are half).
     pub const fn tokens_for(&self, variant: MatvecVariant) -> u32 {
-        if variant.swiglu || self.narrows(variant) {
+        if variant.swiglu || self.narrow {
             self.tokens / 2
         } else {
             self.tokens
@@ -297,7 +294,7 @@ impl MatmulConstants {
         if self.coop {
             MATMUL_ROWS_PER_WG
         } else {
-            self.tile.rows_for(self.variant)
+            self.tile.rows_for()
         }
     }
 
@@ -416,10 +413,9 @@ mod tests {
             for (name, tile) in MatmulTile::all() {
                 let c = MatmulConstants { tile, ..base };
                 let wg = c.workgroup_size();
-                let narrow = tile.narrow && kernel == Kernel::Int8MatvecAccumulate;
                 let halves = |n: u32, by: bool| if by { n / 2 } else { n };
-                let want_rows = halves(tile.rows, narrow);
-                let want_tokens = halves(tile.tokens, narrow || kernel == Kernel::Int8MatvecNormSwiglu);
+                let want_rows = halves(tile.rows, tile.narrow);
+                let want_tokens = halves(tile.tokens, tile.narrow || kernel == Kernel::Int8MatvecNormSwiglu);
                 assert_eq!((c.rows(), c.tokens()), (want_rows, want_tokens), "{name}");
                 assert_eq!(wg * tile.inv_rows * tile.inv_tokens, c.rows() * c.tokens(), "{name}");
                 let source = c.source();
