@@ -133,7 +133,7 @@ impl EngineBuilder {
         gpu.subgroups &= !self.no_subgroups;
         gpu.coop &= gpu.subgroups;
         gpu.probe()?;
-        let check = crate::self_check::run;
+        let check = crate::self_check::CHECKER;
         let kernels = if self.msl_off_metal && choice == KernelChoice::Auto {
             Kernels::new_with(&gpu, true, matvec_layout, check)?
         } else {

@@ -18,6 +18,11 @@
 //! token tiles whose spare tokens are NaN, which must reach no real
 //! token's output; the prompt-batch attention serves a short last group of
 //! tokens whose contexts cross a chunk edge. One submit and one wait.
+//!
+//! The batched-row matvecs (several sessions' steps per launch) are built
+//! per row count and matrix shape when a batch first needs them, on a
+//! thread of their own; [`rows_matvec`] proves each there before its first
+//! use, bit for bit against the one-token pipeline its rows run alone.
 
 use std::time::Instant;
 
@@ -28,7 +33,8 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{
     argmax, attention, embed, grid, matvec, norm_rope, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams,
-    HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, SelfCheck, Step, ARGMAX_CHUNK, ATTENTION_CHUNK,
+    HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, RowsMatvecCase, SelfCheck, SelfChecker, Step,
+    ARGMAX_CHUNK, ATTENTION_CHUNK,
 };
 use crate::qwen3::rope_table;
 use crate::reference::{
@@ -36,6 +42,10 @@ use crate::reference::{
     qk_norm_rope_ref, sort_key, unpack_f16, Quant, POISON,
 };
 use crate::sampling::SamplingParams;
+
+/// The engine's checks: [`run`] at start-up, [`rows_matvec`] before a
+/// batched-row pipeline's first use.
+pub const CHECKER: SelfChecker = SelfChecker { set: run, rows_matvec };
 
 /// Relative tolerance of the matvecs: well above f32 rounding (the kernel
 /// tests use 1e-5), low enough that a wrong weight, scale or input fails.
@@ -341,6 +351,137 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         }
         vec![]
     }))
+}
+
+/// The most batch rows' outputs a first-use check compares: two
+/// workgroups of matrix rows (the grid's first; every workgroup runs the
+/// same code on its own rows).
+const ROWS_CHECK_WORKGROUPS: u32 = 2;
+
+/// Proves a batched-row matvec pipeline (`DECODE_ROWS` sessions' steps per
+/// launch, [`Kernels::matvec_rows_pipeline`]) before its first use, on its
+/// build thread: the pipeline and the one-token pipeline each row runs
+/// alone run the same pseudo-random matrix rows (the grid's first
+/// [`ROWS_CHECK_WORKGROUPS`] workgroups, the shape compiled in) over
+/// `DECODE_ROWS` distinct inputs; every row must equal its one-token run
+/// bit for bit (the batch's promise: a session's tokens are those it
+/// produces alone), every output must match the CPU reference, and no
+/// other element of `y` may change. `Ok(None)`: proven; `Ok(Some(how))`:
+/// the first difference (the caller then runs the one-token pipeline over
+/// a grid of rows); `Err`: a device error.
+pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String>> {
+    let c = case.constants;
+    let (Some(shape), Some(variant)) = (c.shape, case.kernel.matvec_variant()) else {
+        return Ok(Some(format!("{:?} has no shape or is no matvec", case.kernel)));
+    };
+    let n = c.decode_rows.max(1) as usize;
+    let per_z = c.rows_per_z.max(1);
+    let workgroups = shape.rows.div_ceil(c.split.rows_per_wg).min(ROWS_CHECK_WORKGROUPS);
+    let rows = (workgroups * c.split.rows_per_wg).min(shape.rows) as usize;
+    let cols = shape.n_in as usize;
+    let seed = 0x5eed ^ (case.kernel as u64 * 977) ^ ((n as u64) << 20);
+    let m = Quant::pseudo(seed + 1, rows, cols);
+    if (m.k_words(), m.groups()) != (shape.k_words as usize, shape.groups as usize) {
+        return Ok(Some(format!(
+            "{shape:?}: {cols} inputs pad to {} words, {} groups",
+            m.k_words(),
+            m.groups()
+        )));
+    }
+    let mut x = pseudo_nonzero(seed + 2, n * m.padded);
+    x.chunks_mut(m.padded).for_each(|row| row[cols..].iter_mut().for_each(|v| *v = 0.0));
+    let norm_w = pseudo_nonzero(seed + 3, m.padded);
+    let eps = 1e-6f32;
+    let row_offset = 4;
+    let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
+    let outs = if variant.swiglu { rows / 2 } else { rows };
+    let y_stride = first_out + outs + 3;
+    let y_len = n * y_stride;
+    let y0 = pseudo_nonzero(seed + 4, y_len);
+    let init = if variant.accumulate { f32s(&y0) } else { poisoned(y_len) };
+    let p = MatvecParams {
+        rows: shape.rows,
+        k_words: shape.k_words,
+        groups: shape.groups,
+        row_offset: row_offset as u32,
+        n_in: shape.n_in,
+        eps,
+        y_stride: y_stride as u32,
+    };
+    let storage = |data: &[u8]| gpu.storage_init("first-use check", data);
+    let (params, xb, wb, sb, nb) = (
+        gpu.uniform("first-use check", bytes_of(&p))?,
+        storage(&f32s(&x))?,
+        storage(&m.data())?,
+        storage(&f32s(&m.scales))?,
+        storage(&f32s(&norm_w))?,
+    );
+    let (y_one, y_rows) = (storage(&init)?, storage(&init)?);
+    let read_one = gpu.readback("first-use check", 4 * y_len);
+    let read_rows = gpu.readback("first-use check", 4 * y_len);
+    gpu.scoped(
+        || {
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            let runs =
+                [(case.one_token, &y_one, n as u32), (case.rows, &y_rows, n.div_ceil(per_z as usize) as u32)];
+            for (pipeline, y, z) in runs {
+                let buffers = [&params, &xb, &wb, &sb, y, &nb];
+                let entries: Vec<_> = buffers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                    .collect();
+                let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("first-use check"),
+                    layout: case.layout,
+                    entries: &entries,
+                });
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(workgroups, 1, z);
+            }
+            enc.copy_buffer_to_buffer(&y_one, 0, &read_one, 0, read_one.size());
+            enc.copy_buffer_to_buffer(&y_rows, 0, &read_rows, 0, read_rows.size());
+            gpu.queue.submit([enc.finish()]);
+            Ok(())
+        },
+        |reason| Error::GpuDeviceFailed { reason: format!("first-use check: {reason}") },
+    )?;
+    let one = to_f32(&gpu.read(&read_one)?[..4 * y_len]);
+    let all = to_f32(&gpu.read(&read_rows)?[..4 * y_len]);
+    let init = to_u32(&init);
+    let norm = variant.norm.then_some((&norm_w[..], eps));
+    for z in 0..n {
+        let yb = z * y_stride;
+        for i in 0..y_stride {
+            if all[yb + i].to_bits() != one[yb + i].to_bits() {
+                return Ok(Some(format!(
+                    "row {z} of {n}: y[{i}] {} where alone {}",
+                    all[yb + i],
+                    one[yb + i]
+                )));
+            }
+        }
+        if let Some(i) =
+            (0..first_out).chain(first_out + outs..y_stride).find(|i| all[yb + i].to_bits() != init[yb + i])
+        {
+            return Ok(Some(format!("row {z} of {n}: wrote y[{i}] outside its outputs")));
+        }
+        let acc = variant.accumulate.then_some(&y0[yb + first_out..]);
+        let (want, scale) = matvec_ref(&m, &x[z * m.padded..(z + 1) * m.padded], norm, acc, variant.swiglu);
+        let what = format!("row {z} of {n}: y");
+        if let Some(m) = first_mismatch(
+            &what,
+            &all[yb + first_out..yb + first_out + outs],
+            &want,
+            &scale,
+            MATVEC_TOLERANCE,
+        ) {
+            return Ok(Some(m));
+        }
+    }
+    Ok(None)
 }
 
 /// Attention's head shape for the checks: 4 query heads over 2 KV heads of
@@ -873,7 +1014,7 @@ mod tests {
 
     fn wgsl_kernels() -> (Gpu, Kernels) {
         let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, run).expect("the WGSL kernels build");
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, CHECKER).expect("the WGSL kernels build");
         (gpu, kernels)
     }
 
@@ -995,5 +1136,63 @@ mod tests {
         let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
         assert!(failed.contains(&"Int8MatvecAccumulate"), "{}", check.describe_failures());
         assert!(failed.contains(&"AttentionStep"), "{}", check.describe_failures());
+    }
+
+    /// A batched-row pipeline is used only once proven against the
+    /// one-token pipeline its rows run alone: correct ones are (every
+    /// variant, asked for with and without waiting, row counts a workgroup
+    /// runs whole or in grid z groups); one that differs in the last bit of
+    /// its outputs is not, in either route, and is never built again (the
+    /// caller runs the one-token pipeline per row).
+    #[test]
+    fn a_batched_row_pipeline_is_used_only_once_proven() {
+        use crate::kernels::{MatvecLayout, MatvecShape};
+        let (gpu, mut kernels) = wgsl_kernels();
+        let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+        // Asks without waiting until the pipeline comes or its build failed.
+        let wait = |kernels: &Kernels, kernel: Kernel, split, rows: u32| {
+            let t0 = Instant::now();
+            loop {
+                if let Some(p) = kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, rows) {
+                    return Some(p);
+                }
+                if kernels.rows_failed(kernel, split, shape, rows) {
+                    return None;
+                }
+                assert!(t0.elapsed().as_secs() < 120, "the build never finished");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        let splits = [MatvecLayout::RowsPerTeam.splits()[0], MatvecLayout::SplitK.splits()[0]];
+        for split in splits {
+            for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecAccumulate, Kernel::Int8MatvecNormSwiglu]
+            {
+                let what = format!("{kernel:?} {split:?}");
+                // What a session runs the launch with alone (the forward
+                // builds it before any batch).
+                assert!(kernels.matvec_pipeline(&gpu, kernel, split, shape).is_some(), "{what}");
+                assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 3).is_some(), "{what}");
+                assert!(wait(&kernels, kernel, split, 6).is_some(), "{what}");
+                assert!(!kernels.rows_failed(kernel, split, shape, 6), "{what}");
+            }
+        }
+        // Where no pipeline is specialised to the shape, a session runs the
+        // kernel's default pipeline alone; rows of the other layout's split
+        // (another order of additions) differ from it, and are not used.
+        let other = MatvecShape { n_in: 150, ..shape };
+        let kernel = Kernel::Int8MatvecNorm;
+        let foreign = splits.into_iter().find(|s| s.layout != kernels.matvec_layout).unwrap();
+        assert!(kernels.matvec_rows_pipeline(&gpu, kernel, foreign, other, 4).is_none(), "{foreign:?}");
+        kernels.edit_rows_source(|s| s.replace("y[o] = v;", "y[o] = v + v * 1e-6;"));
+        let (kernel, split) = (Kernel::Int8MatvecAccumulate, splits[1]);
+        assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 7).is_none());
+        assert!(kernels.rows_failed(kernel, split, shape, 7));
+        assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 7).is_none(), "not tried again");
+        assert!(wait(&kernels, kernel, split, 9).is_none());
+        assert!(
+            kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 9).is_none(),
+            "not tried again"
+        );
+        assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 9).is_none());
     }
 }

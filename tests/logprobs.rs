@@ -161,7 +161,7 @@ fn logprobs_off_costs_nothing_and_bad_counts_are_refused() {
 #[test]
 fn ties_at_the_last_place_are_the_lowest_ids() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, self_check::run).unwrap();
+    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, self_check::CHECKER).unwrap();
     assert!(kernels.report.self_check.ok, "{}", kernels.report.self_check.describe_failures());
     for (n, chunk, top_n) in
         [(3001usize, 256u32, 20u32), (3001, 1024, 1), (777, 128, 7), (9000, 4096, 20), (15, 256, 20)]

@@ -52,7 +52,7 @@ impl Rig {
     fn new() -> Self {
         let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
         // The start-up self-check runs the sampler too: it must pass.
-        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, self_check::run).unwrap();
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, self_check::CHECKER).unwrap();
         assert!(kernels.report.self_check.ok, "{}", kernels.report.self_check.describe_failures());
         Rig { gpu, kernels }
     }

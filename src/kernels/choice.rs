@@ -2,7 +2,7 @@
 //! or WGSL ([`KernelSource`], [`KernelChoice`]), the fallback from one to
 //! the other, and the start-up self-check's report.
 
-use super::Kernels;
+use super::{Kernel, Kernels, MatvecConstants};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
@@ -109,8 +109,32 @@ impl SelfCheck {
     }
 }
 
-/// Runs a built kernel set on known answers ([`crate::self_check::run`]).
-pub type SelfChecker = fn(&Gpu, &Kernels) -> Result<SelfCheck>;
+/// Proves built pipelines on known answers ([`crate::self_check::CHECKER`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SelfChecker {
+    /// Runs a built kernel set ([`crate::self_check::run`]); the set in
+    /// use passes it.
+    pub set: fn(&Gpu, &Kernels) -> Result<SelfCheck>,
+    /// Runs a batched-row matvec pipeline beside the one-token pipeline
+    /// its rows run alone ([`crate::self_check::rows_matvec`]) before its
+    /// first use: `Ok(None)` when proven, `Ok(Some(how))` when not.
+    pub rows_matvec: fn(&Gpu, &RowsMatvecCase<'_>) -> Result<Option<String>>,
+}
+
+/// A batched-row matvec pipeline to prove before its first use.
+pub struct RowsMatvecCase<'a> {
+    /// The matvec variant.
+    pub kernel: Kernel,
+    /// The pipeline's constants (its split, shape, `DECODE_ROWS` and
+    /// `ROWS_PER_Z`).
+    pub constants: MatvecConstants,
+    /// The kernel's bind-group layout.
+    pub layout: &'a wgpu::BindGroupLayout,
+    /// The batched-row pipeline.
+    pub rows: &'a wgpu::ComputePipeline,
+    /// The pipeline a session runs the same launch with alone.
+    pub one_token: &'a wgpu::ComputePipeline,
+}
 
 /// How the engine's kernels were chosen and checked at start-up
 /// ([`crate::Engine::kernel_report`]).

@@ -27,8 +27,8 @@ pub use attention::{
     ReduceParams, ATTENTION_CHUNK, HEAD_DIM_MULTIPLE, PREFILL_ATTENTION_TOKENS_ENV,
 };
 pub use choice::{
-    msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfCheck, SelfChecker,
-    KERNELS_ENV,
+    msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, RowsMatvecCase, SelfCheck,
+    SelfChecker, KERNELS_ENV,
 };
 pub use compile::{
     bind_group_layout, compile, compile_for_layout, compile_msl, ShaderChecks, SHADER_CHECKS_ENV,

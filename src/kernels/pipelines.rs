@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 
 use super::choice::{
-    msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, SelfCheck, SelfChecker,
+    msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, RowsMatvecCase, SelfCheck,
+    SelfChecker,
 };
 use super::compile::{bind_group_layout, build, Code, ShaderChecks};
 use super::{
@@ -97,6 +98,13 @@ pub struct Kernels {
     /// [`Kernels::matvec_rows_pipeline_or_start`]. Dropping the set joins
     /// the threads (none is left inside the driver as the process exits).
     building: Mutex<HashMap<PipelineKey, Build>>,
+    /// Proves a batched-row pipeline before its first use
+    /// ([`SelfChecker::rows_matvec`]).
+    rows_check: RowsCheck,
+    /// An edit of the batched-row pipelines' source (tests: a wrong
+    /// pipeline must not be used).
+    #[cfg(test)]
+    rows_source_edit: Option<fn(&str) -> String>,
     /// Whether the WGSL takes the subgroup reduction prelude.
     subgroups: bool,
     /// The matvec layout the pipelines were built for.
@@ -119,11 +127,15 @@ pub struct Kernels {
     pub report: KernelReport,
 }
 
-/// A batched-row pipeline built off the caller's thread.
+/// A batched-row pipeline built (and proven) off the caller's thread: the
+/// pipeline, or why it is not used.
 enum Build {
-    Running(JoinHandle<Result<wgpu::ComputePipeline>>),
+    Running(JoinHandle<std::result::Result<wgpu::ComputePipeline, String>>),
     Failed,
 }
+
+/// [`SelfChecker::rows_matvec`].
+type RowsCheck = fn(&Gpu, &RowsMatvecCase<'_>) -> Result<Option<String>>;
 
 impl Drop for Kernels {
     fn drop(&mut self) {
@@ -142,8 +154,8 @@ impl Kernels {
     /// twin fails to build or the self-check ([`crate::self_check`]) finds
     /// one computing a wrong value. The WGSL matvec takes `layout`, or the
     /// device's ([`MatvecLayout::for_device`]). `self_check` checks a built
-    /// set ([`crate::self_check::run`]); the pipelines in use pass it, or
-    /// this fails.
+    /// set ([`crate::self_check::run`]; the pipelines in use pass it, or
+    /// this fails) and each batched-row pipeline before its first use.
     pub fn new(
         gpu: &Gpu,
         choice: KernelChoice,
@@ -165,8 +177,8 @@ impl Kernels {
         let mut coop_rejected = None;
         let ((mut kernels, self_check), source, rejected) = with_fallback(want_msl, |source| {
             let checked = |coop: bool| -> Result<(Kernels, SelfCheck)> {
-                let kernels = Self::build(gpu, source, layout, coop)?;
-                let check = self_check(gpu, &kernels)?;
+                let kernels = Self::build(gpu, source, layout, coop, self_check.rows_matvec)?;
+                let check = (self_check.set)(gpu, &kernels)?;
                 if !check.ok {
                     return Err(Error::GpuDeviceFailed {
                         reason: format!(
@@ -211,7 +223,13 @@ impl Kernels {
     /// pipeline built: the MSL twins where `source` says so (the decode
     /// kernels that have one and the tiled `int8_matmul`), WGSL for the
     /// rest, the tiled ones on cooperative matrices when `coop`.
-    fn build(gpu: &Gpu, source: KernelSource, layout: Option<MatvecLayout>, coop: bool) -> Result<Self> {
+    fn build(
+        gpu: &Gpu,
+        source: KernelSource,
+        layout: Option<MatvecLayout>,
+        coop: bool,
+        rows_check: RowsCheck,
+    ) -> Result<Self> {
         let matvec_layout = match source {
             KernelSource::Msl => crate::kernels::msl::MSL_MATVEC_LAYOUT,
             KernelSource::Wgsl => layout.unwrap_or_else(|| MatvecLayout::for_device(&gpu.info)),
@@ -220,6 +238,9 @@ impl Kernels {
             layouts: Kernel::ALL.iter().map(|k| bind_group_layout(gpu, k.entry(), k.bindings())).collect(),
             cache: Default::default(),
             building: Default::default(),
+            rows_check,
+            #[cfg(test)]
+            rows_source_edit: None,
             subgroups: gpu.subgroups,
             matvec_layout,
             coop,
@@ -399,13 +420,80 @@ impl Kernels {
         rows: u32,
     ) -> Option<wgpu::ComputePipeline> {
         let key = self.matvec_rows_key(kernel, split, shape, rows)?;
-        match self.pipeline(gpu, key) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                log::warn!(
-                    "the {rows}-row {kernel:?} for {shape:?} failed to build ({e}); rows run one per grid z"
-                );
+        if let Some(p) = self.cached(key) {
+            return Some(p);
+        }
+        if matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed)) {
+            return None;
+        }
+        let built = self.rows_build(gpu, key)();
+        self.rows_built(key, built)
+    }
+
+    /// Files a batched-row pipeline's build: cached when built and proven,
+    /// else never tried again (logged; the caller runs the one-token
+    /// pipeline over a grid of rows).
+    fn rows_built(
+        &self,
+        key: PipelineKey,
+        built: std::result::Result<wgpu::ComputePipeline, String>,
+    ) -> Option<wgpu::ComputePipeline> {
+        match built {
+            Ok(p) => {
+                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                Some(cache.entry(key).or_insert(p).clone())
+            }
+            Err(why) => {
+                let (k, c) = (key.kernel, key.constants);
+                log::warn!("a batched-row {k:?} ({c:?}) is not used ({why}); rows run one per grid z");
+                let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+                building.insert(key, Build::Failed);
                 None
+            }
+        }
+    }
+
+    /// The build of batched-row pipeline `key` and its proof against the
+    /// one-token pipeline a session runs the launch with alone (the
+    /// specialised one where built, else the kernel's default, as
+    /// [`super::Launch::record_rows`] falls back to), as a closure that
+    /// owns what it needs (it may run on a thread of its own).
+    fn rows_build(
+        &self,
+        gpu: &Gpu,
+        key: PipelineKey,
+    ) -> impl FnOnce() -> std::result::Result<wgpu::ComputePipeline, String> + Send + 'static {
+        #[allow(unused_mut)] // edited by tests
+        let mut source = self.source_of(key).map_err(|e| e.to_string());
+        #[cfg(test)]
+        if let (Some(edit), Ok((text, _))) = (self.rows_source_edit, source.as_mut()) {
+            *text = edit(text);
+        }
+        let alone = match key.constants {
+            Constants::Matvec(c) => {
+                let one = MatvecConstants { decode_rows: 0, rows_per_z: 0, ..c };
+                let one_key = PipelineKey { constants: Constants::Matvec(one), ..key };
+                Ok((c, self.cached(one_key).unwrap_or_else(|| self.get(key.kernel).pipeline)))
+            }
+            _ => Err(format!("{key:?} is no matvec key")),
+        };
+        let (gpu, layout, checks, check) =
+            (gpu.clone(), self.layouts[key.kernel as usize].clone(), self.shader_checks, self.rows_check);
+        move || {
+            let (source, entry) = source?;
+            let (constants, one_token) = alone?;
+            let rows = build_from(&gpu, checks, key, &source, entry, &layout).map_err(|e| e.to_string())?;
+            let case = RowsMatvecCase {
+                kernel: key.kernel,
+                constants,
+                layout: &layout,
+                rows: &rows,
+                one_token: &one_token,
+            };
+            match check(&gpu, &case) {
+                Ok(None) => Ok(rows),
+                Ok(Some(how)) => Err(format!("first-use check: {how}")),
+                Err(e) => Err(format!("first-use check: {e}")),
             }
         }
     }
@@ -435,21 +523,9 @@ impl Kernels {
                 None
             }
             Some(Build::Running(thread)) if thread.is_finished() => {
-                let built =
-                    thread.join().unwrap_or_else(|_| Err(Error::internal("a pipeline build panicked")));
-                match built {
-                    Ok(p) => {
-                        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                        Some(cache.entry(key).or_insert(p).clone())
-                    }
-                    Err(e) => {
-                        log::warn!(
-                            "the {rows}-row {kernel:?} for {shape:?} failed to build ({e}); rows run one per grid z"
-                        );
-                        building.insert(key, Build::Failed);
-                        None
-                    }
-                }
+                drop(building);
+                let built = thread.join().unwrap_or_else(|_| Err("the build thread panicked".to_string()));
+                self.rows_built(key, built)
             }
             Some(running) => {
                 building.insert(key, running);
@@ -458,15 +534,9 @@ impl Kernels {
             None => {
                 // The thread owns what the build needs (not the set, which
                 // joins it when dropped).
-                let Ok((source, entry)) = self.source_of(key) else {
-                    building.insert(key, Build::Failed);
-                    return None;
-                };
-                let (gpu, layout, checks) =
-                    (gpu.clone(), self.layouts[key.kernel as usize].clone(), self.shader_checks);
-                let thread = std::thread::Builder::new()
-                    .name("qwen3-wgpu pipeline build".into())
-                    .spawn(move || build_from(&gpu, checks, key, &source, entry, &layout));
+                let build = self.rows_build(gpu, key);
+                let thread =
+                    std::thread::Builder::new().name("qwen3-wgpu pipeline build".into()).spawn(build);
                 // No thread now: a later call tries again.
                 if let Ok(thread) = thread {
                     building.insert(key, Build::Running(thread));
@@ -523,6 +593,27 @@ impl Kernels {
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 
+    /// Edits the batched-row pipelines' source before they build (the
+    /// first-use check's tests: a wrong pipeline must not be used).
+    #[cfg(test)]
+    pub(crate) fn edit_rows_source(&mut self, edit: fn(&str) -> String) {
+        self.rows_source_edit = Some(edit);
+    }
+
+    /// Whether the batched-row pipeline's build or check failed (never
+    /// tried again).
+    #[cfg(test)]
+    pub(crate) fn rows_failed(
+        &self,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> bool {
+        let Some(key) = self.matvec_rows_key(kernel, split, shape, rows) else { return false };
+        matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed))
+    }
+
     /// Puts `pipeline` in place of `k`'s tiled prefill pipeline (the
     /// self-check's tests).
     #[cfg(test)]
@@ -559,6 +650,12 @@ mod tests {
     use crate::gpu::AdapterPolicy;
     use crate::kernels::SelfCheck;
 
+    /// A checker that runs `set` at start-up and passes every batched-row
+    /// pipeline (the real checks are tested in `crate::self_check`).
+    fn checker(set: fn(&Gpu, &Kernels) -> Result<SelfCheck>) -> SelfChecker {
+        SelfChecker { set, rows_matvec: |_, _| Ok(None) }
+    }
+
     /// A batched-row pipeline asked for without waiting is built on a
     /// thread of its own: the call returns at once with none, a later call
     /// finds the very pipeline the blocking call returns (one cache entry),
@@ -567,7 +664,7 @@ mod tests {
     fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
         let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
         let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
-        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, pass).unwrap();
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
         let split = kernels.matvec_layout.splits()[0];
         let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
         let kernel = Kernel::Int8MatvecNorm;
@@ -594,7 +691,7 @@ mod tests {
         let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
         // The count is the builder's own: no check runs pipelines here.
         let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
-        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, pass).unwrap();
+        let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
         let entries = || kernels.cache.lock().unwrap().len();
         // 11 decode; per token: 3 matvec variants and attention_prefill;
         // tiled: the 3 variants' int8_matmul.
@@ -612,5 +709,45 @@ mod tests {
         let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
         assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
         assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
+    }
+
+    /// The MSL set asks for the MSL `int8_matmul` twin with the base tile
+    /// whatever tiling WGSL takes (the twin's source is written for that
+    /// grid: a narrow grid would leave three quarters of its outputs
+    /// unwritten), and the launch's grid comes from the same constants as
+    /// the twin's; the WGSL set takes the chosen tiling.
+    #[test]
+    fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+        let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+        assert_ne!(MatmulTile::DEFAULT, MatmulTile::BASE, "the check needs a tiling other than the base");
+        let tiled: Vec<Kernel> =
+            Kernel::ALL.into_iter().filter(|k| kernels.prefill_keys(*k).1.is_some()).collect();
+        assert_eq!(tiled.len(), 3, "the three matvec variants run tiled");
+        for tile in [MatmulTile::DEFAULT, MatmulTile::BASE] {
+            kernels.matmul_tile = tile;
+            for source in [KernelSource::Msl, KernelSource::Wgsl] {
+                kernels.source = source;
+                for &k in &tiled {
+                    let key = kernels.prefill_keys(k).1.unwrap();
+                    let Constants::Matmul(c) = key.constants else { panic!("{k:?}: matmul constants") };
+                    match source {
+                        KernelSource::Msl => {
+                            assert_eq!(key.program, Program::MatmulMsl);
+                            assert_eq!(c.tile, MatmulTile::BASE, "{k:?} under {}", tile.name());
+                            // The grid the launch takes is the twin's own.
+                            let msl = c.msl_constants();
+                            let of = |name| msl.iter().find(|(n, _)| *n == name).unwrap().1 as u32;
+                            assert_eq!((c.rows(), c.tokens()), (of("MM_ROWS"), of("MM_TOKENS")), "{k:?}");
+                        }
+                        KernelSource::Wgsl => {
+                            assert_eq!(key.program, Program::Matmul);
+                            assert_eq!(c.tile, tile, "{k:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }
