@@ -140,45 +140,64 @@ struct Partials {
 }
 
 // `peel`: the first quad's products are the sums' first values rather than
-// added to zero (as partial4 does: the same sums to the sign of a zero, so
-// a batched decode row stays bit-identical to its one-token step).
+// added to zero, and that step is taken before the loop, as partial4 takes
+// it (a batched decode row must add exactly as its one-token step: with the
+// first step a branch inside the loop, a compiler may fuse the loop's
+// multiply-adds differently, and NVIDIA's did, one ulp off in the LM head).
+struct Products {
+    p0: vec4<f32>,
+    p1: vec4<f32>,
+    p2: vec4<f32>,
+    p3: vec4<f32>,
+    q0: vec4<f32>,
+    q1: vec4<f32>,
+    q2: vec4<f32>,
+    q3: vec4<f32>,
+}
+
+// Quad j of rows row0, r1, r2, r3 against 4 tokens' inputs (token i at
+// x[xb + i * k_words ..]): the products and the inputs' squares.
+fn step4_tokens(row0: u32, r1: u32, r2: u32, r3: u32, xb: u32, j: u32) -> Products {
+    let k_quads = n_k_words() / 4u;
+    let g = j / (GROUP_WORDS / 4u);
+    let w0 = w[row0 * k_quads + j];
+    let w1 = w[r1 * k_quads + j];
+    let w2 = w[r2 * k_quads + j];
+    let w3 = w[r3 * k_quads + j];
+    let s = vec4<f32>(scales[row0 * n_groups() + g], scales[r1 * n_groups() + g], scales[r2 * n_groups() + g],
+                      scales[r3 * n_groups() + g]);
+    let b = xb + 4u * j;
+    let q0 = xq(b, j);
+    let q1 = xq(b + n_k_words(), j);
+    let q2 = xq(b + 2u * n_k_words(), j);
+    let q3 = xq(b + 3u * n_k_words(), j);
+    return Products(rows4(w0, w1, w2, w3, q0) * s, rows4(w0, w1, w2, w3, q1) * s, rows4(w0, w1, w2, w3, q2) * s,
+                    rows4(w0, w1, w2, w3, q3) * s, q0.sq, q1.sq, q2.sq, q3.sq);
+}
+
 fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32, peel: bool) -> Partials {
     let k_quads = n_k_words() / 4u;
     let r1 = min(row0 + 1u, n_rows() - 1u);
     let r2 = min(row0 + 2u, n_rows() - 1u);
     let r3 = min(row0 + 3u, n_rows() - 1u);
-    let quads_per_group = GROUP_WORDS / 4u;
     var o = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0),
                      vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var j = first; j < k_quads; j += stride) {
-        let g = j / quads_per_group;
-        let w0 = w[row0 * k_quads + j];
-        let w1 = w[r1 * k_quads + j];
-        let w2 = w[r2 * k_quads + j];
-        let w3 = w[r3 * k_quads + j];
-        let s = vec4<f32>(scales[row0 * n_groups() + g], scales[r1 * n_groups() + g], scales[r2 * n_groups() + g],
-                          scales[r3 * n_groups() + g]);
-        let b = xb + 4u * j;
-        let q0 = xq(b, j);
-        let q1 = xq(b + n_k_words(), j);
-        let q2 = xq(b + 2u * n_k_words(), j);
-        let q3 = xq(b + 3u * n_k_words(), j);
-        let p0 = rows4(w0, w1, w2, w3, q0) * s;
-        let p1 = rows4(w0, w1, w2, w3, q1) * s;
-        let p2 = rows4(w0, w1, w2, w3, q2) * s;
-        let p3 = rows4(w0, w1, w2, w3, q3) * s;
-        if peel && j == first {
-            o = Partials(p0, p1, p2, p3, q0.sq, q1.sq, q2.sq, q3.sq);
-        } else {
-            o.a0 += p0;
-            o.a1 += p1;
-            o.a2 += p2;
-            o.a3 += p3;
-            o.s0 += q0.sq;
-            o.s1 += q1.sq;
-            o.s2 += q2.sq;
-            o.s3 += q3.sq;
-        }
+    var j = first;
+    if peel && first < k_quads {
+        let a = step4_tokens(row0, r1, r2, r3, xb, first);
+        o = Partials(a.p0, a.p1, a.p2, a.p3, a.q0, a.q1, a.q2, a.q3);
+        j += stride;
+    }
+    for (; j < k_quads; j += stride) {
+        let a = step4_tokens(row0, r1, r2, r3, xb, j);
+        o.a0 += a.p0;
+        o.a1 += a.p1;
+        o.a2 += a.p2;
+        o.a3 += a.p3;
+        o.s0 += a.q0;
+        o.s1 += a.q1;
+        o.s2 += a.q2;
+        o.s3 += a.q3;
     }
     return o;
 }
