@@ -99,10 +99,10 @@ impl MatmulTile {
 
     /// The tiling used unless [`MATMUL_TILE_ENV`] names another: the base
     /// tile (4 rows x 4 tokens per invocation), prefetching, swizzled,
-    /// narrow: the fastest on an H200 (512-token
-    /// prefill of the 0.6B shape 10,600-10,700 tok/s against 9,800 for
-    /// the base tiling before narrow tiles; every larger register tile was
-    /// slower, 8 x 8 down to 7,400: BENCHMARKS.md 2026-12-01).
+    /// narrow: the fastest measured on an H200 (512-token prefill of the
+    /// 0.6B shape 19,000-19,500 tok/s against 16,050 without narrow tiles;
+    /// every larger register tile was slower, 8 x 8 down to 7,400 against
+    /// 10,700 before the shader-checks change: BENCHMARKS.md 2026-12-01).
     pub const DEFAULT: MatmulTile =
         MatmulTile { prefetch: true, swizzle: true, narrow: true, ..MatmulTile::BASE };
 
