@@ -44,8 +44,12 @@ fn shared_library() -> PathBuf {
 
 const SANITIZE: [&str; 3] = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"];
 
-/// Compiles `sources` into `exe` with the sanitizers, warnings as errors.
+/// Compiles `sources` into `exe` with the sanitizers, warnings as errors
+/// (on Linux with `tests/c/keep_vulkan_drivers_loaded.c`, which keeps
+/// LeakSanitizer from reporting lavapipe's own allocation once the Vulkan
+/// loader unloads it).
 fn compile(compiler: &str, standard: &str, sources: &[PathBuf], exe: &Path, link: &[String]) {
+    let keep = cfg!(target_os = "linux").then(|| manifest_dir().join("tests/c/keep_vulkan_drivers_loaded.c"));
     let out = Command::new(compiler)
         .arg(standard)
         .args(["-Wall", "-Wextra", "-Werror", "-O1"])
@@ -53,6 +57,7 @@ fn compile(compiler: &str, standard: &str, sources: &[PathBuf], exe: &Path, link
         .arg("-I")
         .arg(manifest_dir().join("include"))
         .args(sources)
+        .args(keep)
         .arg("-o")
         .arg(exe)
         .args(link)
