@@ -407,10 +407,12 @@ impl Kernels {
     /// of a batch of sessions in each workgroup (`DECODE_ROWS`), under
     /// `split` and specialised to `shape` as [`Self::matvec_pipeline`]'s:
     /// each row computes exactly what that pipeline computes for one
-    /// token. Compiled on first use, once per engine. `None` where the
-    /// matvecs are MSL twins (which have no such variant) or if the build
-    /// fails (the caller then runs the decode pipeline over a grid of
-    /// rows: the same results, the matrix read once per row).
+    /// token. Compiled on first use, once per engine, and proven before it
+    /// is used ([`SelfChecker::rows_matvec`]: every row bit for bit against
+    /// the one-token pipeline). `None` where the matvecs are MSL twins
+    /// (which have no such variant) or if the build or the proof fails
+    /// (the caller then runs the decode pipeline over a grid of rows: the
+    /// same results, the matrix read once per row).
     pub fn matvec_rows_pipeline(
         &self,
         gpu: &Gpu,
@@ -499,10 +501,10 @@ impl Kernels {
     }
 
     /// [`Self::matvec_rows_pipeline`] that never builds on the caller's
-    /// thread (a frame must not wait for a compiler): the pipeline if
-    /// built; otherwise `None`, and its build starts on a thread of its
-    /// own (once: a failed build is not tried again), so a later call
-    /// finds it. Meanwhile the caller runs the decode pipeline over a grid
+    /// thread (a frame must not wait for a compiler or the proof's GPU
+    /// run): the pipeline if built and proven; otherwise `None`, and its
+    /// build and proof start on a thread of their own (once: a failure is
+    /// not tried again), so a later call finds it. Meanwhile the caller runs the decode pipeline over a grid
     /// of rows (the same results).
     pub fn matvec_rows_pipeline_or_start(
         &self,
