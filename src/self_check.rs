@@ -362,7 +362,7 @@ const ROWS_CHECK_WORKGROUPS: u32 = 2;
 /// launch, [`Kernels::matvec_rows_pipeline`]) before its first use, on its
 /// build thread: the pipeline and the one-token pipeline each row runs
 /// alone run the same pseudo-random matrix rows (the grid's first
-/// [`ROWS_CHECK_WORKGROUPS`] workgroups, the shape compiled in) over
+/// two workgroups, the shape compiled in) over
 /// `DECODE_ROWS` distinct inputs; every row must equal its one-token run
 /// bit for bit (the batch's promise: a session's tokens are those it
 /// produces alone), every output must match the CPU reference, and no
