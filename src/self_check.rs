@@ -368,13 +368,16 @@ const ROWS_CHECK_WORKGROUPS: u32 = 2;
 /// produces alone), every output must match the CPU reference, and no
 /// other element of `y` may change. `Ok(None)`: proven; `Ok(Some(how))`:
 /// the first difference (the caller then runs the one-token pipeline over
-/// a grid of rows); `Err`: a device error.
+/// a grid of rows); `Err`: a device error. A one-token pipeline
+/// specialised to a shape (`DECODE_ROWS` 0, its own `one_token`) is proven
+/// the same way over 3 tokens in grid z, against the CPU reference.
 pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String>> {
     let c = case.constants;
     let (Some(shape), Some(variant)) = (c.shape, case.kernel.matvec_variant()) else {
         return Ok(Some(format!("{:?} has no shape or is no matvec", case.kernel)));
     };
-    let n = c.decode_rows.max(1) as usize;
+    // A one-token pipeline (its own `one_token`) runs 3 tokens over grid z.
+    let n = if c.decode_rows == 0 { 3 } else { c.decode_rows as usize };
     let per_z = c.rows_per_z.max(1);
     let workgroups = shape.rows.div_ceil(c.split.rows_per_wg).min(ROWS_CHECK_WORKGROUPS);
     let rows = (workgroups * c.split.rows_per_wg).min(shape.rows) as usize;
@@ -1143,7 +1146,8 @@ mod tests {
     /// variant, asked for with and without waiting, row counts a workgroup
     /// runs whole or in grid z groups); one that differs in the last bit of
     /// its outputs is not, in either route, and is never built again (the
-    /// caller runs the one-token pipeline per row).
+    /// caller runs the one-token pipeline per row). A specialised one-token
+    /// pipeline that computes a wrong value is not used either.
     #[test]
     fn a_batched_row_pipeline_is_used_only_once_proven() {
         use crate::kernels::{MatvecLayout, MatvecShape};
@@ -1183,6 +1187,20 @@ mod tests {
         let kernel = Kernel::Int8MatvecNorm;
         let foreign = splits.into_iter().find(|s| s.layout != kernels.matvec_layout).unwrap();
         assert!(kernels.matvec_rows_pipeline(&gpu, kernel, foreign, other, 4).is_none(), "{foreign:?}");
+        // A wrong specialised one-token pipeline is not used either (the
+        // general one serves), nor built again.
+        kernels.edit_rows_source(|s| s.replace("y[o] = v;", "y[o] = v * 2.0 + 1.0;"));
+        let shaped = MatvecShape { n_in: 170, ..shape };
+        for split in splits {
+            assert!(
+                kernels.matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped).is_none(),
+                "{split:?}"
+            );
+            assert!(
+                kernels.matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped).is_none(),
+                "{split:?}"
+            );
+        }
         kernels.edit_rows_source(|s| s.replace("y[o] = v;", "y[o] = v + v * 1e-6;"));
         let (kernel, split) = (Kernel::Int8MatvecAccumulate, splits[1]);
         assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 7).is_none());

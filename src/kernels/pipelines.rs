@@ -378,7 +378,9 @@ impl Kernels {
     /// specialised to `shape` (compiled on first use, once per engine, on
     /// the kernel's bind-group layout). `None` where the matvec is an MSL
     /// twin, which reads its shape from the launch's parameters, or if the
-    /// build fails: the kernel's default pipeline then serves, which reads
+    /// build or its proof against the CPU reference
+    /// ([`SelfChecker::rows_matvec`], at its compiled shape) fails: the
+    /// kernel's default pipeline then serves, which reads
     /// the shape and has every split's rows per workgroup, so the launch's
     /// grid holds (only its speed differs).
     pub fn matvec_pipeline(
@@ -394,13 +396,14 @@ impl Kernels {
         }
         let constants = MatvecConstants { shape: Some(shape), ..MatvecConstants::decode(variant, split) };
         let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
-        match self.pipeline(gpu, key) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                log::warn!("specialising {kernel:?} to {shape:?} failed ({e}); the general pipeline serves");
-                None
-            }
+        if let Some(p) = self.cached(key) {
+            return Some(p);
         }
+        if matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed)) {
+            return None;
+        }
+        let built = self.rows_build(gpu, key)();
+        self.rows_built(key, built)
     }
 
     /// The pipeline of matvec variant `kernel` that runs `rows` decode rows
@@ -432,9 +435,10 @@ impl Kernels {
         self.rows_built(key, built)
     }
 
-    /// Files a batched-row pipeline's build: cached when built and proven,
-    /// else never tried again (logged; the caller runs the one-token
-    /// pipeline over a grid of rows).
+    /// Files a specialised matvec pipeline's build (one token's or a batch's
+    /// rows'): cached when built and proven, else never tried again
+    /// (logged; the caller runs the general pipeline, or the one-token one
+    /// over a grid of rows).
     fn rows_built(
         &self,
         key: PipelineKey,
@@ -447,7 +451,7 @@ impl Kernels {
             }
             Err(why) => {
                 let (k, c) = (key.kernel, key.constants);
-                log::warn!("a batched-row {k:?} ({c:?}) is not used ({why}); rows run one per grid z");
+                log::warn!("a specialised {k:?} ({c:?}) is not used ({why}); the general pipeline serves");
                 let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
                 building.insert(key, Build::Failed);
                 None
@@ -455,11 +459,13 @@ impl Kernels {
         }
     }
 
-    /// The build of batched-row pipeline `key` and its proof against the
+    /// The build of specialised matvec pipeline `key` and its proof: a
+    /// batch's rows' against the CPU reference and, bit for bit, the
     /// one-token pipeline a session runs the launch with alone (the
     /// specialised one where built, else the kernel's default, as
-    /// [`super::Launch::record_rows`] falls back to), as a closure that
-    /// owns what it needs (it may run on a thread of its own).
+    /// [`super::Launch::record_rows`] falls back to); one token's against
+    /// the CPU reference. A closure that owns what it needs (it may run on
+    /// a thread of its own).
     fn rows_build(
         &self,
         gpu: &Gpu,
@@ -472,10 +478,11 @@ impl Kernels {
             *text = edit(text);
         }
         let alone = match key.constants {
+            Constants::Matvec(c) if c.decode_rows == 0 => Ok((c, None)),
             Constants::Matvec(c) => {
                 let one = MatvecConstants { decode_rows: 0, rows_per_z: 0, ..c };
                 let one_key = PipelineKey { constants: Constants::Matvec(one), ..key };
-                Ok((c, self.cached(one_key).unwrap_or_else(|| self.get(key.kernel).pipeline)))
+                Ok((c, Some(self.cached(one_key).unwrap_or_else(|| self.get(key.kernel).pipeline))))
             }
             _ => Err(format!("{key:?} is no matvec key")),
         };
@@ -490,7 +497,7 @@ impl Kernels {
                 constants,
                 layout: &layout,
                 rows: &rows,
-                one_token: &one_token,
+                one_token: one_token.as_ref().unwrap_or(&rows),
             };
             match check(&gpu, &case) {
                 Ok(None) => Ok(rows),
