@@ -396,14 +396,7 @@ impl Kernels {
         }
         let constants = MatvecConstants { shape: Some(shape), ..MatvecConstants::decode(variant, split) };
         let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
-        if let Some(p) = self.cached(key) {
-            return Some(p);
-        }
-        if matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed)) {
-            return None;
-        }
-        let built = self.rows_build(gpu, key)();
-        self.rows_built(key, built)
+        self.proven(gpu, key)
     }
 
     /// The pipeline of matvec variant `kernel` that runs `rows` decode rows
@@ -425,21 +418,33 @@ impl Kernels {
         rows: u32,
     ) -> Option<wgpu::ComputePipeline> {
         let key = self.matvec_rows_key(kernel, split, shape, rows)?;
+        self.proven(gpu, key)
+    }
+
+    /// The specialised matvec pipeline `key` (one token's or a batch's
+    /// rows'): cached, or built and proven here and cached; `None` if its
+    /// build or proof failed, now or before.
+    fn proven(&self, gpu: &Gpu, key: PipelineKey) -> Option<wgpu::ComputePipeline> {
         if let Some(p) = self.cached(key) {
             return Some(p);
         }
-        if matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed)) {
+        if self.failed(key) {
             return None;
         }
-        let built = self.rows_build(gpu, key)();
-        self.rows_built(key, built)
+        let built = self.proven_build(gpu, key)();
+        self.file_proven(key, built)
+    }
+
+    /// Whether `key`'s build or proof failed (never tried again).
+    fn failed(&self, key: PipelineKey) -> bool {
+        matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed))
     }
 
     /// Files a specialised matvec pipeline's build (one token's or a batch's
     /// rows'): cached when built and proven, else never tried again
     /// (logged; the caller runs the general pipeline, or the one-token one
     /// over a grid of rows).
-    fn rows_built(
+    fn file_proven(
         &self,
         key: PipelineKey,
         built: std::result::Result<wgpu::ComputePipeline, String>,
@@ -451,7 +456,7 @@ impl Kernels {
             }
             Err(why) => {
                 let (k, c) = (key.kernel, key.constants);
-                log::warn!("a specialised {k:?} ({c:?}) is not used ({why}); the general pipeline serves");
+                log::warn!("a specialised {k:?} ({c:?}) is not used ({why}); the general or one-token pipeline serves");
                 let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
                 building.insert(key, Build::Failed);
                 None
@@ -466,7 +471,7 @@ impl Kernels {
     /// [`super::Launch::record_rows`] falls back to); one token's against
     /// the CPU reference. A closure that owns what it needs (it may run on
     /// a thread of its own).
-    fn rows_build(
+    fn proven_build(
         &self,
         gpu: &Gpu,
         key: PipelineKey,
@@ -534,7 +539,7 @@ impl Kernels {
             Some(Build::Running(thread)) if thread.is_finished() => {
                 drop(building);
                 let built = thread.join().unwrap_or_else(|_| Err("the build thread panicked".to_string()));
-                self.rows_built(key, built)
+                self.file_proven(key, built)
             }
             Some(running) => {
                 building.insert(key, running);
@@ -543,7 +548,7 @@ impl Kernels {
             None => {
                 // The thread owns what the build needs (not the set, which
                 // joins it when dropped).
-                let build = self.rows_build(gpu, key);
+                let build = self.proven_build(gpu, key);
                 let thread =
                     std::thread::Builder::new().name("qwen3-wgpu pipeline build".into()).spawn(build);
                 // No thread now: a later call tries again.
@@ -619,8 +624,7 @@ impl Kernels {
         shape: MatvecShape,
         rows: u32,
     ) -> bool {
-        let Some(key) = self.matvec_rows_key(kernel, split, shape, rows) else { return false };
-        matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed))
+        self.matvec_rows_key(kernel, split, shape, rows).is_some_and(|key| self.failed(key))
     }
 
     /// Puts `pipeline` in place of `k`'s tiled prefill pipeline (the
