@@ -141,20 +141,7 @@ impl<'a> Rig<'a> {
         workgroups: [u32; 3],
         buffers: &[&wgpu::Buffer],
     ) {
-        let entries: Vec<_> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-            .collect();
-        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("self-check"),
-            layout: self.kernels.layout(kernel),
-            entries: &entries,
-        });
-        let mut pass = self.enc.begin_compute_pass(&Default::default());
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        record_launch(self.gpu, &mut self.enc, self.kernels.layout(kernel), pipeline, workgroups, buffers);
         if !self.ran.contains(&(kernel, tiled)) {
             self.ran.push((kernel, tiled));
         }
@@ -191,6 +178,32 @@ impl<'a> Rig<'a> {
             })
             .collect()
     }
+}
+
+/// Records one launch of `pipeline` into `enc`, with `buffers` bound in
+/// binding order on `layout`.
+fn record_launch(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    layout: &wgpu::BindGroupLayout,
+    pipeline: &wgpu::ComputePipeline,
+    workgroups: [u32; 3],
+    buffers: &[&wgpu::Buffer],
+) {
+    let entries: Vec<_> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+        .collect();
+    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("self-check"),
+        layout,
+        entries: &entries,
+    });
+    let mut pass = enc.begin_compute_pass(&Default::default());
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -429,20 +442,7 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
                 [(case.one_token, &y_one, n as u32), (case.rows, &y_rows, n.div_ceil(per_z as usize) as u32)];
             for (pipeline, y, z) in runs {
                 let buffers = [&params, &xb, &wb, &sb, y, &nb];
-                let entries: Vec<_> = buffers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-                    .collect();
-                let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("first-use check"),
-                    layout: case.layout,
-                    entries: &entries,
-                });
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(workgroups, 1, z);
+                record_launch(gpu, &mut enc, case.layout, pipeline, [workgroups, 1, z], &buffers);
             }
             enc.copy_buffer_to_buffer(&y_one, 0, &read_one, 0, read_one.size());
             enc.copy_buffer_to_buffer(&y_rows, 0, &read_rows, 0, read_rows.size());
