@@ -116,7 +116,7 @@ struct Args {
     matvec_layout: Option<MatvecLayout>,
     /// Prompt batches on cooperative matrices where the device offers them:
     /// `on` or `off` (experimental). Default:
-    /// QWEN3_WGPU_COOPERATIVE_MATRICES, else off.
+    /// QWEN3_WGPU_COOPERATIVE_MATRICES, else on.
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     cooperative_matrices: Option<bool>,
     /// Demand the exact Qwen3-0.6B-Base shape.

@@ -25,8 +25,8 @@ use crate::tokenizer::Tokenizer;
 pub const DEFAULT_CAPACITY: usize = 4096;
 
 /// Environment variable read when the caller does not set
-/// [`EngineBuilder::cooperative_matrices`]: `on` runs prompt batches on
-/// cooperative matrices where the device offers them, `off` (the default)
+/// [`EngineBuilder::cooperative_matrices`]: `on` (the default) runs prompt
+/// batches on cooperative matrices where the device offers them, `off`
 /// keeps them on the f32 program.
 pub const COOPERATIVE_MATRICES_ENV: &str = "QWEN3_WGPU_COOPERATIVE_MATRICES";
 
@@ -82,15 +82,19 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether prompt batches may run on cooperative matrices (f16
-    /// operands, f32 sums: `int8_matmul_coop`) where the device offers the
-    /// 16x16 ones with 32-lane subgroups (NVIDIA through Vulkan); checked at
-    /// start-up like every kernel, with the f32 program as fallback
-    /// ([`KernelReport::cooperative_matrices`]). Experimental and off by
-    /// default: on an H200 the program is still slower than the f32 one
-    /// (BENCHMARKS.md). Without it: the `QWEN3_WGPU_COOPERATIVE_MATRICES`
-    /// environment variable (`on` or `off`) if set, else off. An adopted
-    /// device ([`Self::device`]) never uses them.
+    /// Whether prompt batches may run on cooperative matrices where the
+    /// device offers the 16x16 f16 ones with 32-lane subgroups (NVIDIA
+    /// through Vulkan): the weights and inputs of each product of at least
+    /// 2,048 rows are staged as f16 (11 significant bits; the sums stay
+    /// f32) and multiplied on tensor cores (`int8_matmul_coop`), 1.25-1.7x
+    /// the f32 program's prefill on an H200 (BENCHMARKS.md 2026-12-01).
+    /// Checked at start-up like every kernel, with the f32 program as
+    /// fallback ([`KernelReport::cooperative_matrices`]); the MLX
+    /// comparisons (tests/e2e_mlx.rs) pass with them on that device. Decode
+    /// steps never use them. Without this call: the
+    /// `QWEN3_WGPU_COOPERATIVE_MATRICES` environment variable (`on` or
+    /// `off`) if set, else on. An adopted device ([`Self::device`]) never
+    /// uses them (the engine cannot ask for the features there).
     pub fn cooperative_matrices(mut self, on: bool) -> Self {
         self.cooperative_matrices = Some(on);
         self
@@ -124,7 +128,7 @@ impl EngineBuilder {
         let coop = match self.cooperative_matrices {
             Some(on) => on,
             None => crate::settings::env_choice(COOPERATIVE_MATRICES_ENV, &[("on", true), ("off", false)])?
-                .unwrap_or(false),
+                .unwrap_or(true),
         };
         let mut gpu = match self.device {
             Some((device, queue)) => Gpu::from_device(device, queue, policy)?,

@@ -99,6 +99,17 @@ pub struct GpuWeights {
     pub lm_head: Option<GpuMatrix>,
     pub layers: Vec<GpuLayer>,
     pub final_norm: wgpu::Buffer,
+    /// Where cooperative-matrix prompt batches stage a launch's weights as
+    /// f16 ([`Self::staged_weights`]): made for the first session on such a
+    /// device.
+    staged: std::sync::OnceLock<wgpu::Buffer>,
+}
+
+impl GpuLayer {
+    /// The layer's matrices (the prompt-batch products' weights).
+    pub fn matrices(&self) -> [&GpuMatrix; 4] {
+        [&self.qkv, &self.o_proj, &self.gate_up, &self.down]
+    }
 }
 
 impl GpuWeights {
@@ -154,6 +165,7 @@ impl GpuWeights {
                     },
                     layers,
                     final_norm: vec(ix.final_norm, "final_norm")?,
+                    staged: std::sync::OnceLock::new(),
                 };
                 w.bytes = w.buffers().map(|b| b.size()).sum();
                 Ok(w)
@@ -164,11 +176,35 @@ impl GpuWeights {
         Ok(weights)
     }
 
+    /// The buffer cooperative-matrix prompt batches stage a launch's
+    /// weights in as f16 (made on first call): the largest bound chunk of a
+    /// layer matrix of at least `min_rows` rows (the launches that stage),
+    /// its rows rounded up to a tile, at 2 bytes a value (the 0.6B model's
+    /// gate/up: 12.6 MB; the 4B model's: 100 MB). Every session of the
+    /// model shares it: a product stages its weights and reads them back in
+    /// one pass, and wgpu orders passes that write a buffer.
+    pub fn staged_weights(&self, gpu: &Gpu, min_rows: u32) -> wgpu::Buffer {
+        self.staged
+            .get_or_init(|| {
+                let bytes = self
+                    .layers
+                    .iter()
+                    .flat_map(|l| l.matrices())
+                    .flat_map(|m| m.chunks.iter().map(move |c| (c.rows, m.k_words)))
+                    .filter(|(rows, _)| *rows >= min_rows as usize)
+                    .map(|(rows, k_words)| crate::kernels::matmul::staged_weight_bytes(rows, k_words))
+                    .max()
+                    .unwrap_or(0);
+                gpu.storage("w16", bytes as usize)
+            })
+            .clone()
+    }
+
     /// Every buffer the weights occupy.
     fn buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
         let matrices = std::iter::once(&self.embed)
             .chain(self.lm_head.as_ref())
-            .chain(self.layers.iter().flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down]));
+            .chain(self.layers.iter().flat_map(|l| l.matrices()));
         let vectors = self.layers.iter().flat_map(|l| [&l.input_norm, &l.qk_norm, &l.post_norm]);
         matrices.flat_map(|m| [&m.data, &m.scales]).chain(vectors).chain(std::iter::once(&self.final_norm))
     }

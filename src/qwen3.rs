@@ -73,6 +73,9 @@ pub struct Forward {
     pub uniform_bytes: u64,
     /// Bytes of the buffers holding `choose`'s parameters.
     pub choose_uniform_bytes: u64,
+    /// Bytes of the session's staged prompt inputs (cooperative-matrix
+    /// prompt batches; 0 without them).
+    pub staging_bytes: u64,
 }
 
 impl Forward {
@@ -101,7 +104,20 @@ pub fn forward(
     s: &SessionBuffers,
 ) -> Forward {
     use Matvec::{Accumulate, Normed, NormedSwiglu};
-    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
+    // Cooperative-matrix prompt batches stage their operands as f16: the
+    // batch's inputs in a buffer of the session's, the weights in the
+    // model's (one launch's at a time).
+    let staging = kernels.coop.then(|| {
+        let k_words = weights.layers.iter().flat_map(|l| l.matrices()).map(|m| m.k_words).max().unwrap_or(0);
+        let bytes = crate::kernels::matmul::staged_input_bytes(s.batch, k_words);
+        Staging {
+            x16: gpu.storage("x16", bytes as usize),
+            w16: weights.staged_weights(gpu, kernels.coop_min_rows),
+            x16_bytes: bytes,
+        }
+    });
+    let staging_bytes = staging.as_ref().map_or(0, |st| st.x16_bytes);
+    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)), staging };
     let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
     let embed = b.embed(&weights.embed, &s.step);
     let mut step: Vec<StepLaunch> = always(embed.clone()).collect();
@@ -135,10 +151,20 @@ pub fn forward(
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
     let uniform_bytes = b.uniforms.borrow().bytes();
     let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0);
-    Forward { step, choose, prefill: std::sync::Arc::new(prefill), uniform_bytes, choose_uniform_bytes }
+    Forward {
+        step,
+        choose,
+        prefill: std::sync::Arc::new(prefill),
+        uniform_bytes,
+        choose_uniform_bytes,
+        staging_bytes,
+    }
 }
 
 /// One launch of a batch step (see [`BatchForward`]).
+// As `StepLaunch`: ~150 per batch, boxing would add an indirection per
+// recorded launch for little memory.
+#[allow(clippy::large_enum_variant)]
 enum RowLaunch {
     /// A matvec: each workgroup runs every row (the pipeline for the row
     /// count is picked at record time from the launch's shape).
@@ -254,7 +280,7 @@ pub fn batch_forward(
     embed_step: &wgpu::Buffer,
 ) -> Result<BatchForward> {
     use Matvec::{Accumulate, Normed, NormedSwiglu};
-    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
+    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)), staging: None };
     let matvec = |w: &GpuMatrix, x, y, what: Matvec<'_>, stride| {
         b.matvec_strided(w, x, y, what, stride)
             .into_iter()
@@ -308,7 +334,7 @@ pub fn choose_launches(
     params: &SamplingParams,
     logprobs: u32,
 ) -> (Vec<Launch>, u64) {
-    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)) };
+    let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)), staging: None };
     let n_tokens = (s.capacity + 1) as u32;
     let n = cfg.vocab_size as u32;
     // The logits before the penalties: their copy when a penalty edits
@@ -372,6 +398,34 @@ struct Builder<'a> {
     cfg: &'a ModelConfig,
     s: &'a SessionBuffers,
     uniforms: RefCell<UniformPages>,
+    /// The staging buffers of cooperative-matrix prompt batches.
+    staging: Option<Staging>,
+}
+
+/// Where cooperative-matrix prompt batches stage their operands as f16.
+struct Staging {
+    /// The batch's inputs (the session's).
+    x16: wgpu::Buffer,
+    x16_bytes: u64,
+    /// A launch's weights (the model's: [`GpuWeights::staged_weights`]).
+    w16: wgpu::Buffer,
+}
+
+/// A launch's parameters: a range of a shared uniform page.
+struct UniformSlot {
+    page: wgpu::Buffer,
+    offset: u64,
+    size: u64,
+}
+
+impl UniformSlot {
+    fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.page,
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.size),
+        })
+    }
 }
 
 fn whole(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
@@ -395,11 +449,16 @@ impl Builder<'_> {
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) -> Launch {
-        let (page, offset, size) = self.uniforms.borrow_mut().push(self.gpu, params);
-        let u = wgpu::BufferBinding { buffer: &page, offset, size: wgpu::BufferSize::new(size) };
-        let mut all = vec![wgpu::BindingResource::Buffer(u)];
+        let page = self.uniform(params);
+        let mut all = vec![page.binding()];
         all.extend_from_slice(buffers);
         Launch::new(self.gpu, self.kernels, kernel, &all, workgroups)
+    }
+
+    /// `params` in the shared uniform pages.
+    fn uniform(&self, params: &[u8]) -> UniformSlot {
+        let (page, offset, size) = self.uniforms.borrow_mut().push(self.gpu, params);
+        UniformSlot { page, offset, size }
     }
 
     /// x = embed[token], one launch per bound chunk of the table (only the
@@ -463,11 +522,24 @@ impl Builder<'_> {
                     eps: self.cfg.rms_norm_eps,
                     y_stride: y_stride as u32,
                 };
+                let uniform = self.uniform(bytes_of(&p));
                 // Without a norm the norm_w slot is never read: bind x there.
-                let bufs = [whole(x), w.data_range(c), w.scales_range(c), whole(y), whole(norm.unwrap_or(x))];
+                let bufs = [
+                    uniform.binding(),
+                    whole(x),
+                    w.data_range(c),
+                    w.scales_range(c),
+                    whole(y),
+                    whole(norm.unwrap_or(x)),
+                ];
                 let split = self.kernels.matvec_layout.split(w.rows, w.k_words);
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
-                let mut l = self.launch(kernel, bytes_of(&p), &bufs, grid(groups));
+                let mut l = Launch::new(self.gpu, self.kernels, kernel, &bufs, grid(groups));
+                if let (true, Some(st)) =
+                    (l.can_stage() && p.rows >= self.kernels.coop_min_rows, &self.staging)
+                {
+                    l = l.with_staging(self.gpu, self.kernels, &bufs, [&st.x16, &st.w16], p.rows, p.k_words);
+                }
                 l.matvec_split = Some(split);
                 let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
                 l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape);

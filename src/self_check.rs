@@ -31,11 +31,13 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::kernels::matmul::{stage_weights_grid, staged_input_bytes, staged_weight_bytes};
 use crate::kernels::{
     argmax, attention, embed, grid, matvec, norm_rope, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams,
     HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, RowsMatvecCase, SelfCheck, SelfChecker, Step,
     ARGMAX_CHUNK, ATTENTION_CHUNK,
 };
+use crate::kernels::{record_staged, staged_bindings, TiledPipeline};
 use crate::qwen3::rope_table;
 use crate::reference::{
     argmax_ref, attention_ref, first_mismatch, matvec_ref, penalize_ref, poisoned, pseudo_nonzero,
@@ -79,7 +81,12 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 sample_top_k(&mut rig)?,
             ];
             for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
-                checks.push(matmul(&mut rig, kernel)?);
+                let pipelines = rig.kernels.launch_pipelines(kernel);
+                let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
+                checks.push(matmul(&mut rig, kernel, tiled)?);
+                if let Some(coop) = pipelines.coop {
+                    checks.push(matmul(&mut rig, kernel, coop)?);
+                }
             }
             Ok(checks)
         },
@@ -142,9 +149,19 @@ impl<'a> Rig<'a> {
         buffers: &[&wgpu::Buffer],
     ) {
         record_launch(self.gpu, &mut self.enc, self.kernels.layout(kernel), pipeline, workgroups, buffers);
+        self.note_ran(kernel, tiled);
+    }
+
+    /// Notes that `kernel`'s decode (or, `tiled`, prompt-batch) pipeline ran.
+    fn note_ran(&mut self, kernel: Kernel, tiled: bool) {
         if !self.ran.contains(&(kernel, tiled)) {
             self.ran.push((kernel, tiled));
         }
+    }
+
+    /// A bind group of `buffers` (whole, in binding order) on `kernel`'s layout.
+    fn bind_group(&self, kernel: Kernel, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        bind_group(self.gpu, self.kernels.layout(kernel), buffers)
     }
 
     /// Copies `buf`'s first `bytes` back after the launches; returns the
@@ -190,20 +207,25 @@ fn record_launch(
     workgroups: [u32; 3],
     buffers: &[&wgpu::Buffer],
 ) {
+    let bind_group = bind_group(gpu, layout, buffers);
+    let mut pass = enc.begin_compute_pass(&Default::default());
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+}
+
+/// A bind group of `buffers` (whole, in binding order) on `layout`.
+fn bind_group(gpu: &Gpu, layout: &wgpu::BindGroupLayout, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
     let entries: Vec<_> = buffers
         .iter()
         .enumerate()
         .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
         .collect();
-    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("self-check"),
         layout,
         entries: &entries,
-    });
-    let mut pass = enc.begin_compute_pass(&Default::default());
-    pass.set_pipeline(pipeline);
-    pass.set_bind_group(0, &bind_group, &[]);
-    pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+    })
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -292,16 +314,15 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
     }))
 }
 
-/// A normed matvec variant's tiled prompt-batch pipeline (`int8_matmul`,
-/// or its MSL twin) over 13 rows (14 for SwiGLU: 7 outputs) of 200 columns
+/// A matvec variant's tiled prompt-batch pipeline `tiled` (`int8_matmul`,
+/// its MSL twin, or `int8_matmul_coop` after its staging) over 13 rows (14 for SwiGLU: 7 outputs) of 200 columns
 /// (a padded tail) for a tile and 5 tokens, writing from row 3 (4) of each
 /// token's `y` row, whose other elements must stay as they were. The
 /// product runs in whole tiles of tokens, so the buffers hold two tiles;
 /// the second's spare tokens have NaN inputs, which must reach no real
 /// token's output.
-fn matmul(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
+fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline) -> Result<Check> {
     let variant = kernel.matvec_variant().expect("a matvec variant");
-    let tiled = rig.kernels.launch_pipelines(kernel).tiled.expect("a tiled prefill pipeline");
     let seed = kernel as u64 * 211;
     let tile = tiled.tokens as usize;
     let (tokens, tiles) = (tile + 5, 2);
@@ -339,8 +360,22 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         rig.storage(&f32s(&norm_w))?,
     ];
     let mut workgroups = matvec::grid(rows as u32, tiled.rows);
-    workgroups[2] = tiles as u32;
-    rig.dispatch_pipeline(kernel, true, &tiled.pipeline, workgroups, &bufs.each_ref());
+    if let Some(staged) = &tiled.staged {
+        // Cooperative matrices: the operands staged as f16 first.
+        let k_words = m.k_words();
+        let x16 = rig.gpu.storage("self-check x16", staged_input_bytes(tiles * tile, k_words) as usize);
+        let w16 = rig.gpu.storage("self-check w16", staged_weight_bytes(rows, k_words) as usize);
+        let groups = staged_bindings(bufs.each_ref(), &x16, &w16).map(|b| rig.bind_group(kernel, &b));
+        let weights_grid = stage_weights_grid(rows as u32, k_words as u32);
+        let mut pass = rig.enc.begin_compute_pass(&Default::default());
+        let tokens = (tiles * tile) as u32;
+        record_staged(&mut pass, staged, &tiled.pipeline, &groups, weights_grid, workgroups, tokens);
+        drop(pass);
+        rig.note_ran(kernel, true);
+    } else {
+        workgroups[2] = tiles as u32;
+        rig.dispatch_pipeline(kernel, true, &tiled.pipeline, workgroups, &bufs.each_ref());
+    }
     let y = rig.read(&bufs[4], 4 * y_len);
     Ok(Box::new(move |out| {
         let got = to_f32(&out[y]);

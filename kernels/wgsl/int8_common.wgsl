@@ -1,7 +1,8 @@
 // What int8_matvec (decode steps) and int8_matmul (prompt batches) share:
 // one bind-group layout and params struct (a launch's bind group serves
-// both pipelines; `Params` is generated from MatvecParams, src/kernels/matvec.rs), the epilogue flags, and the int8-to-float conversion.
-// Prepended to both by Rust.
+// both pipelines; `Params` is generated from MatvecParams,
+// src/kernels/matvec.rs); int8_math.wgsl follows (the epilogue flags and
+// the int8-to-float conversion). Prepended to both by Rust.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), prepended by Rust.
 
@@ -32,26 +33,4 @@ fn n_groups() -> u32 {
 }
 fn n_inputs() -> u32 {
     return select(p.n_in, SHAPE_N_IN, SHAPE_N_IN != 0u);
-}
-
-// x' = x * rsqrt(mean(x^2) + eps) * norm_w instead of x.
-override NORM: bool = false;
-// true: y += W x' (fused residual add); false: y = W x'.
-override ACCUMULATE: bool = false;
-// Rows interleave gate (2i) and up (2i + 1): y[i] = silu(gate_i) * up_i.
-override SWIGLU: bool = false;
-
-fn silu(g: f32) -> f32 {
-    return g / (1.0 + exp(-g));
-}
-
-// The 4 int8 values of `v` as floats, exactly, without int-to-float
-// conversions (a quarter-rate instruction on many GPUs, and the bulk of a
-// matvec's arithmetic): byte u = q + 128 (the sign bit flipped) set into
-// the mantissa of 2^23 is the float 2^23 + u, and subtracting 2^23 + 128
-// leaves q.
-fn i8x4(v: u32) -> vec4<f32> {
-    let u = v ^ 0x80808080u;
-    let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
-    return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
 }

@@ -48,6 +48,59 @@ pub struct Launch {
     /// The kernel's pipelines, resolved when the launch is made (recording
     /// looks nothing up).
     pipelines: LaunchPipelines,
+    /// The bind groups of `int8_matmul_coop`'s staging and product
+    /// ([`Self::with_staging`]): the launch's batches run it instead of the
+    /// f32 tiled pipeline.
+    staged: Option<Box<StagedLaunch>>,
+}
+
+/// The bind groups of a cooperative-matrix product's three launches:
+/// weights staged, inputs staged, product ([`staged_bindings`]).
+#[derive(Clone)]
+struct StagedLaunch {
+    groups: [wgpu::BindGroup; 3],
+    /// The weight staging's grid ([`super::matmul::stage_weights_grid`]).
+    weights_grid: [u32; 3],
+}
+
+/// The bindings of the three launches of a cooperative-matrix product
+/// (weight staging, input staging, product), in binding order, from a
+/// matvec launch's (params, x, w, scales, y, norm_w) and the staging
+/// buffers: the staging writes binding 4 (`w16`, `x16`), the product
+/// reads `x16` at 1 and `w16` at 2 and writes `y`. Slots a program does
+/// not read hold buffers that no write of that launch aliases.
+pub(crate) fn staged_bindings<T: Clone>(matvec: [T; 6], x16: T, w16: T) -> [[T; 6]; 3] {
+    let [params, x, w, scales, y, norm] = matvec;
+    [
+        [params.clone(), x.clone(), w.clone(), scales.clone(), w16.clone(), norm.clone()],
+        [params.clone(), x, w, scales.clone(), x16.clone(), norm],
+        [params, x16.clone(), w16, scales, y, x16],
+    ]
+}
+
+/// Records a cooperative-matrix product of `tokens` tokens: its weights and
+/// inputs staged as f16 (`staged`'s pipelines), then `product` over
+/// `grid` (rows) and the tiles of tokens.
+pub(crate) fn record_staged(
+    pass: &mut wgpu::ComputePass<'_>,
+    staged: &super::pipelines::StagedPipelines,
+    product: &wgpu::ComputePipeline,
+    groups: &[wgpu::BindGroup; 3],
+    weights_grid: [u32; 3],
+    grid: [u32; 3],
+    tokens: u32,
+) {
+    use super::matmul::{stage_inputs_grid, MATMUL_COOP_TILE};
+    let steps = [
+        (&staged.weights, weights_grid),
+        (&staged.inputs, stage_inputs_grid(tokens)),
+        (product, [grid[0], grid[1], grid[2] * tokens.div_ceil(MATMUL_COOP_TILE)]),
+    ];
+    for ((pipeline, g), group) in steps.into_iter().zip(groups) {
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, group, &[]);
+        pass.dispatch_workgroups(g[0], g[1], g[2]);
+    }
 }
 
 impl Launch {
@@ -78,13 +131,63 @@ impl Launch {
             decode_pipeline: None,
             prefill_workgroups: workgroups,
             pipelines: kernels.launch_pipelines(kernel),
+            staged: None,
         }
     }
 
-    /// Rows of one workgroup of the tiled prefill pipeline (`None`: it has
-    /// none): `prefill_workgroups` covers the launch's rows in these.
+    /// Whether the launch's batches can run `int8_matmul_coop` (given
+    /// staging buffers, [`Self::with_staging`]).
+    pub fn can_stage(&self) -> bool {
+        self.pipelines.coop.is_some()
+    }
+
+    /// Gives a matvec launch over `rows` rows of `k_words` words, bound to
+    /// `buffers` (as [`Self::new`]), the staging buffers its
+    /// cooperative-matrix batches take: `[x16, w16]`, for a batch's inputs
+    /// ([`super::matmul::staged_input_bytes`]) and for the weights
+    /// ([`super::matmul::staged_weight_bytes`]).
+    pub fn with_staging(
+        mut self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        buffers: &[wgpu::BindingResource<'_>; 6],
+        [x16, w16]: [&wgpu::Buffer; 2],
+        rows: u32,
+        k_words: u32,
+    ) -> Self {
+        let layout = kernels.layout(self.kernel);
+        let groups =
+            staged_bindings(buffers.clone(), x16.as_entire_binding(), w16.as_entire_binding()).map(|b| {
+                let entries: Vec<_> = b
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
+                    .collect();
+                gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("int8_matmul_coop"),
+                    layout,
+                    entries: &entries,
+                })
+            });
+        let weights_grid = super::matmul::stage_weights_grid(rows, k_words);
+        self.staged = Some(Box::new(StagedLaunch { groups, weights_grid }));
+        self
+    }
+
+    /// Rows of one workgroup of the tiled prefill pipeline the launch's
+    /// batches run (`None`: it has none): `prefill_workgroups` covers the
+    /// launch's rows in these.
     pub fn tiled_rows_per_wg(&self) -> Option<u32> {
-        self.pipelines.tiled.as_ref().map(|t| t.rows)
+        self.tiled().map(|t| t.rows)
+    }
+
+    /// The tiled prompt-batch pipeline the launch's batches run:
+    /// `int8_matmul_coop` when given staging buffers, else `int8_matmul`.
+    fn tiled(&self) -> Option<&super::pipelines::TiledPipeline> {
+        match &self.staged {
+            Some(_) => self.pipelines.coop.as_ref(),
+            None => self.pipelines.tiled.as_ref(),
+        }
     }
 
     /// What this launch runs (for diagnostics).
@@ -108,10 +211,15 @@ impl Launch {
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, _kernels: &Kernels, tokens: u32) {
         let p = &self.pipelines;
         let (pipeline, grid, z) = match (tokens > 1, &p.per_token) {
-            (true, Some(per_token)) => match &p.tiled {
-                Some(tiled) if tokens >= tiled.min_tokens => {
-                    (&tiled.pipeline, self.prefill_workgroups, tokens.div_ceil(tiled.tokens))
-                }
+            (true, Some(per_token)) => match self.tiled() {
+                Some(tiled) if tokens >= tiled.min_tokens => match (&tiled.staged, &self.staged) {
+                    (Some(staged), Some(s)) => {
+                        let grid = self.prefill_workgroups;
+                        record_staged(pass, staged, &tiled.pipeline, &s.groups, s.weights_grid, grid, tokens);
+                        return;
+                    }
+                    _ => (&tiled.pipeline, self.prefill_workgroups, tokens.div_ceil(tiled.tokens)),
+                },
                 _ => (per_token, self.workgroups, tokens.div_ceil(p.per_token_tokens)),
             },
             _ => (self.decode_pipeline.as_ref().unwrap_or(&p.decode), self.workgroups, tokens),

@@ -12,7 +12,7 @@
 //! (`QWEN3_WGPU_MATMUL_TILE`); the others keep [`MatmulTile::BASE`]'s grid.
 
 use super::abi::{msl_decls, wgsl_decls, GpuStruct};
-use super::matvec::{MatvecParams, MatvecVariant, INT8_COMMON};
+use super::matvec::{MatvecParams, MatvecVariant, INT8_COMMON, INT8_MATH};
 use super::msl::preamble_of;
 use super::PREFILL_TOKENS_PER_WG;
 use crate::converted::QUANT_GROUP;
@@ -220,23 +220,29 @@ pub const MATMUL_MSL: &str = include_str!("../../kernels/msl/int8_matmul.metal")
 /// the WGSL kernel's).
 pub const MATMUL_MSL_WG: u32 = 128;
 
-/// The cooperative-matrix program (`int8_matmul_coop`).
+/// The cooperative-matrix program (`int8_matmul_coop`): the product over
+/// operands staged as f16 by [`F16_STAGE_WGSL`].
 pub const MATMUL_COOP_WGSL: &str = include_str!("../../kernels/wgsl/int8_matmul_coop.wgsl");
+/// The staging program of `int8_matmul_coop`: a launch's weights (its
+/// `WEIGHTS` override) or its batch's inputs as f16 in 16 x 16 blocks.
+pub const F16_STAGE_WGSL: &str = include_str!("../../kernels/wgsl/f16_stage.wgsl");
 /// What both WGSL prompt-batch programs share after `int8_common.wgsl`.
 const MATMUL_COMMON: &str = include_str!("../../kernels/wgsl/int8_matmul_common.wgsl");
-/// Rows and tokens of one subgroup's block in `int8_matmul_coop`, and the
-/// subgroup size it is written for.
+/// The subgroup size `int8_matmul_coop` is written for (its two subgroups
+/// each take 32 of a tile's tokens).
 pub const MATMUL_COOP_SUB: u32 = crate::gpu::COOP_SUBGROUP_SIZE;
-
-/// Workgroup size of `int8_matmul_coop` for tiles of `tokens` tokens: one
-/// 32-lane subgroup per 32 x 32 block of the tile.
-pub const fn matmul_coop_wg(tokens: u32) -> u32 {
-    (MATMUL_ROWS_PER_WG / MATMUL_COOP_SUB) * (tokens / MATMUL_COOP_SUB) * MATMUL_COOP_SUB
-}
+/// Rows and tokens of one `int8_matmul_coop` tile (its grid's rows and
+/// tokens per workgroup): every variant, SwiGLU too.
+pub const MATMUL_COOP_TILE: u32 = 64;
+/// Workgroup size of `int8_matmul_coop`: two subgroups of 64 rows x 32
+/// tokens each (4 x 2 accumulators of 16 x 16).
+pub const MATMUL_COOP_WG: u32 = 2 * MATMUL_COOP_SUB;
+/// Workgroup size of `f16_stage`.
+pub const F16_STAGE_WG: u32 = 256;
 const _: () = assert!(
-    MATMUL_ROWS_PER_WG.is_multiple_of(MATMUL_COOP_SUB)
-        && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(MATMUL_COOP_SUB)
-        && MATMUL_TOKENS_PER_WG.is_multiple_of(MATMUL_COOP_SUB)
+    MATMUL_COOP_TILE == MATMUL_TOKENS_PER_WG
+        && MATMUL_COOP_TILE == 2 * MATMUL_COOP_SUB
+        && MATMUL_SWIGLU_TOKENS_PER_WG.is_multiple_of(16)
 );
 
 const _: () = assert!(
@@ -247,15 +253,69 @@ const _: () = assert!(
 // int8_matmul's K chunks of 32 values divide the quant group.
 const _: () = assert!(QUANT_GROUP.is_multiple_of(32));
 
-/// Whether `variant`'s prompt batches run `int8_matmul_coop` on a device
-/// that has cooperative matrices: the SwiGLU (gate/up) variant only, where
-/// a stand-alone kernel of the same tile (64 rows x 32 tokens) took 145 µs
-/// against 284 for the f32 program at the 0.6B model's 6,144 x 1,024 and
-/// 256 tokens (H200); at qkv's 4,096 rows a 64 x 64 tile measured 165
-/// against 158. In the engine `int8_matmul_coop` still takes 329 µs there
-/// (BENCHMARKS.md), hence off by default.
-pub fn coop_pays(variant: MatvecVariant) -> bool {
-    variant.swiglu
+/// The fewest rows a launch runs on cooperative matrices (fewer run the
+/// f32 program): a launch of 1,024 rows (the 0.6B model's o_proj and down)
+/// fills an H200's 132 cores with 16 x 4 workgroups at 256 tokens, and
+/// with its staging took 75 and 84 µs against 56 and 77 for the f32
+/// program's narrow tiles, where 4,096 rows and more take a third to a
+/// half (BENCHMARKS.md 2026-12-01).
+pub const COOP_MIN_ROWS: u32 = 2048;
+
+/// Environment variable that overrides [`COOP_MIN_ROWS`] (for benchmarks):
+/// one of the values [`COOP_MIN_ROWS_CHOICES`] names.
+pub const COOP_MIN_ROWS_ENV: &str = "QWEN3_WGPU_COOP_MIN_ROWS";
+
+/// The values [`COOP_MIN_ROWS_ENV`] takes.
+pub const COOP_MIN_ROWS_CHOICES: [(&str, u32); 5] =
+    [("0", 0), ("1024", 1024), ("2048", 2048), ("4096", 4096), ("8192", 8192)];
+
+/// [`COOP_MIN_ROWS_ENV`]'s value: `None` when unset, `invalid_argument`
+/// naming the allowed values otherwise.
+pub fn coop_min_rows_from_env() -> Result<Option<u32>> {
+    crate::settings::env_choice(COOP_MIN_ROWS_ENV, &COOP_MIN_ROWS_CHOICES)
+}
+
+/// Bytes of `int8_matmul_coop`'s staged weights for a launch over `rows`
+/// rows of `k_words` words (rows rounded up to a tile, 2 bytes a value).
+pub fn staged_weight_bytes(rows: usize, k_words: usize) -> u64 {
+    (rows.next_multiple_of(MATMUL_COOP_TILE as usize) * k_words * 4 * 2) as u64
+}
+
+/// Bytes of `int8_matmul_coop`'s staged inputs for a batch of `tokens`
+/// tokens (rounded up to a tile) of `k_words` words.
+pub fn staged_input_bytes(tokens: usize, k_words: usize) -> u64 {
+    (tokens.next_multiple_of(MATMUL_COOP_TILE as usize) * k_words * 4 * 2) as u64
+}
+
+/// The grid of the weight staging of a launch over `rows` rows of
+/// `k_words` words: one invocation per 16 values of the rows rounded up
+/// to a tile.
+pub fn stage_weights_grid(rows: u32, k_words: u32) -> [u32; 3] {
+    let quads = rows.next_multiple_of(MATMUL_COOP_TILE) * (k_words / 4);
+    super::grid(quads.div_ceil(F16_STAGE_WG))
+}
+
+/// The grid of the input staging of a batch of `tokens` tokens: one
+/// workgroup per token of the tiles the product reads.
+pub fn stage_inputs_grid(tokens: u32) -> [u32; 3] {
+    [1, 1, tokens.next_multiple_of(MATMUL_COOP_TILE)]
+}
+
+/// The WGSL of `f16_stage` (either role, by its `WEIGHTS` override: see
+/// [`stage_constants`]).
+pub fn stage_source() -> String {
+    let decls = wgsl_decls(&MatvecParams::DEF, &format!("{INT8_MATH}{F16_STAGE_WGSL}"));
+    format!(
+        "const MM_ROWS: u32 = {MATMUL_COOP_TILE}u;\nconst GROUP_WORDS: u32 = {}u;\n{decls}\n{INT8_MATH}\n{F16_STAGE_WGSL}",
+        QUANT_GROUP / 4
+    )
+}
+
+/// The override constants of `f16_stage`: staging weights, or a batch's
+/// inputs (normed when `norm`).
+pub fn stage_constants(weights: bool, norm: bool) -> Vec<(&'static str, f64)> {
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    vec![("WEIGHTS", flag(weights)), ("NORM", flag(norm && !weights))]
 }
 
 /// Tokens of one tile of `variant`'s `int8_matmul` in the base tiling.
@@ -283,7 +343,7 @@ impl MatmulConstants {
     /// grid's tokens per workgroup.
     pub fn tokens(&self) -> u32 {
         if self.coop {
-            tokens_per_wg(self.variant)
+            MATMUL_COOP_TILE
         } else {
             self.tile.tokens_for(self.variant)
         }
@@ -292,7 +352,7 @@ impl MatmulConstants {
     /// Rows of one tile: the grid's rows per workgroup.
     pub fn rows(&self) -> u32 {
         if self.coop {
-            MATMUL_ROWS_PER_WG
+            MATMUL_COOP_TILE
         } else {
             self.tile.rows_for()
         }
@@ -301,7 +361,7 @@ impl MatmulConstants {
     /// Workgroup size of the WGSL program.
     pub fn workgroup_size(&self) -> u32 {
         if self.coop {
-            matmul_coop_wg(self.tokens())
+            MATMUL_COOP_WG
         } else {
             self.tile.workgroup_size(self.rows(), self.tokens())
         }
@@ -350,18 +410,20 @@ impl MatmulConstants {
     /// tile sizes, register tiling and quant group as `const`s, the generated declarations
     /// (the params), what the matvec shares, the stores, then the kernel.
     pub fn source(&self) -> String {
-        let (enables, body) = if self.coop {
-            ("enable f16;\nenable wgpu_cooperative_matrix;\n", MATMUL_COOP_WGSL)
+        // The cooperative-matrix program binds the layout with other types
+        // (its staged f16 operands): the arithmetic without the bindings.
+        let (enables, common, body) = if self.coop {
+            ("enable f16;\nenable wgpu_cooperative_matrix;\n", INT8_MATH, MATMUL_COOP_WGSL)
         } else {
-            ("", include_str!("../../kernels/wgsl/int8_matmul.wgsl"))
+            ("", INT8_COMMON, include_str!("../../kernels/wgsl/int8_matmul.wgsl"))
         };
-        let decls = wgsl_decls(&MatvecParams::DEF, &format!("{INT8_COMMON}{MATMUL_COMMON}{body}"));
+        let decls = wgsl_decls(&MatvecParams::DEF, &format!("{common}{MATMUL_COMMON}{body}"));
         let MatmulTile { inv_rows, inv_tokens, prefetch, swizzle, .. } = self.tile;
         format!(
             "{enables}const MM_ROWS: u32 = {}u;\nconst MM_TOKENS: u32 = {}u;\n\
              const INV_ROWS: u32 = {inv_rows}u;\nconst INV_TOKENS: u32 = {inv_tokens}u;\n\
              const PREFETCH: bool = {prefetch};\nconst SWIZZLE: bool = {swizzle};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
-             {decls}\n{INT8_COMMON}\n{MATMUL_COMMON}\n{}",
+             {decls}\n{common}\n{MATMUL_COMMON}\n{}",
             self.rows(),
             self.tokens(),
             QUANT_GROUP / 4,
@@ -404,7 +466,7 @@ mod tests {
 
     /// Each tiling's workgroup size is the one its source declares, and its
     /// register tiles cover its tile, which is the grid's (SwiGLU: half the
-    /// tokens); the cooperative-matrix program keeps the base tile's grid
+    /// tokens); the cooperative-matrix program takes its own 64 x 64 tile
     /// whatever the tiling.
     #[test]
     fn each_tiling_sizes_its_workgroup_to_cover_the_tile() {
@@ -423,45 +485,183 @@ mod tests {
                 assert!(source.contains(&format!("const MM_ROWS: u32 = {want_rows}u;")), "{name}");
                 assert!(c.render().contains(&("WG", wg as f64)), "{name}");
                 let coop = MatmulConstants { coop: true, ..c };
-                assert_eq!((coop.rows(), coop.tokens()), (MATMUL_ROWS_PER_WG, kernel.matmul_tokens_per_wg()));
+                assert_eq!((coop.rows(), coop.tokens()), (MATMUL_COOP_TILE, MATMUL_COOP_TILE));
+                assert!(coop.source().contains(&format!("const MM_ROWS: u32 = {MATMUL_COOP_TILE}u;")));
             }
         }
     }
 
-    /// The cooperative-matrix program of each tiled variant goes through
-    /// the naga path a Vulkan device takes (parse, validate, overrides,
-    /// SPIR-V) on every machine, also where no adapter offers cooperative
-    /// matrices (CI's lavapipe). naga 30's SPIR-V writer panics on a
-    /// `coopStore` whose arguments are not already emitted: this catches a
-    /// kernel edit that brings that back.
+    /// The cooperative-matrix program of each tiled variant and both roles
+    /// of its staging program go through the naga path a Vulkan device
+    /// takes (parse, validate, overrides, SPIR-V) on every machine, also
+    /// where no adapter offers cooperative matrices (CI's lavapipe). naga
+    /// 30's SPIR-V writer panics on a `coopStore` whose arguments are not
+    /// already emitted: this catches a kernel edit that brings that back.
     #[test]
-    fn the_cooperative_matrix_program_compiles_to_spirv() {
-        let normed = |k: &Kernel| k.matvec_variant().is_some_and(|v| v.norm);
-        let tiled: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.prefill_tiled() && normed(k)).collect();
-        assert_eq!(tiled.len(), 2, "qkv and gate/up run tiled");
-        for kernel in tiled {
-            let c = MatmulConstants { coop: true, ..kernel.matmul_constants().unwrap() };
-            let source = c.source();
-            let module = naga::front::wgsl::parse_str(&source)
-                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&source)));
+    fn the_cooperative_matrix_programs_compile_to_spirv() {
+        let tiled: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()).collect();
+        assert_eq!(tiled.len(), 3, "qkv, gate/up and the accumulating products run tiled");
+        let spirv = |what: &str, source: &str, constants: Vec<(&str, f64)>, entry: &str| {
+            let module = naga::front::wgsl::parse_str(source)
+                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(source)));
             let flags = naga::valid::ValidationFlags::all();
             let info = naga::valid::Validator::new(flags, naga::valid::Capabilities::all())
                 .validate(&module)
-                .unwrap_or_else(|e| panic!("{kernel:?}: {}", e.emit_to_string(&source)));
+                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
             let constants: naga::back::PipelineConstants =
-                c.render().into_iter().map(|(name, v)| (name.to_string(), v)).collect();
+                constants.into_iter().map(|(name, v)| (name.to_string(), v)).collect();
             let (module, info) =
                 naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-                    .unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
             let pipeline = naga::back::spv::PipelineOptions {
                 shader_stage: naga::ShaderStage::Compute,
-                entry_point: "int8_matmul".into(),
+                entry_point: entry.into(),
             };
             let options = naga::back::spv::Options::default();
             let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
-                .unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
-            assert!(words.len() > 100, "{kernel:?}: {} SPIR-V words", words.len());
-            assert_eq!(c.workgroup_size(), matmul_coop_wg(c.tokens()));
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(words.len() > 100, "{what}: {} SPIR-V words", words.len());
+        };
+        for kernel in tiled {
+            let c = MatmulConstants { coop: true, ..kernel.matmul_constants().unwrap() };
+            spirv(&format!("{kernel:?}"), &c.source(), c.render(), "int8_matmul");
+            assert_eq!(c.workgroup_size(), MATMUL_COOP_WG);
         }
+        for (weights, norm) in [(true, false), (false, false), (false, true)] {
+            spirv("f16_stage", &stage_source(), stage_constants(weights, norm), "f16_stage");
+        }
+    }
+
+    /// `f16_stage` (which runs on every adapter, unlike the product it
+    /// feeds) against the CPU: 70 rows (two tiles, the second mostly
+    /// spare) of 200 columns (a padded tail) staged as f16 blocks, the
+    /// spare rows zero; 70 tokens (two tiles of 64) of inputs, normed or
+    /// not. Each value within one f16 rounding step of the reference, every
+    /// element of the poisoned output written.
+    #[test]
+    fn staging_matches_the_cpu_reference() {
+        use crate::gpu::{AdapterPolicy, Gpu};
+        use crate::reference::{poisoned, pseudo_nonzero, Quant, POISON};
+        use half::f16;
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let (rows, cols, tokens) = (70usize, 200usize, 70usize);
+        let m = Quant::pseudo(17, rows, cols);
+        let k = m.padded;
+        let blocks = k / 16;
+        let blocked = |r: usize, c: usize| ((r / 16) * blocks + c / 16) * 256 + (r % 16) * 16 + c % 16;
+        let mut x = pseudo_nonzero(18, tokens.next_multiple_of(64) * k);
+        for row in x.chunks_mut(k) {
+            row[cols..].iter_mut().for_each(|v| *v = 0.0);
+        }
+        let norm_w = pseudo_nonzero(19, k);
+        let eps = 1e-6f32;
+        let layout = crate::kernels::bind_group_layout(&gpu, "f16_stage", super::super::matvec::BINDINGS);
+        let close = |what: &str, got: u16, want: f64| {
+            let g = f16::from_bits(got).to_f64();
+            let step = f16::from_f64(want).to_f64().abs().max(1e-7) * 2f64.powi(-10);
+            assert!(g.is_finite() && (g - want).abs() <= step, "{what}: got {g}, want {want}");
+        };
+        for (weights, norm) in [(true, false), (false, false), (false, true)] {
+            let p = MatvecParams {
+                rows: rows as u32,
+                k_words: m.k_words() as u32,
+                groups: m.groups() as u32,
+                row_offset: 0,
+                n_in: cols as u32,
+                eps,
+                y_stride: 0,
+            };
+            let out_bytes = if weights {
+                staged_weight_bytes(rows, m.k_words())
+            } else {
+                staged_input_bytes(tokens, m.k_words())
+            } as usize;
+            let bufs = [
+                gpu.uniform("p", bytemuck::bytes_of(&p)).unwrap(),
+                gpu.storage_init("x", bytemuck::cast_slice(&x)).unwrap(),
+                gpu.storage_init("w", &m.data()).unwrap(),
+                gpu.storage_init("scales", bytemuck::cast_slice(&m.scales)).unwrap(),
+                gpu.storage_init("staged", &poisoned(out_bytes / 4)).unwrap(),
+                gpu.storage_init("norm_w", bytemuck::cast_slice(&norm_w)).unwrap(),
+            ];
+            let constants = stage_constants(weights, norm);
+            let (pipeline, _) = crate::kernels::compile_for_layout(
+                &gpu,
+                "f16_stage",
+                &stage_source(),
+                "f16_stage",
+                super::super::matvec::BINDINGS,
+                &constants,
+                Some(&layout),
+            )
+            .unwrap();
+            let entries: Vec<_> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                .collect();
+            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &layout,
+                entries: &entries,
+            });
+            let grid = if weights {
+                stage_weights_grid(rows as u32, m.k_words() as u32)
+            } else {
+                stage_inputs_grid(tokens as u32)
+            };
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            }
+            let readback = gpu.readback("staged", out_bytes);
+            enc.copy_buffer_to_buffer(&bufs[4], 0, &readback, 0, readback.size());
+            gpu.queue.submit([enc.finish()]);
+            let bytes = gpu.read(&readback).unwrap();
+            let (out, words): (Vec<u16>, Vec<u32>) =
+                (bytemuck::pod_collect_to_vec(&bytes), bytemuck::pod_collect_to_vec(&bytes));
+            assert!(!words.contains(&POISON), "({weights}, {norm}): an element not written");
+            if weights {
+                for r in 0..rows.next_multiple_of(64) {
+                    for c in 0..k {
+                        let want = if r < rows { f16::from_f64(m.w(r, c)).to_f64() } else { 0.0 };
+                        close(&format!("w16[{r}][{c}]"), out[blocked(r, c)], want);
+                    }
+                }
+            } else {
+                for t in 0..tokens.next_multiple_of(64) {
+                    let xt = &x[t * k..(t + 1) * k];
+                    let inv = if norm {
+                        let ms = xt[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
+                        1.0 / (ms + eps as f64).sqrt()
+                    } else {
+                        1.0
+                    };
+                    for c in 0..k {
+                        let v = xt[c] as f64 * if norm { inv * norm_w[c] as f64 } else { 1.0 };
+                        close(&format!("x16[{t}][{c}] (norm {norm})"), out[blocked(t, c)], v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every value of the cooperative-matrix row threshold parses; another
+    /// is `invalid_argument` naming the variable and the allowed values.
+    #[test]
+    fn the_coop_row_threshold_takes_named_values_only() {
+        for (name, rows) in COOP_MIN_ROWS_CHOICES {
+            assert_eq!(
+                crate::settings::parse_choice(COOP_MIN_ROWS_ENV, name, &COOP_MIN_ROWS_CHOICES).unwrap(),
+                rows
+            );
+        }
+        assert!(COOP_MIN_ROWS_CHOICES.iter().any(|(_, rows)| *rows == COOP_MIN_ROWS));
+        let e = crate::settings::parse_choice(COOP_MIN_ROWS_ENV, "100", &COOP_MIN_ROWS_CHOICES).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
+        assert!(e.to_string().contains(COOP_MIN_ROWS_ENV) && e.to_string().contains("2048"), "{e}");
     }
 }

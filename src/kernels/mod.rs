@@ -35,15 +35,17 @@ pub use compile::{
 };
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
+pub(crate) use launch::{record_staged, staged_bindings};
 pub use matmul::{
-    matmul_coop_wg, MatmulConstants, MatmulTile, MATMUL_COOP_SUB, MATMUL_MSL_WG, MATMUL_ROWS_PER_WG,
-    MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TILE_ENV, MATMUL_TOKENS_PER_WG,
+    MatmulConstants, MatmulTile, F16_STAGE_WG, MATMUL_COOP_SUB, MATMUL_COOP_TILE, MATMUL_COOP_WG,
+    MATMUL_MSL_WG, MATMUL_ROWS_PER_WG, MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TILE_ENV, MATMUL_TOKENS_PER_WG,
 };
 pub use matvec::{
     batch_rows_per_z, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit, MatvecVariant,
     BATCH_SPLIT_K_ROWS_PER_Z, LONG_MATRIX_WG, MATVEC_LAYOUT_ENV, MATVEC_ROWS, MATVEC_ROWS_PER_TEAM,
     MATVEC_VALUES_PER_LANE, MATVEC_WG, SPLIT_K_MAX_ROWS, SPLIT_K_ROWS, SPLIT_K_WGS,
 };
+pub(crate) use pipelines::TiledPipeline;
 pub use pipelines::{Kernels, Pipeline};
 pub use sample::{SampleParams, TopkParams, SAMPLE_CHUNK};
 
@@ -230,6 +232,12 @@ pub enum Constants {
     Embed(EmbedConstants),
     /// The workgroup size alone (`WG`).
     Workgroup(u32),
+    /// `f16_stage`: staging weights, or a batch's inputs (normed when
+    /// `norm`), for `int8_matmul_coop`.
+    Stage {
+        weights: bool,
+        norm: bool,
+    },
 }
 
 impl Constants {
@@ -241,6 +249,7 @@ impl Constants {
             Constants::Attention(c) => c.render(),
             Constants::Embed(c) => c.render(),
             Constants::Workgroup(wg) => vec![("WG", *wg as f64)],
+            Constants::Stage { weights, norm } => matmul::stage_constants(*weights, *norm),
         }
     }
 }

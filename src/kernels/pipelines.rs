@@ -38,6 +38,9 @@ pub(crate) enum Program {
     /// The MSL twin of `int8_matmul`
     /// ([`crate::kernels::MatmulConstants::msl_source`]).
     MatmulMsl,
+    /// `f16_stage`, which stages `int8_matmul_coop`'s operands
+    /// ([`crate::kernels::matmul::stage_source`]).
+    F16Stage,
 }
 
 /// What determines a pipeline.
@@ -70,6 +73,10 @@ pub(crate) struct LaunchPipelines {
     /// for batches that fill a tile (smaller ones would compute a whole
     /// tile for a few).
     pub tiled: Option<TiledPipeline>,
+    /// `int8_matmul_coop` (its `staged` pipelines set) where the set runs
+    /// prompt batches on cooperative matrices: used instead of `tiled` by
+    /// the launches given staging buffers ([`super::Launch::with_staging`]).
+    pub coop: Option<TiledPipeline>,
 }
 
 /// A tiled prompt-batch pipeline and its tile: the grid's rows and tokens
@@ -84,6 +91,16 @@ pub(crate) struct TiledPipeline {
     /// tiling never changes which path a batch takes (the two paths add in
     /// different orders).
     pub min_tokens: u32,
+    /// For `int8_matmul_coop`: the staging of its operands, run before it.
+    pub staged: Option<StagedPipelines>,
+}
+
+/// The two `f16_stage` pipelines of a cooperative-matrix product: the
+/// launch's weights, and its batch's inputs (normed as the variant is).
+#[derive(Clone)]
+pub(crate) struct StagedPipelines {
+    pub weights: wgpu::ComputePipeline,
+    pub inputs: wgpu::ComputePipeline,
 }
 
 /// Every kernel compiled for one device.
@@ -109,9 +126,15 @@ pub struct Kernels {
     subgroups: bool,
     /// The matvec layout the pipelines were built for.
     pub matvec_layout: MatvecLayout,
-    /// Whether the tiled prompt-batch pipelines of the variants
-    /// [`super::matmul::coop_pays`] names are `int8_matmul_coop`.
+    /// Whether the set has `int8_matmul_coop` beside each f32 tiled
+    /// prompt-batch pipeline (after `f16_stage`'s staging of its
+    /// operands), for the launches of at least
+    /// [`Self::coop_min_rows`] rows.
     pub coop: bool,
+    /// The fewest rows a launch runs on cooperative matrices
+    /// ([`super::matmul::COOP_MIN_ROWS_ENV`], else
+    /// [`super::matmul::COOP_MIN_ROWS`]).
+    pub coop_min_rows: u32,
     /// Prompt tokens per `attention_prefill` workgroup
     /// ([`PrefillAttentionTokens::from_env`], else the default).
     pub attention_tokens: PrefillAttentionTokens,
@@ -246,6 +269,7 @@ impl Kernels {
             coop,
             attention_tokens: PrefillAttentionTokens::from_env()?.unwrap_or_default(),
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
+            coop_min_rows: super::matmul::coop_min_rows_from_env()?.unwrap_or(super::matmul::COOP_MIN_ROWS),
             shader_checks: ShaderChecks::from_env()?.unwrap_or(ShaderChecks::DataIndexed),
             source,
             report: KernelReport::unchecked(source),
@@ -253,7 +277,8 @@ impl Kernels {
         for k in Kernel::ALL {
             kernels.pipeline(gpu, kernels.decode_key(k))?;
             let (per_token, tiled) = kernels.prefill_keys(k);
-            for key in per_token.into_iter().chain(tiled) {
+            let staged = kernels.coop_keys(k).into_iter().flatten();
+            for key in per_token.into_iter().chain(tiled).chain(staged) {
                 kernels.pipeline(gpu, key)?;
             }
         }
@@ -268,7 +293,7 @@ impl Kernels {
     }
 
     /// The keys of `k`'s prompt-batch pipelines: per token (the matvec
-    /// variants, `attention_prefill`) and tiled (`int8_matmul`).
+    /// variants, `attention_prefill`) and tiled (`int8_matmul`, f32).
     fn prefill_keys(&self, kernel: Kernel) -> (Option<PipelineKey>, Option<PipelineKey>) {
         let key = |program, constants| Some(PipelineKey { kernel, program, constants });
         if kernel == Kernel::AttentionPartial {
@@ -277,13 +302,29 @@ impl Kernels {
         let Some(variant) = kernel.matvec_variant() else { return (None, None) };
         let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
         let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled()).map(|c| MatmulConstants {
-            coop: self.coop && super::matmul::coop_pays(c.variant),
+            coop: false,
             // The MSL twin is written for the base tile (its grid).
             tile: if self.source == KernelSource::Msl { MatmulTile::BASE } else { self.matmul_tile },
             ..c
         });
         let matmul = if self.source == KernelSource::Msl { Program::MatmulMsl } else { Program::Matmul };
         (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
+    }
+
+    /// The keys of `k`'s cooperative-matrix pipelines where the set has
+    /// them: `int8_matmul_coop`, then `f16_stage`'s (weights, inputs).
+    fn coop_keys(&self, kernel: Kernel) -> Option<[PipelineKey; 3]> {
+        let (_, tiled) = self.prefill_keys(kernel);
+        let tiled = tiled.filter(|t| self.coop && t.program == Program::Matmul)?;
+        let Constants::Matmul(c) = tiled.constants else { return None };
+        let product =
+            PipelineKey { constants: Constants::Matmul(MatmulConstants { coop: true, ..c }), ..tiled };
+        let stage = |weights| PipelineKey {
+            kernel,
+            program: Program::F16Stage,
+            constants: Constants::Stage { weights, norm: c.variant.norm },
+        };
+        Some([product, stage(true), stage(false)])
     }
 
     /// The pipeline `key` names: from the cache, or compiled on `k`'s
@@ -327,6 +368,7 @@ impl Kernels {
                 Constants::Matmul(c) => (c.msl_source(), "int8_matmul"),
                 _ => return Err(missing("int8_matmul constants")),
             },
+            Program::F16Stage => (super::matmul::stage_source(), "f16_stage"),
         };
         Ok((source, entry))
     }
@@ -355,6 +397,16 @@ impl Kernels {
     /// The pipelines a launch of `k` runs.
     pub(crate) fn launch_pipelines(&self, k: Kernel) -> LaunchPipelines {
         let (per_token, tiled) = self.prefill_keys(k);
+        let tiled_pipeline = |key: PipelineKey| match key.constants {
+            Constants::Matmul(c) => Some(TiledPipeline {
+                pipeline: self.built(key),
+                rows: c.rows(),
+                tokens: c.tokens(),
+                min_tokens: k.matmul_tokens_per_wg(),
+                staged: None,
+            }),
+            _ => None,
+        };
         LaunchPipelines {
             decode: self.built(self.decode_key(k)),
             per_token: per_token.map(|key| self.built(key)),
@@ -362,14 +414,10 @@ impl Kernels {
                 Kernel::AttentionPartial => self.attention_tokens.get(),
                 _ => super::PREFILL_TOKENS_PER_WG,
             },
-            tiled: tiled.and_then(|key| match key.constants {
-                Constants::Matmul(c) => Some(TiledPipeline {
-                    pipeline: self.built(key),
-                    rows: c.rows(),
-                    tokens: c.tokens(),
-                    min_tokens: k.matmul_tokens_per_wg(),
-                }),
-                _ => None,
+            tiled: tiled.and_then(tiled_pipeline),
+            coop: self.coop_keys(k).and_then(|[product, weights, inputs]| {
+                let staged = StagedPipelines { weights: self.built(weights), inputs: self.built(inputs) };
+                Some(TiledPipeline { staged: Some(staged), ..tiled_pipeline(product)? })
             }),
         }
     }

@@ -1,0 +1,98 @@
+// Staging for the cooperative-matrix prompt-batch product
+// (int8_matmul_coop.wgsl): a launch's weights or its batch's inputs as f16
+// in 16 x 16 blocks, each block 256 contiguous values (512 bytes), so that
+// a subgroup loads a matrix operand from one contiguous range (loads with
+// the row length as stride ran at less than half the speed on an H200).
+// Same bind-group layout and params as the matvec; binding 4 is the
+// staging buffer, written as u32 pairs of f16 (pack2x16float).
+//
+// WEIGHTS (grid: one invocation per 16 values of a row, 1-D over x and y):
+//   w16[block (r / 16, k / 16)][r % 16][k % 16] = f16(q[r][k] * scale[r][k / GROUP])
+//   for the launch's rows rounded up to MM_ROWS (the spare rows are zero).
+// Inputs (grid (1, 1, tokens rounded up to MM_TOKENS), one workgroup per
+// token t of the batch):
+//   x16[block (t / 16, k / 16)][t % 16][k % 16] = f16(x'[t][k])
+//   with x' = x, or with NORM its RMSNorm times norm_w (as int8_matvec).
+// Params (generated from MatvecParams), MM_ROWS, GROUP_WORDS and the
+// overrides (int8_math.wgsl) are prepended by Rust.
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> scales: array<f32>;
+@group(0) @binding(4) var<storage, read_write> staged: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
+
+override WEIGHTS: bool = false;
+const STAGE_WG: u32 = 256u;
+// 16-value quads per quant group.
+const GROUP_QUADS: u32 = GROUP_WORDS / 4u;
+
+var<workgroup> sums: array<f32, STAGE_WG>;
+
+// Eight values as one vec4 of f16 pairs.
+fn pack8(lo: vec4<f32>, hi: vec4<f32>) -> vec4<u32> {
+    return vec4<u32>(pack2x16float(lo.xy), pack2x16float(lo.zw), pack2x16float(hi.xy), pack2x16float(hi.zw));
+}
+
+// The vec4<u32> index of values (r, k..k+7) of a blocked matrix whose rows
+// are `blocks` 16-value blocks long (k a multiple of 8).
+fn blocked8(r: u32, k: u32, blocks: u32) -> u32 {
+    return (((r / 16u) * blocks + k / 16u) * 256u + (r % 16u) * 16u + k % 16u) / 8u;
+}
+
+@compute @workgroup_size(STAGE_WG)
+fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let quads = p.k_words / 4u; // 16-value blocks per row
+    if WEIGHTS {
+        let q = (wg.x + wg.y * nwg.x) * STAGE_WG + l;
+        let rows = (p.rows + MM_ROWS - 1u) / MM_ROWS * MM_ROWS;
+        if q >= rows * quads {
+            return;
+        }
+        let r = q / quads;
+        let c = q % quads;
+        var lo = vec4<u32>(0u);
+        var hi = vec4<u32>(0u);
+        if r < p.rows {
+            let v = w[r * quads + c];
+            let s = scales[r * p.groups + c / GROUP_QUADS];
+            lo = pack8(i8x4(v.x) * s, i8x4(v.y) * s);
+            hi = pack8(i8x4(v.z) * s, i8x4(v.w) * s);
+        }
+        let o = blocked8(r, 16u * c, quads);
+        staged[o] = lo;
+        staged[o + 1u] = hi;
+        return;
+    }
+    // Inputs: token wg.z. Its vec4s are t * k_words .. (the padding is zero).
+    let t = wg.z;
+    let xb = t * p.k_words;
+    var inv = 1.0;
+    if NORM {
+        var ss = 0.0;
+        for (var i = l; i < p.k_words; i += STAGE_WG) {
+            let v = x[xb + i];
+            ss += dot(v, v);
+        }
+        sums[l] = ss;
+        workgroupBarrier();
+        for (var half = STAGE_WG / 2u; half > 0u; half /= 2u) {
+            if l < half {
+                sums[l] += sums[l + half];
+            }
+            workgroupBarrier();
+        }
+        inv = inverseSqrt(sums[0] / f32(p.n_in) + p.eps);
+    }
+    for (var j = l; j < p.k_words / 2u; j += STAGE_WG) {
+        var a = x[xb + 2u * j];
+        var b = x[xb + 2u * j + 1u];
+        if NORM {
+            a *= norm_w[2u * j] * inv;
+            b *= norm_w[2u * j + 1u] * inv;
+        }
+        staged[blocked8(t, 8u * j, quads)] = pack8(a, b);
+    }
+}

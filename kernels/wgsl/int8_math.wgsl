@@ -1,0 +1,26 @@
+// The matvec family's epilogue flags and arithmetic, without bindings:
+// after int8_common.wgsl in int8_matvec and int8_matmul, and alone in the
+// cooperative-matrix prompt-batch programs (f16_stage.wgsl,
+// int8_matmul_coop.wgsl), which bind the same layout with other types.
+
+// x' = x * rsqrt(mean(x^2) + eps) * norm_w instead of x.
+override NORM: bool = false;
+// true: y += W x' (fused residual add); false: y = W x'.
+override ACCUMULATE: bool = false;
+// Rows interleave gate (2i) and up (2i + 1): y[i] = silu(gate_i) * up_i.
+override SWIGLU: bool = false;
+
+fn silu(g: f32) -> f32 {
+    return g / (1.0 + exp(-g));
+}
+
+// The 4 int8 values of `v` as floats, exactly, without int-to-float
+// conversions (a quarter-rate instruction on many GPUs, and the bulk of a
+// matvec's arithmetic): byte u = q + 128 (the sign bit flipped) set into
+// the mantissa of 2^23 is the float 2^23 + u, and subtracting 2^23 + 128
+// leaves q.
+fn i8x4(v: u32) -> vec4<f32> {
+    let u = v ^ 0x80808080u;
+    let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
+    return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
+}
