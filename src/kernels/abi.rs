@@ -289,6 +289,8 @@ mod tests {
             include_str!("../../kernels/wgsl/int8_matmul.wgsl"),
             crate::kernels::matmul::MATMUL_MSL,
             include_str!("../../kernels/wgsl/attention_prefill.wgsl"),
+            crate::kernels::matmul::MATMUL_COOP_WGSL,
+            crate::kernels::matmul::F16_STAGE_WGSL,
         ];
         let files = Kernel::ALL.iter().flat_map(|k| [Some(k.wgsl()), k.row().msl]).flatten().chain(shared);
         for text in files {
@@ -310,6 +312,11 @@ mod tests {
             assert!(k.matmul_constants().is_none_or(|c| once(&c.msl_source())), "{k:?}");
         }
         assert!(once(&crate::kernels::attention_prefill_source(true, Default::default()).0));
+        assert!(once(&crate::kernels::matmul::stage_source()));
+        for k in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
+            let coop = crate::kernels::MatmulConstants { coop: true, ..k.matmul_constants().unwrap() };
+            assert!(once(&coop.source()), "{k:?}");
+        }
     }
 
     #[test]

@@ -271,3 +271,60 @@ pub fn chunk_rows(row_bytes: usize, max_binding: u64) -> usize {
     let rows = (max_binding as usize / row_bytes.max(1)) / 64 * 64;
     rows.max(64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::staged_bindings;
+    use crate::kernels::matmul::{F16_STAGE_WGSL, MATMUL_COOP_WGSL};
+
+    /// `(binding, access, name, type)` of every `@group(0)` declaration in
+    /// `wgsl`.
+    fn bindings(wgsl: &str) -> Vec<(u32, String, String, String)> {
+        wgsl.lines()
+            .filter_map(|l| l.trim().strip_prefix("@group(0) @binding("))
+            .map(|rest| {
+                let (n, rest) = rest.split_once(')').unwrap();
+                let access = rest.split_once('<').unwrap().1.split_once('>').unwrap().0.to_string();
+                let (name, ty) = rest.split_once('>').unwrap().1.split_once(':').unwrap();
+                (
+                    n.parse().unwrap(),
+                    access,
+                    name.trim().to_string(),
+                    ty.trim().trim_end_matches(';').to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The three launches of a cooperative-matrix product bind what their
+    /// programs declare: each staging launch writes binding 4, the weights'
+    /// into the buffer the product reads as `w16` and the inputs' into the
+    /// one it reads as `x16`, both as f16; the product writes the launch's
+    /// `y`, and no launch binds the buffer it writes at another slot.
+    #[test]
+    fn the_staged_launches_bind_what_their_programs_declare() {
+        let stage = bindings(F16_STAGE_WGSL);
+        let product = bindings(MATMUL_COOP_WGSL);
+        let written = |decls: &[(u32, String, String, String)]| -> Vec<u32> {
+            decls.iter().filter(|d| d.1.contains("read_write")).map(|d| d.0).collect()
+        };
+        assert_eq!(written(&stage), [4], "{stage:?}");
+        assert_eq!(written(&product), [4], "{product:?}");
+        let slot = |name: &str| product.iter().find(|d| d.2 == name).map(|d| (d.0, d.3.clone())).unwrap();
+        assert_eq!(slot("x16"), (1, "array<f16>".into()));
+        assert_eq!(slot("w16"), (2, "array<f16>".into()));
+        assert_eq!(slot("y").0, 4);
+        let matvec = ["params", "x", "w", "scales", "y", "norm_w"];
+        let [weights, inputs, prod] = staged_bindings(matvec, "x16", "w16");
+        assert_eq!((weights[4], inputs[4]), ("w16", "x16"));
+        assert_eq!((prod[1], prod[2], prod[4]), ("x16", "w16", "y"));
+        // What the staging reads is the matvec launch's own buffers.
+        assert_eq!(weights[..4], matvec[..4]);
+        assert_eq!(inputs[..4], matvec[..4]);
+        assert_eq!((weights[5], inputs[5]), ("norm_w", "norm_w"));
+        for launch in [weights, inputs, prod] {
+            let out = launch[4];
+            assert_eq!(launch.iter().filter(|b| **b == out).count(), 1, "{launch:?}");
+        }
+    }
+}
