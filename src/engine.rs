@@ -91,7 +91,11 @@ impl EngineBuilder {
     /// Checked at start-up like every kernel, with the f32 program as
     /// fallback ([`KernelReport::cooperative_matrices`]); the MLX
     /// comparisons (tests/e2e_mlx.rs) pass with them on that device. Decode
-    /// steps never use them. Without this call: the
+    /// steps never use them. Memory: the model's first session makes a
+    /// staging buffer of its largest such matrix at 2 bytes a value (12.6
+    /// MB for the 0.6B model, 100 MB for the 4B, 201 MB for the 8B),
+    /// shared by its sessions, and each session one for a prompt batch's
+    /// inputs (counted in [`Session::buffer_bytes`]). Without this call: the
     /// `QWEN3_WGPU_COOPERATIVE_MATRICES` environment variable (`on` or
     /// `off`) if set, else on. An adopted device ([`Self::device`]) never
     /// uses them (the engine cannot ask for the features there).
