@@ -40,6 +40,8 @@ pub struct EngineBuilder {
     matvec_layout: Option<MatvecLayout>,
     msl_off_metal: bool,
     cooperative_matrices: Option<bool>,
+    /// [`EngineBuilder::emulate_cooperative_matrices`]'s row threshold.
+    emulate_coop_min_rows: Option<u32>,
 }
 
 impl EngineBuilder {
@@ -104,6 +106,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Runs the cooperative-matrix prompt-batch path where the device has f16
+    /// but no cooperative matrices (Mesa's lavapipe), with a scalar product
+    /// in place of the tensor-core one, for every product of at least
+    /// `min_rows` rows: drives the f16 staging, its launches and its
+    /// fidelity in tests. Ignored where the device has cooperative matrices.
+    #[doc(hidden)]
+    pub fn emulate_cooperative_matrices(mut self, min_rows: u32) -> Self {
+        self.emulate_coop_min_rows = Some(min_rows);
+        self
+    }
+
     /// Attempts the MSL twins whatever the adapter (wgpu rejects them off
     /// Metal): drives the fallback through wgpu's own error route in tests.
     #[doc(hidden)]
@@ -136,17 +149,20 @@ impl EngineBuilder {
         };
         let mut gpu = match self.device {
             Some((device, queue)) => Gpu::from_device(device, queue, policy)?,
-            None => Gpu::new_with(policy, coop)?,
+            None => Gpu::new_with(policy, coop, self.emulate_coop_min_rows.is_some())?,
         };
         gpu.subgroups &= !self.no_subgroups;
         gpu.coop &= gpu.subgroups;
         gpu.probe()?;
         let check = crate::self_check::CHECKER;
-        let kernels = if self.msl_off_metal && choice == KernelChoice::Auto {
+        let mut kernels = if self.msl_off_metal && choice == KernelChoice::Auto {
             Kernels::new_with(&gpu, true, matvec_layout, check)?
         } else {
             Kernels::new(&gpu, choice, matvec_layout, check)?
         };
+        if let (true, Some(rows)) = (gpu.coop_emulated, self.emulate_coop_min_rows) {
+            kernels.coop_min_rows = rows;
+        }
         let kernels = Arc::new(kernels);
         Ok(Engine { gpu, kernels })
     }

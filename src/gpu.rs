@@ -84,6 +84,10 @@ pub struct Gpu {
     /// matrices (f32 sums) and has 32-lane subgroups: prompt batches may
     /// run `int8_matmul_coop` ([`coop_supported`]).
     pub coop: bool,
+    /// With `coop`: the device has no cooperative matrices but f16, and
+    /// prompt batches run `int8_matmul_coop`'s emulation (tests:
+    /// [`crate::EngineBuilder::emulate_cooperative_matrices`]).
+    pub coop_emulated: bool,
     /// What the engine's own handlers saw on a device it created (an
     /// adopted device keeps its host's handlers: the engine relies on its
     /// error scopes there).
@@ -116,11 +120,13 @@ impl Gpu {
     /// with the adapter's own limits (the defaults are far too small),
     /// without cooperative matrices ([`Self::new_with`]).
     pub fn new(policy: AdapterPolicy) -> Result<Self> {
-        Self::new_with(policy, false)
+        Self::new_with(policy, false, false)
     }
 
-    /// [`Self::new`], asking for cooperative matrices only when `coop`.
-    pub fn new_with(policy: AdapterPolicy, coop: bool) -> Result<Self> {
+    /// [`Self::new`], asking for cooperative matrices only when `coop`
+    /// (or, `emulate`, for f16 alone where the adapter has no cooperative
+    /// matrices: [`Self::coop_emulated`]).
+    pub fn new_with(policy: AdapterPolicy, coop: bool, emulate: bool) -> Result<Self> {
         let adapters = Self::adapters();
         let Some(adapter) = adapters.into_iter().next() else {
             return Err(Error::NoGpuAdapter {
@@ -129,8 +135,12 @@ impl Gpu {
         };
         let info = adapter.get_info();
         policy.check(&info)?;
+        let emulate =
+            emulate && !coop_supported(&adapter) && adapter.features().contains(wgpu::Features::SHADER_F16);
         let coop = coop && coop_supported(&adapter);
-        let (features, experimental) = if coop {
+        let (features, experimental) = if emulate {
+            (engine_features(&adapter) | wgpu::Features::SHADER_F16, wgpu::ExperimentalFeatures::disabled())
+        } else if coop {
             // SAFETY: wgpu marks cooperative matrices experimental (its
             // implementation may still have bugs). The engine only builds
             // `int8_matmul_coop` on such a device, checks it against the
@@ -151,7 +161,8 @@ impl Gpu {
         }))
         .map_err(|e| Error::GpuDeviceFailed { reason: format!("request_device on {}: {e}", info.name) })?;
         let mut gpu = Self::wrap(device, queue, info);
-        gpu.coop = coop && gpu.subgroups;
+        gpu.coop = (coop || emulate) && gpu.subgroups;
+        gpu.coop_emulated = emulate && gpu.subgroups;
         gpu.watch_faults();
         Ok(gpu)
     }
@@ -170,7 +181,7 @@ impl Gpu {
 
     fn wrap(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        Gpu { device, queue, info, subgroups, coop: false, faults: Default::default() }
+        Gpu { device, queue, info, subgroups, coop: false, coop_emulated: false, faults: Default::default() }
     }
 
     /// On a device the engine created: records errors no scope caught and

@@ -15,19 +15,14 @@
 // Binding 1 is the staged inputs and binding 2 the staged weights (the
 // matvec's layout, other buffers bound); 3 and 5 are not read.
 // Preamble (from Rust): `enable f16; enable wgpu_cooperative_matrix;`,
-// MM_ROWS, MM_TOKENS, the generated Params, int8_math.wgsl and
-// int8_matmul_common.wgsl.
+// MM_ROWS, MM_TOKENS, the generated Params, int8_math.wgsl,
+// int8_matmul_common.wgsl and int8_matmul_coop_tile.wgsl (c_s, the
+// epilogue).
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x16: array<f16>;
 @group(0) @binding(2) var<storage, read> w16: array<f16>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-const_assert MM_ROWS == 64u && MM_TOKENS == 64u;
-const COOP_WG: u32 = 64u;
-
-// c_s[t * MM_ROWS + r]: the tile's products (column-major).
-var<workgroup> c_s: array<f32, MM_ROWS * MM_TOKENS>;
 
 @compute @workgroup_size(COOP_WG)
 fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg: vec3<u32>,
@@ -99,17 +94,5 @@ fn int8_matmul(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w
     coopStore(v30, p30, stride);
     coopStore(v31, p31, stride);
     workgroupBarrier();
-    for (var e = l; e < MM_ROWS * MM_TOKENS; e += COOP_WG) {
-        let r = e % MM_ROWS;
-        let row = row0 + r;
-        let t = wg.z * MM_TOKENS + e / MM_ROWS;
-        if SWIGLU {
-            // Even rows are gates, each followed by its up row.
-            if r % 2u == 0u && row + 1u < p.rows {
-                store(row, t, c_s[e], c_s[e + 1u]);
-            }
-        } else if row < p.rows {
-            store(row, t, c_s[e], 0.0);
-        }
-    }
+    store_tile(l, row0, wg.z);
 }

@@ -291,6 +291,8 @@ mod tests {
             include_str!("../../kernels/wgsl/attention_prefill.wgsl"),
             crate::kernels::matmul::MATMUL_COOP_WGSL,
             crate::kernels::matmul::F16_STAGE_WGSL,
+            crate::kernels::matmul::MATMUL_COOP_EMULATED_WGSL,
+            crate::kernels::matmul::MATMUL_COOP_TILE_WGSL,
         ];
         let files = Kernel::ALL.iter().flat_map(|k| [Some(k.wgsl()), k.row().msl]).flatten().chain(shared);
         for text in files {
@@ -316,6 +318,7 @@ mod tests {
         for k in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
             let coop = crate::kernels::MatmulConstants { coop: true, ..k.matmul_constants().unwrap() };
             assert!(once(&coop.source()), "{k:?}");
+            assert!(once(&crate::kernels::MatmulConstants { emulated: true, ..coop }.source()), "{k:?}");
         }
     }
 

@@ -223,6 +223,12 @@ pub const MATMUL_MSL_WG: u32 = 128;
 /// The cooperative-matrix program (`int8_matmul_coop`): the product over
 /// operands staged as f16 by [`F16_STAGE_WGSL`].
 pub const MATMUL_COOP_WGSL: &str = include_str!("../../kernels/wgsl/int8_matmul_coop.wgsl");
+/// `int8_matmul_coop`'s product without cooperative matrices, for tests on
+/// adapters that have none ([`MatmulConstants::emulated`]).
+pub const MATMUL_COOP_EMULATED_WGSL: &str = include_str!("../../kernels/wgsl/int8_matmul_coop_emulated.wgsl");
+/// What both cooperative-matrix products share: the tile in workgroup
+/// memory and its epilogue.
+pub(crate) const MATMUL_COOP_TILE_WGSL: &str = include_str!("../../kernels/wgsl/int8_matmul_coop_tile.wgsl");
 /// The staging program of `int8_matmul_coop`: a launch's weights (its
 /// `WEIGHTS` override) or its batch's inputs as f16 in 16 x 16 blocks.
 pub const F16_STAGE_WGSL: &str = include_str!("../../kernels/wgsl/f16_stage.wgsl");
@@ -334,6 +340,10 @@ pub struct MatmulConstants {
     /// The cooperative-matrix program (`int8_matmul_coop`) rather than
     /// the f32 one.
     pub coop: bool,
+    /// With `coop`: its emulation without cooperative matrices (the same
+    /// staged operands and epilogue, a scalar product), for tests where
+    /// the adapter has none.
+    pub emulated: bool,
     /// The f32 program's tiling (`int8_matmul_coop` ignores it).
     pub tile: MatmulTile,
 }
@@ -412,18 +422,23 @@ impl MatmulConstants {
     pub fn source(&self) -> String {
         // The cooperative-matrix program binds the layout with other types
         // (its staged f16 operands): the arithmetic without the bindings.
-        let (enables, common, body) = if self.coop {
-            ("enable f16;\nenable wgpu_cooperative_matrix;\n", INT8_MATH, MATMUL_COOP_WGSL)
-        } else {
-            ("", INT8_COMMON, include_str!("../../kernels/wgsl/int8_matmul.wgsl"))
+        let (enables, common, tile, body) = match (self.coop, self.emulated) {
+            (true, false) => (
+                "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                INT8_MATH,
+                MATMUL_COOP_TILE_WGSL,
+                MATMUL_COOP_WGSL,
+            ),
+            (true, true) => ("enable f16;\n", INT8_MATH, MATMUL_COOP_TILE_WGSL, MATMUL_COOP_EMULATED_WGSL),
+            (false, _) => ("", INT8_COMMON, "", include_str!("../../kernels/wgsl/int8_matmul.wgsl")),
         };
-        let decls = wgsl_decls(&MatvecParams::DEF, &format!("{common}{MATMUL_COMMON}{body}"));
+        let decls = wgsl_decls(&MatvecParams::DEF, &format!("{common}{MATMUL_COMMON}{tile}{body}"));
         let MatmulTile { inv_rows, inv_tokens, prefetch, swizzle, .. } = self.tile;
         format!(
             "{enables}const MM_ROWS: u32 = {}u;\nconst MM_TOKENS: u32 = {}u;\n\
              const INV_ROWS: u32 = {inv_rows}u;\nconst INV_TOKENS: u32 = {inv_tokens}u;\n\
              const PREFETCH: bool = {prefetch};\nconst SWIZZLE: bool = {swizzle};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
-             {decls}\n{common}\n{MATMUL_COMMON}\n{}",
+             {decls}\n{common}\n{MATMUL_COMMON}\n{tile}\n{}",
             self.rows(),
             self.tokens(),
             QUANT_GROUP / 4,
@@ -526,6 +541,8 @@ mod tests {
             let c = MatmulConstants { coop: true, ..kernel.matmul_constants().unwrap() };
             spirv(&format!("{kernel:?}"), &c.source(), c.render(), "int8_matmul");
             assert_eq!(c.workgroup_size(), MATMUL_COOP_WG);
+            let e = MatmulConstants { emulated: true, ..c };
+            spirv(&format!("{kernel:?} emulated"), &e.source(), e.render(), "int8_matmul");
         }
         for (weights, norm) in [(true, false), (false, false), (false, true)] {
             spirv("f16_stage", &stage_source(), stage_constants(weights, norm), "f16_stage");

@@ -370,6 +370,7 @@ impl Kernel {
         self.matvec_variant().map(|variant| MatmulConstants {
             variant,
             coop: false,
+            emulated: false,
             tile: MatmulTile::DEFAULT,
         })
     }

@@ -131,6 +131,9 @@ pub struct Kernels {
     /// operands), for the launches of at least
     /// [`Self::coop_min_rows`] rows.
     pub coop: bool,
+    /// With `coop`: the product is its emulation without cooperative
+    /// matrices ([`Gpu::coop_emulated`]).
+    pub coop_emulated: bool,
     /// The fewest rows a launch runs on cooperative matrices
     /// ([`super::matmul::COOP_MIN_ROWS_ENV`], else
     /// [`super::matmul::COOP_MIN_ROWS`]).
@@ -267,6 +270,7 @@ impl Kernels {
             subgroups: gpu.subgroups,
             matvec_layout,
             coop,
+            coop_emulated: coop && gpu.coop_emulated,
             attention_tokens: PrefillAttentionTokens::from_env()?.unwrap_or_default(),
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             coop_min_rows: super::matmul::coop_min_rows_from_env()?.unwrap_or(super::matmul::COOP_MIN_ROWS),
@@ -317,8 +321,8 @@ impl Kernels {
         let (_, tiled) = self.prefill_keys(kernel);
         let tiled = tiled.filter(|t| self.coop && t.program == Program::Matmul)?;
         let Constants::Matmul(c) = tiled.constants else { return None };
-        let product =
-            PipelineKey { constants: Constants::Matmul(MatmulConstants { coop: true, ..c }), ..tiled };
+        let product = MatmulConstants { coop: true, emulated: self.coop_emulated, ..c };
+        let product = PipelineKey { constants: Constants::Matmul(product), ..tiled };
         let stage = |weights| PipelineKey {
             kernel,
             program: Program::F16Stage,
