@@ -110,7 +110,8 @@ impl EngineBuilder {
     /// but no cooperative matrices (Mesa's lavapipe), with a scalar product
     /// in place of the tensor-core one, for every product of at least
     /// `min_rows` rows: drives the f16 staging, its launches and its
-    /// fidelity in tests. Ignored where the device has cooperative matrices.
+    /// fidelity in tests. Where the device has cooperative matrices it runs
+    /// the real product with the same row threshold.
     #[doc(hidden)]
     pub fn emulate_cooperative_matrices(mut self, min_rows: u32) -> Self {
         self.emulate_coop_min_rows = Some(min_rows);
@@ -160,7 +161,7 @@ impl EngineBuilder {
         } else {
             Kernels::new(&gpu, choice, matvec_layout, check)?
         };
-        if let (true, Some(rows)) = (gpu.coop_emulated, self.emulate_coop_min_rows) {
+        if let (true, Some(rows)) = (kernels.coop, self.emulate_coop_min_rows) {
             kernels.coop_min_rows = rows;
         }
         let kernels = Arc::new(kernels);
