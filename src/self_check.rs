@@ -31,7 +31,7 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::matmul::{stage_weights_grid, staged_input_bytes, staged_weight_bytes};
+use crate::kernels::matmul::{staged_input_bytes, staged_weight_bytes, COOP_KSPLITS};
 use crate::kernels::{
     argmax, attention, embed, grid, matvec, norm_rope, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams,
     HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, RowsMatvecCase, SelfCheck, SelfChecker, Step,
@@ -83,9 +83,12 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
             for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
                 let pipelines = rig.kernels.launch_pipelines(kernel);
                 let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
-                checks.push(matmul(&mut rig, kernel, tiled)?);
+                checks.push(matmul(&mut rig, kernel, tiled, 1)?);
                 if let Some(coop) = pipelines.coop {
-                    checks.push(matmul(&mut rig, kernel, coop)?);
+                    // Every slicing of k a launch may take.
+                    for ksplit in COOP_KSPLITS {
+                        checks.push(matmul(&mut rig, kernel, coop.clone(), ksplit)?);
+                    }
                 }
             }
             Ok(checks)
@@ -315,13 +318,14 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
 }
 
 /// A matvec variant's tiled prompt-batch pipeline `tiled` (`int8_matmul`,
-/// its MSL twin, or `int8_matmul_coop` after its staging) over 13 rows (14 for SwiGLU: 7 outputs) of 200 columns
+/// its MSL twin, or `int8_matmul_coop` in `ksplit` slices of k after its
+/// staging) over 13 rows (14 for SwiGLU: 7 outputs) of 200 columns
 /// (a padded tail) for a tile and 5 tokens, writing from row 3 (4) of each
 /// token's `y` row, whose other elements must stay as they were. The
 /// product runs in whole tiles of tokens, so the buffers hold two tiles;
 /// the second's spare tokens have NaN inputs, which must reach no real
 /// token's output.
-fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline) -> Result<Check> {
+fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline, ksplit: u32) -> Result<Check> {
     let variant = kernel.matvec_variant().expect("a matvec variant");
     let seed = kernel as u64 * 211;
     let tile = tiled.tokens as usize;
@@ -366,10 +370,10 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline) -> Result<Che
         let x16 = rig.gpu.storage("self-check x16", staged_input_bytes(tiles * tile, k_words) as usize);
         let w16 = rig.gpu.storage("self-check w16", staged_weight_bytes(rows, k_words) as usize);
         let groups = staged_bindings(bufs.each_ref(), &x16, &w16).map(|b| rig.bind_group(kernel, &b));
-        let weights_grid = stage_weights_grid(rows as u32, k_words as u32);
         let mut pass = rig.enc.begin_compute_pass(&Default::default());
         let tokens = (tiles * tile) as u32;
-        record_staged(&mut pass, staged, &tiled.pipeline, &groups, weights_grid, workgroups, tokens);
+        let shape = [rows as u32, k_words as u32];
+        record_staged(&mut pass, staged, staged.product(ksplit), &groups, shape, workgroups, tokens);
         drop(pass);
         rig.note_ran(kernel, true);
     } else {
@@ -377,6 +381,7 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline) -> Result<Che
         rig.dispatch_pipeline(kernel, true, &tiled.pipeline, workgroups, &bufs.each_ref());
     }
     let y = rig.read(&bufs[4], 4 * y_len);
+    let label = if tiled.staged.is_some() { format!("cooperative, k in {ksplit}") } else { "tiled".into() };
     Ok(Box::new(move |out| {
         let got = to_f32(&out[y]);
         let init: Vec<u32> = to_u32(&init);
@@ -385,14 +390,14 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline) -> Result<Che
             let yb = t * y_stride;
             for i in (0..first_out).chain(first_out + outs..y_stride) {
                 if got[yb + i].to_bits() != init[yb + i] {
-                    return fail(kernel, format!("tiled: token {t} wrote y[{i}] outside its rows"));
+                    return fail(kernel, format!("{label}: token {t} wrote y[{i}] outside its rows"));
                 }
             }
             let acc = variant.accumulate.then_some(&y0[yb + first_out..]);
             let xt = &x[t * m.padded..(t + 1) * m.padded];
             let (want, scale) = matvec_ref(&m, xt, norm, acc, variant.swiglu);
             let got = &got[yb + first_out..yb + first_out + outs];
-            let what = format!("tiled: token {t} y");
+            let what = format!("{label}: token {t} y");
             if let Some(m) = first_mismatch(&what, got, &want, &scale, MATVEC_TOLERANCE) {
                 return fail(kernel, m);
             }

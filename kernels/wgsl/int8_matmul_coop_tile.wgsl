@@ -3,7 +3,8 @@
 // SWIGLU, the row bounds, through int8_matmul_common.wgsl's `store`).
 // Prepended to both by Rust, after int8_matmul_common.wgsl.
 
-const COOP_WG: u32 = 64u;
+// Two subgroups of 32 tokens per slice of k (COOP_KSPLIT, from Rust).
+const COOP_WG: u32 = 64u * COOP_KSPLIT;
 const_assert MM_ROWS == 64u && MM_TOKENS == 64u;
 
 // c_s[t * MM_ROWS + r]: the tile's products (column-major).

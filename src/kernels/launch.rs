@@ -59,8 +59,9 @@ pub struct Launch {
 #[derive(Clone)]
 struct StagedLaunch {
     groups: [wgpu::BindGroup; 3],
-    /// The weight staging's grid ([`super::matmul::stage_weights_grid`]).
-    weights_grid: [u32; 3],
+    /// The launch's shape: rows, and words per row.
+    rows: u32,
+    k_words: u32,
 }
 
 /// The bindings of the three launches of a cooperative-matrix product
@@ -78,21 +79,22 @@ pub(crate) fn staged_bindings<T: Clone>(matvec: [T; 6], x16: T, w16: T) -> [[T; 
     ]
 }
 
-/// Records a cooperative-matrix product of `tokens` tokens: its weights and
-/// inputs staged as f16 (`staged`'s pipelines), then `product` over
-/// `grid` (rows) and the tiles of tokens.
+/// Records a cooperative-matrix product of `rows` rows of `k_words` words
+/// x `tokens` tokens: its weights and inputs staged as f16 (`staged`'s
+/// pipelines), then `product` over `grid` (rows) and the tiles of tokens.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn record_staged(
     pass: &mut wgpu::ComputePass<'_>,
     staged: &super::pipelines::StagedPipelines,
     product: &wgpu::ComputePipeline,
     groups: &[wgpu::BindGroup; 3],
-    weights_grid: [u32; 3],
+    [rows, k_words]: [u32; 2],
     grid: [u32; 3],
     tokens: u32,
 ) {
-    use super::matmul::{stage_inputs_grid, MATMUL_COOP_TILE};
+    use super::matmul::{stage_inputs_grid, stage_weights_grid, MATMUL_COOP_TILE};
     let steps = [
-        (&staged.weights, weights_grid),
+        (&staged.weights, stage_weights_grid(rows, k_words)),
         (&staged.inputs, stage_inputs_grid(tokens)),
         (product, [grid[0], grid[1], grid[2] * tokens.div_ceil(MATMUL_COOP_TILE)]),
     ];
@@ -169,8 +171,7 @@ impl Launch {
                     entries: &entries,
                 })
             });
-        let weights_grid = super::matmul::stage_weights_grid(rows, k_words);
-        self.staged = Some(Box::new(StagedLaunch { groups, weights_grid }));
+        self.staged = Some(Box::new(StagedLaunch { groups, rows, k_words }));
         self
     }
 
@@ -214,8 +215,9 @@ impl Launch {
             (true, Some(per_token)) => match self.tiled() {
                 Some(tiled) if tokens >= tiled.min_tokens => match (&tiled.staged, &self.staged) {
                     (Some(staged), Some(s)) => {
-                        let grid = self.prefill_workgroups;
-                        record_staged(pass, staged, &tiled.pipeline, &s.groups, s.weights_grid, grid, tokens);
+                        let (product, _) = staged.product_for(s.rows, s.k_words, tokens);
+                        let (grid, shape) = (self.prefill_workgroups, [s.rows, s.k_words]);
+                        record_staged(pass, staged, product, &s.groups, shape, grid, tokens);
                         return;
                     }
                     _ => (&tiled.pipeline, self.prefill_workgroups, tokens.div_ceil(tiled.tokens)),

@@ -240,9 +240,60 @@ pub const MATMUL_COOP_SUB: u32 = crate::gpu::COOP_SUBGROUP_SIZE;
 /// Rows and tokens of one `int8_matmul_coop` tile (its grid's rows and
 /// tokens per workgroup): every variant, SwiGLU too.
 pub const MATMUL_COOP_TILE: u32 = 64;
-/// Workgroup size of `int8_matmul_coop`: two subgroups of 64 rows x 32
-/// tokens each (4 x 2 accumulators of 16 x 16).
+/// Workgroup size of `int8_matmul_coop` per slice of k
+/// ([`COOP_KSPLITS`]): two subgroups of 64 rows x 32 tokens each (4 x 2
+/// accumulators of 16 x 16).
 pub const MATMUL_COOP_WG: u32 = 2 * MATMUL_COOP_SUB;
+
+/// The slices of k `int8_matmul_coop` is built for ([`coop_ksplit`]):
+/// each slice in its own pair of subgroups, the slices' sums added in
+/// workgroup memory after the loop. They divide every row's 16-value
+/// blocks (rows are whole quant groups of 4 blocks).
+pub const COOP_KSPLITS: [u32; 3] = [1, 2, 4];
+const _: () = assert!((QUANT_GROUP / 16).is_multiple_of(COOP_KSPLITS[2] as usize));
+
+/// Environment variable that fixes every cooperative-matrix product's
+/// slices of k (one of [`COOP_KSPLITS`], for benchmarks) instead of
+/// [`coop_ksplit`]'s choice.
+pub const COOP_KSPLIT_ENV: &str = "QWEN3_WGPU_COOP_KSPLIT";
+
+/// The values [`COOP_KSPLIT_ENV`] takes: [`COOP_KSPLITS`].
+const COOP_KSPLIT_CHOICES: [(&str, u32); 3] = [("1", 1), ("2", 2), ("4", 4)];
+const _: () = assert!(
+    COOP_KSPLIT_CHOICES[0].1 == COOP_KSPLITS[0]
+        && COOP_KSPLIT_CHOICES[1].1 == COOP_KSPLITS[1]
+        && COOP_KSPLIT_CHOICES[2].1 == COOP_KSPLITS[2]
+);
+
+/// The value [`COOP_KSPLIT_ENV`] fixes: `None` when unset,
+/// `invalid_argument` naming the allowed values otherwise.
+pub fn coop_ksplit_from_env() -> Result<Option<u32>> {
+    crate::settings::env_choice(COOP_KSPLIT_ENV, &COOP_KSPLIT_CHOICES)
+}
+
+/// The fewest k slices' workgroups (tiles x slices) a cooperative-matrix
+/// product is given, two per core of an H200 (132).
+const COOP_MIN_SLICES: u32 = 256;
+/// Rows of at least this many 16-value blocks (k >= 2,048) take two
+/// slices or more: each subgroup's loop waits on its loads in turn, so a
+/// long k is a long chain whatever the occupancy.
+const COOP_LONG_K_BLOCKS: u32 = 128;
+
+/// The slices of k of a cooperative-matrix product of `rows` rows x
+/// `tokens` tokens over rows of `k_words` words: the fewest that give the
+/// launch [`COOP_MIN_SLICES`] workgroups, and two for a long k. On an H200
+/// (256-token batches, µs per launch, BENCHMARKS.md 2026-12-02): the 0.6B
+/// model's o_proj and down (1,024 rows, 64 tiles) 74.5 and 84.2 with one
+/// slice, 40.1 and 44.3 with four; its gate/up (384 tiles, k 1,024) 58.7
+/// with one, 63.8 with four; the 4B model's gate/up (k 2,560) 437 / 349 /
+/// 398 with 1 / 2 / 4.
+pub fn coop_ksplit(rows: u32, k_words: u32, tokens: u32) -> u32 {
+    let tiles = rows.div_ceil(MATMUL_COOP_TILE) * tokens.div_ceil(MATMUL_COOP_TILE);
+    let occupancy =
+        COOP_KSPLITS.into_iter().find(|k| tiles * k >= COOP_MIN_SLICES).unwrap_or(COOP_KSPLITS[2]);
+    let long = if k_words / 4 >= COOP_LONG_K_BLOCKS { 2 } else { 1 };
+    occupancy.max(long)
+}
 /// Workgroup size of `f16_stage`.
 pub const F16_STAGE_WG: u32 = 256;
 const _: () = assert!(
@@ -260,12 +311,13 @@ const _: () = assert!(
 const _: () = assert!(QUANT_GROUP.is_multiple_of(32));
 
 /// The fewest rows a launch runs on cooperative matrices (fewer run the
-/// f32 program): a launch of 1,024 rows (the 0.6B model's o_proj and down)
-/// fills an H200's 132 cores with 16 x 4 workgroups at 256 tokens, and
-/// with its staging took 75 and 84 µs against 56 and 77 for the f32
-/// program's narrow tiles, where 4,096 rows and more take a third to a
-/// half (BENCHMARKS.md 2026-12-01).
-pub const COOP_MIN_ROWS: u32 = 2048;
+/// f32 program): every launch, since the products take slices of k
+/// ([`coop_ksplit`]). The 0.6B model's o_proj and down (1,024 rows, 16 x 4
+/// tiles at 256 tokens) took 75 and 84 µs in one slice against 56 and 77
+/// for the f32 program's narrow tiles, and take 40 and 44 in four; a
+/// 512-token prefill of the 0.6B shape 25,045-25,162 -> 28,635-29,407
+/// tok/s on an H200 (BENCHMARKS.md 2026-12-02).
+pub const COOP_MIN_ROWS: u32 = 0;
 
 /// Environment variable that overrides [`COOP_MIN_ROWS`] (for benchmarks):
 /// one of the values [`COOP_MIN_ROWS_CHOICES`] names.
@@ -346,6 +398,9 @@ pub struct MatmulConstants {
     pub emulated: bool,
     /// The f32 program's tiling (`int8_matmul_coop` ignores it).
     pub tile: MatmulTile,
+    /// `int8_matmul_coop`'s slices of k (one of [`COOP_KSPLITS`]; the f32
+    /// program ignores it).
+    pub coop_ksplit: u32,
 }
 
 impl MatmulConstants {
@@ -371,7 +426,7 @@ impl MatmulConstants {
     /// Workgroup size of the WGSL program.
     pub fn workgroup_size(&self) -> u32 {
         if self.coop {
-            MATMUL_COOP_WG
+            MATMUL_COOP_WG * self.coop_ksplit
         } else {
             self.tile.workgroup_size(self.rows(), self.tokens())
         }
@@ -423,8 +478,11 @@ impl MatmulConstants {
         // The cooperative-matrix program binds the layout with other types
         // (its staged f16 operands): the arithmetic without the bindings.
         let (enables, common, tile, body) = match (self.coop, self.emulated) {
+            // The slices' reduction branches on the subgroup: uniform in
+            // each, all cooperative matrices need, which naga's analysis
+            // cannot see (it reports it under this rule).
             (true, false) => (
-                "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                "enable f16;\nenable wgpu_cooperative_matrix;\ndiagnostic(off, derivative_uniformity);\n",
                 INT8_MATH,
                 MATMUL_COOP_TILE_WGSL,
                 MATMUL_COOP_WGSL,
@@ -434,8 +492,10 @@ impl MatmulConstants {
         };
         let decls = wgsl_decls(&MatvecParams::DEF, &format!("{common}{MATMUL_COMMON}{tile}{body}"));
         let MatmulTile { inv_rows, inv_tokens, prefetch, swizzle, .. } = self.tile;
+        let ksplit = self.coop_ksplit;
         format!(
             "{enables}const MM_ROWS: u32 = {}u;\nconst MM_TOKENS: u32 = {}u;\n\
+             const COOP_KSPLIT: u32 = {ksplit}u;\n\
              const INV_ROWS: u32 = {inv_rows}u;\nconst INV_TOKENS: u32 = {inv_tokens}u;\n\
              const PREFETCH: bool = {prefetch};\nconst SWIZZLE: bool = {swizzle};\nconst GROUP_WORDS: u32 = {}u;\noverride WG: u32 = {}u;\n\
              {decls}\n{common}\n{MATMUL_COMMON}\n{tile}\n{}",
@@ -541,12 +601,44 @@ mod tests {
             let c = MatmulConstants { coop: true, ..kernel.matmul_constants().unwrap() };
             spirv(&format!("{kernel:?}"), &c.source(), c.render(), "int8_matmul");
             assert_eq!(c.workgroup_size(), MATMUL_COOP_WG);
+            for coop_ksplit in COOP_KSPLITS {
+                let c = MatmulConstants { coop_ksplit, ..c };
+                assert_eq!(c.workgroup_size(), MATMUL_COOP_WG * coop_ksplit);
+                spirv(&format!("{kernel:?} k/{coop_ksplit}"), &c.source(), c.render(), "int8_matmul");
+            }
             let e = MatmulConstants { emulated: true, ..c };
             spirv(&format!("{kernel:?} emulated"), &e.source(), e.render(), "int8_matmul");
         }
         for (weights, norm) in [(true, false), (false, false), (false, true)] {
             spirv("f16_stage", &stage_source(), stage_constants(weights, norm), "f16_stage");
         }
+    }
+
+    /// The slices of k follow the launch's shape: four for the 0.6B
+    /// model's o_proj and down (64 tiles of a 256-token batch), one for its
+    /// qkv and gate/up (256 and 384 tiles, k 1,024), two for every product
+    /// of k >= 2,048 with tiles enough (the 1.7B-8B models), more for a
+    /// short batch; every choice is a slicing the pipeline set builds, and
+    /// the variable that fixes one takes only those.
+    #[test]
+    fn the_slices_of_k_follow_the_launch_shape() {
+        let words = |k: u32| k / 4;
+        assert_eq!(coop_ksplit(1024, words(2048), 256), 4);
+        assert_eq!(coop_ksplit(1024, words(3072), 256), 4);
+        assert_eq!(coop_ksplit(4096, words(1024), 256), 1);
+        assert_eq!(coop_ksplit(6144, words(1024), 256), 1);
+        assert_eq!(coop_ksplit(4096, words(1024), 64), 4);
+        assert_eq!(coop_ksplit(19456, words(2560), 256), 2);
+        assert_eq!(coop_ksplit(2560, words(9728), 256), 2);
+        for rows in [64, 1000, 1024, 4096, 30000] {
+            for k in [64, 1024, 2048, 9728] {
+                for tokens in [1, 64, 256] {
+                    assert!(COOP_KSPLITS.contains(&coop_ksplit(rows, words(k), tokens)));
+                }
+            }
+        }
+        let e = crate::settings::parse_choice(COOP_KSPLIT_ENV, "3", &COOP_KSPLIT_CHOICES).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
     }
 
     /// Every value of the cooperative-matrix row threshold parses; another

@@ -372,6 +372,7 @@ impl Kernel {
             coop: false,
             emulated: false,
             tile: MatmulTile::DEFAULT,
+            coop_ksplit: 1,
         })
     }
 

@@ -14,6 +14,7 @@ use super::choice::{
     SelfChecker,
 };
 use super::compile::{bind_group_layout, build, Code, ShaderChecks};
+use super::matmul::COOP_KSPLITS;
 use super::{
     attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatmulTile,
     MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, PrefillAttentionTokens, MATMUL_MSL_WG,
@@ -95,12 +96,49 @@ pub(crate) struct TiledPipeline {
     pub staged: Option<StagedPipelines>,
 }
 
-/// The two `f16_stage` pipelines of a cooperative-matrix product: the
-/// launch's weights, and its batch's inputs (normed as the variant is).
+/// The pipelines of a cooperative-matrix product: the two `f16_stage`
+/// ones (the launch's weights, and its batch's inputs, normed as the
+/// variant is) and `int8_matmul_coop` in each of its slicings of k.
 #[derive(Clone)]
 pub(crate) struct StagedPipelines {
     pub weights: wgpu::ComputePipeline,
     pub inputs: wgpu::ComputePipeline,
+    /// `int8_matmul_coop` with each of [`COOP_KSPLITS`] slices of k, in
+    /// that order.
+    pub products: [wgpu::ComputePipeline; 3],
+    /// The slices every launch takes ([`Kernels::coop_ksplit`]); `None`:
+    /// each launch's own ([`super::matmul::coop_ksplit`]).
+    pub ksplit: Option<u32>,
+}
+
+impl StagedPipelines {
+    /// The product with `ksplit` slices of k (one of [`COOP_KSPLITS`]).
+    pub fn product(&self, ksplit: u32) -> &wgpu::ComputePipeline {
+        let i = COOP_KSPLITS.iter().position(|&k| k == ksplit).unwrap_or(0);
+        &self.products[i]
+    }
+
+    /// The product for a launch of `rows` rows x `tokens` tokens over
+    /// `k_words` words, and its slices of k.
+    pub fn product_for(&self, rows: u32, k_words: u32, tokens: u32) -> (&wgpu::ComputePipeline, u32) {
+        let ksplit = self.ksplit.unwrap_or_else(|| super::matmul::coop_ksplit(rows, k_words, tokens));
+        (self.product(ksplit), ksplit)
+    }
+}
+
+/// The keys of a kernel's cooperative-matrix pipelines.
+struct CoopKeys {
+    /// `int8_matmul_coop` with each of [`COOP_KSPLITS`] slices of k.
+    products: [PipelineKey; 3],
+    /// `f16_stage` of the weights and of the inputs.
+    weights: PipelineKey,
+    inputs: PipelineKey,
+}
+
+impl CoopKeys {
+    fn all(self) -> impl Iterator<Item = PipelineKey> {
+        self.products.into_iter().chain([self.weights, self.inputs])
+    }
 }
 
 /// Every kernel compiled for one device.
@@ -144,6 +182,10 @@ pub struct Kernels {
     /// The register tiling of the f32 `int8_matmul` pipelines
     /// ([`MatmulTile::from_env`], else [`MatmulTile::DEFAULT`]).
     pub matmul_tile: MatmulTile,
+    /// The slices of k every cooperative-matrix product takes
+    /// ([`super::matmul::COOP_KSPLIT_ENV`]); `None`: each launch's own
+    /// ([`super::matmul::coop_ksplit`]).
+    pub coop_ksplit: Option<u32>,
     /// Which WGSL kernels keep naga's runtime checks
     /// ([`ShaderChecks::from_env`], else [`ShaderChecks::DataIndexed`]).
     pub shader_checks: ShaderChecks,
@@ -273,6 +315,7 @@ impl Kernels {
             coop_emulated: coop && gpu.coop_emulated,
             attention_tokens: PrefillAttentionTokens::from_env()?.unwrap_or_default(),
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
+            coop_ksplit: super::matmul::coop_ksplit_from_env()?,
             coop_min_rows: super::matmul::coop_min_rows_from_env()?.unwrap_or(super::matmul::COOP_MIN_ROWS),
             shader_checks: ShaderChecks::from_env()?.unwrap_or(ShaderChecks::DataIndexed),
             source,
@@ -281,7 +324,7 @@ impl Kernels {
         for k in Kernel::ALL {
             kernels.pipeline(gpu, kernels.decode_key(k))?;
             let (per_token, tiled) = kernels.prefill_keys(k);
-            let staged = kernels.coop_keys(k).into_iter().flatten();
+            let staged = kernels.coop_keys(k).into_iter().flat_map(|c| c.all());
             for key in per_token.into_iter().chain(tiled).chain(staged) {
                 kernels.pipeline(gpu, key)?;
             }
@@ -316,19 +359,21 @@ impl Kernels {
     }
 
     /// The keys of `k`'s cooperative-matrix pipelines where the set has
-    /// them: `int8_matmul_coop`, then `f16_stage`'s (weights, inputs).
-    fn coop_keys(&self, kernel: Kernel) -> Option<[PipelineKey; 3]> {
+    /// them.
+    fn coop_keys(&self, kernel: Kernel) -> Option<CoopKeys> {
         let (_, tiled) = self.prefill_keys(kernel);
         let tiled = tiled.filter(|t| self.coop && t.program == Program::Matmul)?;
         let Constants::Matmul(c) = tiled.constants else { return None };
-        let product = MatmulConstants { coop: true, emulated: self.coop_emulated, ..c };
-        let product = PipelineKey { constants: Constants::Matmul(product), ..tiled };
+        let products = COOP_KSPLITS.map(|coop_ksplit| {
+            let product = MatmulConstants { coop: true, emulated: self.coop_emulated, coop_ksplit, ..c };
+            PipelineKey { constants: Constants::Matmul(product), ..tiled }
+        });
         let stage = |weights| PipelineKey {
             kernel,
             program: Program::F16Stage,
             constants: Constants::Stage { weights, norm: c.variant.norm },
         };
-        Some([product, stage(true), stage(false)])
+        Some(CoopKeys { products, weights: stage(true), inputs: stage(false) })
     }
 
     /// The pipeline `key` names: from the cache, or compiled on `k`'s
@@ -419,9 +464,14 @@ impl Kernels {
                 _ => super::PREFILL_TOKENS_PER_WG,
             },
             tiled: tiled.and_then(tiled_pipeline),
-            coop: self.coop_keys(k).and_then(|[product, weights, inputs]| {
-                let staged = StagedPipelines { weights: self.built(weights), inputs: self.built(inputs) };
-                Some(TiledPipeline { staged: Some(staged), ..tiled_pipeline(product)? })
+            coop: self.coop_keys(k).and_then(|keys| {
+                let staged = StagedPipelines {
+                    weights: self.built(keys.weights),
+                    inputs: self.built(keys.inputs),
+                    products: keys.products.map(|key| self.built(key)),
+                    ksplit: self.coop_ksplit,
+                };
+                Some(TiledPipeline { staged: Some(staged), ..tiled_pipeline(keys.products[0])? })
             }),
         }
     }
