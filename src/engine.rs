@@ -86,18 +86,17 @@ impl EngineBuilder {
 
     /// Whether prompt batches may run on cooperative matrices where the
     /// device offers the 16x16 f16 ones with 32-lane subgroups (NVIDIA
-    /// through Vulkan): the weights and inputs of each product of at least
-    /// 2,048 rows are staged as f16 (11 significant bits; the sums stay
-    /// f32) and multiplied on tensor cores (`int8_matmul_coop`), 1.25-1.7x
-    /// the f32 program's prefill on an H200 (BENCHMARKS.md 2026-12-01).
+    /// through Vulkan): the weights and inputs of each product are staged
+    /// as f16 (11 significant bits; the sums stay f32) and multiplied on
+    /// tensor cores (`int8_matmul_coop`), 1.5-2.1x the f32 program's
+    /// prefill on an H200 (BENCHMARKS.md 2026-12-02).
     /// Checked at start-up like every kernel, with the f32 program as
     /// fallback ([`KernelReport::cooperative_matrices`]); the MLX
     /// comparisons (tests/e2e_mlx.rs) pass with them on that device. Decode
     /// steps never use them. Memory: the model's first session makes a
-    /// staging buffer of its largest such matrix at 2 bytes a value (12.6
-    /// MB for the 0.6B model, 100 MB for the 4B, 201 MB for the 8B),
-    /// shared by its sessions, and each session one for a prompt batch's
-    /// inputs (counted in [`Session::buffer_bytes`]). Without this call: the
+    /// staging buffer of its largest matrix at 2 bytes a value plus a
+    /// prompt batch of its inputs (13.1 MB for the 0.6B model, 101 MB for
+    /// the 4B, 203 MB for the 8B), shared by its sessions. Without this call: the
     /// `QWEN3_WGPU_COOPERATIVE_MATRICES` environment variable (`on` or
     /// `off`) if set, else on. An adopted device ([`Self::device`]) never
     /// uses them (the engine cannot ask for the features there).

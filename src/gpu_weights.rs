@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::buffers::PREFILL_BATCH;
 use crate::config::ModelConfig;
 use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
 use crate::error::{Error, Result};
@@ -99,9 +100,9 @@ pub struct GpuWeights {
     pub lm_head: Option<GpuMatrix>,
     pub layers: Vec<GpuLayer>,
     pub final_norm: wgpu::Buffer,
-    /// Where cooperative-matrix prompt batches stage a launch's weights as
-    /// f16 ([`Self::staged_weights`]): made for the first session on such a
-    /// device.
+    /// Where cooperative-matrix prompt batches stage a launch's weights and
+    /// inputs as f16 ([`Self::staging`]): made for the first session on
+    /// such a device.
     staged: std::sync::OnceLock<wgpu::Buffer>,
 }
 
@@ -177,13 +178,15 @@ impl GpuWeights {
     }
 
     /// The buffer cooperative-matrix prompt batches stage a launch's
-    /// weights in as f16 (made on first call): the largest bound chunk of a
-    /// layer matrix of at least `min_rows` rows (the launches that stage),
-    /// its rows rounded up to a tile, at 2 bytes a value (the 0.6B model's
-    /// gate/up: 12.6 MB; the 4B model's: 100 MB). Every session of the
-    /// model shares it: a product stages its weights and reads them back in
-    /// one pass, and wgpu orders passes that write a buffer.
-    pub fn staged_weights(&self, gpu: &Gpu, min_rows: u32) -> wgpu::Buffer {
+    /// weights and inputs in as f16 (made on first call): room for the
+    /// largest bound chunk of a layer matrix of at least `min_rows` rows
+    /// (the launches that stage), its rows rounded up to a tile, and a
+    /// batch of [`PREFILL_BATCH`] inputs of its row length, at 2 bytes a
+    /// value (the 0.6B model's gate/up: 12.6 + 0.5 MB; the 4B model's:
+    /// 100 + 1.3 MB). Every session of the model shares it: a product
+    /// stages its operands and reads them back in one pass, and wgpu orders
+    /// passes that write a buffer.
+    pub fn staging(&self, gpu: &Gpu, min_rows: u32) -> wgpu::Buffer {
         self.staged
             .get_or_init(|| {
                 let bytes = self
@@ -192,10 +195,10 @@ impl GpuWeights {
                     .flat_map(|l| l.matrices())
                     .flat_map(|m| m.chunks.iter().map(move |c| (c.rows, m.k_words)))
                     .filter(|(rows, _)| *rows >= min_rows as usize)
-                    .map(|(rows, k_words)| crate::kernels::matmul::staged_weight_bytes(rows, k_words))
+                    .map(|(rows, k_words)| crate::kernels::matmul::staged_bytes(rows, k_words, PREFILL_BATCH))
                     .max()
                     .unwrap_or(0);
-                gpu.storage("w16", bytes as usize)
+                gpu.storage("f16 staging", bytes as usize)
             })
             .clone()
     }

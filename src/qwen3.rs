@@ -32,6 +32,7 @@ use crate::error::Result;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
+use crate::kernels::matmul::staged_bytes;
 use crate::kernels::{
     grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, LaunchKind, MatvecParams, MatvecShape,
     ARGMAX_CHUNK, ATTENTION_CHUNK, SAMPLE_CHUNK, WG,
@@ -73,9 +74,6 @@ pub struct Forward {
     pub uniform_bytes: u64,
     /// Bytes of the buffers holding `choose`'s parameters.
     pub choose_uniform_bytes: u64,
-    /// Bytes of the session's staged prompt inputs (cooperative-matrix
-    /// prompt batches; 0 without them).
-    pub staging_bytes: u64,
 }
 
 impl Forward {
@@ -104,19 +102,9 @@ pub fn forward(
     s: &SessionBuffers,
 ) -> Forward {
     use Matvec::{Accumulate, Normed, NormedSwiglu};
-    // Cooperative-matrix prompt batches stage their operands as f16: the
-    // batch's inputs in a buffer of the session's, the weights in the
-    // model's (one launch's at a time).
-    let staging = kernels.coop.then(|| {
-        let k_words = weights.layers.iter().flat_map(|l| l.matrices()).map(|m| m.k_words).max().unwrap_or(0);
-        let bytes = crate::kernels::matmul::staged_input_bytes(s.batch, k_words);
-        Staging {
-            x16: gpu.storage("x16", bytes as usize),
-            w16: weights.staged_weights(gpu, kernels.coop_min_rows),
-            x16_bytes: bytes,
-        }
-    });
-    let staging_bytes = staging.as_ref().map_or(0, |st| st.x16_bytes);
+    // Cooperative-matrix prompt batches stage their operands as f16 in the
+    // model's buffer (one launch's weights and inputs at a time).
+    let staging = kernels.coop.then(|| weights.staging(gpu, kernels.coop_min_rows));
     let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)), staging };
     let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
     let embed = b.embed(&weights.embed, &s.step);
@@ -151,14 +139,7 @@ pub fn forward(
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
     let uniform_bytes = b.uniforms.borrow().bytes();
     let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0);
-    Forward {
-        step,
-        choose,
-        prefill: std::sync::Arc::new(prefill),
-        uniform_bytes,
-        choose_uniform_bytes,
-        staging_bytes,
-    }
+    Forward { step, choose, prefill: std::sync::Arc::new(prefill), uniform_bytes, choose_uniform_bytes }
 }
 
 /// One launch of a batch step (see [`BatchForward`]).
@@ -398,17 +379,9 @@ struct Builder<'a> {
     cfg: &'a ModelConfig,
     s: &'a SessionBuffers,
     uniforms: RefCell<UniformPages>,
-    /// The staging buffers of cooperative-matrix prompt batches.
-    staging: Option<Staging>,
-}
-
-/// Where cooperative-matrix prompt batches stage their operands as f16.
-struct Staging {
-    /// The batch's inputs (the session's).
-    x16: wgpu::Buffer,
-    x16_bytes: u64,
-    /// A launch's weights (the model's: [`GpuWeights::staged_weights`]).
-    w16: wgpu::Buffer,
+    /// Where cooperative-matrix prompt batches stage their operands as f16
+    /// (the model's: [`GpuWeights::staging`]).
+    staging: Option<wgpu::Buffer>,
 }
 
 /// A launch's parameters: a range of a shared uniform page.
@@ -535,10 +508,15 @@ impl Builder<'_> {
                 let split = self.kernels.matvec_layout.split(w.rows, w.k_words);
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
                 let mut l = Launch::new(self.gpu, self.kernels, kernel, &bufs, grid(groups));
-                if let (true, Some(st)) =
-                    (l.can_stage() && p.rows >= self.kernels.coop_min_rows, &self.staging)
-                {
-                    l = l.with_staging(self.gpu, self.kernels, &bufs, [&st.x16, &st.w16], p.rows, p.k_words);
+                // The staging buffer holds every layer matrix's operands;
+                // the LM head's (whose batches are one token) may not fit.
+                let tokens = self.s.batch as u32;
+                let fits = |st: &wgpu::Buffer| st.size() >= staged_bytes(c.rows, w.k_words, tokens as usize);
+                if let (true, Some(st)) = (
+                    l.can_stage() && p.rows >= self.kernels.coop_min_rows,
+                    self.staging.as_ref().filter(|st| fits(st)),
+                ) {
+                    l = l.with_staging(self.gpu, self.kernels, &bufs, st, p.rows, p.k_words, tokens);
                 }
                 l.matvec_split = Some(split);
                 let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };

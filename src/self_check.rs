@@ -31,13 +31,13 @@ use half::f16;
 
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::kernels::matmul::{staged_input_bytes, staged_weight_bytes, COOP_KSPLITS};
+use crate::kernels::matmul::{staged_bytes, COOP_KSPLITS};
 use crate::kernels::{
     argmax, attention, embed, grid, matvec, norm_rope, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams,
     HeadParams, Kernel, Kernels, MatvecParams, ReduceParams, RowsMatvecCase, SelfCheck, SelfChecker, Step,
     ARGMAX_CHUNK, ATTENTION_CHUNK,
 };
-use crate::kernels::{record_staged, staged_bindings, TiledPipeline};
+use crate::kernels::{record_staged, staged_bindings, staged_ranges, TiledPipeline};
 use crate::qwen3::rope_table;
 use crate::reference::{
     argmax_ref, attention_ref, first_mismatch, matvec_ref, penalize_ref, poisoned, pseudo_nonzero,
@@ -160,11 +160,6 @@ impl<'a> Rig<'a> {
         if !self.ran.contains(&(kernel, tiled)) {
             self.ran.push((kernel, tiled));
         }
-    }
-
-    /// A bind group of `buffers` (whole, in binding order) on `kernel`'s layout.
-    fn bind_group(&self, kernel: Kernel, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        bind_group(self.gpu, self.kernels.layout(kernel), buffers)
     }
 
     /// Copies `buf`'s first `bytes` back after the launches; returns the
@@ -365,13 +360,27 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline, ksplit: u32) 
     ];
     let mut workgroups = matvec::grid(rows as u32, tiled.rows);
     if let Some(staged) = &tiled.staged {
-        // Cooperative matrices: the operands staged as f16 first.
-        let k_words = m.k_words();
-        let x16 = rig.gpu.storage("self-check x16", staged_input_bytes(tiles * tile, k_words) as usize);
-        let w16 = rig.gpu.storage("self-check w16", staged_weight_bytes(rows, k_words) as usize);
-        let groups = staged_bindings(bufs.each_ref(), &x16, &w16).map(|b| rig.bind_group(kernel, &b));
+        // Cooperative matrices: the operands staged as f16 first, into a
+        // poisoned buffer (a value left unwritten reads as NaN or -426).
+        let (k_words, tokens) = (m.k_words(), (tiles * tile) as u32);
+        let bytes = staged_bytes(rows, k_words, tiles * tile) as usize;
+        let staging = rig.storage(&poisoned(bytes / 4))?;
+        let ranges = staged_ranges(&staging, rows as u32, k_words as u32, tokens);
+        let whole = bufs.each_ref().map(|b| b.as_entire_binding());
+        let layout = rig.kernels.layout(kernel);
+        let groups = staged_bindings(whole, ranges).map(|b| {
+            let entries: Vec<_> = b
+                .into_iter()
+                .enumerate()
+                .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
+                .collect();
+            rig.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("self-check"),
+                layout,
+                entries: &entries,
+            })
+        });
         let mut pass = rig.enc.begin_compute_pass(&Default::default());
-        let tokens = (tiles * tile) as u32;
         let shape = [rows as u32, k_words as u32];
         record_staged(&mut pass, staged, staged.product(ksplit), &groups, shape, workgroups, tokens);
         drop(pass);

@@ -265,10 +265,7 @@ impl Session {
     /// GPU memory this session allocated (KV cache, activations, scratch,
     /// launch parameters), bytes.
     pub fn buffer_bytes(&self) -> u64 {
-        self.bufs.bytes()
-            + self.forward.uniform_bytes
-            + self.forward.choose_uniform_bytes
-            + self.forward.staging_bytes
+        self.bufs.bytes() + self.forward.uniform_bytes + self.forward.choose_uniform_bytes
     }
 
     /// Sets how the next tokens are chosen (greedy by default): from the

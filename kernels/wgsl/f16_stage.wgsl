@@ -1,18 +1,23 @@
 // Staging for the cooperative-matrix prompt-batch product
-// (int8_matmul_coop.wgsl): a launch's weights or its batch's inputs as f16
+// (int8_matmul_coop.wgsl): a launch's weights and its batch's inputs as f16
 // in 16 x 16 blocks, each block 256 contiguous values (512 bytes), so that
 // a subgroup loads a matrix operand from one contiguous range (loads with
 // the row length as stride ran at less than half the speed on an H200).
-// Same bind-group layout and params as the matvec; binding 4 is the
-// staging buffer, written as u32 pairs of f16 (pack2x16float).
+// One launch stages both (one dependent launch fewer per product). Same
+// bind-group layout and params as the matvec; binding 4 is the staging
+// range, written as u32 pairs of f16 (pack2x16float): the weights first,
+// then the inputs (the product binds the two parts as its operands).
 //
-// WEIGHTS (grid: one invocation per 16 values of a row, 1-D over x and y):
+// Grid: 1-D over x and y, the weights' workgroups first (one invocation
+// per 16 values of a row), then one per token of the tiles the product
+// reads:
 //   w16[block (r / 16, k / 16)][r % 16][k % 16] = f16(q[r][k] * scale[r][k / GROUP])
-//   for the launch's rows rounded up to MM_ROWS (the spare rows are zero).
-// Inputs (grid (1, 1, tokens rounded up to MM_TOKENS), one workgroup per
-// token t of the batch):
+//   for the launch's rows rounded up to MM_ROWS (the spare rows are zero);
 //   x16[block (t / 16, k / 16)][t % 16][k % 16] = f16(x'[t][k])
 //   with x' = x, or with NORM its RMSNorm times norm_w (as int8_matvec).
+// A grid split over y may run workgroups past the last token's: they stage
+// the input rows after it while the staging range holds them (never read)
+// and stop at its end.
 // Params (generated from MatvecParams), MM_ROWS, GROUP_WORDS and the
 // overrides (int8_math.wgsl) are prepended by Rust.
 
@@ -23,7 +28,6 @@
 @group(0) @binding(4) var<storage, read_write> staged: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
 
-override WEIGHTS: bool = false;
 const STAGE_WG: u32 = 256u;
 // 16-value quads per quant group.
 const GROUP_QUADS: u32 = GROUP_WORDS / 4u;
@@ -45,9 +49,11 @@ fn blocked8(r: u32, k: u32, blocks: u32) -> u32 {
 fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg: vec3<u32>,
              @builtin(num_workgroups) nwg: vec3<u32>) {
     let quads = p.k_words / 4u; // 16-value blocks per row
-    if WEIGHTS {
-        let q = (wg.x + wg.y * nwg.x) * STAGE_WG + l;
-        let rows = (p.rows + MM_ROWS - 1u) / MM_ROWS * MM_ROWS;
+    let rows = (p.rows + MM_ROWS - 1u) / MM_ROWS * MM_ROWS;
+    let weight_wgs = (rows * quads + STAGE_WG - 1u) / STAGE_WG;
+    let f = wg.x + wg.y * nwg.x;
+    if f < weight_wgs {
+        let q = f * STAGE_WG + l;
         if q >= rows * quads {
             return;
         }
@@ -66,8 +72,13 @@ fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg:
         staged[o + 1u] = hi;
         return;
     }
-    // Inputs: token wg.z. Its vec4s are t * k_words .. (the padding is zero).
-    let t = wg.z;
+    // Inputs: token t, at x's row t; its staged rows follow the weights'
+    // (rows * k_words / 2 vec4s).
+    let t = f - weight_wgs;
+    let x0 = rows * p.k_words / 2u;
+    if x0 + (t / 16u + 1u) * 8u * p.k_words > arrayLength(&staged) {
+        return; // whole workgroup: uniform
+    }
     let xb = t * p.k_words;
     var inv = 1.0;
     if NORM {
@@ -93,6 +104,6 @@ fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg:
             a *= norm_w[2u * j] * inv;
             b *= norm_w[2u * j + 1u] * inv;
         }
-        staged[blocked8(t, 8u * j, quads)] = pack8(a, b);
+        staged[x0 + blocked8(t, 8u * j, quads)] = pack8(a, b);
     }
 }

@@ -58,44 +58,68 @@ pub struct Launch {
 /// weights staged, inputs staged, product ([`staged_bindings`]).
 #[derive(Clone)]
 struct StagedLaunch {
-    groups: [wgpu::BindGroup; 3],
+    /// The staging's and the product's.
+    groups: [wgpu::BindGroup; 2],
     /// The launch's shape: rows, and words per row.
     rows: u32,
     k_words: u32,
 }
 
-/// The bindings of the three launches of a cooperative-matrix product
-/// (weight staging, input staging, product), in binding order, from a
-/// matvec launch's (params, x, w, scales, y, norm_w) and the staging
-/// buffers: the staging writes binding 4 (`w16`, `x16`), the product
-/// reads `x16` at 1 and `w16` at 2 and writes `y`. Slots a program does
-/// not read hold buffers that no write of that launch aliases.
-pub(crate) fn staged_bindings<T: Clone>(matvec: [T; 6], x16: T, w16: T) -> [[T; 6]; 3] {
+/// The staging range of a launch over `rows` rows of `k_words` words for
+/// batches of up to `tokens` tokens, and its two parts, as (offset, bytes):
+/// `[staged, w16, x16]` (see [`staged_bindings`]).
+pub(crate) fn staged_parts(rows: u32, k_words: u32, tokens: u32) -> [(u64, u64); 3] {
+    use super::matmul::{staged_input_bytes, staged_weight_bytes};
+    let w = staged_weight_bytes(rows as usize, k_words as usize);
+    let x = staged_input_bytes(tokens as usize, k_words as usize);
+    [(0, w + x), (0, w), (w, x)]
+}
+
+/// [`staged_parts`] as ranges of `staging`.
+pub(crate) fn staged_ranges(
+    staging: &wgpu::Buffer,
+    rows: u32,
+    k_words: u32,
+    tokens: u32,
+) -> [wgpu::BindingResource<'_>; 3] {
+    staged_parts(rows, k_words, tokens).map(|(offset, size)| {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: staging,
+            offset,
+            size: wgpu::BufferSize::new(size),
+        })
+    })
+}
+
+/// The bindings of the two launches of a cooperative-matrix product
+/// (staging, product), in binding order, from a matvec launch's (params,
+/// x, w, scales, y, norm_w) and the staging range (`staged`: the weights'
+/// part `w16`, then the inputs' `x16`): the staging writes `staged` at
+/// binding 4, the product reads `x16` at 1 and `w16` at 2 and writes `y`.
+/// Slots a program does not read hold buffers that no write of that
+/// launch aliases.
+pub(crate) fn staged_bindings<T: Clone>(matvec: [T; 6], [staged, w16, x16]: [T; 3]) -> [[T; 6]; 2] {
     let [params, x, w, scales, y, norm] = matvec;
-    [
-        [params.clone(), x.clone(), w.clone(), scales.clone(), w16.clone(), norm.clone()],
-        [params.clone(), x, w, scales.clone(), x16.clone(), norm],
-        [params, x16.clone(), w16, scales, y, x16],
-    ]
+    [[params.clone(), x, w, scales.clone(), staged, norm], [params, x16.clone(), w16, scales, y, x16]]
 }
 
 /// Records a cooperative-matrix product of `rows` rows of `k_words` words
 /// x `tokens` tokens: its weights and inputs staged as f16 (`staged`'s
-/// pipelines), then `product` over `grid` (rows) and the tiles of tokens.
+/// staging pipeline), then `product` over `grid` (rows) and the tiles of
+/// tokens.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record_staged(
     pass: &mut wgpu::ComputePass<'_>,
     staged: &super::pipelines::StagedPipelines,
     product: &wgpu::ComputePipeline,
-    groups: &[wgpu::BindGroup; 3],
+    groups: &[wgpu::BindGroup; 2],
     [rows, k_words]: [u32; 2],
     grid: [u32; 3],
     tokens: u32,
 ) {
-    use super::matmul::{stage_inputs_grid, stage_weights_grid, MATMUL_COOP_TILE};
+    use super::matmul::{stage_grid, MATMUL_COOP_TILE};
     let steps = [
-        (&staged.weights, stage_weights_grid(rows, k_words)),
-        (&staged.inputs, stage_inputs_grid(tokens)),
+        (&staged.stage, stage_grid(rows, k_words, tokens)),
         (product, [grid[0], grid[1], grid[2] * tokens.div_ceil(MATMUL_COOP_TILE)]),
     ];
     for ((pipeline, g), group) in steps.into_iter().zip(groups) {
@@ -144,33 +168,34 @@ impl Launch {
     }
 
     /// Gives a matvec launch over `rows` rows of `k_words` words, bound to
-    /// `buffers` (as [`Self::new`]), the staging buffers its
-    /// cooperative-matrix batches take: `[x16, w16]`, for a batch's inputs
-    /// ([`super::matmul::staged_input_bytes`]) and for the weights
-    /// ([`super::matmul::staged_weight_bytes`]).
+    /// `buffers` (as [`Self::new`]), the staging buffer its
+    /// cooperative-matrix batches of up to `tokens` tokens take (at least
+    /// [`super::matmul::staged_bytes`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn with_staging(
         mut self,
         gpu: &Gpu,
         kernels: &Kernels,
         buffers: &[wgpu::BindingResource<'_>; 6],
-        [x16, w16]: [&wgpu::Buffer; 2],
+        staging: &wgpu::Buffer,
         rows: u32,
         k_words: u32,
+        tokens: u32,
     ) -> Self {
         let layout = kernels.layout(self.kernel);
-        let groups =
-            staged_bindings(buffers.clone(), x16.as_entire_binding(), w16.as_entire_binding()).map(|b| {
-                let entries: Vec<_> = b
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
-                    .collect();
-                gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("int8_matmul_coop"),
-                    layout,
-                    entries: &entries,
-                })
-            });
+        let ranges = staged_ranges(staging, rows, k_words, tokens);
+        let groups = staged_bindings(buffers.clone(), ranges).map(|b| {
+            let entries: Vec<_> = b
+                .into_iter()
+                .enumerate()
+                .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
+                .collect();
+            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("int8_matmul_coop"),
+                layout,
+                entries: &entries,
+            })
+        });
         self.staged = Some(Box::new(StagedLaunch { groups, rows, k_words }));
         self
     }
@@ -276,8 +301,8 @@ pub fn chunk_rows(row_bytes: usize, max_binding: u64) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::staged_bindings;
-    use crate::kernels::matmul::{F16_STAGE_WGSL, MATMUL_COOP_WGSL};
+    use super::{staged_bindings, staged_parts};
+    use crate::kernels::matmul::{staged_input_bytes, staged_weight_bytes, F16_STAGE_WGSL, MATMUL_COOP_WGSL};
 
     /// `(binding, access, name, type)` of every `@group(0)` declaration in
     /// `wgsl`.
@@ -298,11 +323,11 @@ mod tests {
             .collect()
     }
 
-    /// The three launches of a cooperative-matrix product bind what their
-    /// programs declare: each staging launch writes binding 4, the weights'
-    /// into the buffer the product reads as `w16` and the inputs' into the
-    /// one it reads as `x16`, both as f16; the product writes the launch's
-    /// `y`, and no launch binds the buffer it writes at another slot.
+    /// The two launches of a cooperative-matrix product bind what their
+    /// programs declare: the staging writes binding 4, the staging range,
+    /// whose parts the product reads as `w16` and `x16`, both as f16; the
+    /// product writes the launch's `y`, and no launch binds the buffer it
+    /// writes at another slot.
     #[test]
     fn the_staged_launches_bind_what_their_programs_declare() {
         let stage = bindings(F16_STAGE_WGSL);
@@ -317,16 +342,29 @@ mod tests {
         assert_eq!(slot("w16"), (2, "array<f16>".into()));
         assert_eq!(slot("y").0, 4);
         let matvec = ["params", "x", "w", "scales", "y", "norm_w"];
-        let [weights, inputs, prod] = staged_bindings(matvec, "x16", "w16");
-        assert_eq!((weights[4], inputs[4]), ("w16", "x16"));
+        let [staging, prod] = staged_bindings(matvec, ["staged", "w16", "x16"]);
+        assert_eq!(staging[4], "staged");
         assert_eq!((prod[1], prod[2], prod[4]), ("x16", "w16", "y"));
         // What the staging reads is the matvec launch's own buffers.
-        assert_eq!(weights[..4], matvec[..4]);
-        assert_eq!(inputs[..4], matvec[..4]);
-        assert_eq!((weights[5], inputs[5]), ("norm_w", "norm_w"));
-        for launch in [weights, inputs, prod] {
+        assert_eq!(staging[..4], matvec[..4]);
+        assert_eq!(staging[5], "norm_w");
+        for launch in [staging, prod] {
             let out = launch[4];
             assert_eq!(launch.iter().filter(|b| **b == out).count(), 1, "{launch:?}");
+        }
+    }
+
+    /// The staging range holds the weights' part, then the inputs', each
+    /// where the staging program writes it (the inputs at the weights'
+    /// bytes, tests/kernels.rs), at offsets a storage binding may take.
+    #[test]
+    fn the_staging_parts_tile_the_range() {
+        for (rows, k_words, tokens) in [(70, 64, 70), (1024, 256, 256), (151_936, 256, 1), (13, 64, 128)] {
+            let [(o, n), (wo, wn), (xo, xn)] = staged_parts(rows, k_words, tokens);
+            assert_eq!((o, wo, wn), (0, 0, staged_weight_bytes(rows as usize, k_words as usize)));
+            assert_eq!((xo, xo + xn), (wn, n));
+            assert_eq!(xn, staged_input_bytes(tokens as usize, k_words as usize));
+            assert!(xo.is_multiple_of(256) && wn > 0 && xn > 0);
         }
     }
 }

@@ -229,8 +229,8 @@ pub const MATMUL_COOP_EMULATED_WGSL: &str = include_str!("../../kernels/wgsl/int
 /// What both cooperative-matrix products share: the tile in workgroup
 /// memory and its epilogue.
 pub(crate) const MATMUL_COOP_TILE_WGSL: &str = include_str!("../../kernels/wgsl/int8_matmul_coop_tile.wgsl");
-/// The staging program of `int8_matmul_coop`: a launch's weights (its
-/// `WEIGHTS` override) or its batch's inputs as f16 in 16 x 16 blocks.
+/// The staging program of `int8_matmul_coop`: a launch's weights and its
+/// batch's inputs as f16 in 16 x 16 blocks, in one launch.
 pub const F16_STAGE_WGSL: &str = include_str!("../../kernels/wgsl/f16_stage.wgsl");
 /// What both WGSL prompt-batch programs share after `int8_common.wgsl`.
 const MATMUL_COMMON: &str = include_str!("../../kernels/wgsl/int8_matmul_common.wgsl");
@@ -345,22 +345,25 @@ pub fn staged_input_bytes(tokens: usize, k_words: usize) -> u64 {
     (tokens.next_multiple_of(MATMUL_COOP_TILE as usize) * k_words * 4 * 2) as u64
 }
 
-/// The grid of the weight staging of a launch over `rows` rows of
-/// `k_words` words: one invocation per 16 values of the rows rounded up
-/// to a tile.
-pub fn stage_weights_grid(rows: u32, k_words: u32) -> [u32; 3] {
+/// The grid of the staging of a launch over `rows` rows of `k_words`
+/// words and a batch of `tokens` tokens: one invocation per 16 values of
+/// the rows rounded up to a tile, then one workgroup per token of the
+/// tiles the product reads.
+pub fn stage_grid(rows: u32, k_words: u32, tokens: u32) -> [u32; 3] {
     let quads = rows.next_multiple_of(MATMUL_COOP_TILE) * (k_words / 4);
-    super::grid(quads.div_ceil(F16_STAGE_WG))
+    super::grid(quads.div_ceil(F16_STAGE_WG) + tokens.next_multiple_of(MATMUL_COOP_TILE))
 }
 
-/// The grid of the input staging of a batch of `tokens` tokens: one
-/// workgroup per token of the tiles the product reads.
-pub fn stage_inputs_grid(tokens: u32) -> [u32; 3] {
-    [1, 1, tokens.next_multiple_of(MATMUL_COOP_TILE)]
+/// Bytes of the staging range of a launch over `rows` rows of `k_words`
+/// words for batches of up to `tokens` tokens: its staged weights, then
+/// the inputs (at [`staged_weight_bytes`], a multiple of 256 bytes: the
+/// product binds the two parts as ranges).
+pub fn staged_bytes(rows: usize, k_words: usize, tokens: usize) -> u64 {
+    staged_weight_bytes(rows, k_words) + staged_input_bytes(tokens, k_words)
 }
 
-/// The WGSL of `f16_stage` (either role, by its `WEIGHTS` override: see
-/// [`stage_constants`]).
+/// The WGSL of `f16_stage` (normed inputs or not, by its `NORM` override:
+/// see [`stage_constants`]).
 pub fn stage_source() -> String {
     let decls = wgsl_decls(&MatvecParams::DEF, &format!("{INT8_MATH}{F16_STAGE_WGSL}"));
     format!(
@@ -369,11 +372,10 @@ pub fn stage_source() -> String {
     )
 }
 
-/// The override constants of `f16_stage`: staging weights, or a batch's
-/// inputs (normed when `norm`).
-pub fn stage_constants(weights: bool, norm: bool) -> Vec<(&'static str, f64)> {
-    let flag = |b: bool| if b { 1.0 } else { 0.0 };
-    vec![("WEIGHTS", flag(weights)), ("NORM", flag(norm && !weights))]
+/// The override constants of `f16_stage`: its inputs normed (`norm`) or
+/// not.
+pub fn stage_constants(norm: bool) -> Vec<(&'static str, f64)> {
+    vec![("NORM", if norm { 1.0 } else { 0.0 })]
 }
 
 /// Tokens of one tile of `variant`'s `int8_matmul` in the base tiling.
@@ -609,8 +611,8 @@ mod tests {
             let e = MatmulConstants { emulated: true, ..c };
             spirv(&format!("{kernel:?} emulated"), &e.source(), e.render(), "int8_matmul");
         }
-        for (weights, norm) in [(true, false), (false, false), (false, true)] {
-            spirv("f16_stage", &stage_source(), stage_constants(weights, norm), "f16_stage");
+        for norm in [false, true] {
+            spirv("f16_stage", &stage_source(), stage_constants(norm), "f16_stage");
         }
     }
 

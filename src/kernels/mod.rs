@@ -35,7 +35,7 @@ pub use compile::{
 };
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
-pub(crate) use launch::{record_staged, staged_bindings};
+pub(crate) use launch::{record_staged, staged_bindings, staged_ranges};
 pub use matmul::{
     MatmulConstants, MatmulTile, F16_STAGE_WG, MATMUL_COOP_SUB, MATMUL_COOP_TILE, MATMUL_COOP_WG,
     MATMUL_MSL_WG, MATMUL_ROWS_PER_WG, MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TILE_ENV, MATMUL_TOKENS_PER_WG,
@@ -232,10 +232,9 @@ pub enum Constants {
     Embed(EmbedConstants),
     /// The workgroup size alone (`WG`).
     Workgroup(u32),
-    /// `f16_stage`: staging weights, or a batch's inputs (normed when
-    /// `norm`), for `int8_matmul_coop`.
+    /// `f16_stage`: staging a launch's weights and its batch's inputs
+    /// (normed when `norm`) for `int8_matmul_coop`.
     Stage {
-        weights: bool,
         norm: bool,
     },
 }
@@ -249,7 +248,7 @@ impl Constants {
             Constants::Attention(c) => c.render(),
             Constants::Embed(c) => c.render(),
             Constants::Workgroup(wg) => vec![("WG", *wg as f64)],
-            Constants::Stage { weights, norm } => matmul::stage_constants(*weights, *norm),
+            Constants::Stage { norm } => matmul::stage_constants(*norm),
         }
     }
 }

@@ -96,13 +96,12 @@ pub(crate) struct TiledPipeline {
     pub staged: Option<StagedPipelines>,
 }
 
-/// The pipelines of a cooperative-matrix product: the two `f16_stage`
-/// ones (the launch's weights, and its batch's inputs, normed as the
-/// variant is) and `int8_matmul_coop` in each of its slicings of k.
+/// The pipelines of a cooperative-matrix product: `f16_stage` (the
+/// launch's weights and its batch's inputs, normed as the variant is) and
+/// `int8_matmul_coop` in each of its slicings of k.
 #[derive(Clone)]
 pub(crate) struct StagedPipelines {
-    pub weights: wgpu::ComputePipeline,
-    pub inputs: wgpu::ComputePipeline,
+    pub stage: wgpu::ComputePipeline,
     /// `int8_matmul_coop` with each of [`COOP_KSPLITS`] slices of k, in
     /// that order.
     pub products: [wgpu::ComputePipeline; 3],
@@ -130,14 +129,13 @@ impl StagedPipelines {
 struct CoopKeys {
     /// `int8_matmul_coop` with each of [`COOP_KSPLITS`] slices of k.
     products: [PipelineKey; 3],
-    /// `f16_stage` of the weights and of the inputs.
-    weights: PipelineKey,
-    inputs: PipelineKey,
+    /// `f16_stage`.
+    stage: PipelineKey,
 }
 
 impl CoopKeys {
     fn all(self) -> impl Iterator<Item = PipelineKey> {
-        self.products.into_iter().chain([self.weights, self.inputs])
+        self.products.into_iter().chain([self.stage])
     }
 }
 
@@ -368,12 +366,12 @@ impl Kernels {
             let product = MatmulConstants { coop: true, emulated: self.coop_emulated, coop_ksplit, ..c };
             PipelineKey { constants: Constants::Matmul(product), ..tiled }
         });
-        let stage = |weights| PipelineKey {
+        let stage = PipelineKey {
             kernel,
             program: Program::F16Stage,
-            constants: Constants::Stage { weights, norm: c.variant.norm },
+            constants: Constants::Stage { norm: c.variant.norm },
         };
-        Some(CoopKeys { products, weights: stage(true), inputs: stage(false) })
+        Some(CoopKeys { products, stage })
     }
 
     /// The pipeline `key` names: from the cache, or compiled on `k`'s
@@ -466,8 +464,7 @@ impl Kernels {
             tiled: tiled.and_then(tiled_pipeline),
             coop: self.coop_keys(k).and_then(|keys| {
                 let staged = StagedPipelines {
-                    weights: self.built(keys.weights),
-                    inputs: self.built(keys.inputs),
+                    stage: self.built(keys.stage),
                     products: keys.products.map(|key| self.built(key)),
                     ksplit: self.coop_ksplit,
                 };
