@@ -260,6 +260,26 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// A bind group on `layout` of `resources` (whole buffers or ranges),
+    /// in binding order.
+    pub(crate) fn bind_group<'a>(
+        &self,
+        label: &str,
+        layout: &wgpu::BindGroupLayout,
+        resources: impl IntoIterator<Item = wgpu::BindingResource<'a>>,
+    ) -> wgpu::BindGroup {
+        let entries: Vec<_> = resources
+            .into_iter()
+            .enumerate()
+            .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout,
+            entries: &entries,
+        })
+    }
+
     /// A zero-filled storage buffer of `bytes` bytes.
     pub fn storage(&self, label: &str, bytes: usize) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {

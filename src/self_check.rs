@@ -214,16 +214,7 @@ fn record_launch(
 
 /// A bind group of `buffers` (whole, in binding order) on `layout`.
 fn bind_group(gpu: &Gpu, layout: &wgpu::BindGroupLayout, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-    let entries: Vec<_> = buffers
-        .iter()
-        .enumerate()
-        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-        .collect();
-    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("self-check"),
-        layout,
-        entries: &entries,
-    })
+    gpu.bind_group("self-check", layout, buffers.iter().map(|b| b.as_entire_binding()))
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -368,18 +359,7 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline, ksplit: u32) 
         let ranges = staged_ranges(&staging, rows as u32, k_words as u32, tokens);
         let whole = bufs.each_ref().map(|b| b.as_entire_binding());
         let layout = rig.kernels.layout(kernel);
-        let groups = staged_bindings(whole, ranges).map(|b| {
-            let entries: Vec<_> = b
-                .into_iter()
-                .enumerate()
-                .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
-                .collect();
-            rig.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("self-check"),
-                layout,
-                entries: &entries,
-            })
-        });
+        let groups = staged_bindings(whole, ranges).map(|b| rig.gpu.bind_group("self-check", layout, b));
         let mut pass = rig.enc.begin_compute_pass(&Default::default());
         let shape = [rows as u32, k_words as u32];
         record_staged(&mut pass, staged, staged.product(ksplit), &groups, shape, workgroups, tokens);

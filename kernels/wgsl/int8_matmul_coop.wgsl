@@ -11,9 +11,9 @@
 // over one of COOP_KSPLIT contiguous slices of k (more loads in flight per
 // core: the loop waits on load latency, not on arithmetic). Every operand
 // is loaded straight from its staged buffer (a block is one contiguous
-// 512-byte range), so the loop has no barrier. The slices' accumulators are summed in workgroup memory
-// (c_s), last slice first, and the epilogue (ACCUMULATE, SWIGLU, the row
-// bounds) runs from there.
+// 512-byte range), so the loop has no barrier. The slices' accumulators
+// are summed in workgroup memory (c_s), last slice first, and the epilogue
+// (ACCUMULATE, SWIGLU, the row bounds) runs from there.
 // Binding 1 is the staged inputs and binding 2 the staged weights (the
 // matvec's layout, other buffers bound); 3 and 5 are not read.
 // Preamble (from Rust): `enable f16; enable wgpu_cooperative_matrix;`, the

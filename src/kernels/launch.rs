@@ -139,16 +139,7 @@ impl Launch {
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) -> Self {
-        let entries: Vec<_> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
-            .collect();
-        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.entry()),
-            layout: kernels.layout(kernel),
-            entries: &entries,
-        });
+        let bind_group = gpu.bind_group(kernel.entry(), kernels.layout(kernel), buffers.iter().cloned());
         Launch {
             kernel,
             bind_group,
@@ -184,18 +175,8 @@ impl Launch {
     ) -> Self {
         let layout = kernels.layout(self.kernel);
         let ranges = staged_ranges(staging, rows, k_words, tokens);
-        let groups = staged_bindings(buffers.clone(), ranges).map(|b| {
-            let entries: Vec<_> = b
-                .into_iter()
-                .enumerate()
-                .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
-                .collect();
-            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("int8_matmul_coop"),
-                layout,
-                entries: &entries,
-            })
-        });
+        let groups =
+            staged_bindings(buffers.clone(), ranges).map(|b| gpu.bind_group("int8_matmul_coop", layout, b));
         self.staged = Some(Box::new(StagedLaunch { groups, rows, k_words }));
         self
     }
@@ -240,7 +221,7 @@ impl Launch {
             (true, Some(per_token)) => match self.tiled() {
                 Some(tiled) if tokens >= tiled.min_tokens => match (&tiled.staged, &self.staged) {
                     (Some(staged), Some(s)) => {
-                        let (product, _) = staged.product_for(s.rows, s.k_words, tokens);
+                        let product = staged.product_for(s.rows, s.k_words, tokens);
                         let (grid, shape) = (self.prefill_workgroups, [s.rows, s.k_words]);
                         record_staged(pass, staged, product, &s.groups, shape, grid, tokens);
                         return;

@@ -118,10 +118,9 @@ impl StagedPipelines {
     }
 
     /// The product for a launch of `rows` rows x `tokens` tokens over
-    /// `k_words` words, and its slices of k.
-    pub fn product_for(&self, rows: u32, k_words: u32, tokens: u32) -> (&wgpu::ComputePipeline, u32) {
-        let ksplit = self.ksplit.unwrap_or_else(|| super::matmul::coop_ksplit(rows, k_words, tokens));
-        (self.product(ksplit), ksplit)
+    /// `k_words` words.
+    pub fn product_for(&self, rows: u32, k_words: u32, tokens: u32) -> &wgpu::ComputePipeline {
+        self.product(self.ksplit.unwrap_or_else(|| super::matmul::coop_ksplit(rows, k_words, tokens)))
     }
 }
 
@@ -468,6 +467,8 @@ impl Kernels {
                     products: keys.products.map(|key| self.built(key)),
                     ksplit: self.coop_ksplit,
                 };
+                // The one-slice product gives the tile; a launch runs the
+                // slicing its shape takes (`StagedPipelines::product_for`).
                 Some(TiledPipeline { staged: Some(staged), ..tiled_pipeline(keys.products[0])? })
             }),
         }
