@@ -17,11 +17,12 @@ use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
     compile, Kernel, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit,
 };
+use qwen3_wgpu::internals::reference::norm_weight_bytes;
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 
 const LAYERS: u32 = 28;
 /// The label of the config that runs each shape as the engine would.
-const ENGINE: &str = "engine (split-K)";
+const ENGINE: &str = "engine";
 
 /// One layer matrix of the 0.6B model and the variant the step runs on it.
 struct Shape {
@@ -80,8 +81,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_cols = shapes.iter().map(|s| s.cols as usize).max().unwrap_or(0);
     let max_rows = shapes.iter().map(|s| s.rows as usize).max().unwrap_or(0);
     let x = gpu.storage_init("x", bytemuck::cast_slice(&vec![0.01f32; max_cols]))?;
-    let norm_w = gpu.storage_init("norm_w", bytemuck::cast_slice(&vec![1.0f32; max_cols]))?;
+    // (f32, then the f16 copy that the engine's split reads)
+    let norm_w = gpu.storage_init("norm_w", &norm_weight_bytes(&vec![1.0f32; max_cols]))?;
     let y = gpu.storage_init("y", bytemuck::cast_slice(&vec![0.0f32; 2 * max_rows]))?;
+    // The residual's f16 copy (the engine's split on split-K devices): x,
+    // two f16 0.01 (0x211f) per word; the residual adds write their rows'.
+    let x16 =
+        gpu.storage_init("x16", bytemuck::cast_slice(&vec![0x211f_211fu32; max_cols.max(2 * max_rows)]))?;
     let mats: Vec<_> = shapes
         .iter()
         .map(|s| {
@@ -119,9 +125,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut variant = s.kernel.matvec_variant().expect("a matvec variant");
             variant.norm &= !s.name.ends_with("plain");
             let split = if label == ENGINE {
-                layout.split(s.rows as usize, s.cols as usize / 4)
+                layout.split(s.rows as usize, s.cols as usize / 4, variant.norm)
             } else {
-                MatvecSplit { layout: *layout, workgroup_size: *wg, rows_per_wg: *rows_per_wg }
+                MatvecSplit { layout: *layout, workgroup_size: *wg, rows_per_wg: *rows_per_wg, x16: false }
             };
             assert_eq!(split.rows_per_wg, *rows_per_wg, "{label}: the grid below assumes it");
             let shape = shape_consts.then(|| {
@@ -153,6 +159,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 mats[i][layer % mats[i].len()].1.as_entire_binding(),
                 y.as_entire_binding(),
                 norm_w.as_entire_binding(),
+                x16.as_entire_binding(),
             ];
             let entries: Vec<_> = entries
                 .into_iter()

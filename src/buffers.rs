@@ -30,6 +30,9 @@ pub struct SessionBuffers {
     /// argmax) and the first position the argmax may write a token to.
     pub(crate) step: wgpu::Buffer,
     pub(crate) x: wgpu::Buffer,
+    /// x's f16 copy, two values per word, where the decode matvecs keep it
+    /// (`MatvecSplit::x16`).
+    pub(crate) x16: wgpu::Buffer,
     pub(crate) qkv: wgpu::Buffer,
     pub(crate) q: wgpu::Buffer,
     pub(crate) attn: wgpu::Buffer,
@@ -159,6 +162,7 @@ impl SessionBuffers {
             step: f("step", 2),
             // Rows are padded to the quant group; the padding stays zero.
             x: f("x", rows(cfg.hidden_size)),
+            x16: f("x16", rows(cfg.hidden_size) / 2),
             qkv: f("qkv", rows(cfg.qkv_rows())),
             q: f("q", batch * cfg.q_dim()),
             attn: f("attn", rows(cfg.q_dim())),
@@ -188,6 +192,7 @@ impl SessionBuffers {
             &self.tokens,
             &self.step,
             &self.x,
+            &self.x16,
             &self.qkv,
             &self.q,
             &self.attn,

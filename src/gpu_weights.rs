@@ -128,10 +128,13 @@ impl GpuWeights {
         let ix = &model.index;
         progress.begin(LoadPhase::Uploading, upload_bytes(ix))?;
         // Norm weights, zero-padded to whole quant groups: the fused-norm
-        // matvec reads them as far as the padded row length.
+        // matvec reads them as far as the padded row length; then the same
+        // values as f16 (what decode steps that keep an f16 residual read:
+        // exact for weights that came from bf16 within f16's range).
         let vec = |r: ByteRange, label: &str| {
             let mut bytes = model.bytes(r).to_vec();
             bytes.resize(bytes.len().div_ceil(4 * QUANT_GROUP) * 4 * QUANT_GROUP, 0);
+            let bytes = crate::reference::norm_weight_bytes(&bytemuck::pod_collect_to_vec(&bytes));
             let buffer = gpu.storage_init(label, &bytes)?;
             progress.advance(r.len as u64)?;
             Ok::<_, Error>(buffer)

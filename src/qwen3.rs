@@ -448,8 +448,14 @@ impl Builder<'_> {
                     row_start: c.row_start as u32,
                     row_end: (c.row_start + c.rows) as u32,
                 };
-                let bufs =
-                    [whole(step), whole(&s.tokens), table.data_range(c), table.scales_range(c), whole(&s.x)];
+                let bufs = [
+                    whole(step),
+                    whole(&s.tokens),
+                    table.data_range(c),
+                    table.scales_range(c),
+                    whole(&s.x),
+                    whole(&s.x16),
+                ];
                 self.launch(
                     Kernel::EmbedLookup,
                     bytes_of(&p),
@@ -504,8 +510,9 @@ impl Builder<'_> {
                     w.scales_range(c),
                     whole(y),
                     whole(norm.unwrap_or(x)),
+                    whole(&self.s.x16),
                 ];
-                let split = self.kernels.matvec_layout.split(w.rows, w.k_words);
+                let split = self.kernels.matvec_layout.split(w.rows, w.k_words, norm.is_some());
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
                 let mut l = Launch::new(self.gpu, self.kernels, kernel, &bufs, grid(groups));
                 // The staging buffer holds every layer matrix's operands;

@@ -338,3 +338,11 @@ pub fn chi_square_critical_1e3(df: usize) -> f64 {
     let z = 3.090_232;
     k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
 }
+
+/// A norm weight buffer's bytes as the matvecs bind it: `padded` (the
+/// weights zero-padded to whole quant groups) as f32, then as f16 (what
+/// decode steps that keep the residual's f16 copy read; `int8_common.wgsl`).
+pub fn norm_weight_bytes(padded: &[f32]) -> Vec<u8> {
+    let f32s = bytemuck::cast_slice::<f32, u8>(padded).iter().copied();
+    f32s.chain(padded.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes())).collect()
+}

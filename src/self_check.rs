@@ -40,8 +40,8 @@ use crate::kernels::{
 use crate::kernels::{record_staged, staged_bindings, staged_ranges, TiledPipeline};
 use crate::qwen3::rope_table;
 use crate::reference::{
-    argmax_ref, attention_ref, first_mismatch, matvec_ref, penalize_ref, poisoned, pseudo_nonzero,
-    qk_norm_rope_ref, sort_key, unpack_f16, Quant, POISON,
+    argmax_ref, attention_ref, first_mismatch, matvec_ref, norm_weight_bytes, penalize_ref, poisoned,
+    pseudo_nonzero, qk_norm_rope_ref, sort_key, unpack_f16, Quant, POISON,
 };
 use crate::sampling::SamplingParams;
 
@@ -258,7 +258,10 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
     x[cols..].iter_mut().for_each(|v| *v = 0.0);
     let norm_w = pseudo_nonzero(seed + 3, m.padded);
     let eps = 1e-6f32;
-    let row_offset = if variant.swiglu { 4 } else { 3 };
+    // With the residual's f16 copy (X16) a normed matvec reads x from it,
+    // and a residual add writes it, in blocks of 4 rows from a multiple of 4.
+    let x16 = rig.kernels.matvec_layout.default_split().x16;
+    let row_offset = if variant.swiglu || x16 { 4 } else { 3 };
     let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
     let outs = if variant.swiglu { rows / 2 } else { rows };
     let y_len = first_out + outs + 5;
@@ -273,17 +276,21 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         eps,
         y_stride: y_len as u32,
     };
+    // A normed matvec's x16 holds x (as f16); a residual add's is poisoned.
+    let x16_init = if variant.norm { u32s(&pack_f16(&x)) } else { poisoned(y_len.div_ceil(2)) };
     let bufs = [
         rig.uniform(bytes_of(&p))?,
         rig.storage(&f32s(&x))?,
         rig.storage(&m.data())?,
         rig.storage(&f32s(&m.scales))?,
         rig.storage(&init)?,
-        rig.storage(&f32s(&norm_w))?,
+        rig.storage(&norm_weight_bytes(&norm_w))?,
+        rig.storage(&x16_init)?,
     ];
     let rows_per_wg = rig.kernels.matvec_layout.rows_per_wg();
     rig.dispatch(kernel, matvec::grid(rows as u32, rows_per_wg), &bufs.each_ref());
     let y = rig.read(&bufs[4], 4 * y_len);
+    let written16 = rig.read(&bufs[6], x16_init.len());
     Ok(Box::new(move |out| {
         let got = to_f32(&out[y]);
         let init: Vec<u32> = to_u32(&init);
@@ -292,15 +299,51 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
                 return fail(kernel, format!("wrote y[{i}] outside its rows"));
             }
         }
-        let norm = variant.norm.then_some((&norm_w[..], eps));
+        let x_read = if x16 && variant.norm { round_f16(&x) } else { x.clone() };
+        let norm_read = if x16 { round_f16(&norm_w) } else { norm_w.clone() };
+        let norm = variant.norm.then_some((&norm_read[..], eps));
         let acc = variant.accumulate.then_some(&y0[first_out..]);
-        let (want, scale) = matvec_ref(&m, &x, norm, acc, variant.swiglu);
+        let (want, scale) = matvec_ref(&m, &x_read, norm, acc, variant.swiglu);
         let what = "y";
-        match first_mismatch(what, &got[first_out..first_out + outs], &want, &scale, MATVEC_TOLERANCE) {
-            Some(m) => fail(kernel, m),
-            None => vec![],
+        if let Some(m) =
+            first_mismatch(what, &got[first_out..first_out + outs], &want, &scale, MATVEC_TOLERANCE)
+        {
+            return fail(kernel, m);
         }
+        if x16 && variant.accumulate {
+            // Each written row's f16 copy (1 ulp of f16 for the rounding),
+            // the words outside them untouched.
+            let words = to_u32(&out[written16]);
+            let halves = unpack_f16(&out[written16]);
+            let init16 = to_u32(&x16_init);
+            for (i, h) in halves.iter().enumerate() {
+                let inside = (row_offset..row_offset + rows.next_multiple_of(4)).contains(&i);
+                let want = if i < row_offset + rows { got.get(i).copied() } else { Some(0.0) };
+                match (inside, want) {
+                    (true, Some(w)) if (h - w).abs() <= w.abs() / 1024.0 + 1e-7 => {}
+                    (false, _) if words[i / 2] == init16[i / 2] => {}
+                    _ => return fail(kernel, format!("x16 value {i}: {h}, y {want:?}")),
+                }
+            }
+        }
+        vec![]
     }))
+}
+
+/// `v` as f16, two values per word (the residual's f16 copy; a zero pads
+/// an odd count).
+pub(crate) fn pack_f16(v: &[f32]) -> Vec<u32> {
+    v.chunks(2)
+        .map(|p| {
+            let h = |i: usize| f16::from_f32(p.get(i).copied().unwrap_or(0.0)).to_bits() as u32;
+            h(0) | (h(1) << 16)
+        })
+        .collect()
+}
+
+/// `v` rounded to f16 (what a matvec reading the f16 copy sees).
+pub(crate) fn round_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| f16::from_f32(*x).to_f32()).collect()
 }
 
 /// A matvec variant's tiled prompt-batch pipeline `tiled` (`int8_matmul`,
@@ -348,6 +391,7 @@ fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline, ksplit: u32) 
         rig.storage(&f32s(&m.scales))?,
         rig.storage(&init)?,
         rig.storage(&f32s(&norm_w))?,
+        rig.storage(&poisoned(1))?, // the residual's f16 copy: unused by prompt batches
     ];
     let mut workgroups = matvec::grid(rows as u32, tiled.rows);
     if let Some(staged) = &tiled.staged {
@@ -440,7 +484,8 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
     let row_offset = 4;
     let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
     let outs = if variant.swiglu { rows / 2 } else { rows };
-    let y_stride = first_out + outs + 3;
+    // A multiple of 4: each row's f16 copy (X16) starts at an element.
+    let y_stride = (first_out + outs + 3).next_multiple_of(4);
     let y_len = n * y_stride;
     let y0 = pseudo_nonzero(seed + 4, y_len);
     let init = if variant.accumulate { f32s(&y0) } else { poisoned(y_len) };
@@ -459,18 +504,24 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
         storage(&f32s(&x))?,
         storage(&m.data())?,
         storage(&f32s(&m.scales))?,
-        storage(&f32s(&norm_w))?,
+        storage(&norm_weight_bytes(&norm_w))?,
     );
     let (y_one, y_rows) = (storage(&init)?, storage(&init)?);
+    // The residual's f16 copy (X16): x's for a normed matvec, else written.
+    let x16 = c.split.x16;
+    let x16_init = u32s(&pack_f16(if variant.norm { &x } else { &y0 }));
+    let (x16_one, x16_rows) = (storage(&x16_init)?, storage(&x16_init)?);
     let read_one = gpu.readback("first-use check", 4 * y_len);
     let read_rows = gpu.readback("first-use check", 4 * y_len);
     gpu.scoped(
         || {
             let mut enc = gpu.device.create_command_encoder(&Default::default());
-            let runs =
-                [(case.one_token, &y_one, n as u32), (case.rows, &y_rows, n.div_ceil(per_z as usize) as u32)];
-            for (pipeline, y, z) in runs {
-                let buffers = [&params, &xb, &wb, &sb, y, &nb];
+            let runs = [
+                (case.one_token, &y_one, &x16_one, n as u32),
+                (case.rows, &y_rows, &x16_rows, n.div_ceil(per_z as usize) as u32),
+            ];
+            for (pipeline, y, y16, z) in runs {
+                let buffers = [&params, &xb, &wb, &sb, y, &nb, y16];
                 record_launch(gpu, &mut enc, case.layout, pipeline, [workgroups, 1, z], &buffers);
             }
             enc.copy_buffer_to_buffer(&y_one, 0, &read_one, 0, read_one.size());
@@ -483,7 +534,9 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
     let one = to_f32(&gpu.read(&read_one)?[..4 * y_len]);
     let all = to_f32(&gpu.read(&read_rows)?[..4 * y_len]);
     let init = to_u32(&init);
+    let norm_w = if x16 { round_f16(&norm_w) } else { norm_w };
     let norm = variant.norm.then_some((&norm_w[..], eps));
+    let x = if x16 && variant.norm { round_f16(&x) } else { x };
     for z in 0..n {
         let yb = z * y_stride;
         for i in 0..y_stride {
@@ -858,17 +911,28 @@ fn embed(rig: &mut Rig<'_>) -> Result<Check> {
         rig.storage(&m.data())?,
         rig.storage(&f32s(&m.scales))?,
         rig.storage(&poisoned(x_len))?,
+        rig.storage(&poisoned(x_len / 2))?,
     ];
     rig.dispatch(Kernel::EmbedLookup, embed::grid(m.k_words() as u32), &bufs.each_ref());
     let x = rig.read(&bufs[5], 4 * x_len);
+    let x16 = rig.read(&bufs[6], 2 * x_len);
     Ok(Box::new(move |outs| {
         let got = to_f32(&outs[x]);
         let r = (token - row_start) as usize;
         let want: Vec<f64> = (0..m.padded).map(|c| if c < cols { m.w(r, c) } else { 0.0 }).collect();
-        if got[m.padded..].iter().any(|v| v.to_bits() != POISON) {
+        let words16 = to_u32(&outs[x16]);
+        if got[m.padded..].iter().any(|v| v.to_bits() != POISON)
+            || words16[m.padded / 2..].iter().any(|w| *w != POISON)
+        {
             return fail(Kernel::EmbedLookup, "wrote past the row");
         }
-        match first_mismatch("x", &got[..m.padded], &want, &vec![1.0; m.padded], 1e-6) {
+        if let Some(msg) = first_mismatch("x", &got[..m.padded], &want, &vec![1.0; m.padded], 1e-6) {
+            return fail(Kernel::EmbedLookup, msg);
+        }
+        // The f16 copy: x rounded to f16.
+        let want16: Vec<f64> = round_f16(&got[..m.padded]).iter().map(|v| *v as f64).collect();
+        let got16 = unpack_f16(&outs[x16]);
+        match first_mismatch("x16", &got16[..m.padded], &want16, &vec![1.0; m.padded], 1e-6) {
             Some(msg) => fail(Kernel::EmbedLookup, msg),
             None => vec![],
         }

@@ -256,7 +256,7 @@ fn specialised_matvec_pipelines_are_built_once_per_shape() {
         Kernels::new(&gpu, KernelChoice::Wgsl, None, qwen3_wgpu::internals::self_check::CHECKER).unwrap();
     let qkv = MatvecShape { rows: 4096, k_words: 256, groups: 16, n_in: 1024 };
     let o = MatvecShape { rows: 1024, k_words: 512, groups: 32, n_in: 2048 };
-    let split = kernels.matvec_layout.split(qkv.rows as usize, qkv.k_words as usize);
+    let split = kernels.matvec_layout.split(qkv.rows as usize, qkv.k_words as usize, true);
     let get =
         |kernel, shape| kernels.matvec_pipeline(&gpu, kernel, split, shape).expect("a specialised pipeline");
     let first = get(Kernel::Int8MatvecNorm, qkv);

@@ -25,6 +25,17 @@ fn fixture(case: &str) -> (PathBuf, Expected) {
 }
 
 fn check_case(engine: &Engine, case: &str) {
+    // Decode steps that read an f16 copy of the residual stream (the
+    // split-K layout) round their normed matvecs' inputs to 11 significant
+    // bits: logits within 5e-3 of their rms, as the f16 prompt products
+    // (lavapipe: up to 1.03e-3); the tokens must still be MLX's.
+    let f16 = engine.kernel_report().f16_residual;
+    check_case_within(engine, case, if f16 { 5e-3 } else { 1e-3 });
+}
+
+/// [`check_case`] with the first step's logits within `tolerance` of
+/// their rms of MLX's.
+fn check_case_within(engine: &Engine, case: &str, tolerance: f64) {
     let (dir, exp) = fixture(case);
     let model = engine
         .load(&dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() })
@@ -37,7 +48,10 @@ fn check_case(engine: &Engine, case: &str) {
     let rms = (logits.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / logits.len() as f64).sqrt();
     for (id, want) in &exp.top5_first_step {
         let got = logits[*id as usize] as f64;
-        assert!((got - want).abs() <= 1e-3 * rms, "{case}: logit {id}: engine {got}, MLX {want} (rms {rms})");
+        assert!(
+            (got - want).abs() <= tolerance * rms,
+            "{case}: logit {id}: engine {got}, MLX {want} (rms {rms})"
+        );
     }
     assert_eq!(first, exp.generated_ids[0], "{case}: first token");
 
@@ -163,8 +177,9 @@ fn split_k_wide_workgroups_agree_with_rows_per_team() {
     for step in 0..6 {
         let (la, lb) = (split.debug_logits().unwrap(), rows.debug_logits().unwrap());
         let rms = (lb.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / lb.len() as f64).sqrt();
+        // (5e-3: split K's normed matvecs read the residual's f16 copy.)
         for (i, (x, y)) in la.iter().zip(&lb).enumerate() {
-            assert!(((x - y) as f64).abs() <= 1e-3 * rms, "step {step}: logit {i}: split {x}, rows {y}");
+            assert!(((x - y) as f64).abs() <= 5e-3 * rms, "step {step}: logit {i}: split {x}, rows {y}");
         }
         let mut sorted = lb.clone();
         sorted.sort_by(|x, y| y.total_cmp(x));

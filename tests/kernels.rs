@@ -9,10 +9,12 @@ mod common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_rows, attention_step_case, matmul_case_in, matvec_case, qk_norm_rope_case, step, u32s,
-    ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_case_rows, attention_step_case, matmul_case_in, matvec_case, matvec_case_x16,
+    qk_norm_rope_case, step, to_u32, u32s, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
+    ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
+use half::f16;
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
     self, Bind, Constants, EmbedParams, Kernel, MatmulConstants, MatmulTile, MatvecLayout, MatvecShape,
@@ -218,7 +220,7 @@ fn int8_matvec_matches_cpu() {
                 }
             }
             for (kernel, split, shape) in cases {
-                let MatvecSplit { layout, workgroup_size: wg, rows_per_wg } = split;
+                let MatvecSplit { layout, workgroup_size: wg, rows_per_wg, x16 } = split;
                 let constants = move |k: Kernel| {
                     if prefill {
                         k.prefill_constants(layout)
@@ -232,10 +234,14 @@ fn int8_matvec_matches_cpu() {
                 seed += 1;
                 let tokens_per_wg = if prefill { per_wg } else { 1 };
                 // The engine sizes the grid for the decode layout, also for prefill.
-                let res = matvec_case(&run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, seed);
+                let res = if x16 && !prefill {
+                    matvec_case_x16(&run, kernel, rows_per_wg, 1, rows, cols, tokens, seed)
+                } else {
+                    matvec_case(&run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, seed)
+                };
                 let specialised = shape.is_some();
                 assert_matvec(
-                    &format!("{kernel:?} {layout:?} wg {wg} rows/wg {rows_per_wg} {rows}x{cols} prefill={prefill} specialised={specialised} sub={sub}"),
+                    &format!("{kernel:?} {layout:?} wg {wg} rows/wg {rows_per_wg} x16={x16} {rows}x{cols} prefill={prefill} specialised={specialised} sub={sub}"),
                     &res,
                 );
             }
@@ -315,17 +321,29 @@ fn embed_lookup_matches_cpu() {
                     chunk.data(),
                     f32s(&chunk.scales),
                     poisoned(m.padded),
+                    poisoned(m.padded / 2),
                 ],
                 (m.padded as u32 / 4).div_ceil(WG),
             );
             let got = to_f32(&out[0]);
+            let words16 = to_u32(&out[1]);
             if token >= row_start && token < row_end {
                 let want: Vec<f64> =
                     (0..m.padded).map(|c| if c < cols { m.w(token as usize, c) } else { 0.0 }).collect();
                 let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1e-3).collect();
                 assert_close(&format!("embed {rows}x{cols} token {token}"), &got, &want, &scale, 1e-6);
+                let want16: Vec<f64> = got.iter().map(|v| f16::from_f32(*v).to_f64()).collect();
+                let got16 = unpack_f16(&out[1]);
+                assert_close(
+                    &format!("embed {rows}x{cols} token {token} (f16)"),
+                    &got16,
+                    &want16,
+                    &scale,
+                    1e-6,
+                );
             } else {
                 assert!(got.iter().all(|v| v.to_bits() == POISON), "a chunk without the token wrote");
+                assert!(words16.iter().all(|w| *w == POISON), "a chunk without the token wrote its f16 copy");
             }
         }
     }
@@ -356,21 +374,21 @@ fn embed_lookup_batches_tokens_from_the_position() {
             m.data(),
             f32s(&m.scales),
             poisoned(3 * m.padded),
+            poisoned(3 * m.padded / 2),
         ],
         [(m.padded as u32 / 4).div_ceil(WG), 1, 3],
     );
     let got = to_f32(&out[0]);
+    let got16 = unpack_f16(&out[1]);
     for z in 0..3 {
         let t = tokens[2 + z] as usize;
         let want: Vec<f64> = (0..m.padded).map(|c| if c < cols { m.w(t, c) } else { 0.0 }).collect();
         let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1e-3).collect();
-        assert_close(
-            &format!("batched embed token {z}"),
-            &got[z * m.padded..(z + 1) * m.padded],
-            &want,
-            &scale,
-            1e-6,
-        );
+        let row = z * m.padded..(z + 1) * m.padded;
+        assert_close(&format!("batched embed token {z}"), &got[row.clone()], &want, &scale, 1e-6);
+        // The residual's f16 copy: the same row, rounded to f16.
+        let want16: Vec<f64> = got[row.clone()].iter().map(|v| f16::from_f32(*v).to_f64()).collect();
+        assert_close(&format!("batched embed token {z} (f16)"), &got16[row], &want16, &scale, 1e-6);
     }
 }
 
@@ -604,7 +622,8 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                         c
                     };
                     let rpw = split.rows_per_wg;
-                    let alone = matvec_case(&wgsl_run(&gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
+                    let case = if split.x16 { matvec_case_x16 } else { matvec_case };
+                    let alone = case(&wgsl_run(&gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
                     // Every row in each workgroup, and (first shape: 3
                     // rows) two per grid z, the last group short.
                     for per_z in if rows == 6 { vec![n, 2] } else { vec![n] } {
@@ -613,16 +632,8 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                             c.extend([("DECODE_ROWS", n as f64), ("ROWS_PER_Z", per_z as f64)]);
                             c
                         };
-                        let batched = matvec_case(
-                            &wgsl_run(&gpu, sub, all_rows),
-                            kernel,
-                            rpw,
-                            per_z,
-                            rows,
-                            cols,
-                            n,
-                            seed,
-                        );
+                        let batched =
+                            case(&wgsl_run(&gpu, sub, all_rows), kernel, rpw, per_z, rows, cols, n, seed);
                         let what =
                             format!("{kernel:?} {split:?} {rows}x{cols} rows {n} per z {per_z} sub={sub}");
                         assert_matvec(&what, &batched);
@@ -802,6 +813,7 @@ fn staging_matches_the_cpu_reference() {
             gpu.storage_init("scales", bytemuck::cast_slice(&m.scales)).unwrap(),
             gpu.storage_init("staged", &poisoned(out_bytes / 4)).unwrap(),
             gpu.storage_init("norm_w", bytemuck::cast_slice(&norm_w)).unwrap(),
+            gpu.storage("x16 (residual; unused)", 16),
         ];
         let constants = stage_constants(norm);
         let (pipeline, _) = kernels::compile_for_layout(

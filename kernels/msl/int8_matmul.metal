@@ -72,6 +72,9 @@ kernel void int8_matmul(
     const device float* scales [[buffer(3)]],
     device float* y [[buffer(4)]],
     const device float4* norm_w [[buffer(5)]],
+    // The residual's f16 copy (int8_common.wgsl's X16): unused here, as
+    // Metal devices' decode steps keep f32 x only.
+    device uint2* x16 [[buffer(6)]],
     uint3 wg [[threadgroup_position_in_grid]],
     uint3 nwg [[threadgroups_per_grid]],
     uint l [[thread_index_in_threadgroup]],

@@ -110,6 +110,9 @@ kernel void int8_matvec(
     const device float* scales [[buffer(3)]],
     device float* y [[buffer(4)]],
     const device float4* norm_w [[buffer(5)]],
+    // The residual's f16 copy (int8_common.wgsl's X16): unused here, as
+    // Metal devices' decode steps keep f32 x only.
+    device uint2* x16 [[buffer(6)]],
     uint3 wg [[threadgroup_position_in_grid]],
     uint3 nwg [[threadgroups_per_grid]],
     uint sg_lane [[thread_index_in_simdgroup]],

@@ -1,4 +1,5 @@
-// x = dequantised row `tokens[step.pos]` of an int8 table, if that row lies
+// x = dequantised row `tokens[step.pos]` of an int8 table (and its f16
+// copy x16), if that row lies
 // in this launch's chunk [row_start, row_end) (large tables are bound in
 // chunks; exactly one chunk writes). An out-of-range id writes nothing.
 // Batched (prefill): workgroup z embeds tokens[step.pos + z] into
@@ -12,6 +13,8 @@
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> scales: array<f32>;
 @group(0) @binding(5) var<storage, read_write> x: array<vec4<f32>>;
+// The residual's f16 copy (int8_common.wgsl's X16), two values per word.
+@group(0) @binding(6) var<storage, read_write> x16: array<vec2<u32>>;
 
 override GROUP_WORDS: u32;
 
@@ -24,5 +27,12 @@ fn embed_lookup(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let r = t - p.row_start;
-    x[z * p.k_words + j] = vec4<f32>(unpack4xI8(w[r * p.k_words + j])) * scales[r * p.groups + j / GROUP_WORDS];
+    let v = vec4<f32>(unpack4xI8(w[r * p.k_words + j])) * scales[r * p.groups + j / GROUP_WORDS];
+    x[z * p.k_words + j] = v;
+    x16[z * p.k_words + j] = vec2<u32>(pack_f16(v.x, v.y), pack_f16(v.z, v.w));
+}
+
+// As int8_math.wgsl's (which this kernel does not include).
+fn pack_f16(a: f32, b: f32) -> u32 {
+    return pack2x16float(clamp(vec2<f32>(a, b), vec2<f32>(-65504.0), vec2<f32>(65504.0)));
 }

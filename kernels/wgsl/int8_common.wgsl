@@ -11,8 +11,18 @@
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-// NORM: the norm weight, zero-padded to k_words * 4 (otherwise unused).
-@group(0) @binding(5) var<storage, read> norm_w: array<vec4<f32>>;
+// NORM: the norm weight as f32 words, zero-padded to k_words * 4, then the
+// same values as f16 (element k_words + i: values 8i .. 8i + 7, two per
+// word), which X16 pipelines read (otherwise unused).
+@group(0) @binding(5) var<storage, read> norm_w: array<vec4<u32>>;
+// X16 (decode pipelines on GPUs whose matvecs are bound by their x loads):
+// the residual stream's f16 copy, element i holding x[i]'s 4 values (two
+// per word), token z's from element z * y_stride / 4 (ACCUMULATE: one
+// element per block of 4 rows, written whole by one lane) or z * k_words
+// (NORM, the same row): ACCUMULATE writes it beside y, NORM reads it
+// instead of x (half the bytes of x per weight byte). Otherwise unused.
+@group(0) @binding(6) var<storage, read_write> x16: array<vec2<u32>>;
+override X16: bool = false;
 
 // The launch's shape (p.rows, p.k_words, p.groups, p.n_in) compiled in,
 // where the host specialises the pipeline (the decode matvecs, see

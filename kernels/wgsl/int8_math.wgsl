@@ -24,3 +24,10 @@ fn i8x4(v: u32) -> vec4<f32> {
     let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
     return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
 }
+
+// Two values as one word of f16 (the residual's f16 copy, X16), each
+// clamped to f16's finite range first (pack2x16float of a value past it is
+// indeterminate).
+fn pack_f16(a: f32, b: f32) -> u32 {
+    return pack2x16float(clamp(vec2<f32>(a, b), vec2<f32>(-65504.0), vec2<f32>(65504.0)));
+}

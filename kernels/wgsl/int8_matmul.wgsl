@@ -109,7 +109,7 @@ fn load_chunk(l: u32, c: u32, row0: u32, t0: u32) {
             xs[4u * n + 2u] = x[xb + 2u * p.k_words];
             xs[4u * n + 3u] = x[xb + 3u * p.k_words];
             if NORM {
-                nws[n] = norm_w[c * CHUNK_WORDS + q];
+                nws[n] = bitcast<vec4<f32>>(norm_w[c * CHUNK_WORDS + q]);
             }
         }
     }

@@ -38,6 +38,12 @@
 // (a workgroup's rows stay in its cache after the first; the grid's z
 // groups run side by side and share it in the L2).
 //
+// X16 (decode pipelines of the split-K layout; see int8_common.wgsl): a
+// normed variant reads x and its norm weights as f16 copies (half the
+// bytes of its input per weight byte: the loads of x, not the arithmetic,
+// bound these matvecs on an H200), a residual add writes the f16 copy of
+// the rows it adds to.
+//
 // Bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
 // int8_common.wgsl, prepended by Rust.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
@@ -70,14 +76,36 @@ struct Quad {
     sq: vec4<f32>,
 }
 
+// x[i] as the f16 copy holds it.
+fn x16_at(i: u32) -> vec4<f32> {
+    let h = x16[i];
+    return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+}
+
 fn xq(b: u32, j: u32) -> Quad {
-    var q = Quad(x[b], x[b + 1u], x[b + 2u], x[b + 3u], vec4<f32>(0.0));
+    var q: Quad;
+    if X16 && NORM {
+        // The same 16 values from the f16 copy.
+        q = Quad(x16_at(b), x16_at(b + 1u), x16_at(b + 2u), x16_at(b + 3u), vec4<f32>(0.0));
+    } else {
+        q = Quad(x[b], x[b + 1u], x[b + 2u], x[b + 3u], vec4<f32>(0.0));
+    }
     if NORM {
         q.sq = q.x0 * q.x0 + q.x1 * q.x1 + q.x2 * q.x2 + q.x3 * q.x3;
-        q.x0 *= norm_w[4u * j];
-        q.x1 *= norm_w[4u * j + 1u];
-        q.x2 *= norm_w[4u * j + 2u];
-        q.x3 *= norm_w[4u * j + 3u];
+        if X16 {
+            // The norm weight's f16 copy: 32 bytes a quad instead of 64.
+            let g0 = norm_w[n_k_words() + 2u * j];
+            let g1 = norm_w[n_k_words() + 2u * j + 1u];
+            q.x0 *= vec4<f32>(unpack2x16float(g0.x), unpack2x16float(g0.y));
+            q.x1 *= vec4<f32>(unpack2x16float(g0.z), unpack2x16float(g0.w));
+            q.x2 *= vec4<f32>(unpack2x16float(g1.x), unpack2x16float(g1.y));
+            q.x3 *= vec4<f32>(unpack2x16float(g1.z), unpack2x16float(g1.w));
+        } else {
+            q.x0 *= bitcast<vec4<f32>>(norm_w[4u * j]);
+            q.x1 *= bitcast<vec4<f32>>(norm_w[4u * j + 1u]);
+            q.x2 *= bitcast<vec4<f32>>(norm_w[4u * j + 2u]);
+            q.x3 *= bitcast<vec4<f32>>(norm_w[4u * j + 3u]);
+        }
     }
     return q;
 }
@@ -218,6 +246,23 @@ fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
         if i < 2u && row0 + 2u * i < n_rows() {
             let o = yb + (p.row_offset + row0) / 2u + i;
             y[o] = silu(sums[2u * i]) * sums[2u * i + 1u];
+        }
+        return;
+    }
+    if X16 && ACCUMULATE {
+        // Lane 0 writes the block's rows and their f16 copy, one whole
+        // element (row_offset and y_stride are multiples of 4).
+        if i == 0u {
+            var block = vec4<f32>(0.0);
+            for (var r = 0u; r < 4u; r++) {
+                if row0 + r < n_rows() {
+                    let o = yb + p.row_offset + row0 + r;
+                    let v = sums[r] + y[o];
+                    y[o] = v;
+                    block[r] = v;
+                }
+            }
+            x16[(yb + p.row_offset + row0) / 4u] = vec2<u32>(pack_f16(block.x, block.y), pack_f16(block.z, block.w));
         }
         return;
     }

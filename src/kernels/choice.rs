@@ -159,6 +159,13 @@ pub struct KernelReport {
     /// device offers it (its build or the self-check failed): `None`
     /// otherwise.
     pub cooperative_fallback: Option<String>,
+    /// Whether decode steps keep an f16 copy of the residual stream, which
+    /// the normed matvecs (qkv, gate/up, the LM head) read instead of the
+    /// f32 one: half their input bytes on GPUs whose matvecs are bound by
+    /// them (the split-K layout: NVIDIA-class GPUs). The residual itself
+    /// stays f32; logits then differ from f32 inputs' by about 1e-3 of
+    /// their rms (greedy tokens agree with MLX's float32 up to near-ties).
+    pub f16_residual: bool,
 }
 
 impl KernelReport {
@@ -170,6 +177,7 @@ impl KernelReport {
             fallback: None,
             cooperative_matrices: false,
             cooperative_fallback: None,
+            f16_residual: false,
         }
     }
 }

@@ -20,9 +20,10 @@ gpu_struct! {
     }
 }
 
-/// Binding order: params, step, tokens, w, scales, x.
+/// Binding order: params, step, tokens, w, scales, x, x16 (x's f16 copy,
+/// read by the decode matvecs that take x16: `MatvecSplit::x16`).
 pub const BINDINGS: &[Bind] =
-    &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite];
+    &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite, Bind::ReadWrite];
 
 /// The grid: one invocation per u32 word of the row (`z`: tokens of a batch).
 pub fn grid(k_words: u32) -> [u32; 3] {

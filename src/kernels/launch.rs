@@ -93,14 +93,18 @@ pub(crate) fn staged_ranges(
 
 /// The bindings of the two launches of a cooperative-matrix product
 /// (staging, product), in binding order, from a matvec launch's (params,
-/// x, w, scales, y, norm_w) and the staging range (`staged`: the weights'
+/// x, w, scales, y, norm_w, x16) and the staging range (`staged`: the weights'
 /// part `w16`, then the inputs' `x16`): the staging writes `staged` at
-/// binding 4, the product reads `x16` at 1 and `w16` at 2 and writes `y`.
+/// binding 4, the product reads `x16` at 1 and `w16` at 2 and writes `y`;
+/// the residual's f16 copy (slot 6, unused by prompt batches) stays.
 /// Slots a program does not read hold buffers that no write of that
 /// launch aliases.
-pub(crate) fn staged_bindings<T: Clone>(matvec: [T; 6], [staged, w16, x16]: [T; 3]) -> [[T; 6]; 2] {
-    let [params, x, w, scales, y, norm] = matvec;
-    [[params.clone(), x, w, scales.clone(), staged, norm], [params, x16.clone(), w16, scales, y, x16]]
+pub(crate) fn staged_bindings<T: Clone>(matvec: [T; 7], [staged, w16, x16]: [T; 3]) -> [[T; 7]; 2] {
+    let [params, x, w, scales, y, norm, resid16] = matvec;
+    [
+        [params.clone(), x, w, scales.clone(), staged, norm, resid16.clone()],
+        [params, x16.clone(), w16, scales, y, x16, resid16],
+    ]
 }
 
 /// Records a cooperative-matrix product of `rows` rows of `k_words` words
@@ -167,7 +171,7 @@ impl Launch {
         mut self,
         gpu: &Gpu,
         kernels: &Kernels,
-        buffers: &[wgpu::BindingResource<'_>; 6],
+        buffers: &[wgpu::BindingResource<'_>; 7],
         staging: &wgpu::Buffer,
         rows: u32,
         k_words: u32,
@@ -322,13 +326,14 @@ mod tests {
         assert_eq!(slot("x16"), (1, "array<f16>".into()));
         assert_eq!(slot("w16"), (2, "array<f16>".into()));
         assert_eq!(slot("y").0, 4);
-        let matvec = ["params", "x", "w", "scales", "y", "norm_w"];
+        let matvec = ["params", "x", "w", "scales", "y", "norm_w", "x16 (residual)"];
         let [staging, prod] = staged_bindings(matvec, ["staged", "w16", "x16"]);
         assert_eq!(staging[4], "staged");
         assert_eq!((prod[1], prod[2], prod[4]), ("x16", "w16", "y"));
         // What the staging reads is the matvec launch's own buffers.
         assert_eq!(staging[..4], matvec[..4]);
         assert_eq!(staging[5], "norm_w");
+        assert_eq!((staging[6], prod[6]), (matvec[6], matvec[6]));
         for launch in [staging, prod] {
             let out = launch[4];
             assert_eq!(launch.iter().filter(|b| **b == out).count(), 1, "{launch:?}");

@@ -29,9 +29,10 @@ gpu_struct! {
     }
 }
 
-/// Binding order: params, x, w, scales, y, norm_w.
+/// Binding order: params, x, w, scales, y, norm_w, x16 (the residual's
+/// f16 copy: see [`MatvecSplit::x16`]).
 pub const BINDINGS: &[Bind] =
-    &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite, Bind::Read];
+    &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite, Bind::Read, Bind::ReadWrite];
 
 /// The grid of a launch over `rows` rows, `rows_per_wg` per workgroup (its
 /// split's, [`MatvecSplit::rows_per_wg`]; `z`: tokens of a batch).
@@ -151,39 +152,66 @@ impl MatvecLayout {
     /// of [`LONG_MATRIX_WG`] lanes per 4 rows: they have workgroups enough
     /// to fill the GPU without splitting K, and skip its reduction (the
     /// 0.6B LM head on an H200: 63 against 77 µs, BENCHMARKS.md).
-    pub fn split(self, rows: usize, k_words: usize) -> MatvecSplit {
+    ///
+    /// On split-K devices the decode steps also keep the residual stream in
+    /// f16 ([`MatvecSplit::x16`]), and the normed matvecs (`norm`: qkv,
+    /// gate/up, the LM head), which read it, run rows per team like the
+    /// long matrices: with half the bytes of x per weight byte, one
+    /// subgroup per 4 rows beats split K at every Qwen3 size (H200, 4B:
+    /// qkv 12.2 -> 8.3 µs, gate/up 24.7 -> 17.8, LM head 130 -> 97;
+    /// BENCHMARKS.md 2026-12-02), where the f32 x loads held them back.
+    pub fn split(self, rows: usize, k_words: usize, norm: bool) -> MatvecSplit {
         match self {
-            MatvecLayout::SplitK if rows > SPLIT_K_MAX_ROWS => MatvecSplit {
+            MatvecLayout::SplitK if rows > SPLIT_K_MAX_ROWS || norm => MatvecSplit {
                 layout: MatvecLayout::RowsPerTeam,
                 workgroup_size: LONG_MATRIX_WG,
                 rows_per_wg: MATVEC_ROWS_PER_TEAM,
+                x16: true,
             },
             _ => MatvecSplit {
                 layout: self,
                 workgroup_size: self.workgroup_size(rows, k_words),
                 rows_per_wg: self.rows_per_wg(),
+                x16: self.x16(),
             },
         }
+    }
+
+    /// Whether decode steps on this layout's devices keep the residual
+    /// stream's f16 copy ([`MatvecSplit::x16`]): split K (NVIDIA-class
+    /// GPUs, where the matvecs are bound by their loads of x); not rows
+    /// per team (Apple GPUs, whose MSL twins read f32 x, and CPUs).
+    pub fn x16(self) -> bool {
+        self == MatvecLayout::SplitK
     }
 
     /// Every split [`Self::split`] can give; the first is that of the
     /// matvec kernels' default pipelines ([`super::Kernel::constants`]).
     pub fn splits(self) -> Vec<MatvecSplit> {
-        let at =
-            |workgroup_size| MatvecSplit { layout: self, workgroup_size, rows_per_wg: self.rows_per_wg() };
+        let at = |workgroup_size| MatvecSplit {
+            layout: self,
+            workgroup_size,
+            rows_per_wg: self.rows_per_wg(),
+            x16: self.x16(),
+        };
         match self {
             MatvecLayout::RowsPerTeam => vec![at(MATVEC_WG)],
             MatvecLayout::SplitK => SPLIT_K_WGS
                 .into_iter()
                 .map(at)
-                .chain(std::iter::once(self.split(SPLIT_K_MAX_ROWS + 1, 0)))
+                .chain(std::iter::once(self.split(SPLIT_K_MAX_ROWS + 1, 0, false)))
                 .collect(),
         }
     }
 
     /// The split of the kernels' default pipelines.
     pub fn default_split(self) -> MatvecSplit {
-        MatvecSplit { layout: self, workgroup_size: MATVEC_WG, rows_per_wg: self.rows_per_wg() }
+        MatvecSplit {
+            layout: self,
+            workgroup_size: MATVEC_WG,
+            rows_per_wg: self.rows_per_wg(),
+            x16: self.x16(),
+        }
     }
 
     /// Output rows per workgroup.
@@ -227,6 +255,12 @@ pub struct MatvecSplit {
     pub layout: MatvecLayout,
     pub workgroup_size: u32,
     pub rows_per_wg: u32,
+    /// The decode pipelines (one token, or a batch's rows) keep the
+    /// residual stream's f16 copy (`X16`, binding 6): the residual adds
+    /// (o_proj, down; and the embedding) write it beside the f32 stream,
+    /// and the normed matvecs read it instead of x. Prompt batches use f32
+    /// x throughout. See [`MatvecLayout::x16`].
+    pub x16: bool,
 }
 
 /// The shape of one decode matvec launch (a row chunk of a matrix): the
@@ -312,6 +346,7 @@ impl MatvecConstants {
             layout: MatvecLayout::RowsPerTeam,
             workgroup_size: MATVEC_WG,
             rows_per_wg: MATVEC_ROWS.max(layout.rows_per_wg()),
+            x16: false,
         };
         MatvecConstants {
             variant,
@@ -335,6 +370,7 @@ impl MatvecConstants {
             ("NORM", flag(self.variant.norm)),
             ("SWIGLU", flag(self.variant.swiglu)),
             ("TOKENS", self.tokens as f64),
+            ("X16", flag(self.split.x16 && self.tokens == 1)),
         ];
         c.extend(self.shape.iter().flat_map(|s| s.constants()));
         if self.decode_rows > 0 {
@@ -384,14 +420,38 @@ mod tests {
             for (rows, k_words) in
                 [(4096, 256), (1024, 512), (6144, 256), (1024, 768), (151936, 256), (64, 4096)]
             {
-                assert!(splits.contains(&layout.split(rows, k_words)), "{layout:?} {rows}x{k_words}");
+                for norm in [false, true] {
+                    let split = layout.split(rows, k_words, norm);
+                    assert!(splits.contains(&split), "{layout:?} {rows}x{k_words}");
+                    // Every decode pipeline of a device keeps the f16 copy or none does.
+                    assert_eq!(split.x16, layout.x16(), "{layout:?}");
+                }
             }
             // The default pipeline, which serves when a split's fails to
             // build, runs any split's grid.
             assert!(splits.iter().all(|s| s.rows_per_wg == splits[0].rows_per_wg), "{layout:?}");
         }
-        let lm_head = MatvecLayout::SplitK.split(151936, 256);
+        let lm_head = MatvecLayout::SplitK.split(151936, 256, true);
         assert_eq!((lm_head.layout, lm_head.workgroup_size), (MatvecLayout::RowsPerTeam, LONG_MATRIX_WG));
-        assert_eq!(MatvecLayout::SplitK.split(SPLIT_K_MAX_ROWS, 256).layout, MatvecLayout::SplitK);
+        assert_eq!(MatvecLayout::SplitK.split(SPLIT_K_MAX_ROWS, 256, false).layout, MatvecLayout::SplitK);
+        // The normed matvecs read the f16 copy rows per team.
+        assert_eq!(MatvecLayout::SplitK.split(4096, 256, true), lm_head);
+        assert!(!MatvecLayout::RowsPerTeam.x16() && MatvecLayout::SplitK.x16());
+    }
+
+    /// X16 is set in the one-token and batched-row decode pipelines of an
+    /// f16-copy split, and never in the prompt-batch pipelines.
+    #[test]
+    fn x16_only_in_decode_pipelines() {
+        let x16 = |c: &MatvecConstants| c.render().iter().any(|&(n, v)| n == "X16" && v == 1.0);
+        for layout in [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK] {
+            for v in [MatvecVariant::ACCUMULATE, MatvecVariant::NORM, MatvecVariant::NORM_SWIGLU] {
+                let decode = MatvecConstants::decode(v, layout.split(1024, 256, v.norm));
+                assert_eq!(x16(&decode), layout.x16(), "{layout:?} {v:?}");
+                let rows = MatvecConstants { decode_rows: 4, rows_per_z: 4, ..decode };
+                assert_eq!(x16(&rows), layout.x16(), "{layout:?} {v:?}");
+                assert!(!x16(&MatvecConstants::prefill(v, layout)), "{layout:?} {v:?}");
+            }
+        }
     }
 }

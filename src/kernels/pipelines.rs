@@ -280,6 +280,7 @@ impl Kernels {
             fallback,
             cooperative_matrices,
             cooperative_fallback: coop_rejected,
+            f16_residual: kernels.matvec_layout.x16(),
         };
         Ok(kernels)
     }

@@ -14,8 +14,8 @@ use qwen3_wgpu::internals::kernels::{
 use rand::{rngs::StdRng, SeedableRng};
 
 use super::reference::{
-    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, padded_input, poisoned,
-    qk_norm_rope_ref, random_quant, to_f32, unpack_f16, POISON,
+    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, norm_weight_bytes, padded_input,
+    poisoned, qk_norm_rope_ref, random_quant, to_f32, unpack_f16, POISON,
 };
 
 /// One launch: `kernel` over `grid`, `buffers` filling its bindings in
@@ -115,7 +115,35 @@ pub fn matvec_case(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    batch_case(run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed)
+    batch_case(run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, false)
+}
+
+/// [`matvec_case`] for a decode pipeline that keeps the residual's f16
+/// copy (`X16`, binding 6): a normed variant reads x from it (the
+/// reference then takes x rounded to f16), a residual add writes it, which
+/// is checked here against its own outputs.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_case_x16(
+    run: Run<'_>,
+    kernel: Kernel,
+    rows_per_wg: u32,
+    tokens_per_wg: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
+    batch_case(run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true)
+}
+
+/// `v` as f16, two values per word (the residual's f16 copy).
+pub fn pack_f16(v: &[f32]) -> Vec<u32> {
+    v.chunks(2)
+        .map(|p| {
+            let h = |i: usize| f16::from_f32(p.get(i).copied().unwrap_or(0.0)).to_bits() as u32;
+            h(0) | (h(1) << 16)
+        })
+        .collect()
 }
 
 /// One launch of `kernel`'s tiled prompt-batch product (`int8_matmul`, or
@@ -150,7 +178,7 @@ pub fn matmul_case_in(
     seed: u64,
 ) -> Vec<MatvecOut> {
     let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
-    batch_case(run, kernel, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed)
+    batch_case(run, kernel, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
 }
 
 /// [`matvec_case`] with buffers for `buffered` tokens, the last
@@ -166,6 +194,7 @@ fn batch_case(
     tokens: usize,
     buffered: usize,
     seed: u64,
+    x16: bool,
 ) -> Vec<MatvecOut> {
     let variant = kernel.matvec_variant().unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -175,11 +204,13 @@ fn batch_case(
     let norm_w = padded_input(&mut rng, cols);
     let eps = 1e-6f32;
     // SWIGLU writes one output per row pair, from (row_offset / 2).
-    let row_offset = if variant.swiglu { 4usize } else { 3 };
+    // (X16: the residual add writes its f16 copy in blocks of 4 rows from
+    // a multiple of 4, each token's from a multiple of 4.)
+    let row_offset = if variant.swiglu || x16 { 4usize } else { 3 };
     let first_out = if variant.swiglu { row_offset / 2 } else { row_offset };
     let outs = if variant.swiglu { rows / 2 } else { rows };
     // Token z's outputs start at z * y_stride (a gap after each).
-    let y_stride = first_out + outs + 5;
+    let y_stride = (first_out + outs + 5).next_multiple_of(if x16 { 4 } else { 1 });
     let y0 = nonzero(&mut rng, buffered * y_stride);
     let init = if variant.accumulate { f32s(&y0) } else { poisoned(buffered * y_stride) };
     let params = MatvecParams {
@@ -194,12 +225,46 @@ fn batch_case(
     let mut grid = kernels::matvec::grid(rows as u32, rows_per_wg);
     grid[2] = buffered.div_ceil(tokens_per_wg) as u32;
     let x = [xs.concat(), spare].concat();
+    // The residual's f16 copy: x's for a normed variant, else poisoned.
+    let x16_init =
+        if x16 && variant.norm { u32s(&pack_f16(&x)) } else { poisoned((buffered * y_stride).div_ceil(2)) };
     let out = run(
         kernel,
         grid,
-        &[bytes_of(&params).to_vec(), f32s(&x), m.data(), f32s(&m.scales), init, f32s(&norm_w)],
+        &[
+            bytes_of(&params).to_vec(),
+            f32s(&x),
+            m.data(),
+            f32s(&m.scales),
+            init,
+            norm_weight_bytes(&norm_w),
+            x16_init.clone(),
+        ],
     );
     let got = to_f32(&out[0]);
+    if x16 && variant.accumulate {
+        // Each token's outputs as f16 at its word z * y_stride / 2 + row,
+        // the words outside them untouched.
+        let halves = unpack_f16(&out[1]);
+        let (words, init16) = (to_u32(&out[1]), to_u32(&x16_init));
+        for (i, h) in halves.iter().enumerate() {
+            let (z, r) = (i / y_stride, i % y_stride);
+            if z >= tokens || !(row_offset..row_offset + rows.next_multiple_of(4)).contains(&r) {
+                assert_eq!(words[i / 2], init16[i / 2], "{kernel:?}: x16 written outside the outputs at {i}");
+            } else {
+                let want = if r < row_offset + rows { got[i] } else { 0.0 };
+                assert!((h - want).abs() <= want.abs() / 1024.0 + 1e-7, "{kernel:?}: x16[{i}] {h}, y {want}");
+            }
+        }
+    }
+    // X16 pipelines read the norm weights' f16 copy too.
+    let norm_w: Vec<f32> =
+        if x16 { norm_w.iter().map(|v| f16::from_f32(*v).to_f32()).collect() } else { norm_w };
+    let xs: Vec<Vec<f32>> = if x16 && variant.norm {
+        xs.iter().map(|x| x.iter().map(|v| f16::from_f32(*v).to_f32()).collect()).collect()
+    } else {
+        xs
+    };
     let mut res = Vec::new();
     for (z, x) in xs.iter().enumerate() {
         let row = &got[z * y_stride..(z + 1) * y_stride];
