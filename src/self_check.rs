@@ -277,14 +277,23 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         y_stride: y_len as u32,
     };
     // A normed matvec's x16 holds x (as f16); a residual add's is poisoned.
-    let x16_init = if variant.norm { u32s(&pack_f16(&x)) } else { poisoned(y_len.div_ceil(2)) };
+    // The f16 copies hold other values than the f32 x and norm weights, so
+    // an X16 pipeline reading the f32 slots (or a plain one reading the
+    // copies) fails the reference.
+    let mut x_other = pseudo_nonzero(seed + 5, m.padded);
+    x_other[cols..].iter_mut().for_each(|v| *v = 0.0);
+    let norm_other = pseudo_nonzero(seed + 6, m.padded);
+    let x16_init = if variant.norm { u32s(&pack_f16(&x_other)) } else { poisoned(y_len.div_ceil(2)) };
+    let mut norm_bytes = norm_weight_bytes(&norm_w);
+    norm_bytes.truncate(4 * m.padded);
+    norm_bytes.extend(u32s(&pack_f16(&norm_other)));
     let bufs = [
         rig.uniform(bytes_of(&p))?,
         rig.storage(&f32s(&x))?,
         rig.storage(&m.data())?,
         rig.storage(&f32s(&m.scales))?,
         rig.storage(&init)?,
-        rig.storage(&norm_weight_bytes(&norm_w))?,
+        rig.storage(&norm_bytes)?,
         rig.storage(&x16_init)?,
     ];
     let rows_per_wg = rig.kernels.matvec_layout.rows_per_wg();
@@ -299,8 +308,8 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
                 return fail(kernel, format!("wrote y[{i}] outside its rows"));
             }
         }
-        let x_read = if x16 && variant.norm { round_f16(&x) } else { x.clone() };
-        let norm_read = if x16 { round_f16(&norm_w) } else { norm_w.clone() };
+        let x_read = if x16 && variant.norm { round_f16(&x_other) } else { x.clone() };
+        let norm_read = if x16 { round_f16(&norm_other) } else { norm_w.clone() };
         let norm = variant.norm.then_some((&norm_read[..], eps));
         let acc = variant.accumulate.then_some(&y0[first_out..]);
         let (want, scale) = matvec_ref(&m, &x_read, norm, acc, variant.swiglu);
@@ -1215,6 +1224,29 @@ mod tests {
         kernels.replace_pipeline(Kernel::Int8MatvecNorm, wrong);
         let check = run(&gpu, &kernels).unwrap();
         assert!(!check.ok);
+        let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+    }
+
+    /// On the split-K layout (the residual's f16 copy), a normed matvec
+    /// that reads the f32 x and norm weights instead of their f16 copies
+    /// is caught: the check gives the copies other values.
+    #[test]
+    fn a_normed_matvec_not_reading_the_f16_copies_is_caught() {
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let mut kernels =
+            Kernels::new(&gpu, KernelChoice::Wgsl, Some(crate::kernels::MatvecLayout::SplitK), CHECKER)
+                .expect("the WGSL kernels build");
+        assert!(kernels.matvec_layout.x16() && run(&gpu, &kernels).unwrap().ok);
+        let f32_reads =
+            |s: String| s.replace("if X16 && NORM {", "if false {").replace("if X16 {", "if false {");
+        assert_ne!(
+            f32_reads(Kernel::Int8MatvecNorm.source(gpu.subgroups)),
+            Kernel::Int8MatvecNorm.source(gpu.subgroups)
+        );
+        let wrong = edited(&gpu, &kernels, Kernel::Int8MatvecNorm, f32_reads);
+        kernels.replace_pipeline(Kernel::Int8MatvecNorm, wrong);
+        let check = run(&gpu, &kernels).unwrap();
         let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
     }
