@@ -3,16 +3,24 @@
 //! (dependent launches, one copy of the matrix per launch), timed with
 //! timestamps: what bounds a matvec, measured by taking parts away.
 //!
-//! Configs: `engine` (the engine's f32 split, without the residual's f16
-//! copy); `floor` (the same bytes read and XOR-ed, nothing else: the limit
-//! of a dependent launch); `bis` (rows per subgroup, 4 rows each) with
-//! MODE 0 the real arithmetic, 1 no loads of x and norm weights, 2 no int8
-//! conversion, 3 neither, 4 `unpack4x8snorm` conversion, 5 x read as f16
-//! pairs through the x binding; `r8` 8 rows per subgroup; `xs`/`xh` x
-//! staged in workgroup memory as f32/f16; `splitT` split K with 4 or 8 rows
-//! and the workgroup sized to K. Modes 1-3 and 5 compute wrong values on
-//! purpose (timing only): their check against the engine's output prints
-//! WRONG; the others must match it.
+//! Configs: `engine` (the engine's split-K matvec on f32 x); `engine x16`
+//! (the engine's decode split: the normed ones read the residual's f16 copy
+//! at x's slot); `floor` (the same bytes read and XOR-ed, nothing else: the
+//! limit of a dependent launch); `bis` (rows per subgroup, 4 rows each)
+//! with MODE 0 the real arithmetic, 1 no loads of x and norm weights, 2 no
+//! int8 conversion, 3 neither, 4 `unpack4x8snorm` conversion, 5 x read as
+//! f16 through the x binding (no norm, no int8 conversion), 6 as 5 with
+//! the norm's squares and f16 norm weights, 7 x times the norm weights as
+//! f16 and the squares of its blocks of 4 as f32 (one 16-byte load), 8 as
+//! 6 with the int8 conversion (what `engine x16` computes), 9 as 8
+//! converting pairs of bytes through f16, 10 as 8 converting to 1 + u/256
+//! without a subtraction (one correction per row and quad); `eng` the
+//! engine's decode body called from a lab entry (ENG_Z: x at grid z's
+//! token, ENG_LOOP: no peeled first step); `r8` 8 rows per subgroup;
+//! `xs`/`xh` x staged in workgroup memory as f32/f16; `splitT` split K with
+//! 4 or 8 rows and the workgroup sized to K. Modes 1-3 and 5-10, `eng` and
+//! `engine x16` read data that is not the engine's (timing only): their
+//! check against `engine` prints WRONG; the others must match it.
 //!
 //! `cargo run --release --example matvec_lab -- --size 0.6b|1.7b|4b|8b
 //! [--repeat N] [--only LABEL,LABEL] [--no-lm]` (portable policy).
@@ -176,7 +184,20 @@ fn cvt(v: u32) -> vec4<f32> {
     if MODE == 4u {
         return unpack4x8snorm(v);
     }
-    if MODE >= 2u && MODE != 4u {
+    if MODE == 9u {
+        // Pairs of bytes set into f16 1024 + u, widened, less 1152.
+        let u = v ^ 0x80808080u;
+        let a = unpack2x16float((u & 0x00ff00ffu) | 0x64006400u);
+        let b = unpack2x16float(((u >> 8u) & 0x00ff00ffu) | 0x64006400u);
+        return vec4<f32>(a.x, b.x, a.y, b.y) - vec4<f32>(1152.0);
+    }
+    if MODE == 10u {
+        // 1 + u / 256 (u = q + 128), no subtraction: rows4m corrects.
+        let u = v ^ 0x80808080u;
+        let m = (vec4<u32>(u << 15u, u << 7u, u >> 1u, u >> 9u) & vec4<u32>(0x7f8000u)) | vec4<u32>(0x3f800000u);
+        return bitcast<vec4<f32>>(m);
+    }
+    if MODE == 2u || MODE == 3u || (MODE >= 5u && MODE <= 7u) {
         return bitcast<vec4<f32>>(vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u));
     }
     return i8x4(v);
@@ -189,6 +210,11 @@ fn rows4m(v: W4, q: Quad) -> vec4<f32> {
     if MODE == 4u {
         s *= 127.0;
     }
+    if MODE == 10u {
+        // q = 256 (f - 1.5): one correction per row for the quad's 16 x.
+        let sx = dot(q.x0 + q.x1 + q.x2 + q.x3, vec4<f32>(1.0));
+        return (vec4<f32>(dotm(v.a, q), dotm(v.b, q), dotm(v.c, q), dotm(v.d, q)) - vec4<f32>(1.5 * sx)) * (256.0 * s);
+    }
     return vec4<f32>(dotm(v.a, q), dotm(v.b, q), dotm(v.c, q), dotm(v.d, q)) * s;
 }
 fn quad_g(j: u32) -> Quad {
@@ -198,6 +224,30 @@ fn quad_g(j: u32) -> Quad {
         return Quad(vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y)), vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w)),
                     vec4<f32>(unpack2x16float(b.x), unpack2x16float(b.y)), vec4<f32>(unpack2x16float(b.z), unpack2x16float(b.w)),
                     vec4<f32>(0.0));
+    }
+    if MODE >= 6u {
+        // x as f16 (8 values per 16-byte element) from the read-only binding.
+        let a = bitcast<vec4<u32>>(x[2u * j]);
+        let b = bitcast<vec4<u32>>(x[2u * j + 1u]);
+        var q = Quad(vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y)), vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w)),
+                     vec4<f32>(unpack2x16float(b.x), unpack2x16float(b.y)), vec4<f32>(unpack2x16float(b.z), unpack2x16float(b.w)),
+                     vec4<f32>(0.0));
+        if MODE != 7u {
+            // The norm as the engine's X16 path does it: squares, then the
+            // norm weights' f16 copy (two 16-byte loads).
+            q.sq = q.x0 * q.x0 + q.x1 * q.x1 + q.x2 * q.x2 + q.x3 * q.x3;
+            let g0 = norm_w[n_k_words() + 2u * j];
+            let g1 = norm_w[n_k_words() + 2u * j + 1u];
+            q.x0 *= vec4<f32>(unpack2x16float(g0.x), unpack2x16float(g0.y));
+            q.x1 *= vec4<f32>(unpack2x16float(g0.z), unpack2x16float(g0.w));
+            q.x2 *= vec4<f32>(unpack2x16float(g1.x), unpack2x16float(g1.y));
+            q.x3 *= vec4<f32>(unpack2x16float(g1.z), unpack2x16float(g1.w));
+        } else {
+            // x already times the norm weights, and the squares of x's
+            // blocks of 4 (one 16-byte load).
+            q.sq = bitcast<vec4<f32>>(x[n_k_words() / 2u + j]);
+        }
+        return q;
     }
     if MODE == 1u || MODE == 3u {
         let c = f32(j) * 1e-3;
@@ -265,6 +315,41 @@ fn lab_bis(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
     }
 }
 
+// The engine's decode body (partial4: first step peeled, then the loop)
+// per block of 4 rows; ENG_Z: x from grid z's token (as the engine), else 0;
+// ENG_LOOP: no peeled step (one loop over step4).
+override ENG_Z: bool = false;
+override ENG_LOOP: bool = false;
+
+@compute @workgroup_size(WG)
+fn lab_eng(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let flat = wg.x + wg.y * nwg.x;
+    let xb = select(0u, wg.z * n_k_words(), ENG_Z);
+    let tl = team_lane(lane);
+    for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
+        let row0 = flat * ROWS_PER_WG + rb;
+        if row0 < n_rows() {
+            var part = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
+            if ENG_LOOP {
+                let rows = rows_of(row0);
+                for (var j = tl; j < n_k_words() / 4u; j += team_size(lane)) {
+                    let a = step4(rows, xb, j);
+                    part.acc += a.acc;
+                    part.ss += a.ss;
+                }
+            } else {
+                part = partial4(row0, xb, tl, team_size(lane));
+            }
+            let sums = team_sum4(part.acc, lane);
+            var ss = vec4<f32>(0.0);
+            if NORM {
+                ss = team_sum4(part.ss, lane);
+            }
+            store4(row0, finish(sums, ss), tl, 0u);
+        }
+    }
+}
+
 // x (normed, with NORM) staged in workgroup memory first.
 var<workgroup> xs: array<vec4<f32>, XQ_LEN>;
 
@@ -279,7 +364,7 @@ fn lab_xs(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
         var v = x[i];
         if NORM {
             ssl += dot(v, v);
-            v *= norm_w[i];
+            v *= bitcast<vec4<f32>>(norm_w[i]);
         }
         xs[i] = v;
     }
@@ -325,8 +410,8 @@ fn lab_xh(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
         var v1 = x[2u * i + 1u];
         if NORM {
             ssl += dot(v0, v0) + dot(v1, v1);
-            v0 *= norm_w[2u * i];
-            v1 *= norm_w[2u * i + 1u];
+            v0 *= bitcast<vec4<f32>>(norm_w[2u * i]);
+            v1 *= bitcast<vec4<f32>>(norm_w[2u * i + 1u]);
         }
         xh[i] = h8(v0, v1);
     }
@@ -432,11 +517,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let configs = vec![
         c("engine", "", 0, 4, &[], 0),
+        c("engine x16", "", 0, 4, &[], 0),
         c("floor wg256 x1", "lab_floor", 256, 4, &[], u32::MAX),
         c("bis wg32 m0", "lab_bis", 32, 4, &[("MODE", 0.0)], 0),
         c("bis wg32 m1 nox", "lab_bis", 32, 4, &[("MODE", 1.0)], 0),
         c("bis wg32 m5 xf16", "lab_bis", 32, 4, &[("MODE", 5.0)], 0),
         c("bis wg32 r8 xf16", "lab_bis", 32, 8, &[("R8", 1.0), ("MODE", 5.0)], 0),
+        c("bis wg32 m6 x16 g16", "lab_bis", 32, 4, &[("MODE", 6.0)], 0),
+        c("bis wg32 m7 xg16 ss", "lab_bis", 32, 4, &[("MODE", 7.0)], 0),
+        c("bis wg32 m8 x16 g16 cvt", "lab_bis", 32, 4, &[("MODE", 8.0)], 0),
+        c("bis wg32 m9 x16 g16 cvth", "lab_bis", 32, 4, &[("MODE", 9.0)], 0),
+        c("bis wg32 m10 x16 g16 cvt1", "lab_bis", 32, 4, &[("MODE", 10.0)], 0),
+        c("eng x16", "lab_eng", 32, 4, &[("X16", 1.0)], 0),
+        c("eng x16 z", "lab_eng", 32, 4, &[("X16", 1.0), ("ENG_Z", 1.0)], 0),
+        c("eng x16 loop", "lab_eng", 32, 4, &[("X16", 1.0), ("ENG_LOOP", 1.0)], 0),
         c("xs wg256", "lab_xs", 256, 32, &[], 0),
         c("xs wg256 r8", "lab_xs", 256, 64, &[("R8", 1.0)], 0),
         c("xh wg128", "lab_xh", 128, 16, &[], 0),
@@ -463,7 +557,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_cols = shapes.iter().map(|s| s.cols as usize).max().unwrap_or(0);
     let max_rows = shapes.iter().map(|s| s.rows as usize).max().unwrap_or(0);
     let x = gpu.storage_init("x", bytemuck::cast_slice(&vec![0.01f32; max_cols]))?;
-    let norm_w = gpu.storage_init("norm_w", bytemuck::cast_slice(&vec![1.0f32; max_cols]))?;
+    // f32 norm weights, then room for their f16 copy (X16 reads it).
+    let norm_w = gpu.storage_init("norm_w", bytemuck::cast_slice(&vec![1.0f32; 2 * max_cols]))?;
     let y = gpu.storage_init("y", bytemuck::cast_slice(&vec![0.0f32; 2 * max_rows]))?;
     let x16 = gpu.storage("x16", 2 * max_cols);
     let mut mats = Vec::new();
@@ -498,7 +593,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (i, s) in shapes.iter().enumerate() {
             let mut variant = s.kernel.matvec_variant().expect("a matvec variant");
             variant.norm &= !s.name.ends_with("plain");
-            let engine_split = MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, false);
+            // `engine`: f32 x, split K; `engine x16`: the engine's decode split (the
+            // f16 residual copy through binding 6 for the normed ones).
+            let engine_split = if cfg.label == "engine x16" {
+                MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, variant.norm)
+            } else {
+                MatvecSplit {
+                    x16: false,
+                    ..MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, false)
+                }
+            };
             let kq = s.cols / 16;
             let auto_wg = kq.div_ceil(kq.div_ceil(256)).div_ceil(32) * 32;
             let split = if cfg.entry.is_empty() {
@@ -523,6 +627,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     &LAB.replace("XQ_LEN", &(s.cols / 4).to_string())
                         .replace("XH_LEN", &(s.cols / 8).to_string()),
                 );
+                constants.retain(|(n, _)| !cfg.consts.iter().any(|(m, _)| m == n));
                 constants.extend(cfg.consts.iter().cloned());
                 cfg.entry
             };
@@ -600,7 +705,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 gpu.queue.submit([enc.finish()]);
                 let out: Vec<f32> = bytemuck::cast_slice(&gpu.download(&y, s.rows as usize * 4)?).to_vec();
-                if cfg.entry.is_empty() {
+                if cfg.label == "engine" {
                     want[i] = out;
                 } else {
                     let err = out.iter().zip(&want[i]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);

@@ -15,7 +15,7 @@
 
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
-    compile, Kernel, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit,
+    compile, decode_bindings, Kernel, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit,
 };
 use qwen3_wgpu::internals::reference::norm_weight_bytes;
 use qwen3_wgpu::{AdapterPolicy, Gpu};
@@ -138,7 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let src = s.kernel.source(gpu.subgroups);
             let (pipeline, layout) =
                 compile(&gpu, s.name, &src, s.kernel.entry(), s.kernel.bindings(), &constants)?;
-            pipes.push((pipeline, layout));
+            pipes.push((pipeline, layout, variant, split));
         }
         let bind = |i: usize, layer: usize| {
             let s = &shapes[i];
@@ -161,6 +161,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 norm_w.as_entire_binding(),
                 x16.as_entire_binding(),
             ];
+            // As the engine binds a decode launch (a normed one keeping the
+            // f16 copy reads it at x's slot).
+            let (_, _, variant, split) = &pipes[i];
+            let entries = decode_bindings(*variant, split.x16, entries.clone()).unwrap_or(entries);
             let entries: Vec<_> = entries
                 .into_iter()
                 .enumerate()

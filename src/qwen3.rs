@@ -34,8 +34,8 @@ use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
 use crate::kernels::matmul::staged_bytes;
 use crate::kernels::{
-    grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, LaunchKind, MatvecParams, MatvecShape,
-    ARGMAX_CHUNK, ATTENTION_CHUNK, SAMPLE_CHUNK, WG,
+    decode_bindings, grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, LaunchKind, MatvecParams,
+    MatvecShape, ARGMAX_CHUNK, ATTENTION_CHUNK, SAMPLE_CHUNK, WG,
 };
 use crate::sampling::SamplingParams;
 
@@ -528,6 +528,10 @@ impl Builder<'_> {
                 l.matvec_split = Some(split);
                 let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
                 l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape);
+                let variant = kernel.matvec_variant().expect("a matvec kernel");
+                if let Some(decode) = decode_bindings(variant, split.x16, bufs.clone()) {
+                    l = l.with_decode_bindings(self.gpu, self.kernels, &decode);
+                }
                 if let Some(rows_per_wg) = l.tiled_rows_per_wg() {
                     l.prefill_workgroups = grid((c.rows as u32).div_ceil(rows_per_wg));
                 }

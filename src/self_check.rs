@@ -297,7 +297,9 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         rig.storage(&x16_init)?,
     ];
     let rows_per_wg = rig.kernels.matvec_layout.rows_per_wg();
-    rig.dispatch(kernel, matvec::grid(rows as u32, rows_per_wg), &bufs.each_ref());
+    // (An X16 normed pipeline takes the copy at x's slot, as the engine binds it.)
+    let bound = matvec::decode_bindings(variant, x16, bufs.each_ref()).unwrap_or(bufs.each_ref());
+    rig.dispatch(kernel, matvec::grid(rows as u32, rows_per_wg), &bound);
     let y = rig.read(&bufs[4], 4 * y_len);
     let written16 = rig.read(&bufs[6], x16_init.len());
     Ok(Box::new(move |out| {
@@ -531,6 +533,7 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
             ];
             for (pipeline, y, y16, z) in runs {
                 let buffers = [&params, &xb, &wb, &sb, y, &nb, y16];
+                let buffers = matvec::decode_bindings(variant, x16, buffers).unwrap_or(buffers);
                 record_launch(gpu, &mut enc, case.layout, pipeline, [workgroups, 1, z], &buffers);
             }
             enc.copy_buffer_to_buffer(&y_one, 0, &read_one, 0, read_one.size());

@@ -7,6 +7,10 @@
 // (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
+// x: f32, token z's from element z * k_words; in X16 normed pipelines
+// the residual's f16 copy instead (see x16 below; bitcast, 8 values an
+// element, token z's from element z * k_words / 2), read-only so that its
+// loads take 16 bytes through the read-only path.
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
@@ -17,10 +21,11 @@
 @group(0) @binding(5) var<storage, read> norm_w: array<vec4<u32>>;
 // X16 (decode pipelines on GPUs whose matvecs are bound by their x loads):
 // the residual stream's f16 copy, element i holding x[i]'s 4 values (two
-// per word), token z's from element z * y_stride / 4 (ACCUMULATE: one
-// element per block of 4 rows, written whole by one lane) or z * k_words
-// (NORM, the same row): ACCUMULATE writes it beside y, NORM reads it
-// instead of x (half the bytes of x per weight byte). Otherwise unused.
+// per word), token z's from element z * y_stride / 4. ACCUMULATE writes it
+// beside y (one element per block of 4 rows, written whole by one lane);
+// NORM pipelines read it instead of x (half the bytes of x per weight
+// byte), bound at slot 1, and find the f32 stream here, unread
+// (`decode_bindings`, src/kernels/matvec.rs). Otherwise unused.
 @group(0) @binding(6) var<storage, read_write> x16: array<vec2<u32>>;
 override X16: bool = false;
 

@@ -41,6 +41,10 @@ pub struct Launch {
     /// shape ([`Kernels::matvec_pipeline`]); `None`: the kernel's default
     /// pipeline.
     pub decode_pipeline: Option<wgpu::ComputePipeline>,
+    /// The bind group of the decode pipelines where their bindings differ
+    /// from the prompt batches' ([`super::decode_bindings`]); `None`:
+    /// `bind_group`.
+    decode_bind_group: Option<wgpu::BindGroup>,
     /// The tiled prefill pipeline's grid for one tile of tokens (one
     /// workgroup per [`Self::tiled_rows_per_wg`] rows); see
     /// [`Kernel::prefill_tiled`].
@@ -150,6 +154,7 @@ impl Launch {
             workgroups,
             matvec_split: None,
             decode_pipeline: None,
+            decode_bind_group: None,
             prefill_workgroups: workgroups,
             pipelines: kernels.launch_pipelines(kernel),
             staged: None,
@@ -183,6 +188,28 @@ impl Launch {
             staged_bindings(buffers.clone(), ranges).map(|b| gpu.bind_group("int8_matmul_coop", layout, b));
         self.staged = Some(Box::new(StagedLaunch { groups, rows, k_words }));
         self
+    }
+
+    /// Binds `buffers` (as [`Self::new`]) for the launch's decode pipelines
+    /// (one token, or a batch's rows), its prompt batches keeping the
+    /// buffers it was made with.
+    pub fn with_decode_bindings(
+        mut self,
+        gpu: &Gpu,
+        kernels: &Kernels,
+        buffers: &[wgpu::BindingResource<'_>],
+    ) -> Self {
+        let layout = kernels.layout(self.kernel);
+        self.decode_bind_group = Some(gpu.bind_group(self.kernel.entry(), layout, buffers.iter().cloned()));
+        self
+    }
+
+    /// The decode pipeline and its bind group.
+    fn decode(&self) -> (&wgpu::ComputePipeline, &wgpu::BindGroup) {
+        (
+            self.decode_pipeline.as_ref().unwrap_or(&self.pipelines.decode),
+            self.decode_bind_group.as_ref().unwrap_or(&self.bind_group),
+        )
     }
 
     /// Rows of one workgroup of the tiled prefill pipeline the launch's
@@ -221,7 +248,8 @@ impl Launch {
     /// one).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, _kernels: &Kernels, tokens: u32) {
         let p = &self.pipelines;
-        let (pipeline, grid, z) = match (tokens > 1, &p.per_token) {
+        let batch = &self.bind_group;
+        let (pipeline, group, grid, z) = match (tokens > 1, &p.per_token) {
             (true, Some(per_token)) => match self.tiled() {
                 Some(tiled) if tokens >= tiled.min_tokens => match (&tiled.staged, &self.staged) {
                     (Some(staged), Some(s)) => {
@@ -230,14 +258,17 @@ impl Launch {
                         record_staged(pass, staged, product, &s.groups, shape, grid, tokens);
                         return;
                     }
-                    _ => (&tiled.pipeline, self.prefill_workgroups, tokens.div_ceil(tiled.tokens)),
+                    _ => (&tiled.pipeline, batch, self.prefill_workgroups, tokens.div_ceil(tiled.tokens)),
                 },
-                _ => (per_token, self.workgroups, tokens.div_ceil(p.per_token_tokens)),
+                _ => (per_token, batch, self.workgroups, tokens.div_ceil(p.per_token_tokens)),
             },
-            _ => (self.decode_pipeline.as_ref().unwrap_or(&p.decode), self.workgroups, tokens),
+            _ => {
+                let (pipeline, group) = self.decode();
+                (pipeline, group, self.workgroups, tokens)
+            }
         };
         pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2] * z);
     }
 
@@ -253,14 +284,14 @@ impl Launch {
         all_rows: Option<&wgpu::ComputePipeline>,
         rows: u32,
     ) {
-        let decode = self.decode_pipeline.as_ref().unwrap_or(&self.pipelines.decode);
+        let (decode, group) = self.decode();
         let (pipeline, z) = match (all_rows, self.matvec_split) {
             (Some(p), Some(split)) => (p, rows.div_ceil(super::batch_rows_per_z(split, rows))),
             _ => (decode, rows),
         };
         let grid = self.workgroups;
         pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2] * z);
     }
 }

@@ -34,6 +34,19 @@ gpu_struct! {
 pub const BINDINGS: &[Bind] =
     &[Bind::Uniform, Bind::Read, Bind::Read, Bind::Read, Bind::ReadWrite, Bind::Read, Bind::ReadWrite];
 
+/// A decode launch's bindings from a matvec launch's, in [`BINDINGS`]
+/// order (params, x, w, scales, y, norm_w, x16): a normed variant whose
+/// pipeline keeps the residual's f16 copy (`x16`: [`MatvecSplit::x16`])
+/// reads the copy at x's slot (read-only, in 16-byte loads: on an H200 the
+/// 4B gate/up took 19.9 against 22.8 µs reading it at slot 6) and finds
+/// the f32 stream at slot 6, unread. `None`: the launch's bindings as
+/// given (every other decode launch, and every prompt batch: they read f32
+/// x).
+pub fn decode_bindings<T>(variant: MatvecVariant, x16: bool, bindings: [T; 7]) -> Option<[T; 7]> {
+    let [params, x, w, scales, y, norm_w, resid16] = bindings;
+    (x16 && variant.norm).then_some([params, resid16, w, scales, y, norm_w, x])
+}
+
 /// The grid of a launch over `rows` rows, `rows_per_wg` per workgroup (its
 /// split's, [`MatvecSplit::rows_per_wg`]; `z`: tokens of a batch).
 pub fn grid(rows: u32, rows_per_wg: u32) -> [u32; 3] {

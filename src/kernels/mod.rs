@@ -41,9 +41,9 @@ pub use matmul::{
     MATMUL_MSL_WG, MATMUL_ROWS_PER_WG, MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TILE_ENV, MATMUL_TOKENS_PER_WG,
 };
 pub use matvec::{
-    batch_rows_per_z, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit, MatvecVariant,
-    BATCH_SPLIT_K_ROWS_PER_Z, LONG_MATRIX_WG, MATVEC_LAYOUT_ENV, MATVEC_ROWS, MATVEC_ROWS_PER_TEAM,
-    MATVEC_VALUES_PER_LANE, MATVEC_WG, SPLIT_K_MAX_ROWS, SPLIT_K_ROWS, SPLIT_K_WGS,
+    batch_rows_per_z, decode_bindings, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit,
+    MatvecVariant, BATCH_SPLIT_K_ROWS_PER_Z, LONG_MATRIX_WG, MATVEC_LAYOUT_ENV, MATVEC_ROWS,
+    MATVEC_ROWS_PER_TEAM, MATVEC_VALUES_PER_LANE, MATVEC_WG, SPLIT_K_MAX_ROWS, SPLIT_K_ROWS, SPLIT_K_WGS,
 };
 pub(crate) use pipelines::TiledPipeline;
 pub use pipelines::{Kernels, Pipeline};

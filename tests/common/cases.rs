@@ -228,19 +228,21 @@ fn batch_case(
     // The residual's f16 copy: x's for a normed variant, else poisoned.
     let x16_init =
         if x16 && variant.norm { u32s(&pack_f16(&x)) } else { poisoned((buffered * y_stride).div_ceil(2)) };
-    let out = run(
-        kernel,
-        grid,
-        &[
-            bytes_of(&params).to_vec(),
-            f32s(&x),
-            m.data(),
-            f32s(&m.scales),
-            init,
-            norm_weight_bytes(&norm_w),
-            x16_init.clone(),
-        ],
-    );
+    let bindings = [
+        bytes_of(&params).to_vec(),
+        f32s(&x),
+        m.data(),
+        f32s(&m.scales),
+        init,
+        norm_weight_bytes(&norm_w),
+        x16_init.clone(),
+    ];
+    // A normed X16 pipeline takes the copy at x's slot, the f32 x at 6.
+    let swapped = kernels::decode_bindings(variant, x16, bindings.clone());
+    let out = run(kernel, grid, swapped.as_ref().unwrap_or(&bindings));
+    if swapped.is_some() {
+        assert_eq!(out[1], f32s(&x), "{kernel:?}: wrote slot 6 (the f32 x, unread)");
+    }
     let got = to_f32(&out[0]);
     if x16 && variant.accumulate {
         // Each token's outputs as f16 at its word z * y_stride / 2 + row,
