@@ -186,6 +186,23 @@ pub fn qk_norm_rope_ref(head: &[f32], norm_w: Option<&[f32]>, pos: usize, theta:
     }
 }
 
+/// `v` as f16, two values per word (the residual's f16 copy; a zero pads
+/// an odd count).
+pub fn pack_f16(v: &[f32]) -> Vec<u32> {
+    v.chunks(2)
+        .map(|p| {
+            let h = |i: usize| f16::from_f32(p.get(i).copied().unwrap_or(0.0)).to_bits() as u32;
+            h(0) | (h(1) << 16)
+        })
+        .collect()
+}
+
+/// `v` rounded to f16 (what a matvec reading the f16 copy sees).
+pub fn round_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| f16::from_f32(*x).to_f32()).collect()
+}
+
+/// f16 values, two per word, as f32.
 pub fn unpack_f16(words: &[u8]) -> Vec<f32> {
     let h: Vec<u16> = bytemuck::pod_collect_to_vec(words);
     h.iter().map(|b| f16::from_bits(*b).to_f32()).collect()

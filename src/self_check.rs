@@ -40,8 +40,8 @@ use crate::kernels::{
 use crate::kernels::{record_staged, staged_bindings, staged_ranges, TiledPipeline};
 use crate::qwen3::rope_table;
 use crate::reference::{
-    argmax_ref, attention_ref, first_mismatch, matvec_ref, norm_weight_bytes, penalize_ref, poisoned,
-    pseudo_nonzero, qk_norm_rope_ref, sort_key, unpack_f16, Quant, POISON,
+    argmax_ref, attention_ref, first_mismatch, matvec_ref, norm_weight_bytes, pack_f16, penalize_ref,
+    poisoned, pseudo_nonzero, qk_norm_rope_ref, round_f16, sort_key, unpack_f16, Quant, POISON,
 };
 use crate::sampling::SamplingParams;
 
@@ -341,22 +341,6 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
     }))
 }
 
-/// `v` as f16, two values per word (the residual's f16 copy; a zero pads
-/// an odd count).
-pub(crate) fn pack_f16(v: &[f32]) -> Vec<u32> {
-    v.chunks(2)
-        .map(|p| {
-            let h = |i: usize| f16::from_f32(p.get(i).copied().unwrap_or(0.0)).to_bits() as u32;
-            h(0) | (h(1) << 16)
-        })
-        .collect()
-}
-
-/// `v` rounded to f16 (what a matvec reading the f16 copy sees).
-pub(crate) fn round_f16(v: &[f32]) -> Vec<f32> {
-    v.iter().map(|x| f16::from_f32(*x).to_f32()).collect()
-}
-
 /// A matvec variant's tiled prompt-batch pipeline `tiled` (`int8_matmul`,
 /// its MSL twin, or `int8_matmul_coop` in `ksplit` slices of k after its
 /// staging) over 13 rows (14 for SwiGLU: 7 outputs) of 200 columns
@@ -509,18 +493,27 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
         eps,
         y_stride: y_stride as u32,
     };
+    // The f16 copies of x and of the norm weights (X16) hold other values
+    // than the f32 ones, so a pipeline reading the wrong slots fails the
+    // reference (as in the start-up check's matvecs).
+    let mut x_other = pseudo_nonzero(seed + 5, n * m.padded);
+    x_other.chunks_mut(m.padded).for_each(|row| row[cols..].iter_mut().for_each(|v| *v = 0.0));
+    let norm_other = pseudo_nonzero(seed + 6, m.padded);
+    let mut norm_bytes = norm_weight_bytes(&norm_w);
+    norm_bytes.truncate(4 * m.padded);
+    norm_bytes.extend(u32s(&pack_f16(&norm_other)));
     let storage = |data: &[u8]| gpu.storage_init("first-use check", data);
     let (params, xb, wb, sb, nb) = (
         gpu.uniform("first-use check", bytes_of(&p))?,
         storage(&f32s(&x))?,
         storage(&m.data())?,
         storage(&f32s(&m.scales))?,
-        storage(&norm_weight_bytes(&norm_w))?,
+        storage(&norm_bytes)?,
     );
     let (y_one, y_rows) = (storage(&init)?, storage(&init)?);
-    // The residual's f16 copy (X16): x's for a normed matvec, else written.
+    // The residual's f16 copy (X16): a normed matvec's input, else written.
     let x16 = c.split.x16;
-    let x16_init = u32s(&pack_f16(if variant.norm { &x } else { &y0 }));
+    let x16_init = u32s(&pack_f16(if variant.norm { &x_other } else { &y0 }));
     let (x16_one, x16_rows) = (storage(&x16_init)?, storage(&x16_init)?);
     let read_one = gpu.readback("first-use check", 4 * y_len);
     let read_rows = gpu.readback("first-use check", 4 * y_len);
@@ -546,9 +539,9 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
     let one = to_f32(&gpu.read(&read_one)?[..4 * y_len]);
     let all = to_f32(&gpu.read(&read_rows)?[..4 * y_len]);
     let init = to_u32(&init);
-    let norm_w = if x16 { round_f16(&norm_w) } else { norm_w };
+    let norm_w = if x16 { round_f16(&norm_other) } else { norm_w };
     let norm = variant.norm.then_some((&norm_w[..], eps));
-    let x = if x16 && variant.norm { round_f16(&x) } else { x };
+    let x = if x16 && variant.norm { round_f16(&x_other) } else { x };
     for z in 0..n {
         let yb = z * y_stride;
         for i in 0..y_stride {
@@ -1252,6 +1245,43 @@ mod tests {
         let check = run(&gpu, &kernels).unwrap();
         let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+    }
+
+    /// On the split-K layout, a normed matvec pipeline specialised to a
+    /// shape, or one of batched rows, that reads the f32 x and norm weights
+    /// instead of their f16 copies fails its proof (which gives the copies
+    /// other values) and is not used.
+    #[test]
+    fn a_shaped_matvec_not_reading_the_f16_copies_is_not_used() {
+        use crate::kernels::{MatvecLayout, MatvecShape};
+        let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+        let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, Some(MatvecLayout::SplitK), CHECKER)
+            .expect("the WGSL kernels build");
+        let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
+            let split = MatvecLayout::SplitK.split(70, 48, true);
+            assert!(split.x16);
+            assert!(kernels.matvec_pipeline(&gpu, kernel, split, shape).is_some(), "{kernel:?}");
+            assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 3).is_some(), "{kernel:?}");
+        }
+        // The f32 norm weights (the f16 x still read; this one passed the
+        // proof while the copies held the f32 values), then the f32 x: each
+        // on shapes and row counts not built yet.
+        type Edit = fn(&str) -> String;
+        let f32_norm_weights: Edit = |s| s.replace("if X16 {", "if false {");
+        let f32_x: Edit = |s| s.replace("if X16 && NORM {", "if false {");
+        for (edit, n_in, rows) in [(f32_norm_weights, 170, 5), (f32_x, 150, 6)] {
+            kernels.edit_rows_source(edit);
+            let shaped = MatvecShape { n_in, ..shape };
+            for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
+                let split = MatvecLayout::SplitK.split(70, 48, true);
+                assert!(kernels.matvec_pipeline(&gpu, kernel, split, shaped).is_none(), "{kernel:?} {n_in}");
+                assert!(
+                    kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, rows).is_none(),
+                    "{kernel:?} {n_in}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -14,8 +14,8 @@ use qwen3_wgpu::internals::kernels::{
 use rand::{rngs::StdRng, SeedableRng};
 
 use super::reference::{
-    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, norm_weight_bytes, padded_input,
-    poisoned, qk_norm_rope_ref, random_quant, to_f32, unpack_f16, POISON,
+    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, norm_weight_bytes, pack_f16,
+    padded_input, poisoned, qk_norm_rope_ref, random_quant, round_f16, to_f32, unpack_f16, POISON,
 };
 
 /// One launch: `kernel` over `grid`, `buffers` filling its bindings in
@@ -136,16 +136,6 @@ pub fn matvec_case_x16(
     batch_case(run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true)
 }
 
-/// `v` as f16, two values per word (the residual's f16 copy).
-pub fn pack_f16(v: &[f32]) -> Vec<u32> {
-    v.chunks(2)
-        .map(|p| {
-            let h = |i: usize| f16::from_f32(p.get(i).copied().unwrap_or(0.0)).to_bits() as u32;
-            h(0) | (h(1) << 16)
-        })
-        .collect()
-}
-
 /// One launch of `kernel`'s tiled prompt-batch product (`int8_matmul`, or
 /// its MSL twin) over `tokens` tokens in tiles of `tile_tokens` (grid z;
 /// [`kernels::MATMUL_ROWS_PER_WG`] rows per workgroup). The product
@@ -260,13 +250,8 @@ fn batch_case(
         }
     }
     // X16 pipelines read the norm weights' f16 copy too.
-    let norm_w: Vec<f32> =
-        if x16 { norm_w.iter().map(|v| f16::from_f32(*v).to_f32()).collect() } else { norm_w };
-    let xs: Vec<Vec<f32>> = if x16 && variant.norm {
-        xs.iter().map(|x| x.iter().map(|v| f16::from_f32(*v).to_f32()).collect()).collect()
-    } else {
-        xs
-    };
+    let norm_w: Vec<f32> = if x16 { round_f16(&norm_w) } else { norm_w };
+    let xs: Vec<Vec<f32>> = if x16 && variant.norm { xs.iter().map(|x| round_f16(x)).collect() } else { xs };
     let mut res = Vec::new();
     for (z, x) in xs.iter().enumerate() {
         let row = &got[z * y_stride..(z + 1) * y_stride];
