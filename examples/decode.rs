@@ -522,7 +522,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         println!("prompt ids:    {:?}", prompt_ids);
         println!("generated ids: {:?}", out.generated_ids());
         println!(
-            "decode {:.1} tok/s, prefill {:.1} ms ({} tokens), load {:.0} ms{} [{} via {:?}, {} kernels, stop: {}]",
+            "decode {:.1} tok/s, prefill {:.1} ms ({} tokens), load {:.0} ms{} [{} via {:?}, {} kernels{}, stop: {}]",
             out.decode_tokens_per_sec,
             out.prefill_ms,
             out.n_prompt,
@@ -535,6 +535,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             info.name,
             info.backend,
             engine.kernel_source().as_str(),
+            if engine.kernel_report().f16_residual { ", f16 residual copy" } else { "" },
             out.stop_reason.as_str(),
         );
     }
@@ -572,6 +573,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         result["kernels_fallback"] = json!(format!("{kernel}: {reason}"));
     }
     result["cooperative_matrices"] = json!(kernels.cooperative_matrices);
+    result["f16_residual"] = json!(kernels.f16_residual);
     if let Some(reason) = &kernels.cooperative_fallback {
         result["cooperative_fallback"] = json!(reason);
     }

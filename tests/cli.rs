@@ -315,6 +315,36 @@ fn a_broken_tokenizer_does_not_block_a_prompt_ids_run() {
     assert!(stderr(&out).contains("tokenizer.json"), "{}", stderr(&out));
 }
 
+/// The summary line and `--json` say whether decode steps read the
+/// residual's f16 copy: on the split-K layout they do, on rows per team not.
+#[test]
+fn the_f16_residual_copy_is_reported() {
+    let ckpt = fixture();
+    for (layout, on) in [("split", true), ("rows", false)] {
+        let args = [
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "2",
+            "--backend",
+            "portable",
+            "--matvec-layout",
+            layout,
+            "--no-cache",
+        ];
+        let mut json_args = args.to_vec();
+        json_args.push("--json");
+        let out = decode(&json_args, &[]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(last_json(&out)["f16_residual"], Value::Bool(on), "{layout}");
+        let out = decode(&args, &[]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(stdout(&out).contains(", f16 residual copy,"), on, "{layout}: {}", stdout(&out));
+    }
+}
+
 #[test]
 fn a_broken_tokenizer_needed_for_a_prompt_is_an_error_naming_it() {
     let dir = fixture_with_broken_tokenizer();
