@@ -284,9 +284,7 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
     x_other[cols..].iter_mut().for_each(|v| *v = 0.0);
     let norm_other = pseudo_nonzero(seed + 6, m.padded);
     let x16_init = if variant.norm { u32s(&pack_f16(&x_other)) } else { poisoned(y_len.div_ceil(2)) };
-    let mut norm_bytes = norm_weight_bytes(&norm_w);
-    norm_bytes.truncate(4 * m.padded);
-    norm_bytes.extend(u32s(&pack_f16(&norm_other)));
+    let norm_bytes = norm_bytes_f16_other(&norm_w, &norm_other);
     let bufs = [
         rig.uniform(bytes_of(&p))?,
         rig.storage(&f32s(&x))?,
@@ -339,6 +337,16 @@ fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         }
         vec![]
     }))
+}
+
+/// A norm weight buffer as the matvecs bind it ([`norm_weight_bytes`]:
+/// `norm_w` as f32, then f16) whose f16 part holds `other`'s values
+/// instead, so that a pipeline reading the wrong part fails the reference.
+fn norm_bytes_f16_other(norm_w: &[f32], other: &[f32]) -> Vec<u8> {
+    let mut bytes = norm_weight_bytes(norm_w);
+    bytes.truncate(4 * norm_w.len());
+    bytes.extend(u32s(&pack_f16(other)));
+    bytes
 }
 
 /// A matvec variant's tiled prompt-batch pipeline `tiled` (`int8_matmul`,
@@ -499,9 +507,7 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
     let mut x_other = pseudo_nonzero(seed + 5, n * m.padded);
     x_other.chunks_mut(m.padded).for_each(|row| row[cols..].iter_mut().for_each(|v| *v = 0.0));
     let norm_other = pseudo_nonzero(seed + 6, m.padded);
-    let mut norm_bytes = norm_weight_bytes(&norm_w);
-    norm_bytes.truncate(4 * m.padded);
-    norm_bytes.extend(u32s(&pack_f16(&norm_other)));
+    let norm_bytes = norm_bytes_f16_other(&norm_w, &norm_other);
     let storage = |data: &[u8]| gpu.storage_init("first-use check", data);
     let (params, xb, wb, sb, nb) = (
         gpu.uniform("first-use check", bytes_of(&p))?,
