@@ -528,8 +528,9 @@ impl Builder<'_> {
                 l.matvec_split = Some(split);
                 let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
                 l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape);
-                let variant = kernel.matvec_variant().expect("a matvec kernel");
-                if let Some(decode) = decode_bindings(variant, split.x16, bufs.clone()) {
+                let decode =
+                    kernel.matvec_variant().and_then(|v| decode_bindings(v, split.x16, bufs.clone()));
+                if let Some(decode) = decode {
                     l = l.with_decode_bindings(self.gpu, self.kernels, &decode);
                 }
                 if let Some(rows_per_wg) = l.tiled_rows_per_wg() {
