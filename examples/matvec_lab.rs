@@ -594,7 +594,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut variant = s.kernel.matvec_variant().expect("a matvec variant");
             variant.norm &= !s.name.ends_with("plain");
             // `engine`: f32 x, split K; `engine x16`: the engine's decode split (the
-            // f16 residual copy through binding 6 for the normed ones).
+            // normed ones read x's slot as the f16 copy: here the f32 x, timing only).
             let engine_split = if cfg.label == "engine x16" {
                 MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, variant.norm)
             } else {

@@ -286,11 +286,11 @@ fn a_huge_max_new_tokens_is_context_overflow_up_front() {
     assert_eq!(stdout(&out).lines().count(), 1, "{}", stdout(&out));
 }
 
-#[test]
-fn a_broken_tokenizer_does_not_block_a_prompt_ids_run() {
-    let dir = fixture_with_broken_tokenizer();
-    let ckpt = dir.path().to_str().unwrap();
-    let args = [
+/// Two runs of 2 new tokens after prompt ids 1,2,3 on `ckpt` (portable, no
+/// cache) with `extra` flags: with `--json`, then without; each exits 0.
+fn short_runs(ckpt: &Path, extra: &[&str]) -> (Output, Output) {
+    let ckpt = ckpt.to_str().unwrap();
+    let mut args = vec![
         "--checkpoint",
         ckpt,
         "--prompt-ids",
@@ -301,16 +301,24 @@ fn a_broken_tokenizer_does_not_block_a_prompt_ids_run() {
         "portable",
         "--no-cache",
     ];
-    let mut json_args = args.to_vec();
-    json_args.push("--json");
-    let out = decode(&json_args, &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let result = last_json(&out);
+    args.extend_from_slice(extra);
+    let plain = args.clone();
+    args.push("--json");
+    let runs = (decode(&args, &[]), decode(&plain, &[]));
+    for out in [&runs.0, &runs.1] {
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(out));
+    }
+    runs
+}
+
+#[test]
+fn a_broken_tokenizer_does_not_block_a_prompt_ids_run() {
+    let dir = fixture_with_broken_tokenizer();
+    let (json_out, out) = short_runs(dir.path(), &[]);
+    let result = last_json(&json_out);
     assert_eq!(result["token_ids"].as_array().map(|a| a.len()), Some(5), "{result}");
     // Without --json the text would be printed: the ids are, and stderr says
     // why the text is not, naming the file.
-    let out = decode(&args, &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("generated ids:"), "{}", stdout(&out));
     assert!(stderr(&out).contains("tokenizer.json"), "{}", stderr(&out));
 }
@@ -319,28 +327,9 @@ fn a_broken_tokenizer_does_not_block_a_prompt_ids_run() {
 /// residual's f16 copy: on the split-K layout they do, on rows per team not.
 #[test]
 fn the_f16_residual_copy_is_reported() {
-    let ckpt = fixture();
     for (layout, on) in [("split", true), ("rows", false)] {
-        let args = [
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--prompt-ids",
-            "1,2,3",
-            "--max-new-tokens",
-            "2",
-            "--backend",
-            "portable",
-            "--matvec-layout",
-            layout,
-            "--no-cache",
-        ];
-        let mut json_args = args.to_vec();
-        json_args.push("--json");
-        let out = decode(&json_args, &[]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        assert_eq!(last_json(&out)["f16_residual"], Value::Bool(on), "{layout}");
-        let out = decode(&args, &[]);
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let (json_out, out) = short_runs(&fixture(), &["--matvec-layout", layout]);
+        assert_eq!(last_json(&json_out)["f16_residual"], Value::Bool(on), "{layout}");
         assert_eq!(stdout(&out).contains(", f16 residual copy,"), on, "{layout}: {}", stdout(&out));
     }
 }

@@ -269,10 +269,11 @@ pub struct MatvecSplit {
     pub workgroup_size: u32,
     pub rows_per_wg: u32,
     /// The decode pipelines (one token, or a batch's rows) keep the
-    /// residual stream's f16 copy (`X16`, binding 6): the residual adds
-    /// (o_proj, down; and the embedding) write it beside the f32 stream,
-    /// and the normed matvecs read it instead of x. Prompt batches use f32
-    /// x throughout. See [`MatvecLayout::x16`].
+    /// residual stream's f16 copy (`X16`): the residual adds (o_proj,
+    /// down; and the embedding) write it beside the f32 stream (binding 6),
+    /// and the normed matvecs read it instead of x (bound at x's slot:
+    /// [`decode_bindings`]). Prompt batches use f32 x throughout. See
+    /// [`MatvecLayout::x16`].
     pub x16: bool,
 }
 

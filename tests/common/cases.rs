@@ -119,9 +119,10 @@ pub fn matvec_case(
 }
 
 /// [`matvec_case`] for a decode pipeline that keeps the residual's f16
-/// copy (`X16`, binding 6): a normed variant reads x from it (the
-/// reference then takes x rounded to f16), a residual add writes it, which
-/// is checked here against its own outputs.
+/// copy (`X16`): a normed variant reads x from it, bound at x's slot as the
+/// engine binds it (`decode_bindings`; the reference then takes x rounded
+/// to f16), a residual add writes it (binding 6), which is checked here
+/// against its own outputs.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_case_x16(
     run: Run<'_>,
