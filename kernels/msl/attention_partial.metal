@@ -105,7 +105,9 @@ kernel void attention_partial(
 {
     threadgroup float4 q_s[MAX_HEAD_DIM / 4];
     threadgroup float e_s[Q3W_WG];
-    threadgroup float4 acc_s[2 * Q3W_WG];
+    // The scores' partial dots (KEY_LANES per position), then the V sums'
+    // slices (8 per lane): scalars, each written by one lane.
+    threadgroup float acc_s[8 * Q3W_WG];
     threadgroup float2 red2[Q3W_WG];
 
     const uint h = wg.x;
@@ -193,33 +195,66 @@ kernel void attention_partial(
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 
-    // One position per lane; its K row in 16-byte loads, eight at a time
-    // (independent loads in flight instead of a chain of one).
+    // The scores, K rows read coalesced (as attention_partial.wgsl): lane
+    // (row_in, r) of KEY_LANES lanes per row takes quads r, r + KEY_LANES,
+    // ... of rows start + row_in, + rows_per_pass, ... (four rows per
+    // iteration), its partial dots parked in acc_s; then lane t adds
+    // position t's.
+    constexpr uint KEY_LANES = 8;
+    const uint quads = half_dim / 4;
+    const uint n = end - start;
+    const uint rows_per_pass = Q3W_WG / KEY_LANES;
+    const uint r = lid % KEY_LANES;
+    const uint row_in = lid / KEY_LANES;
+    // (head_dim < 8 * KEY_LANES: lanes past the row's quads add zeros.)
+    const uint ja = min(r, quads - 1);
+    const bool has_a = r < quads;
+    const uint jb = min(r + KEY_LANES, quads - 1);
+    const bool has_b = r + KEY_LANES < quads;
+    const uint kv_row0 = kv_base / 4 + start * quads;
+    for (uint t = row_in; t < n; t += 4 * rows_per_pass) {
+        const uint4 tv = uint4(t, t + rows_per_pass, t + 2 * rows_per_pass, t + 3 * rows_per_pass);
+        const uint4 ta = min(tv, uint4(n - 1)) * quads + uint4(kv_row0);
+        const uint4 a0 = k_cache[ta.x + ja];
+        const uint4 a1 = k_cache[ta.y + ja];
+        const uint4 a2 = k_cache[ta.z + ja];
+        const uint4 a3 = k_cache[ta.w + ja];
+        const uint4 b0 = k_cache[ta.x + jb];
+        const uint4 b1 = k_cache[ta.y + jb];
+        const uint4 b2 = k_cache[ta.z + jb];
+        const uint4 b3 = k_cache[ta.w + jb];
+        float4 d = float4(0.0f);
+        if (has_a) {
+            const float4 qa = q_s[2 * ja];
+            const float4 qb = q_s[2 * ja + 1];
+            d = float4(dot8(qa, qb, a0), dot8(qa, qb, a1), dot8(qa, qb, a2), dot8(qa, qb, a3));
+        }
+        if (has_b) {
+            const float4 qa = q_s[2 * jb];
+            const float4 qb = q_s[2 * jb + 1];
+            d += float4(dot8(qa, qb, b0), dot8(qa, qb, b1), dot8(qa, qb, b2), dot8(qa, qb, b3));
+        }
+        for (uint j = r + 2 * KEY_LANES; j < quads; j += KEY_LANES) {
+            const float4 qa = q_s[2 * j];
+            const float4 qb = q_s[2 * j + 1];
+            d += float4(dot8(qa, qb, k_cache[ta.x + j]), dot8(qa, qb, k_cache[ta.y + j]),
+                        dot8(qa, qb, k_cache[ta.z + j]), dot8(qa, qb, k_cache[ta.w + j]));
+        }
+        for (uint i = 0; i < 4; i++) {
+            if (tv[i] < n) {
+                acc_s[tv[i] * KEY_LANES + r] = d[i];
+            }
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup); // publishes the partial dots
     const uint t = start + lid;
     float s = -3.0e38f;
     if (t < end) {
-        const uint quads = half_dim / 4;
-        const uint row = (kv_base + t * half_dim) / 4;
-        float4 d = float4(0.0f);
-        uint j = 0;
-        for (; j + 7 < quads; j += 8) {
-            const uint4 k0 = k_cache[row + j];
-            const uint4 k1 = k_cache[row + j + 1];
-            const uint4 k2 = k_cache[row + j + 2];
-            const uint4 k3 = k_cache[row + j + 3];
-            const uint4 k4 = k_cache[row + j + 4];
-            const uint4 k5 = k_cache[row + j + 5];
-            const uint4 k6 = k_cache[row + j + 6];
-            const uint4 k7 = k_cache[row + j + 7];
-            d += float4(dot8(q_s[2 * j], q_s[2 * j + 1], k0) + dot8(q_s[2 * j + 8], q_s[2 * j + 9], k4),
-                        dot8(q_s[2 * j + 2], q_s[2 * j + 3], k1) + dot8(q_s[2 * j + 10], q_s[2 * j + 11], k5),
-                        dot8(q_s[2 * j + 4], q_s[2 * j + 5], k2) + dot8(q_s[2 * j + 12], q_s[2 * j + 13], k6),
-                        dot8(q_s[2 * j + 6], q_s[2 * j + 7], k3) + dot8(q_s[2 * j + 14], q_s[2 * j + 15], k7));
+        float d = 0.0f;
+        for (uint i = 0; i < KEY_LANES; i++) {
+            d += acc_s[lid * KEY_LANES + i];
         }
-        for (; j < quads; j++) {
-            d.x += dot8(q_s[2 * j], q_s[2 * j + 1], k_cache[row + j]);
-        }
-        s = (d.x + d.y + d.z + d.w) * p.scale;
+        s = d * p.scale;
     }
     // Softmax statistics in one exchange: each simdgroup publishes its max
     // and its sum of exp(s - its max); every lane rescales them to the
@@ -280,8 +315,11 @@ kernel void attention_partial(
                 + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
         }
     }
-    acc_s[2 * lid] = lo;
-    acc_s[2 * lid + 1] = hi;
+    // (The partial dots' readers finished before the statistics' barrier.)
+    for (uint c = 0; c < 4; c++) {
+        acc_s[8 * lid + c] = lo[c];
+        acc_s[8 * lid + 4 + c] = hi[c];
+    }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     // Lane d < head_dim adds dim d (= 8i + r) over the slices.
     if (lid < p.head_dim) {
@@ -289,7 +327,7 @@ kernel void attention_partial(
         const uint r = lid % 8;
         float total = 0.0f;
         for (uint sl = 0; sl < n_slices; sl++) {
-            total += acc_s[2 * (sl * row_quads + qi) + r / 4][r % 4];
+            total += acc_s[8 * (sl * row_quads + qi) + r];
         }
         if (Q3W_DIRECT) {
             part_acc[h * p.head_dim + lid] = total / l;

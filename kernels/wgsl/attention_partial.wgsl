@@ -42,7 +42,13 @@ override OUT_STRIDE: u32 = 0u;
 // Positions per workgroup = WG (one score per invocation).
 var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
 var<workgroup> e_s: array<f32, WG>;
-var<workgroup> acc_s: array<vec4<f32>, 2u * WG>;
+// The scores' partial dot products (KEY_LANES per position), then the V
+// sums' slices (8 per invocation): scalars, each written by one invocation.
+var<workgroup> acc_s: array<f32, 8u * WG>;
+// Invocations per K row in the score phase: consecutive lanes read one
+// row's consecutive 16-byte quads (coalesced), KEY_LANES rows' worth of
+// partial dots per position land in acc_s (8 * WG floats: one chunk).
+const KEY_LANES: u32 = 8u;
 // K row quad j (8 f16 values) dotted with q's dims 8j..8j+7.
 fn dot8(a: vec4<u32>, j: u32) -> f32 {
     return dot(q_s[2u * j], lo4(a)) + dot(q_s[2u * j + 1u], hi4(a));
@@ -201,31 +207,61 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         workgroupBarrier();
     }
 
-    // One position per invocation; its K row in 16-byte loads, eight at a
-    // time (independent loads in flight instead of a chain of one).
+    // The scores, K rows read coalesced: invocation (row_in, r) of
+    // KEY_LANES lanes per row takes quads r, r + KEY_LANES, ... of rows
+    // start + row_in, + rows_per_pass, ... (four rows per iteration: eight
+    // independent 16-byte loads in flight at head_dim 128), its partial
+    // dots parked in acc_s; then invocation t adds position t's. One lane
+    // per row striding its own 256 bytes (the old order) made every load of
+    // a subgroup touch 32 cache lines.
+    let quads = half_dim / 4u;
+    let n = end - start;
+    let rows_per_pass = WG / KEY_LANES;
+    let r = lane.idx % KEY_LANES;
+    let row_in = lane.idx / KEY_LANES;
+    // (head_dim < 8 * KEY_LANES: lanes past the row's quads add zeros.)
+    let ja = min(r, quads - 1u);
+    let has_a = r < quads;
+    let jb = min(r + KEY_LANES, quads - 1u);
+    let has_b = r + KEY_LANES < quads;
+    let kv_row0 = kv_base / 4u + start * quads;
+    for (var t = row_in; t < n; t += 4u * rows_per_pass) {
+        let tv = vec4<u32>(t, t + rows_per_pass, t + 2u * rows_per_pass, t + 3u * rows_per_pass);
+        let ta = min(tv, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
+        let a0 = k_cache[ta.x + ja];
+        let a1 = k_cache[ta.y + ja];
+        let a2 = k_cache[ta.z + ja];
+        let a3 = k_cache[ta.w + ja];
+        let b0 = k_cache[ta.x + jb];
+        let b1 = k_cache[ta.y + jb];
+        let b2 = k_cache[ta.z + jb];
+        let b3 = k_cache[ta.w + jb];
+        var d = vec4<f32>(0.0);
+        if has_a {
+            d = vec4<f32>(dot8(a0, ja), dot8(a1, ja), dot8(a2, ja), dot8(a3, ja));
+        }
+        if has_b {
+            d += vec4<f32>(dot8(b0, jb), dot8(b1, jb), dot8(b2, jb), dot8(b3, jb));
+        }
+        for (var j = r + 2u * KEY_LANES; j < quads; j += KEY_LANES) {
+            d += vec4<f32>(dot8(k_cache[ta.x + j], j), dot8(k_cache[ta.y + j], j), dot8(k_cache[ta.z + j], j),
+                           dot8(k_cache[ta.w + j], j));
+        }
+        for (var i = 0u; i < 4u; i++) {
+            if tv[i] < n {
+                acc_s[tv[i] * KEY_LANES + r] = d[i];
+            }
+        }
+    }
+    workgroupBarrier(); // publishes the partial dots
     let t = start + lane.idx;
     var s = -3.0e38;
     if t < end {
-        let quads = half_dim / 4u;
-        let row = (kv_base + t * half_dim) / 4u;
-        var d = vec4<f32>(0.0);
-        var j = 0u;
-        for (; j + 7u < quads; j += 8u) {
-            let k0 = k_cache[row + j];
-            let k1 = k_cache[row + j + 1u];
-            let k2 = k_cache[row + j + 2u];
-            let k3 = k_cache[row + j + 3u];
-            let k4 = k_cache[row + j + 4u];
-            let k5 = k_cache[row + j + 5u];
-            let k6 = k_cache[row + j + 6u];
-            let k7 = k_cache[row + j + 7u];
-            d += vec4<f32>(dot8(k0, j) + dot8(k4, j + 4u), dot8(k1, j + 1u) + dot8(k5, j + 5u),
-                           dot8(k2, j + 2u) + dot8(k6, j + 6u), dot8(k3, j + 3u) + dot8(k7, j + 7u));
+        var d = 0.0;
+        for (var i = 0u; i < KEY_LANES; i++) {
+            d += acc_s[lane.idx * KEY_LANES + i];
         }
-        for (; j < quads; j++) {
-            d.x += dot8(k_cache[row + j], j);
-        }
-        s = (d.x + d.y + d.z + d.w) * p.scale;
+        s = d * p.scale;
     }
     let ml = wg_softmax_stats(s, lane);
     let m = ml.x;
@@ -276,8 +312,11 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
                 + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
         }
     }
-    acc_s[2u * lane.idx] = lo;
-    acc_s[2u * lane.idx + 1u] = hi;
+    // (The partial dots' readers finished before wg_softmax_stats' barriers.)
+    for (var c = 0u; c < 4u; c++) {
+        acc_s[8u * lane.idx + c] = lo[c];
+        acc_s[8u * lane.idx + 4u + c] = hi[c];
+    }
     workgroupBarrier();
     // Invocation d < head_dim adds dim d (= 8i + r) over the slices.
     if lane.idx < p.head_dim {
@@ -285,7 +324,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         let r = lane.idx % 8u;
         var total = 0.0;
         for (var sl = 0u; sl < n_slices; sl++) {
-            total += acc_s[2u * (sl * row_quads + qi) + r / 4u][r % 4u];
+            total += acc_s[8u * (sl * row_quads + qi) + r];
         }
         if DIRECT {
             part_acc[z * OUT_STRIDE + h * p.head_dim + lane.idx] = total / l;

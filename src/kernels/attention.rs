@@ -78,6 +78,8 @@ pub const ATTENTION_CHUNK: u32 = WG;
 pub const HEAD_DIM_MULTIPLE: usize = 8;
 // attention_partial's last step gives each output dim an invocation.
 const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
+// attention_partial's score phase: WG / 8 K rows per pass (KEY_LANES = 8).
+const _: () = assert!(WG.is_multiple_of(8));
 
 /// The environment variable that picks [`PrefillAttentionTokens`]: `4`, `8`
 /// or `16`.
