@@ -25,6 +25,33 @@ static inline float dot8(float4 qa, float4 qb, uint4 a) {
         + dot(qb, float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w))));
 }
 
+// Lanes per K row in the score phase (as attention_partial.wgsl's).
+constant constexpr uint KEY_LANES = 8;
+
+// The score phase's loads for four K rows (ta: their first quads' indices):
+// quads ja and jb of each.
+struct KeyQuads {
+    uint4 a0, a1, a2, a3, b0, b1, b2, b3;
+};
+
+static inline KeyQuads key_quads(const device uint4* k_cache, uint4 ta, uint ja, uint jb) {
+    return KeyQuads{k_cache[ta.x + ja], k_cache[ta.y + ja], k_cache[ta.z + ja], k_cache[ta.w + ja],
+                    k_cache[ta.x + jb], k_cache[ta.y + jb], k_cache[ta.z + jb], k_cache[ta.w + jb]};
+}
+
+// The partial dots of the four rows' quads ja (q dims qa, qb) and jb (qc,
+// qd), each where the row has it.
+static inline float4 key_dots(KeyQuads k, float4 qa, float4 qb, float4 qc, float4 qd, bool has_a, bool has_b) {
+    float4 d = float4(0.0f);
+    if (has_a) {
+        d = float4(dot8(qa, qb, k.a0), dot8(qa, qb, k.a1), dot8(qa, qb, k.a2), dot8(qa, qb, k.a3));
+    }
+    if (has_b) {
+        d += float4(dot8(qc, qd, k.b0), dot8(qc, qd, k.b1), dot8(qc, qd, k.b2), dot8(qc, qd, k.b3));
+    }
+    return d;
+}
+
 // The first and last 4 of the 8 halves of a V row quad.
 static inline float4 lo4(uint4 a) {
     return float4(float2(as_type<half2>(a.x)), float2(as_type<half2>(a.y)));
@@ -197,10 +224,9 @@ kernel void attention_partial(
 
     // The scores, K rows read coalesced (as attention_partial.wgsl): lane
     // (row_in, r) of KEY_LANES lanes per row takes quads r, r + KEY_LANES,
-    // ... of rows start + row_in, + rows_per_pass, ... (four rows per
+    // ... of rows start + row_in, + rows_per_pass, ... (eight rows per
     // iteration), its partial dots parked in acc_s; then lane t adds
     // position t's.
-    constexpr uint KEY_LANES = 8;
     const uint quads = half_dim / 4;
     const uint n = end - start;
     const uint rows_per_pass = Q3W_WG / KEY_LANES;
@@ -208,41 +234,38 @@ kernel void attention_partial(
     const uint row_in = lid / KEY_LANES;
     // (head_dim < 8 * KEY_LANES: lanes past the row's quads add zeros.)
     const uint ja = min(r, quads - 1);
-    const bool has_a = r < quads;
     const uint jb = min(r + KEY_LANES, quads - 1);
+    const bool has_a = r < quads;
     const bool has_b = r + KEY_LANES < quads;
+    const float4 qa = q_s[2 * ja];
+    const float4 qb = q_s[2 * ja + 1];
+    const float4 qc = q_s[2 * jb];
+    const float4 qd = q_s[2 * jb + 1];
     const uint kv_row0 = kv_base / 4 + start * quads;
-    for (uint t = row_in; t < n; t += 4 * rows_per_pass) {
+    for (uint t = row_in; t < n; t += 8 * rows_per_pass) {
         const uint4 tv = uint4(t, t + rows_per_pass, t + 2 * rows_per_pass, t + 3 * rows_per_pass);
+        const uint4 tu = tv + uint4(4 * rows_per_pass);
         const uint4 ta = min(tv, uint4(n - 1)) * quads + uint4(kv_row0);
-        const uint4 a0 = k_cache[ta.x + ja];
-        const uint4 a1 = k_cache[ta.y + ja];
-        const uint4 a2 = k_cache[ta.z + ja];
-        const uint4 a3 = k_cache[ta.w + ja];
-        const uint4 b0 = k_cache[ta.x + jb];
-        const uint4 b1 = k_cache[ta.y + jb];
-        const uint4 b2 = k_cache[ta.z + jb];
-        const uint4 b3 = k_cache[ta.w + jb];
-        float4 d = float4(0.0f);
-        if (has_a) {
-            const float4 qa = q_s[2 * ja];
-            const float4 qb = q_s[2 * ja + 1];
-            d = float4(dot8(qa, qb, a0), dot8(qa, qb, a1), dot8(qa, qb, a2), dot8(qa, qb, a3));
-        }
-        if (has_b) {
-            const float4 qa = q_s[2 * jb];
-            const float4 qb = q_s[2 * jb + 1];
-            d += float4(dot8(qa, qb, b0), dot8(qa, qb, b1), dot8(qa, qb, b2), dot8(qa, qb, b3));
-        }
+        const uint4 tb = min(tu, uint4(n - 1)) * quads + uint4(kv_row0);
+        const KeyQuads ka = key_quads(k_cache, ta, ja, jb);
+        const KeyQuads kb = key_quads(k_cache, tb, ja, jb);
+        float4 da = key_dots(ka, qa, qb, qc, qd, has_a, has_b);
+        float4 db = key_dots(kb, qa, qb, qc, qd, has_a, has_b);
+        // Quads past 2 * KEY_LANES (head_dim > 128).
         for (uint j = r + 2 * KEY_LANES; j < quads; j += KEY_LANES) {
-            const float4 qa = q_s[2 * j];
-            const float4 qb = q_s[2 * j + 1];
-            d += float4(dot8(qa, qb, k_cache[ta.x + j]), dot8(qa, qb, k_cache[ta.y + j]),
-                        dot8(qa, qb, k_cache[ta.z + j]), dot8(qa, qb, k_cache[ta.w + j]));
+            const float4 qj = q_s[2 * j];
+            const float4 qk = q_s[2 * j + 1];
+            da += float4(dot8(qj, qk, k_cache[ta.x + j]), dot8(qj, qk, k_cache[ta.y + j]),
+                         dot8(qj, qk, k_cache[ta.z + j]), dot8(qj, qk, k_cache[ta.w + j]));
+            db += float4(dot8(qj, qk, k_cache[tb.x + j]), dot8(qj, qk, k_cache[tb.y + j]),
+                         dot8(qj, qk, k_cache[tb.z + j]), dot8(qj, qk, k_cache[tb.w + j]));
         }
         for (uint i = 0; i < 4; i++) {
             if (tv[i] < n) {
-                acc_s[tv[i] * KEY_LANES + r] = d[i];
+                acc_s[tv[i] * KEY_LANES + r] = da[i];
+            }
+            if (tu[i] < n) {
+                acc_s[tu[i] * KEY_LANES + r] = db[i];
             }
         }
     }

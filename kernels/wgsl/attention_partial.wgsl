@@ -165,6 +165,42 @@ fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u3
     workgroupBarrier();
 }
 
+// The score phase's loads for four K rows (ta: their first quads' indices):
+// quads ja and jb of each.
+struct KeyQuads {
+    a0: vec4<u32>,
+    a1: vec4<u32>,
+    a2: vec4<u32>,
+    a3: vec4<u32>,
+    b0: vec4<u32>,
+    b1: vec4<u32>,
+    b2: vec4<u32>,
+    b3: vec4<u32>,
+}
+
+fn key_quads(ta: vec4<u32>, ja: u32, jb: u32) -> KeyQuads {
+    return KeyQuads(k_cache[ta.x + ja], k_cache[ta.y + ja], k_cache[ta.z + ja], k_cache[ta.w + ja],
+                    k_cache[ta.x + jb], k_cache[ta.y + jb], k_cache[ta.z + jb], k_cache[ta.w + jb]);
+}
+
+// Lane r's partial dots of the four rows: quads r (ja), r + KEY_LANES (jb)
+// and any further ones (head_dim > 16 * KEY_LANES); quads past the row
+// (head_dim < 8 * KEY_LANES) add nothing.
+fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32) -> vec4<f32> {
+    var d = vec4<f32>(0.0);
+    if r < quads {
+        d = vec4<f32>(dot8(k.a0, ja), dot8(k.a1, ja), dot8(k.a2, ja), dot8(k.a3, ja));
+    }
+    if r + KEY_LANES < quads {
+        d += vec4<f32>(dot8(k.b0, jb), dot8(k.b1, jb), dot8(k.b2, jb), dot8(k.b3, jb));
+    }
+    for (var j = r + 2u * KEY_LANES; j < quads; j += KEY_LANES) {
+        d += vec4<f32>(dot8(k_cache[ta.x + j], j), dot8(k_cache[ta.y + j], j), dot8(k_cache[ta.z + j], j),
+                       dot8(k_cache[ta.w + j], j));
+    }
+    return d;
+}
+
 @compute @workgroup_size(WG)
 fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let h = wg.x;
@@ -209,8 +245,9 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
 
     // The scores, K rows read coalesced: invocation (row_in, r) of
     // KEY_LANES lanes per row takes quads r, r + KEY_LANES, ... of rows
-    // start + row_in, + rows_per_pass, ... (four rows per iteration: eight
-    // independent 16-byte loads in flight at head_dim 128), its partial
+    // start + row_in, + rows_per_pass, ... (eight rows per iteration:
+    // sixteen independent 16-byte loads in flight at head_dim 128, so a
+    // chunk of 256 positions takes one round trip), its partial
     // dots parked in acc_s; then invocation t adds position t's. One lane
     // per row striding its own 256 bytes (the old order) made every load of
     // a subgroup touch 32 cache lines.
@@ -219,37 +256,24 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let rows_per_pass = WG / KEY_LANES;
     let r = lane.idx % KEY_LANES;
     let row_in = lane.idx / KEY_LANES;
-    // (head_dim < 8 * KEY_LANES: lanes past the row's quads add zeros.)
     let ja = min(r, quads - 1u);
-    let has_a = r < quads;
     let jb = min(r + KEY_LANES, quads - 1u);
-    let has_b = r + KEY_LANES < quads;
     let kv_row0 = kv_base / 4u + start * quads;
-    for (var t = row_in; t < n; t += 4u * rows_per_pass) {
+    for (var t = row_in; t < n; t += 8u * rows_per_pass) {
         let tv = vec4<u32>(t, t + rows_per_pass, t + 2u * rows_per_pass, t + 3u * rows_per_pass);
+        let tu = tv + vec4<u32>(4u * rows_per_pass);
         let ta = min(tv, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
-        let a0 = k_cache[ta.x + ja];
-        let a1 = k_cache[ta.y + ja];
-        let a2 = k_cache[ta.z + ja];
-        let a3 = k_cache[ta.w + ja];
-        let b0 = k_cache[ta.x + jb];
-        let b1 = k_cache[ta.y + jb];
-        let b2 = k_cache[ta.z + jb];
-        let b3 = k_cache[ta.w + jb];
-        var d = vec4<f32>(0.0);
-        if has_a {
-            d = vec4<f32>(dot8(a0, ja), dot8(a1, ja), dot8(a2, ja), dot8(a3, ja));
-        }
-        if has_b {
-            d += vec4<f32>(dot8(b0, jb), dot8(b1, jb), dot8(b2, jb), dot8(b3, jb));
-        }
-        for (var j = r + 2u * KEY_LANES; j < quads; j += KEY_LANES) {
-            d += vec4<f32>(dot8(k_cache[ta.x + j], j), dot8(k_cache[ta.y + j], j), dot8(k_cache[ta.z + j], j),
-                           dot8(k_cache[ta.w + j], j));
-        }
+        let tb = min(tu, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
+        let ka = key_quads(ta, ja, jb);
+        let kb = key_quads(tb, ja, jb);
+        let da = key_dots(ka, ta, r, ja, jb, quads);
+        let db = key_dots(kb, tb, r, ja, jb, quads);
         for (var i = 0u; i < 4u; i++) {
             if tv[i] < n {
-                acc_s[tv[i] * KEY_LANES + r] = d[i];
+                acc_s[tv[i] * KEY_LANES + r] = da[i];
+            }
+            if tu[i] < n {
+                acc_s[tu[i] * KEY_LANES + r] = db[i];
             }
         }
     }

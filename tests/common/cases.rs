@@ -9,7 +9,7 @@ use bytemuck::bytes_of;
 use half::f16;
 use qwen3_wgpu::internals::kernels::{
     self, ArgmaxFinalParams, ArgmaxPartialParams, Bind, HeadParams, Kernel, MatvecParams, ReduceParams, Step,
-    ATTENTION_CHUNK,
+    ATTENTION_CHUNK, MAX_HEAD_DIM,
 };
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -65,7 +65,7 @@ pub const QK_NORM_ROPE_SHAPES: [(usize, usize, usize, usize, usize, usize); 6] =
 
 /// The awkward shapes every backend's prompt-batch attention test runs:
 /// (heads, kv heads, head_dim, capacity, context of the first token, tokens).
-pub const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
+pub const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize, usize); 12] = [
     (4, 2, 64, 16, 1, 1),
     (4, 1, 64, 300, 300, 1),
     (16, 8, 128, 64, 33, 1),
@@ -77,18 +77,21 @@ pub const ATTENTION_SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
     (4, 2, 64, 1100, 100, 1), // four chunks past the context (their acc stays poisoned)
     (4, 2, 64, 600, 250, 9),  // a causal batch: contexts 250..258, across a chunk edge
     (2, 2, 32, 16, 1, 5),     // a batch from the first position
+    (2, 1, 200, 300, 270, 1), // 25 K quads a row: three or four per score lane
 ];
 
 /// The awkward shapes every backend's decode-step attention test runs:
 /// (heads, kv heads, head_dim, capacity, position), for the direct variant
 /// (one chunk) and the chunked one.
-pub const ATTENTION_STEP_DIRECT_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
+pub const ATTENTION_STEP_DIRECT_SHAPES: [(usize, usize, usize, usize, usize); 5] = [
     (4, 2, 64, 16, 0),
+    (2, 1, MAX_HEAD_DIM, 200, 150), // the largest head_dim: 4 K quads per score lane
     (16, 8, 128, 300, ATTENTION_CHUNK as usize - 1), // the last position one chunk holds
     (3, 1, 40, 20, 13),
     (2, 2, 32, 256, 100),
 ];
-pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 4] = [
+pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 5] = [
+    (2, 1, 200, 600, 400),
     (16, 8, 128, 600, ATTENTION_CHUNK as usize), // the first position of the second chunk
     (4, 2, 64, 1100, 700),
     (2, 1, 40, 300, 299), // the last position of the capacity
