@@ -5,7 +5,7 @@
 // Batched (prefill): workgroup z embeds tokens[step.pos + z] into
 // x[z * k_words ..].
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
-// (src/kernels/), prepended by Rust.
+// (src/kernels/), prepended by Rust, then int8_math.wgsl (pack_f16).
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> step: Step;
@@ -30,9 +30,4 @@ fn embed_lookup(@builtin(global_invocation_id) gid: vec3<u32>) {
     let v = vec4<f32>(unpack4xI8(w[r * p.k_words + j])) * scales[r * p.groups + j / GROUP_WORDS];
     x[z * p.k_words + j] = v;
     x16[z * p.k_words + j] = vec2<u32>(pack_f16(v.x, v.y), pack_f16(v.z, v.w));
-}
-
-// As int8_math.wgsl's (which this kernel does not include).
-fn pack_f16(a: f32, b: f32) -> u32 {
-    return pack2x16float(clamp(vec2<f32>(a, b), vec2<f32>(-65504.0), vec2<f32>(65504.0)));
 }

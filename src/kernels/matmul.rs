@@ -281,7 +281,7 @@ const COOP_LONG_K_BLOCKS: u32 = 128;
 
 /// The slices of k of a cooperative-matrix product of `rows` rows x
 /// `tokens` tokens over rows of `k_words` words: the fewest that give the
-/// launch [`COOP_MIN_SLICES`] workgroups, and two for a long k. On an H200
+/// launch 256 workgroups (`COOP_MIN_SLICES`), and two for a long k. On an H200
 /// (256-token batches, µs per launch, BENCHMARKS.md 2026-12-02): the 0.6B
 /// model's o_proj and down (1,024 rows, 64 tiles) 74.5 and 84.2 with one
 /// slice, 40.1 and 44.3 with four; its gate/up (384 tiles, k 1,024) 58.7

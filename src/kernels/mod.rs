@@ -385,6 +385,8 @@ impl Kernel {
     fn family_wgsl(self) -> &'static str {
         match self.row().family {
             Family::Matvec(_) => matvec::INT8_COMMON,
+            // The int8 arithmetic's `pack_f16` (the residual's f16 copy).
+            Family::Embed => matvec::INT8_MATH,
             Family::Attention(_) => attention::ATTENTION_COMMON,
             Family::Sample => sample::SAMPLE_COMMON,
             Family::SampleMerge => SAMPLE_MERGE_COMMON,
