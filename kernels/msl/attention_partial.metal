@@ -25,9 +25,6 @@ static inline float dot8(float4 qa, float4 qb, uint4 a) {
         + dot(qb, float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w))));
 }
 
-// Lanes per K row in the score phase (as attention_partial.wgsl's).
-constant constexpr uint KEY_LANES = 8;
-
 // The score phase's loads for four K rows (ta: their first quads' indices):
 // quads ja and jb of each.
 struct KeyQuads {
@@ -132,8 +129,9 @@ kernel void attention_partial(
 {
     threadgroup float4 q_s[MAX_HEAD_DIM / 4];
     threadgroup float e_s[Q3W_WG];
-    // The scores' partial dots (KEY_LANES per position), then the V sums'
-    // slices (8 per lane): scalars, each written by one lane.
+    // The scores' partial dots (ATTENTION_KEY_LANES per position, at most
+    // 8), then the V sums' slices (8 per lane): scalars, each written by
+    // one lane.
     threadgroup float acc_s[8 * Q3W_WG];
     threadgroup float2 red2[Q3W_WG];
 
@@ -223,20 +221,20 @@ kernel void attention_partial(
     }
 
     // The scores, K rows read coalesced (as attention_partial.wgsl): lane
-    // (row_in, r) of KEY_LANES lanes per row takes quads r, r + KEY_LANES,
-    // ... of rows start + row_in, + rows_per_pass, ... (eight rows per
+    // (row_in, r) of L = ATTENTION_KEY_LANES lanes per row takes quads r,
+    // r + L, ... of rows start + row_in, + rows_per_pass, ... (eight rows per
     // iteration), its partial dots parked in acc_s; then lane t adds
     // position t's.
     const uint quads = half_dim / 4;
     const uint n = end - start;
-    const uint rows_per_pass = Q3W_WG / KEY_LANES;
-    const uint r = lid % KEY_LANES;
-    const uint row_in = lid / KEY_LANES;
-    // (head_dim < 8 * KEY_LANES: lanes past the row's quads add zeros.)
+    const uint rows_per_pass = Q3W_WG / ATTENTION_KEY_LANES;
+    const uint r = lid % ATTENTION_KEY_LANES;
+    const uint row_in = lid / ATTENTION_KEY_LANES;
+    // (head_dim < 8 * L: lanes past the row's quads add zeros.)
     const uint ja = min(r, quads - 1);
-    const uint jb = min(r + KEY_LANES, quads - 1);
+    const uint jb = min(r + ATTENTION_KEY_LANES, quads - 1);
     const bool has_a = r < quads;
-    const bool has_b = r + KEY_LANES < quads;
+    const bool has_b = r + ATTENTION_KEY_LANES < quads;
     const float4 qa = q_s[2 * ja];
     const float4 qb = q_s[2 * ja + 1];
     const float4 qc = q_s[2 * jb];
@@ -251,8 +249,8 @@ kernel void attention_partial(
         const KeyQuads kb = key_quads(k_cache, tb, ja, jb);
         float4 da = key_dots(ka, qa, qb, qc, qd, has_a, has_b);
         float4 db = key_dots(kb, qa, qb, qc, qd, has_a, has_b);
-        // Quads past 2 * KEY_LANES (head_dim > 128).
-        for (uint j = r + 2 * KEY_LANES; j < quads; j += KEY_LANES) {
+        // Quads past 2 * ATTENTION_KEY_LANES (head_dim > 128).
+        for (uint j = r + 2 * ATTENTION_KEY_LANES; j < quads; j += ATTENTION_KEY_LANES) {
             const float4 qj = q_s[2 * j];
             const float4 qk = q_s[2 * j + 1];
             da += float4(dot8(qj, qk, k_cache[ta.x + j]), dot8(qj, qk, k_cache[ta.y + j]),
@@ -262,10 +260,10 @@ kernel void attention_partial(
         }
         for (uint i = 0; i < 4; i++) {
             if (tv[i] < n) {
-                acc_s[tv[i] * KEY_LANES + r] = da[i];
+                acc_s[tv[i] * ATTENTION_KEY_LANES + r] = da[i];
             }
             if (tu[i] < n) {
-                acc_s[tu[i] * KEY_LANES + r] = db[i];
+                acc_s[tu[i] * ATTENTION_KEY_LANES + r] = db[i];
             }
         }
     }
@@ -274,8 +272,8 @@ kernel void attention_partial(
     float s = -3.0e38f;
     if (t < end) {
         float d = 0.0f;
-        for (uint i = 0; i < KEY_LANES; i++) {
-            d += acc_s[lid * KEY_LANES + i];
+        for (uint i = 0; i < ATTENTION_KEY_LANES; i++) {
+            d += acc_s[lid * ATTENTION_KEY_LANES + i];
         }
         s = d * p.scale;
     }

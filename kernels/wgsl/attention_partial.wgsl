@@ -42,13 +42,10 @@ override OUT_STRIDE: u32 = 0u;
 // Positions per workgroup = WG (one score per invocation).
 var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
 var<workgroup> e_s: array<f32, WG>;
-// The scores' partial dot products (KEY_LANES per position), then the V
-// sums' slices (8 per invocation): scalars, each written by one invocation.
+// The scores' partial dot products (ATTENTION_KEY_LANES per position, at
+// most 8: src/kernels/attention.rs), then the V sums' slices (8 per
+// invocation): scalars, each written by one invocation.
 var<workgroup> acc_s: array<f32, 8u * WG>;
-// Invocations per K row in the score phase: consecutive lanes read one
-// row's consecutive 16-byte quads (coalesced), KEY_LANES rows' worth of
-// partial dots per position land in acc_s (8 * WG floats: one chunk).
-const KEY_LANES: u32 = 8u;
 // K row quad j (8 f16 values) dotted with q's dims 8j..8j+7.
 fn dot8(a: vec4<u32>, j: u32) -> f32 {
     return dot(q_s[2u * j], lo4(a)) + dot(q_s[2u * j + 1u], hi4(a));
@@ -183,18 +180,18 @@ fn key_quads(ta: vec4<u32>, ja: u32, jb: u32) -> KeyQuads {
                     k_cache[ta.x + jb], k_cache[ta.y + jb], k_cache[ta.z + jb], k_cache[ta.w + jb]);
 }
 
-// Lane r's partial dots of the four rows: quads r (ja), r + KEY_LANES (jb)
-// and any further ones (head_dim > 16 * KEY_LANES); quads past the row
-// (head_dim < 8 * KEY_LANES) add nothing.
+// Lane r's partial dots of the four rows: quads r (ja), r + L (jb) and any
+// further ones (L = ATTENTION_KEY_LANES; head_dim > 16 * L); quads past the
+// row (head_dim < 8 * L) add nothing.
 fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32) -> vec4<f32> {
     var d = vec4<f32>(0.0);
     if r < quads {
         d = vec4<f32>(dot8(k.a0, ja), dot8(k.a1, ja), dot8(k.a2, ja), dot8(k.a3, ja));
     }
-    if r + KEY_LANES < quads {
+    if r + ATTENTION_KEY_LANES < quads {
         d += vec4<f32>(dot8(k.b0, jb), dot8(k.b1, jb), dot8(k.b2, jb), dot8(k.b3, jb));
     }
-    for (var j = r + 2u * KEY_LANES; j < quads; j += KEY_LANES) {
+    for (var j = r + 2u * ATTENTION_KEY_LANES; j < quads; j += ATTENTION_KEY_LANES) {
         d += vec4<f32>(dot8(k_cache[ta.x + j], j), dot8(k_cache[ta.y + j], j), dot8(k_cache[ta.z + j], j),
                        dot8(k_cache[ta.w + j], j));
     }
@@ -243,21 +240,21 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         workgroupBarrier();
     }
 
-    // The scores, K rows read coalesced: invocation (row_in, r) of
-    // KEY_LANES lanes per row takes quads r, r + KEY_LANES, ... of rows
+    // The scores, K rows read coalesced: invocation (row_in, r) of L =
+    // ATTENTION_KEY_LANES lanes per row takes quads r, r + L, ... of rows
     // start + row_in, + rows_per_pass, ... (eight rows per iteration:
     // sixteen independent 16-byte loads in flight at head_dim 128, so a
-    // chunk of 256 positions takes one round trip), its partial
-    // dots parked in acc_s; then invocation t adds position t's. One lane
+    // chunk of 256 positions takes one round trip), its partial dots
+    // parked in acc_s; then invocation t adds position t's. One lane
     // per row striding its own 256 bytes (the old order) made every load of
     // a subgroup touch 32 cache lines.
     let quads = half_dim / 4u;
     let n = end - start;
-    let rows_per_pass = WG / KEY_LANES;
-    let r = lane.idx % KEY_LANES;
-    let row_in = lane.idx / KEY_LANES;
+    let rows_per_pass = WG / ATTENTION_KEY_LANES;
+    let r = lane.idx % ATTENTION_KEY_LANES;
+    let row_in = lane.idx / ATTENTION_KEY_LANES;
     let ja = min(r, quads - 1u);
-    let jb = min(r + KEY_LANES, quads - 1u);
+    let jb = min(r + ATTENTION_KEY_LANES, quads - 1u);
     let kv_row0 = kv_base / 4u + start * quads;
     for (var t = row_in; t < n; t += 8u * rows_per_pass) {
         let tv = vec4<u32>(t, t + rows_per_pass, t + 2u * rows_per_pass, t + 3u * rows_per_pass);
@@ -270,10 +267,10 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         let db = key_dots(kb, tb, r, ja, jb, quads);
         for (var i = 0u; i < 4u; i++) {
             if tv[i] < n {
-                acc_s[tv[i] * KEY_LANES + r] = da[i];
+                acc_s[tv[i] * ATTENTION_KEY_LANES + r] = da[i];
             }
             if tu[i] < n {
-                acc_s[tu[i] * KEY_LANES + r] = db[i];
+                acc_s[tu[i] * ATTENTION_KEY_LANES + r] = db[i];
             }
         }
     }
@@ -282,8 +279,8 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     var s = -3.0e38;
     if t < end {
         var d = 0.0;
-        for (var i = 0u; i < KEY_LANES; i++) {
-            d += acc_s[lane.idx * KEY_LANES + i];
+        for (var i = 0u; i < ATTENTION_KEY_LANES; i++) {
+            d += acc_s[lane.idx * ATTENTION_KEY_LANES + i];
         }
         s = d * p.scale;
     }

@@ -135,12 +135,19 @@ pub const SAMPLE_TOP_K_MAX: u32 = 128;
 /// The index sentinel of the argmax kernels: no candidate yet.
 pub const NONE: u32 = u32::MAX;
 
+/// Invocations per K row in `attention_partial`'s scores: consecutive
+/// lanes read one row's consecutive 16-byte quads (coalesced loads; one
+/// lane per row made every load of a 32-wide subgroup touch 32 cache lines:
+/// 6.8 against 6.3 µs a launch on an H200, BENCHMARKS.md 2026-12-02).
+pub const ATTENTION_KEY_LANES: u32 = 8;
+
 /// The constants generated into the kernels: (name, value, why).
-const CONSTANTS: [(&str, u32, &str); 4] = [
+const CONSTANTS: [(&str, u32, &str); 5] = [
     ("MAX_HEAD_DIM", MAX_HEAD_DIM as u32, "largest head_dim (workgroup arrays)"),
     ("NONE", NONE, "argmax: no candidate yet"),
     ("MAX_PENALTY_WINDOW", MAX_PENALTY_WINDOW, "sampling: longest penalty window"),
     ("SAMPLE_TOP_K_MAX", SAMPLE_TOP_K_MAX, "sampling: largest top-k of the two-launch path"),
+    ("ATTENTION_KEY_LANES", ATTENTION_KEY_LANES, "attention: invocations per K row in the scores"),
 ];
 
 /// Whether `word` occurs in `text` as a whole identifier outside `//`

@@ -4,7 +4,7 @@
 //! chunk and so writes the output itself), its prompt-batch pipeline
 //! `attention_prefill`, and `attention_reduce`, which combines the chunks.
 
-use super::abi::{gpu_struct, MAX_HEAD_DIM};
+use super::abi::{gpu_struct, ATTENTION_KEY_LANES, MAX_HEAD_DIM};
 use super::matmul::MATMUL_TOKENS_PER_WG;
 use super::{Bind, Kernel, WG};
 use crate::error::Result;
@@ -78,8 +78,9 @@ pub const ATTENTION_CHUNK: u32 = WG;
 pub const HEAD_DIM_MULTIPLE: usize = 8;
 // attention_partial's last step gives each output dim an invocation.
 const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
-// attention_partial's score phase: WG / 8 K rows per pass (KEY_LANES = 8).
-const _: () = assert!(WG.is_multiple_of(8));
+// attention_partial's scores: WG / ATTENTION_KEY_LANES K rows per pass, and
+// each position's partial dots fit its 8 floats of workgroup memory.
+const _: () = assert!(WG.is_multiple_of(ATTENTION_KEY_LANES) && ATTENTION_KEY_LANES <= 8);
 
 /// The environment variable that picks [`PrefillAttentionTokens`]: `4`, `8`
 /// or `16`.
