@@ -82,9 +82,22 @@ inline float4 rows4(
     return sums;
 }
 
+// ACCUMULATE: the value simdgroup lane `i` < 4 adds row row0 + i of token
+// z onto, loaded before the sums (as int8_matvec.wgsl's prior4: the load's
+// round trip overlaps the weights' instead of following the reduction).
+inline float prior1(constant Params& p, device float* y, uint row0, uint i, uint z) {
+#if Q3W_ACCUMULATE && !Q3W_SWIGLU
+    if (i < 4 && row0 + i < p.rows) {
+        return y[z * p.y_stride + p.row_offset + row0 + i];
+    }
+#endif
+    return 0.0f;
+}
+
 // Simdgroup lane `i` < 4 writes row row0 + i of token z's output (SWIGLU:
-// lane i < 2 writes output pair i of the block).
-inline void store4(constant Params& p, device float* y, uint row0, float4 sums, uint i, uint z) {
+// lane i < 2 writes output pair i of the block); ACCUMULATE adds `prior`
+// (prior1's).
+inline void store4(constant Params& p, device float* y, uint row0, float4 sums, uint i, uint z, float prior) {
     const uint yb = z * p.y_stride;
 #if Q3W_SWIGLU
     if (i < 2 && row0 + 2 * i < p.rows) {
@@ -96,7 +109,7 @@ inline void store4(constant Params& p, device float* y, uint row0, float4 sums, 
         const uint o = yb + p.row_offset + row0 + i;
         float v = sums[i];
 #if Q3W_ACCUMULATE
-        v += y[o];
+        v += prior;
 #endif
         y[o] = v;
     }
@@ -132,7 +145,8 @@ kernel void int8_matvec(
     for (uint rb = sg_id * 4; rb < Q3W_ROWS_PER_WG; rb += n_sg * 4) {
         const uint row0 = wg_row0 + rb;
         if (row0 < p.rows) {
-            store4(p, y, row0, rows4(p, x, w, scales, norm_w, row0, xb, sg_lane, lanes), sg_lane, z);
+            const float prior = prior1(p, y, row0, sg_lane, z);
+            store4(p, y, row0, rows4(p, x, w, scales, norm_w, row0, xb, sg_lane, lanes), sg_lane, z, prior);
         }
     }
 }

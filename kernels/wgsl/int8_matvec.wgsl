@@ -242,9 +242,35 @@ fn finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
     return sums;
 }
 
+// ACCUMULATE: the values the store of rows row0..row0+3 of token z adds
+// to, loaded by the lane that stores them (lane 0 all four with X16, team
+// lane i row i otherwise). The one-token decode loads them before its sums,
+// so the load's round trip overlaps the weights' instead of following the
+// reduction (a residual add is a chain of dependent launches: its y was
+// written launches ago and only this workgroup writes these rows now).
+fn prior4(row0: u32, i: u32, z: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if ACCUMULATE && !SWIGLU {
+        let o = z * p.y_stride + p.row_offset + row0;
+        if X16 {
+            if i == 0u {
+                for (var r = 0u; r < 4u; r++) {
+                    if row0 + r < n_rows() {
+                        v[r] = y[o + r];
+                    }
+                }
+            }
+        } else if i < 4u && row0 + i < n_rows() {
+            v[i] = y[o + i];
+        }
+    }
+    return v;
+}
+
 // Team lane `i` < 4 writes row row0 + i of token z's output (SWIGLU: lane
-// i < 2 writes output pair i of the block).
-fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
+// i < 2 writes output pair i of the block); ACCUMULATE adds `prior`
+// (prior4's).
+fn store4_onto(row0: u32, sums: vec4<f32>, i: u32, z: u32, prior: vec4<f32>) {
     let yb = z * p.y_stride;
     if SWIGLU {
         if i < 2u && row0 + 2u * i < n_rows() {
@@ -260,9 +286,8 @@ fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
             var block = vec4<f32>(0.0);
             for (var r = 0u; r < 4u; r++) {
                 if row0 + r < n_rows() {
-                    let o = yb + p.row_offset + row0 + r;
-                    let v = sums[r] + y[o];
-                    y[o] = v;
+                    let v = sums[r] + prior[r];
+                    y[yb + p.row_offset + row0 + r] = v;
                     block[r] = v;
                 }
             }
@@ -271,13 +296,17 @@ fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
         return;
     }
     if i < 4u && row0 + i < n_rows() {
-        let o = yb + p.row_offset + row0 + i;
         var v = sums[i];
         if ACCUMULATE {
-            v += y[o];
+            v += prior[i];
         }
-        y[o] = v;
+        y[yb + p.row_offset + row0 + i] = v;
     }
+}
+
+// store4_onto with the values added to loaded now.
+fn store4(row0: u32, sums: vec4<f32>, i: u32, z: u32) {
+    store4_onto(row0, sums, i, z, prior4(row0, i, z));
 }
 
 @compute @workgroup_size(WG)
@@ -380,10 +409,11 @@ fn decode_token(lane: Lane, wg_row0: u32, z: u32) {
     if SPLIT_K {
         // All lanes share the 4 rows; one workgroup reduction (NORM's sum
         // of squares rides along).
+        let prior = prior4(wg_row0, lane.idx, z);
         let part = partial4(wg_row0, xb, lane.idx, WG);
         let ss = part.ss;
         let r = wg_sum5(part.acc, ss.x + ss.y + ss.z + ss.w, lane);
-        store4(wg_row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z);
+        store4_onto(wg_row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z, prior);
         return;
     }
     // Each team takes whole blocks of 4 rows; a barrier-free team reduction.
@@ -391,13 +421,14 @@ fn decode_token(lane: Lane, wg_row0: u32, z: u32) {
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < n_rows() {
+            let prior = prior4(row0, tl, z);
             let part = partial4(row0, xb, tl, team_size(lane));
             let sums = team_sum4(part.acc, lane);
             var ss = vec4<f32>(0.0);
             if NORM {
                 ss = team_sum4(part.ss, lane);
             }
-            store4(row0, finish(sums, ss), tl, z);
+            store4_onto(row0, finish(sums, ss), tl, z, prior);
         }
     }
 }
