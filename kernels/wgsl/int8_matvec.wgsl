@@ -286,8 +286,9 @@ fn store4_onto(row0: u32, sums: vec4<f32>, i: u32, z: u32, prior: vec4<f32>) {
             var block = vec4<f32>(0.0);
             for (var r = 0u; r < 4u; r++) {
                 if row0 + r < n_rows() {
+                    let o = yb + p.row_offset + row0 + r;
                     let v = sums[r] + prior[r];
-                    y[yb + p.row_offset + row0 + r] = v;
+                    y[o] = v;
                     block[r] = v;
                 }
             }
@@ -296,11 +297,12 @@ fn store4_onto(row0: u32, sums: vec4<f32>, i: u32, z: u32, prior: vec4<f32>) {
         return;
     }
     if i < 4u && row0 + i < n_rows() {
+        let o = yb + p.row_offset + row0 + i;
         var v = sums[i];
         if ACCUMULATE {
             v += prior[i];
         }
-        y[yb + p.row_offset + row0 + i] = v;
+        y[o] = v;
     }
 }
 
