@@ -16,6 +16,12 @@ pub const BINDINGS: &[Bind] = &[
     Bind::ReadWrite,
 ];
 
+/// Workgroup size: one head (head_dim <= 256 values) per workgroup, so a
+/// few invocations suffice; 256 left most of them idle (a 256-token batch
+/// of the 0.6B model runs 8,192 workgroups).
+pub const NORM_ROPE_WG: u32 = 64;
+const _: () = assert!(NORM_ROPE_WG.is_power_of_two());
+
 /// The grid: one workgroup per q, k and v head (`z`: tokens of a batch).
 pub fn grid(n_heads: u32, n_kv_heads: u32) -> [u32; 3] {
     super::grid(n_heads + 2 * n_kv_heads)

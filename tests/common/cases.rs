@@ -54,8 +54,10 @@ pub fn reduce_params(head_dim: usize, n_chunks: usize, out_stride: usize) -> Vec
 
 /// The awkward shapes every backend's qk_norm_rope test runs: (heads, kv
 /// heads, head_dim, capacity, first position, tokens).
-pub const QK_NORM_ROPE_SHAPES: [(usize, usize, usize, usize, usize, usize); 6] = [
+pub const QK_NORM_ROPE_SHAPES: [(usize, usize, usize, usize, usize, usize); 8] = [
     (4, 2, 64, 8, 5, 1),
+    (2, 1, MAX_HEAD_DIM, 6, 3, 2), // the largest head_dim: several passes of the workgroup
+    (3, 1, 200, 8, 1, 2),
     (16, 8, 128, 40, 37, 3), // a batch: positions 37, 38, 39
     (3, 1, 32, 4, 0, 1),
     (8, 8, 128, 3000, 2999, 1),
@@ -90,8 +92,9 @@ pub const ATTENTION_STEP_DIRECT_SHAPES: [(usize, usize, usize, usize, usize); 5]
     (3, 1, 40, 20, 13),
     (2, 2, 32, 256, 100),
 ];
-pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 5] = [
+pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 6] = [
     (2, 1, 200, 600, 400),
+    (1, 1, 8, 33_000, 32_999), // 129 chunks: more than attention_reduce's workgroup
     (16, 8, 128, 600, ATTENTION_CHUNK as usize), // the first position of the second chunk
     (4, 2, 64, 1100, 700),
     (2, 1, 40, 300, 299), // the last position of the capacity
