@@ -1,102 +1,202 @@
-// Prompt batches: attention_partial's batched path for TOKENS consecutive
-// tokens per workgroup (4, 8 or 16, chosen in Rust), so that each K and V
-// row read from memory serves TOKENS queries instead of one. Workgroup
-// (h, c, z) attends query head h of tokens z * TOKENS .. z * TOKENS +
-// TOKENS - 1 of the batch (positions step.pos + token, causal) to positions
-// [c*WG, (c+1)*WG) and writes each token's chunk statistics (m, l) and acc
-// exactly as attention_partial does for one token; attention_reduce
-// combines the chunks. One score per invocation and token; vec4s carry the
-// tokens four by four (GROUPS of them).
-// Every TOKENS computes a token's results with the same operations in the
-// same order (the same dot sums, the same max/sum reductions per vec4
-// lane, the same acc sums): the values do not depend on TOKENS.
-// q comes normed and rotated from qk_norm_rope, which also wrote the batch's
-// K/V. Tokens past the batch (its last group may be partial) are computed
-// like the others, from the rows past the batch, and never read.
-// The loops whose bodies hold barriers (the per-group softmax statistics,
-// the per-token acc) are written out by Rust, one copy per group or token:
-// a line `// for # in GROUPS: code` (or TOKENS) becomes `code` with # = 0,
-// 1, ..., so that every index into the per-token arrays is a constant and
-// they stay in registers however the compiler treats such loops.
+// Prompt batches: attention_partial's batched path, tiled like a matrix
+// product. Workgroup (h, c, z) attends query head h of the TOKENS (32)
+// tokens z * TOKENS .. z * TOKENS + TOKENS - 1 of the batch (positions
+// step.pos + token, causal) to the chunk's positions [c*WG, (c+1)*WG) and
+// writes each token's chunk statistics (m, l) and acc exactly as
+// attention_partial does for one token; attention_reduce combines the
+// chunks.
+// Invocation (g, t) = (idx / 32, idx % 32) owns tokens 4g..4g+3 (a vec4 of
+// them) at positions t, t + 32, ..., t + 224 of the chunk (SPANS spans of
+// 32 positions): 32 scores, each value read from workgroup memory feeding
+// 4 or 8 multiply-adds. Then it sums dims 4t..4t+3 (and 128 + 4t.. for
+// a head_dim over 128) of the same 4 tokens' acc over the positions.
+// K is staged 8 dims of the chunk's rows at a time (each invocation loads
+// one 16-byte quad of its position's row, the next quad while the current
+// one is summed), V 16 positions at a time (rows read whole, side by
+// side), both converted to f32 once, as they are staged.
+// Positions past the group's last token are not loaded (zeros stand in),
+// and whole spans of them are not summed into acc; their scores are
+// computed with the others (a branch per span measured no faster). Tokens
+// past the batch (its last group may be partial) are
+// computed like the others, from the q rows past the batch (the batch
+// buffers hold whole tiles of the tiled matmul's tokens), and never read.
+// WG is 256 (checked in Rust): 8 groups of 4 tokens x 32 lanes.
+// The loops over the spans are written out by Rust (a line `// for # in
+// SPANS: code` becomes `code` with # = 0, 1, ...), so that every index into
+// the per-span scores is a constant and they stay in registers: one index
+// computed at run time into the 8 accumulators (a loop over the tokens'
+// stores) cost a third of the launch on an H200 (BENCHMARKS.md).
+// Measured on an H200 against the kernel it replaced (8 tokens a workgroup,
+// one position an invocation): 63 instead of 89 us per 0.6B launch for a
+// 256-token batch after 256 positions, 235 instead of 325 after 1,792, but
+// 58 instead of 46 for a batch from the first position (128 workgroups).
 // Bindings and lo4/hi4: attention_common.wgsl, prepended by Rust after the
-// preamble (TOKENS).
+// preamble (TOKENS, SPANS).
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), prepended by Rust.
 
-const GROUPS: u32 = TOKENS / 4u;
-// One workgroup array (8 KB at WG = 256), used three ways in turn, so that
-// more tokens need no more workgroup memory:
-// 1. the tokens' q, a piece of WG / TOKENS K quads (8 dims, two q vec4s,
-//    each) at a time: token n's q vec4 i of the piece at
-//    n * 2 * (WG / TOKENS) + i;
-// 2. the tokens' exp(s - m), a piece of 8 * WG / TOKENS positions at a
-//    time: position o of the piece, group g at o * GROUPS + g;
-// 3. the slices' partial acc of one token (2 vec4s per invocation).
-var<workgroup> scratch: array<vec4<f32>, 2u * WG>;
+// The K slab (f32 bits: dims 0-3 of position o at o, dims 4-7 at WG + o),
+// then the softmax statistics' partial results (invocation (g, t)'s vec4
+// at t * 8 + g), then V rows as f32 bits, 16 positions x 128 dims at a
+// time (see stage_v).
+var<workgroup> kv_s: array<vec4<u32>, 2u * WG>;
+// 8 dims of the tokens' q: dims 0-3 of token n at n, dims 4-7 at 32 + n.
+var<workgroup> q_s: array<vec4<f32>, 64>;
+// The span's exp(s - m), invocation (g, t)'s vec4 at t * 8 + g: the
+// prelude's red_f (WG vec4s), which this kernel does not otherwise use,
+// keeps the workgroup memory within 16 KB.
 
-// A K row quad (lo, hi: its 8 f16 values) dotted with the 4 tokens of group
-// g, dims 8j..8j+7 (j within the q piece whose tokens lie `stride` apart).
-fn dot8x4(lo: vec4<f32>, hi: vec4<f32>, g: u32, j: u32, stride: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    for (var n = 0u; n < 4u; n++) {
-        let at = (4u * g + n) * stride + 2u * j;
-        r[n] = dot(scratch[at], lo) + dot(scratch[at + 1u], hi);
+// Scores of a K row staged at position o of the slab, against the 4
+// tokens' 8 dims (q: lo, hi of each token).
+fn scores4(o: u32, qa: vec4<f32>, qb: vec4<f32>, qc: vec4<f32>, qd: vec4<f32>, qe: vec4<f32>, qf: vec4<f32>,
+           qg: vec4<f32>, qh: vec4<f32>) -> vec4<f32> {
+    let klo = bitcast<vec4<f32>>(kv_s[o]);
+    let khi = bitcast<vec4<f32>>(kv_s[WG + o]);
+    return vec4<f32>(
+        dot(qa, klo) + dot(qb, khi),
+        dot(qc, klo) + dot(qd, khi),
+        dot(qe, klo) + dot(qf, khi),
+        dot(qg, klo) + dot(qh, khi),
+    );
+}
+
+// 4 dims of token n's q from dim d: the tokens of a workgroup, past the
+// batch too, lie within the batch buffers.
+fn load_q(n: u32, h: u32, d: u32) -> vec4<f32> {
+    let o = (n * p.n_heads + h) * p.head_dim + d;
+    return vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
+}
+
+// This invocation's K quad j at chunk position lane (zero past `live`).
+fn load_k(row0: u32, row_quads: u32, j: u32, lane: u32, live: u32) -> vec4<u32> {
+    if lane < live {
+        return k_cache[row0 + lane * row_quads + j];
+    }
+    return vec4<u32>(0u);
+}
+
+// Live scores (scaled) of span k: -3e38 where position start + t + 32k is
+// at or past the token's end.
+fn masked(s: vec4<f32>, k: u32, t: u32, start: u32, ends: vec4<u32>) -> vec4<f32> {
+    return select(vec4<f32>(-3.0e38), s * p.scale, vec4<u32>(start + t + 32u * k) < ends);
+}
+
+// exp(s - m) of span k, 0 where masked.
+fn weights(s: vec4<f32>, k: u32, t: u32, start: u32, ends: vec4<u32>, m: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), exp(s - m), vec4<u32>(start + t + 32u * k) < ends);
+}
+
+// Max (or sum) over the workgroup's 32 invocations of group g of their
+// vec4s: through kv_s.
+fn group_reduce(v: vec4<f32>, g: u32, t: u32, is_max: bool) -> vec4<f32> {
+    workgroupBarrier(); // the previous readers of kv_s are done
+    kv_s[t * 8u + g] = bitcast<vec4<u32>>(v);
+    workgroupBarrier();
+    var r = bitcast<vec4<f32>>(kv_s[g]);
+    for (var i = 1u; i < 32u; i++) {
+        let o = bitcast<vec4<f32>>(kv_s[i * 8u + g]);
+        if is_max {
+            r = max(r, o);
+        } else {
+            r += o;
+        }
     }
     return r;
 }
 
-// Softmax statistics of group g of the tokens over the chunk: (m, l) and
-// this invocation's exp(s - m).
-struct Stats {
-    m: vec4<f32>,
-    l: vec4<f32>,
-    e: vec4<f32>,
-}
-
-fn group_stats(g: u32, d: vec4<f32>, t: u32, end: u32, first_pos: u32, start: u32, lane: Lane) -> Stats {
-    let ends = min(min(vec4<u32>(first_pos + 4u * g) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.capacity)),
-                   vec4<u32>(start + WG));
-    let live = vec4<u32>(t) < ends;
-    var s = vec4<f32>(-3.0e38);
-    if t < end {
-        s = select(vec4<f32>(-3.0e38), d * p.scale, live);
+// The 4 tokens' acc over n positions from 16 * sub of the span, dims 4t..
+// 4t+3 of the staged 128: the span's weights in red_f, the positions' V
+// rows (f32) in kv_s.
+fn span_acc(acc: array<vec4<f32>, 4>, g: u32, t: u32, sub: u32, n: u32) -> array<vec4<f32>, 4> {
+    var a = acc;
+    for (var o = 0u; o < n; o++) {
+        let w = red_f[(16u * sub + o) * 8u + g];
+        let v = bitcast<vec4<f32>>(kv_s[o * 32u + t]);
+        a[0] += w.x * v;
+        a[1] += w.y * v;
+        a[2] += w.z * v;
+        a[3] += w.w * v;
     }
-    let m = wg_max4(s, lane);
-    let e = select(vec4<f32>(0.0), exp(s - m), live);
-    return Stats(m, wg_sum4(e, lane), e);
+    return a;
 }
 
-// Where a workgroup's partial results go, and its slices of acc.
-struct Parts {
-    tok0: u32,
-    h: u32,
-    c: u32,
-    n_chunks: u32,
-    row_quads: u32,
-    n_slices: u32,
+// Stages 128 dims (from 128 * half) of the V rows of 16 positions (from
+// start + 32k + 16 sub) as f32, each converted once: position o's dims 4j..
+// 4j+3 at o * 32 + j; zero past `live` positions and past the row.
+fn stage_v(at: Span, k: u32, sub: u32, half: u32) {
+    let o = at.idx / 16u;
+    let i = 16u * half + at.idx % 16u;
+    let pos = 32u * k + 16u * sub + o;
+    var v = vec4<u32>(0u);
+    if pos < at.live && i < at.row_quads {
+        v = v_cache[at.kv_base / 4u + (at.start + pos) * at.row_quads + i];
+    }
+    let j = 2u * (at.idx % 16u);
+    kv_s[o * 32u + j] = bitcast<vec4<u32>>(lo4(v));
+    kv_s[o * 32u + j + 1u] = bitcast<vec4<u32>>(hi4(v));
 }
 
-// Token n of the group: the slices' parts of its acc (this invocation's lo
-// and hi) added, and its (m, l), written.
-fn finish_token(at: Parts, n: u32, lo: vec4<f32>, hi: vec4<f32>, ml: vec2<f32>, lane: Lane) {
-    workgroupBarrier(); // the previous readers of scratch are done
-    scratch[2u * lane.idx] = lo;
-    scratch[2u * lane.idx + 1u] = hi;
-    workgroupBarrier();
-    // Invocation d < head_dim adds dim d (= 8i + r) over the slices.
-    let part = ((at.tok0 + n) * p.n_heads + at.h) * at.n_chunks + at.c;
-    if lane.idx < p.head_dim {
-        let qi = lane.idx / 8u;
-        let r = lane.idx % 8u;
-        var total = 0.0;
-        for (var sl = 0u; sl < at.n_slices; sl++) {
-            total += scratch[2u * (sl * at.row_quads + qi) + r / 4u][r % 4u];
+// The weights of span k (every invocation's) into red_f, then the 4 tokens'
+// acc over the span's live positions, 16 at a time, in both halves of the
+// head.
+fn span(acc: array<vec4<f32>, 8>, w: vec4<f32>, k: u32, at: Span) -> array<vec4<f32>, 8> {
+    var a = acc;
+    workgroupBarrier(); // the previous span's readers are done
+    red_f[at.t * 8u + at.g] = w;
+    for (var half = 0u; half < at.halves; half++) {
+        for (var sub = 0u; sub < 2u && 32u * k + 16u * sub < at.live; sub++) {
+            if half + sub > 0u {
+                workgroupBarrier(); // the previous readers of kv_s are done
+            }
+            stage_v(at, k, sub, half);
+            workgroupBarrier();
+            let n = min(16u, at.live - 32u * k - 16u * sub);
+            if half == 0u {
+                let r = span_acc(array<vec4<f32>, 4>(a[0], a[1], a[2], a[3]), at.g, at.t, sub, n);
+                a[0] = r[0];
+                a[1] = r[1];
+                a[2] = r[2];
+                a[3] = r[3];
+            } else {
+                let r = span_acc(array<vec4<f32>, 4>(a[4], a[5], a[6], a[7]), at.g, at.t, sub, n);
+                a[4] = r[0];
+                a[5] = r[1];
+                a[6] = r[2];
+                a[7] = r[3];
+            }
         }
-        part_acc[part * p.head_dim + lane.idx] = total;
     }
-    if lane.idx == 0u {
-        part_ml[part] = ml;
+    return a;
+}
+
+// A token's acc for part `part`, dims d..d+3 (lo) and 128 + d.. (hi) where
+// the head has them.
+fn store_acc(part: u32, d: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    let o = part * p.head_dim + d;
+    if d < p.head_dim {
+        part_acc[o] = lo.x;
+        part_acc[o + 1u] = lo.y;
+        part_acc[o + 2u] = lo.z;
+        part_acc[o + 3u] = lo.w;
     }
+    if 128u + d < p.head_dim {
+        part_acc[o + 128u] = hi.x;
+        part_acc[o + 129u] = hi.y;
+        part_acc[o + 130u] = hi.z;
+        part_acc[o + 131u] = hi.w;
+    }
+}
+
+// What every span's acc needs.
+struct Span {
+    idx: u32,
+    g: u32,
+    t: u32,
+    kv_base: u32,
+    start: u32,
+    row_quads: u32,
+    live: u32,
+    halves: u32,
 }
 
 @compute @workgroup_size(WG)
@@ -116,105 +216,75 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         }
         return; // whole workgroup: uniform
     }
+    let live = end - start;
+    let spans = (live + 31u) / 32u;
+    let g = lane.idx / 32u;
+    let t = lane.idx % 32u;
     let kvh = h / (p.n_heads / p.n_kv_heads);
     let half_dim = p.head_dim / 2u;
     let kv_base = kvh * p.capacity * half_dim;
+    let row_quads = half_dim / 4u;
+    let row0 = (kv_base + start * half_dim) / 4u;
 
-    // One position per invocation; its K row in 16-byte loads, four at a
-    // time, each dotted with every token's q (q a piece at a time: the same
-    // sums in the same order as in one piece, pieces being whole multiples
-    // of four loads).
-    let t = start + lane.idx;
-    let quads = half_dim / 4u;
-    let piece = WG / TOKENS;
-    let stride = 2u * piece;
-    let row = (kv_base + t * half_dim) / 4u;
-    var d: array<vec4<f32>, GROUPS>;
-    for (var j0 = 0u; j0 < quads; j0 += piece) {
-        let pq = 2u * min(piece, quads - j0);
-        workgroupBarrier(); // the previous piece's readers are done
-        for (var i = lane.idx; i < TOKENS * pq; i += WG) {
-            let n = i / pq;
-            let o = ((tok0 + n) * p.n_heads + h) * p.head_dim + 8u * j0 + 4u * (i % pq);
-            scratch[n * stride + i % pq] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
+    // Scores: 8 dims a slab; the next slab's K quad and q loaded while the
+    // current one is summed.
+    var s: array<vec4<f32>, SPANS>;
+    var kq = load_k(row0, row_quads, 0u, lane.idx, live);
+    var qv = vec4<f32>(0.0);
+    if lane.idx < 64u {
+        qv = load_q(tok0 + lane.idx / 2u, h, 4u * (lane.idx % 2u));
+    }
+    for (var j = 0u; j < row_quads; j++) {
+        workgroupBarrier(); // the previous slab's readers are done
+        kv_s[lane.idx] = bitcast<vec4<u32>>(lo4(kq));
+        kv_s[WG + lane.idx] = bitcast<vec4<u32>>(hi4(kq));
+        if lane.idx < 64u {
+            q_s[(lane.idx % 2u) * 32u + lane.idx / 2u] = qv;
         }
         workgroupBarrier();
-        if t < end {
-            let j1 = min(j0 + piece, quads);
-            var j = j0;
-            for (; j + 3u < j1; j += 4u) {
-                let k0 = k_cache[row + j];
-                let k1 = k_cache[row + j + 1u];
-                let k2 = k_cache[row + j + 2u];
-                let k3 = k_cache[row + j + 3u];
-                let a0 = lo4(k0);
-                let b0 = hi4(k0);
-                let a1 = lo4(k1);
-                let b1 = hi4(k1);
-                let a2 = lo4(k2);
-                let b2 = hi4(k2);
-                let a3 = lo4(k3);
-                let b3 = hi4(k3);
-                let jl = j - j0;
-                for (var g = 0u; g < GROUPS; g++) {
-                    d[g] += dot8x4(a0, b0, g, jl, stride) + dot8x4(a1, b1, g, jl + 1u, stride)
-                        + dot8x4(a2, b2, g, jl + 2u, stride) + dot8x4(a3, b3, g, jl + 3u, stride);
-                }
-            }
-            for (; j < j1; j++) {
-                let k = k_cache[row + j];
-                let a = lo4(k);
-                let b = hi4(k);
-                for (var g = 0u; g < GROUPS; g++) {
-                    d[g] += dot8x4(a, b, g, j - j0, stride);
-                }
+        if j + 1u < row_quads {
+            kq = load_k(row0, row_quads, j + 1u, lane.idx, live);
+            if lane.idx < 64u {
+                qv = load_q(tok0 + lane.idx / 2u, h, 8u * (j + 1u) + 4u * (lane.idx % 2u));
             }
         }
+        let n = 4u * g;
+        let qa = q_s[n];
+        let qb = q_s[32u + n];
+        let qc = q_s[n + 1u];
+        let qd = q_s[33u + n];
+        let qe = q_s[n + 2u];
+        let qf = q_s[34u + n];
+        let qg = q_s[n + 3u];
+        let qh = q_s[35u + n];
+        // for # in SPANS: s[#] += scores4(t + 32u * #u, qa, qb, qc, qd, qe, qf, qg, qh);
     }
-    var stats: array<Stats, GROUPS>;
-    // for # in GROUPS: stats[#] = group_stats(#u, d[#], t, end, first_pos, start, lane);
 
-    // Invocation (slice, i) sums dims 8i..8i+7 (one 16-byte load per
-    // position, shared by the tokens) over positions start + slice,
-    // start + slice + n_slices, ... (in that order, across the pieces of
-    // exp(s - m)); then the slices are added, token by token.
-    let row_quads = p.head_dim / 8u;
-    let n_slices = WG / row_quads;
-    let slice = lane.idx / row_quads;
-    let i = lane.idx % row_quads;
-    let vb = kv_base / 4u + i;
-    let e_piece = 8u * WG / TOKENS;
-    var lo: array<vec4<f32>, TOKENS>;
-    var hi: array<vec4<f32>, TOKENS>;
-    for (var p0 = 0u; p0 < WG; p0 += e_piece) {
-        workgroupBarrier(); // the previous readers of scratch are done
-        if lane.idx >= p0 && lane.idx < p0 + e_piece {
-            for (var g = 0u; g < GROUPS; g++) {
-                scratch[(lane.idx - p0) * GROUPS + g] = stats[g].e;
-            }
-        }
-        workgroupBarrier();
-        if slice < n_slices {
-            // The slice's first position in the piece.
-            var o = slice;
-            if p0 > slice {
-                o = slice + (p0 - slice + n_slices - 1u) / n_slices * n_slices;
-            }
-            let o_end = min(p0 + e_piece, end - start);
-            for (; o < o_end; o += n_slices) {
-                let v = v_cache[vb + (start + o) * row_quads];
-                let a = lo4(v);
-                let b = hi4(v);
-                for (var g = 0u; g < GROUPS; g++) {
-                    let ev = scratch[(o - p0) * GROUPS + g];
-                    for (var r = 0u; r < 4u; r++) {
-                        lo[4u * g + r] += ev[r] * a;
-                        hi[4u * g + r] += ev[r] * b;
-                    }
-                }
-            }
-        }
+    // Softmax statistics of the 4 tokens over the chunk.
+    let ends = min(vec4<u32>(first_pos + 4u * g) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.capacity));
+    // for # in SPANS: s[#] = masked(s[#], #u, t, start, ends);
+    var m = vec4<f32>(-3.0e38);
+    // for # in SPANS: m = max(m, s[#]);
+    m = group_reduce(m, g, t, true);
+    var l = vec4<f32>(0.0);
+    // for # in SPANS: s[#] = weights(s[#], #u, t, start, ends, m);
+    // for # in SPANS: l += s[#];
+    l = group_reduce(l, g, t, false);
+    let first = (tok0 + 4u * g) * p.n_heads + h;
+    if t == 0u {
+        part_ml[first * n_chunks + c] = vec2<f32>(m.x, l.x);
+        part_ml[(first + p.n_heads) * n_chunks + c] = vec2<f32>(m.y, l.y);
+        part_ml[(first + 2u * p.n_heads) * n_chunks + c] = vec2<f32>(m.z, l.z);
+        part_ml[(first + 3u * p.n_heads) * n_chunks + c] = vec2<f32>(m.w, l.w);
     }
-    let at = Parts(tok0, h, c, n_chunks, row_quads, n_slices);
-    // for # in TOKENS: finish_token(at, #u, lo[#], hi[#], vec2<f32>(stats[# / 4].m[# % 4], stats[# / 4].l[# % 4]), lane);
+
+    // acc: span by span, the weights through red_f, V through kv_s.
+    let halves = (row_quads + 15u) / 16u;
+    let at = Span(lane.idx, g, t, kv_base, start, row_quads, live, halves);
+    var acc: array<vec4<f32>, 8>;
+    // for # in SPANS: if #u < spans { acc = span(acc, s[#], #u, at); }
+    store_acc(first * n_chunks + c, 4u * t, acc[0], acc[4]);
+    store_acc((first + p.n_heads) * n_chunks + c, 4u * t, acc[1], acc[5]);
+    store_acc((first + 2u * p.n_heads) * n_chunks + c, 4u * t, acc[2], acc[6]);
+    store_acc((first + 3u * p.n_heads) * n_chunks + c, 4u * t, acc[3], acc[7]);
 }

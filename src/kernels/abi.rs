@@ -320,7 +320,7 @@ mod tests {
             assert!(k.matmul_source().is_none_or(|(src, _)| once(&src)), "{k:?}");
             assert!(k.matmul_constants().is_none_or(|c| once(&c.msl_source())), "{k:?}");
         }
-        assert!(once(&crate::kernels::attention_prefill_source(true, Default::default()).0));
+        assert!(once(&crate::kernels::attention_prefill_source(true).0));
         assert!(once(&crate::kernels::matmul::stage_source()));
         for k in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
             let coop = crate::kernels::MatmulConstants { coop: true, ..k.matmul_constants().unwrap() };

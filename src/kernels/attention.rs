@@ -7,7 +7,6 @@
 use super::abi::{gpu_struct, ATTENTION_KEY_LANES, MAX_HEAD_DIM};
 use super::matmul::MATMUL_TOKENS_PER_WG;
 use super::{Bind, Kernel, WG};
-use crate::error::Result;
 
 gpu_struct! {
     /// The uniform of `qk_norm_rope` and the `attention_partial` variants.
@@ -87,69 +86,20 @@ const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
 // each position's partial dots fit its 8 floats of workgroup memory.
 const _: () = assert!(WG.is_multiple_of(ATTENTION_KEY_LANES) && ATTENTION_KEY_LANES <= 8);
 
-/// The environment variable that picks [`PrefillAttentionTokens`]: `4`, `8`
-/// or `16`.
-pub const PREFILL_ATTENTION_TOKENS_ENV: &str = "QWEN3_WGPU_PREFILL_ATTENTION_TOKENS";
-
-/// Prompt tokens one `attention_prefill` workgroup serves (its `TOKENS`):
-/// each K and V row it reads serves that many queries. Every value
-/// computes each token's results with the same operations in the same
-/// order (bit for bit the same on lavapipe, tests/kernels.rs); they differ
-/// in memory traffic and registers only. Workgroup memory is the same for
-/// all (8 KB at [`WG`] = 256, plus the reduction prelude's 5 KB): q and
-/// exp(s - m) pass through it a piece at a time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PrefillAttentionTokens(u32);
-
-impl PrefillAttentionTokens {
-    /// Four tokens per workgroup (one vec4 of them): each K/V row is read
-    /// 64 times per 256-token batch.
-    pub const FOUR: Self = PrefillAttentionTokens(4);
-    /// Eight: half the K/V reads of four, 64 accumulator floats per
-    /// invocation (four: 32), q of a head_dim up to 256 in one piece.
-    pub const EIGHT: Self = PrefillAttentionTokens(8);
-    /// Sixteen: a quarter of the K/V reads of four, but 128 accumulator
-    /// floats per invocation (fewer workgroups resident) and q in pieces
-    /// of 128 dims.
-    pub const SIXTEEN: Self = PrefillAttentionTokens(16);
-    /// The default: half the K/V traffic of four at half sixteen's
-    /// accumulator registers.
-    pub const DEFAULT: Self = Self::EIGHT;
-
-    /// Every value, by its name in [`PREFILL_ATTENTION_TOKENS_ENV`].
-    pub const ALL: [(&'static str, Self); 3] = [("4", Self::FOUR), ("8", Self::EIGHT), ("16", Self::SIXTEEN)];
-
-    /// The value [`PREFILL_ATTENTION_TOKENS_ENV`] names: `None` when it is
-    /// unset or empty, an `invalid_argument` error when it names none.
-    pub fn from_env() -> Result<Option<Self>> {
-        crate::settings::env_choice(PREFILL_ATTENTION_TOKENS_ENV, &Self::ALL)
-    }
-
-    /// Tokens per workgroup.
-    pub fn get(self) -> u32 {
-        self.0
-    }
-}
-
-impl Default for PrefillAttentionTokens {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
-
-// attention_prefill carries its tokens in vec4s, and its q pieces (WG /
-// TOKENS K loads each) are whole multiples of its four loads at a time. A
-// last partial group computes tokens past the batch from the rows past it:
-// the session's batch buffers hold whole tiles of the tiled matmul's tokens.
-const _: () = {
-    let mut i = 0;
-    while i < PrefillAttentionTokens::ALL.len() {
-        let tokens = PrefillAttentionTokens::ALL[i].1 .0;
-        assert!(tokens.is_multiple_of(4) && WG.is_multiple_of(tokens) && (WG / tokens).is_multiple_of(4));
-        assert!(MATMUL_TOKENS_PER_WG.is_multiple_of(tokens));
-        i += 1;
-    }
-};
+/// Prompt tokens one `attention_prefill` workgroup serves: each K and V
+/// value it stages in workgroup memory serves that many queries. Its
+/// invocations own 4 tokens (a vec4) each, in 8 groups.
+pub const PREFILL_ATTENTION_TOKENS: u32 = 32;
+/// Spans of 32 positions in a chunk: each `attention_prefill` invocation
+/// scores one position of every span.
+const PREFILL_SPANS: u32 = ATTENTION_CHUNK / 32;
+// attention_prefill's layout: 8 groups of 4 tokens x 32 lanes (one
+// position per span each), its K slab and V span staged one quad per
+// invocation. A last partial group computes tokens past the batch from the
+// rows past it: the session's batch buffers hold whole tiles of the tiled
+// matmul's tokens.
+const _: () = assert!(WG == 256 && PREFILL_ATTENTION_TOKENS == 32 && MAX_HEAD_DIM <= 256);
+const _: () = assert!(MATMUL_TOKENS_PER_WG.is_multiple_of(PREFILL_ATTENTION_TOKENS));
 
 /// Which `attention_partial` variant (its override constants; see the
 /// kernel's header).
@@ -195,34 +145,30 @@ impl AttentionConstants {
 }
 
 /// The WGSL and override constants of `attention_prefill`, the
-/// prompt-batch pipeline of [`Kernel::AttentionPartial`]: `tokens` tokens
-/// per workgroup, on its bind-group layout.
-pub fn attention_prefill_source(
-    subgroups: bool,
-    tokens: PrefillAttentionTokens,
-) -> (String, Vec<(&'static str, f64)>) {
+/// prompt-batch pipeline of [`Kernel::AttentionPartial`], on its
+/// bind-group layout.
+pub fn attention_prefill_source(subgroups: bool) -> (String, Vec<(&'static str, f64)>) {
     let k = Kernel::AttentionPartial;
-    let body = write_out_loops(include_str!("../../kernels/wgsl/attention_prefill.wgsl"), tokens.get());
-    let src = format!("const TOKENS: u32 = {}u;\n{}", tokens.get(), k.source_with(subgroups, &body));
+    let body = write_out_loops(include_str!("../../kernels/wgsl/attention_prefill.wgsl"), PREFILL_SPANS);
+    let src = format!(
+        "const TOKENS: u32 = {PREFILL_ATTENTION_TOKENS}u;\nconst SPANS: u32 = {PREFILL_SPANS}u;\n{}",
+        k.source_with(subgroups, &body)
+    );
     (src, vec![("WG", k.workgroup_size() as f64)])
 }
 
-/// `body` with each line `// for # in GROUPS: code` (or `TOKENS`) written
-/// out as `code` once per group of 4 tokens (or token), `#` standing for
-/// its index: attention_prefill's loops whose bodies hold barriers, which
-/// a compiler might keep as loops and so index its per-token arrays at run
-/// time (in memory rather than registers).
-fn write_out_loops(body: &str, tokens: u32) -> String {
-    let mut out = String::with_capacity(body.len() + 2048);
+/// `body` with each line `// for # in SPANS: code` written out as `code`
+/// once per span, `#` standing for its index: attention_prefill's loops
+/// over its per-span scores, which a compiler might keep as loops and so
+/// index them at run time (in memory rather than registers).
+fn write_out_loops(body: &str, spans: u32) -> String {
+    let mut out = String::with_capacity(body.len() + 4096);
     for line in body.lines() {
         let code = line.trim_start();
         let indent = &line[..line.len() - code.len()];
-        let loop_of = [("GROUPS", tokens / 4), ("TOKENS", tokens)]
-            .into_iter()
-            .find_map(|(name, count)| Some((code.strip_prefix(&format!("// for # in {name}: "))?, count)));
-        match loop_of {
-            Some((code, count)) => {
-                for i in 0..count {
+        match code.strip_prefix("// for # in SPANS: ") {
+            Some(code) => {
+                for i in 0..spans {
                     out.push_str(&format!("{indent}{}\n", code.replace('#', &i.to_string())));
                 }
             }

@@ -243,7 +243,7 @@ impl Launch {
     /// prefill): the grid's z dimension, which every batched kernel reads
     /// as the token's index in the batch (a matvec's prefill pipelines and
     /// `attention_prefill` as the index of its group of tokens,
-    /// [`super::PREFILL_TOKENS_PER_WG`] and [`Kernels::attention_tokens`],
+    /// [`super::PREFILL_TOKENS_PER_WG`] and [`super::PREFILL_ATTENTION_TOKENS`],
     /// `int8_matmul` as that of its tile of tokens for a batch that fills
     /// one).
     pub fn record_batch(&self, pass: &mut wgpu::ComputePass<'_>, _kernels: &Kernels, tokens: u32) {

@@ -23,8 +23,8 @@ pub mod sample;
 pub use abi::{quant_padded, GpuStruct, Step, MAX_HEAD_DIM, MAX_PENALTY_WINDOW, NONE, SAMPLE_TOP_K_MAX};
 pub use argmax::{ArgmaxFinalParams, ArgmaxPartialParams, ARGMAX_CHUNK};
 pub use attention::{
-    attention_prefill_source, AttentionConstants, AttentionVariant, HeadParams, PrefillAttentionTokens,
-    ReduceParams, ATTENTION_CHUNK, HEAD_DIM_MULTIPLE, PREFILL_ATTENTION_TOKENS_ENV,
+    attention_prefill_source, AttentionConstants, AttentionVariant, HeadParams, ReduceParams,
+    ATTENTION_CHUNK, HEAD_DIM_MULTIPLE, PREFILL_ATTENTION_TOKENS,
 };
 pub use choice::{
     msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, RowsMatvecCase, SelfCheck,
@@ -66,7 +66,7 @@ const _: () = assert!(WG.is_power_of_two());
 
 /// Prompt tokens one per-token prefill matvec workgroup multiplies at once
 /// (the WGSL `TOKENS` override of those prefill pipelines); the tokens one
-/// `attention_prefill` workgroup serves are [`PrefillAttentionTokens`].
+/// `attention_prefill` workgroup serves are [`PREFILL_ATTENTION_TOKENS`].
 pub const PREFILL_TOKENS_PER_WG: u32 = 4;
 
 /// The workgroup reductions every WGSL kernel starts with: on subgroup

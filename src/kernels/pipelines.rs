@@ -17,7 +17,7 @@ use super::compile::{bind_group_layout, build, Code, ShaderChecks};
 use super::matmul::COOP_KSPLITS;
 use super::{
     attention_prefill_source, AttentionConstants, Constants, Kernel, MatmulConstants, MatmulTile,
-    MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, PrefillAttentionTokens, MATMUL_MSL_WG,
+    MatvecConstants, MatvecLayout, MatvecShape, MatvecSplit, MATMUL_MSL_WG, PREFILL_ATTENTION_TOKENS,
 };
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
@@ -65,7 +65,7 @@ pub struct Pipeline {
 pub(crate) struct LaunchPipelines {
     pub decode: wgpu::ComputePipeline,
     /// [`super::PREFILL_TOKENS_PER_WG`] tokens per workgroup (a matvec) or
-    /// [`Kernels::attention_tokens`] (`attention_prefill`), on the decode
+    /// [`PREFILL_ATTENTION_TOKENS`] (`attention_prefill`), on the decode
     /// grid.
     pub per_token: Option<wgpu::ComputePipeline>,
     /// Tokens per workgroup of `per_token`: its grid's z groups.
@@ -173,9 +173,6 @@ pub struct Kernels {
     /// ([`super::matmul::COOP_MIN_ROWS_ENV`], else
     /// [`super::matmul::COOP_MIN_ROWS`]).
     pub coop_min_rows: u32,
-    /// Prompt tokens per `attention_prefill` workgroup
-    /// ([`PrefillAttentionTokens::from_env`], else the default).
-    pub attention_tokens: PrefillAttentionTokens,
     /// The register tiling of the f32 `int8_matmul` pipelines
     /// ([`MatmulTile::from_env`], else [`MatmulTile::DEFAULT`]).
     pub matmul_tile: MatmulTile,
@@ -311,7 +308,6 @@ impl Kernels {
             matvec_layout,
             coop,
             coop_emulated: coop && gpu.coop_emulated,
-            attention_tokens: PrefillAttentionTokens::from_env()?.unwrap_or_default(),
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             coop_ksplit: super::matmul::coop_ksplit_from_env()?,
             coop_min_rows: super::matmul::coop_min_rows_from_env()?.unwrap_or(super::matmul::COOP_MIN_ROWS),
@@ -404,9 +400,7 @@ impl Kernels {
                 crate::kernels::msl::msl_source(k).ok_or_else(|| missing("MSL twin"))?,
                 crate::kernels::msl::msl_entry(k),
             ),
-            Program::AttentionPrefill => {
-                (attention_prefill_source(self.subgroups, self.attention_tokens).0, "attention_prefill")
-            }
+            Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
             Program::Matmul => match key.constants {
                 Constants::Matmul(c) => (c.source(), "int8_matmul"),
                 _ => return Err(missing("int8_matmul constants")),
@@ -458,7 +452,7 @@ impl Kernels {
             decode: self.built(self.decode_key(k)),
             per_token: per_token.map(|key| self.built(key)),
             per_token_tokens: match k {
-                Kernel::AttentionPartial => self.attention_tokens.get(),
+                Kernel::AttentionPartial => PREFILL_ATTENTION_TOKENS,
                 _ => super::PREFILL_TOKENS_PER_WG,
             },
             tiled: tiled.and_then(tiled_pipeline),
@@ -818,7 +812,7 @@ mod tests {
         let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
         assert!(attention.per_token.is_some() && attention.tiled.is_none());
         // Its grid's z groups are those of the tokens the set was built for.
-        assert_eq!(attention.per_token_tokens, kernels.attention_tokens.get());
+        assert_eq!(attention.per_token_tokens, PREFILL_ATTENTION_TOKENS);
         assert_eq!(normed.per_token_tokens, crate::kernels::PREFILL_TOKENS_PER_WG);
         let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
         assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
