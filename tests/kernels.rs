@@ -813,3 +813,62 @@ fn staging_matches_the_cpu_reference() {
         }
     }
 }
+
+/// Every WGSL program a Metal device may build (each kernel's, in both
+/// reduction variants; the prompt-batch attention; the f32 tiled product)
+/// goes through the naga path wgpu's Metal backend takes: parse, validate,
+/// overrides, MSL. On a Mac these run where a kernel has no MSL twin or its
+/// twin falls back, so a construct naga cannot write as MSL would fail
+/// there only at start-up; here it fails on every machine.
+#[test]
+fn every_wgsl_program_translates_to_msl() {
+    let msl = |what: &str, source: &str, constants: &[(&str, f64)], entry: &str| {
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        let constants: naga::back::PipelineConstants =
+            constants.iter().map(|&(name, v)| (name.to_string(), v)).collect();
+        let (module, info) =
+            naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let options = naga::back::msl::Options {
+            lang_version: (3, 0),
+            fake_missing_bindings: true,
+            ..Default::default()
+        };
+        let pipeline = naga::back::msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+            ..Default::default()
+        };
+        let (text, _) = naga::back::msl::write_string(&module, &info, &options, &pipeline)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(text.contains(&format!("kernel void {entry}")), "{what}: no kernel {entry} in the MSL");
+    };
+    let mut programs = 0;
+    for sub in [true, false] {
+        for k in Kernel::ALL {
+            for layout in [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK] {
+                msl(
+                    &format!("{k:?} (subgroups {sub}, {layout:?})"),
+                    &k.source(sub),
+                    &k.constants(layout),
+                    k.entry(),
+                );
+                programs += 1;
+            }
+            if let Some((source, constants)) = k.matmul_source() {
+                msl(&format!("{k:?} int8_matmul"), &source, &constants, "int8_matmul");
+                programs += 1;
+            }
+        }
+        let (source, constants) = kernels::attention_prefill_source(sub);
+        msl("attention_prefill", &source, &constants, "attention_prefill");
+        programs += 1;
+    }
+    assert!(programs > 2 * 2 * Kernel::ALL.len(), "{programs} programs");
+}
