@@ -2,7 +2,7 @@
 # The decode example's contract: --json prints the result object as the last
 # line (its "kernels": "msl" or "wgsl", and the start-up "self_check"); without --backend portable a non-Metal machine exits 2 with
 # non_metal_adapter; a missing checkpoint exits 2 with checkpoint_not_found; a
-# malformed argument exits 2 with invalid_argument (tests/cli.rs has the full set).
+# malformed argument exits 2 with invalid_argument (tests/it/cli.rs has the full set).
 set -euo pipefail
 # The engine's variables apply where a flag is absent: start from none.
 unset QWEN3_WGPU_BACKEND QWEN3_WGPU_KERNELS QWEN3_WGPU_MATVEC_LAYOUT

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command. On Linux it installs a Vulkan driver when none
 # is present (Mesa's lavapipe runs the kernels on the CPU) and g++ (the MSL
-# kernels run on the CPU as C++, tests/msl_kernels.rs). On macOS it installs
-# nothing: the adapter is Metal, and tests/metal_kernels.rs runs the kernel
+# kernels run on the CPU as C++, tests/it/msl_kernels.rs). On macOS it installs
+# nothing: the adapter is Metal, and tests/it/metal_kernels.rs runs the kernel
 # cases on it for the WGSL and the MSL pipelines and compiles every MSL
 # variant with `xcrun -sdk macosx metal -Werror` (Xcode needed). Then format,
 # lint (with and without the `hub` feature), every test of the workspace
@@ -16,7 +16,7 @@ if [ "$(uname -s)" = Darwin ]; then
     command -v g++ >/dev/null || { echo "g++ (Apple clang) is missing: xcode-select --install"; exit 1; }
     if ! xcrun -sdk macosx -f metal >/dev/null 2>&1; then
         echo "Apple's Metal compiler is missing: install Xcode (on Xcode 26 or later also" \
-            "xcodebuild -downloadComponent MetalToolchain); tests/metal_kernels.rs needs it"
+            "xcodebuild -downloadComponent MetalToolchain); tests/it/metal_kernels.rs needs it"
         exit 1
     fi
 else
@@ -51,8 +51,8 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 # Every build below has the same features, the optional `hub` one on
-# (its tests, tests/hub.rs and decode --model, need it): one feature
-# resolution, so the dependencies build once. The examples tests/cli.rs
+# (its tests, tests/it/hub.rs and decode --model, need it): one feature
+# resolution, so the dependencies build once. The examples tests/it/cli.rs
 # and the smoke test build get the same features.
 export QWEN3_WGPU_TEST_FEATURES=hub
 features=(--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES")

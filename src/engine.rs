@@ -92,7 +92,7 @@ impl EngineBuilder {
     /// prefill on an H200 (BENCHMARKS.md 2026-12-02).
     /// Checked at start-up like every kernel, with the f32 program as
     /// fallback ([`KernelReport::cooperative_matrices`]); the MLX
-    /// comparisons (tests/e2e_mlx.rs) pass with them on that device. Decode
+    /// comparisons (tests/it/e2e_mlx.rs) pass with them on that device. Decode
     /// steps never use them. Memory: the model's first session makes a
     /// staging buffer of its largest matrix at 2 bytes a value plus a
     /// prompt batch of its inputs (13.1 MB for the 0.6B model, 101 MB for

@@ -1,6 +1,6 @@
 //! The shapes the engine's kernels can run, as plain numbers: config
 //! validation reads them here without depending on the kernels (which
-//! are compiled for them: tests/config.rs ties the two).
+//! are compiled for them: tests/it/config.rs ties the two).
 
 /// `head_dim` must be a multiple of this: RoPE rotates pairs of
 /// dimensions, and attention reads K eight halves at a time.

@@ -131,7 +131,7 @@ pub enum q3w_status {
 
 /// Each error status with its stable code, in `Error::ALL_CODES`' order. The
 /// array's length is that of `Error::ALL_CODES`, so a code added there fails
-/// to compile here until it has a status (and `tests/header.rs` checks
+/// to compile here until it has a status (and `tests/it/header.rs` checks
 /// each pair against `Error::ALL_CODES`).
 pub const ERROR_STATUSES: [(q3w_status, &str); Error::ALL_CODES.len()] = [
     (q3w_status::Q3W_CHECKPOINT_NOT_FOUND, "checkpoint_not_found"),

@@ -133,7 +133,7 @@ pub(crate) fn build(
                             // here (ShaderChecks::keeps); the host sizes every
                             // binding for the params, the
                             // kernel tests run them at awkward shapes against the
-                            // checked build bit for bit (tests/shader_checks.rs),
+                            // checked build bit for bit (tests/it/shader_checks.rs),
                             // and their MSL twins run on Metal under the same
                             // contract.
                             unsafe {
@@ -158,7 +158,7 @@ pub(crate) fn build(
                         }];
                         // SAFETY: the source is one of the MSL twins: its buffer
                         // slots are checked against `bindings`
-                        // (tests/msl_kernels.rs), it is executed against the CPU
+                        // (tests/it/msl_kernels.rs), it is executed against the CPU
                         // references through the C++ shim, and it guards every
                         // access against the sizes in its params. Off Metal,
                         // wgpu itself rejects the module (a validation error):

@@ -373,7 +373,7 @@ mod tests {
 
     /// The staging range holds the weights' part, then the inputs', each
     /// where the staging program writes it (the inputs at the weights'
-    /// bytes, tests/kernels.rs), at offsets a storage binding may take.
+    /// bytes, tests/it/kernels.rs), at offsets a storage binding may take.
     #[test]
     fn the_staging_parts_tile_the_range() {
         for (rows, k_words, tokens) in [(70, 64, 70), (1024, 256, 256), (151_936, 256, 1), (13, 64, 128)] {

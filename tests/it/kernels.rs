@@ -3,9 +3,9 @@
 //! or subgroup size), in both reduction variants (subgroup and workgroup
 //! memory), in every matvec layout. Outputs are poisoned with NaN before
 //! each run so an unwritten element fails. The cases and references are
-//! the ones the MSL twins run (tests/common).
+//! the ones the MSL twins run (tests/it/common).
 
-mod common;
+use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,

@@ -3,7 +3,7 @@
 //! entry point catches panics.
 //!
 //! After changing the API: `QWEN3_WGPU_UPDATE_HEADER=1 cargo test
-//! --workspace --test header` rewrites `include/qwen3_wgpu.h` (a `-p`
+//! --workspace --test it header::` rewrites `include/qwen3_wgpu.h` (a `-p`
 //! build resolves the workspace's features differently and rebuilds every
 //! dependency).
 
@@ -40,7 +40,7 @@ fn the_checked_in_header_is_fresh() {
     }
     assert!(
         checked_in_header() == generated,
-        "{} is stale: run QWEN3_WGPU_UPDATE_HEADER=1 cargo test --workspace --test header",
+        "{} is stale: run QWEN3_WGPU_UPDATE_HEADER=1 cargo test --workspace --test it header::",
         path.display()
     );
 }

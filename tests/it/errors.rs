@@ -136,7 +136,7 @@ fn no_gpu_adapter() {
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["no_gpu_adapter", "--exact", "--nocapture", "--test-threads=1"])
+        .args(["errors::no_gpu_adapter", "--exact", "--nocapture", "--test-threads=1"])
         .env("QWEN3_WGPU_TEST_CHILD", "1")
         .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
         .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")

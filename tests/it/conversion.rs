@@ -1,8 +1,9 @@
 //! Int8 conversion through the load step: every dtype, sharded and tied
 //! or untied checkpoints, and the MLX fixtures bit for bit.
 
-mod tiny_checkpoint;
+use crate::tiny_checkpoint;
 
+use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::CachePolicy;
 use qwen3_wgpu::internals::checkpoint::{expected_tensors, Checkpoint};
 use qwen3_wgpu::internals::config::load_config;
@@ -12,7 +13,6 @@ use qwen3_wgpu::Error;
 use safetensors::Dtype;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use tiny_checkpoint::*;
 
 #[test]
 fn converts_and_writes_cache_then_hits_it() {

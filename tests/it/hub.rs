@@ -3,7 +3,6 @@
 //! holding a fixture checkpoint: offline by option and by `HF_HUB_OFFLINE`,
 //! with the network unreachable, by branch, tag and commit, and the errors
 //! (not cached, a broken cache, a malformed id).
-#![cfg(feature = "hub")]
 
 use std::path::{Path, PathBuf};
 
@@ -137,6 +136,9 @@ fn a_malformed_id_or_revision_is_invalid_argument() {
 /// resolves and an uncached one names the failed download.
 #[test]
 fn the_environment_chooses_the_cache_and_offline_mode() {
+    if !crate::support::alone_in_child(module_path!(), "the_environment_chooses_the_cache_and_offline_mode") {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("hf");
     let snapshot = lay_out_cache(&home.join("hub"));

@@ -5,11 +5,11 @@
 //! grid (128-row tiles run half the workgroups of 64-row ones, narrow ones
 //! up to four times as many), a 300-token prompt ends
 //! in the default tiling's logits bit for bit (every tiling computes each
-//! output as the same sum in the same order; tests/kernels.rs runs every
+//! output as the same sum in the same order; tests/it/kernels.rs runs every
 //! tiling against the base one kernel by kernel). One test: the variable
 //! is the process's.
 
-mod common;
+use crate::common;
 
 use common::logits_after_a_long_prompt;
 use qwen3_wgpu::internals::kernels::{MatmulTile, MATMUL_TILE_ENV};
@@ -17,6 +17,12 @@ use qwen3_wgpu::{AdapterPolicy, Engine};
 
 #[test]
 fn every_tiling_gives_the_default_logits_and_an_unknown_one_is_a_named_error() {
+    if !crate::support::alone_in_child(
+        module_path!(),
+        "every_tiling_gives_the_default_logits_and_an_unknown_one_is_a_named_error",
+    ) {
+        return;
+    }
     std::env::remove_var(MATMUL_TILE_ENV);
     let want = logits_after_a_long_prompt();
 

@@ -9,7 +9,7 @@
 //! SIMD-group matrices are themselves checked against plain matrix
 //! products.
 
-mod common;
+use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, argmax_partial_params, assert_matvec,

@@ -1,6 +1,6 @@
 //! The kernel cases both backends run: the WGSL kernels on a Vulkan
-//! adapter (tests/kernels.rs) and their MSL twins through the C++ shim
-//! (tests/msl_kernels.rs). Each builds random non-zero inputs and
+//! adapter (tests/it/kernels.rs) and their MSL twins through the C++ shim
+//! (tests/it/msl_kernels.rs). Each builds random non-zero inputs and
 //! NaN-poisoned outputs, runs the launches through `run`, and checks the
 //! results against the CPU references (or returns them, for the matvec, so
 //! a test can expect a broken kernel to fail).

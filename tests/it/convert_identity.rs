@@ -5,10 +5,11 @@
 //! to the values recorded from the sequential converter, on one worker
 //! thread and on several.
 
-mod tiny_checkpoint;
+use crate::tiny_checkpoint;
 
 use std::path::{Path, PathBuf};
 
+use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::checkpoint::{Checkpoint, HASH_PIECE};
 use qwen3_wgpu::internals::config::load_config;
 use qwen3_wgpu::internals::convert::{blob_bytes, convert};
@@ -17,7 +18,6 @@ use qwen3_wgpu::internals::testing::write_random_checkpoint;
 use qwen3_wgpu::{CachePolicy, ModelConfig, ShapeProfile};
 use safetensors::Dtype;
 use sha2::{Digest, Sha256};
-use tiny_checkpoint::*;
 
 /// (case, sha256 of the converted blob, cache key), recorded from the
 /// sequential converter (commit 0b00686).

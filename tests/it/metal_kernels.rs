@@ -1,4 +1,4 @@
-//! The kernels on a Metal adapter (macOS): the cases of tests/common run
+//! The kernels on a Metal adapter (macOS): the cases of tests/it/common run
 //! every WGSL kernel (both reduction preludes, both matvec layouts) and
 //! every MSL twin, built as the engine builds them (`kernels::compile_msl`
 //! on `msl::msl_source`, and the `int8_matmul` twin on
@@ -13,7 +13,7 @@
 //! every system, so lint checks it everywhere.
 #![cfg_attr(not(target_os = "macos"), allow(dead_code, unused_imports))]
 
-mod common;
+use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
@@ -119,7 +119,7 @@ fn msl_run(gpu: &Gpu) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> +
 }
 
 /// The decode-shaped cases of every kernel family but the matvec, through
-/// `run` (the ones tests/kernels.rs and tests/msl_kernels.rs run).
+/// `run` (the ones tests/it/kernels.rs and tests/it/msl_kernels.rs run).
 fn run_non_matvec_cases(run: common::cases::Run<'_>, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     for &(n, chunk) in
@@ -212,7 +212,7 @@ fn metal_msl_kernels_match_cpu() {
 /// The prompt-batch product's MSL twin on SIMD-group matrices, built as
 /// the engine builds it (`MatmulConstants::msl_source`, threadgroups of
 /// `MATMUL_MSL_WG`), in every epilogue: the awkward shapes
-/// tests/msl_kernels.rs runs through the shim, and Qwen3-0.6B's qkv and
+/// tests/it/msl_kernels.rs runs through the shim, and Qwen3-0.6B's qkv and
 /// gate/up over a 512-token prompt.
 #[cfg(target_os = "macos")]
 #[test]
@@ -250,7 +250,7 @@ fn metal_msl_matmul_matches_cpu() {
 
 /// The device's SIMD-group matrices compute what the shim's emulation does,
 /// with the element table the shim and the `int8_matmul` twin assume (the
-/// probe tests/msl_kernels.rs runs through the shim).
+/// probe tests/it/msl_kernels.rs runs through the shim).
 #[cfg(target_os = "macos")]
 #[test]
 fn metal_simdgroup_matrices_match_the_shims_table() {

@@ -72,7 +72,12 @@ fn environment_variable_opts_in_to_portable() {
     }
     let run = |value: &str| {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["environment_variable_opts_in_to_portable", "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                "api::environment_variable_opts_in_to_portable",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("QWEN3_WGPU_TEST_CHILD", "1")
             .env(BACKEND_ENV, value)
             .output()

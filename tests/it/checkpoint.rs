@@ -1,12 +1,12 @@
 //! Checkpoint reading and validation: each bad weights file, tensor and
 //! dtype named with its code.
 
-mod tiny_checkpoint;
+use crate::tiny_checkpoint;
 
+use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::CachePolicy;
 use qwen3_wgpu::{Error, Mismatch};
 use safetensors::Dtype;
-use tiny_checkpoint::*;
 
 #[test]
 fn unsupported_dtypes_are_named() {

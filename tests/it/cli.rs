@@ -23,7 +23,7 @@ const SETTINGS: [&str; 4] = [
 ];
 
 /// The decode example's binary, built from this tree for this test's
-/// profile. `cargo test --test cli` builds no examples, and one left over
+/// profile. `cargo test --test it cli::` builds no examples, and one left over
 /// from an earlier build may be stale, so the test asks cargo itself (a
 /// no-op when it is up to date), in the target directory and profile this
 /// test binary was built in (target/<profile dir>/deps/cli-<hash>).

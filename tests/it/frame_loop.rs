@@ -14,7 +14,7 @@ use serde_json::Value;
 const FRAMES: u64 = 10;
 
 /// Builds the example for this test's profile (a no-op when it is up to
-/// date) and returns its path: `cargo test --test frame_loop` builds no
+/// date) and returns its path: `cargo test --test it frame_loop::` builds no
 /// examples itself.
 fn example_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");

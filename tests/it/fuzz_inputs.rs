@@ -7,7 +7,7 @@
 //! `QWEN3_WGPU_FUZZ_CASES` sets the number of cases (default
 //! [`DEFAULT_CASES`]) and `QWEN3_WGPU_FUZZ_SEED` the first seed (case `i`
 //! uses seed + i), for long local runs:
-//! `QWEN3_WGPU_FUZZ_CASES=1000000 cargo test --release --test fuzz_inputs -- --nocapture`.
+//! `QWEN3_WGPU_FUZZ_CASES=1000000 cargo test --release --test it fuzz_inputs:: -- --nocapture`.
 //! A failure prints its seed; `QWEN3_WGPU_FUZZ_SEED=<seed> QWEN3_WGPU_FUZZ_CASES=1` replays it.
 
 use std::collections::BTreeMap;

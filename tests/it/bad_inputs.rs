@@ -937,7 +937,7 @@ fn two_processes_convert_into_one_cache_directory() {
     let spawn = || {
         Command::new(std::env::current_exe().unwrap())
             .args([
-                "two_processes_convert_into_one_cache_directory",
+                "bad_inputs::two_processes_convert_into_one_cache_directory",
                 "--exact",
                 "--nocapture",
                 "--test-threads=1",

@@ -1,14 +1,14 @@
 //! config.json and the shape profiles: defaults, end-of-text ids, and
 //! every mismatched or unrunnable field listed.
 
-mod tiny_checkpoint;
+use crate::tiny_checkpoint;
 
+use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::CachePolicy;
 use qwen3_wgpu::internals::config::{check_profile, load_config, ModelConfig, ShapeProfile};
 use qwen3_wgpu::internals::load::load_model;
 use qwen3_wgpu::Error;
 use serde_json::json;
-use tiny_checkpoint::*;
 
 #[test]
 fn exact_profile_lists_every_mismatched_field() {

@@ -1,0 +1,34 @@
+//! Running one test alone in a child process of this test binary, for the
+//! tests that change the process's environment: every module shares one
+//! process, so a variable set on one test's thread would reach the engines
+//! other tests build at the same time.
+
+use std::process::Command;
+
+/// The variable that marks the child process, holding the test it runs.
+const ALONE_ENV: &str = "QWEN3_WGPU_TEST_ALONE";
+
+/// Whether the calling test should run its body in this process. In the
+/// parent it runs test `name` of module `module` (pass `module_path!()`)
+/// alone in a child process, asserts that exactly that test ran there and
+/// passed, and returns false; in that child it returns true.
+pub fn alone_in_child(module: &str, name: &str) -> bool {
+    // Test paths omit the crate's own name (`it::cache` is `cache`).
+    let module = module.split_once("::").map_or("", |(_, rest)| rest);
+    let test = if module.is_empty() { name.to_string() } else { format!("{module}::{name}") };
+    if std::env::var(ALONE_ENV).as_deref() == Ok(test.as_str()) {
+        return true;
+    }
+    let out = Command::new(std::env::current_exe().expect("test binary path"))
+        .args([test.as_str(), "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env(ALONE_ENV, &test)
+        .output()
+        .expect("the test binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{test} in its own process:\n{stdout}\n{stderr}"
+    );
+    false
+}
