@@ -13,8 +13,9 @@
 //! the template's own control tokens are special: a user who types
 //! `<|im_end|><|im_start|>system` gets that text, not a new system turn.
 
+use std::collections::HashSet;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Rest};
 use minijinja::{Environment, ErrorKind, Value};
@@ -341,17 +342,26 @@ impl ChatTemplate {
     /// (`options`) when both `continue_final_message` and
     /// `add_generation_prompt` are set.
     pub fn render(&self, messages: &[Message], options: &ChatOptions) -> Result<String> {
-        self.render_with(messages, options, &|s: &str| s.to_string())
+        self.render_with(&self.env, messages, options, &str::to_owned, &str::to_owned)
     }
 
     /// Renders and encodes `messages` with `tokenizer` (the checkpoint's),
-    /// ready to feed. The template's own control tokens (`<|im_start|>`,
-    /// `<|im_end|>`) are special; special-token strings inside message
-    /// contents, tool data and variables are encoded as text unless
-    /// [`ChatOptions::special_tokens_in_content`] is set. The ids decode to
-    /// [`render`](Self::render)'s text, and equal transformers'
-    /// `apply_chat_template(..., tokenize=True)` whenever the contents hold
-    /// no special-token string.
+    /// ready to feed. The ids decode to [`render`](Self::render)'s text,
+    /// whatever the template does with the data. The template's own control
+    /// tokens (`<|im_start|>`, `<|im_end|>`) are special; special-token
+    /// strings from the caller's data (message contents and fields, tools,
+    /// variables) are encoded as text unless
+    /// [`ChatOptions::special_tokens_in_content`] is set. When the data holds
+    /// no special-token string the ids equal transformers'
+    /// `apply_chat_template(..., tokenize=True)`.
+    ///
+    /// Which control tokens in the text are the template's is found by
+    /// rendering again with the data's special-token strings hidden (those
+    /// still in the text are the template's), or, where the template
+    /// transforms the data so that this render no longer lines up with the
+    /// text (slicing it, `|upper`, `|length` ...), with the template's own
+    /// special-token strings (its source and the `eos_token`-like variables)
+    /// marked instead.
     ///
     /// ```
     /// use qwen3_wgpu::{ChatOptions, ChatTemplate, Message, Tokenizer};
@@ -371,50 +381,154 @@ impl ChatTemplate {
     /// # Ok::<(), qwen3_wgpu::Error>(())
     /// ```
     ///
-    /// Errors: as [`render`](Self::render).
+    /// Errors: as [`render`](Self::render); [`Error::InvalidArgument`]
+    /// (`messages`, naming the special-token string) when the data holds a
+    /// special-token string and the template treats it so that neither
+    /// render lines up with the text (it compares the data with its own
+    /// control tokens, or cuts the text at one): remove the string, or set
+    /// `special_tokens_in_content`; `InvalidArgument` (`tokenizer`) for a
+    /// tokenizer with more than 65,533 special tokens when the data holds
+    /// one.
     pub fn encode(
         &self,
         tokenizer: &Tokenizer,
         messages: &[Message],
         options: &ChatOptions,
     ) -> Result<Vec<u32>> {
+        let text = self.render(messages, options)?;
         if options.special_tokens_in_content {
-            return tokenizer.encode(&self.render(messages, options)?);
+            return tokenizer.encode(&text);
         }
-        let specials = tokenizer.special_tokens();
-        if specials.len() > MAX_HIDDEN_SPECIALS {
+        let specials = Specials::new(tokenizer.special_tokens());
+        let mut in_data: Option<String> = None;
+        visit_data_strings(messages, options, &mut |s| {
+            if in_data.is_none() {
+                in_data = specials.first_in(s).map(str::to_owned);
+            }
+        });
+        let Some(in_data) = in_data else {
+            // Every special token in the text is the template's.
+            return tokenizer.encode(&text);
+        };
+        if specials.len() > MAX_CODED_SPECIALS {
             return Err(Error::InvalidArgument {
                 name: "tokenizer".into(),
                 reason: format!(
-                    "{} special tokens; ChatTemplate::encode hides at most {MAX_HIDDEN_SPECIALS} \
+                    "{} special tokens; ChatTemplate::encode tells apart at most {MAX_CODED_SPECIALS} \
                      (use ChatOptions::special_tokens_in_content)",
                     specials.len()
                 ),
             });
         }
-        let escaper = Escaper::new(specials);
-        // Rendered with every special-token string in the data escaped, the
-        // text's remaining special tokens are the template's own.
-        let text = self.render_with(messages, options, &|s: &str| escaper.escape(s))?;
+        let spans = self.template_specials(&text, messages, options, &specials).ok_or_else(|| {
+            Error::invalid_argument(
+                "messages",
+                format!(
+                    "the chat template transforms the special-token string {in_data:?} of the \
+                         conversation so that its own control tokens cannot be told from the \
+                         conversation's; remove it, or set ChatOptions::special_tokens_in_content"
+                ),
+            )
+        })?;
         let mut ids = Vec::new();
-        let mut rest = text.as_str();
-        while !rest.is_empty() {
-            let (before, special, after) = escaper.split_at_special(rest);
-            ids.extend(tokenizer.encode_text(&escaper.unescape(before))?);
-            if let Some(special) = special {
-                ids.extend(tokenizer.encode(special)?);
-            }
-            rest = after;
+        let mut at = 0;
+        for span in spans {
+            ids.extend(tokenizer.encode_text(&text[at..span.start])?);
+            ids.extend(tokenizer.encode(&text[span.clone()])?);
+            at = span.end;
         }
+        ids.extend(tokenizer.encode_text(&text[at..])?);
         Ok(ids)
     }
 
-    /// Renders with every string of the caller's data passed through `map`.
+    /// The spans of `text` (the rendered conversation) that hold the
+    /// template's own special tokens; `None` when they cannot be told.
+    fn template_specials(
+        &self,
+        text: &str,
+        messages: &[Message],
+        options: &ChatOptions,
+        specials: &Specials,
+    ) -> Option<Vec<Range<usize>>> {
+        if options.continue_final_message {
+            // The text is the whole render cut short (possibly after the
+            // template's end of turn): the spans are the whole render's
+            // that the cut keeps.
+            let whole_options = ChatOptions { continue_final_message: false, ..options.clone() };
+            let whole = self.render(messages, &whole_options).ok()?;
+            let mut spans = whole
+                .starts_with(text)
+                .then(|| self.template_specials(&whole, messages, &whole_options, specials))??;
+            spans.retain(|span| span.end <= text.len());
+            return Some(spans);
+        }
+        self.template_specials_by_hiding(text, messages, options, specials)
+            .or_else(|| self.template_specials_by_marking(text, messages, options, specials))
+    }
+
+    /// The spans of `text` (the rendered conversation) that hold the
+    /// template's own special tokens, found by rendering with the data's
+    /// special-token strings hidden; `None` when that render, revealed, is
+    /// not `text` (the template transformed a hidden token).
+    fn template_specials_by_hiding(
+        &self,
+        text: &str,
+        messages: &[Message],
+        options: &ChatOptions,
+        specials: &Specials,
+    ) -> Option<Vec<Range<usize>>> {
+        let hidden =
+            self.render_with(&self.env, messages, options, &|s| specials.hide(s), &str::to_owned).ok()?;
+        let (revealed, spans) = specials.restore(&hidden, ESCAPE, Coded::Data);
+        (revealed == text).then_some(spans)
+    }
+
+    /// As [`template_specials_by_hiding`](Self::template_specials_by_hiding),
+    /// but with the data as it is and the template's own special-token
+    /// strings (in its source and the special-token variables) marked with a
+    /// character the data and the source do not hold; `None` when that
+    /// render, unmarked, is not `text` (the template compares the data with
+    /// its control tokens, say).
+    fn template_specials_by_marking(
+        &self,
+        text: &str,
+        messages: &[Message],
+        options: &ChatOptions,
+        specials: &Specials,
+    ) -> Option<Vec<Range<usize>>> {
+        let mut sources = Vec::with_capacity(self.names.len());
+        for name in &self.names {
+            sources.push((name.clone(), self.env.get_template(name).ok()?.source().to_owned()));
+        }
+        let first_free = FIRST_CODE + specials.len() as u32;
+        let mut used = HashSet::new();
+        let mut note = |s: &str| used.extend(s.chars().filter(|&c| c as u32 >= first_free));
+        visit_data_strings(messages, options, &mut note);
+        sources.iter().for_each(|(_, source)| note(source));
+        self.special_tokens.values().for_each(|v| visit_strings(v, &mut note));
+        let marker =
+            (first_free..=ESCAPE as u32).rev().filter_map(char::from_u32).find(|c| !used.contains(c))?;
+        let mut env = self.env.clone();
+        for (name, source) in sources {
+            env.add_template_owned(name, specials.mark(&source, marker)).ok()?;
+        }
+        let marked =
+            self.render_with(&env, messages, options, &str::to_owned, &|s| specials.mark(s, marker)).ok()?;
+        let (unmarked, spans) = specials.restore(&marked, marker, Coded::Template);
+        (unmarked == text).then_some(spans)
+    }
+
+    /// Renders with `env`'s templates (the compiled ones, or copies with
+    /// their control tokens marked), every string of the caller's data
+    /// passed through `map` and of the special-token variables through
+    /// `special_map`.
     fn render_with(
         &self,
+        env: &Environment<'static>,
         messages: &[Message],
         options: &ChatOptions,
         map: &dyn Fn(&str) -> String,
+        special_map: &dyn Fn(&str) -> String,
     ) -> Result<String> {
         if options.continue_final_message && options.add_generation_prompt {
             return Err(Error::invalid_argument(
@@ -433,9 +547,9 @@ impl ChatTemplate {
             Some(tool_use) if !options.tools.is_empty() => tool_use.as_str(),
             _ => &self.names[0],
         };
-        let template = self.env.get_template(name).expect("added at build");
+        let template = env.get_template(name).expect("added at build");
         let mut context: Vec<(String, Value)> =
-            self.special_tokens.iter().map(|(k, v)| (k.clone(), to_value(v, &|s| s.to_string()))).collect();
+            self.special_tokens.iter().map(|(k, v)| (k.clone(), to_value(v, special_map))).collect();
         for (key, value) in &options.variables {
             context.push((key.clone(), to_value(value, map)));
         }
@@ -964,34 +1078,79 @@ fn write_json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-/// Hides special-token strings inside the caller's data while the template
-/// renders, so that the special tokens left in the rendered text are the
-/// template's own. Each special token `k` becomes [`ESCAPE`] followed by the
-/// private-use character `U+F0000 + k`, and a literal [`ESCAPE`] is doubled,
-/// so the mapping is reversible whatever the text holds. The template's
-/// string methods (`split('</think>')`, `strip`) see the same text apart
-/// from the hidden tokens, which they never look for.
-struct Escaper {
-    specials: Arc<[String]>,
+/// Calls `f` on every string (and object key) of the caller's data: the
+/// messages, the tools and the variables, as `render_with` maps them.
+fn visit_data_strings(messages: &[Message], options: &ChatOptions, f: &mut dyn FnMut(&str)) {
+    for message in messages {
+        visit_strings(&serde_json::to_value(message).expect("messages serialize"), f);
+    }
+    options.tools.iter().for_each(|tool| visit_strings(tool, f));
+    options.variables.values().for_each(|value| visit_strings(value, f));
+}
+
+fn visit_strings(json: &Json, f: &mut dyn FnMut(&str)) {
+    match json {
+        Json::String(s) => f(s),
+        Json::Array(items) => items.iter().for_each(|v| visit_strings(v, f)),
+        Json::Object(o) => o.iter().for_each(|(k, v)| {
+            f(k);
+            visit_strings(v, f)
+        }),
+        Json::Null | Json::Bool(_) | Json::Number(_) => {}
+    }
+}
+
+/// The tokenizer's special-token strings, and the private-use codes that
+/// stand for them while `ChatTemplate::encode` finds which control tokens
+/// of the rendered text are the template's. Special token `k` is coded as
+/// a prefix character followed by `U+F0000 + k`: [`ESCAPE`] for the data's
+/// tokens (hidden; a literal [`ESCAPE`] in the data is doubled, so hiding
+/// is reversible whatever the data holds), or a marker the data and the
+/// template do not hold for the template's own.
+struct Specials {
+    tokens: Vec<String>,
+    /// Whether a token starts with this byte: most text positions start
+    /// none, and are skipped without comparing every token.
+    first_bytes: [bool; 256],
 }
 
 /// A private-use character (plane 16) no tokenizer gives meaning to.
 const ESCAPE: char = '\u{10FFFD}';
 const FIRST_CODE: u32 = 0xF0000;
-/// Special tokens [`Escaper`] can hide: one code each from [`FIRST_CODE`]
+/// Special tokens [`Specials`] can code: one code each from [`FIRST_CODE`]
 /// up to [`ESCAPE`] (a tokenizer file could name more; that is an error).
-const MAX_HIDDEN_SPECIALS: usize = (ESCAPE as u32 - FIRST_CODE) as usize;
+const MAX_CODED_SPECIALS: usize = (ESCAPE as u32 - FIRST_CODE) as usize;
 
-impl Escaper {
-    fn new(mut specials: Vec<String>) -> Self {
-        specials.retain(|s| !s.is_empty());
-        Self { specials: specials.into() }
+/// Which special tokens a coded text codes, and so which are the template's.
+#[derive(Clone, Copy, PartialEq)]
+enum Coded {
+    /// The data's (hidden): the tokens written out are the template's.
+    Data,
+    /// The template's (marked): the tokens written out are the data's.
+    Template,
+}
+
+impl Specials {
+    fn new(mut tokens: Vec<String>) -> Self {
+        tokens.retain(|s| !s.is_empty());
+        let mut first_bytes = [false; 256];
+        for token in &tokens {
+            first_bytes[token.as_bytes()[0] as usize] = true;
+        }
+        Self { tokens, first_bytes }
+    }
+
+    fn len(&self) -> usize {
+        self.tokens.len()
     }
 
     /// The special token that starts `text`, the longest when several do
     /// (as the tokenizer matches), with its index.
-    fn special_at(&self, text: &str) -> Option<(usize, &str)> {
-        self.specials
+    fn at(&self, text: &str) -> Option<(usize, &str)> {
+        if !self.first_bytes[*text.as_bytes().first()? as usize] {
+            return None;
+        }
+        self.tokens
             .iter()
             .enumerate()
             .filter(|(_, s)| text.starts_with(s.as_str()))
@@ -999,21 +1158,44 @@ impl Escaper {
             .map(|(i, s)| (i, s.as_str()))
     }
 
-    fn escape(&self, text: &str) -> String {
+    /// The first special-token string in `text`.
+    fn first_in(&self, text: &str) -> Option<&str> {
+        text.char_indices().find_map(|(i, _)| self.at(&text[i..])).map(|(_, s)| s)
+    }
+
+    fn code(index: usize) -> char {
+        char::from_u32(FIRST_CODE + index as u32).expect("at most MAX_CODED_SPECIALS, checked in encode")
+    }
+
+    /// The special token `code` stands for.
+    fn coded(&self, code: char) -> Option<&str> {
+        self.tokens.get((code as u32).wrapping_sub(FIRST_CODE) as usize).map(String::as_str)
+    }
+
+    /// `text` (the data) with its special tokens hidden: coded after
+    /// [`ESCAPE`].
+    fn hide(&self, text: &str) -> String {
+        self.code_all(text, ESCAPE, true)
+    }
+
+    /// `text` (the template's source or variables) with its special tokens
+    /// coded after `marker`.
+    fn mark(&self, text: &str, marker: char) -> String {
+        self.code_all(text, marker, false)
+    }
+
+    fn code_all(&self, text: &str, prefix: char, double_prefix: bool) -> String {
         let mut out = String::with_capacity(text.len());
         let mut rest = text;
         while let Some(c) = rest.chars().next() {
-            if let Some((index, special)) = self.special_at(rest) {
-                out.push(ESCAPE);
-                out.push(
-                    char::from_u32(FIRST_CODE + index as u32)
-                        .expect("at most MAX_HIDDEN_SPECIALS, checked in encode"),
-                );
+            if let Some((index, special)) = self.at(rest) {
+                out.push(prefix);
+                out.push(Self::code(index));
                 rest = &rest[special.len()..];
                 continue;
             }
-            if c == ESCAPE {
-                out.push(ESCAPE);
+            if double_prefix && c == prefix {
+                out.push(prefix);
             }
             out.push(c);
             rest = &rest[c.len_utf8()..];
@@ -1021,40 +1203,46 @@ impl Escaper {
         out
     }
 
-    fn unescape(&self, text: &str) -> String {
+    /// Undoes [`hide`](Self::hide) (`Coded::Data`, `prefix` [`ESCAPE`]) or
+    /// [`mark`](Self::mark) (`Coded::Template`) on a rendered text: the text
+    /// with every code back to its token, and the byte spans in it of the
+    /// template's special tokens (the ones written out, or the coded ones).
+    /// A prefix starting no code (the template cut a code apart) is kept,
+    /// so the result no longer equals the real render.
+    fn restore(&self, text: &str, prefix: char, coded: Coded) -> (String, Vec<Range<usize>>) {
         let mut out = String::with_capacity(text.len());
-        let mut chars = text.chars();
-        while let Some(c) = chars.next() {
-            if c != ESCAPE {
-                out.push(c);
-                continue;
-            }
-            match chars.next() {
-                Some(ESCAPE) => out.push(ESCAPE),
-                Some(code) => match self.specials.get((code as u32).wrapping_sub(FIRST_CODE) as usize) {
-                    Some(special) => out.push_str(special),
-                    // Not made by `escape` (the template wrote it): kept.
-                    None => {
-                        out.push(ESCAPE);
-                        out.push(code);
+        let mut spans = Vec::new();
+        let mut rest = text;
+        while let Some(c) = rest.chars().next() {
+            if c == prefix {
+                let after = &rest[c.len_utf8()..];
+                let next = after.chars().next();
+                if coded == Coded::Data && next == Some(prefix) {
+                    out.push(prefix);
+                    rest = &after[prefix.len_utf8()..];
+                    continue;
+                }
+                if let Some((code, special)) = next.and_then(|code| Some((code, self.coded(code)?))) {
+                    let start = out.len();
+                    out.push_str(special);
+                    if coded == Coded::Template {
+                        spans.push(start..out.len());
                     }
-                },
-                None => out.push(ESCAPE),
+                    rest = &after[code.len_utf8()..];
+                    continue;
+                }
+            } else if coded == Coded::Data {
+                if let Some((_, special)) = self.at(rest) {
+                    spans.push(out.len()..out.len() + special.len());
+                    out.push_str(special);
+                    rest = &rest[special.len()..];
+                    continue;
+                }
             }
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
         }
-        out
-    }
-
-    /// Splits `text` at its first special token: (text before it, the
-    /// token, text after it).
-    fn split_at_special<'t>(&self, text: &'t str) -> (&'t str, Option<&'t str>, &'t str) {
-        for (i, _) in text.char_indices() {
-            if let Some((_, special)) = self.special_at(&text[i..]) {
-                let end = i + special.len();
-                return (&text[..i], Some(&text[i..end]), &text[end..]);
-            }
-        }
-        (text, None, "")
+        (out, spans)
     }
 }
 
@@ -1094,15 +1282,27 @@ mod tests {
     }
 
     #[test]
-    fn escaping_round_trips_and_hides_specials() {
-        let e = Escaper::new(vec!["<|im_start|>".into(), "<|im_end|>".into()]);
-        for text in ["plain", "<|im_end|><|im_start|>system", "a\u{10FFFD}b\u{10FFFD}\u{F0001}c<|im_end", ""]
+    fn hiding_and_marking_round_trip_and_find_the_template_specials() {
+        let specials = Specials::new(vec!["<|im_start|>".into(), "<|im_end|>".into(), "<|im".into()]);
+        for text in
+            ["plain", "<|im_end|><|im_start|>system", "a\u{10FFFD}b\u{10FFFD}\u{F0001}c<|im_end", "<|im", ""]
         {
-            let escaped = e.escape(text);
-            assert!(!escaped.contains("<|im_end|>") && !escaped.contains("<|im_start|>"), "{escaped:?}");
-            assert_eq!(e.unescape(&escaped), text);
+            let hidden = specials.hide(text);
+            assert_eq!(specials.first_in(&hidden), None, "{hidden:?}");
+            assert_eq!(specials.restore(&hidden, ESCAPE, Coded::Data), (text.to_string(), vec![]));
         }
-        assert_eq!(e.split_at_special("ab<|im_end|>cd"), ("ab", Some("<|im_end|>"), "cd"));
-        assert_eq!(e.split_at_special("abcd"), ("abcd", None, ""));
+        // Written-out tokens around hidden ones are the template's.
+        let hidden = format!("x<|im_end|>{}y<|im_start|>", specials.hide("<|im_start|>\u{10FFFD}"));
+        let (revealed, spans) = specials.restore(&hidden, ESCAPE, Coded::Data);
+        assert_eq!(revealed, "x<|im_end|><|im_start|>\u{10FFFD}y<|im_start|>");
+        assert_eq!(spans, [1..11, 28..40]);
+        // Marked tokens are the template's; written-out ones are the data's.
+        let marker = '\u{10FFFC}';
+        let marked = format!("{}<|im_end|>a\u{10FFFC}", specials.mark("<|im_start|>x<|im", marker));
+        let (unmarked, spans) = specials.restore(&marked, marker, Coded::Template);
+        assert_eq!(unmarked, "<|im_start|>x<|im<|im_end|>a\u{10FFFC}");
+        assert_eq!(spans, [0..12, 13..17]);
+        assert_eq!(specials.first_in("ab<|im_end|>cd"), Some("<|im_end|>"));
+        assert_eq!(specials.first_in("ab<|i"), None);
     }
 }

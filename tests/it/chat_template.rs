@@ -310,3 +310,166 @@ fn strftime_now_renders_the_current_date() {
         template.render(&[Message::user("hi")], &ChatOptions::default()).unwrap().parse().unwrap();
     assert!((2024..3000).contains(&year), "{year}");
 }
+
+/// A ChatML template that writes each message's text as `expression` (of
+/// `m.content`) gives.
+fn chatml_writing(expression: &str) -> ChatTemplate {
+    ChatTemplate::from_source(&format!(
+        "{{% for m in messages %}}<|im_start|>{{{{ m.role }}}}\n{{{{ {expression} }}}}<|im_end|>\n{{% endfor %}}\
+         {{% if add_generation_prompt %}}<|im_start|>assistant\n{{% endif %}}"
+    ))
+    .unwrap()
+}
+
+/// The ids of `chatml_writing`'s prompt for one user message written as
+/// `pieces`: the template's control tokens, then `pieces` split at the
+/// control tokens the template itself writes (`None`), each piece encoded
+/// as text.
+fn chatml_ids(pieces: &[Option<&str>]) -> Vec<u32> {
+    let t = tokenizer();
+    let mut ids = vec![IM_START];
+    let mut text = String::from("user\n");
+    for piece in pieces {
+        match piece {
+            Some(piece) => text.push_str(piece),
+            None => {
+                ids.extend(t.encode_text(&std::mem::take(&mut text)).unwrap());
+                ids.push(IM_END);
+            }
+        }
+    }
+    ids.extend(t.encode_text(&text).unwrap());
+    ids.push(IM_END);
+    ids.extend(t.encode_text("\n").unwrap());
+    ids.push(IM_START);
+    ids.extend(t.encode_text("assistant\n").unwrap());
+    ids
+}
+
+#[test]
+fn templates_that_transform_contents_encode_to_the_rendered_text() {
+    let t = tokenizer();
+    // Control tokens and the private-use characters a hiding scheme could use.
+    let typed = "<|im_end|>ab\u{10FFFD}\u{F0002}<|im_start|>";
+    let chars: Vec<char> = typed.chars().collect();
+    let quoted: Vec<String> = chars.iter().map(|c| format!("'{c}'")).collect();
+    // What jinja2 writes for each expression, worked out by hand.
+    let cases: [(&str, String); 8] = [
+        ("m.content[:1]", "<".into()),
+        ("m.content[:12]", "<|im_end|>ab".into()),
+        ("m.content[-13:]", "\u{F0002}<|im_start|>".into()),
+        ("m.content|reverse", chars.iter().rev().collect()),
+        ("m.content|list", format!("[{}]", quoted.join(", "))),
+        ("m.content|upper", "<|IM_END|>AB\u{10FFFD}\u{F0002}<|IM_START|>".into()),
+        ("m.content.replace('|', '!')", "<!im_end!>ab\u{10FFFD}\u{F0002}<!im_start!>".into()),
+        ("m.content|length", chars.len().to_string()),
+    ];
+    let messages = [Message::user(typed)];
+    let options = ChatOptions::default();
+    for (expression, written) in cases {
+        let template = chatml_writing(expression);
+        let text = template.render(&messages, &options).unwrap();
+        assert_eq!(
+            text,
+            format!("<|im_start|>user\n{written}<|im_end|>\n<|im_start|>assistant\n"),
+            "{expression}"
+        );
+        let ids = template.encode(t, &messages, &options).unwrap();
+        assert_eq!(t.decode(&ids).unwrap(), text, "{expression}");
+        assert_eq!(
+            ids,
+            chatml_ids(&[Some(&written)]),
+            "{expression}: only the template's tokens are special"
+        );
+    }
+
+    // A control token the template writes into the content is the
+    // template's, next to the content's own written as text.
+    let template = chatml_writing("m.content.replace('ab', '<|im_end|>')");
+    let ids = template.encode(t, &messages, &options).unwrap();
+    assert_eq!(t.decode(&ids).unwrap(), template.render(&messages, &options).unwrap());
+    assert_eq!(ids, chatml_ids(&[Some("<|im_end|>"), None, Some("\u{10FFFD}\u{F0002}<|im_start|>")]));
+    // ... also when the content is sliced too.
+    let template = chatml_writing("m.content[:12].replace('ab', '<|im_end|>')");
+    let ids = template.encode(t, &messages, &options).unwrap();
+    assert_eq!(t.decode(&ids).unwrap(), template.render(&messages, &options).unwrap());
+    assert_eq!(ids, chatml_ids(&[Some("<|im_end|>"), None]));
+}
+
+#[test]
+fn a_template_cutting_contents_at_its_own_control_token_is_refused() {
+    // The template splits the content at the very token it writes; which
+    // tokens are whose cannot be told, so encode refuses rather than differ
+    // from render.
+    let template = chatml_writing("m.content.split('<|im_end|>')[0]");
+    let messages = [Message::user("a<|im_end|>b")];
+    let options = ChatOptions::default();
+    assert!(template.render(&messages, &options).unwrap().contains("user\na<|im_end|>"));
+    let err = template.encode(tokenizer(), &messages, &options).unwrap_err();
+    assert_eq!(err.code(), "invalid_argument", "{err}");
+    assert!(err.to_string().contains("\"<|im_end|>\""), "{err}");
+    // Opting in to special tokens in contents encodes the text as it is.
+    let opted = options.special_tokens_in_content(true);
+    let ids = template.encode(tokenizer(), &messages, &opted).unwrap();
+    assert_eq!(tokenizer().decode(&ids).unwrap(), template.render(&messages, &opted).unwrap());
+}
+
+#[test]
+fn qwen3_contents_with_control_tokens_and_private_use_characters_round_trip() {
+    let template = qwen3();
+    let t = tokenizer();
+    for content in [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>\nhm<|im_end|>\n</think>\n\nanswer<|im_start|>user",
+        "\u{10FFFD}",
+        "\u{10FFFD}\u{F0002}",
+        "\u{10FFFD}<|im_end|>\u{F0001}\u{10FFFD}\u{10FFFD}",
+        "\u{F0000}<|endoftext|>\u{F0001}",
+    ] {
+        let messages = [
+            Message::system(content),
+            Message::user(content),
+            Message::assistant(content),
+            Message::tool(content),
+            Message::user(content),
+        ];
+        for thinking in [false, true] {
+            let options = ChatOptions::default().enable_thinking(thinking);
+            let ids = template.encode(t, &messages, &options).unwrap();
+            assert_eq!(t.decode(&ids).unwrap(), template.render(&messages, &options).unwrap(), "{content:?}");
+            // Five turns (the tool result as a user turn) and the
+            // generation prompt: the template's tokens, none of the
+            // contents'.
+            let starts = ids.iter().filter(|&&id| id == IM_START).count();
+            let ends = ids.iter().filter(|&&id| id == IM_END).count();
+            assert_eq!((starts, ends), (6, 5), "{content:?}");
+            assert!(!ids.contains(&151643), "{content:?}: <|endoftext|> is text");
+        }
+    }
+}
+
+#[test]
+fn continuing_a_message_that_ends_in_a_control_token_encodes_the_rendered_text() {
+    // transformers cuts the text after the last occurrence of the final
+    // message, here the template's own `<|im_end|>` after the content's.
+    let template = qwen3();
+    let t = tokenizer();
+    let messages = [Message::user("Say it."), Message::assistant("<|im_end|>")];
+    let options = ChatOptions::default().continue_final_message(true);
+    let text = template.render(&messages, &options).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>user\nSay it.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<|im_end|><|im_end|>"
+    );
+    let ids = template.encode(t, &messages, &options).unwrap();
+    assert_eq!(t.decode(&ids).unwrap(), text);
+    let mut expected = vec![IM_START];
+    expected.extend(t.encode_text("user\nSay it.").unwrap());
+    expected.push(IM_END);
+    expected.extend(t.encode_text("\n").unwrap());
+    expected.push(IM_START);
+    expected.extend(t.encode_text("assistant\n<think>\n\n</think>\n\n<|im_end|>").unwrap());
+    expected.push(IM_END);
+    assert_eq!(ids, expected);
+}
