@@ -12,6 +12,43 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+private_runtime_dir=""
+# Each phase's wall time, printed at the end (also when a phase fails), so
+# every log shows where the time went.
+phase_names=()
+phase_seconds=()
+current_phase=""
+current_start=0
+script_start=$SECONDS
+phase() {
+    finish_phase
+    current_phase=$1
+    current_start=$SECONDS
+    echo "== $1"
+}
+finish_phase() {
+    if [ -n "$current_phase" ]; then
+        phase_names+=("$current_phase")
+        phase_seconds+=($((SECONDS - current_start)))
+        current_phase=""
+    fi
+}
+on_exit() {
+    local status=$?
+    local failed=$current_phase
+    finish_phase
+    echo "== time per phase"
+    for i in "${!phase_names[@]}"; do
+        printf '%5d s  %s%s\n' "${phase_seconds[$i]}" "${phase_names[$i]}" \
+            "$([ "${phase_names[$i]}" = "$failed" ] && [ "$status" -ne 0 ] && echo "  (failed)")"
+    done
+    printf '%5d s  in all\n' $((SECONDS - script_start))
+    [ -z "$private_runtime_dir" ] || rm -rf "$private_runtime_dir"
+}
+trap on_exit EXIT
+
+phase "installs (a Vulkan driver and g++ where missing)"
+
 if [ "$(uname -s)" = Darwin ]; then
     command -v g++ >/dev/null || { echo "g++ (Apple clang) is missing: xcode-select --install"; exit 1; }
     if ! xcrun -sdk macosx -f metal >/dev/null 2>&1; then
@@ -45,10 +82,11 @@ fi
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
     XDG_RUNTIME_DIR=$(mktemp -d)
     export XDG_RUNTIME_DIR
-    trap 'rm -rf "$XDG_RUNTIME_DIR"' EXIT
+    private_runtime_dir=$XDG_RUNTIME_DIR
 fi
 
-echo "== cargo fmt --check"
+
+phase "cargo fmt --check"
 cargo fmt --all -- --check
 # Every build below has the same features, the optional `hub` one on
 # (its tests, tests/it/hub.rs and decode --model, need it): one feature
@@ -56,13 +94,15 @@ cargo fmt --all -- --check
 # and the smoke test build get the same features.
 export QWEN3_WGPU_TEST_FEATURES=hub
 features=(--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES")
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
-echo "== cargo check (default features: the library and the examples build without hub)"
+phase "cargo check (default features: the library and the examples build without hub)"
 cargo check --workspace --lib --examples
-echo "== cargo test (the crate and the C ABI, capi/)"
+phase "cargo test --no-run (one test binary per package, the examples)"
+cargo test --workspace "${features[@]}" --no-run
+phase "cargo test (the crate and the C ABI, capi/)"
 cargo test --workspace "${features[@]}" -- --include-ignored
-echo "== cargo package (size)"
+phase "cargo package (size)"
 # The published crate leaves the test fixtures out; keep it well under
 # crates.io's 10 MB limit.
 cargo package --allow-dirty --no-verify --quiet
@@ -76,5 +116,5 @@ if [ "$crate_bytes" -gt "$max_bytes" ]; then
     echo "the package is larger than $max_bytes bytes: exclude dev-only files in Cargo.toml (cargo package --list)"
     exit 1
 fi
-echo "== decode example smoke test"
+phase "decode example smoke test"
 scripts/smoke_decode.sh
