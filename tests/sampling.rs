@@ -676,3 +676,101 @@ fn sampling_at_a_tiny_temperature_draws_the_argmax_every_step() {
         d.tokens.iter().copied().enumerate().filter(|&(_, tok)| tok != argmax).collect();
     assert!(wrong.is_empty(), "(seed, token) not the argmax: {wrong:?}");
 }
+
+/// A top-p too small for f32's normal range keeps the top logit's group
+/// alone (here tied at three tokens), as any tiny top-p does.
+#[test]
+fn a_subnormal_top_p_keeps_the_top_group() {
+    let rig = Rig::new();
+    let n = 1000;
+    let logits = awkward_logits(n, 9);
+    let top = [3u32, n as u32 / 2, n as u32 - 1];
+    for params in [
+        SamplingParams::default().temperature(1.0).top_p(1e-40),
+        SamplingParams::default().temperature(1.0).top_p(1e-40).top_k(SAMPLE_TOP_K_MAX),
+    ] {
+        params.validate().unwrap();
+        let d = rig.draws(&logits, &[5, 6], &params, 0..60, SAMPLE_CHUNK);
+        assert!(d.tokens.iter().all(|t| top.contains(t)), "top-k {}: {:?}", params.top_k, d.tokens);
+        for t in top {
+            assert!(d.tokens.contains(&t), "top-k {}: {t} never drawn", params.top_k);
+        }
+    }
+}
+
+/// A temperature too small to divide logits by decodes the greedy tokens
+/// (the fixture's expected ones), through a session and `generate_with`.
+#[test]
+fn tiny_temperatures_decode_the_greedy_tokens() {
+    let text = std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        expected[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
+    let (prompt, want) = (ids("prompt_ids"), ids("generated_ids"));
+    let model = model();
+    let d = SamplingParams::default;
+    for params in [
+        d().temperature(1e-40),
+        d().temperature(1e-30).top_k(20).seed(11),
+        d().temperature(1e-6).min_p(0.1).seed(12),
+        d().temperature(3e-6).top_p(0.9).seed(13),
+    ] {
+        let t = params.temperature;
+        let mut s = model.session_with_capacity(prompt.len() + 8).unwrap();
+        s.set_sampling(&params).unwrap();
+        let mut got = vec![s.feed(&prompt).unwrap()];
+        for _ in 0..7 {
+            got.push(s.next_token().unwrap());
+        }
+        assert_eq!(got, &want[..8], "temperature {t:e}");
+        let options = qwen3_wgpu::GenerateOptions::default().max_new_tokens(8).sampling(params);
+        let out = model.generate_with(&prompt, &options, |_| std::ops::ControlFlow::Continue(())).unwrap();
+        assert_eq!(out.generated_ids(), &want[..8], "temperature {t:e}, generate_with");
+    }
+}
+
+/// Penalties large enough to overflow the logits are refused by name,
+/// with the bound, through a session and `generate_with`; the bound itself
+/// decodes tokens of the vocabulary.
+#[test]
+fn extreme_penalties_are_refused_with_the_bound() {
+    let model = model();
+    let mut s = model.session_with_capacity(32).unwrap();
+    let d = SamplingParams::default;
+    for (params, field) in [
+        (d().presence_penalty(-3.4e38), "presence_penalty"),
+        (d().temperature(0.7).frequency_penalty(3.4e38), "frequency_penalty"),
+        (d().repetition_penalty(3.4e38), "repetition_penalty"),
+        (d().temperature(0.7).repetition_penalty(1e-30), "repetition_penalty"),
+    ] {
+        let e = s.set_sampling(&params).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        assert!(e.to_string().contains(field) && e.to_string().contains("1000000"), "{e}");
+        let options = qwen3_wgpu::GenerateOptions::default().sampling(params);
+        let e = model.generate_with(&PROMPT, &options, |_| std::ops::ControlFlow::Continue(())).unwrap_err();
+        assert!(e.to_string().contains(field), "{e}");
+    }
+    // At the bound: presence -max with frequency +max leaves a token seen
+    // once as it was and bans one seen twice or more (720 and 591 in the
+    // prompt); presence and frequency -max force the most frequent token
+    // of the window (720, three times; a count more is 10^6 more), and
+    // so again and again, whatever the draw.
+    let max = SamplingParams::MAX_PENALTY;
+    let vocab = model.config().vocab_size as u32;
+    let run = |s: &mut qwen3_wgpu::Session, params: &SamplingParams| -> Vec<u32> {
+        s.set_sampling(params).unwrap();
+        s.truncate(0).unwrap();
+        let mut tokens = vec![s.feed(&PROMPT).unwrap()];
+        for _ in 0..4 {
+            tokens.push(s.next_token().unwrap());
+        }
+        tokens
+    };
+    let banned = run(&mut s, &d().presence_penalty(-max).frequency_penalty(max));
+    assert!(banned.iter().all(|&t| t < vocab && t != 720 && t != 591), "{banned:?}");
+    let forcing = d().temperature(0.7).presence_penalty(-max).frequency_penalty(-max);
+    for seed in 0..3 {
+        assert_eq!(run(&mut s, &forcing.clone().seed(seed)), [720; 5], "seed {seed}");
+    }
+}
