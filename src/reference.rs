@@ -249,6 +249,47 @@ pub fn sort_key(x: f32) -> u32 {
     }
 }
 
+/// pcg4d (`pcg4d` in kernels/wgsl/sample_common.wgsl), bit for bit: the
+/// counter-based hash behind the sampler's draws.
+pub fn pcg4d(input: [u32; 4]) -> [u32; 4] {
+    let mut v = input.map(|x| x.wrapping_mul(1664525).wrapping_add(1013904223));
+    let mix = |v: &mut [u32; 4]| {
+        v[0] = v[0].wrapping_add(v[1].wrapping_mul(v[3]));
+        v[1] = v[1].wrapping_add(v[2].wrapping_mul(v[0]));
+        v[2] = v[2].wrapping_add(v[0].wrapping_mul(v[1]));
+        v[3] = v[3].wrapping_add(v[1].wrapping_mul(v[2]));
+    };
+    mix(&mut v);
+    v = v.map(|x| x ^ (x >> 16));
+    mix(&mut v);
+    v
+}
+
+/// The hash word a draw for token `id` at position `pos` under `seed` is
+/// made from (`uniform_draw` in kernels/wgsl/sample_common.wgsl).
+pub fn draw_hash(seed: u64, pos: u32, id: u32) -> u32 {
+    pcg4d([seed as u32, (seed >> 32) as u32, pos, id])[0]
+}
+
+/// The sampler's uniform draw for token `id` at position `pos` under
+/// `seed`, bit for bit as the kernels make it: the hash's top 23 bits `k`
+/// as `(k + 0.5) / 2^23`, exact in f32, so strictly inside (0, 1) (from
+/// 2^-24 to 1 - 2^-24).
+pub fn uniform_draw(seed: u64, pos: u32, id: u32) -> f32 {
+    ((draw_hash(seed, pos, id) >> 9) as f32 + 0.5) * (1.0 / 8_388_608.0)
+}
+
+/// The Gumbel noise `-ln(-ln u)` of the draw `u` as the kernels bound it:
+/// `-ln u` is at least 2^-24 (its exact value at the largest draw, about
+/// 16.64 of noise), so a `ln` that rounds to 0 next to 1 still gives
+/// finite noise.
+pub fn gumbel_noise(u: f32) -> f32 {
+    -(-u.ln()).max(GUMBEL_MIN_EXPONENTIAL).ln()
+}
+
+/// The least `-ln u` the Gumbel noise takes (2^-24; `gumbel_noise`).
+pub const GUMBEL_MIN_EXPONENTIAL: f32 = 1.0 / 16_777_216.0;
+
 /// The sampling penalties applied to `logits` over the window `recent` (the
 /// last tokens of the context, already cut to the window), in the kernel's
 /// f32 operations: each distinct token once, repetition (Hugging Face:

@@ -30,6 +30,16 @@ use crate::kernels::{
 /// order, so a token whose mass is below 2^-31 of the top token's counts
 /// as zero there.
 ///
+/// Extreme values are bounded so that no overflow, infinity or NaN can
+/// decide a token: a temperature below
+/// [`SamplingParams::MIN_SAMPLING_TEMPERATURE`] (1e-5, as vLLM) is greedy
+/// (dividing logits by it would overflow f32, and the draw's noise, less
+/// than 20 wide, times such a temperature is below the spacing of f32
+/// logits of ordinary size, so the argmax is what sampling converges to);
+/// the penalties are refused beyond [`SamplingParams::MAX_PENALTY`]; a
+/// `top_p` below the smallest normal f32 keeps what any tiny `top_p` keeps,
+/// the top logit (and its ties).
+///
 /// ```
 /// use qwen3_wgpu::SamplingParams;
 /// let params = SamplingParams::default().temperature(0.7).top_k(20).top_p(0.95).seed(7);
@@ -41,8 +51,9 @@ use crate::kernels::{
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct SamplingParams {
-    /// Temperature: 0 is greedy (argmax, the default); the logits are
-    /// divided by it before the draw.
+    /// Temperature: 0 is greedy (argmax, the default), and so is any
+    /// temperature below [`SamplingParams::MIN_SAMPLING_TEMPERATURE`];
+    /// otherwise the logits are divided by it before the draw.
     pub temperature: f32,
     /// Keep only the `top_k` largest logits (0: off).
     pub top_k: u32,
@@ -54,13 +65,16 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Hugging Face's repetition penalty (1: off), once per distinct token
     /// of the window: a logit `l` becomes `l * r` when negative, `l / r`
-    /// otherwise. Greater than 0.
+    /// otherwise. In [1 / [`SamplingParams::MAX_PENALTY`],
+    /// [`SamplingParams::MAX_PENALTY`]].
     pub repetition_penalty: f32,
     /// OpenAI's presence penalty (0: off): subtracted once from the logit
-    /// of every token in the window.
+    /// of every token in the window. At most
+    /// [`SamplingParams::MAX_PENALTY`] in magnitude.
     pub presence_penalty: f32,
     /// OpenAI's frequency penalty (0: off): subtracted from a token's
-    /// logit once per occurrence in the window.
+    /// logit once per occurrence in the window. At most
+    /// [`SamplingParams::MAX_PENALTY`] in magnitude.
     pub frequency_penalty: f32,
     /// The penalties look at the last `penalty_window` tokens of the
     /// context (prompt included), as llama.cpp's `repeat_last_n` does.
@@ -95,12 +109,29 @@ impl SamplingParams {
     /// memory).
     pub const MAX_PENALTY_WINDOW: u32 = MAX_PENALTY_WINDOW;
 
+    /// The least temperature that samples: below it (0 included) the next
+    /// token is the argmax, as vLLM treats temperatures below 1e-5. Logits
+    /// divided by a smaller temperature can overflow f32 (and one below
+    /// 1.2e-38 is a subnormal that GPUs may flush to 0), while Gumbel-max
+    /// at such a temperature already picks the argmax unless logits lie
+    /// within 2e-4 of the top.
+    pub const MIN_SAMPLING_TEMPERATURE: f32 = 1e-5;
+
+    /// The largest magnitude of `presence_penalty` and `frequency_penalty`,
+    /// and the largest `repetition_penalty` (whose least is its
+    /// reciprocal). Logits are within a few tens of 0, so a penalty this
+    /// large already bans or forces a token; larger ones could push a
+    /// penalised logit, or one divided by the temperature, past f32's
+    /// range, where infinities would tie and decide the token.
+    pub const MAX_PENALTY: f32 = 1e6;
+
     /// Greedy decoding (the default).
     pub fn greedy() -> Self {
         Self::default()
     }
 
-    /// Sets the temperature (0: greedy).
+    /// Sets the temperature (0, or below
+    /// [`Self::MIN_SAMPLING_TEMPERATURE`]: greedy).
     pub fn temperature(mut self, t: f32) -> Self {
         self.temperature = t;
         self
@@ -154,9 +185,10 @@ impl SamplingParams {
         self
     }
 
-    /// Whether the next token is the argmax (temperature 0).
+    /// Whether the next token is the argmax: a temperature below
+    /// [`Self::MIN_SAMPLING_TEMPERATURE`] (0 included).
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        self.temperature < Self::MIN_SAMPLING_TEMPERATURE
     }
 
     /// Whether any penalty is on.
@@ -171,9 +203,11 @@ impl SamplingParams {
     ///
     /// Errors: [`Error::InvalidArgument`] naming the field: a negative,
     /// infinite or NaN `temperature`; `top_p` outside (0, 1]; `min_p`
-    /// outside [0, 1]; a `repetition_penalty` not greater than 0 (or not
-    /// finite); a `presence_penalty` or `frequency_penalty` that is not
-    /// finite; a `penalty_window` above [`Self::MAX_PENALTY_WINDOW`].
+    /// outside [0, 1]; a `repetition_penalty` outside
+    /// [1 / [`Self::MAX_PENALTY`], [`Self::MAX_PENALTY`]] (or NaN); a
+    /// `presence_penalty` or `frequency_penalty` beyond
+    /// [`Self::MAX_PENALTY`] in magnitude (or NaN); a `penalty_window`
+    /// above [`Self::MAX_PENALTY_WINDOW`]. The message names the bound.
     pub fn validate(&self) -> Result<()> {
         let bad = |name: &str, reason: String| Err(Error::invalid_argument(name, reason));
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
@@ -185,17 +219,19 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", format!("{} is outside [0, 1]", self.min_p));
         }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+        let max = Self::MAX_PENALTY;
+        if !(1.0 / max..=max).contains(&self.repetition_penalty) {
             return bad(
                 "repetition_penalty",
-                format!("{} is not a finite value > 0", self.repetition_penalty),
+                format!("{} is outside [1/{max}, {max}]", self.repetition_penalty),
             );
         }
-        if !self.presence_penalty.is_finite() {
-            return bad("presence_penalty", format!("{} is not finite", self.presence_penalty));
-        }
-        if !self.frequency_penalty.is_finite() {
-            return bad("frequency_penalty", format!("{} is not finite", self.frequency_penalty));
+        for (name, value) in
+            [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
+        {
+            if !(-max..=max).contains(&value) {
+                return bad(name, format!("{value} is outside [-{max}, {max}]"));
+            }
         }
         if self.penalty_window > Self::MAX_PENALTY_WINDOW {
             return bad(
@@ -352,6 +388,14 @@ pub fn plan_with_logprobs(
     out
 }
 
+/// `s.top_p`, at least the smallest normal f32: GPUs may flush a
+/// subnormal to 0, which no mass fails to reach. Any `top_p` this small
+/// keeps the top logit's group alone (its mass is at least 2^31 units, the
+/// whole at most 2^31 per token), as a smaller one does.
+fn top_p_floored(s: &SamplingParams) -> f32 {
+    s.top_p.max(f32::MIN_POSITIVE)
+}
+
 /// The top-k path's parameters under `s` (records from scratch word 0).
 fn topk_params(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> TopkParams {
     let min_p_on = s.min_p > 0.0;
@@ -363,7 +407,7 @@ fn topk_params(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32) -> TopkPar
         region: 0,
         flags: 0,
         temperature: s.temperature,
-        top_p: s.top_p,
+        top_p: top_p_floored(s),
         top_p_on: (s.top_p < 1.0) as u32,
         min_p_on: min_p_on as u32,
         min_p_offset: if min_p_on { s.temperature * s.min_p.ln() } else { 0.0 },
@@ -410,7 +454,7 @@ fn plan_path(s: &SamplingParams, n: u32, n_tokens: u32, chunk: u32, top_k_path: 
         passes,
         k_passes,
         top_k: s.top_k,
-        top_p: s.top_p,
+        top_p: top_p_floored(s),
         min_p_on: min_p_on as u32,
         min_p_offset: if min_p_on { s.temperature * s.min_p.ln() } else { 0.0 },
         temperature: s.temperature,
@@ -553,5 +597,71 @@ mod tests {
         }
         let edge = d().top_p(1.0).min_p(1.0).penalty_window(SamplingParams::MAX_PENALTY_WINDOW);
         edge.validate().unwrap();
+    }
+
+    /// Penalties that would push logits past f32's range are refused by
+    /// name, with the bound in the message; the bounds themselves pass.
+    #[test]
+    fn extreme_penalties_are_refused_naming_the_bound() {
+        let d = SamplingParams::default;
+        let cases = [
+            (d().presence_penalty(-3.4e38), "presence_penalty"),
+            (d().presence_penalty(1.0e7), "presence_penalty"),
+            (d().frequency_penalty(3.4e38), "frequency_penalty"),
+            (d().frequency_penalty(-1.0e7), "frequency_penalty"),
+            (d().repetition_penalty(3.4e38), "repetition_penalty"),
+            (d().repetition_penalty(1.0e-30), "repetition_penalty"),
+            (d().repetition_penalty(f32::NAN), "repetition_penalty"),
+        ];
+        for (params, field) in cases {
+            match params.validate() {
+                Err(Error::InvalidArgument { name, reason }) => {
+                    assert_eq!(name, field, "{params:?}");
+                    assert!(reason.contains("1000000"), "{field}: {reason}");
+                }
+                other => panic!("{params:?}: {other:?}"),
+            }
+        }
+        for ok in [
+            d().presence_penalty(-1.0e6).frequency_penalty(1.0e6).repetition_penalty(1.0e6),
+            d().presence_penalty(1.0e6).frequency_penalty(-1.0e6).repetition_penalty(1.0e-6),
+        ] {
+            ok.validate().unwrap();
+        }
+    }
+
+    /// A top-p below f32's normal range reaches the kernels as the least
+    /// normal f32 (a GPU may flush a subnormal to 0, a target every mass
+    /// reaches); ordinary values pass as they are.
+    #[test]
+    fn subnormal_top_p_reaches_the_kernels_as_a_normal_value() {
+        let (n, n_tokens, chunk) = (5000, 64, 4096);
+        for (top_p, want) in [(1e-40, f32::MIN_POSITIVE), (f32::MIN_POSITIVE, f32::MIN_POSITIVE), (0.5, 0.5)]
+        {
+            let params = SamplingParams::default().temperature(0.8).top_p(top_p);
+            let radix = plan(&params, n, n_tokens, chunk);
+            let select = radix.iter().find(|l| l.kernel == Kernel::SampleSelect).unwrap();
+            assert_eq!(bytemuck::from_bytes::<SampleParams>(&select.params).top_p, want, "{top_p:e}");
+            let top_k = plan(&params.clone().top_k(20), n, n_tokens, chunk);
+            assert_eq!(top_k[0].kernel, Kernel::SampleTopk);
+            assert_eq!(bytemuck::from_bytes::<TopkParams>(&top_k[0].params).top_p, want, "{top_p:e}");
+        }
+    }
+
+    /// A temperature too small to divide logits by plans exactly the
+    /// greedy launches; the least sampling temperature plans a draw.
+    #[test]
+    fn tiny_temperatures_plan_the_greedy_launches() {
+        let (n, n_tokens, chunk) = (151_936, 64, 4096);
+        let greedy = plan(&SamplingParams::greedy(), n, n_tokens, chunk);
+        for t in [1e-40, f32::MIN_POSITIVE, 1e-30, 9.99e-6] {
+            let params = SamplingParams::default().temperature(t).top_k(20).top_p(0.9).seed(5);
+            params.validate().unwrap();
+            assert!(params.is_greedy(), "{t}");
+            assert_eq!(plan(&params, n, n_tokens, chunk), greedy, "{t}");
+        }
+        let least = SamplingParams::default().temperature(1e-5);
+        assert!(!least.is_greedy());
+        assert!(plan(&least, n, n_tokens, chunk).iter().any(|l| l.kernel == Kernel::SampleSelect));
     }
 }

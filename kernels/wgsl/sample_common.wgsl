@@ -79,9 +79,19 @@ fn pcg4d(input: vec4<u32>) -> vec4<u32> {
     return v;
 }
 
-// A uniform draw in (0, 1) (24 bits, never 0 or 1) for token `id` at
-// position `pos`.
+// A uniform draw strictly inside (0, 1) for token `id` at position `pos`:
+// the hash's top 23 bits k as (k + 0.5) / 2^23, exact in f32 (from 2^-24
+// to 1 - 2^-24). 24 bits would not be: (2^24 - 0.5) / 2^24 rounds to 1.
 fn uniform_draw(seed_lo: u32, seed_hi: u32, pos: u32, id: u32) -> f32 {
     let h = pcg4d(vec4<u32>(seed_lo, seed_hi, pos, id)).x;
-    return (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);
+    return (f32(h >> 9u) + 0.5) * (1.0 / 8388608.0);
+}
+
+// The Gumbel noise -ln(-ln u) of token `id`'s draw at `pos`, finite: -ln u
+// is at least 2^-24 (its exact value at the largest draw), so a log that
+// rounds to 0 next to 1 (WGSL allows an absolute error of 2^-21 there)
+// gives the largest noise, about 16.64, rather than infinity.
+fn gumbel_noise(seed_lo: u32, seed_hi: u32, pos: u32, id: u32) -> f32 {
+    let u = uniform_draw(seed_lo, seed_hi, pos, id);
+    return -log(max(-log(u), 5.9604645e-8));
 }

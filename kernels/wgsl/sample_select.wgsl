@@ -286,8 +286,7 @@ fn sample_select(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             if sort_key(l) < s.theta || (p.min_p_on != 0u && l < min_logit) {
                 continue;
             }
-            let u = uniform_draw(p.seed_lo, p.seed_hi, pos, i);
-            let v = l / p.temperature - log(-log(u));
+            let v = l / p.temperature + gumbel_noise(p.seed_lo, p.seed_hi, pos, i);
             if v > best_v || best_i == NONE {
                 best_v = v;
                 best_i = i;
@@ -298,8 +297,7 @@ fn sample_select(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             part_idx[wg.x] = best;
             var v = -3.0e38;
             if best != NONE {
-                let u = uniform_draw(p.seed_lo, p.seed_hi, pos, best);
-                v = logits[best] / p.temperature - log(-log(u));
+                v = logits[best] / p.temperature + gumbel_noise(p.seed_lo, p.seed_hi, pos, best);
             }
             part_val[wg.x] = v;
         }

@@ -64,8 +64,7 @@ struct Best {
 
 // The Gumbel-max candidate `best` with token `id` (logit `l`) considered.
 fn consider(best: Best, id: u32, l: f32, pos: u32) -> Best {
-    let u = uniform_draw(p.seed_lo, p.seed_hi, pos, id);
-    let v = l / p.temperature - log(-log(u));
+    let v = l / p.temperature + gumbel_noise(p.seed_lo, p.seed_hi, pos, id);
     if best.i == NONE || v > best.v || (v == best.v && id < best.i) {
         return Best(v, id);
     }

@@ -11,7 +11,8 @@ use qwen3_wgpu::internals::kernels::sample::{part_slots, parts, scratch_words};
 use qwen3_wgpu::internals::kernels::SAMPLE_TOP_K_MAX;
 use qwen3_wgpu::internals::kernels::{Kernel, KernelChoice, Kernels, Launch, SAMPLE_CHUNK};
 use qwen3_wgpu::internals::reference::{
-    chi_square, chi_square_critical_1e3, penalize_ref, poisoned, sample_probs_ref, sort_key, POISON,
+    chi_square, chi_square_critical_1e3, draw_hash, gumbel_noise, penalize_ref, poisoned, sample_probs_ref,
+    sort_key, uniform_draw, POISON,
 };
 use qwen3_wgpu::internals::sampling::{plan, plan_radix, PlannedLaunch};
 use qwen3_wgpu::internals::self_check;
@@ -589,4 +590,187 @@ fn generation_config_is_read_or_refused() {
     std::fs::write(&file, r#"{"do_sample": true, "temperature": "#).unwrap();
     let e = SamplingParams::from_generation_config(dir.path()).unwrap_err();
     assert_eq!(e.code(), "checkpoint_invalid", "{e}");
+}
+
+/// The draws at the ends of the hash's range stay strictly inside (0, 1)
+/// with finite noise: seed 4863 gives token 762 at position 9 a hash whose
+/// top 24 bits are all set (as a 24-bit draw, (2^24 - 0.5) / 2^24 rounds
+/// to 1 in f32, and its noise is infinite), seed 35279 gives token 976 one
+/// whose top 24 bits are all clear. On the GPU, both paths draw the one
+/// token whose logit towers over the rest (by more than the noise's width,
+/// under 20), never token 762.
+#[test]
+fn draws_at_the_hash_extremes_stay_inside_the_unit_interval() {
+    let (seed_top, id_top, seed_bottom, id_bottom, pos) = (4863u64, 762u32, 35279u64, 976u32, 9u32);
+    assert_eq!(draw_hash(seed_top, pos, id_top) >> 8, 0xff_ffff);
+    assert_eq!((0xff_ffff as f32 + 0.5) / 16_777_216.0, 1.0, "why 24 bits cannot be exact");
+    assert_eq!(draw_hash(seed_bottom, pos, id_bottom) >> 8, 0);
+    let top = uniform_draw(seed_top, pos, id_top);
+    let bottom = uniform_draw(seed_bottom, pos, id_bottom);
+    assert_eq!((top, bottom), (1.0 - 2f32.powi(-24), 2f32.powi(-24)));
+    for u in [top, bottom] {
+        assert!(u > 0.0 && u < 1.0 && gumbel_noise(u).is_finite(), "{u}: noise {}", gumbel_noise(u));
+    }
+    // The noise spans [-ln(24 ln 2), -ln(2^-24)], about [-2.81, 16.64].
+    assert!((gumbel_noise(top) - 16.64).abs() < 0.01 && (gumbel_noise(bottom) + 2.81).abs() < 0.01);
+
+    let rig = Rig::new();
+    let n = 1000;
+    let winner = 3u32;
+    for id in [id_top, id_bottom] {
+        // The winner at 0, a block around the extreme draw's token at -30
+        // (kept by top-k 128), the rest at -50.
+        let mut logits = vec![-50.0f32; n];
+        logits[id as usize - 20..id as usize + 20].fill(-30.0);
+        logits[winner as usize] = 0.0;
+        for seed in [seed_top, seed_bottom] {
+            for params in [
+                SamplingParams::default().temperature(1.0),
+                SamplingParams::default().temperature(1.0).top_k(SAMPLE_TOP_K_MAX),
+            ] {
+                let d = rig.draws(&logits, &PROMPT, &params, seed..seed + 1, SAMPLE_CHUNK);
+                assert_eq!(
+                    d.tokens,
+                    [winner],
+                    "seed {seed}, {:?}",
+                    kernels_of(&plan(&params, n as u32, 13, SAMPLE_CHUNK))
+                );
+            }
+        }
+    }
+}
+
+/// At a temperature where the noise (under 20 wide) times the temperature
+/// is far below the gap between the top logit and the next, every draw
+/// must be the argmax. The steps' hashes hit a 24-bit draw's top value
+/// (where a draw that is not strictly below 1 gets infinite noise) at some
+/// token that is not the argmax with probability 1 - (1 - 2^-24)^(151,935
+/// x 1,500) = 1 - e^-13.6, over 1 - 1.3e-6 (about 13.6 such steps
+/// expected); the test checks these steps do hit it. (The top-k path
+/// draws among 128 tokens, where such steps are rare: the extremes' test
+/// above covers it.)
+#[test]
+fn sampling_at_a_tiny_temperature_draws_the_argmax_every_step() {
+    let n = 151_936usize;
+    let steps = 1_500u64;
+    let pos = PROMPT.len() as u32 - 1;
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut logits: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+        })
+        .collect();
+    let argmax = 98_765u32;
+    logits[argmax as usize] = 4.5;
+    let t = 1e-4;
+    let hit = (0..steps)
+        .any(|seed| (0..n as u32).any(|id| id != argmax && draw_hash(seed, pos, id) >> 8 == 0xff_ffff));
+    assert!(hit, "no step reaches the draw's top value");
+    let rig = Rig::new();
+    let params = SamplingParams::default().temperature(t);
+    let d = rig.draws(&logits, &PROMPT, &params, 0..steps, SAMPLE_CHUNK);
+    let wrong: Vec<(usize, u32)> =
+        d.tokens.iter().copied().enumerate().filter(|&(_, tok)| tok != argmax).collect();
+    assert!(wrong.is_empty(), "(seed, token) not the argmax: {wrong:?}");
+}
+
+/// A top-p too small for f32's normal range keeps the top logit's group
+/// alone (here tied at three tokens), as any tiny top-p does.
+#[test]
+fn a_subnormal_top_p_keeps_the_top_group() {
+    let rig = Rig::new();
+    let n = 1000;
+    let logits = awkward_logits(n, 9);
+    let top = [3u32, n as u32 / 2, n as u32 - 1];
+    for params in [
+        SamplingParams::default().temperature(1.0).top_p(1e-40),
+        SamplingParams::default().temperature(1.0).top_p(1e-40).top_k(SAMPLE_TOP_K_MAX),
+    ] {
+        params.validate().unwrap();
+        let d = rig.draws(&logits, &[5, 6], &params, 0..60, SAMPLE_CHUNK);
+        assert!(d.tokens.iter().all(|t| top.contains(t)), "top-k {}: {:?}", params.top_k, d.tokens);
+        for t in top {
+            assert!(d.tokens.contains(&t), "top-k {}: {t} never drawn", params.top_k);
+        }
+    }
+}
+
+/// A temperature too small to divide logits by decodes the greedy tokens
+/// (the fixture's expected ones), through a session and `generate_with`.
+#[test]
+fn tiny_temperatures_decode_the_greedy_tokens() {
+    let text = std::fs::read_to_string(fixture_dir().join("expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        expected[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
+    let (prompt, want) = (ids("prompt_ids"), ids("generated_ids"));
+    let model = model();
+    let d = SamplingParams::default;
+    for params in [
+        d().temperature(1e-40),
+        d().temperature(1e-30).top_k(20).seed(11),
+        d().temperature(1e-6).min_p(0.1).seed(12),
+        d().temperature(3e-6).top_p(0.9).seed(13),
+    ] {
+        let t = params.temperature;
+        let mut s = model.session_with_capacity(prompt.len() + 8).unwrap();
+        s.set_sampling(&params).unwrap();
+        let mut got = vec![s.feed(&prompt).unwrap()];
+        for _ in 0..7 {
+            got.push(s.next_token().unwrap());
+        }
+        assert_eq!(got, &want[..8], "temperature {t:e}");
+        let options = qwen3_wgpu::GenerateOptions::default().max_new_tokens(8).sampling(params);
+        let out = model.generate_with(&prompt, &options, |_| std::ops::ControlFlow::Continue(())).unwrap();
+        assert_eq!(out.generated_ids(), &want[..8], "temperature {t:e}, generate_with");
+    }
+}
+
+/// Penalties large enough to overflow the logits are refused by name,
+/// with the bound, through a session and `generate_with`; the bound itself
+/// decodes tokens of the vocabulary.
+#[test]
+fn extreme_penalties_are_refused_with_the_bound() {
+    let model = model();
+    let mut s = model.session_with_capacity(32).unwrap();
+    let d = SamplingParams::default;
+    for (params, field) in [
+        (d().presence_penalty(-3.4e38), "presence_penalty"),
+        (d().temperature(0.7).frequency_penalty(3.4e38), "frequency_penalty"),
+        (d().repetition_penalty(3.4e38), "repetition_penalty"),
+        (d().temperature(0.7).repetition_penalty(1e-30), "repetition_penalty"),
+    ] {
+        let e = s.set_sampling(&params).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        assert!(e.to_string().contains(field) && e.to_string().contains("1000000"), "{e}");
+        let options = qwen3_wgpu::GenerateOptions::default().sampling(params);
+        let e = model.generate_with(&PROMPT, &options, |_| std::ops::ControlFlow::Continue(())).unwrap_err();
+        assert!(e.to_string().contains(field), "{e}");
+    }
+    // At the bound: presence -max with frequency +max leaves a token seen
+    // once as it was and bans one seen twice or more (720 and 591 in the
+    // prompt); presence and frequency -max force the most frequent token
+    // of the window (720, three times; a count more is 10^6 more), and
+    // so again and again, whatever the draw.
+    let max = SamplingParams::MAX_PENALTY;
+    let vocab = model.config().vocab_size as u32;
+    let run = |s: &mut qwen3_wgpu::Session, params: &SamplingParams| -> Vec<u32> {
+        s.set_sampling(params).unwrap();
+        s.truncate(0).unwrap();
+        let mut tokens = vec![s.feed(&PROMPT).unwrap()];
+        for _ in 0..4 {
+            tokens.push(s.next_token().unwrap());
+        }
+        tokens
+    };
+    let banned = run(&mut s, &d().presence_penalty(-max).frequency_penalty(max));
+    assert!(banned.iter().all(|&t| t < vocab && t != 720 && t != 591), "{banned:?}");
+    let forcing = d().temperature(0.7).presence_penalty(-max).frequency_penalty(-max);
+    for seed in 0..3 {
+        assert_eq!(run(&mut s, &forcing.clone().seed(seed)), [720; 5], "seed {seed}");
+    }
 }
