@@ -131,7 +131,7 @@ struct Args {
     /// Print one JSON object as the last line of stdout (errors included).
     #[arg(long)]
     json: bool,
-    /// Sampling temperature (0: greedy, the default).
+    /// Sampling temperature (0, the default, and below 1e-5: greedy).
     #[arg(long, value_name = "T", allow_negative_numbers = true)]
     temperature: Option<f32>,
     /// Keep the K most likely tokens (0: off).
@@ -143,13 +143,13 @@ struct Args {
     /// Keep tokens at least P times as likely as the top one (0: off).
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     min_p: Option<f32>,
-    /// Repetition penalty (Hugging Face's; 1: off).
+    /// Repetition penalty (Hugging Face's; 1: off; 1e-6 to 1e6).
     #[arg(long, value_name = "R", allow_negative_numbers = true)]
     repeat_penalty: Option<f32>,
-    /// Presence penalty (OpenAI's; 0: off).
+    /// Presence penalty (OpenAI's; 0: off; -1e6 to 1e6).
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     presence_penalty: Option<f32>,
-    /// Frequency penalty (OpenAI's; 0: off).
+    /// Frequency penalty (OpenAI's; 0: off; -1e6 to 1e6).
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     frequency_penalty: Option<f32>,
     /// Tokens of context the penalties look at (default 64).

@@ -23,8 +23,8 @@ use crate::{
 pub struct q3w_sampling_params {
     /// `sizeof(q3w_sampling_params)`, set by `q3w_sampling_params_init`.
     pub struct_size: usize,
-    /// 0 (the default) is greedy; else the logits are divided by it.
-    /// Finite and >= 0.
+    /// 0 (the default) and anything below 1e-5 is greedy; else the logits
+    /// are divided by it. Finite and >= 0.
     pub temperature: f32,
     /// Keep only the `top_k` largest logits (0, the default: off).
     pub top_k: u32,
@@ -34,13 +34,14 @@ pub struct q3w_sampling_params {
     /// Keep the tokens whose probability is at least `min_p` times the top
     /// token's, in [0, 1] (0, the default: off).
     pub min_p: f32,
-    /// Hugging Face's repetition penalty, > 0 (1, the default: off).
+    /// Hugging Face's repetition penalty, in [1e-6, 1e6] (1, the default:
+    /// off).
     pub repetition_penalty: f32,
-    /// Subtracted once from the logit of every token in the window (0, the
-    /// default: off).
+    /// Subtracted once from the logit of every token in the window, in
+    /// [-1e6, 1e6] (0, the default: off).
     pub presence_penalty: f32,
-    /// Subtracted from a token's logit once per occurrence in the window
-    /// (0, the default: off).
+    /// Subtracted from a token's logit once per occurrence in the window,
+    /// in [-1e6, 1e6] (0, the default: off).
     pub frequency_penalty: f32,
     /// The penalties' window, in tokens of the context (prompt included):
     /// default 64, at most 1024.
