@@ -58,6 +58,9 @@ export QWEN3_WGPU_TEST_FEATURES=hub
 features=(--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES")
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
+# The API reference and the guide (src/guide/): a broken intra-doc link fails.
+echo "== cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
 echo "== cargo check (default features: the library and the examples build without hub)"
 cargo check --workspace --lib --examples
 echo "== cargo test (the crate and the C ABI, capi/)"
