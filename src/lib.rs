@@ -1,5 +1,66 @@
-#![doc = include_str!("../README.md")]
+//! Qwen3 language models on your own GPU through [wgpu](https://wgpu.rs):
+//! load a Hugging Face checkpoint, convert its weights once to int8 (cached
+//! on disk), and decode on the GPU, greedy or sampled, one conversation or a
+//! [`Batch`] of them.
+//! Metal on Apple Silicon by default; Vulkan and DX12 through
+//! [`AdapterPolicy::Portable`].
+//!
+//! ```no_run
+//! use qwen3_wgpu::{Engine, LoadOptions, Tokenizer};
+//! let engine = Engine::new()?;
+//! let model = engine.load("./qwen3-0.6b-base", &LoadOptions::default())?;
+//! let tokenizer = Tokenizer::from_checkpoint("./qwen3-0.6b-base".as_ref())?;
+//! let mut session = model.session()?;
+//! let mut text = tokenizer.stream();
+//! let mut next = session.feed(&tokenizer.encode("The capital of France is")?)?;
+//! for _ in 0..16 {
+//!     print!("{}", text.push(next)?);
+//!     next = session.next_token()?;
+//! }
+//! # Ok::<(), qwen3_wgpu::Error>(())
+//! ```
+//!
+//! # The main types
+//!
+//! - [`Engine`]: a GPU device and the compiled kernels ([`Engine::builder`]
+//!   to choose the adapter, or to share a renderer's device).
+//! - [`Model`]: a loaded checkpoint ([`Engine::load`], [`LoadOptions`]);
+//!   [`Model::generate_with`] runs a whole generation ([`GenerateOptions`]).
+//! - [`Session`]: one context on the GPU, fed and stepped token by token,
+//!   without blocking if need be; rewound, forked, saved and restored.
+//! - [`Batch`]: sessions advanced together, one GPU step for all.
+//! - [`SamplingParams`]: how the next token is chosen.
+//! - [`Tokenizer`], [`TextStream`], [`StopMatcher`]: text in and out.
+//! - [`Chat`], [`ChatTemplate`], [`Message`]: conversations with an
+//!   instruct model.
+//! - [`Error`]: one error type, each variant with a stable [`Error::code`].
+//!
+//! # The guide
+//!
+//! The [`guide`] holds the manual, one page per topic:
+//! [the command line](guide::command_line), [loading](guide::loading),
+//! [generating](guide::generating), [sampling](guide::sampling),
+//! [sessions](guide::sessions), [rendering](guide::rendering),
+//! [batches](guide::batches), [chat](guide::chat), [text](guide::text),
+//! [errors](guide::errors), [C and C++](guide::c_api),
+//! [environment variables](guide::environment),
+//! [how a decode runs](guide::how_it_runs), [the Metal path](guide::metal),
+//! [speed](guide::speed), [testing](guide::testing) and
+//! [the source layout](guide::layout).
+//!
+//! # Features
+//!
+//! - `hub`: resolve Hugging Face model ids to checkpoint directories,
+//!   downloading into the Hugging Face cache (`hub::resolve`).
 #![deny(missing_docs)]
+
+/// The README, whose Rust example is compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+#[cfg(doc)]
+pub mod guide;
 
 // The model, from the outside in: the public API (`engine`, `session`,
 // `tokenizer`, `error`), the graph (`qwen3`) over the session's buffers

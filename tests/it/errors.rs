@@ -38,13 +38,16 @@ fn codes_are_stable_and_distinct() {
     assert_eq!(Error::EmptyPrompt.code(), "empty_prompt");
 }
 
-/// README's error table has a row for every code, so a user can look up
-/// what to do about any error.
+/// The guide's error table (`qwen3_wgpu::guide::errors`) has a row for
+/// every code, so a user can look up what to do about any error.
 #[test]
-fn readme_documents_every_code() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+fn guide_documents_every_code() {
+    let table = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/guide/errors.md")).unwrap();
     for code in Error::ALL_CODES {
-        assert!(readme.contains(&format!("| `{code}` |")), "README's error table has no row for {code}");
+        assert!(
+            table.contains(&format!("| `{code}` |")),
+            "src/guide/errors.md's table has no row for {code}"
+        );
     }
 }
 

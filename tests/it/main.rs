@@ -20,6 +20,7 @@ mod cli;
 mod config;
 mod conversion;
 mod convert_identity;
+mod docs;
 mod e2e_mlx;
 mod errors;
 mod exact_shape;
