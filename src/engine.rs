@@ -811,12 +811,24 @@ impl Model {
     /// # }
     /// ```
     ///
+    /// Any file is safe to pass: only a regular file is read (a FIFO, a
+    /// device such as a link to `/dev/zero`, or a directory is
+    /// [`Error::SessionFileInvalid`] at once), and the header is checked
+    /// against the file's length and this model before anything it sizes
+    /// is allocated, so a crafted, truncated or damaged file is an error,
+    /// never an abort. Host memory stays bounded by one layer's KV rows at
+    /// the session's positions; a file that is not restored is only read
+    /// through its checksum.
+    ///
     /// Errors: [`Error::SessionIo`] when the file cannot be opened or read;
-    /// [`Error::SessionFileInvalid`] when it is not an intact session file
-    /// of this format version (magic, version, size, checksum, token ids);
+    /// [`Error::SessionFileInvalid`] when it is not a regular file or not an
+    /// intact session file of this format version (magic, version, a
+    /// length other than the header implies, flags, checksum, token ids, or
+    /// this model's fingerprint with another shape);
     /// [`Error::SessionModelMismatch`] for an intact file saved from another
     /// model; [`Error::ContextOverflow`] when the saved capacity exceeds
-    /// this model's `max_position_embeddings`.
+    /// this model's `max_position_embeddings`; [`Error::OutOfMemory`] when
+    /// the host cannot allocate the staging for one layer's rows.
     pub fn restore_session(&self, path: impl AsRef<Path>) -> Result<Session> {
         crate::session::restore(&self.inner, path.as_ref(), None)
     }

@@ -623,6 +623,13 @@ enum q3w_status q3w_session_save(struct q3w_session *session, const char *path);
 // `Q3W_SESSION_IO`, a damaged one `Q3W_SESSION_FILE_INVALID`, an intact
 // file of other weights `Q3W_SESSION_MODEL_MISMATCH`. Free it with
 // `q3w_session_free`.
+//
+// Any file is safe to pass: only a regular file is read (a FIFO, a device
+// or a directory is `Q3W_SESSION_FILE_INVALID` at once), and its header is
+// checked against the file's length and the model before anything it
+// sizes is allocated, so a crafted, truncated or damaged file is a status,
+// never an abort (`Q3W_OUT_OF_MEMORY` if the host cannot stage one
+// layer's rows). `*out_session` is NULL on any error.
 enum q3w_status q3w_model_restore_session(const struct q3w_model *model,
                                           const char *path,
                                           size_t capacity,

@@ -27,9 +27,15 @@
 //! A file is written to a unique temporary name in the target's directory,
 //! fsynced and renamed into place, so the target name only ever holds a
 //! complete file, and a failed save leaves none.
+//!
+//! A restore reads only a regular file (a FIFO, a device or a directory is
+//! refused without being read), and checks the header against the file's
+//! length (exactly what the header implies) and against the model (shape,
+//! fingerprint, capacity) before it allocates anything the header sizes; a
+//! file that fails any check is a named error, never an abort.
 
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -289,6 +295,24 @@ impl<R: Read> HashingReader<R> {
     }
 }
 
+impl<R: BufRead> HashingReader<R> {
+    /// Hashes the next `n` bytes without keeping them (the reader's own
+    /// buffer is the only memory used).
+    fn skip(&mut self, mut n: u64) -> std::io::Result<()> {
+        while n > 0 {
+            let buf = self.inner.fill_buf()?;
+            if buf.is_empty() {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let take = n.min(buf.len() as u64) as usize;
+            self.hash.update(&buf[..take]);
+            self.inner.consume(take);
+            n -= take as u64;
+        }
+        Ok(())
+    }
+}
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
@@ -299,131 +323,221 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Reads, verifies and uploads a session file (see the module docs): one
-/// pass, uploading the KV rows as they are read when the file claims this
-/// model; every check on the whole file's checksum comes before the
-/// session is returned.
-pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usize>) -> Result<Session> {
+/// Opens `path` for reading if it is a regular file, with its length as
+/// the opened file reports it (the file, not a name that may be replaced
+/// between a check and the open). A FIFO, a device (such as a link to
+/// `/dev/zero`), a socket or a directory is refused without reading from
+/// it: on Unix the open does not block (a FIFO with no writer would
+/// otherwise wait forever), and the type is checked on the opened file.
+fn open_regular(path: &Path) -> Result<(File, u64)> {
     let io = |what: &str, e: &dyn std::fmt::Display| Error::SessionIo {
         path: path.to_path_buf(),
         reason: format!("{what}: {e}"),
     };
-    let invalid = |reason: String| Error::SessionFileInvalid { path: path.to_path_buf(), reason };
-    // The type first: opening a FIFO for reading would block until a writer came.
-    let meta = std::fs::metadata(path).map_err(|e| io("cannot open", &e))?;
-    if !meta.is_file() {
-        return Err(invalid("not a regular file".into()));
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK changes nothing for a regular file's reads.
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
     }
-    let file = File::open(path).map_err(|e| io("cannot open", &e))?;
-    let file_len = file.metadata().map_err(|e| io("cannot stat", &e))?.len();
+    #[cfg(not(unix))]
+    {
+        // No non-blocking open here: the type is checked by name first.
+        let meta = std::fs::metadata(path).map_err(|e| io("cannot open", &e))?;
+        if !meta.is_file() {
+            return Err(not_regular(path, &meta.file_type()));
+        }
+    }
+    let file = options.open(path).map_err(|e| io("cannot open", &e))?;
+    let meta = file.metadata().map_err(|e| io("cannot stat", &e))?;
+    if !meta.is_file() {
+        return Err(not_regular(path, &meta.file_type()));
+    }
+    Ok((file, meta.len()))
+}
+
+fn not_regular(path: &Path, kind: &std::fs::FileType) -> Error {
+    let kind = if kind.is_dir() { "a directory" } else { "a FIFO, device or socket" };
+    Error::SessionFileInvalid { path: path.to_path_buf(), reason: format!("not a regular file ({kind})") }
+}
+
+/// The fixed-size part of a session file, as read (nothing checked yet).
+struct Header {
+    magic: [u8; 8],
+    version: u32,
+    flags: u32,
+    fingerprint: String,
+    layers: u64,
+    heads: u64,
+    head_dim: u64,
+    pending: u32,
+    capacity: u64,
+    len: u64,
+}
+
+impl Header {
+    fn parse(b: &[u8; HEADER_LEN]) -> Header {
+        let mut magic = [0u8; 8];
+        magic.copy_from_slice(&b[0..8]);
+        Header {
+            magic,
+            version: u32_at(b, 8),
+            flags: u32_at(b, 12),
+            fingerprint: String::from_utf8_lossy(&b[16..16 + FINGERPRINT_LEN]).into_owned(),
+            layers: u32_at(b, 48).into(),
+            heads: u32_at(b, 52).into(),
+            head_dim: u32_at(b, 56).into(),
+            pending: u32_at(b, 60),
+            capacity: u64_at(b, 64),
+            len: u64_at(b, 72),
+        }
+    }
+
+    /// Bytes of one layer's K and V rows, if representable.
+    fn layer_bytes(&self) -> Option<u64> {
+        self.heads.checked_mul(self.head_dim / 2)?.checked_mul(8)?.checked_mul(self.len)
+    }
+
+    /// The file length this header implies, if representable.
+    fn file_len(&self) -> Option<u64> {
+        self.layer_bytes()?
+            .checked_mul(self.layers)?
+            .checked_add(self.len.checked_mul(4)?)?
+            .checked_add((HEADER_LEN + FOOTER_LEN) as u64)
+    }
+}
+
+/// A zeroed buffer of `n` bytes, or [`Error::OutOfMemory`] where the host
+/// cannot provide it (never an abort).
+fn try_zeroed(n: u64, what: &str) -> Result<Vec<u8>> {
+    let oom = || Error::OutOfMemory { what: what.to_string(), needed: n, available: 0 };
+    let n = usize::try_from(n).map_err(|_| oom())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| oom())?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
+/// Reads, verifies and uploads a session file (see the module docs).
+///
+/// Nothing is allocated from the header's sizes until the header has been
+/// checked against the file's real length (the exact length it implies,
+/// computed without overflow) and against this model (shape, fingerprint,
+/// the capacity to restore into): a host buffer of a layer's rows and a
+/// session are then bounded by the model's own sizes at its
+/// `max_position_embeddings`. A file that is not restored into this model
+/// only streams through the checksum (a fixed buffer), so that the error
+/// says whether it is intact. Every check on the whole file's checksum
+/// comes before a session is returned.
+pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usize>) -> Result<Session> {
+    let invalid = |reason: String| Error::SessionFileInvalid { path: path.to_path_buf(), reason };
+    let (file, file_len) = open_regular(path)?;
     if file_len < (HEADER_LEN + FOOTER_LEN) as u64 {
         return Err(invalid(format!("truncated: {file_len} bytes")));
     }
-    let mut input =
-        HashingReader { inner: BufReader::with_capacity(1 << 20, file), hash: Xxh3Default::new() };
+    // Never past the length checked below, should the file grow meanwhile.
+    let buffer = usize::try_from(file_len).unwrap_or(usize::MAX).min(1 << 20);
+    let mut input = HashingReader {
+        inner: BufReader::with_capacity(buffer, file.take(file_len)),
+        hash: Xxh3Default::new(),
+    };
     let read_err = |e: std::io::Error| invalid(format!("cannot read (changed while read?): {e}"));
-    let mut header = [0u8; HEADER_LEN];
-    input.fill(&mut header).map_err(read_err)?;
-    if &header[0..8] != MAGIC {
+    let mut header_bytes = [0u8; HEADER_LEN];
+    input.fill(&mut header_bytes).map_err(read_err)?;
+    let header = Header::parse(&header_bytes);
+    if &header.magic != MAGIC {
         return Err(invalid("not a session file (bad magic)".into()));
     }
-    let version = u32_at(&header, 8);
-    if version != SESSION_FORMAT_VERSION {
-        return Err(invalid(format!("format version {version}, this build reads {SESSION_FORMAT_VERSION}")));
-    }
-    let flags = u32_at(&header, 12);
-    let found = String::from_utf8_lossy(&header[16..16 + FINGERPRINT_LEN]).into_owned();
-    let (layers, heads, head_dim) =
-        (u32_at(&header, 48) as u64, u32_at(&header, 52) as u64, u32_at(&header, 56) as u64);
-    let pending = (flags & FLAG_PENDING != 0).then(|| u32_at(&header, 60));
-    let saved_capacity = u64_at(&header, 64);
-    let len = u64_at(&header, 72);
-    // The size the header implies, computed without overflow.
-    let layer_bytes =
-        heads.checked_mul(head_dim / 2).and_then(|w| w.checked_mul(8)).and_then(|b| b.checked_mul(len));
-    let expected = layer_bytes
-        .and_then(|b| b.checked_mul(layers))
-        .and_then(|kv| kv.checked_add(len.checked_mul(4)?))
-        .and_then(|body| body.checked_add((HEADER_LEN + FOOTER_LEN) as u64));
-    if expected != Some(file_len)
-        || flags & !FLAG_PENDING != 0
-        || len > saved_capacity
-        || !head_dim.is_multiple_of(2)
-    {
+    if header.version != SESSION_FORMAT_VERSION {
         return Err(invalid(format!(
-            "the header does not describe this file ({file_len} bytes; truncated, extended or damaged)"
+            "format version {}, this build reads {SESSION_FORMAT_VERSION}",
+            header.version
         )));
     }
-    let layer_bytes = layer_bytes.unwrap_or(0) as usize;
-    let len = len as usize;
+    let implied = header.file_len();
+    if implied != Some(file_len) {
+        let implied = implied.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
+        return Err(invalid(format!(
+            "the header implies {implied} bytes, the file has {file_len} (truncated, extended or damaged)"
+        )));
+    }
+    if header.flags & !FLAG_PENDING != 0
+        || header.capacity == 0
+        || header.len > header.capacity
+        || !header.head_dim.is_multiple_of(2)
+    {
+        return Err(invalid("the header's flags, capacity or head_dim are not a saved session's".into()));
+    }
+    let pending = (header.flags & FLAG_PENDING != 0).then_some(header.pending);
 
     let cfg = &shared.config;
     let fingerprint = shared.fingerprint.get();
-    let same_model = found == fingerprint
-        && layers == cfg.num_hidden_layers as u64
-        && heads == cfg.num_key_value_heads as u64
-        && head_dim == cfg.head_dim as u64;
-    let capacity = capacity.unwrap_or(usize::try_from(saved_capacity).unwrap_or(usize::MAX));
+    let same_model = header.fingerprint == fingerprint
+        && header.layers == cfg.num_hidden_layers as u64
+        && header.heads == cfg.num_key_value_heads as u64
+        && header.head_dim == cfg.head_dim as u64;
+    let capacity = capacity.unwrap_or(usize::try_from(header.capacity).unwrap_or(usize::MAX));
     let max = cfg.max_position_embeddings;
-    let fits = capacity >= len && capacity >= 1 && capacity <= max;
-    let mut session = if same_model && fits { Some(Session::new(shared.clone(), capacity)?) } else { None };
-
-    let mut tokens = vec![0u8; 4 * len];
-    input.fill(&mut tokens).map_err(read_err)?;
-    let mut layer = vec![0u8; layer_bytes];
-    for l in 0..layers as usize {
-        input.fill(&mut layer).map_err(read_err)?;
-        if let (Some(s), true) = (&session, layer_bytes > 0) {
-            // KV rows of unverified bytes are harmless: the session is
-            // dropped unless the checksum below holds.
-            let row_bytes = 4 * s.row_words() as usize;
-            let len_bytes = row_bytes * len;
-            let heads = heads as usize;
-            for (i, cache) in [&s.bufs.k_cache[l], &s.bufs.v_cache[l]].into_iter().enumerate() {
-                for head in 0..heads {
-                    let from = (i * heads + head) * len_bytes;
-                    let to = s.bufs.kv_offset + (head * capacity * row_bytes) as u64;
-                    shared.gpu.queue.write_buffer(cache, to, &layer[from..from + len_bytes]);
-                }
-            }
-            // Hand the staged rows to the GPU layer by layer, so staging
-            // memory stays bounded by a layer.
-            shared.gpu.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+    let fits = capacity >= 1 && capacity <= max && header.len <= capacity as u64;
+    if !(same_model && fits) {
+        // Only the checksum reads the body: whatever the header claims,
+        // nothing is allocated for it.
+        input.skip(file_len - (HEADER_LEN + FOOTER_LEN) as u64).map_err(read_err)?;
+        check_footer(&mut input, &invalid)?;
+        if header.fingerprint != fingerprint {
+            return Err(Error::SessionModelMismatch {
+                path: path.to_path_buf(),
+                expected: fingerprint.to_string(),
+                found: header.fingerprint,
+            });
         }
-    }
-    let computed = input.hash.digest();
-    let mut footer = [0u8; FOOTER_LEN];
-    input.inner.read_exact(&mut footer).map_err(read_err)?;
-    let stored = u64_at(&footer, 0);
-    if &footer[8..16] != END_MAGIC {
-        return Err(invalid("bad end magic".into()));
-    }
-    if stored != computed {
-        return Err(invalid(format!("checksum mismatch (stored {stored:016x}, computed {computed:016x})")));
-    }
-    if found != fingerprint {
-        return Err(Error::SessionModelMismatch {
-            path: path.to_path_buf(),
-            expected: fingerprint.to_string(),
-            found,
-        });
-    }
-    if !same_model {
-        return Err(invalid("the model's fingerprint with another shape".into()));
-    }
-    if !fits {
+        if !same_model {
+            return Err(invalid("the model's fingerprint with another shape".into()));
+        }
         return Err(match capacity {
             c if c > max || c == 0 => Error::ContextOverflow { needed: c, capacity: max },
-            c => Error::ContextOverflow { needed: len, capacity: c },
+            c => Error::ContextOverflow { needed: header.len as usize, capacity: c },
         });
     }
+    // Bounded now: len <= capacity <= max_position_embeddings, and the
+    // shape is this model's.
+    let len = header.len as usize;
+    let mut tokens = try_zeroed(4 * header.len, "session restore: token ids")?;
+    let layer_bytes = header.layer_bytes().unwrap_or(0);
+    let mut layer = try_zeroed(layer_bytes, "session restore: one layer's KV rows")?;
+    let mut session = Session::new(shared.clone(), capacity)?;
+
+    input.fill(&mut tokens).map_err(read_err)?;
+    for l in 0..cfg.num_hidden_layers {
+        input.fill(&mut layer).map_err(read_err)?;
+        if layer_bytes == 0 {
+            continue;
+        }
+        // KV rows of unverified bytes are harmless: the session is
+        // dropped unless the checksum below holds.
+        let row_bytes = 4 * session.row_words() as usize;
+        let len_bytes = row_bytes * len;
+        let heads = cfg.num_key_value_heads;
+        for (i, cache) in [&session.bufs.k_cache[l], &session.bufs.v_cache[l]].into_iter().enumerate() {
+            for head in 0..heads {
+                let from = (i * heads + head) * len_bytes;
+                let to = session.bufs.kv_offset + (head * capacity * row_bytes) as u64;
+                shared.gpu.queue.write_buffer(cache, to, &layer[from..from + len_bytes]);
+            }
+        }
+        // Hand the staged rows to the GPU layer by layer, so staging
+        // memory stays bounded by a layer.
+        shared.gpu.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+    }
+    check_footer(&mut input, &invalid)?;
     let tokens: Vec<u32> =
         tokens.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     let vocab = cfg.vocab_size;
     if let Some((at, id)) = tokens.iter().chain(&pending).enumerate().find(|(_, &id)| id as usize >= vocab) {
         return Err(invalid(format!("token id {id} at position {at} is outside the vocabulary of {vocab}")));
     }
-    let mut session = session.take().ok_or_else(|| Error::internal("no session to restore into"))?;
     let all: Vec<u32> = tokens.iter().chain(&pending).copied().collect();
     if !all.is_empty() {
         shared.gpu.queue.write_buffer(&session.bufs.tokens, 0, &le_bytes(&all));
@@ -432,4 +546,23 @@ pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usiz
     session.pending = pending;
     session.reset_gpu_position();
     Ok(session)
+}
+
+/// Reads the footer after the body and checks the end magic and the
+/// checksum of everything before it.
+fn check_footer<R: BufRead>(input: &mut HashingReader<R>, invalid: &dyn Fn(String) -> Error) -> Result<()> {
+    let computed = input.hash.digest();
+    let mut footer = [0u8; FOOTER_LEN];
+    input
+        .inner
+        .read_exact(&mut footer)
+        .map_err(|e| invalid(format!("cannot read (changed while read?): {e}")))?;
+    let stored = u64_at(&footer, 0);
+    if &footer[8..16] != END_MAGIC {
+        return Err(invalid("bad end magic".into()));
+    }
+    if stored != computed {
+        return Err(invalid(format!("checksum mismatch (stored {stored:016x}, computed {computed:016x})")));
+    }
+    Ok(())
 }

@@ -2,7 +2,11 @@
 //! cache file, through parsing, validation, conversion and the cache (no
 //! GPU): every case ends in a converted model or a named error, never a
 //! panic; and a damaged cache file never yields weights other than the
-//! checkpoint's.
+//! checkpoint's. Seeded mutations of a saved session file through
+//! `Model::restore_session` (on the portable adapter): a session only
+//! from the unmodified file or a resealed change the format allows, with
+//! exactly what that change says; otherwise a named error, never a panic
+//! or an abort, in bounded time.
 //!
 //! `QWEN3_WGPU_FUZZ_CASES` sets the number of cases (default
 //! [`DEFAULT_CASES`]) and `QWEN3_WGPU_FUZZ_SEED` the first seed (case `i`
@@ -449,6 +453,321 @@ fn random_mutations_never_panic() {
     });
     println!(
         "{cases} mutations from seed {first_seed} on {workers} threads in {:.1} s; first loads by input and outcome: {outcomes:?}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Session cases per CI run (each restores a file on the GPU).
+const DEFAULT_SESSION_CASES: u64 = 2_000;
+
+/// The session file's layout (see `src/session/state.rs`): the header's
+/// fields, by offset and width, and where the token ids start.
+const SESSION_FIELDS: [(&str, usize, usize); 11] = [
+    ("magic", 0, 8),
+    ("version", 8, 4),
+    ("flags", 12, 4),
+    ("fingerprint", 16, 32),
+    ("layers", 48, 4),
+    ("heads", 52, 4),
+    ("head_dim", 56, 4),
+    ("pending", 60, 4),
+    ("capacity", 64, 8),
+    ("len", 72, 8),
+    ("token", 80, 4),
+];
+
+/// The checksum after a change: xxh3-64 of everything before the footer.
+fn reseal_session(bytes: &mut [u8]) {
+    let end = bytes.len() - 16;
+    let sum = xxhash_rust::xxh3::xxh3_64(&bytes[..end]);
+    bytes[end..end + 8].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// What a restore must give for a mutated file.
+#[derive(Debug, PartialEq)]
+enum Want {
+    /// A session of these positions' tokens, pending token and capacity.
+    Session { tokens: Vec<u32>, pending: Option<u32>, capacity: usize },
+    /// An error of this code.
+    Code(&'static str),
+}
+
+/// The saved files the session cases start from, and what they hold.
+struct SessionBase {
+    model: qwen3_wgpu::Model,
+    good: Vec<u8>,
+    /// A file another model (of another shape) saved.
+    foreign: Vec<u8>,
+    tokens: Vec<u32>,
+    pending: Option<u32>,
+    capacity: usize,
+    vocab: u64,
+    max_positions: u64,
+}
+
+fn session_base(root: &Path) -> SessionBase {
+    use qwen3_wgpu::{AdapterPolicy, Engine, LoadOptions};
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx");
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
+    let model = engine.load(fixtures.join("gqa2_hd64"), &options).unwrap();
+    let foreign_model = engine.load(fixtures.join("mqa_hd64"), &options).unwrap();
+    let tokens = vec![85, 720, 591, 221, 110]; // in both vocabularies (777 and 1,000)
+    let save = |model: &qwen3_wgpu::Model, name: &str| {
+        let mut s = model.session_with_capacity(24).unwrap();
+        let pending = s.feed(&tokens).unwrap();
+        let path = root.join(name);
+        s.save(&path).unwrap();
+        (std::fs::read(path).unwrap(), pending)
+    };
+    let (good, pending) = save(&model, "good.q3s");
+    let (foreign, _) = save(&foreign_model, "foreign.q3s");
+    // Both models' files are the same length only by accident of shape.
+    assert_ne!(good.len(), foreign.len());
+    SessionBase {
+        model,
+        good,
+        foreign,
+        tokens,
+        pending: Some(pending),
+        capacity: 24,
+        vocab: 1000,
+        max_positions: 4096,
+    }
+}
+
+/// A value to write into a field of `width` bytes: the edges of the
+/// width, sizes that multiply past 2^64, the field's neighbours, and the
+/// model's own bounds.
+fn extreme_field(rng: &mut StdRng, width: usize, original: u64, base: &SessionBase) -> u64 {
+    let max = if width == 8 { u64::MAX } else { u64::from(u32::MAX) };
+    let v = match rng.random_range(0..14) {
+        0 => 0,
+        1 => 1,
+        2 => max,
+        3 => max - 1,
+        4 => 1 << 20,
+        5 => 1 << 21,
+        6 => 1 << 31,
+        7 => 1 << 40,
+        8 => original.wrapping_add(1),
+        9 => original.wrapping_sub(1),
+        10 => base.vocab,
+        11 => base.max_positions + rng.random_range(0..2),
+        12 => rng.random_range(0..32),
+        _ => rng.random_range(0..2000),
+    };
+    v & max
+}
+
+/// A mutation of case `seed` and what restoring it must give.
+fn mutate_session(base: &SessionBase, rng: &mut StdRng) -> (Vec<u8>, Want, String) {
+    let good = &base.good;
+    let intact = |capacity: usize, tokens: &[u32], pending: Option<u32>| Want::Session {
+        tokens: tokens.to_vec(),
+        pending,
+        capacity,
+    };
+    let invalid = Want::Code("session_file_invalid");
+    match rng.random_range(0..8) {
+        0 => {
+            let mut bytes = good.clone();
+            let flips: Vec<String> = (0..rng.random_range(1..4))
+                .map(|_| {
+                    let (at, bit) = (rng.random_range(0..bytes.len()), rng.random_range(0..8));
+                    bytes[at] ^= 1 << bit;
+                    format!("{at}.{bit}")
+                })
+                .collect();
+            // Flips that cancel leave the file as it was.
+            let want =
+                if &bytes == good { intact(base.capacity, &base.tokens, base.pending) } else { invalid };
+            (bytes, want, format!("flip bits {}", flips.join(" ")))
+        }
+        1 => {
+            // Most truncations inside the header and the footer.
+            let at = match rng.random_range(0..3) {
+                0 => rng.random_range(0..96),
+                1 => good.len() - rng.random_range(1..32),
+                _ => rng.random_range(0..good.len()),
+            };
+            (good[..at].to_vec(), invalid, format!("truncate to {at}"))
+        }
+        2 => {
+            let mut bytes = good.clone();
+            let n = rng.random_range(1..200);
+            let at = if rng.random() { bytes.len() } else { rng.random_range(0..bytes.len()) };
+            let extra: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+            bytes.splice(at..at, extra);
+            (bytes, invalid, format!("insert {n} bytes at {at}"))
+        }
+        3 => {
+            let mut bytes = good.clone();
+            let len = bytes.len();
+            let what = mutate_bytes(&mut bytes, 0..len, rng);
+            let want =
+                if &bytes == good { intact(base.capacity, &base.tokens, base.pending) } else { invalid };
+            (bytes, want, what)
+        }
+        4 | 5 => {
+            // A header field (or a token id) set to an extreme value and
+            // the checksum recomputed: only changes the format allows give
+            // a session, holding exactly what the change says.
+            let (name, mut at, width) = SESSION_FIELDS[rng.random_range(0..SESSION_FIELDS.len())];
+            if name == "token" {
+                at += 4 * rng.random_range(0..base.tokens.len());
+            }
+            let mut bytes = good.clone();
+            let original = match width {
+                4 => u64::from(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())),
+                8 => u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()),
+                _ => 0,
+            };
+            let value = extreme_field(rng, width, original, base);
+            match width {
+                4 => bytes[at..at + 4].copy_from_slice(&(value as u32).to_le_bytes()),
+                8 => bytes[at..at + 8].copy_from_slice(&value.to_le_bytes()),
+                _ if name == "fingerprint" => {
+                    let hex = b"0123456789abcdef";
+                    for b in &mut bytes[at..at + width] {
+                        *b = hex[rng.random_range(0..16)];
+                    }
+                }
+                _ => rng.fill(&mut bytes[at..at + width]),
+            }
+            reseal_session(&mut bytes);
+            let unchanged = &bytes == good;
+            let want = match name {
+                _ if unchanged => intact(base.capacity, &base.tokens, base.pending),
+                "fingerprint" => Want::Code("session_model_mismatch"),
+                "flags" if value == 0 => intact(base.capacity, &base.tokens, None),
+                "pending" if value < base.vocab => intact(base.capacity, &base.tokens, Some(value as u32)),
+                "capacity" if value > base.max_positions => Want::Code("context_overflow"),
+                "capacity" if value >= base.tokens.len() as u64 => {
+                    intact(value as usize, &base.tokens, base.pending)
+                }
+                "token" if value < base.vocab => {
+                    let mut tokens = base.tokens.clone();
+                    tokens[(at - 80) / 4] = value as u32;
+                    intact(base.capacity, &tokens, base.pending)
+                }
+                _ => invalid,
+            };
+            (bytes, want, format!("resealed {name} at {at} = {value:#x}"))
+        }
+        6 => {
+            // The header's shape and lengths set together, the file given
+            // the length they imply where that is small (else a short
+            // body), resealed: every size a reader could take from it, up
+            // to 0 layers of 2^20 heads of 2^21 dimensions in 100 bytes.
+            let pick = |rng: &mut StdRng, values: &[u64]| values[rng.random_range(0..values.len())];
+            let max32 = u64::from(u32::MAX);
+            let layers = pick(rng, &[0, 1, 2, 3, 1 << 20, max32]);
+            let heads = pick(rng, &[0, 1, 2, 1 << 20, max32]);
+            let head_dim = pick(rng, &[0, 1, 2, 64, 1 << 21, max32 - 1]);
+            let len = pick(rng, &[0, 1, 3, 5000, 1 << 40, u64::MAX]);
+            let capacity = pick(rng, &[len, len.saturating_add(7), 0, base.max_positions + 1, u64::MAX]);
+            let implied = heads
+                .checked_mul(head_dim / 2)
+                .and_then(|w| w.checked_mul(8)?.checked_mul(len))
+                .and_then(|layer| layer.checked_mul(layers))
+                .and_then(|kv| kv.checked_add(len.checked_mul(4)?))
+                .and_then(|body| body.checked_add(96));
+            let mut bytes = good[..80].to_vec();
+            for (at, v) in [(48, layers), (52, heads), (56, head_dim)] {
+                bytes[at..at + 4].copy_from_slice(&(v as u32).to_le_bytes());
+            }
+            bytes[64..72].copy_from_slice(&capacity.to_le_bytes());
+            bytes[72..80].copy_from_slice(&len.to_le_bytes());
+            let body = match implied {
+                Some(n) if n <= 4 << 20 => n as usize - 96,
+                _ => rng.random_range(0..1000),
+            };
+            bytes.resize(80 + body + 16, 0);
+            let end = bytes.len() - 8;
+            bytes[end..].copy_from_slice(b"Q3WSEND\0");
+            reseal_session(&mut bytes);
+            let want = if implied != Some(bytes.len() as u64)
+                || head_dim % 2 == 1
+                || capacity == 0
+                || len > capacity
+                || (layers, heads, head_dim) != (2, 2, 64)
+            {
+                invalid
+            } else if capacity > base.max_positions {
+                Want::Code("context_overflow")
+            } else {
+                intact(capacity as usize, &vec![0; len as usize], base.pending)
+            };
+            let what = format!("{layers} layers, {heads} heads, head_dim {head_dim}, len {len}, capacity {capacity} in {} bytes", bytes.len());
+            (bytes, want, what)
+        }
+        _ => {
+            // Another model's file: intact, or damaged.
+            let mut bytes = base.foreign.clone();
+            if rng.random() {
+                let len = bytes.len();
+                let what = mutate_bytes(&mut bytes, 0..len, rng);
+                let want = if bytes == base.foreign { Want::Code("session_model_mismatch") } else { invalid };
+                (bytes, want, format!("another model's file: {what}"))
+            } else {
+                (bytes, Want::Code("session_model_mismatch"), "another model's file".into())
+            }
+        }
+    }
+}
+
+/// Restores case `seed`'s file from `path`; a failure description.
+fn run_session_case(base: &SessionBase, path: &Path, seed: u64) -> (String, Option<String>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (bytes, want, what) = mutate_session(base, &mut rng);
+    std::fs::write(path, &bytes).unwrap();
+    let started = Instant::now();
+    let got = match base.model.restore_session(path) {
+        Ok(s) => Want::Session { tokens: s.tokens().unwrap(), pending: s.pending(), capacity: s.capacity() },
+        Err(e) if Error::ALL_CODES.contains(&e.code()) => Want::Code(e.code()),
+        Err(e) => {
+            return (String::new(), Some(format!("seed {seed} ({what}): undocumented code {}", e.code())))
+        }
+    };
+    let outcome = match &got {
+        Want::Session { .. } => "ok".to_string(),
+        Want::Code(code) => code.to_string(),
+    };
+    let elapsed = started.elapsed();
+    let failure = if got != want {
+        Some(format!("seed {seed} ({what}): expected {want:?}, got {got:?}"))
+    } else if elapsed.as_secs() >= 5 {
+        Some(format!("seed {seed} ({what}): took {elapsed:?}"))
+    } else {
+        None
+    };
+    (outcome, failure)
+}
+
+#[test]
+fn session_file_mutations_are_restored_exactly_or_refused() {
+    let cases = env_u64("QWEN3_WGPU_FUZZ_CASES", DEFAULT_SESSION_CASES);
+    let first_seed = env_u64("QWEN3_WGPU_FUZZ_SEED", DEFAULT_SEED);
+    let root = tempfile::tempdir().unwrap();
+    let base = session_base(root.path());
+    let path = root.path().join("case.q3s");
+    let started = Instant::now();
+    let mut outcomes = BTreeMap::<String, u64>::new();
+    let mut failures = Vec::new();
+    for i in 0..cases {
+        let seed = first_seed.wrapping_add(i);
+        match catch_unwind(AssertUnwindSafe(|| run_session_case(&base, &path, seed))) {
+            Ok((outcome, failure)) => {
+                *outcomes.entry(outcome).or_default() += 1;
+                failures.extend(failure);
+            }
+            Err(_) => failures.push(format!("seed {seed}: panicked (message above)")),
+        }
+    }
+    println!(
+        "{cases} session file mutations from seed {first_seed} in {:.1} s; outcomes: {outcomes:?}",
         started.elapsed().as_secs_f64()
     );
     assert!(failures.is_empty(), "{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));

@@ -397,3 +397,178 @@ fn calls_during_a_feed_are_named_errors() {
     assert!(!s.is_feeding());
     assert_eq!(s.next_token().unwrap(), fresh(&model, &ids, 2)[1]);
 }
+
+/// A session file as the format lays it out (see `src/session/state.rs`),
+/// from its fields, with its checksum and end magic.
+struct Crafted<'a> {
+    fingerprint: &'a [u8],
+    layers: u32,
+    heads: u32,
+    head_dim: u32,
+    capacity: u64,
+    len: u64,
+    /// Bytes after the header (token ids, then KV rows).
+    body: Vec<u8>,
+}
+
+impl Crafted<'_> {
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = b"Q3WSESSN".to_vec();
+        b.extend_from_slice(&1u32.to_le_bytes()); // format version
+        b.extend_from_slice(&0u32.to_le_bytes()); // no pending token
+        b.extend_from_slice(self.fingerprint);
+        for v in [self.layers, self.heads, self.head_dim, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&self.capacity.to_le_bytes());
+        b.extend_from_slice(&self.len.to_le_bytes());
+        assert_eq!(b.len(), 80);
+        b.extend_from_slice(&self.body);
+        b.extend_from_slice(&[0; 16]);
+        reseal(&mut b);
+        let end = b.len() - 8;
+        b[end..].copy_from_slice(b"Q3WSEND\0");
+        b
+    }
+}
+
+/// Restores `path` on a worker thread: a run longer than a few seconds
+/// (a read that never ends, a multi-terabyte allocation being filled)
+/// fails the test instead of hanging it.
+fn restore_within_limit(model: &Model, path: &Path) -> qwen3_wgpu::Result<Session> {
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+    let (model, path) = (model.clone(), path.to_path_buf());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(model.restore_session(&path));
+    });
+    match rx.recv_timeout(LIMIT) {
+        Ok(result) => result,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("no answer within {LIMIT:?}: the restore hangs")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the restore panicked (see above)"),
+    }
+}
+
+/// Headers whose sizes would make a reader allocate far more than the file
+/// holds, each with a checksum that holds: a named error in-process, at
+/// once, never an allocation sized by the header (the first, 100 bytes on
+/// disk, claims 0 layers of 2^20 heads of 2^21 dimensions: 8 TiB a layer).
+#[test]
+fn crafted_headers_are_named_errors_without_huge_allocations() {
+    let engine = engine();
+    let model = load(&engine, "gqa2_hd64");
+    let own = model.fingerprint().as_bytes().to_vec();
+    assert_eq!(own.len(), 32);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crafted.q3s");
+    let base =
+        Crafted { fingerprint: &own, layers: 2, heads: 2, head_dim: 64, capacity: 64, len: 0, body: vec![] };
+    let cases = [
+        // Consistent with its own length: 0 layers, one token.
+        (
+            "8 TiB a layer, 0 layers",
+            "session_file_invalid",
+            Crafted {
+                layers: 0,
+                heads: 1 << 20,
+                head_dim: 1 << 21,
+                capacity: 1,
+                len: 1,
+                body: vec![0; 4],
+                ..base
+            },
+        ),
+        // The same from another model's fingerprint: intact, so another model's.
+        (
+            "8 TiB a layer, another model",
+            "session_model_mismatch",
+            Crafted {
+                fingerprint: &[b'0'; 32],
+                layers: 0,
+                heads: 1 << 20,
+                head_dim: 1 << 21,
+                capacity: 1,
+                len: 1,
+                body: vec![0; 4],
+            },
+        ),
+        // This model's shape and a plausible context, but a short file.
+        (
+            "4,000 positions in 100 bytes",
+            "session_file_invalid",
+            Crafted { capacity: 4096, len: 4000, body: vec![0; 4], ..base },
+        ),
+        // Sizes whose product overflows 64 bits.
+        (
+            "2^64 bytes",
+            "session_file_invalid",
+            Crafted {
+                layers: u32::MAX,
+                heads: u32::MAX,
+                head_dim: u32::MAX - 1,
+                capacity: u64::MAX,
+                len: u64::MAX,
+                ..base
+            },
+        ),
+        // This model's shape, more positions than it holds (4,096), in a
+        // file of that length: refused for the context, read only through
+        // the checksum.
+        (
+            "past max_position_embeddings",
+            "context_overflow",
+            Crafted { capacity: 5000, len: 5000, body: vec![0; 5000 * (4 + 2 * 2 * 2 * 32 * 4)], ..base },
+        ),
+    ];
+    for (name, want, crafted) in cases {
+        let bytes = crafted.bytes();
+        std::fs::write(&path, &bytes).unwrap();
+        let started = std::time::Instant::now();
+        let e = restore_within_limit(&model, &path).err().unwrap_or_else(|| panic!("{name}: restored"));
+        assert_eq!(e.code(), want, "{name} ({} bytes): {e}", bytes.len());
+        assert!(started.elapsed().as_secs() < 5, "{name}: {:?}", started.elapsed());
+    }
+    // The same layout with this model's shape and real rows restores: the
+    // crafting above is the format.
+    let row_bytes = 2 * 2 * 2 * 32 * 4;
+    let valid = Crafted {
+        capacity: 16,
+        len: 3,
+        body: [vec![7, 0, 0, 0, 8, 0, 0, 0, 9, 0, 0, 0], vec![0; 3 * row_bytes]].concat(),
+        ..base
+    };
+    std::fs::write(&path, valid.bytes()).unwrap();
+    let s = restore_within_limit(&model, &path).unwrap();
+    assert_eq!((s.len(), s.capacity(), s.tokens().unwrap()), (3, 16, vec![7, 8, 9]));
+}
+
+/// Only regular files are read: a FIFO (which has no writer) and a link to
+/// /dev/zero (which never ends) are session_file_invalid at once; a link
+/// to a session file restores it.
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_device_is_refused_without_reading() {
+    let engine = engine();
+    let model = load(&engine, "gqa2_hd64");
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.q3s");
+    let status = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+    assert!(status.success());
+    let zero = dir.path().join("zero.q3s");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for path in [&fifo, &zero] {
+        let e = restore_within_limit(&model, path).err().unwrap();
+        assert_eq!(e.code(), "session_file_invalid", "{}: {e}", path.display());
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+    let saved = dir.path().join("saved.q3s");
+    let mut s = model.session_with_capacity(16).unwrap();
+    s.feed(&[5, 6, 7]).unwrap();
+    s.save(&saved).unwrap();
+    let link = dir.path().join("link.q3s");
+    std::os::unix::fs::symlink(&saved, &link).unwrap();
+    let restored = restore_within_limit(&model, &link).unwrap();
+    assert_eq!((restored.tokens().unwrap(), restored.pending()), (vec![5, 6, 7], s.pending()));
+}

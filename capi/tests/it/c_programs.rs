@@ -373,3 +373,29 @@ fn c_batch_example_against_the_shared_library() {
     let printed = run(&exe, &args);
     assert_eq!(printed, expected_batch_output(&prompts, MAX_NEW));
 }
+
+/// A C host restoring session files it did not write (a header claiming
+/// 8 TiB a layer in 100 bytes, 4,000 positions in 100 bytes, a FIFO, a
+/// link to /dev/zero, a truncated save, a missing file) under the
+/// sanitizers: each is a status naming the file with the output session
+/// NULL, the intact save restores, and nothing aborts, hangs or leaks.
+#[cfg(unix)]
+#[test]
+fn c_host_restoring_crafted_session_files_gets_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("restore_crafted");
+    let _ = shared_library();
+    compile("cc", "-std=c11", &[manifest_dir().join("tests/c/restore_crafted.c")], &exe, &link_shared());
+    let scratch = tempfile::tempdir().unwrap();
+    let printed = run(&exe, &[fixture().display().to_string(), scratch.path().display().to_string()]);
+    assert_eq!(
+        printed,
+        "huge_layer.q3s: session_file_invalid\n\
+         short.q3s: session_file_invalid\n\
+         fifo.q3s: session_file_invalid\n\
+         zero.q3s: session_file_invalid\n\
+         truncated.q3s: session_file_invalid\n\
+         saved.q3s: ok\n\
+         missing.q3s: session_io\n"
+    );
+}
