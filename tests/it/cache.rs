@@ -1,7 +1,6 @@
 //! The on-disk cache of converted weights: hits, rebuilds of damaged or
 //! stale files, other checkpoints' files, housekeeping and write failures.
 
-
 use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::{CachePolicy, ABANDONED_TEMP_AGE, CACHE_FORMAT_VERSION};
 use qwen3_wgpu::Error;

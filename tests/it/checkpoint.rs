@@ -1,7 +1,6 @@
 //! Checkpoint reading and validation: each bad weights file, tensor and
 //! dtype named with its code.
 
-
 use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::CachePolicy;
 use qwen3_wgpu::{Error, Mismatch};

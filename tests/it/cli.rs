@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -22,55 +21,14 @@ const SETTINGS: [&str; 4] = [
     "QWEN3_WGPU_COOPERATIVE_MATRICES",
 ];
 
-/// The decode example's binary, built from this tree for this test's
-/// profile. `cargo test --test it cli::` builds no examples, and one left over
-/// from an earlier build may be stale, so the test asks cargo itself (a
-/// no-op when it is up to date), in the target directory and profile this
-/// test binary was built in (target/<profile dir>/deps/cli-<hash>).
-fn decode_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| example_bin("decode"))
+/// The decode example's binary, built for this test binary.
+fn decode_bin() -> PathBuf {
+    crate::support::example_bin("decode")
 }
 
-/// The chat example's binary, built as [`decode_bin`] builds decode's.
-fn chat_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| example_bin("chat"))
-}
-
-/// Builds example `name` for this test's profile and returns its path.
-fn example_bin(name: &str) -> PathBuf {
-    {
-        let exe = std::env::current_exe().expect("test binary path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("target dir");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            // `cargo test`'s own profile builds into target/debug.
-            Some("debug") | None => "test",
-            Some(name) => name,
-        };
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-        let out = Command::new(cargo)
-            .args(["build", "--quiet", "--example", name, "--profile", profile, "--manifest-path"])
-            .arg(&manifest)
-            // The tests' own features: the example shares their build (no
-            // second build of the dependencies) and the `--model` test
-            // knows which behaviour to expect.
-            .args(if cfg!(feature = "hub") { &["--features", "hub"][..] } else { &[] })
-            .arg("--target-dir")
-            .arg(target_dir)
-            .output()
-            .expect("run cargo");
-        assert!(
-            out.status.success(),
-            "building the {name} example failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let bin = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-        assert!(bin.is_file(), "{} missing after the build", bin.display());
-        bin
-    }
+/// The chat example's binary, built for this test binary.
+fn chat_bin() -> PathBuf {
+    crate::support::example_bin("chat")
 }
 
 /// Runs the decode example with `args`, the engine's variables (and

@@ -1,7 +1,6 @@
 //! config.json and the shape profiles: defaults, end-of-text ids, and
 //! every mismatched or unrunnable field listed.
 
-
 use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::CachePolicy;
 use qwen3_wgpu::internals::config::{check_profile, load_config, ModelConfig, ShapeProfile};

@@ -1,7 +1,6 @@
 //! Int8 conversion through the load step: every dtype, sharded and tied
 //! or untied checkpoints, and the MLX fixtures bit for bit.
 
-
 use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::CachePolicy;
 use qwen3_wgpu::internals::checkpoint::{expected_tensors, Checkpoint};

@@ -5,7 +5,6 @@
 //! to the values recorded from the sequential converter, on one worker
 //! thread and on several.
 
-
 use std::path::{Path, PathBuf};
 
 use crate::tiny_checkpoint::*;

@@ -13,39 +13,13 @@ use serde_json::Value;
 
 const FRAMES: u64 = 10;
 
-/// Builds the example for this test's profile (a no-op when it is up to
-/// date) and returns its path: `cargo test --test it frame_loop::` builds no
-/// examples itself.
-fn example_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-    let target_dir = profile_dir.parent().expect("target dir");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") | None => "test",
-        Some(name) => name,
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    let out = Command::new(cargo)
-        .args(["build", "--quiet", "--example", "frame_loop", "--profile", profile, "--manifest-path"])
-        .arg(&manifest)
-        .arg("--target-dir")
-        .arg(target_dir)
-        .output()
-        .expect("run cargo");
-    assert!(out.status.success(), "building frame_loop failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let bin = profile_dir.join("examples").join(format!("frame_loop{}", std::env::consts::EXE_SUFFIX));
-    assert!(bin.is_file(), "{} missing after the build", bin.display());
-    bin
-}
-
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
 }
 
 fn frame_loop(args: &[&str]) -> Output {
     let scratch = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(example_bin());
+    let mut cmd = Command::new(crate::support::example_bin("frame_loop"));
     cmd.arg("--checkpoint").arg(fixture()).args(args).env("XDG_RUNTIME_DIR", scratch.path());
     for var in ["QWEN3_WGPU_BACKEND", "QWEN3_WGPU_KERNELS", "QWEN3_WGPU_MATVEC_LAYOUT", "RUST_LOG"] {
         cmd.env_remove(var);
