@@ -10,9 +10,10 @@ use qwen3_wgpu::{
     ShapeProfile,
 };
 
+pub(crate) use crate::owned::put_string;
 use crate::{
-    array, clear, exclusive, init_options, invalid, optional_text, out, owned, put, q3w_status, read_options,
-    run, shared, text, Options, Poisonable,
+    array, clear, exclusive, init_options, invalid, optional_text, out, put, q3w_status, read_options, run,
+    shared, text, Options, Poisonable,
 };
 
 /// A GPU device with the engine's kernels compiled for it.
@@ -177,26 +178,6 @@ pub unsafe extern "C" fn q3w_engine_describe(
             format!("{} ({}, {} kernels)", info.name, info.backend.to_str(), engine.kernel_source().as_str());
         unsafe { put_string(&description, out_text, out_len) }
     })
-}
-
-/// Writes a new string and its length to the out-parameters.
-///
-/// # Safety
-/// `out_text` is non-NULL and writable; `out_len` is NULL or writable.
-pub(crate) unsafe fn put_string(
-    s: &str,
-    out_text: *mut *mut c_char,
-    out_len: *mut usize,
-) -> qwen3_wgpu::Result<()> {
-    let (ptr, len) = owned::string(s)?;
-    // SAFETY: as the caller promises.
-    unsafe {
-        put(out_text, ptr);
-        if !out_len.is_null() {
-            put(out_len, len);
-        }
-    }
-    Ok(())
 }
 
 /// `cache_policy`: the platform cache directory's `qwen3-wgpu/` (failing to
