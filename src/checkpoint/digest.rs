@@ -85,7 +85,7 @@ pub fn combine_pieces(total: u64, piece_digests: &[u8]) -> u128 {
     h.digest128()
 }
 
-/// Bytes [`Checkpoint::fingerprint`] reads at once (as [`READ_WINDOW`]).
+/// Bytes [`Checkpoint::fingerprint`] reads at once (as [`READ_WINDOW`](crate::checkpoint::READ_WINDOW)).
 const READ_CHUNK: usize = 256 << 10;
 
 impl Checkpoint {

@@ -60,7 +60,7 @@ pub fn planned_blob_len(cfg: &ModelConfig) -> Option<usize> {
     sum(&[matrix(cfg.vocab_size, h), layer.checked_mul(cfg.num_hidden_layers), f32s(h), head])
 }
 
-/// The blob layout [`convert`] produces for `cfg`: the index, and the
+/// The blob layout [`convert`](super::convert) produces for `cfg`: the index, and the
 /// blob's total length in bytes. Deterministic, so a cached index can be
 /// checked against it. `cfg` must have passed
 /// [`load_config`](crate::config::load_config)'s checks and

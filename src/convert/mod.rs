@@ -1,6 +1,6 @@
 //! Conversion of a validated checkpoint to the engine's int8 layout: every
 //! linear weight (and the embedding, and an untied LM head) becomes
-//! symmetric int8 with one f32 scale per [`QUANT_GROUP`] input elements;
+//! symmetric int8 with one f32 scale per [`QUANT_GROUP`](crate::converted::QUANT_GROUP) input elements;
 //! norm weights stay f32. Everything lands in one blob whose arrays start at
 //! multiples of [`BLOB_ALIGN`].
 
@@ -49,7 +49,7 @@ pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
 /// every tensor's bytes against the digests of
 /// `fingerprint` as it reads them: a tensor changed since the fingerprint
 /// was taken is [`Error::CheckpointInvalid`], so a conversion is never
-/// cached under the key of other bytes. Reports [`LoadPhase::Converting`]
+/// cached under the key of other bytes. Reports [`LoadPhase::Converting`](crate::LoadPhase::Converting)
 /// through `progress`; [`Error::Cancelled`] when it cancels.
 pub(crate) fn convert_validated(
     ckpt: &Checkpoint,

@@ -44,7 +44,7 @@ impl<'b> Carver<'b> {
 /// One row of a matrix in the blob: its int8 data and its scales.
 type RowSlot<'b> = (&'b mut [u8], &'b mut [u8]);
 
-/// What one worker converts: a [`HASH_PIECE`] of a source tensor (the
+/// What one worker converts: a [`HASH_PIECE`](crate::checkpoint::HASH_PIECE) of a source tensor (the
 /// bytes `start..end` of it) with the output rows of the whole source rows
 /// inside it; or a whole norm vector.
 struct Unit<'b, 'c> {
@@ -76,7 +76,7 @@ struct UnitDone {
 type Fragment = (usize, Vec<u8>);
 
 /// Converts every target into `blob` on all cores. Each source tensor is
-/// cut into pieces of `piece` bytes ([`HASH_PIECE`], the pieces of its
+/// cut into pieces of `piece` bytes ([`HASH_PIECE`](crate::checkpoint::HASH_PIECE), the pieces of its
 /// digest, see [`TensorHasher`](crate::checkpoint::TensorHasher)): a worker
 /// reads its piece once, hashes it and converts the whole rows inside it;
 /// the few rows that straddle pieces are put together from the bytes the

@@ -85,7 +85,7 @@ where
 }
 
 /// Rounds half away from zero and clamps to [-127, 127] (NaN gives -127;
-/// [`convert`] reports NaN input as an error anyway).
+/// [`convert`](super::convert) reports NaN input as an error anyway).
 ///
 /// `f32::round` is a libm call on baseline x86-64 and a saturating `as`
 /// cast is scalarized there; both block vectorization. Clamping first (to an

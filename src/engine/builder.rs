@@ -75,7 +75,7 @@ impl EngineBuilder {
     /// tensor cores (`int8_matmul_coop`), 1.5-2.1x the f32 program's
     /// prefill on an H200 (BENCHMARKS.md 2026-12-02).
     /// Checked at start-up like every kernel, with the f32 program as
-    /// fallback ([`KernelReport::cooperative_matrices`]); the MLX
+    /// fallback ([`KernelReport::cooperative_matrices`](crate::KernelReport::cooperative_matrices)); the MLX
     /// comparisons (tests/it/e2e_mlx.rs) pass with them on that device. Decode
     /// steps never use them. Memory: the model's first session makes a
     /// staging buffer of its largest matrix at 2 bytes a value plus a

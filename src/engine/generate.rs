@@ -62,7 +62,7 @@ impl Model {
     /// # Ok::<(), qwen3_wgpu::Error>(())
     /// ```
     ///
-    /// Errors (before the GPU runs): those of [`Session::feed`] for the
+    /// Errors (before the GPU runs): those of [`Session::feed`](crate::Session::feed) for the
     /// prompt; [`Error::InvalidArgument`] naming `eos_token_ids` for an id
     /// outside the vocabulary, or `stop` for an empty stop string;
     /// [`Error::ContextOverflow`] when the prompt and the budget exceed

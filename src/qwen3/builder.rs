@@ -33,7 +33,7 @@ pub(super) struct Builder<'a> {
     pub(super) s: &'a SessionBuffers,
     pub(super) uniforms: RefCell<UniformPages>,
     /// Where cooperative-matrix prompt batches stage their operands as f16
-    /// (the model's: [`GpuWeights::staging`]).
+    /// (the model's: [`GpuWeights::staging`](crate::gpu_weights::GpuWeights::staging)).
     pub(super) staging: Option<wgpu::Buffer>,
 }
 

@@ -16,7 +16,7 @@ use crate::reference::{first_mismatch, matvec_ref, pack_f16, poisoned, pseudo_no
 const ROWS_CHECK_WORKGROUPS: u32 = 2;
 
 /// Proves a batched-row matvec pipeline (`DECODE_ROWS` sessions' steps per
-/// launch, [`Kernels::matvec_rows_pipeline`]) before its first use, on its
+/// launch, [`Kernels::matvec_rows_pipeline`](crate::kernels::Kernels::matvec_rows_pipeline)) before its first use, on its
 /// build thread: the pipeline and the one-token pipeline each row runs
 /// alone run the same pseudo-random matrix rows (the grid's first
 /// two workgroups, the shape compiled in) over

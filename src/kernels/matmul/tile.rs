@@ -13,13 +13,13 @@ pub const MATMUL_TILE_ENV: &str = "QWEN3_WGPU_MATMUL_TILE";
 
 /// The f32 `int8_matmul`'s tile and how it is divided among invocations:
 /// a workgroup computes `rows` rows x `tokens` tokens (SwiGLU: half the
-/// tokens, see [`MATMUL_SWIGLU_TOKENS_PER_WG`]), each invocation
+/// tokens, see [`MATMUL_SWIGLU_TOKENS_PER_WG`](super::MATMUL_SWIGLU_TOKENS_PER_WG)), each invocation
 /// `inv_rows` rows x `inv_tokens` tokens of it in registers, reading
 /// `inv_rows / 4 + inv_tokens / 4` vec4s of workgroup memory per
 /// `inv_rows * inv_tokens` multiply-adds. Every tiling computes each output
 /// as the same sum in the same order (the results are bit for bit those of
 /// [`MatmulTile::BASE`]); only the speed differs. `int8_matmul_coop` keeps
-/// the base tile's grid ([`MatmulConstants::rows`]), and the pipeline set
+/// the base tile's grid ([`MatmulConstants::rows`](super::MatmulConstants::rows)), and the pipeline set
 /// builds the MSL twin in the base tiling (its grid).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MatmulTile {

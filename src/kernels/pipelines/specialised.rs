@@ -15,7 +15,7 @@ impl Kernels {
     /// the kernel's bind-group layout). `None` where the matvec is an MSL
     /// twin, which reads its shape from the launch's parameters, or if the
     /// build or its proof against the CPU reference
-    /// ([`SelfChecker::rows_matvec`], at its compiled shape) fails: the
+    /// ([`SelfChecker::rows_matvec`](crate::kernels::SelfChecker::rows_matvec), at its compiled shape) fails: the
     /// kernel's default pipeline then serves, which reads
     /// the shape and has every split's rows per workgroup, so the launch's
     /// grid holds (only its speed differs).
@@ -40,7 +40,7 @@ impl Kernels {
     /// `split` and specialised to `shape` as [`Self::matvec_pipeline`]'s:
     /// each row computes exactly what that pipeline computes for one
     /// token. Compiled on first use, once per engine, and proven before it
-    /// is used ([`SelfChecker::rows_matvec`]: every row bit for bit against
+    /// is used ([`SelfChecker::rows_matvec`](crate::kernels::SelfChecker::rows_matvec): every row bit for bit against
     /// the one-token pipeline). `None` where the matvecs are MSL twins
     /// (which have no such variant) or if the build or the proof fails
     /// (the caller then runs the decode pipeline over a grid of rows: the

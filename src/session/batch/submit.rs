@@ -78,7 +78,7 @@ impl Batch {
     /// readback buffer `readback`. `wait`: the row pipelines of this
     /// session count are built now if not yet (a blocking step); otherwise
     /// they are built on another thread meanwhile (see
-    /// [`BatchForward::record`]), the commands recorded ahead for this very
+    /// [`BatchForward::record`](crate::qwen3::BatchForward::record)), the commands recorded ahead for this very
     /// step serve if there are any (waiting for their recording to end if
     /// need be: it started a submit earlier), and the next step's are
     /// recorded ahead once this one is submitted.
