@@ -8,7 +8,7 @@ use std::ffi::c_char;
 
 use qwen3_wgpu::Result;
 
-use crate::{invalid, q3w_status, run};
+use crate::{invalid, put, q3w_status, run};
 
 /// Header bytes before the data: the data's size, then its kind.
 const HEADER: usize = 16;
@@ -72,6 +72,26 @@ pub(crate) fn string(text: &str) -> Result<(*mut c_char, usize)> {
     bytes.extend_from_slice(text.as_bytes());
     bytes.push(0);
     Ok((allocate(&bytes, KIND_STRING)?.cast(), text.len()))
+}
+
+/// Writes a new string and its length to the out-parameters.
+///
+/// # Safety
+/// `out_text` is non-NULL and writable; `out_len` is NULL or writable.
+pub(crate) unsafe fn put_string(
+    s: &str,
+    out_text: *mut *mut c_char,
+    out_len: *mut usize,
+) -> qwen3_wgpu::Result<()> {
+    let (ptr, len) = string(s)?;
+    // SAFETY: as the caller promises.
+    unsafe {
+        put(out_text, ptr);
+        if !out_len.is_null() {
+            put(out_len, len);
+        }
+    }
+    Ok(())
 }
 
 /// A copy of `ids` for the caller (freed with `q3w_tokens_free`).

@@ -6,7 +6,7 @@ use std::path::Path;
 use qwen3_wgpu::{ChatOptions, ChatTemplate, Message, Result, TextStream, Tokenizer};
 use serde_json::Value as Json;
 
-use crate::engine::put_string;
+use crate::owned::put_string;
 use crate::{
     array, clear, exclusive, init_options, invalid, optional_text, out, owned, put, q3w_status, read_options,
     run, shared, text, Options, Poisonable,

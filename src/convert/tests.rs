@@ -1,0 +1,179 @@
+use super::*;
+use std::collections::HashMap;
+use std::path::Path;
+
+use xxhash_rust::xxh3::xxh3_128;
+
+use super::layout::{blob_bytes, plan_layout, planned_blob_len};
+use super::memory::{check_host_memory, parse_mem_available};
+use super::pieces::convert_targets;
+use super::quantize::{quantize_row, quantize_value};
+use crate::checkpoint::{combine_pieces, Checkpoint, HASH_PIECE};
+use crate::config::ModelConfig;
+use crate::error::Error;
+use crate::progress::Progress;
+
+#[test]
+fn planned_blob_len_matches_the_layout_and_overflows_to_none() {
+    let mut cfg = ModelConfig::qwen3_0_6b_base();
+    for tied in [true, false] {
+        cfg.tie_word_embeddings = tied;
+        assert_eq!(planned_blob_len(&cfg), Some(plan_layout(&cfg).1));
+    }
+    let odd =
+        ModelConfig { hidden_size: 70, intermediate_size: 33, head_dim: 8, vocab_size: 3, ..cfg.clone() };
+    assert_eq!(planned_blob_len(&odd), Some(plan_layout(&odd).1));
+    // Sizes config.json can imply that no usize holds.
+    let huge = [
+        ModelConfig { num_hidden_layers: usize::MAX / 2, ..cfg.clone() },
+        ModelConfig { vocab_size: usize::MAX / 1024, ..cfg.clone() },
+        ModelConfig { intermediate_size: usize::MAX / 2, ..cfg.clone() },
+        ModelConfig { num_attention_heads: usize::MAX / 64, ..cfg.clone() },
+    ];
+    for c in &huge {
+        assert_eq!(planned_blob_len(c), None);
+    }
+}
+
+#[test]
+fn host_memory_check_names_needed_and_available() {
+    assert!(check_host_memory("x", 10, Some(10)).is_ok());
+    assert!(check_host_memory("x", 10, None).is_ok());
+    match check_host_memory("converting", 11, Some(10)) {
+        Err(e @ Error::OutOfMemory { needed: 11, available: 10, .. }) => {
+            assert_eq!(e.code(), "out_of_memory");
+            assert!(e.to_string().contains("converting"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   22000000 kB\n";
+    assert_eq!(parse_mem_available(meminfo), Some(22_000_000 * 1024));
+    assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+}
+
+/// A tensor rewritten (same size) between the fingerprint and the
+/// conversion is caught by the conversion's own digests.
+#[cfg(unix)]
+#[test]
+fn conversion_refuses_bytes_other_than_the_fingerprinted() {
+    use std::os::unix::fs::FileExt;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(name), tmp.path().join(name)).unwrap();
+    }
+    let cfg = crate::config::load_config(tmp.path()).unwrap();
+    let ckpt = Checkpoint::open(tmp.path()).unwrap();
+    let fp = ckpt.fingerprint(&cfg, 1).unwrap();
+    assert!(convert_validated(&ckpt, &cfg, Some(&fp), &Progress::none()).is_ok());
+
+    let path = tmp.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let name = "model.layers.1.mlp.down_proj.weight";
+    let at = 8 + header_len + meta.info(name).unwrap().data_offsets.0 + 100;
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&[bytes[at] ^ 0x01], at as u64).unwrap();
+
+    let err = convert_validated(&ckpt, &cfg, Some(&fp), &Progress::none()).err().expect("a changed tensor");
+    assert_eq!(err.code(), "checkpoint_invalid");
+    assert!(err.to_string().contains(name) && err.to_string().contains("changed"), "{err}");
+    // Without a fingerprint there is nothing to compare with.
+    assert!(convert_validated(&ckpt, &cfg, None, &Progress::none()).is_ok());
+    assert_ne!(ckpt.fingerprint(&cfg, 1).unwrap().key, fp.key);
+}
+
+/// Converts the fixture `name` in pieces of `piece` bytes, checking
+/// each tensor's digest taken in pieces of that size.
+fn convert_in_pieces(name: &str, piece: usize) -> Vec<u8> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name);
+    let cfg = crate::config::load_config(&dir).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    ckpt.validate(&cfg).unwrap();
+    let (index, total) = plan_layout(&cfg);
+    let targets = plan_targets(&ckpt, &index).unwrap();
+    let mut digests = HashMap::new();
+    for t in targets.iter().flat_map(|t| t.sources()) {
+        let bytes = ckpt.tensor(t.name()).unwrap().bytes;
+        let pieces: Vec<u8> = bytes.chunks(piece).flat_map(|p| xxh3_128(p).to_le_bytes()).collect();
+        digests.insert(t.name().to_string(), combine_pieces(bytes.len() as u64, &pieces));
+    }
+    let mut blob = vec![0u8; total];
+    convert_targets(&mut blob, &targets, &dir, Some(&digests), piece, &Progress::none()).unwrap();
+    blob
+}
+
+/// Pieces shorter than a row, a row long, not dividing rows, and longer:
+/// rows inside one piece, straddling two, and spanning several all
+/// convert to the bytes of the whole-tensor pieces, and every piece's
+/// bytes are hashed in order.
+#[test]
+fn any_piece_size_converts_the_same_bytes() {
+    for name in ["odd_dims", "gqa2_hd64", "untied_head"] {
+        let whole = convert_in_pieces(name, HASH_PIECE);
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name);
+        let cfg = crate::config::load_config(&dir).unwrap();
+        let model = convert(&Checkpoint::open(&dir).unwrap(), &cfg).unwrap();
+        assert!(blob_bytes(&model).unwrap() == whole.as_slice(), "{name}");
+        for piece in [64, 191, 192, 193, 1000, 65539] {
+            assert!(convert_in_pieces(name, piece) == whole, "{name}, pieces of {piece} bytes");
+        }
+    }
+}
+
+#[test]
+fn quantize_value_rounds_half_away_from_zero() {
+    let cases: [(f32, i8); 12] = [
+        (0.0, 0),
+        (0.49999997, 0),
+        (0.5, 1),
+        (-0.5, -1),
+        (1.5, 2),
+        (2.5, 3),
+        (-2.5, -3),
+        (126.5, 127),
+        (127.00001, 127),
+        (-200.0, -127),
+        (f32::NAN, -127),
+        (-0.49999997, 0),
+    ];
+    for (y, want) in cases {
+        assert_eq!(quantize_value(y), want, "y = {y}");
+    }
+    // Agrees with f32::round everywhere in range, on a fine grid.
+    for i in -130_000..=130_000 {
+        let y = i as f32 * 0.001 + 0.0005;
+        assert_eq!(quantize_value(y), y.round().clamp(-127.0, 127.0) as i8, "y = {y}");
+    }
+}
+
+#[test]
+fn quantize_row_groups_and_zero_group() {
+    let mut row = vec![0.0f32; 70];
+    row[0] = 127.0;
+    row[1] = -63.5;
+    row[69] = 254.0; // second, shorter group
+    let mut q = vec![0u8; 128];
+    let mut s = vec![0u8; 8];
+    assert!(quantize_row(&row, &mut q, &mut s));
+    let s0 = f32::from_ne_bytes(s[0..4].try_into().unwrap());
+    let s1 = f32::from_ne_bytes(s[4..8].try_into().unwrap());
+    assert_eq!(s0, 1.0);
+    assert_eq!(s1, 2.0);
+    assert_eq!(q[0] as i8, 127);
+    assert_eq!(q[1] as i8, -64); // -63.5 rounds away from zero
+    assert_eq!(q[2] as i8, 0);
+    assert_eq!(q[69] as i8, 127);
+    assert!(q[70..].iter().all(|&b| b == 0));
+
+    let zeros = vec![0.0f32; 64];
+    let mut q = vec![7u8; 64];
+    let mut s = vec![9u8; 4];
+    assert!(quantize_row(&zeros, &mut q, &mut s));
+    assert_eq!(f32::from_ne_bytes(s[..].try_into().unwrap()), 0.0);
+    assert!(q.iter().all(|&b| b == 0));
+
+    let mut bad = vec![0.0f32; 64];
+    bad[3] = f32::NAN;
+    assert!(!quantize_row(&bad, &mut [0u8; 64], &mut [0u8; 4]));
+}

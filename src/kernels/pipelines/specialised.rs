@@ -1,0 +1,257 @@
+//! The pipelines specialised to a launch's shape, built on first use: a
+//! matvec for one matrix shape, the batched-row matvecs for a row count
+//! (built and proven on a thread of their own before their first use),
+//! and the batched-row attention.
+
+use super::{build_from, Build, Kernels, PipelineKey, Program};
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::choice::{KernelSource, RowsMatvecCase};
+use crate::kernels::{AttentionConstants, Constants, Kernel, MatvecConstants, MatvecShape, MatvecSplit};
+
+impl Kernels {
+    /// The decode pipeline of matvec variant `kernel` under `split`,
+    /// specialised to `shape` (compiled on first use, once per engine, on
+    /// the kernel's bind-group layout). `None` where the matvec is an MSL
+    /// twin, which reads its shape from the launch's parameters, or if the
+    /// build or its proof against the CPU reference
+    /// ([`SelfChecker::rows_matvec`](crate::kernels::SelfChecker::rows_matvec), at its compiled shape) fails: the
+    /// kernel's default pipeline then serves, which reads
+    /// the shape and has every split's rows per workgroup, so the launch's
+    /// grid holds (only its speed differs).
+    pub fn matvec_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+    ) -> Option<wgpu::ComputePipeline> {
+        let variant = kernel.matvec_variant()?;
+        if self.source == KernelSource::Msl {
+            return None;
+        }
+        let constants = MatvecConstants { shape: Some(shape), ..MatvecConstants::decode(variant, split) };
+        let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
+        self.proven(gpu, key)
+    }
+
+    /// The pipeline of matvec variant `kernel` that runs `rows` decode rows
+    /// of a batch of sessions in each workgroup (`DECODE_ROWS`), under
+    /// `split` and specialised to `shape` as [`Self::matvec_pipeline`]'s:
+    /// each row computes exactly what that pipeline computes for one
+    /// token. Compiled on first use, once per engine, and proven before it
+    /// is used ([`SelfChecker::rows_matvec`](crate::kernels::SelfChecker::rows_matvec): every row bit for bit against
+    /// the one-token pipeline). `None` where the matvecs are MSL twins
+    /// (which have no such variant) or if the build or the proof fails
+    /// (the caller then runs the decode pipeline over a grid of rows: the
+    /// same results, the matrix read once per row).
+    pub fn matvec_rows_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> Option<wgpu::ComputePipeline> {
+        let key = self.matvec_rows_key(kernel, split, shape, rows)?;
+        self.proven(gpu, key)
+    }
+
+    /// The specialised matvec pipeline `key` (one token's or a batch's
+    /// rows'): cached, or built and proven here and cached; `None` if its
+    /// build or proof failed, now or before.
+    pub(super) fn proven(&self, gpu: &Gpu, key: PipelineKey) -> Option<wgpu::ComputePipeline> {
+        if let Some(p) = self.cached(key) {
+            return Some(p);
+        }
+        if self.failed(key) {
+            return None;
+        }
+        let built = self.proven_build(gpu, key)();
+        self.file_proven(key, built)
+    }
+
+    /// Whether `key`'s build or proof failed (never tried again).
+    pub(super) fn failed(&self, key: PipelineKey) -> bool {
+        matches!(self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key), Some(Build::Failed))
+    }
+
+    /// Files a specialised matvec pipeline's build (one token's or a batch's
+    /// rows'): cached when built and proven, else never tried again
+    /// (logged; the caller runs the general pipeline, or the one-token one
+    /// over a grid of rows).
+    fn file_proven(
+        &self,
+        key: PipelineKey,
+        built: std::result::Result<wgpu::ComputePipeline, String>,
+    ) -> Option<wgpu::ComputePipeline> {
+        match built {
+            Ok(p) => {
+                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                Some(cache.entry(key).or_insert(p).clone())
+            }
+            Err(why) => {
+                let (k, c) = (key.kernel, key.constants);
+                log::warn!("a specialised {k:?} ({c:?}) is not used ({why}); the general or one-token pipeline serves");
+                let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+                building.insert(key, Build::Failed);
+                None
+            }
+        }
+    }
+
+    /// The build of specialised matvec pipeline `key` and its proof: a
+    /// batch's rows' against the CPU reference and, bit for bit, the
+    /// one-token pipeline a session runs the launch with alone (the
+    /// specialised one where built, else the kernel's default, as
+    /// [`crate::kernels::Launch::record_rows`] falls back to); one token's against
+    /// the CPU reference. A closure that owns what it needs (it may run on
+    /// a thread of its own).
+    fn proven_build(
+        &self,
+        gpu: &Gpu,
+        key: PipelineKey,
+    ) -> impl FnOnce() -> std::result::Result<wgpu::ComputePipeline, String> + Send + 'static {
+        #[allow(unused_mut)] // edited by tests
+        let mut source = self.source_of(key).map_err(|e| e.to_string());
+        #[cfg(test)]
+        if let (Some(edit), Ok((text, _))) = (self.rows_source_edit, source.as_mut()) {
+            *text = edit(text);
+        }
+        let alone = match key.constants {
+            Constants::Matvec(c) if c.decode_rows == 0 => Ok((c, None)),
+            Constants::Matvec(c) => {
+                let one = MatvecConstants { decode_rows: 0, rows_per_z: 0, ..c };
+                let one_key = PipelineKey { constants: Constants::Matvec(one), ..key };
+                Ok((c, Some(self.cached(one_key).unwrap_or_else(|| self.get(key.kernel).pipeline))))
+            }
+            _ => Err(format!("{key:?} is no matvec key")),
+        };
+        let (gpu, layout, checks, check) =
+            (gpu.clone(), self.layouts[key.kernel as usize].clone(), self.shader_checks, self.rows_check);
+        move || {
+            let (source, entry) = source?;
+            let (constants, one_token) = alone?;
+            let rows = build_from(&gpu, checks, key, &source, entry, &layout).map_err(|e| e.to_string())?;
+            let case = RowsMatvecCase {
+                kernel: key.kernel,
+                constants,
+                layout: &layout,
+                rows: &rows,
+                one_token: one_token.as_ref().unwrap_or(&rows),
+            };
+            match check(&gpu, &case) {
+                Ok(None) => Ok(rows),
+                Ok(Some(how)) => Err(format!("first-use check: {how}")),
+                Err(e) => Err(format!("first-use check: {e}")),
+            }
+        }
+    }
+
+    /// [`Self::matvec_rows_pipeline`] that never builds on the caller's
+    /// thread (a frame must not wait for a compiler or the proof's GPU
+    /// run): the pipeline if built and proven; otherwise `None`, and its
+    /// build and proof start on a thread of their own (once: a failure is
+    /// not tried again), so a later call finds it. Meanwhile the caller runs the decode pipeline over a grid
+    /// of rows (the same results).
+    pub fn matvec_rows_pipeline_or_start(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> Option<wgpu::ComputePipeline> {
+        let key = self.matvec_rows_key(kernel, split, shape, rows)?;
+        if let Some(p) = self.cached(key) {
+            return Some(p);
+        }
+        let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+        match building.remove(&key) {
+            Some(Build::Failed) => {
+                building.insert(key, Build::Failed);
+                None
+            }
+            Some(Build::Running(thread)) if thread.is_finished() => {
+                drop(building);
+                let built = thread.join().unwrap_or_else(|_| Err("the build thread panicked".to_string()));
+                self.file_proven(key, built)
+            }
+            Some(running) => {
+                building.insert(key, running);
+                None
+            }
+            None => {
+                // The thread owns what the build needs (not the set, which
+                // joins it when dropped).
+                let build = self.proven_build(gpu, key);
+                let thread =
+                    std::thread::Builder::new().name("qwen3-wgpu pipeline build".into()).spawn(build);
+                // No thread now: a later call tries again.
+                if let Ok(thread) = thread {
+                    building.insert(key, Build::Running(thread));
+                }
+                None
+            }
+        }
+    }
+
+    /// The key of matvec variant `kernel`'s `rows`-row pipeline; `None`
+    /// where the matvecs are MSL twins (no such variant).
+    fn matvec_rows_key(
+        &self,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> Option<PipelineKey> {
+        let variant = kernel.matvec_variant()?;
+        if self.source == KernelSource::Msl {
+            return None;
+        }
+        let constants = MatvecConstants {
+            shape: Some(shape),
+            decode_rows: rows,
+            rows_per_z: crate::kernels::batch_rows_per_z(split, rows),
+            ..MatvecConstants::decode(variant, split)
+        };
+        Some(PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) })
+    }
+
+    /// The WGSL pipeline of decode attention variant `kernel`
+    /// ([`Kernel::AttentionStep`] or [`Kernel::AttentionStepDirect`]) over
+    /// a batch of sessions' steps (`ROWS`; the output's rows
+    /// `out_stride` elements apart). Compiled on first use.
+    pub fn attention_rows_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        out_stride: u32,
+    ) -> Result<wgpu::ComputePipeline> {
+        let Constants::Attention(c) = kernel.typed_constants(self.matvec_layout) else {
+            return Err(Error::internal(format!("{kernel:?} is no attention kernel")));
+        };
+        let constants = Constants::Attention(AttentionConstants { rows_out_stride: Some(out_stride), ..c });
+        self.pipeline(gpu, PipelineKey { kernel, program: Program::Wgsl, constants })
+    }
+
+    /// Edits the batched-row pipelines' source before they build (the
+    /// first-use check's tests: a wrong pipeline must not be used).
+    #[cfg(test)]
+    pub(crate) fn edit_rows_source(&mut self, edit: fn(&str) -> String) {
+        self.rows_source_edit = Some(edit);
+    }
+
+    /// Whether the batched-row pipeline's build or check failed (never
+    /// tried again).
+    #[cfg(test)]
+    pub(crate) fn rows_failed(
+        &self,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        rows: u32,
+    ) -> bool {
+        self.matvec_rows_key(kernel, split, shape, rows).is_some_and(|key| self.failed(key))
+    }
+}

@@ -1,0 +1,108 @@
+use super::*;
+
+use crate::error::Result;
+use crate::gpu::AdapterPolicy;
+use crate::gpu::Gpu;
+use crate::kernels::choice::{KernelChoice, KernelSource, SelfCheck, SelfChecker};
+use crate::kernels::{Constants, Kernel, MatmulTile, MatvecShape, PREFILL_ATTENTION_TOKENS};
+
+/// A checker that runs `set` at start-up and passes every batched-row
+/// pipeline (the real checks are tested in `crate::self_check`).
+fn checker(set: fn(&Gpu, &Kernels) -> Result<SelfCheck>) -> SelfChecker {
+    SelfChecker { set, rows_matvec: |_, _| Ok(None) }
+}
+
+/// A batched-row pipeline asked for without waiting is built on a
+/// thread of its own: the call returns at once with none, a later call
+/// finds the very pipeline the blocking call returns (one cache entry),
+/// and a key being built is not built twice.
+#[test]
+fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    let split = kernels.matvec_layout.splits()[0];
+    let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+    let kernel = Kernel::Int8MatvecNorm;
+    let before = kernels.cache.lock().unwrap().len();
+    assert!(kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 5).is_none());
+    let t0 = std::time::Instant::now();
+    let built = loop {
+        if let Some(p) = kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 5) {
+            break p;
+        }
+        assert!(t0.elapsed().as_secs() < 120, "the build never finished");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(kernels.cache.lock().unwrap().len(), before + 1, "one build, one entry");
+    assert_eq!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 5), Some(built));
+    assert!(kernels.building.lock().unwrap().is_empty(), "the finished build is taken");
+}
+
+/// The set is built once, eagerly: each decode and prefill pipeline is
+/// one cache entry, and what launches and the self-check get is that
+/// entry (no second build).
+#[test]
+fn the_set_builds_each_decode_and_prefill_pipeline_once() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    // The count is the builder's own: no check runs pipelines here.
+    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    let entries = || kernels.cache.lock().unwrap().len();
+    // 11 decode; per token: 3 matvec variants and attention_prefill;
+    // tiled: the 3 variants' int8_matmul.
+    assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
+    let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm);
+    assert!(normed.per_token.is_some() && normed.tiled.is_some());
+    assert_eq!(normed.decode, kernels.get(Kernel::Int8MatvecNorm).pipeline);
+    let add = kernels.launch_pipelines(Kernel::Int8MatvecAccumulate);
+    assert!(add.per_token.is_some() && add.tiled.is_some());
+    let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
+    assert!(attention.per_token.is_some() && attention.tiled.is_none());
+    // Its grid's z groups are those of the tokens the set was built for.
+    assert_eq!(attention.per_token_tokens, PREFILL_ATTENTION_TOKENS);
+    assert_eq!(normed.per_token_tokens, crate::kernels::PREFILL_TOKENS_PER_WG);
+    let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
+    assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
+    assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
+}
+
+/// The MSL set asks for the MSL `int8_matmul` twin with the base tile
+/// whatever tiling WGSL takes (the twin's source is written for that
+/// grid: a narrow grid would leave three quarters of its outputs
+/// unwritten), and the launch's grid comes from the same constants as
+/// the twin's; the WGSL set takes the chosen tiling.
+#[test]
+fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    assert_ne!(MatmulTile::DEFAULT, MatmulTile::BASE, "the check needs a tiling other than the base");
+    let tiled: Vec<Kernel> =
+        Kernel::ALL.into_iter().filter(|k| kernels.prefill_keys(*k).1.is_some()).collect();
+    assert_eq!(tiled.len(), 3, "the three matvec variants run tiled");
+    for tile in [MatmulTile::DEFAULT, MatmulTile::BASE] {
+        kernels.matmul_tile = tile;
+        for source in [KernelSource::Msl, KernelSource::Wgsl] {
+            kernels.source = source;
+            for &k in &tiled {
+                let key = kernels.prefill_keys(k).1.unwrap();
+                let Constants::Matmul(c) = key.constants else { panic!("{k:?}: matmul constants") };
+                match source {
+                    KernelSource::Msl => {
+                        assert_eq!(key.program, Program::MatmulMsl);
+                        assert_eq!(c.tile, MatmulTile::BASE, "{k:?} under {}", tile.name());
+                        // The grid the launch takes is the twin's own.
+                        let msl = c.msl_constants();
+                        let of = |name| msl.iter().find(|(n, _)| *n == name).unwrap().1 as u32;
+                        assert_eq!((c.rows(), c.tokens()), (of("MM_ROWS"), of("MM_TOKENS")), "{k:?}");
+                    }
+                    KernelSource::Wgsl => {
+                        assert_eq!(key.program, Program::Matmul);
+                        assert_eq!(c.tile, tile, "{k:?}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Attention: the q/k norm with RoPE, the prompt and prompt-batch attention
+//! with the reduce, and the decode step's fused attention.
+
+use bytemuck::bytes_of;
+use half::f16;
+
+use super::rig::{f16s, f32s, fail, step, to_f32, to_u32, Rig};
+use super::{Check, ATTENTION_TOLERANCE, F16_TOLERANCE};
+use crate::error::{Error, Result};
+use crate::kernels::{attention, norm_rope, HeadParams, Kernel, ReduceParams, ATTENTION_CHUNK};
+use crate::qwen3::rope_table;
+use crate::reference::{
+    attention_ref, first_mismatch, poisoned, pseudo_nonzero, qk_norm_rope_ref, unpack_f16, POISON,
+};
+
+/// Attention's head shape for the checks: 4 query heads over 2 KV heads of
+/// 64 dims (GQA), and the uniform for `capacity`.
+const HEADS: (usize, usize, usize) = (4, 2, 64);
+
+fn head_params(capacity: usize) -> HeadParams {
+    let (nh, nkv, hd) = HEADS;
+    HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: capacity as u32,
+        eps: 1e-6,
+        qkv_stride: ((nh + 2 * nkv) * hd + 8) as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+    }
+}
+
+const THETA: f32 = 1_000_000.0;
+
+/// Compares KV cache `got` (f16 words) with `before` bit for bit except row
+/// `pos` of each KV head, which must match `want(kv_head)` within the f16
+/// tolerance.
+fn check_cache_row(
+    what: &str,
+    got: &[u8],
+    before: &[u8],
+    capacity: usize,
+    pos: usize,
+    want: &dyn Fn(usize) -> Vec<f64>,
+) -> Option<String> {
+    let (_, nkv, hd) = HEADS;
+    let (words, before_words) = (to_u32(got), to_u32(before));
+    let values = unpack_f16(got);
+    for g in 0..nkv {
+        for t in 0..capacity {
+            let row = (g * capacity + t) * hd;
+            if t == pos {
+                let want = want(g);
+                let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+                let got = &values[row..row + hd];
+                if let Some(m) =
+                    first_mismatch(&format!("{what} kv head {g}"), got, &want, &scale, F16_TOLERANCE)
+                {
+                    return Some(m);
+                }
+            } else if words[row / 2..(row + hd) / 2] != before_words[row / 2..(row + hd) / 2] {
+                return Some(format!("{what}: row {t} of kv head {g} changed"));
+            }
+        }
+    }
+    None
+}
+
+/// `qk_norm_rope` for one token at position 5 of a capacity of 8.
+pub(super) fn qk_norm_rope(rig: &mut Rig<'_>) -> Result<Check> {
+    let kernel = Kernel::QkNormRope;
+    let (nh, nkv, hd) = HEADS;
+    let (cap, pos) = (8, 5);
+    let p = head_params(cap);
+    let qkv = pseudo_nonzero(11, p.qkv_stride as usize);
+    let norms = pseudo_nonzero(12, 2 * hd);
+    let rope = rope_table(hd, cap, THETA);
+    let cache_words = nkv * cap * hd / 2;
+    let (k0, v0) = (poisoned(cache_words), poisoned(cache_words));
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(pos, 0))?,
+        rig.storage(&f32s(&qkv))?,
+        rig.storage(&f32s(&norms))?,
+        rig.storage(&f32s(&rope))?,
+        rig.storage(&poisoned(nh * hd))?,
+        rig.storage(&k0)?,
+        rig.storage(&v0)?,
+    ];
+    rig.dispatch(kernel, norm_rope::grid(nh as u32, nkv as u32), &bufs.each_ref());
+    let (q, k, v) = (
+        rig.read(&bufs[5], 4 * nh * hd),
+        rig.read(&bufs[6], 4 * cache_words),
+        rig.read(&bufs[7], 4 * cache_words),
+    );
+    Ok(Box::new(move |out| {
+        let head = |h: usize| &qkv[h * hd..(h + 1) * hd];
+        let (qn, kn) = norms.split_at(hd);
+        let eps = p.eps as f64;
+        let got = to_f32(&out[q]);
+        for h in 0..nh {
+            let want = qk_norm_rope_ref(head(h), Some(qn), pos, THETA as f64, eps);
+            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+            if let Some(m) = first_mismatch(
+                &format!("q head {h}"),
+                &got[h * hd..(h + 1) * hd],
+                &want,
+                &scale,
+                ATTENTION_TOLERANCE,
+            ) {
+                return fail(kernel, m);
+            }
+        }
+        let want_k = |g: usize| qk_norm_rope_ref(head(nh + g), Some(kn), pos, THETA as f64, eps);
+        let want_v = |g: usize| qk_norm_rope_ref(head(nh + nkv + g), None, pos, THETA as f64, eps);
+        check_cache_row("k_cache", &out[k], &k0, cap, pos, &want_k)
+            .or_else(|| check_cache_row("v_cache", &out[v], &v0, cap, pos, &want_v))
+            .map_or(vec![], |m| fail(kernel, m))
+    }))
+}
+
+/// Records `attention_reduce` over `chunks` chunks of `parts` for
+/// `tokens` tokens (grid z); returns the readback index of its output, per
+/// token `nh * hd` values and 3 that must stay poisoned.
+fn reduce(
+    rig: &mut Rig<'_>,
+    part_ml: &wgpu::Buffer,
+    part_acc: &wgpu::Buffer,
+    chunks: usize,
+    tokens: usize,
+) -> Result<usize> {
+    let (nh, _, hd) = HEADS;
+    let row = nh * hd + 3;
+    let p = ReduceParams { head_dim: hd as u32, n_chunks: chunks as u32, out_stride: row as u32 };
+    let params = rig.uniform(bytes_of(&p))?;
+    let out = rig.storage(&poisoned(tokens * row))?;
+    let [x, y, _] = attention::reduce_grid(nh as u32);
+    rig.dispatch(Kernel::AttentionReduce, [x, y, tokens as u32], &[&params, part_ml, part_acc, &out]);
+    Ok(rig.read(&out, 4 * tokens * row))
+}
+
+/// The attention output (`nh * hd` values, then a poisoned tail) against
+/// the reference.
+fn check_attention(kernel: Kernel, got: &[f32], want: &[f64]) -> Vec<(String, String)> {
+    let n = want.len();
+    if got[n..].iter().any(|v| v.to_bits() != POISON) {
+        return fail(kernel, "wrote past the attention output");
+    }
+    match first_mismatch("attention output", &got[..n], want, &vec![1.0; n], ATTENTION_TOLERANCE) {
+        Some(m) => fail(kernel, m),
+        None => vec![],
+    }
+}
+
+/// The prompt-batch `attention_partial` over two chunks (context 290 of a
+/// capacity of 300), then `attention_reduce`.
+pub(super) fn attention_prompt(rig: &mut Rig<'_>) -> Result<Check> {
+    let kernel = Kernel::AttentionPartial;
+    let (nh, nkv, hd) = HEADS;
+    let (cap, seq) = (300, 290);
+    let p = head_params(cap);
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let q = pseudo_nonzero(21, nh * hd);
+    let k = f16s(&pseudo_nonzero(22, nkv * cap * hd));
+    let v = f16s(&pseudo_nonzero(23, nkv * cap * hd));
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(seq - 1, 0))?,
+        rig.storage(&f32s(&q))?,
+        rig.storage(bytemuck::cast_slice(&k))?,
+        rig.storage(bytemuck::cast_slice(&v))?,
+        rig.storage(&poisoned(2 * nh * chunks))?,
+        rig.storage(&poisoned(nh * chunks * hd))?,
+        rig.storage(&f32s(&[1.0; 4]))?,
+        rig.storage(&f32s(&[2.0; 4]))?,
+    ];
+    rig.dispatch(kernel, attention::partial_grid(nh as u32, chunks as u32), &bufs.each_ref());
+    let out = reduce(rig, &bufs[5], &bufs[6], chunks, 1)?;
+    Ok(Box::new(move |outs| {
+        let want = attention_ref(&q, &k, &v, nh, nkv, hd, cap, seq, p.scale as f64);
+        check_attention(kernel, &to_f32(&outs[out]), &want)
+    }))
+}
+
+/// The prompt-batch program of `attention_partial` (`attention_prefill`,
+/// its tokens per workgroup as the engine's) over 5 tokens at contexts
+/// 254..258 of a capacity of 300 (the last group of tokens short, the
+/// contexts across the chunk edge), then `attention_reduce` per token.
+pub(super) fn attention_prompt_batch(rig: &mut Rig<'_>) -> Result<Check> {
+    let kernel = Kernel::AttentionPartial;
+    let (nh, nkv, hd) = HEADS;
+    let (cap, seq, tokens) = (300, 254, 5);
+    // The engine's activation rows come in multiples of 64 tokens, which
+    // every group size divides; the spare rows' queries are never read.
+    let rows = 64;
+    let p = head_params(cap);
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let q = pseudo_nonzero(24, rows * nh * hd);
+    let k = f16s(&pseudo_nonzero(25, nkv * cap * hd));
+    let v = f16s(&pseudo_nonzero(26, nkv * cap * hd));
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(seq - 1, 0))?,
+        rig.storage(&f32s(&q))?,
+        rig.storage(bytemuck::cast_slice(&k))?,
+        rig.storage(bytemuck::cast_slice(&v))?,
+        rig.storage(&poisoned(rows * 2 * nh * chunks))?,
+        rig.storage(&poisoned(rows * nh * chunks * hd))?,
+        rig.storage(&f32s(&[1.0; 4]))?,
+        rig.storage(&f32s(&[2.0; 4]))?,
+    ];
+    let launch = rig.kernels.launch_pipelines(kernel);
+    let pipeline =
+        launch.per_token.ok_or_else(|| Error::internal("attention_partial has no prompt-batch program"))?;
+    let [x, y, _] = attention::partial_grid(nh as u32, chunks as u32);
+    let groups = (tokens as u32).div_ceil(launch.per_token_tokens);
+    rig.dispatch_pipeline(kernel, true, &pipeline, [x, y, groups], &bufs.each_ref());
+    let out = reduce(rig, &bufs[5], &bufs[6], chunks, tokens)?;
+    Ok(Box::new(move |outs| {
+        let got = to_f32(&outs[out]);
+        let row = nh * hd + 3;
+        (0..tokens)
+            .flat_map(|z| {
+                let qz = &q[z * nh * hd..(z + 1) * nh * hd];
+                let want = attention_ref(qz, &k, &v, nh, nkv, hd, cap, seq + z, p.scale as f64);
+                check_attention(kernel, &got[z * row..(z + 1) * row], &want)
+            })
+            .collect()
+    }))
+}
+
+/// A decode step's attention with the q/k norm, RoPE and KV write folded
+/// in, at `pos` of `capacity`: [`Kernel::AttentionStepDirect`] within one
+/// chunk, [`Kernel::AttentionStep`] over the chunks plus the reduce.
+pub(super) fn attention_step(
+    rig: &mut Rig<'_>,
+    kernel: Kernel,
+    capacity: usize,
+    pos: usize,
+) -> Result<Check> {
+    let (_, direct) = kernel.attention_variant().expect("an attention variant");
+    let (nh, nkv, hd) = HEADS;
+    let p = head_params(capacity);
+    let seed = kernel as u64 * 31;
+    let qkv = pseudo_nonzero(seed + 1, p.qkv_stride as usize);
+    let norms = pseudo_nonzero(seed + 2, 2 * hd);
+    let rope = rope_table(hd, capacity, THETA);
+    let k = f16s(&pseudo_nonzero(seed + 3, nkv * capacity * hd));
+    let v = f16s(&pseudo_nonzero(seed + 4, nkv * capacity * hd));
+    let (k0, v0) =
+        (bytemuck::cast_slice::<f16, u8>(&k).to_vec(), bytemuck::cast_slice::<f16, u8>(&v).to_vec());
+    let chunks = if direct { 1 } else { capacity.div_ceil(ATTENTION_CHUNK as usize) };
+    let out_len = nh * hd + 3;
+    let bufs = [
+        rig.uniform(bytes_of(&p))?,
+        rig.storage(&step(pos, 0))?,
+        rig.storage(&f32s(&qkv))?,
+        rig.storage(&k0)?,
+        rig.storage(&v0)?,
+        rig.storage(&poisoned(2 * nh * chunks))?,
+        rig.storage(&poisoned(if direct { out_len } else { nh * chunks * hd }))?,
+        rig.storage(&f32s(&norms))?,
+        rig.storage(&f32s(&rope))?,
+    ];
+    rig.dispatch(kernel, attention::partial_grid(nh as u32, chunks as u32), &bufs.each_ref());
+    let (kr, vr) = (rig.read(&bufs[3], k0.len()), rig.read(&bufs[4], v0.len()));
+    let out =
+        if direct { rig.read(&bufs[6], 4 * out_len) } else { reduce(rig, &bufs[5], &bufs[6], chunks, 1)? };
+    Ok(Box::new(move |outs| {
+        let head = |h: usize| &qkv[h * hd..(h + 1) * hd];
+        let (qn, kn) = norms.split_at(hd);
+        let eps = p.eps as f64;
+        let want_k = |g: usize| qk_norm_rope_ref(head(nh + g), Some(kn), pos, THETA as f64, eps);
+        let want_v = |g: usize| qk_norm_rope_ref(head(nh + nkv + g), None, pos, THETA as f64, eps);
+        if let Some(m) = check_cache_row("k_cache", &outs[kr], &k0, capacity, pos, &want_k)
+            .or_else(|| check_cache_row("v_cache", &outs[vr], &v0, capacity, pos, &want_v))
+        {
+            return fail(kernel, m);
+        }
+        // The reference attention: q normed and rotated in f64, over the
+        // caches as the kernel wrote them.
+        let q: Vec<f32> = (0..nh)
+            .flat_map(|h| qk_norm_rope_ref(head(h), Some(qn), pos, THETA as f64, eps))
+            .map(|x| x as f32)
+            .collect();
+        let (k, v) = (f16s(&unpack_f16(&outs[kr])), f16s(&unpack_f16(&outs[vr])));
+        let want = attention_ref(&q, &k, &v, nh, nkv, hd, capacity, pos + 1, p.scale as f64);
+        check_attention(kernel, &to_f32(&outs[out]), &want)
+    }))
+}

@@ -1,0 +1,108 @@
+//! The start-up self-check: every pipeline the engine built for the decode
+//! step, the tiled prompt-batch products (`int8_matmul`, an MSL twin on
+//! Metal) and the prompt-batch attention (`attention_prefill`, WGSL
+//! everywhere), runs once on small known-answer inputs and is compared with the
+//! CPU references ([`crate::reference`]) before the engine is returned. It
+//! proves the hand-written MSL twins on the device they run on (a shifted
+//! buffer slot, a compiler difference, a fast-math surprise or another
+//! SIMD-group matrix layout shows up as a mismatch, and the engine falls
+//! back to WGSL); the same code checks the WGSL pipelines, which is how it
+//! runs on every backend.
+//!
+//! A wrong binding cannot pass: every binding holds distinct non-trivial
+//! data, outputs start as NaN, the accumulating matvec starts from a
+//! non-zero `y`, row counts are not multiples of 4, attention runs over two
+//! chunks plus the reduce and within one chunk, the new KV row is compared
+//! value by value with every other row compared bit for bit, and the
+//! argmax's maximum is tied across chunks; the tiled products run over two
+//! token tiles whose spare tokens are NaN, which must reach no real
+//! token's output; the prompt-batch attention serves a short last group of
+//! tokens whose contexts cross a chunk edge. One submit and one wait.
+//!
+//! The batched-row matvecs (several sessions' steps per launch) are built
+//! per row count and matrix shape when a batch first needs them, on a
+//! thread of their own; [`rows_matvec`] proves each there before its first
+//! use, bit for bit against the one-token pipeline its rows run alone.
+
+mod attention;
+mod products;
+mod rig;
+mod rows;
+#[cfg(test)]
+mod tests;
+mod tokens;
+
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::matmul::COOP_KSPLITS;
+use crate::kernels::{Kernel, Kernels, SelfCheck, SelfChecker};
+
+use attention::{attention_prompt, attention_prompt_batch, attention_step, qk_norm_rope};
+use products::{matmul, matvec};
+use rig::Rig;
+pub use rows::rows_matvec;
+use tokens::{argmax, embed, sample, sample_top_k};
+
+/// The engine's checks: [`run`] at start-up, [`rows_matvec`] before a
+/// batched-row pipeline's first use.
+pub const CHECKER: SelfChecker = SelfChecker { set: run, rows_matvec };
+
+/// Relative tolerance of the matvecs: well above f32 rounding (the kernel
+/// tests use 1e-5), low enough that a wrong weight, scale or input fails.
+const MATVEC_TOLERANCE: f64 = 1e-3;
+/// Attention outputs and rotated heads: Metal's fast exp and rsqrt.
+const ATTENTION_TOLERANCE: f64 = 2e-3;
+/// A value rounded to f16 in the KV cache.
+const F16_TOLERANCE: f64 = 4e-3;
+
+/// Runs every decode pipeline of `kernels`, every tiled prompt-batch
+/// pipeline and the prompt-batch attention once and compares with the CPU references. A device error
+/// during the check is an `Err`; a wrong result is a [`SelfCheck`] with
+/// `ok: false`.
+pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
+    let t0 = Instant::now();
+    let mut rig = Rig::new(gpu, kernels);
+    let checks = gpu.scoped(
+        || {
+            let mut checks = vec![
+                matvec(&mut rig, Kernel::Int8MatvecAccumulate)?,
+                matvec(&mut rig, Kernel::Int8MatvecNorm)?,
+                matvec(&mut rig, Kernel::Int8MatvecNormSwiglu)?,
+                qk_norm_rope(&mut rig)?,
+                attention_prompt(&mut rig)?,
+                attention_prompt_batch(&mut rig)?,
+                attention_step(&mut rig, Kernel::AttentionStepDirect, 16, 9)?,
+                attention_step(&mut rig, Kernel::AttentionStep, 300, 270)?,
+                argmax(&mut rig)?,
+                embed(&mut rig)?,
+                sample(&mut rig)?,
+                sample_top_k(&mut rig)?,
+            ];
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
+                let pipelines = rig.kernels.launch_pipelines(kernel);
+                let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
+                checks.push(matmul(&mut rig, kernel, tiled, 1)?);
+                if let Some(coop) = pipelines.coop {
+                    // Every slicing of k a launch may take.
+                    for ksplit in COOP_KSPLITS {
+                        checks.push(matmul(&mut rig, kernel, coop.clone(), ksplit)?);
+                    }
+                }
+            }
+            Ok(checks)
+        },
+        |reason| Error::GpuDeviceFailed { reason: format!("self-check: {reason}") },
+    )?;
+    let outputs = rig.finish()?;
+    let mut failures = Vec::new();
+    for check in checks {
+        failures.extend(check(&outputs));
+    }
+    let pipelines = rig.ran.len();
+    Ok(SelfCheck { ok: failures.is_empty(), pipelines, ms: t0.elapsed().as_secs_f64() * 1e3, failures })
+}
+
+/// Compares the read-back outputs: each failure as (kernel, how).
+type Check = Box<dyn FnOnce(&[Vec<u8>]) -> Vec<(String, String)>>;

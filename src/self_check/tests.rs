@@ -1,0 +1,246 @@
+use super::*;
+use crate::gpu::AdapterPolicy;
+use crate::kernels::{compile_for_layout, KernelChoice};
+
+fn wgsl_kernels() -> (Gpu, Kernels) {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, CHECKER).expect("the WGSL kernels build");
+    (gpu, kernels)
+}
+
+/// `kernel`'s WGSL with the source edited by `edit`, on its layout.
+fn edited(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    kernel: Kernel,
+    edit: impl Fn(String) -> String,
+) -> wgpu::ComputePipeline {
+    let src = edit(kernel.source(gpu.subgroups));
+    let constants = kernel.constants(kernels.matvec_layout);
+    let layout = Some(kernels.layout(kernel));
+    compile_for_layout(gpu, "edited", &src, kernel.entry(), kernel.bindings(), &constants, layout)
+        .expect("the edited kernel compiles")
+        .0
+}
+
+/// Every decode pipeline, the tiled prompt-batch pipeline of each
+/// variant that has one, and `attention_prefill`.
+fn pipelines_checked() -> usize {
+    Kernel::ALL.len() + Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count() + 1
+}
+
+#[test]
+fn every_pipeline_of_a_correct_set_passes() {
+    let (gpu, kernels) = wgsl_kernels();
+    let check = run(&gpu, &kernels).unwrap();
+    assert!(check.ok, "{}", check.describe_failures());
+    assert_eq!(check.pipelines, pipelines_checked());
+    assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3 + 1, "every matvec variant runs tiled");
+    // Engine construction ran it too.
+    assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == pipelines_checked());
+}
+
+/// A tiled prompt-batch pipeline that computes a wrong value (here: the
+/// RMSNorm's scale left out of the outputs) is caught, and only it.
+#[test]
+fn a_wrong_tiled_prompt_batch_pipeline_is_caught() {
+    let (gpu, mut kernels) = wgsl_kernels();
+    let kernel = Kernel::Int8MatvecNormSwiglu;
+    let (src, constants) = kernel.matmul_source().unwrap();
+    let unnormed = src.replace("inv = inverseSqrt(s / f32(p.n_in) + p.eps);", "inv = vec4<f32>(1.0);");
+    assert_ne!(src, unnormed, "the substitution applies");
+    let layout = Some(kernels.layout(kernel));
+    let wrong =
+        compile_for_layout(&gpu, "edited", &unnormed, "int8_matmul", kernel.bindings(), &constants, layout)
+            .expect("the edited kernel compiles")
+            .0;
+    kernels.replace_tiled_pipeline(kernel, wrong);
+    let check = run(&gpu, &kernels).unwrap();
+    let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(failed, ["Int8MatvecNormSwiglu"], "{}", check.describe_failures());
+    assert!(check.failures[0].1.starts_with("tiled:"), "{}", check.describe_failures());
+}
+
+/// A tiled pipeline that reads the wrong tokens' inputs (here: every
+/// tile reads the first tile's, so the second tile's real tokens get
+/// other tokens' outputs) is caught: the check runs two tiles.
+#[test]
+fn a_tiled_pipeline_reading_the_wrong_tokens_is_caught() {
+    let (gpu, mut kernels) = wgsl_kernels();
+    let kernel = Kernel::Int8MatvecNorm;
+    let (src, constants) = kernel.matmul_source().unwrap();
+    let shifted = src.replace("let xb = (t0 + 4u * tq) * p.k_words", "let xb = (4u * tq) * p.k_words");
+    assert_ne!(src, shifted, "the substitution applies");
+    let layout = Some(kernels.layout(kernel));
+    let wrong =
+        compile_for_layout(&gpu, "edited", &shifted, "int8_matmul", kernel.bindings(), &constants, layout)
+            .expect("the edited kernel compiles")
+            .0;
+    kernels.replace_tiled_pipeline(kernel, wrong);
+    let check = run(&gpu, &kernels).unwrap();
+    let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+}
+
+#[test]
+fn a_swapped_buffer_slot_is_caught() {
+    let (gpu, mut kernels) = wgsl_kernels();
+    // x and norm_w trade slots: both are f32 vectors of the input length.
+    let swap = |s: String| {
+        s.replace("@binding(1) var<storage, read> x:", "@binding(9) var<storage, read> x:")
+            .replace("@binding(5) var<storage, read> norm_w:", "@binding(1) var<storage, read> norm_w:")
+            .replace("@binding(9) var<storage, read> x:", "@binding(5) var<storage, read> x:")
+    };
+    let wrong = edited(&gpu, &kernels, Kernel::Int8MatvecNorm, swap);
+    kernels.replace_pipeline(Kernel::Int8MatvecNorm, wrong);
+    let check = run(&gpu, &kernels).unwrap();
+    assert!(!check.ok);
+    let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+}
+
+/// On the split-K layout (the residual's f16 copy), a normed matvec
+/// that reads the f32 x and norm weights instead of their f16 copies
+/// is caught: the check gives the copies other values.
+#[test]
+fn a_normed_matvec_not_reading_the_f16_copies_is_caught() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let mut kernels =
+        Kernels::new(&gpu, KernelChoice::Wgsl, Some(crate::kernels::MatvecLayout::SplitK), CHECKER)
+            .expect("the WGSL kernels build");
+    assert!(kernels.matvec_layout.x16() && run(&gpu, &kernels).unwrap().ok);
+    let f32_reads = |s: String| s.replace("if X16 && NORM {", "if false {").replace("if X16 {", "if false {");
+    assert_ne!(
+        f32_reads(Kernel::Int8MatvecNorm.source(gpu.subgroups)),
+        Kernel::Int8MatvecNorm.source(gpu.subgroups)
+    );
+    let wrong = edited(&gpu, &kernels, Kernel::Int8MatvecNorm, f32_reads);
+    kernels.replace_pipeline(Kernel::Int8MatvecNorm, wrong);
+    let check = run(&gpu, &kernels).unwrap();
+    let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+}
+
+/// On the split-K layout, a normed matvec pipeline specialised to a
+/// shape, or one of batched rows, that reads the f32 x and norm weights
+/// instead of their f16 copies fails its proof (which gives the copies
+/// other values) and is not used.
+#[test]
+fn a_shaped_matvec_not_reading_the_f16_copies_is_not_used() {
+    use crate::kernels::{MatvecLayout, MatvecShape};
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, Some(MatvecLayout::SplitK), CHECKER)
+        .expect("the WGSL kernels build");
+    let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+    for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
+        let split = MatvecLayout::SplitK.split(70, 48, true);
+        assert!(split.x16);
+        assert!(kernels.matvec_pipeline(&gpu, kernel, split, shape).is_some(), "{kernel:?}");
+        assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 3).is_some(), "{kernel:?}");
+    }
+    // The f32 norm weights (the f16 x still read; this one passed the
+    // proof while the copies held the f32 values), then the f32 x: each
+    // on shapes and row counts not built yet.
+    type Edit = fn(&str) -> String;
+    let f32_norm_weights: Edit = |s| s.replace("if X16 {", "if false {");
+    let f32_x: Edit = |s| s.replace("if X16 && NORM {", "if false {");
+    for (edit, n_in, rows) in [(f32_norm_weights, 170, 5), (f32_x, 150, 6)] {
+        kernels.edit_rows_source(edit);
+        let shaped = MatvecShape { n_in, ..shape };
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
+            let split = MatvecLayout::SplitK.split(70, 48, true);
+            assert!(kernels.matvec_pipeline(&gpu, kernel, split, shaped).is_none(), "{kernel:?} {n_in}");
+            assert!(
+                kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, rows).is_none(),
+                "{kernel:?} {n_in}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_wrong_epilogue_and_a_wrong_attention_are_caught() {
+    let (gpu, mut kernels) = wgsl_kernels();
+    // The accumulate slot runs the plain normed matvec: y is overwritten.
+    let plain = kernels.get(Kernel::Int8MatvecNorm).pipeline.clone();
+    kernels.replace_pipeline(Kernel::Int8MatvecAccumulate, plain);
+    // The chunked decode attention runs the direct variant's pipeline.
+    let direct = kernels.get(Kernel::AttentionStepDirect).pipeline.clone();
+    kernels.replace_pipeline(Kernel::AttentionStep, direct);
+    let check = run(&gpu, &kernels).unwrap();
+    let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(failed.contains(&"Int8MatvecAccumulate"), "{}", check.describe_failures());
+    assert!(failed.contains(&"AttentionStep"), "{}", check.describe_failures());
+}
+
+/// A batched-row pipeline is used only once proven against the
+/// one-token pipeline its rows run alone: correct ones are (every
+/// variant, asked for with and without waiting, row counts a workgroup
+/// runs whole or in grid z groups); one that differs in the last bit of
+/// its outputs is not, in either route, and is never built again (the
+/// caller runs the one-token pipeline per row). A specialised one-token
+/// pipeline that computes a wrong value is not used either.
+#[test]
+fn a_batched_row_pipeline_is_used_only_once_proven() {
+    use crate::kernels::{MatvecLayout, MatvecShape};
+    let (gpu, mut kernels) = wgsl_kernels();
+    let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+    // Asks without waiting until the pipeline comes or its build failed.
+    let wait = |kernels: &Kernels, kernel: Kernel, split, rows: u32| {
+        let t0 = Instant::now();
+        loop {
+            if let Some(p) = kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, rows) {
+                return Some(p);
+            }
+            if kernels.rows_failed(kernel, split, shape, rows) {
+                return None;
+            }
+            assert!(t0.elapsed().as_secs() < 120, "the build never finished");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    let splits = [MatvecLayout::RowsPerTeam.splits()[0], MatvecLayout::SplitK.splits()[0]];
+    for split in splits {
+        for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecAccumulate, Kernel::Int8MatvecNormSwiglu] {
+            let what = format!("{kernel:?} {split:?}");
+            // What a session runs the launch with alone (the forward
+            // builds it before any batch).
+            assert!(kernels.matvec_pipeline(&gpu, kernel, split, shape).is_some(), "{what}");
+            assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 3).is_some(), "{what}");
+            assert!(wait(&kernels, kernel, split, 6).is_some(), "{what}");
+            assert!(!kernels.rows_failed(kernel, split, shape, 6), "{what}");
+        }
+    }
+    // Where no pipeline is specialised to the shape, a session runs the
+    // kernel's default pipeline alone; rows of the other layout's split
+    // (another order of additions) differ from it, and are not used.
+    let other = MatvecShape { n_in: 150, ..shape };
+    let kernel = Kernel::Int8MatvecNorm;
+    let foreign = splits.into_iter().find(|s| s.layout != kernels.matvec_layout).unwrap();
+    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, foreign, other, 4).is_none(), "{foreign:?}");
+    // A wrong specialised one-token pipeline is not used either (the
+    // general one serves), nor built again.
+    kernels.edit_rows_source(|s| s.replace("y[o] = v;", "y[o] = v * 2.0 + 1.0;"));
+    let shaped = MatvecShape { n_in: 170, ..shape };
+    for split in splits {
+        assert!(
+            kernels.matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped).is_none(),
+            "{split:?}"
+        );
+        assert!(
+            kernels.matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped).is_none(),
+            "{split:?}"
+        );
+    }
+    kernels.edit_rows_source(|s| s.replace("y[o] = v;", "y[o] = v + v * 1e-6;"));
+    let (kernel, split) = (Kernel::Int8MatvecAccumulate, splits[1]);
+    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 7).is_none());
+    assert!(kernels.rows_failed(kernel, split, shape, 7));
+    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 7).is_none(), "not tried again");
+    assert!(wait(&kernels, kernel, split, 9).is_none());
+    assert!(
+        kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 9).is_none(),
+        "not tried again"
+    );
+    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 9).is_none());
+}

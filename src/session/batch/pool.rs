@@ -1,0 +1,46 @@
+//! The batch's KV pool and the slot leases its sessions hold.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use crate::buffers::KvRegion;
+
+/// The KV buffers of a batch and which of their regions are free.
+pub(super) struct KvPool {
+    pub(super) k: Vec<wgpu::Buffer>,
+    pub(super) v: Vec<wgpu::Buffer>,
+    /// Bytes of one slot's region (a multiple of 256: a binding offset).
+    pub(super) region_bytes: u64,
+    pub(super) free: Mutex<Vec<usize>>,
+    /// Leases handed out so far (each lease's number: a session's identity
+    /// in the batch, never reused, unlike its slot).
+    pub(super) leases: AtomicU64,
+}
+
+/// A session's hold on one slot of a batch's KV pool, given back when the
+/// session is dropped.
+pub(crate) struct SlotLease {
+    pub(super) pool: Arc<KvPool>,
+    pub(super) slot: usize,
+    /// This lease's number in its pool.
+    pub(super) number: u64,
+}
+
+impl SlotLease {
+    /// Where the slot's cache lies.
+    pub(crate) fn region(&self) -> KvRegion {
+        let p = &self.pool;
+        KvRegion {
+            k: p.k.clone(),
+            v: p.v.clone(),
+            offset: self.slot as u64 * p.region_bytes,
+            bytes: p.region_bytes,
+        }
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        self.pool.free.lock().unwrap_or_else(|e| e.into_inner()).push(self.slot);
+    }
+}

@@ -1,0 +1,319 @@
+//! The public step calls (blocking, non-blocking, profiled), the checks
+//! they make first and how a step advances its sessions, and the
+//! per-session fallback on kernels without batched variants.
+
+use std::sync::Arc;
+
+use super::record::{row_key, RowKey};
+use super::submit::InFlightStep;
+use super::Batch;
+use crate::error::{Error, Result};
+use crate::gpu::Timestamps;
+use crate::kernels::{LaunchKind, ATTENTION_CHUNK};
+use crate::session::Session;
+
+impl Batch {
+    /// Advances each of `sessions` by one token, in one GPU step, and
+    /// returns their new tokens in order: for each session, exactly what
+    /// [`Session::next_token`] would return, and the session is left as
+    /// that call would leave it (the token pending, the previous one in its
+    /// KV cache). Steps the sessions had queued ahead alone are discarded
+    /// first. Each call passes any sessions of this batch, so sessions join
+    /// and leave between calls.
+    ///
+    /// Before waiting for its tokens, a call queues the next step for the
+    /// same sessions, so the GPU runs it while the caller handles these
+    /// tokens: the next call with the same sessions, in the same order and
+    /// untouched in between, gets its tokens without a step's wait. Any
+    /// other call drops it (waiting for it first); what it wrote lies past
+    /// each session's length, as for a session's own steps queued ahead.
+    /// A call after a [`Batch::try_step`] that returned `None` for the same
+    /// sessions waits for that step and returns its tokens.
+    ///
+    /// Errors, before anything runs (no session changes):
+    /// [`Error::InvalidArgument`] naming `sessions` for an empty list or a
+    /// session that holds no slot of this batch (made by another batch, or
+    /// by [`Model::session`](crate::Model::session)), naming `logprobs` for one
+    /// reporting log-probabilities, naming `session` for one
+    /// with a [`Session::begin_feed`] in progress; `no_pending_token` for a
+    /// session never fed; `context_overflow` for a full one. Then a GPU
+    /// failure.
+    pub fn step(&mut self, sessions: &mut [&mut Session]) -> Result<Vec<u32>> {
+        self.check_step(sessions)?;
+        if self.forward.is_none() {
+            // The MSL twins have no batched variants: each session's own
+            // step (its arithmetic is that of the pipelines it runs alone).
+            return sessions.iter_mut().map(|s| s.next_token()).collect();
+        }
+        let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
+        // The step queued ahead by the last call serves when the sessions
+        // are those it ran for, in the same order and state; otherwise it
+        // is dropped (what it wrote lies past each session's length).
+        let mut current = match self.ahead.take() {
+            Some(ahead) if ahead.rows == rows => ahead,
+            other => {
+                self.ahead = other;
+                self.drop_stale_steps()?;
+                for s in sessions.iter_mut() {
+                    s.discard_queued()?;
+                }
+                let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
+                self.submit(sessions, 0, Some(&pending), 0, true)
+            }
+        };
+        // Steps a session queued alone since are discarded (they ran after
+        // the batch's and wrote the same values).
+        for s in sessions.iter_mut() {
+            if let Err(e) = s.discard_queued() {
+                self.ahead = Some(current); // in flight: the next call drops it
+                return Err(e);
+            }
+        }
+        // The next step for the same sessions, queued before waiting (a
+        // try_step may have queued it already): the GPU runs it while the
+        // host handles this one's tokens. Its inputs are this step's
+        // tokens, already on the GPU.
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        let next = match self.behind.take() {
+            Some(next) => Some(next),
+            None => room.then(|| self.submit(sessions, 1, None, 1 - current.readback, true)),
+        };
+        let out = self.wait(&mut current).and_then(|()| self.read_tokens(current.readback, sessions.len()));
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                // Leave no readback buffer with a mapping pending.
+                if let Some(mut next) = next {
+                    if self.wait(&mut next).is_ok() {
+                        self.readbacks[next.readback].unmap();
+                    }
+                }
+                return Err(e);
+            }
+        };
+        self.advance(sessions, &out, next);
+        Ok(out)
+    }
+
+    /// [`Batch::step`] that never waits for the GPU (a host that renders
+    /// calls it once a frame and keeps its frame rate): `Ok(None)` while
+    /// the step's tokens are on their way, leaving every session as it was
+    /// (its length, pending token and context); then `Ok(Some(tokens))`,
+    /// the tokens [`Batch::step`] returns, each session advanced as `step`
+    /// advances it.
+    ///
+    /// ```no_run
+    /// # fn frame(batch: &mut qwen3_wgpu::Batch, a: &mut qwen3_wgpu::Session, b: &mut qwen3_wgpu::Session) -> qwen3_wgpu::Result<()> {
+    /// if let Some(tokens) = batch.try_step(&mut [a, b])? {
+    ///     println!("{tokens:?}"); // one token each, in order
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A call submits at most one step. The first call for some sessions
+    /// starts recording their step on a thread of the batch's own and
+    /// returns `None`; the first call that finds it recorded submits it
+    /// (and returns `None`); calls with the same
+    /// sessions, in the same order and untouched in between, submit the
+    /// next step behind it (as `step` does) and poll the device until the
+    /// step's tokens are back (the call that returns them leaves the next
+    /// step in flight, so the following call may find its tokens at once).
+    /// A call with other sessions, another order, or a session changed in
+    /// between (fed, truncated, stepped alone,
+    /// dropped) drops the steps in flight once they have finished (they
+    /// advanced no session, so no token is lost; what they wrote lies past
+    /// each session's length) and returns `None` until then; then it
+    /// records and submits the step of its own sessions as a first call
+    /// does. Steps a session queued alone
+    /// are discarded once they have finished, in the same way.
+    /// [`Batch::step`] and `try_step` mix freely: either one takes over
+    /// the step the other left in flight for the same sessions (`step`
+    /// waits for it). Each session count has its own pipelines; `try_step`
+    /// never builds them on the caller's thread: their build starts on a
+    /// thread of its own, and until it is done that count's steps run each
+    /// row through the one-token pipelines (the same tokens).
+    ///
+    /// Nor does it record steps on the caller's thread: right after a call
+    /// submits a step, the commands of the next one for the same sessions
+    /// are recorded on the batch's thread, so the call that submits it only
+    /// writes the rows' positions and submits them (waiting for that
+    /// recording only if it is not done yet, at most one step's
+    /// recording). Commands recorded for sessions that changed since
+    /// (another list or order, a session fed, truncated, given other
+    /// sampling parameters or dropped) are dropped unsubmitted, and the
+    /// step is recorded anew there as a first call's. Only where no thread
+    /// can be started is a step recorded on the caller's thread.
+    ///
+    /// Errors: those of [`Batch::step`], before anything is submitted;
+    /// then a GPU failure.
+    pub fn try_step(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
+        self.check_step(sessions)?;
+        if self.forward.is_none() {
+            return try_step_each(sessions);
+        }
+        self.poll()?;
+        let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
+        let mut current = match self.ahead.take() {
+            Some(ahead) if ahead.rows == rows => ahead,
+            other => {
+                self.ahead = other;
+                if !self.try_drop_stale_steps()? || !own_steps_arrived(sessions)? {
+                    return Ok(None);
+                }
+                // Nothing of theirs is in flight: discarding waits for nothing.
+                for s in sessions.iter_mut() {
+                    s.discard_queued()?;
+                }
+                // Nor is a step of this list recorded yet: its recording
+                // starts on the batch's recorder and a later call submits
+                // it (a frame's call never records a step itself).
+                if !self.first_step_ready(sessions) {
+                    return Ok(None);
+                }
+                // This call submits the step; later calls submit the next
+                // one behind it and poll for its tokens (one submit a
+                // call: a frame pays for one step's recording).
+                let pending: Vec<u32> = rows.iter().map(|r| r.3.unwrap_or(0)).collect();
+                self.ahead = Some(self.submit(sessions, 0, Some(&pending), 0, false));
+                return Ok(None);
+            }
+        };
+        // The next step behind this one, as `step` queues it (unless a
+        // call queued it already).
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        if self.behind.is_none() && room {
+            self.behind = Some(self.submit(sessions, 1, None, 1 - current.readback, false));
+        }
+        // A failed mapping drops the step (its buffer is not mapped); the
+        // one behind it is dropped as stale by the next call.
+        if !current.arrived()? || !own_steps_arrived(sessions)? {
+            self.ahead = Some(current);
+            return Ok(None);
+        }
+        for s in sessions.iter_mut() {
+            if let Err(e) = s.discard_queued() {
+                self.ahead = Some(current); // mapped: the next call unmaps it
+                return Err(e);
+            }
+        }
+        let out = self.read_tokens(current.readback, sessions.len())?;
+        let next = self.behind.take();
+        self.advance(sessions, &out, next);
+        Ok(Some(out))
+    }
+
+    /// Runs one step of `sessions` (as [`Batch::step`], nothing queued
+    /// ahead) with a GPU timestamp after each launch of the batch's pass,
+    /// and returns each launch's kind and GPU time in microseconds; `None`
+    /// where the device cannot time inside a pass or the kernels have no
+    /// batched variants. A diagnostic for the `profile` tool.
+    #[doc(hidden)]
+    pub fn profile_step(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<(LaunchKind, f64)>>> {
+        self.check_step(sessions)?;
+        let gpu = self.model.gpu.clone();
+        let Some(forward) = &self.forward else { return Ok(None) };
+        if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            return Ok(None);
+        }
+        let short = sessions.iter().any(|s| s.len < ATTENTION_CHUNK as usize);
+        let long = sessions.iter().any(|s| s.len >= ATTENTION_CHUNK as usize);
+        let count = forward.launch_count(short, long) as u32 + 1;
+        self.drop_stale_steps()?;
+        for s in sessions.iter_mut() {
+            s.discard_queued()?;
+        }
+        let ts = Timestamps::new(&gpu, "batch launch timestamps", count);
+        let mut kinds = Vec::new();
+        let pending: Vec<u32> = sessions.iter().map(|s| s.pending.unwrap_or(0)).collect();
+        self.prerecorded = None;
+        self.recordings.0 += 1;
+        let commands = self.step_job(sessions, 0, 0, true).encode_timed(Some((&ts, &mut kinds)));
+        let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, commands);
+        self.wait(&mut step)?;
+        let out = self.read_tokens(step.readback, sessions.len())?;
+        self.advance(sessions, &out, None);
+        let us = ts.intervals_us(&gpu)?;
+        Ok(Some(kinds.into_iter().zip(us).collect()))
+    }
+
+    /// Checks the sessions of a step ([`Batch::step`]'s errors), changing
+    /// nothing.
+    fn check_step(&self, sessions: &[&mut Session]) -> Result<()> {
+        if sessions.is_empty() {
+            return Err(Error::invalid_argument("sessions", "an empty batch: pass at least one session"));
+        }
+        for (i, s) in sessions.iter().enumerate() {
+            match &s.kv_slot {
+                Some(lease) if Arc::ptr_eq(&lease.pool, &self.pool) => {}
+                _ => {
+                    return Err(Error::invalid_argument(
+                        "sessions",
+                        format!("session {i} holds no slot of this batch (make it with Batch::session)"),
+                    ))
+                }
+            }
+            if s.logprobs > 0 {
+                return Err(Error::invalid_argument(
+                    "logprobs",
+                    format!("session {i} reports log-probabilities; batched steps do not compute them"),
+                ));
+            }
+            s.check_can_step(1)?;
+        }
+        Ok(())
+    }
+
+    /// Gives each session its token (the pending one before it is now in
+    /// its KV cache) and makes `next`, if any, the step ahead, its rows'
+    /// pending tokens now known.
+    fn advance(&mut self, sessions: &mut [&mut Session], tokens: &[u32], next: Option<InFlightStep>) {
+        for (s, &token) in sessions.iter_mut().zip(tokens) {
+            s.len += 1;
+            s.pending = Some(token);
+            s.reset_gpu_position();
+        }
+        self.ahead = next.map(|mut next| {
+            for (row, s) in next.rows.iter_mut().zip(sessions.iter()) {
+                row.3 = s.pending;
+            }
+            next
+        });
+    }
+}
+
+/// Whether every step the sessions queued alone has its token back (so
+/// discarding them waits for nothing).
+fn own_steps_arrived(sessions: &mut [&mut Session]) -> Result<bool> {
+    for s in sessions.iter_mut() {
+        for q in s.queued.iter_mut() {
+            if !q.arrived()? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// [`Batch::try_step`] on kernels without batched variants: each session's
+/// own steps are queued, and the tokens taken once every session's has
+/// arrived (all or none: a `None` leaves every session as it was).
+fn try_step_each(sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
+    for s in sessions.iter_mut() {
+        s.queue_ahead(1)?;
+    }
+    if let Some(s) = sessions.first() {
+        let gpu = &s.model.gpu;
+        gpu.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        gpu.check_fault()?;
+    }
+    for s in sessions.iter_mut() {
+        let front = s.queued.front_mut().ok_or_else(crate::session::no_step_in_flight)?;
+        if !front.arrived()? {
+            return Ok(None);
+        }
+    }
+    sessions.iter_mut().map(|s| s.take_queued()).collect::<Result<Vec<u32>>>().map(Some)
+}

@@ -1,0 +1,179 @@
+//! Steps on the GPU: submitting a step's commands, waiting for and reading
+//! back its tokens, and dropping the steps a call no longer wants.
+
+use super::record::{chooses_alone, recording_key, row_key, RowKey};
+use super::Batch;
+use crate::error::{Error, Result};
+use crate::session::recorder::Recordable;
+use crate::session::{Mapping, Session};
+
+/// A batch step on the GPU.
+pub(super) struct InFlightStep {
+    /// Per row, its session's [`RowKey`]. The pending token of a step
+    /// queued ahead is known once the step before it is read back.
+    pub(super) rows: Vec<RowKey>,
+    pub(super) readback: usize,
+    mapping: Mapping,
+}
+
+impl InFlightStep {
+    /// Whether the step's tokens are mapped (`Ok(true)`), not yet
+    /// (`Ok(false)`), or never will be (a failed mapping), without waiting.
+    pub(super) fn arrived(&mut self) -> Result<bool> {
+        if !self.mapping.arrived()? {
+            return Ok(false);
+        }
+        self.mapping.check()?;
+        Ok(true)
+    }
+}
+
+impl Batch {
+    /// Drops the steps in flight for an earlier call (what they wrote lies
+    /// past each session's length), waiting for each: a readback buffer
+    /// must not be reused while its mapping is pending.
+    pub(super) fn drop_stale_steps(&mut self) -> Result<()> {
+        let mut result = Ok(());
+        for mut stale in [self.ahead.take(), self.behind.take()].into_iter().flatten() {
+            match self.wait(&mut stale) {
+                Ok(()) => self.readbacks[stale.readback].unmap(),
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        result
+    }
+
+    /// [`Self::drop_stale_steps`] without waiting: `Ok(false)` while one of
+    /// them is still running (those not finished stay in flight).
+    pub(super) fn try_drop_stale_steps(&mut self) -> Result<bool> {
+        for slot in [&mut self.ahead, &mut self.behind] {
+            if let Some(step) = slot {
+                match step.arrived() {
+                    Ok(false) => return Ok(false),
+                    Ok(true) => self.readbacks[step.readback].unmap(),
+                    // A failed mapping leaves nothing mapped.
+                    Err(e) => {
+                        *slot = None;
+                        return Err(e);
+                    }
+                }
+                *slot = None;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Polls the device without waiting: mappings of finished steps complete.
+    pub(super) fn poll(&self) -> Result<()> {
+        let gpu = &self.model.gpu;
+        gpu.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        gpu.check_fault()
+    }
+
+    /// Submits one step of `sessions` at their lengths plus `offset`, each
+    /// row's input token from `tokens` (or, without, the previous step's
+    /// on the GPU), its token copied to its session's token sequence and to
+    /// readback buffer `readback`. `wait`: the row pipelines of this
+    /// session count are built now if not yet (a blocking step); otherwise
+    /// they are built on another thread meanwhile (see
+    /// [`BatchForward::record`](crate::qwen3::BatchForward::record)), the commands recorded ahead for this very
+    /// step serve if there are any (waiting for their recording to end if
+    /// need be: it started a submit earlier), and the next step's are
+    /// recorded ahead once this one is submitted.
+    pub(super) fn submit(
+        &mut self,
+        sessions: &[&mut Session],
+        offset: usize,
+        tokens: Option<&[u32]>,
+        readback: usize,
+        wait: bool,
+    ) -> InFlightStep {
+        let key = recording_key(sessions, offset);
+        // Commands recorded for other rows, positions or token choices
+        // are dropped unsubmitted.
+        let recorded = self.prerecorded.take().filter(|p| !wait && p.rows == key && p.readback == readback);
+        let commands = match recorded {
+            Some(p) => {
+                self.recordings.1 += 1;
+                p.take()
+            }
+            None => {
+                self.recordings.0 += 1;
+                self.step_job(sessions, offset, readback, wait).encode()
+            }
+        };
+        let step = self.submit_commands(sessions, offset, tokens, readback, commands);
+        if !wait {
+            self.record_ahead(sessions, offset + 1, 1 - readback);
+        }
+        step
+    }
+
+    /// Writes what the step of `sessions` at their lengths plus `offset`
+    /// reads from the host (each row's position and KV offset, the input
+    /// tokens when given, each sampling row's position), then submits its
+    /// `commands` (recorded by [`Self::step_job`] for the same step) and
+    /// starts mapping readback buffer `readback`.
+    pub(super) fn submit_commands(
+        &self,
+        sessions: &[&mut Session],
+        offset: usize,
+        tokens: Option<&[u32]>,
+        readback: usize,
+        commands: wgpu::CommandBuffer,
+    ) -> InFlightStep {
+        let n = sessions.len();
+        let gpu = &self.model.gpu;
+        let mut rows = Vec::with_capacity(2 * n);
+        for s in sessions {
+            let slot = s.kv_slot.as_ref().map_or(0, |l| l.slot) as u64;
+            rows.extend([(s.len + offset) as u32, (slot * self.pool.region_bytes / 16) as u32]);
+        }
+        // Written before the submit, after the submits before it (queue order).
+        gpu.queue.write_buffer(&self.rows, 0, bytemuck::cast_slice(&rows));
+        if let Some(tokens) = tokens {
+            gpu.queue.write_buffer(&self.bufs.tokens, 4, bytemuck::cast_slice(tokens));
+        }
+        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&[0u32, 0]));
+        for s in sessions.iter().filter(|s| chooses_alone(s)) {
+            // Its choice reads tokens[pos] back through the penalty window
+            // and writes tokens[pos + 1].
+            let pos = s.len + offset;
+            s.write_step_at(pos, pos + 1);
+        }
+        let submission = gpu.queue.submit([commands]);
+        let buf = &self.readbacks[readback];
+        let mapping = Mapping::start(buf.slice(..4 * n as u64), submission);
+        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
+        InFlightStep { rows, readback, mapping }
+    }
+
+    /// Waits until `step`'s tokens are mapped (at once when they are).
+    pub(super) fn wait(&mut self, step: &mut InFlightStep) -> Result<()> {
+        step.mapping.wait(&self.model.gpu, &mut self.blocking_waits)?;
+        step.mapping.check()
+    }
+
+    /// The `n` tokens of mapped readback buffer `readback` (then unmapped),
+    /// checked against the vocabulary.
+    pub(super) fn read_tokens(&self, readback: usize, n: usize) -> Result<Vec<u32>> {
+        let buf = &self.readbacks[readback];
+        let out: Vec<u32> = {
+            let view = buf
+                .slice(..4 * n as u64)
+                .get_mapped_range()
+                .map_err(|e| Error::GpuDeviceFailed { reason: format!("reading back: {e}") })?;
+            bytemuck::cast_slice(&view).to_vec()
+        };
+        buf.unmap();
+        let vocab = self.model.config.vocab_size;
+        if let Some(bad) = out.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::GpuDeviceFailed {
+                reason: format!("argmax returned {bad} (non-finite logits?)"),
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,260 @@
+//! Decode steps on their way to the GPU: keeping the lookahead filled,
+//! recording the next submit ahead on the session's recorder, submitting
+//! decode steps and prompt batches, and the position the GPU reads.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::gpu::Timestamps;
+use crate::kernels::sample::LOGPROB_RECORD_WORDS;
+
+use super::recorder;
+use super::Session;
+
+impl Session {
+    /// Checks that a token can follow, then keeps between half the
+    /// lookahead and the lookahead of decode steps queued (never past the
+    /// capacity): once at most half are left, the steps up to the
+    /// lookahead go in submits of half the lookahead (each submit costs
+    /// the host and the driver a round of work, so several steps share
+    /// one), at most `max_submits` of them in this call. Then the next
+    /// submit's steps are recorded ahead.
+    pub(super) fn queue_ahead(&mut self, max_submits: usize) -> Result<()> {
+        self.check_can_step(1)?;
+        if self.queued.len() <= self.lookahead / 2 {
+            // At most half the lookahead per submit: filling an empty queue
+            // takes two submits, so the second still runs when the first's
+            // tokens come back and the host queues more (a single submit
+            // left the GPU idle ~0.9 ms at the start of every decode on an
+            // H200).
+            let mut submits = 0;
+            while submits < max_submits
+                && self.queued.len() < self.lookahead
+                && self.gpu_pos < self.bufs.capacity
+            {
+                let k = (self.lookahead - self.queued.len())
+                    .min(self.steps_per_submit())
+                    .min(self.bufs.capacity - self.gpu_pos);
+                // A call that need not wait leaves a submit still being
+                // recorded for a later call, while steps remain queued.
+                let wait = max_submits > 1 || self.queued.is_empty();
+                if !self.submit_steps(k, wait)? {
+                    break;
+                }
+                submits += 1;
+            }
+        }
+        self.record_ahead();
+        Ok(())
+    }
+
+    /// Steps per submit of [`Self::queue_ahead`].
+    pub(super) fn steps_per_submit(&self) -> usize {
+        (self.lookahead / 2).max(1)
+    }
+
+    /// Starts recording the next submit's steps, unless one is recorded
+    /// already, none fits, or too few readback slots are free.
+    pub(super) fn record_ahead(&mut self) {
+        if self.prerecorded.is_some() {
+            return;
+        }
+        let k = self.steps_per_submit().min(self.bufs.capacity - self.gpu_pos);
+        if k == 0 || self.free_slots.len() < k {
+            return;
+        }
+        if self.started_recorder().is_none() {
+            return;
+        }
+        let positions = self.gpu_pos..self.gpu_pos + k;
+        let slots: Vec<usize> = (0..k).filter_map(|_| self.free_slots.pop()).collect();
+        let job = self.steps_job(positions.clone(), &slots);
+        let Some(rec) = &self.recorder else { return };
+        let commands = rec.record(job.clone());
+        self.prerecorded =
+            Some(recorder::Prerecorded { positions, launches: job.launches.clone(), slots, job, commands });
+    }
+
+    /// The session's recorder, started on first use (`None` when the
+    /// system refuses a thread).
+    pub(super) fn started_recorder(&mut self) -> Option<&recorder::Recorder> {
+        if self.recorder.is_none() {
+            self.recorder = recorder::Recorder::start();
+        }
+        self.recorder.as_ref()
+    }
+
+    /// The launches of a decode step, shared with the recorder.
+    pub(super) fn step_launches(&mut self) -> Arc<recorder::StepLaunches> {
+        self.step_launches.get_or_insert_with(|| Arc::new(recorder::StepLaunches::of(&self.forward))).clone()
+    }
+
+    /// The recording of the steps at `positions`, each copying its token
+    /// into the matching one of `slots`.
+    pub(super) fn steps_job(
+        &mut self,
+        positions: std::ops::Range<usize>,
+        slots: &[usize],
+    ) -> recorder::StepsJob {
+        let mut copies = Vec::with_capacity(2 * slots.len());
+        for (i, &slot) in slots.iter().enumerate() {
+            let at = (positions.start + i + 1) as u64;
+            copies.push(recorder::ReadbackCopy {
+                src: self.bufs.tokens.clone(),
+                src_offset: 4 * at,
+                dst: self.slots[slot].clone(),
+                dst_offset: 0,
+                size: 4,
+            });
+            if let (true, Some(lp)) = (self.logprobs > 0, &self.bufs.logprobs) {
+                let record = 4 * LOGPROB_RECORD_WORDS as u64;
+                copies.push(recorder::ReadbackCopy {
+                    src: lp.records.clone(),
+                    src_offset: at * record,
+                    dst: self.slots[slot].clone(),
+                    dst_offset: 8,
+                    size: record,
+                });
+            }
+        }
+        recorder::StepsJob { model: self.model.clone(), launches: self.step_launches(), positions, copies }
+    }
+
+    /// Decode submits so far (steps queued ahead by
+    /// [`next_token`](Self::next_token) and
+    /// [`try_next_token`](Self::try_next_token); not prompts): for tests
+    /// that count the submits of a call.
+    #[doc(hidden)]
+    pub fn debug_decode_submits(&self) -> u64 {
+        self.decode_submits
+    }
+
+    /// Drops the submit recorded ahead, unsubmitted, and frees its slots.
+    pub(super) fn drop_prerecorded(&mut self) {
+        if let Some(p) = self.prerecorded.take() {
+            self.free_slots.extend(p.slots);
+        }
+    }
+
+    /// Submits the next `n` decode steps, each with its token's readback:
+    /// the commands recorded ahead for them, or else recorded here. While
+    /// those are still being recorded, returns `false` without submitting
+    /// unless `wait`.
+    fn submit_steps(&mut self, n: usize, wait: bool) -> Result<bool> {
+        let positions = self.gpu_pos..self.gpu_pos + n;
+        let ahead = match self.prerecorded.take() {
+            Some(p)
+                if p.positions == positions
+                    && self.step_launches.as_ref().is_some_and(|l| Arc::ptr_eq(l, &p.launches)) =>
+            {
+                let commands = p.take(wait);
+                match commands {
+                    Some(commands) => Some((commands, p.slots)),
+                    None => {
+                        self.prerecorded = Some(p);
+                        return Ok(false);
+                    }
+                }
+            }
+            other => {
+                self.prerecorded = other;
+                self.drop_prerecorded();
+                None
+            }
+        };
+        let (commands, slots) = match ahead {
+            Some(recorded) => recorded,
+            None => {
+                let slots = (0..n)
+                    .map(|_| {
+                        self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let commands = self.steps_job(positions, &slots).encode();
+                (commands, slots)
+            }
+        };
+        self.submit_commands_with_readbacks([commands], &slots);
+        self.decode_submits += 1;
+        self.gpu_pos += n;
+        Ok(true)
+    }
+
+    /// Whether `n` decode steps can run now: a token is pending (a `feed`
+    /// came first) and `n` more positions fit.
+    pub(super) fn check_can_step(&self, n: usize) -> Result<()> {
+        self.check_no_feed()?;
+        if self.pending.is_none() {
+            return Err(Error::NoPendingToken);
+        }
+        self.check_room(n)
+    }
+
+    /// Whether `n` more positions fit (checked: `n` may be any caller's count).
+    pub(super) fn check_room(&self, n: usize) -> Result<()> {
+        match self.len.checked_add(n) {
+            Some(needed) if needed <= self.bufs.capacity => Ok(()),
+            needed => Err(Error::ContextOverflow {
+                needed: needed.unwrap_or(usize::MAX),
+                capacity: self.bufs.capacity,
+            }),
+        }
+    }
+
+    /// Submits the prompt batch from position `at` (up to a batch of the
+    /// positions before `end - 1`, whose full step comes after) and returns
+    /// how many positions it runs.
+    pub(super) fn submit_prefill_batch(&mut self, at: usize, end: usize) -> usize {
+        let n = (end - 1 - at).min(self.bufs.batch);
+        self.write_step_at(at, end);
+        let commands = self.prefill_job(n).encode();
+        self.inline_feed_recordings += 1;
+        self.model.gpu.queue.submit([commands]);
+        n
+    }
+
+    /// The recording of a prompt batch of `n` positions.
+    pub(super) fn prefill_job(&self, n: usize) -> recorder::PrefillJob {
+        recorder::PrefillJob {
+            model: self.model.clone(),
+            launches: self.forward.prefill.clone(),
+            tokens: n as u32,
+        }
+    }
+
+    pub(super) fn encoder(&self) -> wgpu::CommandEncoder {
+        let gpu = &self.model.gpu;
+        gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("decode") })
+    }
+
+    /// Records the decode steps at `positions`, in order, in one compute
+    /// pass (optionally timestamped at its start and end): a pass per step
+    /// cost ~40 µs of GPU time per step on an H200 (BENCHMARKS.md).
+    pub(super) fn record(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        positions: Range<usize>,
+        timestamps: Option<&Timestamps>,
+    ) {
+        let timestamp_writes = timestamps.map(Timestamps::pass_writes);
+        let mut pass =
+            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes });
+        for pos in positions {
+            for l in self.forward.step_at(pos) {
+                l.record(&mut pass, &self.model.kernels);
+            }
+        }
+    }
+
+    /// Sets the GPU's position to `len` (the next step reads `tokens[len]`);
+    /// the argmax may write tokens from position `fill_end` on.
+    pub(super) fn write_step(&self, fill_end: usize) {
+        self.write_step_at(self.len, fill_end);
+    }
+
+    pub(super) fn write_step_at(&self, pos: usize, fill_end: usize) {
+        let step = [pos as u32, fill_end as u32];
+        self.model.gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+    }
+}
