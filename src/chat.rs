@@ -208,6 +208,15 @@ const TOOL_USE_TEMPLATE: &str = "tool_use";
 
 /// A checkpoint's chat template, compiled once, rendered per conversation.
 ///
+/// The template is code from the checkpoint, so rendering is bounded: a
+/// template that loops, builds or writes without end fails within a second
+/// instead of hanging or exhausting memory. Exceeding a bound is
+/// [`Error::CheckpointInvalid`] naming the template's file for a
+/// checkpoint's template, [`Error::InvalidArgument`] (`template`) for one
+/// from [`from_source`](Self::from_source); the reason names the bound. The
+/// bounds are far above what a conversation that fits a Qwen3 context
+/// needs (131,072 tokens are well under 1 MB of text).
+///
 /// ```
 /// use qwen3_wgpu::{ChatOptions, ChatTemplate, Message};
 /// let template = ChatTemplate::from_source(
@@ -238,14 +247,6 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
-/// A template is code from the checkpoint, so rendering is bounded: a
-/// template that loops, builds or writes without end fails within a second
-/// instead of hanging or exhausting memory. Exceeding a bound is
-/// [`Error::CheckpointInvalid`] naming the template's file for a
-/// checkpoint's template, [`Error::InvalidArgument`] (`template`) for one
-/// from [`from_source`](Self::from_source); the reason names the bound. The
-/// bounds are far above what a conversation that fits a Qwen3 context
-/// needs (131,072 tokens are well under 1 MB of text).
 impl ChatTemplate {
     /// Longest template source compiled, in bytes (1 MiB). Published chat
     /// templates are a few KiB to a few tens of KiB.
@@ -394,7 +395,8 @@ impl ChatTemplate {
     /// message is the reason), or cannot render it (an error inside the
     /// template, such as a missing field it needs); `InvalidArgument`
     /// (`options`) when both `continue_final_message` and
-    /// `add_generation_prompt` are set.
+    /// `add_generation_prompt` are set; past a rendering bound, the error the
+    /// [type's documentation](ChatTemplate) names.
     pub fn render(&self, messages: &[Message], options: &ChatOptions) -> Result<String> {
         self.render_with(messages, options, &|s: &str| s.to_string())
     }

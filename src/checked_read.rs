@@ -35,6 +35,7 @@ pub const MAX_TOKENIZER_FILE_LEN: u64 = 256 << 20;
 pub const MAX_TEMPLATE_FILE_LEN: u64 = 1 << 20;
 
 /// Largest hub cache `refs/<revision>` file read: it holds one commit hash.
+#[cfg_attr(not(feature = "hub"), allow(dead_code))]
 pub(crate) const MAX_REF_FILE_LEN: u64 = 4 << 10;
 
 /// Reads the whole of `path`, `what` naming it in errors ("tokenizer",
@@ -165,6 +166,7 @@ mod tests {
         assert!(e.to_string().contains("a character device"), "{e}");
         let fifo = dir.path().join("fifo.json");
         let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
         let e = read_file(&fifo, "test", 1 << 40).unwrap_err();
         assert!(e.to_string().contains("a FIFO"), "{e}");

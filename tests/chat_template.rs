@@ -564,6 +564,10 @@ fn within_limit<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T 
     rx.recv_timeout(HANG_LIMIT).expect("an answer in time: the read hangs or panicked")
 }
 
+/// What is done to a file, how it is done, and what the refusal says.
+#[cfg(unix)]
+type FileDamage<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
+
 #[cfg(unix)]
 #[test]
 fn template_files_that_are_no_regular_files_or_too_large_are_refused_unread() {
@@ -574,7 +578,7 @@ fn template_files_that_are_no_regular_files_or_too_large_are_refused_unread() {
         [("tokenizer_config.json", MAX_JSON_FILE_LEN), ("chat_template.jinja", MAX_TEMPLATE_FILE_LEN)]
     {
         let oversized = move |p: &Path| std::fs::File::create(p).unwrap().set_len(limit + 1).unwrap();
-        let cases: [(&str, &dyn Fn(&Path), &str); 4] = [
+        let cases: [FileDamage; 4] = [
             ("FIFO", &|p| assert!(Command::new("mkfifo").arg(p).status().unwrap().success()), "FIFO"),
             (
                 "link to /dev/zero",

@@ -220,6 +220,10 @@ fn within_limit<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T 
         .expect("an answer in time: the read hangs or panicked")
 }
 
+/// What is done to a file, how it is done, and what the refusal says.
+#[cfg(unix)]
+type FileDamage<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
+
 #[cfg(unix)]
 #[test]
 fn tokenizer_file_that_is_no_regular_file_or_too_large_is_refused_unread() {
@@ -229,7 +233,7 @@ fn tokenizer_file_that_is_no_regular_file_or_too_large_is_refused_unread() {
     let oversized = |p: &Path| {
         std::fs::File::create(p).unwrap().set_len(Tokenizer::MAX_FILE_LEN + 1).unwrap();
     };
-    let cases: [(&str, &dyn Fn(&Path), &str); 4] = [
+    let cases: [FileDamage; 4] = [
         ("FIFO", &|_| assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0), "FIFO"),
         ("link to /dev/zero", &|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(), "character device"),
         ("directory", &|p| std::fs::create_dir(p).unwrap(), "directory"),
