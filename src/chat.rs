@@ -17,10 +17,11 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use minijinja::value::{Kwargs, Rest};
+use minijinja::value::{Kwargs, Rest, StringInput, ValueOrKwargs};
 use minijinja::{Environment, ErrorKind, Value};
 use serde_json::{Map, Value as Json};
 
+use crate::checked_read::{self, MAX_JSON_FILE_LEN, MAX_TEMPLATE_FILE_LEN};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -208,6 +209,15 @@ const TOOL_USE_TEMPLATE: &str = "tool_use";
 
 /// A checkpoint's chat template, compiled once, rendered per conversation.
 ///
+/// The template is code from the checkpoint, so rendering is bounded: a
+/// template that loops, builds or writes without end fails within a second
+/// instead of hanging or exhausting memory. Exceeding a bound is
+/// [`Error::CheckpointInvalid`] naming the template's file for a
+/// checkpoint's template, [`Error::InvalidArgument`] (`template`) for one
+/// from [`from_source`](Self::from_source); the reason names the bound. The
+/// bounds are far above what a conversation that fits a Qwen3 context
+/// needs (131,072 tokens are well under 1 MB of text).
+///
 /// ```
 /// use qwen3_wgpu::{ChatOptions, ChatTemplate, Message};
 /// let template = ChatTemplate::from_source(
@@ -227,6 +237,9 @@ pub struct ChatTemplate {
     special_tokens: Map<String, Json>,
     /// Named in errors: the file the template came from.
     path: PathBuf,
+    /// Whether the template is a checkpoint's (then exceeding a rendering
+    /// bound is the checkpoint's fault) or the caller's source.
+    from_checkpoint: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -236,16 +249,44 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// Longest template source compiled, in bytes (1 MiB). Published chat
+    /// templates are a few KiB to a few tens of KiB.
+    pub const MAX_SOURCE_LEN: usize = 1 << 20;
+
+    /// Most text one render produces, in bytes (4 MiB, eight times the text
+    /// of the longest Qwen3 context); rendering stops as soon as the output
+    /// would pass it.
+    pub const MAX_RENDERED_BYTES: usize = 4 << 20;
+
+    /// The work one render may do, in minijinja's fuel: about one unit per
+    /// instruction run and per 64 bytes of data the template creates or
+    /// processes (so it also bounds what a render allocates, to about
+    /// `RENDER_FUEL * 64` bytes). Qwen3's template spends a few hundred
+    /// units per message.
+    pub const RENDER_FUEL: u64 = 1_000_000;
+
+    /// Largest width, precision or indent a template may ask of a format
+    /// specification (`'%5d'|format(n)`, `'{:>5}'.format(n)`) or a filter
+    /// (`tojson(indent=2)`, `indent(4)`): 4,096.
+    pub const MAX_FORMAT_WIDTH: usize = 4096;
+
     /// Loads the chat template of the checkpoint in `dir`: `chat_template.jinja`
     /// when present (newer transformers save it there), else the
     /// `chat_template` of `tokenizer_config.json` (a string, or a list of
     /// named templates). The special tokens (`eos_token` ...) come from
     /// `tokenizer_config.json`.
     ///
+    /// Both files are read only when they are regular files (symbolic links
+    /// followed) within their bounds: 64 MiB for `tokenizer_config.json`
+    /// (the bound of every JSON file of a checkpoint), 1 MiB for
+    /// `chat_template.jinja`; a FIFO, a device or a larger file is refused
+    /// without being read. Each template source is at most
+    /// [`MAX_SOURCE_LEN`](Self::MAX_SOURCE_LEN) bytes.
+    ///
     /// Errors: [`Error::CheckpointNotFound`] when `dir` or
     /// `tokenizer_config.json` is missing; [`Error::CheckpointInvalid`]
-    /// (naming the file) when it is not JSON, has no chat template, or the
-    /// template does not compile.
+    /// (naming the file) when a file is refused, is not JSON, has no chat
+    /// template, or the template is too long or does not compile.
     pub fn from_checkpoint(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
             return Err(Error::CheckpointNotFound {
@@ -254,15 +295,15 @@ impl ChatTemplate {
             });
         }
         let config_path = dir.join("tokenizer_config.json");
-        let bytes = read(&config_path, "tokenizer config")?;
+        let bytes = checked_read::read_required(&config_path, "tokenizer config", MAX_JSON_FILE_LEN)?;
         let config: Map<String, Json> = serde_json::from_slice(&bytes)
             .map_err(|e| Error::invalid(&config_path, format!("malformed tokenizer config: {e}")))?;
         let special_tokens = special_token_variables(&config);
         let jinja_path = dir.join("chat_template.jinja");
-        if jinja_path.is_file() {
-            let source = String::from_utf8(read(&jinja_path, "chat template")?)
+        if let Some(bytes) = checked_read::read_file(&jinja_path, "chat template", MAX_TEMPLATE_FILE_LEN)? {
+            let source = String::from_utf8(bytes)
                 .map_err(|_| Error::invalid(&jinja_path, "the chat template is not UTF-8"))?;
-            return Self::build(vec![(DEFAULT_TEMPLATE.into(), source)], special_tokens, jinja_path);
+            return Self::build(vec![(DEFAULT_TEMPLATE.into(), source)], special_tokens, jinja_path, true);
         }
         let templates = match config.get("chat_template") {
             Some(Json::String(source)) => vec![(DEFAULT_TEMPLATE.to_string(), source.clone())],
@@ -279,17 +320,18 @@ impl ChatTemplate {
                 ))
             }
         };
-        Self::build(templates, special_tokens, config_path)
+        Self::build(templates, special_tokens, config_path, true)
     }
 
     /// Compiles a template from its Jinja source, with no special-token
-    /// variables. Errors: [`Error::CheckpointInvalid`] when it does not
-    /// compile.
+    /// variables. Errors: [`Error::CheckpointInvalid`] when it is longer
+    /// than [`MAX_SOURCE_LEN`](Self::MAX_SOURCE_LEN) or does not compile.
     pub fn from_source(source: &str) -> Result<Self> {
         Self::build(
             vec![(DEFAULT_TEMPLATE.into(), source.into())],
             Map::new(),
             PathBuf::from("chat_template"),
+            false,
         )
     }
 
@@ -297,6 +339,7 @@ impl ChatTemplate {
         templates: Vec<(String, String)>,
         special_tokens: Map<String, Json>,
         path: PathBuf,
+        from_checkpoint: bool,
     ) -> Result<Self> {
         let mut env = Environment::new();
         env.set_syntax(
@@ -306,14 +349,27 @@ impl ChatTemplate {
                 .build()
                 .expect("the default delimiters are valid"),
         );
+        env.set_fuel(Some(Self::RENDER_FUEL));
         // Python's `str.startswith`, `dict.items` ... as jinja2 exposes them.
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python_method);
         env.set_formatter(python_formatter);
         env.add_filter("tojson", tojson);
+        env.add_filter("format", printf_format);
+        env.add_filter("indent", indent);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         let mut names = Vec::new();
         for (name, source) in templates {
+            if source.len() > Self::MAX_SOURCE_LEN {
+                return Err(Error::invalid(
+                    &path,
+                    format!(
+                        "chat template {name:?} is {} bytes, more than the {} of ChatTemplate::MAX_SOURCE_LEN",
+                        source.len(),
+                        Self::MAX_SOURCE_LEN
+                    ),
+                ));
+            }
             env.add_template_owned(name.clone(), source).map_err(|e| {
                 Error::invalid(&path, format!("chat template {name:?} does not compile: {}", describe(&e)))
             })?;
@@ -323,7 +379,7 @@ impl ChatTemplate {
         if names.is_empty() {
             return Err(Error::invalid(&path, "chat_template is an empty list"));
         }
-        Ok(Self { env, names, special_tokens, path })
+        Ok(Self { env, names, special_tokens, path, from_checkpoint })
     }
 
     /// Where the template came from (`…/tokenizer_config.json`).
@@ -340,7 +396,8 @@ impl ChatTemplate {
     /// message is the reason), or cannot render it (an error inside the
     /// template, such as a missing field it needs); `InvalidArgument`
     /// (`options`) when both `continue_final_message` and
-    /// `add_generation_prompt` are set.
+    /// `add_generation_prompt` are set; past a rendering bound, the error the
+    /// [type's documentation](ChatTemplate) names.
     pub fn render(&self, messages: &[Message], options: &ChatOptions) -> Result<String> {
         self.render_with(&self.env, messages, options, &str::to_owned, &str::to_owned)
     }
@@ -547,7 +604,7 @@ impl ChatTemplate {
             Some(tool_use) if !options.tools.is_empty() => tool_use.as_str(),
             _ => &self.names[0],
         };
-        let template = env.get_template(name).expect("added at build");
+        let template = name.to_string();
         let mut context: Vec<(String, Value)> =
             self.special_tokens.iter().map(|(k, v)| (k.clone(), to_value(v, special_map))).collect();
         for (key, value) in &options.variables {
@@ -570,7 +627,57 @@ impl ChatTemplate {
         if let Some(thinking) = options.enable_thinking {
             context.push(("enable_thinking".into(), Value::from(thinking)));
         }
-        let text = template.render(Value::from_pairs(context)).map_err(|e| match raised_message(&e) {
+        let context = Value::from_pairs(context);
+        // A template can nest values as deep as its fuel allows, and
+        // minijinja walks (and drops) them recursively: the render runs on a
+        // thread whose stack holds that depth.
+        let text = std::thread::scope(|scope| {
+            let render = std::thread::Builder::new()
+                .name("chat-template".into())
+                .stack_size(RENDER_STACK_BYTES)
+                .spawn_scoped(scope, || self.render_bounded(env, template, context))
+                .map_err(|e| Error::internal(format!("cannot start the chat template's render: {e}")))?;
+            render.join().map_err(|_| Error::internal("the chat template's render panicked"))?
+        })?;
+        match (options.continue_final_message, final_content) {
+            (true, Some(content)) => cut_after_final_message(text, &content),
+            _ => Ok(text),
+        }
+    }
+}
+
+impl ChatTemplate {
+    /// Renders `env`'s template `name` with `context`, within the bounds.
+    fn render_bounded(&self, env: &Environment<'static>, name: String, context: Value) -> Result<String> {
+        let template = env.get_template(&name).map_err(|e| Error::internal(describe(&e)))?;
+        let mut output = BoundedOutput { text: Vec::new(), exceeded: false };
+        match template.render_captured_to(context, &mut output) {
+            // minijinja writes whole `str`s, so the bytes are UTF-8.
+            Ok(_) => String::from_utf8(output.text)
+                .map_err(|_| Error::internal("the rendered chat template is not UTF-8")),
+            Err(e) => Err(self.render_error(&e, output.exceeded)),
+        }
+    }
+
+    /// The error for a failed render: a bound passed, the template's
+    /// `raise_exception`, or another failure on this conversation.
+    fn render_error(&self, e: &minijinja::Error, output_exceeded: bool) -> Error {
+        let bound = if output_exceeded {
+            Some(format!("ChatTemplate::MAX_RENDERED_BYTES ({} bytes of text)", Self::MAX_RENDERED_BYTES))
+        } else if out_of_fuel(e) {
+            Some(format!("ChatTemplate::RENDER_FUEL ({} units of work)", Self::RENDER_FUEL))
+        } else {
+            bound_exceeded_message(e)
+        };
+        if let Some(bound) = bound {
+            let reason = format!("the chat template exceeds {bound} rendering this conversation");
+            return if self.from_checkpoint {
+                Error::invalid(&self.path, reason)
+            } else {
+                Error::invalid_argument("template", reason)
+            };
+        }
+        match raised_message(e) {
             Some(message) => Error::invalid_argument(
                 "messages",
                 format!("the chat template rejects the conversation: {message}"),
@@ -580,15 +687,50 @@ impl ChatTemplate {
                 format!(
                     "the chat template ({}) cannot render the conversation: {}",
                     self.path.display(),
-                    describe(&e)
+                    describe(e)
                 ),
             ),
-        })?;
-        match (options.continue_final_message, final_content) {
-            (true, Some(content)) => cut_after_final_message(text, &content),
-            _ => Ok(text),
         }
     }
+}
+
+/// Stack of the thread a template renders on: room for the deepest value
+/// [`ChatTemplate::RENDER_FUEL`] can build (each level costs a few units)
+/// to be walked recursively. Only the pages a render touches are used.
+const RENDER_STACK_BYTES: usize = 256 << 20;
+
+/// The rendered text, refused past [`ChatTemplate::MAX_RENDERED_BYTES`] so
+/// that a template writing without end stops as soon as it passes it.
+struct BoundedOutput {
+    text: Vec<u8>,
+    exceeded: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len().saturating_add(buf.len()) > ChatTemplate::MAX_RENDERED_BYTES {
+            self.exceeded = true;
+            return Err(std::io::Error::other("the rendered text passes ChatTemplate::MAX_RENDERED_BYTES"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether `e` (or an error it wraps) is minijinja running out of fuel.
+fn out_of_fuel(e: &minijinja::Error) -> bool {
+    let mut error: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(current) = error {
+        if current.downcast_ref::<minijinja::Error>().is_some_and(|m| m.kind() == ErrorKind::OutOfFuel) {
+            return true;
+        }
+        error = current.source();
+    }
+    false
 }
 
 /// transformers' `continue_final_message`: cuts `text` after the last
@@ -605,16 +747,6 @@ fn cut_after_final_message(mut text: String, content: &str) -> Result<String> {
     let keeps_spacing = text.get(at..at + content.trim_start().len()) == Some(content);
     text.truncate(at + if keeps_spacing { content.len() } else { stripped.len() });
     Ok(text)
-}
-
-fn read(path: &Path, what: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::CheckpointNotFound {
-            path: path.to_path_buf(),
-            reason: format!("{what} file does not exist"),
-        },
-        _ => Error::invalid(path, format!("cannot read {what}: {e}")),
-    })
 }
 
 /// `[{"name": ..., "template": ...}]` as (name, source) pairs.
@@ -689,6 +821,197 @@ fn raised_message(e: &minijinja::Error) -> Option<String> {
         source = s.source();
     }
     None
+}
+
+/// The error a filter or method attaches when the template asks for more
+/// than a rendering bound allows; its text names the bound.
+#[derive(Debug)]
+struct BoundExceeded(String);
+
+impl std::fmt::Display for BoundExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BoundExceeded {}
+
+fn bound_exceeded(bound: String) -> minijinja::Error {
+    minijinja::Error::new(ErrorKind::InvalidOperation, bound.clone()).with_source(BoundExceeded(bound))
+}
+
+fn bound_exceeded_message(e: &minijinja::Error) -> Option<String> {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(bound) = s.downcast_ref::<BoundExceeded>() {
+            return Some(bound.0.clone());
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// A width, precision or indent a template asked for, refused past
+/// [`ChatTemplate::MAX_FORMAT_WIDTH`].
+fn check_width(n: u64, what: &str) -> std::result::Result<(), minijinja::Error> {
+    if n > ChatTemplate::MAX_FORMAT_WIDTH as u64 {
+        return Err(bound_exceeded(format!(
+            "ChatTemplate::MAX_FORMAT_WIDTH ({}) with {what} {n}",
+            ChatTemplate::MAX_FORMAT_WIDTH
+        )));
+    }
+    Ok(())
+}
+
+/// A text or value that has grown past [`ChatTemplate::MAX_RENDERED_BYTES`]
+/// while a filter builds it: refused before it grows further.
+fn check_built_len(len: usize, what: &str) -> std::result::Result<(), minijinja::Error> {
+    if len > ChatTemplate::MAX_RENDERED_BYTES {
+        return Err(bound_exceeded(format!(
+            "ChatTemplate::MAX_RENDERED_BYTES ({} bytes) in {what}",
+            ChatTemplate::MAX_RENDERED_BYTES
+        )));
+    }
+    Ok(())
+}
+
+/// Values nested deeper than this are refused by `tojson` and by printing
+/// (both walk the value recursively; Python gives up near 1,000 levels).
+const MAX_VALUE_DEPTH: usize = 128;
+
+fn check_depth(depth: usize, what: &str) -> std::result::Result<(), minijinja::Error> {
+    if depth > MAX_VALUE_DEPTH {
+        return Err(bound_exceeded(format!("{MAX_VALUE_DEPTH} levels of nesting in {what}")));
+    }
+    Ok(())
+}
+
+/// Every number a width or precision can hold in the printf-style format
+/// string `format` (`%-10.3f`, `%(name)5s`), checked against
+/// [`ChatTemplate::MAX_FORMAT_WIDTH`] before anything is formatted.
+fn check_printf_widths(format: &str) -> std::result::Result<(), minijinja::Error> {
+    let bytes = format.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'%' {
+            i += 1;
+            continue;
+        }
+        i += 1;
+        if bytes.get(i) == Some(&b'%') {
+            i += 1;
+            continue;
+        }
+        if bytes.get(i) == Some(&b'(') {
+            while i < bytes.len() && bytes[i] != b')' {
+                i += 1;
+            }
+            i += 1;
+        }
+        while i < bytes.len() && b"#0- +".contains(&bytes[i]) {
+            i += 1;
+        }
+        i = check_number_at(bytes, i, "format width")?;
+        if bytes.get(i) == Some(&b'.') {
+            i = check_number_at(bytes, i + 1, "format precision")?;
+        }
+    }
+    Ok(())
+}
+
+/// Every number in the format specifications (after the `:` of a `{...}`
+/// field) of the `str.format` string `format`, checked against
+/// [`ChatTemplate::MAX_FORMAT_WIDTH`].
+fn check_str_format_widths(format: &str) -> std::result::Result<(), minijinja::Error> {
+    let bytes = format.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'{' {
+            i += 1;
+            continue;
+        }
+        if bytes.get(i + 1) == Some(&b'{') {
+            i += 2;
+            continue;
+        }
+        let end = bytes[i..].iter().position(|&b| b == b'}').map_or(bytes.len(), |p| i + p);
+        if let Some(colon) = bytes[i..end].iter().position(|&b| b == b':') {
+            let mut j = i + colon + 1;
+            while j < end {
+                j = check_number_at(bytes, j, "format width or precision")?.max(j + 1);
+            }
+        }
+        i = end;
+    }
+    Ok(())
+}
+
+/// Checks the decimal number starting at `bytes[at]` (if any) and returns
+/// where it ends.
+fn check_number_at(bytes: &[u8], at: usize, what: &str) -> std::result::Result<usize, minijinja::Error> {
+    let digits = bytes[at.min(bytes.len())..].iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits > 0 {
+        let n = bytes[at..at + digits]
+            .iter()
+            .fold(0u64, |n, &d| n.saturating_mul(10).saturating_add(u64::from(d - b'0')));
+        check_width(n, what)?;
+    }
+    Ok(at + digits)
+}
+
+/// minijinja's `format` filter (printf style), its widths and precisions
+/// bounded first.
+fn printf_format(
+    state: &mut minijinja::State,
+    format: &Value,
+    args: Rest<ValueOrKwargs>,
+) -> std::result::Result<Value, minijinja::Error> {
+    if let Some(text) = format.as_str() {
+        check_printf_widths(text)?;
+    }
+    minijinja::filters::format(state, format, args)
+}
+
+/// minijinja's `indent` filter, its width bounded first.
+fn indent(
+    state: &minijinja::State,
+    args: Rest<ValueOrKwargs>,
+) -> std::result::Result<Value, minijinja::Error> {
+    let args = args.into_values();
+    let (value, width, first, blank, kwargs): (
+        StringInput,
+        Option<usize>,
+        Option<bool>,
+        Option<bool>,
+        Kwargs,
+    ) = minijinja::value::from_args(&args)?;
+    let requested = match width {
+        Some(width) => width,
+        None => kwargs.peek::<Option<usize>>("width")?.unwrap_or(4),
+    };
+    check_width(requested as u64, "indent")?;
+    // The result is charged once it exists; its size is paid for before it
+    // is made, as minijinja's own `indent` does.
+    let text = value.as_str();
+    let lines = text.bytes().filter(|&b| b == b'\n').count() + 1;
+    state.consume_fuel((requested.saturating_mul(lines).saturating_add(text.len()) / 64) as u64)?;
+    minijinja::filters::indent(value, width, first, blank, kwargs)
+}
+
+/// Python's string, list and dict methods as jinja2 exposes them
+/// (minijinja-contrib's), the widths of `str.format` bounded first.
+fn python_method(
+    state: &mut minijinja::State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> std::result::Result<Value, minijinja::Error> {
+    if method == "format" {
+        if let Some(text) = value.as_str() {
+            check_str_format_widths(text)?;
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
 
 /// transformers' `raise_exception(message)`: fails the render with the
@@ -805,12 +1128,12 @@ fn python_formatter(
     match value.kind() {
         ValueKind::Bool | ValueKind::None | ValueKind::Seq | ValueKind::Map => {
             let mut text = String::new();
-            python_repr(&mut text, value)?;
+            python_repr(&mut text, value, 0)?;
             out.write_str(&text).map_err(io_error)
         }
         ValueKind::Number if !is_integer(value) => {
             let mut text = String::new();
-            python_repr(&mut text, value)?;
+            python_repr(&mut text, value, 0)?;
             out.write_str(&text).map_err(io_error)
         }
         _ => minijinja::escape_formatter(out, state, value),
@@ -819,8 +1142,10 @@ fn python_formatter(
 
 /// Python's `repr` of a value (what `str()` of a list or dict writes for
 /// each item).
-fn python_repr(out: &mut String, value: &Value) -> std::result::Result<(), minijinja::Error> {
+fn python_repr(out: &mut String, value: &Value, depth: usize) -> std::result::Result<(), minijinja::Error> {
     use minijinja::value::ValueKind;
+    check_depth(depth, "a printed value")?;
+    check_built_len(out.len(), "a printed value")?;
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("None"),
         ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
@@ -841,7 +1166,7 @@ fn python_repr(out: &mut String, value: &Value) -> std::result::Result<(), minij
                 if i > 0 {
                     out.push_str(", ");
                 }
-                python_repr(out, &item)?;
+                python_repr(out, &item, depth + 1)?;
             }
             out.push(']');
         }
@@ -851,9 +1176,9 @@ fn python_repr(out: &mut String, value: &Value) -> std::result::Result<(), minij
                 if i > 0 {
                     out.push_str(", ");
                 }
-                python_repr(out, &key)?;
+                python_repr(out, &key, depth + 1)?;
                 out.push_str(": ");
-                python_repr(out, &value.get_item(&key)?)?;
+                python_repr(out, &value.get_item(&key)?, depth + 1)?;
             }
             out.push('}');
         }
@@ -918,8 +1243,14 @@ fn tojson(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> std::result::Resu
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) => match (v.as_i64(), v.as_str()) {
-            (Some(n), _) => Some(" ".repeat(n.max(0) as usize)),
-            (None, Some(s)) => Some(s.to_string()),
+            (Some(n), _) => {
+                check_width(n.max(0) as u64, "tojson indent")?;
+                Some(" ".repeat(n.max(0) as usize))
+            }
+            (None, Some(s)) => {
+                check_width(s.len() as u64, "the length of tojson's indent string")?;
+                Some(s.to_string())
+            }
             _ => {
                 return Err(minijinja::Error::new(
                     ErrorKind::InvalidOperation,
@@ -941,6 +1272,8 @@ fn write_json(
     depth: usize,
 ) -> std::result::Result<(), minijinja::Error> {
     use minijinja::value::ValueKind;
+    check_depth(depth, "tojson")?;
+    check_built_len(out.len(), "tojson")?;
     let item_sep = if indent.is_some() { "," } else { ", " };
     let newline = |out: &mut String, depth: usize| {
         if let Some(unit) = indent {
@@ -949,6 +1282,7 @@ fn write_json(
                 out.push_str(unit);
             }
         }
+        check_built_len(out.len(), "tojson")
     };
     match value.kind() {
         ValueKind::None => out.push_str("null"),
@@ -966,10 +1300,10 @@ fn write_json(
                 if i > 0 {
                     out.push_str(item_sep);
                 }
-                newline(out, depth + 1);
+                newline(out, depth + 1)?;
                 write_json(out, item, indent, depth + 1)?;
             }
-            newline(out, depth);
+            newline(out, depth)?;
             out.push(']');
         }
         ValueKind::Map => {
@@ -983,7 +1317,7 @@ fn write_json(
                 if i > 0 {
                     out.push_str(item_sep);
                 }
-                newline(out, depth + 1);
+                newline(out, depth + 1)?;
                 match key.kind() {
                     ValueKind::String => write_json_string(out, key.as_str().unwrap_or_default()),
                     ValueKind::Number | ValueKind::Bool | ValueKind::None => {
@@ -1001,7 +1335,7 @@ fn write_json(
                 out.push_str(": ");
                 write_json(out, &value.get_item(key)?, indent, depth + 1)?;
             }
-            newline(out, depth);
+            newline(out, depth)?;
             out.push('}');
         }
         other => {

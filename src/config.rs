@@ -69,6 +69,8 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use crate::checked_read;
+pub(crate) use crate::checked_read::file_kind;
 use crate::error::{Error, Mismatch, Result};
 use crate::limits::{HEAD_DIM_MULTIPLE, MAX_HEAD_DIM};
 
@@ -249,11 +251,7 @@ fn engine_mismatches(cfg: &ModelConfig) -> Vec<Mismatch> {
     m
 }
 
-/// Largest JSON file (config.json, generation_config.json, the shard
-/// index) read. The index of a 1,000-shard checkpoint is well under 1 MiB;
-/// a larger file is not one of these, and reading it whole could exhaust
-/// memory.
-pub const MAX_JSON_FILE_LEN: u64 = 64 << 20;
+pub use crate::checked_read::MAX_JSON_FILE_LEN;
 
 /// A checkpoint directory: missing is [`Error::CheckpointNotFound`], a file
 /// (or anything else that is not a directory) too, saying what it is.
@@ -278,36 +276,6 @@ pub(crate) fn require_checkpoint_dir(dir: &Path) -> Result<()> {
     }
 }
 
-/// What a file is, in words, for errors about something that should be a
-/// regular file or a directory.
-pub(crate) fn file_kind(t: &std::fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-    }
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_file() {
-        "a regular file"
-    } else if t.is_symlink() {
-        "a symbolic link"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// Metadata of the checkpoint file `path` (symbolic links followed, as in
 /// the Hugging Face cache's snapshots): `Ok(None)` when it does not exist,
 /// [`Error::CheckpointInvalid`] naming the file when it cannot be examined
@@ -328,29 +296,14 @@ pub(crate) fn regular_file_metadata(path: &Path) -> Result<Option<std::fs::Metad
 }
 
 fn read_required(path: &Path) -> Result<Vec<u8>> {
-    read_optional(path)?.ok_or_else(|| Error::CheckpointNotFound {
-        path: path.to_path_buf(),
-        reason: "file does not exist".into(),
-    })
+    checked_read::read_required(path, "JSON", MAX_JSON_FILE_LEN)
 }
 
 /// Reads a JSON file of the checkpoint. `Ok(None)` when the file does not
 /// exist; [`Error::CheckpointInvalid`] naming the file when it is not a
 /// regular file, is larger than [`MAX_JSON_FILE_LEN`], or cannot be read.
 pub(crate) fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
-    let Some(meta) = regular_file_metadata(path)? else { return Ok(None) };
-    if meta.len() > MAX_JSON_FILE_LEN {
-        return Err(Error::invalid(
-            path,
-            format!("file is {} bytes, more than the {MAX_JSON_FILE_LEN} read for a JSON file", meta.len()),
-        ));
-    }
-    match std::fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        // Deleted between the check and the read.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::invalid(path, format!("cannot read: {e}"))),
-    }
+    checked_read::read_file(path, "JSON", MAX_JSON_FILE_LEN)
 }
 
 fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, String> {

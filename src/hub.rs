@@ -22,6 +22,7 @@ use std::sync::Arc;
 use hf_hub::api::sync::{ApiBuilder, ApiError, ApiRepo};
 use hf_hub::{Cache, Repo, RepoType};
 
+use crate::checked_read::{self, MAX_JSON_FILE_LEN};
 use crate::checkpoint::{parse_shard_index, SHARD_INDEX, SINGLE_FILE};
 use crate::error::{Error, Result};
 
@@ -221,13 +222,14 @@ fn cached_snapshot(cache_dir: &Path, model_id: &str, revision: &str) -> Result<P
         return Err(format!("{} does not exist", repo.display()));
     }
     let ref_path = repo.join("refs").join(revision);
-    let commit = match std::fs::read_to_string(&ref_path) {
-        Ok(commit) => commit.trim().to_string(),
+    let commit = match checked_read::read_file(&ref_path, "revision", checked_read::MAX_REF_FILE_LEN) {
+        Ok(Some(commit)) => String::from_utf8_lossy(&commit).trim().to_string(),
         // A commit hash names its snapshot directly.
-        Err(_) if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit()) => {
+        Ok(None) | Err(_) if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit()) => {
             revision.to_string()
         }
-        Err(e) => return Err(format!("no revision {revision} ({}: {e})", ref_path.display())),
+        Ok(None) => return Err(format!("no revision {revision} ({} does not exist)", ref_path.display())),
+        Err(e) => return Err(format!("no revision {revision} ({e})")),
     };
     let valid_commit = !commit.is_empty() && commit.bytes().all(|b| b.is_ascii_alphanumeric());
     if !valid_commit {
@@ -291,7 +293,8 @@ fn download(
     }
     if files.contains(&SHARD_INDEX) {
         let index_path = fetch(&pinned, &info.sha, model_id, cache_dir, SHARD_INDEX, progress)?;
-        let bytes = std::fs::read(&index_path).map_err(|e| Fetch::Failed(Error::cache_io(&index_path, e)))?;
+        let bytes = checked_read::read_required(&index_path, "shard index", MAX_JSON_FILE_LEN)
+            .map_err(Fetch::Failed)?;
         let weight_map =
             parse_shard_index(&bytes).map_err(|reason| Fetch::Failed(Error::invalid(&index_path, reason)))?;
         let mut shards: Vec<&String> = weight_map.values().collect();

@@ -73,6 +73,7 @@ pub(crate) mod cache;
 pub(crate) mod chat;
 #[cfg(test)]
 mod check_counts;
+pub(crate) mod checked_read;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod conversation;

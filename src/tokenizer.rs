@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use crate::checked_read;
 use crate::error::{Error, Result};
 
 /// A Hugging Face tokenizer loaded from `tokenizer.json`.
@@ -21,6 +22,10 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
+    /// Largest `tokenizer.json` read, in bytes (256 MiB). Qwen3's is about
+    /// 11 MB and the largest published vocabularies are under 40 MB.
+    pub const MAX_FILE_LEN: u64 = checked_read::MAX_TOKENIZER_FILE_LEN;
+
     /// Loads `dir/tokenizer.json`.
     ///
     /// Errors: [`Error::CheckpointNotFound`] when the file (or `dir`) is
@@ -37,18 +42,13 @@ impl Tokenizer {
     }
 
     /// Loads a `tokenizer.json` file; errors as
-    /// [`from_checkpoint`](Self::from_checkpoint).
+    /// [`from_checkpoint`](Self::from_checkpoint). The file must be a
+    /// regular file (symbolic links followed) of at most
+    /// [`MAX_FILE_LEN`](Self::MAX_FILE_LEN) bytes; anything else (a FIFO, a
+    /// device, a directory, a larger file) is [`Error::CheckpointInvalid`]
+    /// without being read.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::CheckpointNotFound {
-                    path: path.to_path_buf(),
-                    reason: "tokenizer file does not exist".into(),
-                })
-            }
-            Err(e) => return Err(Error::invalid(path, format!("cannot read tokenizer: {e}"))),
-        };
+        let bytes = checked_read::read_required(path, "tokenizer", Self::MAX_FILE_LEN)?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| Error::invalid(path, format!("malformed tokenizer: {e}")))?;
         Ok(Self { inner: Arc::new(inner), specials_as_text: Arc::default(), path: path.into() })

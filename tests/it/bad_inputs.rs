@@ -467,6 +467,21 @@ fn generation_config_malformed_or_fifo() {
     assert_names(&case.refused("checkpoint_invalid"), &case.file("generation_config.json"), "FIFO");
 }
 
+#[cfg(unix)]
+#[test]
+fn json_files_linked_to_dev_zero_or_past_the_bound() {
+    for name in ["config.json", "generation_config.json"] {
+        let case = Case::new();
+        std::fs::remove_file(case.file(name)).ok();
+        std::os::unix::fs::symlink("/dev/zero", case.file(name)).unwrap();
+        assert_names(&case.refused("checkpoint_invalid"), &case.file(name), "character device");
+        std::fs::remove_file(case.file(name)).unwrap();
+        let f = std::fs::File::create(case.file(name)).unwrap();
+        f.set_len(qwen3_wgpu::internals::config::MAX_JSON_FILE_LEN + 1).unwrap();
+        assert_names(&case.refused("checkpoint_invalid"), &case.file(name), "more than");
+    }
+}
+
 // ---------------------------------------------------------------- model.safetensors
 
 #[test]

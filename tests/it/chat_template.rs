@@ -3,7 +3,9 @@
 //! and encoded so that only the template's own control tokens are special.
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use qwen3_wgpu::{ChatOptions, ChatTemplate, Message};
 use qwen3_wgpu::{Error, Tokenizer};
@@ -472,4 +474,297 @@ fn continuing_a_message_that_ends_in_a_control_token_encodes_the_rendered_text()
     expected.extend(t.encode_text("assistant\n<think>\n\n</think>\n\n<|im_end|>").unwrap());
     expected.push(IM_END);
     assert_eq!(ids, expected);
+}
+
+// ---------------------------------------------------------------- hostile templates
+
+/// Set in the child process that runs one hostile case.
+const HOSTILE_CHILD: &str = "QWEN3_WGPU_HOSTILE_TEMPLATE_CHILD";
+/// Printed by the child once its case passed.
+const CASE_PASSED: &str = "HOSTILE TEMPLATE CASE PASSED";
+/// Longest a case may run (unoptimised build) before it counts as hung.
+const HANG_LIMIT: Duration = Duration::from_secs(30);
+/// The child's address space: an allocation past it fails (and aborts).
+const CHILD_ADDRESS_SPACE: u64 = 4 << 30;
+
+/// Runs `case` in a child process of this test binary (the test
+/// `test_name`), its address space capped at [`CHILD_ADDRESS_SPACE`] and
+/// killed after [`HANG_LIMIT`]: a hang, an abort or a failed allocation
+/// fails the test instead of hanging the suite or killing the binary.
+fn isolated(test_name: &str, case: impl FnOnce()) {
+    if std::env::var_os(HOSTILE_CHILD).is_some() {
+        #[cfg(unix)]
+        {
+            let limit = libc::rlimit { rlim_cur: CHILD_ADDRESS_SPACE, rlim_max: CHILD_ADDRESS_SPACE };
+            // SAFETY: plain system call on a valid struct.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+        }
+        case();
+        println!("{CASE_PASSED}");
+        return;
+    }
+    // The test's full name: its module path without the crate.
+    let name = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{test_name}"),
+        None => test_name.to_string(),
+    };
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .env(HOSTILE_CHILD, "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > HANG_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{name}: no answer within {HANG_LIMIT:?}: the render hangs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains(CASE_PASSED),
+        "{name}: the case failed or the process died ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
+fn render_source(source: &str) -> Result<String, Error> {
+    let template = ChatTemplate::from_source(source).unwrap();
+    template.render(&[Message::user("hi")], &ChatOptions::default())
+}
+
+/// `source` is refused for passing the bound named `bound`, as the caller's
+/// template: `invalid_argument` (`template`).
+fn assert_refused_for(source: &str, bound: &str) {
+    match render_source(source) {
+        Err(Error::InvalidArgument { name, reason }) => {
+            assert_eq!(name, "template", "{source}: {reason}");
+            assert!(reason.contains(bound), "{source}: {reason} does not name {bound}");
+        }
+        other => panic!("{source}: expected invalid_argument naming {bound}, got {other:?}"),
+    }
+}
+
+#[test]
+fn nested_loops_run_out_of_fuel() {
+    isolated("nested_loops_run_out_of_fuel", || {
+        assert_refused_for(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "RENDER_FUEL",
+        );
+        assert_refused_for(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            "RENDER_FUEL",
+        );
+    });
+}
+
+#[test]
+fn doubled_strings_run_out_of_fuel() {
+    isolated("doubled_strings_run_out_of_fuel", || {
+        for double in ["ns.s ~ ns.s", "ns.s + ns.s", "ns.s * 2", "[ns.s, ns.s]|join"] {
+            assert_refused_for(
+                &format!(
+                    "{{% set ns = namespace(s='x') %}}{{% for i in range(40) %}}{{% set ns.s = {double} %}}\
+                     {{% endfor %}}{{{{ ns.s|length }}}}"
+                ),
+                "RENDER_FUEL",
+            );
+        }
+    });
+}
+
+#[test]
+fn tojson_indent_is_bounded() {
+    isolated("tojson_indent_is_bounded", || {
+        assert_refused_for("{{ messages|tojson(indent=1000000000) }}", "MAX_FORMAT_WIDTH");
+        assert_refused_for("{{ messages|tojson(1000000000) }}", "MAX_FORMAT_WIDTH");
+        // Within the bound, Python's json.dumps(indent=2).
+        assert_eq!(
+            render_source("{{ messages|tojson(indent=2) }}").unwrap(),
+            "[\n  {\n    \"role\": \"user\",\n    \"content\": \"hi\"\n  }\n]"
+        );
+    });
+}
+
+#[test]
+fn format_widths_are_bounded() {
+    isolated("format_widths_are_bounded", || {
+        for source in [
+            "{{ '%999999999d'|format(1) }}",
+            "{{ '%.999999999f'|format(1.5) }}",
+            "{{ '%(a)999999999s'|format(a=1) }}",
+            "{{ '{:>999999999}'.format(1) }}",
+            "{{ '{0:.999999999f}'.format(1.5) }}",
+            "{{ 'a\nb'|indent(1000000000) }}",
+            "{{ 'a\nb'|indent(width=1000000000) }}",
+        ] {
+            assert_refused_for(source, "MAX_FORMAT_WIDTH");
+        }
+        // Within the bound, as Python formats.
+        assert_eq!(render_source("{{ '%5d|%-4s|%.2f'|format(42, 'ab', 1.5) }}").unwrap(), "   42|ab  |1.50");
+        assert_eq!(
+            render_source("{{ '{:>5}|{:<4}|{:.2f}'.format(42, 'ab', 1.5) }}").unwrap(),
+            "   42|ab  |1.50"
+        );
+        assert_eq!(render_source("{{ 'a\nb'|indent(2) }}").unwrap(), "a\n  b");
+    });
+}
+
+#[test]
+fn rendered_text_is_bounded() {
+    isolated("rendered_text_is_bounded", || {
+        let source = "{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}";
+        assert_refused_for(source, "MAX_RENDERED_BYTES");
+        // A prompt of a billion characters: refused before encoding.
+        let template = ChatTemplate::from_source(source).unwrap();
+        let err = template.encode(tokenizer(), &[Message::user("hi")], &ChatOptions::default()).unwrap_err();
+        assert_eq!(err.code(), "invalid_argument", "{err}");
+        // Printing a list that repeats one string builds text past the bound.
+        assert_refused_for("{% set s = 'x' * 1000000 %}{{ [s] * 100 }}", "MAX_RENDERED_BYTES");
+        assert_refused_for("{% set s = 'x' * 1000000 %}{{ ([s] * 100)|tojson }}", "MAX_RENDERED_BYTES");
+    });
+}
+
+#[test]
+fn deeply_nested_values_are_refused() {
+    isolated("deeply_nested_values_are_refused", || {
+        let nest =
+            "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+        assert_refused_for(&format!("{nest}{{{{ ns.x|tojson }}}}"), "levels of nesting");
+        assert_refused_for(&format!("{nest}{{{{ ns.x }}}}"), "levels of nesting");
+        // minijinja's own walks over the value (and dropping it) run out of
+        // neither stack nor time.
+        assert_eq!(render_source(&format!("{nest}{{{{ ns.x == ns.x }}}}")).unwrap(), "True");
+        // `[` and `]` per level around the innermost `[]`.
+        assert_eq!(render_source(&format!("{nest}{{{{ (ns.x|string)|length }}}}")).unwrap(), "200002");
+    });
+}
+
+#[test]
+fn a_checkpoint_template_past_a_bound_is_checkpoint_invalid() {
+    isolated("a_checkpoint_template_past_a_bound_is_checkpoint_invalid", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = tmp.path().join("tokenizer_config.json");
+        let hostile = "{{ '%999999999d'|format(1) }}";
+        std::fs::write(&config, serde_json::json!({ "chat_template": hostile }).to_string()).unwrap();
+        let template = ChatTemplate::from_checkpoint(tmp.path()).unwrap();
+        match template.render(&[Message::user("hi")], &ChatOptions::default()) {
+            Err(Error::CheckpointInvalid { path, reason }) => {
+                assert_eq!(path, config);
+                assert!(reason.contains("MAX_FORMAT_WIDTH"), "{reason}");
+            }
+            other => panic!("expected checkpoint_invalid, got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn recursion_huge_ranges_and_huge_strings_stay_refused() {
+    isolated("recursion_huge_ranges_and_huge_strings_stay_refused", || {
+        for source in [
+            "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+            "{% for i in range(10000000000) %}{% endfor %}",
+            "{{ 'x' * 10000000000 }}",
+        ] {
+            let err = render_source(source).unwrap_err();
+            assert_eq!(err.code(), "invalid_argument", "{source}: {err}");
+        }
+    });
+}
+
+#[test]
+fn source_longer_than_the_bound_is_refused() {
+    let source = "x".repeat(ChatTemplate::MAX_SOURCE_LEN + 1);
+    let err = ChatTemplate::from_source(&source).unwrap_err();
+    assert_eq!(err.code(), "checkpoint_invalid", "{err}");
+    assert!(err.to_string().contains("MAX_SOURCE_LEN"), "{err}");
+}
+
+#[test]
+fn long_conversations_render_within_the_bounds() {
+    // 2,000 turns of 400 bytes, more than any Qwen3 context holds.
+    let template = qwen3();
+    let content = "lorem ipsum ".repeat(33);
+    let mut messages = Vec::new();
+    let mut expected = String::new();
+    for i in 0..2000 {
+        let (role, message) = if i % 2 == 0 {
+            ("user", Message::user(&content))
+        } else {
+            ("assistant", Message::assistant(&content))
+        };
+        messages.push(message);
+        expected.push_str(&format!("<|im_start|>{role}\n{content}<|im_end|>\n"));
+    }
+    messages.push(Message::user(&content));
+    expected.push_str(&format!("<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"));
+    let start = Instant::now();
+    let text = template.render(&messages, &ChatOptions::default()).unwrap();
+    assert_eq!(text, expected);
+    assert!(start.elapsed() < HANG_LIMIT, "{:?}", start.elapsed());
+
+    // One message of 3 MiB, six times the text of the longest Qwen3 context.
+    let long = "lorem ipsum\n".repeat(3 << 20 >> 4);
+    let text = template.render(&[Message::user(&long)], &ChatOptions::default()).unwrap();
+    assert_eq!(text, format!("<|im_start|>user\n{long}<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+// ---------------------------------------------------------------- the template's files
+
+/// `f` on a worker thread: a run longer than [`HANG_LIMIT`] (a read blocked
+/// on a FIFO, say) fails the test instead of hanging it.
+fn within_limit<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(HANG_LIMIT).expect("an answer in time: the read hangs or panicked")
+}
+
+/// What is done to a file, how it is done, and what the refusal says.
+#[cfg(unix)]
+type FileDamage<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
+
+#[cfg(unix)]
+#[test]
+fn template_files_that_are_no_regular_files_or_too_large_are_refused_unread() {
+    const MAX_JSON_FILE_LEN: u64 = 64 << 20;
+    const MAX_TEMPLATE_FILE_LEN: u64 = 1 << 20;
+    let config = serde_json::json!({ "chat_template": "config {{ messages[0].content }}" }).to_string();
+    for (name, limit) in
+        [("tokenizer_config.json", MAX_JSON_FILE_LEN), ("chat_template.jinja", MAX_TEMPLATE_FILE_LEN)]
+    {
+        let oversized = move |p: &Path| std::fs::File::create(p).unwrap().set_len(limit + 1).unwrap();
+        let cases: [FileDamage; 4] = [
+            ("FIFO", &|p| assert!(Command::new("mkfifo").arg(p).status().unwrap().success()), "FIFO"),
+            (
+                "link to /dev/zero",
+                &|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(),
+                "character device",
+            ),
+            ("directory", &|p| std::fs::create_dir(p).unwrap(), "directory"),
+            ("sparse file past the bound", &oversized, "more than"),
+        ];
+        for (what, make, words) in cases {
+            let tmp = tempfile::tempdir().unwrap();
+            std::fs::write(tmp.path().join("tokenizer_config.json"), &config).unwrap();
+            let path = tmp.path().join(name);
+            let _ = std::fs::remove_file(&path);
+            make(&path);
+            let dir = tmp.path().to_path_buf();
+            match within_limit(move || ChatTemplate::from_checkpoint(&dir).err()) {
+                Some(Error::CheckpointInvalid { path: named, reason }) => {
+                    assert_eq!(named, path, "{name} {what}");
+                    assert!(reason.contains(words), "{name} {what}: {reason}");
+                }
+                other => panic!("{name} {what}: expected checkpoint_invalid, got {other:?}"),
+            }
+        }
+    }
 }

@@ -208,3 +208,52 @@ fn encode_text_keeps_typed_control_tokens_as_text() {
     // A clone shares the vocabulary and encodes alike.
     assert_eq!(t.clone().encode_text(typed).unwrap(), ids);
 }
+
+/// `f` on a worker thread: a run longer than 30 s (a read blocked on a FIFO,
+/// say) fails the test instead of hanging it.
+fn within_limit<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("an answer in time: the read hangs or panicked")
+}
+
+/// What is done to a file, how it is done, and what the refusal says.
+#[cfg(unix)]
+type FileDamage<'a> = (&'a str, &'a dyn Fn(&Path), &'a str);
+
+#[cfg(unix)]
+#[test]
+fn tokenizer_file_that_is_no_regular_file_or_too_large_is_refused_unread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tokenizer.json");
+    let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let oversized = |p: &Path| {
+        std::fs::File::create(p).unwrap().set_len(Tokenizer::MAX_FILE_LEN + 1).unwrap();
+    };
+    let cases: [FileDamage; 4] = [
+        ("FIFO", &|_| assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0), "FIFO"),
+        ("link to /dev/zero", &|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(), "character device"),
+        ("directory", &|p| std::fs::create_dir(p).unwrap(), "directory"),
+        ("sparse file past the bound", &oversized, "more than"),
+    ];
+    for (what, make, words) in cases {
+        make(&path);
+        let from_file = path.clone();
+        let err = within_limit(move || Tokenizer::from_file(&from_file).err()).expect(what);
+        let dir = tmp.path().to_path_buf();
+        let err_dir = within_limit(move || Tokenizer::from_checkpoint(&dir).err()).expect(what);
+        for err in [err, err_dir] {
+            match &err {
+                Error::CheckpointInvalid { path: named, reason } => {
+                    assert_eq!(named, &path, "{what}");
+                    assert!(reason.contains(words), "{what}: {reason}");
+                }
+                other => panic!("{what}: expected checkpoint_invalid, got {other:?}"),
+            }
+        }
+        let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir(&path));
+    }
+}
