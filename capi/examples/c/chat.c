@@ -1,6 +1,6 @@
 /*
  * One chat turn with an instruct checkpoint through the qwen3-wgpu C API
- * (the README's example): loaded with a progress display, sampled as the
+ * (the C API guide's example): loaded with a progress display, sampled as the
  * checkpoint's generation_config.json says with a fixed seed, the prompt
  * fed and the reply taken without ever blocking on the GPU.
  *

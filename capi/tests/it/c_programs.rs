@@ -287,7 +287,7 @@ fn c_sessions_example_against_the_shared_library() {
     assert!(scratch.path().join("session.q3s").is_file());
 }
 
-/// The README's example (`examples/c/chat.c`) builds warning-free under
+/// The C API guide's example (`examples/c/chat.c`) builds warning-free under
 /// the sanitizers, and on a checkpoint that is not there it reports the
 /// status and message and frees everything it made (LeakSanitizer on).
 /// (A successful turn needs a checkpoint with the tokenizer's whole
