@@ -10,11 +10,11 @@ cd "$(dirname "$0")/.."
 ckpt=tests/fixtures/mlx/gqa2_hd64
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
-# The build scripts/test.sh's `cargo test` made already: the whole workspace,
-# the test profile, the features it builds everything with (none when run
-# alone). Another feature resolution would build the dependencies again.
-cargo build -q --workspace --example decode --profile test \
-    ${QWEN3_WGPU_TEST_FEATURES:+--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES"}
+# What scripts/test.sh's `cargo test` built already (every example, the
+# test profile, its features; none when run alone): a build of the example
+# alone would resolve the dependencies' features differently and build them
+# all again.
+cargo test -q --workspace --no-run ${QWEN3_WGPU_TEST_FEATURES:+--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES"}
 bin=${CARGO_TARGET_DIR:-target}/debug/examples/decode
 
 check_json() { # $1: stdout's last line, $2: python assertion on `d`

@@ -97,8 +97,10 @@ features=(--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES")
 phase "cargo clippy"
 cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
 # The API reference and the guide (src/guide/): a broken intra-doc link fails.
+# With the examples, the build takes the dev-dependencies' features too, as
+# clippy's did: the same dependency builds, none a second time.
 phase "cargo doc"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "${features[@]}"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --lib --examples "${features[@]}"
 phase "cargo check (default features: the library and the examples build without hub)"
 cargo check --workspace --lib --examples
 phase "cargo test --no-run (one test binary per package, the examples)"

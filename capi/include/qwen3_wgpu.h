@@ -229,8 +229,8 @@ typedef struct q3w_session_options {
 typedef struct q3w_sampling_params {
   // `sizeof(q3w_sampling_params)`, set by `q3w_sampling_params_init`.
   size_t struct_size;
-  // 0 (the default) is greedy; else the logits are divided by it.
-  // Finite and >= 0.
+  // 0 (the default) and anything below 1e-5 is greedy; else the logits
+  // are divided by it. Finite and >= 0.
   float temperature;
   // Keep only the `top_k` largest logits (0, the default: off).
   uint32_t top_k;
@@ -240,13 +240,14 @@ typedef struct q3w_sampling_params {
   // Keep the tokens whose probability is at least `min_p` times the top
   // token's, in [0, 1] (0, the default: off).
   float min_p;
-  // Hugging Face's repetition penalty, > 0 (1, the default: off).
+  // Hugging Face's repetition penalty, in [1e-6, 1e6] (1, the default:
+  // off).
   float repetition_penalty;
-  // Subtracted once from the logit of every token in the window (0, the
-  // default: off).
+  // Subtracted once from the logit of every token in the window, in
+  // [-1e6, 1e6] (0, the default: off).
   float presence_penalty;
-  // Subtracted from a token's logit once per occurrence in the window
-  // (0, the default: off).
+  // Subtracted from a token's logit once per occurrence in the window,
+  // in [-1e6, 1e6] (0, the default: off).
   float frequency_penalty;
   // The penalties' window, in tokens of the context (prompt included):
   // default 64, at most 1024.

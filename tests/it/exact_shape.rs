@@ -1,6 +1,8 @@
 //! The exact Qwen3-0.6B-Base shape: a random BF16 checkpoint of that shape
-//! (~1.2 GB, in a temp dir) is converted, decoded, loaded again from the
-//! cache, and rebuilt after the cache file is corrupted.
+//! (~1.2 GB, in a temp dir) is converted, decoded, and loaded again from the
+//! cache into the same tokens. (A corrupted cache file is rebuilt whatever
+//! the shape: `bad_inputs::cache_file_*` and `cache_faults::` check it on
+//! small checkpoints.)
 
 use std::path::Path;
 use std::time::Instant;
@@ -35,7 +37,7 @@ fn exact_qwen3_0_6b_shape_converts_decodes_and_caches() {
         ..Default::default()
     };
     let prompt = [785u32, 6722, 315, 9625, 374];
-    let new_tokens = 4;
+    let new_tokens = 3;
 
     // First load converts and writes the cache.
     let model = engine.load(&ckpt, &options).unwrap();
@@ -71,21 +73,4 @@ fn exact_qwen3_0_6b_shape_converts_decodes_and_caches() {
         model.load_ms(),
         second.decode_tokens_per_sec
     );
-    drop(model);
-
-    // A corrupted cache file is detected and rebuilt, never used.
-    let path = &files[0];
-    let mut bytes = std::fs::read(path).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x40;
-    std::fs::write(path, &bytes).unwrap();
-    drop(bytes);
-    let model = engine.load(&ckpt, &options).unwrap();
-    assert!(model.load_report().converted, "a corrupted cache must be rebuilt");
-    let third = model.generate(&prompt, new_tokens, |_| {}).unwrap();
-    assert_eq!(third.token_ids, first.token_ids);
-    drop(model);
-    assert_eq!(cache_files(&cache_dir).len(), 1, "the rebuilt cache replaced the corrupt one");
-    let model = engine.load(&ckpt, &options).unwrap();
-    assert!(!model.load_report().converted, "the rebuilt cache is used");
 }

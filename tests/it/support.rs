@@ -5,7 +5,6 @@
 //! reach the engines other tests build at the same time), and the examples'
 //! binaries, built for this test binary's profile.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -41,45 +40,44 @@ pub fn alone_in_child(module: &str, name: &str) -> bool {
 /// Example `name`'s binary, built from this tree for this test binary's
 /// profile and features. `cargo test --test it` builds no examples, and one
 /// left over from an earlier build may be stale, so this asks cargo itself,
-/// once per process and example, in the target directory and profile this
-/// binary was built in (`target/<profile dir>/deps/it-<hash>`). The build
-/// names the whole workspace and the tests' features, as the test command
-/// does: the same feature resolution, so the dependencies are not built a
-/// second time with other features.
+/// once per process, in the target directory and profile this binary was
+/// built in (`target/<profile dir>/deps/it-<hash>`). It asks for what the
+/// test command builds, `cargo test --workspace --no-run` (every example
+/// with the tests): a build of the example alone resolves the dependencies'
+/// features differently (without the other packages' dev-dependencies) and
+/// would build them all a second time.
 pub fn example_bin(name: &str) -> PathBuf {
-    static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(bin) = built.get_or_insert_with(HashMap::new).get(name) {
-        return bin.clone();
-    }
+    static BUILT: Mutex<bool> = Mutex::new(false);
     let exe = std::env::current_exe().expect("test binary path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-    let target_dir = profile_dir.parent().expect("target dir");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        // `cargo test`'s own profile builds into target/debug.
-        Some("debug") | None => "test",
-        Some(name) => name,
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    let out = Command::new(cargo)
-        .args(["build", "--quiet", "--workspace", "--example", name, "--profile", profile])
-        .arg("--manifest-path")
-        .arg(&manifest)
-        // The `--model` test of the decode example knows from this which
-        // behaviour to expect.
-        .args(if cfg!(feature = "hub") { &["--features", "qwen3-wgpu/hub"][..] } else { &[] })
-        .arg("--target-dir")
-        .arg(target_dir)
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "building the {name} example failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let bin = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !*built {
+        let target_dir = profile_dir.parent().expect("target dir");
+        // `cargo test`'s own profile builds into target/debug.
+        let profile: &[&str] = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => &[],
+            Some(name) => &["--profile", name],
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let out = Command::new(cargo)
+            .args(["test", "--no-run", "--quiet", "--workspace"])
+            .args(profile)
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .args(if cfg!(feature = "hub") { &["--features", "qwen3-wgpu/hub"][..] } else { &[] })
+            .arg("--target-dir")
+            .arg(target_dir)
+            .output()
+            .expect("run cargo");
+        assert!(
+            out.status.success(),
+            "building the examples failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        *built = true;
+    }
     assert!(bin.is_file(), "{} missing after the build", bin.display());
-    built.get_or_insert_with(HashMap::new).insert(name.to_string(), bin.clone());
     bin
 }

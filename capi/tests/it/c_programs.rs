@@ -76,14 +76,30 @@ fn link_shared() -> Vec<String> {
     vec![format!("-L{}", dir.display()), "-lqwen3wgpu".into(), format!("-Wl,-rpath,{}", dir.display())]
 }
 
+/// Where Mesa keeps the shaders its Vulkan drivers compiled, for this
+/// process: the programs below get a private XDG_CACHE_HOME (for the
+/// engine's weights cache), and without this they would compile every
+/// kernel again under the sanitizers.
+fn mesa_shader_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("MESA_SHADER_CACHE_DIR") {
+        return dir.into();
+    }
+    match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) => PathBuf::from(dir).join("mesa_shader_cache"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/mesa_shader_cache"),
+    }
+}
+
 /// Runs a compiled program on the portable adapter with leak detection on;
-/// returns its stdout. The cache goes to a private directory.
+/// returns its stdout. The weights cache goes to a private directory; the
+/// Vulkan driver's shader cache is this process's.
 fn run(exe: &Path, args: &[String]) -> String {
     let scratch = tempfile::tempdir().unwrap();
     let out = Command::new(exe)
         .args(args)
         .env("XDG_RUNTIME_DIR", scratch.path())
         .env("XDG_CACHE_HOME", scratch.path().join("cache"))
+        .env("MESA_SHADER_CACHE_DIR", mesa_shader_cache())
         .env("QWEN3_WGPU_BACKEND", "portable")
         // LeakSanitizer exists on Linux only (Apple's ASan refuses the option).
         .env("ASAN_OPTIONS", if cfg!(target_os = "linux") { "detect_leaks=1" } else { "detect_leaks=0" })
@@ -304,6 +320,7 @@ fn readme_chat_example_reports_a_missing_checkpoint() {
         .arg("Can you fix my sword?")
         .env("XDG_RUNTIME_DIR", dir.path())
         .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .env("MESA_SHADER_CACHE_DIR", mesa_shader_cache())
         .env("QWEN3_WGPU_BACKEND", "portable")
         .env("ASAN_OPTIONS", if cfg!(target_os = "linux") { "detect_leaks=1" } else { "detect_leaks=0" })
         .env("LSAN_OPTIONS", format!("suppressions={}", manifest_dir().join("tests/lsan.supp").display()))
