@@ -14,6 +14,9 @@ use common::cases::{
     ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, OnceLock};
+
 use half::f16;
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
@@ -23,8 +26,35 @@ use qwen3_wgpu::internals::kernels::{
 use qwen3_wgpu::{AdapterPolicy, Gpu};
 use rand::{rngs::StdRng, SeedableRng};
 
-fn gpu() -> Gpu {
-    Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)")
+/// One device for every kernel test of the process: their pipelines are
+/// cached (see [`compiled`]), and a pipeline belongs to its device.
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)"))
+}
+
+/// `entry` of `source` compiled with `constants` for `kernel`'s bindings on
+/// [`gpu`]'s device, once per process: the cases run one program at many
+/// shapes, and compiling it (naga, then the driver) costs far more on
+/// lavapipe than running it.
+fn compiled(
+    gpu: &Gpu,
+    kernel: Kernel,
+    source: &str,
+    entry: &str,
+    constants: &[(&str, f64)],
+) -> (wgpu::ComputePipeline, wgpu::BindGroupLayout) {
+    type Cache = Mutex<HashMap<String, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>>;
+    static CACHE: LazyLock<Cache> = LazyLock::new(Default::default);
+    assert!(std::ptr::eq(gpu, self::gpu()), "kernel tests share one device");
+    let key = format!("{entry}\n{constants:?}\n{:?}\n{source}", kernel.bindings());
+    if let Some(hit) = CACHE.lock().unwrap().get(&key) {
+        return hit.clone();
+    }
+    // Compiled without the lock: other tests compile meanwhile.
+    let made =
+        kernels::compile(gpu, entry, source, entry, kernel.bindings(), constants).expect("kernel compiles");
+    CACHE.lock().unwrap().entry(key).or_insert(made).clone()
 }
 
 fn variants(gpu: &Gpu) -> Vec<bool> {
@@ -93,8 +123,7 @@ fn dispatch_source(
     storage: &[Vec<u8>],
     grid: [u32; 3],
 ) -> Vec<Vec<u8>> {
-    let (pipeline, layout) =
-        kernels::compile(gpu, entry, &source, entry, kernel.bindings(), constants).expect("kernel compiles");
+    let (pipeline, layout) = compiled(gpu, kernel, &source, entry, constants);
     let (mut u, mut s) = (uniforms.iter(), storage.iter());
     let bufs: Vec<(Bind, wgpu::Buffer, usize)> = kernel
         .bindings()
