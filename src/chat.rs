@@ -25,6 +25,8 @@ use crate::checked_read::{self, MAX_JSON_FILE_LEN, MAX_TEMPLATE_FILE_LEN};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
+mod namespace;
+
 /// One message of a conversation, in Hugging Face's shape: a role
 /// (`system`, `user`, `assistant`, `tool`), its text, and any other field
 /// the template reads (`reasoning_content`, `tool_calls`, `name` ...).
@@ -218,6 +220,13 @@ const TOOL_USE_TEMPLATE: &str = "tool_use";
 /// bounds are far above what a conversation that fits a Qwen3 context
 /// needs (131,072 tokens are well under 1 MB of text).
 ///
+/// A namespace cannot be stored inside a namespace (`{% set ns.me = ns %}`,
+/// or within a list, map or tuple stored there): minijinja could not print,
+/// hash or compare one that came to hold itself. Such a store fails the
+/// render as exceeding a bound does. A lazy value stored in a namespace
+/// (the `+` of two lists, `ns|items`, `loop` ...) is stored as a list or
+/// map of what it holds then, at the fuel cost of that copy.
+///
 /// ```
 /// use qwen3_wgpu::{ChatOptions, ChatTemplate, Message};
 /// let template = ChatTemplate::from_source(
@@ -358,6 +367,7 @@ impl ChatTemplate {
         env.add_filter("indent", indent);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter(namespace::STORE_GUARD, namespace::store_guard);
         let mut names = Vec::new();
         for (name, source) in templates {
             if source.len() > Self::MAX_SOURCE_LEN {
@@ -370,9 +380,28 @@ impl ChatTemplate {
                     ),
                 ));
             }
-            env.add_template_owned(name.clone(), source).map_err(|e| {
+            env.add_template_owned(name.clone(), source.clone()).map_err(|e| {
                 Error::invalid(&path, format!("chat template {name:?} does not compile: {}", describe(&e)))
             })?;
+            // Compiles again with every value it stores in a namespace
+            // guarded, the only way a namespace could come to hold itself.
+            let guarded = namespace::guard_namespace_stores(&source).map_err(|what| {
+                Error::invalid(
+                    &path,
+                    format!("chat template {name:?} cannot be read to guard its namespaces: {what}"),
+                )
+            })?;
+            if let Some(guarded) = guarded {
+                env.add_template_owned(name.clone(), guarded).map_err(|e| {
+                    Error::invalid(
+                        &path,
+                        format!(
+                            "chat template {name:?} does not compile with its namespaces guarded: {}",
+                            describe(&e)
+                        ),
+                    )
+                })?;
+            }
             names.push(name);
         }
         names.sort_by_key(|n| n != DEFAULT_TEMPLATE);
@@ -669,8 +698,13 @@ impl ChatTemplate {
         } else {
             bound_exceeded_message(e)
         };
-        if let Some(bound) = bound {
-            let reason = format!("the chat template exceeds {bound} rendering this conversation");
+        let fault = match bound {
+            Some(bound) => Some(format!("exceeds {bound}")),
+            None => namespace::namespace_stored(e)
+                .then(|| "stores a namespace inside a namespace (where it could come to hold itself)".into()),
+        };
+        if let Some(fault) = fault {
+            let reason = format!("the chat template {fault} rendering this conversation");
             return if self.from_checkpoint {
                 Error::invalid(&self.path, reason)
             } else {

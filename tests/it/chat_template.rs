@@ -634,16 +634,134 @@ fn rendered_text_is_bounded() {
 #[test]
 fn deeply_nested_values_are_refused() {
     isolated("deeply_nested_values_are_refused", || {
+        // 80,000 levels: each store into a namespace is guarded, which
+        // costs fuel too.
         let nest =
-            "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+            "{% set ns = namespace(x=[]) %}{% for i in range(80000) %}{% set ns.x = [ns.x] %}{% endfor %}";
         assert_refused_for(&format!("{nest}{{{{ ns.x|tojson }}}}"), "levels of nesting");
         assert_refused_for(&format!("{nest}{{{{ ns.x }}}}"), "levels of nesting");
         // minijinja's own walks over the value (and dropping it) run out of
         // neither stack nor time.
         assert_eq!(render_source(&format!("{nest}{{{{ ns.x == ns.x }}}}")).unwrap(), "True");
         // `[` and `]` per level around the innermost `[]`.
-        assert_eq!(render_source(&format!("{nest}{{{{ (ns.x|string)|length }}}}")).unwrap(), "200002");
+        assert_eq!(render_source(&format!("{nest}{{{{ (ns.x|string)|length }}}}")).unwrap(), "160002");
     });
+}
+
+/// Ways minijinja walks a namespace's contents recursively: through a
+/// namespace that holds itself, each would recurse until the stack runs out.
+const NAMESPACE_WALKS: [&str; 6] = [
+    "{{ ns|string }}",
+    "{{ ns ~ '' }}",
+    "{{ '%s'|format(ns) }}",
+    "{{ [ns]|join }}",
+    "{{ ns|pprint }}",
+    "{{ {ns: 1} }}",
+];
+
+#[test]
+fn a_namespace_stored_in_a_namespace_is_refused() {
+    isolated("a_namespace_stored_in_a_namespace_is_refused", || {
+        for store in [
+            "{% set ns.me = ns %}",
+            "{%- set ns.me = ns -%}",
+            "{%+ set  ns . me=ns +%}",
+            "{% set ns.me = [1, [ns]] %}",
+            "{% set ns.me = {'a': {'b': ns}} %}",
+            "{% set ns.me = {ns: 1} %}",
+            "{% set ns.me = (1, ns) %}",
+            "{% set ns.me = ns, 1 %}",
+            "{% set ns.me, other = ns, 1 %}",
+            "{% set (other, (ns.me)) = (1, ns) %}",
+            "{% set ns.me = namespace(x=ns) %}",
+            "{% set inner = namespace() %}{% set ns.inner = inner %}",
+            "{% set ns.inner = namespace() %}{% set ns.inner.outer = ns %}",
+            "{% set ns.me = [] + [ns] %}",
+            "{% set ns.me = ns|zip([ns]) %}",
+            "{% set ns.me = ns|chain({'b': ns}) %}",
+            "{% set ns.me | default(ns, true) %}{% endset %}",
+            "{% for x in [1, ns, 2] %}{% if loop.first %}{% set ns.me = loop %}{% endif %}{% endfor %}",
+            "{% macro store(n) %}{% set n.me = n %}{% endmacro %}{{ store(ns) }}",
+        ] {
+            for walk in NAMESPACE_WALKS {
+                assert_refused_for(
+                    &format!("{{% set ns = namespace(a=1) %}}{store}{walk}"),
+                    "a namespace inside a namespace",
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn views_stored_in_a_namespace_are_copies() {
+    isolated("views_stored_in_a_namespace_are_copies", || {
+        // Each value would see the namespace's later contents, itself
+        // included; stored, it holds what it showed when it was stored.
+        for (store, length) in [
+            ("{% set ns.me = ns|items %}", 1),
+            ("{% set ns.me = ns.items() %}", 1),
+            ("{% set ns.me = ns.values() %}", 1),
+            ("{% set ns.me = ns|zip([1, 2]) %}", 1),
+            ("{% set ns.me = ns|chain({'b': 2}) %}", 2),
+            ("{% set ns.me = [0] + ns.values()|list %}", 2),
+        ] {
+            for walk in NAMESPACE_WALKS {
+                let source = format!(
+                    "{{% set ns = namespace(a=1) %}}{store}{{% set ns.c = 3 %}}{{{{ ns.me|list|length }}}}|{walk}"
+                );
+                let text = render_source(&source).unwrap_or_else(|e| panic!("{source}: {e}"));
+                assert!(text.starts_with(&format!("{length}|")), "{source}: {text}");
+            }
+        }
+        // A loop stored in a namespace holds the loop's state when stored.
+        let source = "{% set ns = namespace() %}{% for x in [1, 2, ns, 4] %}{% if loop.first %}\
+                      {% set ns.me = loop %}{% endif %}{% endfor %}{{ ns.me.index }} {{ {ns: 1}|length }}";
+        assert_eq!(render_source(source).unwrap(), "1 1");
+    });
+}
+
+#[test]
+fn a_checkpoint_template_storing_a_namespace_in_itself_is_checkpoint_invalid() {
+    isolated("a_checkpoint_template_storing_a_namespace_in_itself_is_checkpoint_invalid", || {
+        let tmp = tempfile::tempdir().unwrap();
+        let jinja = tmp.path().join("chat_template.jinja");
+        std::fs::write(tmp.path().join("tokenizer_config.json"), "{}").unwrap();
+        std::fs::write(&jinja, "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns|string }}").unwrap();
+        let template = ChatTemplate::from_checkpoint(tmp.path()).unwrap();
+        match template.render(&[Message::user("hi")], &ChatOptions::default()) {
+            Err(Error::CheckpointInvalid { path, reason }) => {
+                assert_eq!(path, jinja);
+                assert!(reason.contains("a namespace inside a namespace"), "{reason}");
+            }
+            other => panic!("expected checkpoint_invalid, got {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn namespace_stores_render_as_before() {
+    // Stores the guard lets through, and text that only looks like a store.
+    for (source, expected) in [
+        ("{% set ns = namespace(a=1) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}", "2"),
+        ("{% set ns = namespace(l=[]) %}{% for i in range(3) %}{% set ns.l = ns.l + [i] %}{% endfor %}{{ ns.l }}", "[0, 1, 2]"),
+        ("{% set ns = namespace() %}{% set ns.t = (1, 'a') %}{{ ns.t[1] }}{{ ns.t|length }}", "a2"),
+        ("{% set ns = namespace() %}{% set ns.m = {'k': [1]} %}{{ ns.m }}", "{'k': [1]}"),
+        ("{% set ns = namespace() %}{% set ns.r = range(3) %}{{ ns.r|list }}", "[0, 1, 2]"),
+        ("{% set ns = namespace() %}{% set ns.a, b = 1, 2 %}{{ ns.a }}{{ b }}", "12"),
+        ("{% set ns = namespace() %}{% set ns.s | upper %}x{{ 1 }}{% endset %}{{ ns.s }}", "X1"),
+        ("{% set ns = namespace() %}{% set ns.s %}y{% endset %}{{ ns.s }}", "y"),
+        ("{% macro m(x) %}<{{ x }}>{% endmacro %}{% set ns = namespace() %}{% set ns.m = m %}{{ ns.m(1) }}", "<1>"),
+        ("{% set ns = namespace() %}{% set ns.a = '%}' ~ \"-%}\" %}{{ ns.a }}", "%}-%}"),
+        ("{% set ns = namespace() %}{% set ns.a = {'x': (1)}['x'] %}{{ ns.a }}", "1"),
+        ("a\n  {%- set ns = namespace() -%}\n  {% set ns.a = 1 %}\n b{{ ns.a }}", "a b1"),
+        ("{{ '{% set ns.a = 1 %}' }}", "{% set ns.a = 1 %}"),
+        ("{# {% set ns.a = ns %} #}x", "x"),
+        ("{% raw %}{% set ns.a = ns %}{% endraw %}", "{% set ns.a = ns %}"),
+    ] {
+        let text = render_source(source).unwrap_or_else(|e| panic!("{source}: {e}"));
+        assert_eq!(text, expected, "{source}");
+    }
 }
 
 #[test]
