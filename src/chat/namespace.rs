@@ -29,8 +29,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use minijinja::value::{ObjectRepr, Tuple};
 use minijinja::{Environment, ErrorKind, State, Value};
 
+use super::bounds::bound_exceeded;
+
 /// The map type of minijinja's values (with its `preserve_order` feature).
-type ValueMap = indexmap::IndexMap<Value, Value>;
+pub(super) type ValueMap = indexmap::IndexMap<Value, Value>;
 
 /// Name of the filter every value stored in a namespace goes through; no
 /// template names it, so the rewrite cannot clash with the template's own.
@@ -378,7 +380,7 @@ fn number_len(bytes: &[u8], start: usize) -> usize {
 /// The error the guard attaches when a template stores a namespace in a
 /// namespace, to tell it from other failures.
 #[derive(Debug)]
-pub(super) struct NamespaceStored;
+struct NamespaceStored;
 
 impl std::fmt::Display for NamespaceStored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -450,12 +452,12 @@ impl FrozenValues {
 /// types are private): a name that cannot be learnt matches nothing, and
 /// the guard then copies such a value (a namespace too) instead of
 /// passing it.
-struct KnownTypes {
-    namespace: &'static str,
-    macro_object: &'static str,
+pub(super) struct KnownTypes {
+    pub(super) namespace: &'static str,
+    pub(super) macro_object: &'static str,
 }
 
-fn known_types() -> &'static KnownTypes {
+pub(super) fn known_types() -> &'static KnownTypes {
     static KNOWN: OnceLock<KnownTypes> = OnceLock::new();
     KNOWN.get_or_init(|| {
         let type_name = |value: &Value| value.as_object().map_or("", |o| o.type_name());
@@ -485,7 +487,7 @@ fn freeze(value: &Value, frozen: &mut FrozenValues, depth: usize) -> Result<Opti
             .with_source(NamespaceStored));
     }
     if depth > MAX_STORED_DEPTH {
-        return Err(super::bound_exceeded(format!(
+        return Err(bound_exceeded(format!(
             "{MAX_STORED_DEPTH} levels of nesting in a value stored in a namespace"
         )));
     }
@@ -595,68 +597,9 @@ fn freeze_map(
 /// endless, `range(10**12)`).
 fn check_copied(len: usize) -> Result<(), minijinja::Error> {
     if len >= MAX_COPIED_ITEMS {
-        return Err(super::bound_exceeded(format!(
+        return Err(bound_exceeded(format!(
             "{MAX_COPIED_ITEMS} items copied into a namespace from one value"
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn guarded(source: &str) -> String {
-        guard_namespace_stores(source).unwrap().unwrap_or_else(|| source.to_owned()).replace(STORE_GUARD, "G")
-    }
-
-    #[test]
-    fn stores_into_attributes_are_guarded_and_nothing_else() {
-        for (source, expected) in [
-            ("{% set ns.a = 1 %}", "{% set ns.a =( 1 )|G%}"),
-            ("{%- set ns.a=x -%}", "{%- set ns.a=(x )|G-%}"),
-            ("{%+set ns.a.b = x, y +%}", "{%+set ns.a.b =( x, y )|G+%}"),
-            ("{% set a, (b, ns.c) = 1, (2, 3) %}", "{% set a, (b, ns.c) =( 1, (2, 3) )|G%}"),
-            ("{% set ns.a %}x{% endset %}", "{% set ns.a |G%}x{% endset %}"),
-            ("{% set ns.a | upper %}x{% endset %}", "{% set ns.a | upper |G%}x{% endset %}"),
-            ("{% set a = ns.b %}{% set a %}x{% endset %}", "{% set a = ns.b %}{% set a %}x{% endset %}"),
-            // Strings and brackets hold no end of tag.
-            ("{% set ns.a = '%}' ~ \"-%}\\\"%}\" %}", "{% set ns.a =( '%}' ~ \"-%}\\\"%}\" )|G%}"),
-            ("{% set ns.a = {'k': (1)} %}", "{% set ns.a =( {'k': (1)} )|G%}"),
-            ("{% set ns.a = x.0.1 + 1.5e-3 + 0x1f %}", "{% set ns.a =( x.0.1 + 1.5e-3 + 0x1f )|G%}"),
-            // Text, comments, expressions and raw blocks hold no statement.
-            ("set ns.a = 1 {# {% set ns.a = 1 %} #}", "set ns.a = 1 {# {% set ns.a = 1 %} #}"),
-            ("{{ '{% set ns.a = 1 %}' }}", "{{ '{% set ns.a = 1 %}' }}"),
-            ("{%- raw %}{% set ns.a = 1 %}{% endraw -%}", "{%- raw %}{% set ns.a = 1 %}{% endraw -%}"),
-            ("{{ {'a': 1} }}{% set ns.a = 1 %}\n", "{{ {'a': 1} }}{% set ns.a =( 1 )|G%}\n"),
-        ] {
-            assert_eq!(guarded(source), expected, "{source}");
-        }
-        assert_eq!(guard_namespace_stores("{% if x %}{{ y }}{% endif %}"), Ok(None));
-    }
-
-    #[test]
-    fn unreadable_tags_and_set_statements_are_errors() {
-        for source in [
-            "{% set ns.a == 1 %}",
-            "{% set ns. = 1 %}",
-            "{% set ns.a 1 %}",
-            "{% set ns.a = 'x %}",
-            "{% set ns.a = (1 %}",
-            "{# x",
-            "{% raw %}x",
-            "{% set ns.a = 1 ! %}",
-        ] {
-            assert!(guard_namespace_stores(source).is_err(), "{source}");
-        }
-    }
-
-    #[test]
-    fn minijinja_maps_and_private_types_are_recognised() {
-        let map = Value::from_pairs([("a", 1)]);
-        assert!(map.downcast_object_ref::<ValueMap>().is_some());
-        let known = known_types();
-        assert!(known.namespace.contains("Namespace"), "{}", known.namespace);
-        assert!(known.macro_object.contains("Macro"), "{}", known.macro_object);
-    }
 }
