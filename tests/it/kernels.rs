@@ -206,7 +206,7 @@ fn int8_matvec_matches_cpu() {
     let gpu = gpu();
     let per_wg = kernels::PREFILL_TOKENS_PER_WG as usize;
     let mut seed = 1;
-    for sub in variants(&gpu) {
+    for sub in variants(gpu) {
         // Rows not a multiple of the 4 rows per team or the 8 per workgroup,
         // K not a multiple of a team's stride (lavapipe: 8 lanes x 16 values);
         // one token (decode), a batch of 3 (prefill, grid z), or whole
@@ -259,7 +259,7 @@ fn int8_matvec_matches_cpu() {
                         c
                     }
                 };
-                let run = wgsl_run(&gpu, sub, constants);
+                let run = wgsl_run(gpu, sub, constants);
                 seed += 1;
                 let tokens_per_wg = if prefill { per_wg } else { 1 };
                 // The engine sizes the grid for the decode layout, also for prefill.
@@ -298,7 +298,7 @@ fn int8_matmul_matches_cpu_and_the_4x4_tile_bit_for_bit() {
             let tokens = tiles * kernels::MATMUL_TOKENS_PER_WG as usize - short;
             seed += 1;
             let case = |tile: MatmulTile| {
-                let run = matmul_run(&gpu, tile);
+                let run = matmul_run(gpu, tile);
                 let c = MatmulConstants { tile, ..kernel.matmul_constants().expect("a matvec variant") };
                 let res =
                     matmul_case_in(&run, kernel, c.rows(), c.tokens() as usize, rows, cols, tokens, seed);
@@ -340,7 +340,7 @@ fn embed_lookup_matches_cpu() {
             // The token is read at the GPU's position (2) of the sequence.
             let tokens = [7u32, 8, token, 9];
             let out = dispatch(
-                &gpu,
+                gpu,
                 Kernel::EmbedLookup,
                 false,
                 &[bytemuck::bytes_of(&params)],
@@ -392,7 +392,7 @@ fn embed_lookup_batches_tokens_from_the_position() {
         row_end: rows as u32,
     };
     let out = dispatch_grid(
-        &gpu,
+        gpu,
         Kernel::EmbedLookup,
         false,
         MatvecLayout::RowsPerTeam,
@@ -425,8 +425,8 @@ fn embed_lookup_batches_tokens_from_the_position() {
 fn argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(5);
-    for sub in variants(&gpu) {
-        let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+    for sub in variants(gpu) {
+        let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         // Chunks not a multiple of the workgroup size, the vocabulary.
         for &(n, chunk) in
             &[(1usize, 1000u32), (7, 1000), (255, 1000), (1000, 1000), (151936, 1000), (151936, 1024)]
@@ -443,8 +443,8 @@ fn argmax_matches_cpu_with_lowest_index_on_ties_and_advances_the_step() {
 fn qk_norm_rope_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(6);
-    for sub in variants(&gpu) {
-        let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+    for sub in variants(gpu) {
+        let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         for shape in QK_NORM_ROPE_SHAPES {
             qk_norm_rope_case(&run, shape, &mut rng);
         }
@@ -455,8 +455,8 @@ fn qk_norm_rope_matches_cpu() {
 fn attention_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(7);
-    for sub in variants(&gpu) {
-        let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+    for sub in variants(gpu) {
+        let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         for shape in ATTENTION_SHAPES {
             attention_case(&run, shape, &mut rng);
         }
@@ -483,8 +483,8 @@ fn attention_prefill_matches_cpu() {
     let shapes: Vec<_> = ATTENTION_SHAPES.iter().copied().chain(prefill_shapes).collect();
     let rows_multiple = kernels::PREFILL_ATTENTION_TOKENS as usize; // as the engine's batch buffers
     let gpu = gpu();
-    for sub in variants(&gpu) {
-        let plain = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+    for sub in variants(gpu) {
+        let plain = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         let run = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
             if k != Kernel::AttentionPartial {
                 return plain(k, grid, buffers);
@@ -492,7 +492,7 @@ fn attention_prefill_matches_cpu() {
             let (uniforms, storage) = split_buffers(k, buffers);
             let (source, constants) = kernels::attention_prefill_source(sub);
             let grid = [grid[0], grid[1], grid[2].div_ceil(kernels::PREFILL_ATTENTION_TOKENS)];
-            dispatch_source(&gpu, k, (source, "attention_prefill"), &constants, &uniforms, &storage, grid)
+            dispatch_source(gpu, k, (source, "attention_prefill"), &constants, &uniforms, &storage, grid)
         };
         let mut rng = StdRng::seed_from_u64(12);
         for &shape in &shapes {
@@ -505,8 +505,8 @@ fn attention_prefill_matches_cpu() {
 fn attention_step_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(11);
-    for sub in variants(&gpu) {
-        let run = wgsl_run(&gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+    for sub in variants(gpu) {
+        let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         for shape in ATTENTION_STEP_DIRECT_SHAPES {
             attention_step_case(&run, Kernel::AttentionStepDirect, shape, &mut rng);
         }
@@ -572,7 +572,7 @@ fn group_size_reaches_the_kernels() {
 fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
     let gpu = gpu();
     let mut seed = 500;
-    for sub in variants(&gpu) {
+    for sub in variants(gpu) {
         for &(rows, cols, n) in &[(6usize, 96usize, 3usize), (66, 1000, 5), (18, 3072, 2)] {
             let groups = usize::div_ceil(cols, QUANT_GROUP);
             let shape = MatvecShape {
@@ -593,7 +593,7 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                     };
                     let rpw = split.rows_per_wg;
                     let case = if split.x16 { matvec_case_x16 } else { matvec_case };
-                    let alone = case(&wgsl_run(&gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
+                    let alone = case(&wgsl_run(gpu, sub, one), kernel, rpw, 1, rows, cols, n, seed);
                     // Every row in each workgroup, and (first shape: 3
                     // rows) two per grid z, the last group short.
                     for per_z in if rows == 6 { vec![n, 2] } else { vec![n] } {
@@ -603,7 +603,7 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                             c
                         };
                         let batched =
-                            case(&wgsl_run(&gpu, sub, all_rows), kernel, rpw, per_z, rows, cols, n, seed);
+                            case(&wgsl_run(gpu, sub, all_rows), kernel, rpw, per_z, rows, cols, n, seed);
                         let what =
                             format!("{kernel:?} {split:?} {rows}x{cols} rows {n} per z {per_z} sub={sub}");
                         assert_matvec(&what, &batched);
@@ -663,7 +663,7 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
     let slot_of = |pool: &[u8], s: usize| pool[4 * s * region..4 * (s + 1) * region].to_vec();
     let rows: Vec<u32> =
         positions.iter().zip(&slots).flat_map(|(&p, &s)| [p as u32, (s * region / 4) as u32]).collect();
-    for sub in variants(&gpu) {
+    for sub in variants(gpu) {
         for variant in [AttentionVariant::STEP_DIRECT, AttentionVariant::STEP] {
             let kernel = if variant.direct { Kernel::AttentionStepDirect } else { Kernel::AttentionStep };
             let chunks = if variant.direct { 1 } else { cap.div_ceil(kernels::ATTENTION_CHUNK as usize) };
@@ -674,7 +674,7 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
             };
             let grid = |z| [nh as u32, chunks as u32, z];
             let batched = dispatch_with(
-                &gpu,
+                gpu,
                 kernel,
                 sub,
                 &render(Some(out_stride as u32)),
@@ -694,7 +694,7 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
             for (z, (&pos, &slot)) in positions.iter().zip(&slots).enumerate() {
                 let what = format!("{kernel:?} row {z} at {pos} in slot {slot} sub={sub}");
                 let alone = dispatch_with(
-                    &gpu,
+                    gpu,
                     kernel,
                     sub,
                     &render(None),
@@ -758,7 +758,7 @@ fn staging_matches_the_cpu_reference() {
     }
     let norm_w = pseudo_nonzero(19, k);
     let eps = 1e-6f32;
-    let layout = kernels::bind_group_layout(&gpu, "f16_stage", kernels::matvec::BINDINGS);
+    let layout = kernels::bind_group_layout(gpu, "f16_stage", kernels::matvec::BINDINGS);
     let close = |what: &str, got: u16, want: f64| {
         let g = f16::from_bits(got).to_f64();
         let step = f16::from_f64(want).to_f64().abs().max(1e-7) * 2f64.powi(-10);
@@ -787,7 +787,7 @@ fn staging_matches_the_cpu_reference() {
         ];
         let constants = stage_constants(norm);
         let (pipeline, _) = kernels::compile_for_layout(
-            &gpu,
+            gpu,
             "f16_stage",
             &stage_source(),
             "f16_stage",
