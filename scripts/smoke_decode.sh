@@ -10,11 +10,13 @@ cd "$(dirname "$0")/.."
 ckpt=tests/fixtures/mlx/gqa2_hd64
 cache=$(mktemp -d)
 trap 'rm -rf "$cache"' EXIT
-# What scripts/test.sh's `cargo test` built already (every example, the
-# test profile, its features; none when run alone): a build of the example
-# alone would resolve the dependencies' features differently and build them
-# all again.
-cargo test -q --workspace --no-run ${QWEN3_WGPU_TEST_FEATURES:+--features "qwen3-wgpu/$QWEN3_WGPU_TEST_FEATURES"}
+# Run from scripts/test.sh (QWEN3_WGPU_TEST_FEATURES set), its `cargo test`
+# built the example already (the test profile, its features). Run alone, the
+# same build: a build of the example alone would resolve the dependencies'
+# features differently and build them all again.
+if [ -z "${QWEN3_WGPU_TEST_FEATURES:-}" ]; then
+    cargo test -q --workspace --no-run
+fi
 bin=${CARGO_TARGET_DIR:-target}/debug/examples/decode
 
 check_json() { # $1: stdout's last line, $2: python assertion on `d`

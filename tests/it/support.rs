@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 
 /// The variable that marks the child process, holding the test it runs.
 const ALONE_ENV: &str = "QWEN3_WGPU_TEST_ALONE";
@@ -37,47 +36,22 @@ pub fn alone_in_child(module: &str, name: &str) -> bool {
     false
 }
 
-/// Example `name`'s binary, built from this tree for this test binary's
-/// profile and features. `cargo test --test it` builds no examples, and one
-/// left over from an earlier build may be stale, so this asks cargo itself,
-/// once per process, in the target directory and profile this binary was
-/// built in (`target/<profile dir>/deps/it-<hash>`). It asks for what the
-/// test command builds, `cargo test --workspace --no-run` (every example
-/// with the tests): a build of the example alone resolves the dependencies'
-/// features differently (without the other packages' dev-dependencies) and
-/// would build them all a second time.
+/// Example `name`'s binary, as `cargo test` built it beside this test
+/// binary (`target/<profile dir>/examples/`, the same profile and
+/// features). The tests never run cargo themselves: a build from inside a
+/// test can relink this very binary (a changed environment is enough to
+/// make a dependency's build script run again), after which the running
+/// tests cannot start it as a child. A run filtered to this binary
+/// (`cargo test --test it cli::`) builds no examples: after a change in
+/// `src/`, `cargo build --examples` (with the same features) first.
 pub fn example_bin(name: &str) -> PathBuf {
-    static BUILT: Mutex<bool> = Mutex::new(false);
     let exe = std::env::current_exe().expect("test binary path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
     let bin = profile_dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if !*built {
-        let target_dir = profile_dir.parent().expect("target dir");
-        // `cargo test`'s own profile builds into target/debug.
-        let profile: &[&str] = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => &[],
-            Some(name) => &["--profile", name],
-        };
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-        let out = Command::new(cargo)
-            .args(["test", "--no-run", "--quiet", "--workspace"])
-            .args(profile)
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .args(if cfg!(feature = "hub") { &["--features", "qwen3-wgpu/hub"][..] } else { &[] })
-            .arg("--target-dir")
-            .arg(target_dir)
-            .output()
-            .expect("run cargo");
-        assert!(
-            out.status.success(),
-            "building the examples failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        *built = true;
-    }
-    assert!(bin.is_file(), "{} missing after the build", bin.display());
+    assert!(
+        bin.is_file(),
+        "{} is missing: `cargo test` without target filters builds the examples (or `cargo build --examples`)",
+        bin.display()
+    );
     bin
 }
