@@ -466,11 +466,11 @@ pub(super) fn known_types() -> &'static KnownTypes {
         let mut env = Environment::new();
         let record = seen.clone();
         env.add_function("probe", move |value: Value| {
-            *record.lock().unwrap() = type_name(&value);
+            *record.lock().unwrap_or_else(|e| e.into_inner()) = type_name(&value);
             Value::UNDEFINED
         });
         let _ = env.render_str("{% macro m() %}{% endmacro %}{{ probe(m) }}", ());
-        let macro_object = *seen.lock().unwrap();
+        let macro_object = *seen.lock().unwrap_or_else(|e| e.into_inner());
         KnownTypes { namespace, macro_object }
     })
 }
