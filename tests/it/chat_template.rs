@@ -796,6 +796,65 @@ fn recursion_huge_ranges_and_huge_strings_stay_refused() {
     });
 }
 
+/// `a = a + a` (or `a|chain(a)`) repeated: each step doubles a lazy list;
+/// past minijinja's lazy depth (32) the next step used to build all 2^33
+/// items before the fuel was charged.
+#[test]
+fn doubled_lists_run_out_of_fuel() {
+    isolated("doubled_lists_run_out_of_fuel", || {
+        let doubled = |step: &str| -> String {
+            let steps: String = (0..40)
+                .map(|i| format!("{{% set a{} = {} %}}", i + 1, step.replace('A', &format!("a{i}"))))
+                .collect();
+            format!("{{% set a0 = [1] %}}{steps}{{{{ a40|length }}}}")
+        };
+        assert_refused_for(&doubled("A + A"), "RENDER_FUEL");
+        assert_refused_for(&doubled("A|chain(A)"), "RENDER_FUEL");
+        // One lazy list of 10^8 items, then a chain of 40 small appends.
+        assert_refused_for(
+            &format!("{{% set a = [1] * 10**8 %}}{}{{{{ a|length }}}}", "{% set a = a + [1] %}".repeat(40)),
+            "RENDER_FUEL",
+        );
+        // The same doubling through a recursive macro and through nested loops.
+        assert_refused_for(
+            "{% macro f(a, n) %}{% if n > 0 %}{{ f(a + a, n - 1) }}{% else %}{{ a|length }}{% endif %}{% endmacro %}{{ f([1], 40) }}",
+            "RENDER_FUEL",
+        );
+        let nested: String = (0..40).map(|i| format!("{{% for a{} in [a{i} + a{i}] %}}", i + 1)).collect();
+        assert_refused_for(
+            &format!("{{% set a0 = [1] %}}{nested}{{{{ a40|length }}}}{}", "{% endfor %}".repeat(40)),
+            "RENDER_FUEL",
+        );
+        // Within the lazy depth, concatenation and indexing behave as Jinja's.
+        assert_eq!(
+            render_source("{% set c = []|chain([1, 2, 3], [], [4, 5]) %}{{ c[0] }}{{ c[2] }}{{ c[3] }}{{ c[4] }}|{{ c[5] }}|{{ c|length }}|{{ (c + [6])|list }}").unwrap(),
+            "1345||5|[1, 2, 3, 4, 5, 6]"
+        );
+    });
+}
+
+/// `d = d|chain(d)` repeated: every lookup in the result visited 2^n maps.
+#[test]
+fn doubled_merged_maps_stay_cheap() {
+    isolated("doubled_merged_maps_stay_cheap", || {
+        let doubled = format!("{{% set d = {{'x': 1}} %}}{}", "{% set d = d|chain(d) %}".repeat(60));
+        assert_eq!(
+            render_source(&format!("{doubled}[{{{{ d.y }}}}]{{{{ d.x }}}}{{{{ d|list }}}}")).unwrap(),
+            "[]1['x']"
+        );
+        // A merge of many distinct maps is refused, by name.
+        let many: String = (0..300).map(|i| format!("{{% set d = d|chain({{'k{i}': {i}}}) %}}")).collect();
+        let err = render_source(&format!("{{% set d = {{'x': 1}} %}}{many}{{{{ d.k5 }}}}")).unwrap_err();
+        assert_eq!(err.code(), "invalid_argument", "{err}");
+        assert!(err.to_string().contains("cannot chain more than 256 maps"), "{err}");
+        // Later maps win, as in Jinja.
+        assert_eq!(
+            render_source("{% set d = {'x': 1, 'y': 2}|chain({'x': 3}, {'z': 4}) %}{{ d.x }}{{ d.y }}{{ d.z }}{{ d|length }}").unwrap(),
+            "3243"
+        );
+    });
+}
+
 #[test]
 fn source_longer_than_the_bound_is_refused() {
     let source = "x".repeat(ChatTemplate::MAX_SOURCE_LEN + 1);

@@ -2554,11 +2554,21 @@ mod builtins {
             .collect::<Vec<_>>();
 
         if all_values.iter().all(|v| v.kind() == ValueKind::Map) {
-            Ok(Value::from_object(MergeDict::new(all_values)))
+            match MergeDict::flat(&all_values) {
+                Some(merged) => Ok(Value::from_object(merged)),
+                None => Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("cannot chain more than {} maps", MergeDict::MAX_MERGED),
+                )),
+            }
         } else if all_values
             .iter()
             .all(|v| matches!(v.kind(), ValueKind::Seq))
         {
+            ok!(crate::value::ops::ensure_fuel_for_alloc(
+                _state,
+                MergeSeq::merge_alloc_estimate(&all_values, crate::value::ops::SLOT_COST)
+            ));
             Ok(Value::from_object(MergeSeq::new(all_values)))
         } else {
             // General iterator chaining behavior

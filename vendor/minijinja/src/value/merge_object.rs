@@ -3,7 +3,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::value::ops::LenIterWrap;
-use crate::value::{Enumerator, Object, ObjectExt, ObjectRepr, Value, ValueKind};
+use crate::value::{Enumerator, Object, ObjectExt, ObjectRepr, Value, ValueKind, ValueRepr};
 
 /// Dictionary merging behavior - create custom object with lookup capability
 #[derive(Debug)]
@@ -12,10 +12,53 @@ pub struct MergeDict {
 }
 
 impl MergeDict {
+    /// Most maps one merged map may look through (see [`MergeDict::flat`]).
+    pub(crate) const MAX_MERGED: usize = 256;
+
     pub fn new(values: Vec<Value>) -> Self {
         Self {
             values: values.into_boxed_slice(),
         }
+    }
+
+    /// A merge of `values` that looks through no other merge: merged maps
+    /// among `values` are replaced by the maps they merge, and a map met
+    /// more than once is kept at its last place only (lookups search from
+    /// the end, so an earlier copy of the same map never answers).  Without
+    /// this, `d = d|chain(d)` repeated n times makes a lookup visit 2^n
+    /// maps.  `None` when more than [`MergeDict::MAX_MERGED`] maps remain.
+    pub(crate) fn flat(values: &[Value]) -> Option<Self> {
+        let mut leaves = Vec::new();
+        for value in values {
+            match value.downcast_object_ref::<Self>() {
+                Some(merged) => leaves.extend(merged.values.iter().cloned()),
+                None => leaves.push(value.clone()),
+            }
+            if leaves.len() > 2 * Self::MAX_MERGED {
+                leaves = Self::last_of_each(leaves);
+                if leaves.len() > Self::MAX_MERGED {
+                    return None;
+                }
+            }
+        }
+        let leaves = Self::last_of_each(leaves);
+        if leaves.len() > Self::MAX_MERGED {
+            return None;
+        }
+        Some(Self::new(leaves))
+    }
+
+    /// `values` with each one kept at its last place only (same object, or
+    /// equal primitive value).
+    fn last_of_each(values: Vec<Value>) -> Vec<Value> {
+        let mut kept: Vec<Value> = Vec::with_capacity(values.len());
+        for value in values.into_iter().rev() {
+            if !kept.iter().any(|k| same_object(k, &value)) {
+                kept.push(value);
+            }
+        }
+        kept.reverse();
+        kept
     }
 }
 
@@ -48,12 +91,26 @@ impl Object for MergeDict {
     }
 }
 
+/// Whether `a` and `b` are the same object.
+fn same_object(a: &Value, b: &Value) -> bool {
+    match (&a.0, &b.0) {
+        (ValueRepr::Object(a), ValueRepr::Object(b)) => a.is_same_object(b),
+        _ => false,
+    }
+}
+
 /// List merging behavior - calculate total length for size hint
 pub struct MergeSeq {
     values: Box<[Value]>,
+    /// For each value, the total length of the values before it (all sized
+    /// values only): an index finds its value by binary search.
+    starts: Option<Box<[usize]>>,
     total_len: Option<usize>,
     repr: ObjectRepr,
     depth: usize,
+    /// How many values flattening this merge would yield (saturating): a
+    /// merge of merges shares them, so this can grow as 2^depth.
+    leaves: u64,
 }
 
 impl fmt::Debug for MergeSeq {
@@ -85,12 +142,52 @@ impl MergeSeq {
             depth = Self::depth_for_values(&values);
         }
 
+        let mut starts = Vec::with_capacity(values.len());
+        let mut total_len = Some(0usize);
+        for value in values.iter() {
+            if let Some(len) = total_len {
+                starts.push(len);
+            }
+            total_len = match (total_len, value.len()) {
+                (Some(total), Some(len)) => total.checked_add(len),
+                _ => None,
+            };
+        }
         Self {
-            total_len: values.iter().map(|v| v.len()).sum(),
+            starts: total_len.map(|_| starts.into_boxed_slice()),
+            total_len,
+            leaves: Self::leaves_for_values(&values),
             values: values.into_boxed_slice(),
             repr,
             depth,
         }
+    }
+
+    /// How many values flattening a merge of `values` would yield.
+    pub(crate) fn leaves_for_values(values: &[Value]) -> u64 {
+        values.iter().fold(0u64, |sum, value| {
+            sum.saturating_add(
+                value
+                    .downcast_object_ref::<Self>()
+                    .map_or(1, |seq| seq.leaves),
+            )
+        })
+    }
+
+    /// What materialising or flattening a merge of `values` would allocate,
+    /// in fuel units (`slot_cost` per list slot); 0 when a merge of them
+    /// stays lazy.
+    pub(crate) fn merge_alloc_estimate(values: &[Value], slot_cost: u64) -> u64 {
+        if Self::depth_for_values(values) <= Self::MAX_DEPTH {
+            return 0;
+        }
+        let sized = values.iter().try_fold(0u64, |sum, value| {
+            Some(sum.saturating_add(value.len()? as u64))
+        });
+        sized
+            .unwrap_or(0)
+            .max(Self::leaves_for_values(values))
+            .saturating_mul(slot_cost)
     }
 
     pub(crate) fn depth_for_values(values: &[Value]) -> usize {
@@ -125,17 +222,16 @@ impl Object for MergeSeq {
             return None;
         }
 
-        if let Some(idx) = key.as_usize() {
-            let mut current_idx = 0;
-            for value in self.values.iter() {
-                let len = value.len().unwrap_or(0);
-                if idx < current_idx + len {
-                    return value.get_item(&Value::from(idx - current_idx)).ok();
-                }
-                current_idx += len;
-            }
+        let (idx, starts, total_len) = (key.as_usize()?, self.starts.as_ref()?, self.total_len?);
+        if idx >= total_len {
+            return None;
         }
-        None
+        // The last value starting at or before `idx` (empty values share
+        // their start with the next one).
+        let at = starts.partition_point(|&start| start <= idx) - 1;
+        self.values[at]
+            .get_item(&Value::from(idx - starts[at]))
+            .ok()
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {

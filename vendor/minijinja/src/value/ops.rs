@@ -901,6 +901,14 @@ pub(crate) fn binop_alloc_estimate(op: &str, lhs: &Value, rhs: &Value) -> u64 {
             _ if lhs.is_tuple() && rhs.is_tuple() => (lhs.len().unwrap_or(0) as u64)
                 .saturating_add(rhs.len().unwrap_or(0) as u64)
                 .saturating_mul(SLOT_COST),
+            // Concatenated lists stay lazy until the chain is too deep; then
+            // `add` materialises or flattens them (the whole list, or every
+            // value the lazy chain shares, which can be 2^depth of them).
+            _ if matches!(lhs.kind(), ValueKind::Seq | ValueKind::Iterable)
+                && matches!(rhs.kind(), ValueKind::Seq | ValueKind::Iterable) =>
+            {
+                MergeSeq::merge_alloc_estimate(&[lhs.clone(), rhs.clone()], SLOT_COST)
+            }
             _ => 0,
         },
         _ => 0,
@@ -909,6 +917,18 @@ pub(crate) fn binop_alloc_estimate(op: &str, lhs: &Value, rhs: &Value) -> u64 {
 
 /// The cost of a slot in a list for the purpose of fuel and size estimates.
 pub(crate) const SLOT_COST: u64 = 32;
+
+/// Checks that there is enough fuel left to allocate `units`.
+#[inline(always)]
+pub(crate) fn ensure_fuel_for_alloc(_state: &State, _units: u64) -> Result<(), Error> {
+    #[cfg(feature = "fuel")]
+    {
+        if _state.fuel_tracker().is_some() {
+            return _state.ensure_fuel(_units);
+        }
+    }
+    Ok(())
+}
 
 /// Checks that there is enough fuel left to perform a binary operation.
 #[inline(always)]
