@@ -52,8 +52,8 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
 use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
-    AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Engine, Error, GenerateOptions, KernelChoice,
-    LoadOptions, Message, SamplingParams, ShapeProfile, StopMatcher, StopReason, Tokenizer,
+    AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Constraint, Engine, Error, GenerateOptions,
+    KernelChoice, LoadOptions, Message, SamplingParams, ShapeProfile, StopMatcher, StopReason, Tokenizer,
 };
 use serde_json::json;
 
@@ -102,6 +102,19 @@ struct Args {
     /// checkpoint's tokenizer.json). The text shown ends before it.
     #[arg(long = "stop", value_name = "TEXT")]
     stops: Vec<String>,
+    /// Constrain the output to one JSON value valid under the JSON schema
+    /// in FILE (compact: no whitespace between tokens); needs the
+    /// checkpoint's tokenizer.json. Ends with stop reason
+    /// `constraint_complete` once the value is whole.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["regex", "grammar"])]
+    json_schema: Option<PathBuf>,
+    /// Constrain the output to match the regular expression RE whole.
+    #[arg(long, value_name = "RE", conflicts_with = "grammar")]
+    regex: Option<String>,
+    /// Constrain the output to the Lark grammar (llguidance's dialect) in
+    /// FILE.
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
     /// Adapters: `metal` (Apple GPUs only) or `portable` (any adapter
     /// wgpu offers). Default: QWEN3_WGPU_BACKEND, else metal.
     #[arg(long, value_name = "NAME", value_parser = parse_backend)]
@@ -169,6 +182,28 @@ struct Args {
 }
 
 impl Args {
+    /// Whether a constraint flag is given.
+    fn constrained(&self) -> bool {
+        self.json_schema.is_some() || self.regex.is_some() || self.grammar.is_some()
+    }
+
+    /// The constraint the flags ask for, compiled against `tokenizer`.
+    fn constraint(&self, tokenizer: &Tokenizer) -> Result<Constraint, Error> {
+        if let Some(path) = &self.json_schema {
+            let schema = serde_json::from_str(&read_source("--json-schema", path)?).map_err(|e| {
+                Error::InvalidArgument {
+                    name: "--json-schema".into(),
+                    reason: format!("{}: not JSON: {e}", path.display()),
+                }
+            })?;
+            Constraint::json_schema(tokenizer, &schema)
+        } else if let Some(regex) = &self.regex {
+            Constraint::regex(tokenizer, regex)
+        } else {
+            let path = self.grammar.as_ref().expect("a constraint flag");
+            Constraint::lark(tokenizer, &read_source("--grammar", path)?)
+        }
+    }
     /// The sampling parameters the flags ask for (checked).
     fn sampling(&self, checkpoint: &Path) -> Result<SamplingParams, Error> {
         let mut p = if self.generation_config {
@@ -422,8 +457,9 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             let tokenizer = Tokenizer::from_checkpoint(&checkpoint)?;
             (tokenizer.encode(text)?, Some(tokenizer))
         }
-        // Stop strings are matched on the text: the tokenizer is needed.
-        (None, Some(TokenIds(ids))) if !args.stops.is_empty() => {
+        // Stop strings are matched on the text, constraints compiled
+        // against the vocabulary: the tokenizer is needed.
+        (None, Some(TokenIds(ids))) if !args.stops.is_empty() || args.constrained() => {
             (ids.clone(), Some(Tokenizer::from_checkpoint(&checkpoint)?))
         }
         (None, Some(TokenIds(ids))) => {
@@ -452,6 +488,13 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     }
     if let (false, Some(t)) = (args.stops.is_empty(), tokenizer.as_ref()) {
         generate = generate.stop_strings(t, args.stops.iter().cloned());
+    }
+    let constraint = match tokenizer.as_ref() {
+        Some(t) if args.constrained() => Some(args.constraint(t)?),
+        _ => None,
+    };
+    if let Some(c) = &constraint {
+        generate = generate.constraint(c);
     }
     // A setting left out here is read by the builder from its
     // QWEN3_WGPU_* variable, so a flag always wins over the variable.
@@ -555,6 +598,17 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     if let Some(text) = &out.text {
         result["text"] = json!(text);
     }
+    if let (Some(_), Some(t)) = (&constraint, tokenizer.as_ref()) {
+        // The constrained output: the generated text, an end-of-text token
+        // that ended it left out.
+        let mut ids = out.generated_ids().to_vec();
+        if out.stop_reason == StopReason::EndOfText {
+            ids.pop();
+        }
+        result["text"] = json!(t.decode(&ids)?);
+        result["constraint_complete"] =
+            json!(matches!(out.stop_reason, StopReason::ConstraintComplete | StopReason::EndOfText));
+    }
     if args.logprobs > 0 {
         let per_token: Vec<serde_json::Value> = out
             .logprobs
@@ -611,6 +665,28 @@ fn fail(e: &Error, json: bool) -> ! {
         println!("{}", json!({"error": {"code": e.code(), "message": e.to_string()}}));
     }
     std::process::exit(2);
+}
+
+/// The text of the constraint file `path` (flag `flag`): a regular file of
+/// at most `Constraint::MAX_SOURCE_LEN` bytes.
+fn read_source(flag: &str, path: &Path) -> Result<String, Error> {
+    let refuse = |reason: String| Error::InvalidArgument {
+        name: flag.into(),
+        reason: format!("{}: {reason}", path.display()),
+    };
+    let file = std::fs::File::open(path).map_err(|e| refuse(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file".into()));
+    }
+    let limit = Constraint::MAX_SOURCE_LEN as u64;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, limit + 1), &mut text)
+        .map_err(|e| refuse(e.to_string()))?;
+    if text.len() as u64 > limit {
+        return Err(refuse(format!("longer than Constraint::MAX_SOURCE_LEN ({limit} bytes)")));
+    }
+    Ok(text)
 }
 
 fn main() {

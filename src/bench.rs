@@ -45,6 +45,12 @@ pub struct BenchOptions {
     /// Session counts decoded together through a batch (none: no batched
     /// measurement).
     pub sessions: Vec<usize>,
+    /// A JSON schema file: also measure greedy decode under it (replies
+    /// until complete, beside the same number of free tokens); needs
+    /// `tokenizer`.
+    pub constraint: Option<PathBuf>,
+    /// The directory of the tokenizer.json constraints compile against.
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl Default for BenchOptions {
@@ -58,6 +64,8 @@ impl Default for BenchOptions {
             timed_steps: 16,
             sampling: None,
             sessions: Vec::new(),
+            constraint: None,
+            tokenizer: None,
         }
     }
 }
@@ -66,7 +74,8 @@ impl Default for BenchOptions {
 pub const BENCH_USAGE: &str = "options: [--checkpoint DIR] [--backend metal|portable] [--tokens N (128)] \
 [--contexts N,N,... (128,1024)] [--lookaheads N,N,... (4)] [--timed-steps N (16)] \
 [--sampling T,K,P (e.g. 0.7,20,0.95: also measure sampling)] \
-[--sessions N,N,... (e.g. 1,4,8,16: also decode that many sessions together, batched)]";
+[--sessions N,N,... (e.g. 1,4,8,16: also decode that many sessions together, batched)] \
+[--constraint SCHEMA.json --tokenizer DIR (also measure decode under a JSON schema)]";
 
 impl BenchOptions {
     /// Parses `--name value` or `--name=value` arguments (the program
@@ -89,6 +98,8 @@ impl BenchOptions {
                 "--timed-steps",
                 "--sampling",
                 "--sessions",
+                "--constraint",
+                "--tokenizer",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(Error::invalid_argument(flag, format!("unknown option; {BENCH_USAGE}")));
@@ -107,6 +118,8 @@ impl BenchOptions {
                 "--timed-steps" => options.timed_steps = count(&value)?,
                 "--contexts" => options.contexts = value.split(',').map(count).collect::<Result<_>>()?,
                 "--sampling" => options.sampling = Some(parse_sampling(&flag, &value)?),
+                "--constraint" => options.constraint = Some(PathBuf::from(value)),
+                "--tokenizer" => options.tokenizer = Some(PathBuf::from(value)),
                 "--sessions" => {
                     options.sessions = value.split(',').map(count).collect::<Result<_>>()?;
                     if options.sessions.contains(&0) {
@@ -299,6 +312,27 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    if let Some(schema) = &args.constraint {
+        let dir = args
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::invalid_argument("--tokenizer", "--constraint needs it"))?;
+        let tokenizer = crate::Tokenizer::from_checkpoint(dir)?;
+        let schema: serde_json::Value = serde_json::from_slice(&std::fs::read(schema)?)?;
+        let t = Instant::now();
+        let constraint = crate::Constraint::json_schema(&tokenizer, &schema)?;
+        let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+        for &ctx in &args.contexts {
+            let r = constrained_decode(&model, &constraint, ctx, args.tokens)?;
+            println!(
+                "{}",
+                json!({"bench": "constrained_decode", "context": ctx, "replies": r.replies, "tokens": r.tokens,
+                   "constrained_tokens_per_sec": r.constrained, "free_tokens_per_sec": r.free,
+                   "free_lookahead1_tokens_per_sec": r.free_lookahead1, "ratio": r.constrained / r.free,
+                   "first_compile_ms": compile_ms, "adapter": adapter})
+            );
+        }
+    }
     let mut table = Vec::new();
     for &ctx in &args.contexts {
         for &n in &args.sessions {
@@ -319,6 +353,63 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// Rates of [`constrained_decode`], tokens/s.
+struct ConstrainedRates {
+    replies: usize,
+    tokens: usize,
+    constrained: f64,
+    free: f64,
+    free_lookahead1: f64,
+}
+
+/// Greedy replies under `constraint` after a `ctx`-token prompt, until at
+/// least `tokens` tokens (each reply until complete), against as many free
+/// tokens (default lookahead, and lookahead 1) on the same session.
+fn constrained_decode(
+    model: &crate::Model,
+    constraint: &crate::Constraint,
+    ctx: usize,
+    tokens: usize,
+) -> Result<ConstrainedRates> {
+    let budget = 512;
+    let mut s = model.session_with_capacity(ctx + budget.max(tokens) + 2)?;
+    let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % model.config().vocab_size as u32).collect();
+    s.feed(&prompt[..ctx - 1])?;
+    // One reply from the last prompt token; returns its token count.
+    let reply = |s: &mut crate::Session, c: Option<&crate::Constraint>, n: usize| -> Result<usize> {
+        s.truncate(ctx - 1)?;
+        s.set_constraint(c)?;
+        s.feed(&prompt[ctx - 1..])?;
+        let mut count = 1;
+        while count < n && !s.constraint_complete() {
+            s.next_token()?;
+            count += 1;
+        }
+        Ok(count)
+    };
+    reply(&mut s, Some(constraint), budget)?; // warm-up
+    let (mut replies, mut done) = (0, 0);
+    let t = Instant::now();
+    while done < tokens {
+        done += reply(&mut s, Some(constraint), budget)?;
+        replies += 1;
+    }
+    let constrained = done as f64 / t.elapsed().as_secs_f64();
+    let per_reply = done.div_ceil(replies);
+    let mut free = |lookahead: usize| -> Result<f64> {
+        s.set_lookahead(lookahead);
+        let t = Instant::now();
+        let mut n = 0;
+        for _ in 0..replies {
+            n += reply(&mut s, None, per_reply)?;
+        }
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    };
+    let free_default = free(crate::session::DEFAULT_LOOKAHEAD)?;
+    let free_lookahead1 = free(1)?;
+    Ok(ConstrainedRates { replies, tokens: done, constrained, free: free_default, free_lookahead1 })
 }
 
 /// Decodes `n` sessions together through a batch: each fed its own

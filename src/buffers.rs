@@ -7,7 +7,7 @@ use crate::config::ModelConfig;
 use crate::converted::QUANT_GROUP;
 use crate::error::Result;
 use crate::gpu::Gpu;
-use crate::kernels::{sample, ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG, SAMPLE_CHUNK};
+use crate::kernels::{mask, sample, ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG, SAMPLE_CHUNK};
 
 /// Prompt tokens run through the layers together (one launch per kernel
 /// for the whole batch; the activation buffers hold this many rows, and the
@@ -43,6 +43,9 @@ pub struct SessionBuffers {
     pub(crate) part_idx: wgpu::Buffer,
     /// The sampler's per-chunk maxima, select state and histograms.
     pub(crate) sample_scratch: wgpu::Buffer,
+    /// A constraint's token mask, one bit per token (`logits_mask`),
+    /// written by the host before each constrained step.
+    pub(crate) token_mask: wgpu::Buffer,
     /// The log-probabilities' buffers, once asked for
     /// (`Session::set_logprobs`).
     pub(crate) logprobs: Option<LogprobBuffers>,
@@ -171,6 +174,7 @@ impl SessionBuffers {
             part_val: f("part_val", logit_rows * parts),
             part_idx: f("part_idx", logit_rows * parts),
             sample_scratch: f("sample_scratch", sample::scratch_words(cfg.vocab_size as u32, SAMPLE_CHUNK)),
+            token_mask: f("token_mask", mask::words(cfg.vocab_size as u32)),
             logprobs: None,
             attention_chunks: chunks,
             attn_ml: f("attn_ml", batch * 2 * cfg.num_attention_heads * chunks),
@@ -201,6 +205,7 @@ impl SessionBuffers {
             &self.part_val,
             &self.part_idx,
             &self.sample_scratch,
+            &self.token_mask,
             &self.attn_ml,
             &self.attn_acc,
             &self.rope,

@@ -76,6 +76,7 @@ mod check_counts;
 pub(crate) mod checked_read;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
+pub(crate) mod constraint;
 pub(crate) mod conversation;
 pub(crate) mod convert;
 #[allow(missing_docs)] // reached from outside only through `internals`
@@ -109,6 +110,7 @@ pub(crate) mod tokenizer;
 pub use cache::CachePolicy;
 pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
+pub use constraint::Constraint;
 pub use conversation::{Chat, ChatReply};
 pub use engine::{
     decode, decode_with, DecodeResult, Engine, EngineBuilder, GenerateOptions, LoadOptions, Model,

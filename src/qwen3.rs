@@ -139,7 +139,8 @@ pub fn forward(
     }
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
     let uniform_bytes = b.uniforms.borrow().bytes();
-    let (choose, choose_uniform_bytes) = choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0);
+    let (choose, choose_uniform_bytes) =
+        choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0, false);
     Forward { step, choose, prefill: std::sync::Arc::new(prefill), uniform_bytes, choose_uniform_bytes }
 }
 
@@ -315,6 +316,7 @@ pub fn choose_launches(
     s: &SessionBuffers,
     params: &SamplingParams,
     logprobs: u32,
+    masked: bool,
 ) -> (Vec<Launch>, u64) {
     let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)), staging: None };
     let n_tokens = (s.capacity + 1) as u32;
@@ -325,7 +327,18 @@ pub fn choose_launches(
     let lp = s.logprobs.as_ref();
     let raw = lp.map_or(&s.part_val, |l| &l.raw_logits);
     let src = if params.has_penalties() { raw } else { &s.logits };
-    let launches = crate::sampling::plan_with_logprobs(params, n, n_tokens, SAMPLE_CHUNK, logprobs)
+    // A constraint's mask goes first: every later launch sees -inf for
+    // the tokens it forbids.
+    let mask = masked.then(|| {
+        let bufs = [whole(&s.token_mask), whole(&s.logits)];
+        b.launch(
+            Kernel::LogitsMask,
+            bytes_of(&crate::kernels::mask::params(n)),
+            &bufs,
+            crate::kernels::mask::grid(n),
+        )
+    });
+    let chosen = crate::sampling::plan_with_logprobs(params, n, n_tokens, SAMPLE_CHUNK, logprobs)
         .into_iter()
         .map(|l| {
             let bufs = match l.kernel {
@@ -356,8 +369,8 @@ pub fn choose_launches(
                 other => unreachable!("{other:?} chooses no token"),
             };
             b.launch(l.kernel, &l.params, &bufs, l.workgroups)
-        })
-        .collect();
+        });
+    let launches = mask.into_iter().chain(chosen).collect();
     let bytes = b.uniforms.borrow().bytes();
     (launches, bytes)
 }

@@ -94,6 +94,10 @@ pub struct Session {
     logprobs: u32,
     /// The log-probabilities of the last token returned, when on.
     last_logprobs: Option<TokenLogprobs>,
+    /// The output constraint of the reply being generated, if any: every
+    /// token returned advances it, and its mask is on the GPU before the
+    /// step that chooses the next.
+    constraint: Option<crate::constraint::ConstraintState>,
     /// The batch slot whose KV region this session's cache is (freed when
     /// the session is dropped); `None`: buffers of its own.
     kv_slot: Option<batch::SlotLease>,
@@ -150,6 +154,7 @@ impl Session {
             sampling: SamplingParams::default(),
             logprobs: 0,
             last_logprobs: None,
+            constraint: None,
             kv_slot,
             edits: 0,
             step_launches: None,
@@ -229,9 +234,102 @@ impl Session {
         Ok(())
     }
 
+    /// Constrains each reply to what `constraint` allows (`None` lifts
+    /// it): a reply is the tokens returned after a [`feed`](Self::feed)
+    /// (its last token included) and the [`next_token`](Self::next_token)
+    /// or [`try_next_token`](Self::try_next_token) calls that follow; each
+    /// step chooses among the tokens the constraint allows only (greedy or
+    /// sampled alike). Every feed (and [`truncate`](Self::truncate)) starts
+    /// the constraint over for the next reply. Once a reply is a whole
+    /// match ([`constraint_complete`](Self::constraint_complete)), only
+    /// end-of-text tokens are allowed.
+    ///
+    /// A constrained session keeps one step in flight (each step's mask
+    /// depends on the token before it); steps queued ahead are discarded.
+    /// A pending token stays as it was chosen, and the constraint starts
+    /// with the token after it.
+    ///
+    /// ```no_run
+    /// # fn f(model: &qwen3_wgpu::Model, tokenizer: &qwen3_wgpu::Tokenizer) -> qwen3_wgpu::Result<()> {
+    /// use qwen3_wgpu::Constraint;
+    /// let mut session = model.session()?;
+    /// session.set_constraint(Some(&Constraint::regex(tokenizer, "(yes|no)\\.")?))?;
+    /// let mut ids = vec![session.feed(&tokenizer.encode("Is the door open?")?)?];
+    /// while !session.constraint_complete() {
+    ///     ids.push(session.next_token()?);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming the constraint's kind
+    /// when its parser fails, or naming `session` while a
+    /// [`begin_feed`](Self::begin_feed) is in progress (the session is left
+    /// as it was); a GPU failure while waiting for the discarded steps.
+    pub fn set_constraint(&mut self, constraint: Option<&crate::Constraint>) -> Result<()> {
+        self.check_no_feed()?;
+        let state = constraint.map(crate::Constraint::start).transpose()?;
+        self.discard_queued()?;
+        let was_constrained = self.constraint.is_some();
+        self.constraint = state;
+        self.write_token_mask();
+        if was_constrained != self.constraint.is_some() {
+            let params = self.sampling.clone();
+            self.rebuild_choose(&params, self.logprobs)?;
+        }
+        self.edits += 1;
+        Ok(())
+    }
+
+    /// True when the session's constraint is complete: the tokens returned
+    /// since it was set form a whole match, and only end-of-text may
+    /// follow. False without a constraint.
+    pub fn constraint_complete(&self) -> bool {
+        self.constraint.as_ref().is_some_and(|c| c.is_complete())
+    }
+
+    /// Advances the constraint past `token`, a token just returned, and
+    /// puts the next mask on the GPU (queued before the next step).
+    pub(super) fn advance_constraint(&mut self, token: u32) -> Result<()> {
+        if let Some(c) = &mut self.constraint {
+            c.consume(token)?;
+            self.write_token_mask();
+        }
+        Ok(())
+    }
+
+    /// Starts the constraint over (a new reply follows) and puts its first
+    /// mask on the GPU, queued before the steps that follow.
+    pub(super) fn restart_constraint(&mut self) -> Result<()> {
+        if let Some(c) = &self.constraint {
+            self.constraint = Some(c.restarted()?);
+            self.write_token_mask();
+        }
+        Ok(())
+    }
+
+    /// Writes the constraint's mask of the tokens allowed next.
+    fn write_token_mask(&self) {
+        if let Some(c) = &self.constraint {
+            let words = c.mask_words(self.model.config.vocab_size);
+            self.model.gpu.queue.write_buffer(&self.bufs.token_mask, 0, bytemuck::cast_slice(&words));
+        }
+    }
+
+    /// The lookahead in effect: 1 while constrained (each step's mask
+    /// waits for the token before it).
+    pub(super) fn effective_lookahead(&self) -> usize {
+        if self.constraint.is_some() {
+            1
+        } else {
+            self.lookahead
+        }
+    }
+
     /// Rebuilds the launches choosing the token (and computing the
     /// log-probabilities of the `logprobs` most likely tokens).
     fn rebuild_choose(&mut self, params: &SamplingParams, logprobs: u32) -> Result<()> {
+        let masked = self.constraint.is_some();
         let model = &self.model;
         let (choose, bytes) = model.gpu.scoped(
             || {
@@ -242,6 +340,7 @@ impl Session {
                     &self.bufs,
                     params,
                     logprobs,
+                    masked,
                 ))
             },
             |reason| Error::GpuDeviceFailed { reason: format!("setting sampling: {reason}") },
@@ -364,6 +463,7 @@ impl Session {
         let ids = &ids[..];
         self.check_room(ids.len())?;
         self.discard_queued()?;
+        self.restart_constraint()?;
         self.edits += 1;
         let gpu = self.model.gpu.clone();
         gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(ids));
@@ -424,7 +524,7 @@ impl Session {
         self.pending = None;
         self.last_logprobs = None;
         self.reset_gpu_position();
-        Ok(())
+        self.restart_constraint()
     }
 
     /// Feeds the pending greedy token back in and returns the next one

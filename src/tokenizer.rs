@@ -1,6 +1,7 @@
 //! The checkpoint's tokenizer (`tokenizer.json`), and a streaming decoder
 //! that only ever hands out complete UTF-8 text.
 
+use std::any::Any;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -17,6 +18,10 @@ pub struct Tokenizer {
     /// A copy of `inner` that encodes special-token strings as plain text,
     /// built on first use: most texts contain none and never need it.
     specials_as_text: Arc<OnceLock<tokenizers::Tokenizer>>,
+    /// What constraints derive from the vocabulary (their token trie),
+    /// built on first use, or why it cannot be; typed by its one user
+    /// ([`Tokenizer::derived`]) so this module needs nothing of it.
+    derived: Arc<OnceLock<std::result::Result<Arc<dyn Any + Send + Sync>, String>>>,
     /// Where it was loaded from, for error messages.
     path: Arc<Path>,
 }
@@ -51,7 +56,33 @@ impl Tokenizer {
         let bytes = checked_read::read_required(path, "tokenizer", Self::MAX_FILE_LEN)?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| Error::invalid(path, format!("malformed tokenizer: {e}")))?;
-        Ok(Self { inner: Arc::new(inner), specials_as_text: Arc::default(), path: path.into() })
+        Ok(Self {
+            inner: Arc::new(inner),
+            specials_as_text: Arc::default(),
+            derived: Arc::default(),
+            path: path.into(),
+        })
+    }
+
+    /// What `build` derives from this tokenizer, built on the first call
+    /// and shared by clones (the constraints' token trie, about a second
+    /// for Qwen3's vocabulary); `build`'s error is `checkpoint_invalid` of
+    /// the tokenizer's file. Only one type is ever derived.
+    pub(crate) fn derived<T: Any + Send + Sync>(
+        &self,
+        build: impl FnOnce(&Self) -> std::result::Result<T, String>,
+    ) -> Result<Arc<T>> {
+        let derived = self
+            .derived
+            .get_or_init(|| build(self).map(|t| Arc::new(t) as Arc<dyn Any + Send + Sync>))
+            .clone()
+            .map_err(|reason| Error::invalid(&*self.path, reason))?;
+        derived.downcast::<T>().map_err(|_| Error::internal("a tokenizer derived two types"))
+    }
+
+    /// The Hugging Face tokenizer.
+    pub(crate) fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
     }
 
     /// Number of ids the tokenizer knows, added (special) tokens included.

@@ -381,6 +381,39 @@ enum q3w_status q3w_batch_try_step(struct q3w_batch *batch,
                                    uint32_t *out_tokens,
                                    bool *out_ready);
 
+// Constrains each reply of `session` (the tokens returned after a feed,
+// the feed's own included; every feed and truncate starts it over) to one
+// JSON value valid under the JSON schema `schema` (UTF-8 JSON text), with
+// no whitespace between its tokens; `q3w_session_constraint_complete`
+// says when the reply is a whole match. `tokenizer` is the checkpoint's (its
+// vocabulary is mapped once, on the first constraint: about a second for
+// Qwen3's). A schema that is not JSON or that cannot be compiled is
+// `Q3W_INVALID_ARGUMENT` naming `json_schema` (the message says why; the
+// session is left as it was).
+enum q3w_status q3w_session_set_json_schema(struct q3w_session *session,
+                                            const struct q3w_tokenizer *tokenizer,
+                                            const char *schema);
+
+// `q3w_session_set_json_schema` for a regular expression (Rust `regex`
+// syntax) the reply must match whole; errors name `regex`.
+enum q3w_status q3w_session_set_regex(struct q3w_session *session,
+                                      const struct q3w_tokenizer *tokenizer,
+                                      const char *regex);
+
+// `q3w_session_set_json_schema` for a Lark grammar (llguidance's dialect)
+// the reply must derive from its `start` rule; errors name `grammar`.
+enum q3w_status q3w_session_set_grammar(struct q3w_session *session,
+                                        const struct q3w_tokenizer *tokenizer,
+                                        const char *grammar);
+
+// Lifts the session's constraint (none set is fine).
+enum q3w_status q3w_session_clear_constraint(struct q3w_session *session);
+
+// Sets `*out_complete` to whether the tokens the session returned since
+// its constraint was set form a whole match (only end-of-text may follow);
+// false without a constraint.
+enum q3w_status q3w_session_constraint_complete(struct q3w_session *session, bool *out_complete);
+
 // Sets `options` to the defaults and its `struct_size` to `struct_size`,
 // which is `sizeof(q3w_engine_options)` as the caller's header declares it:
 // only that many bytes are written.

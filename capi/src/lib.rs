@@ -66,12 +66,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use qwen3_wgpu::{Error, Result};
 
 mod batch;
+mod constraint;
 mod engine;
 mod owned;
 mod session;
 mod text;
 
 pub use batch::*;
+pub use constraint::*;
 pub use engine::*;
 pub use owned::{q3w_string_free, q3w_tokens_free};
 pub use session::*;

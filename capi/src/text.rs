@@ -14,7 +14,7 @@ use crate::{
 
 /// A checkpoint's tokenizer (`tokenizer.json`).
 pub struct q3w_tokenizer {
-    tokenizer: Tokenizer,
+    pub(crate) tokenizer: Tokenizer,
 }
 
 /// Decodes token ids one at a time into complete UTF-8 text.

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::{Engine, LoadOptions, Model};
+use crate::constraint::Constraint;
 use crate::error::{Error, Result};
 use crate::sampling::SamplingParams;
 use crate::session::check_prompt;
@@ -123,6 +124,9 @@ impl Model {
         if options.logprobs > 0 {
             session.set_logprobs(options.logprobs)?;
         }
+        if let Some(constraint) = &options.constraint {
+            session.set_constraint(Some(constraint))?;
+        }
         let t0 = Instant::now();
         let mut token = session.feed(prompt_ids)?;
         result.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -148,6 +152,10 @@ impl Model {
             }
             if flow.is_break() {
                 result.stop_reason = StopReason::Callback;
+                break;
+            }
+            if session.constraint_complete() {
+                result.stop_reason = StopReason::ConstraintComplete;
                 break;
             }
             if result.token_ids.len() - result.n_prompt >= max_new_tokens {
@@ -201,6 +209,7 @@ pub struct GenerateOptions {
     /// [`Session::set_logprobs`](crate::Session::set_logprobs).
     pub logprobs: u32,
     stop: Option<StopStrings>,
+    constraint: Option<Constraint>,
 }
 
 /// Stop strings and the tokenizer that turns tokens into the text they are
@@ -214,6 +223,16 @@ struct StopStrings {
 impl GenerateOptions {
     /// The default token budget.
     pub const DEFAULT_MAX_NEW_TOKENS: usize = 256;
+
+    /// Constrains the generated tokens to what `constraint` allows (see
+    /// [`Session::set_constraint`](crate::Session::set_constraint)):
+    /// generation stops with [`StopReason::ConstraintComplete`] once the
+    /// output is a whole match, or at the token budget (an incomplete
+    /// match: [`DecodeResult::stop_reason`] is then `MaxNewTokens`).
+    pub fn constraint(mut self, constraint: &Constraint) -> Self {
+        self.constraint = Some(constraint.clone());
+        self
+    }
 
     /// Sets the token budget.
     pub fn max_new_tokens(mut self, n: usize) -> Self {
@@ -281,6 +300,7 @@ impl Default for GenerateOptions {
             sampling: SamplingParams::default(),
             logprobs: 0,
             stop: None,
+            constraint: None,
         }
     }
 }
@@ -293,6 +313,7 @@ impl std::fmt::Debug for GenerateOptions {
             .field("sampling", &self.sampling)
             .field("logprobs", &self.logprobs)
             .field("stops", &self.stops())
+            .field("constraint", &self.constraint.as_ref().map(Constraint::kind))
             .finish()
     }
 }
@@ -312,17 +333,21 @@ pub enum StopReason {
     /// The `on_token` callback returned [`ControlFlow::Break`] (the token
     /// it was given is included in `token_ids`).
     Callback,
+    /// The output matches the whole [`GenerateOptions::constraint`]: only
+    /// end-of-text could follow (it is not generated).
+    ConstraintComplete,
 }
 
 impl StopReason {
-    /// Stable name: `max_new_tokens`, `end_of_text`, `stop_string` or
-    /// `callback`.
+    /// Stable name: `max_new_tokens`, `end_of_text`, `stop_string`,
+    /// `callback` or `constraint_complete`.
     pub fn as_str(self) -> &'static str {
         match self {
             StopReason::MaxNewTokens => "max_new_tokens",
             StopReason::EndOfText => "end_of_text",
             StopReason::StopString(_) => "stop_string",
             StopReason::Callback => "callback",
+            StopReason::ConstraintComplete => "constraint_complete",
         }
     }
 }

@@ -12,6 +12,7 @@
 //! | [`rendering`] | decoding inside a renderer's frame loop: a shared device, calls that never wait |
 //! | [`batches`] | many sessions advanced by one GPU step |
 //! | [`chat`] | conversations with an instruct model, and its chat template |
+//! | [`constraints`] | output that must match a JSON schema, a regular expression or a grammar |
 //! | [`text`] | streaming text token by token, stop strings, special tokens |
 //! | [`errors`] | every stable error code and what to do about it |
 //! | [`c_api`] | the C ABI (`capi/`) and its C and C++ examples |
@@ -49,6 +50,9 @@ pub mod batches {}
 
 #[doc = include_str!("chat.md")]
 pub mod chat {}
+
+#[doc = include_str!("constraints.md")]
+pub mod constraints {}
 
 #[doc = include_str!("text.md")]
 pub mod text {}

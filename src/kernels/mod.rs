@@ -13,6 +13,7 @@ mod choice;
 mod compile;
 pub mod embed;
 mod launch;
+pub mod mask;
 pub mod matmul;
 pub mod matvec;
 pub mod msl;
@@ -36,6 +37,7 @@ pub use compile::{
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
 pub(crate) use launch::{record_staged, staged_bindings, staged_ranges};
+pub use mask::MaskParams;
 pub use matmul::{
     MatmulConstants, MatmulTile, F16_STAGE_WG, MATMUL_COOP_SUB, MATMUL_COOP_TILE, MATMUL_COOP_WG,
     MATMUL_MSL_WG, MATMUL_ROWS_PER_WG, MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TILE_ENV, MATMUL_TOKENS_PER_WG,
@@ -131,6 +133,8 @@ pub enum Kernel {
     SampleTopkFinal,
     /// The log-probabilities of the step's distribution and token.
     LogprobFinal,
+    /// A constraint's token mask on the logits (-inf where forbidden).
+    LogitsMask,
 }
 
 /// The family of a kernel, with its variant.
@@ -145,6 +149,8 @@ pub enum Family {
     Sample,
     /// The sampler kernels that merge `sample_topk`'s candidates.
     SampleMerge,
+    /// A constraint's token mask.
+    Mask,
 }
 
 /// A kernel's row of the table.
@@ -189,10 +195,10 @@ macro_rules! row {
 
 /// The kernel table, in [`Kernel`] declaration order.
 #[rustfmt::skip]
-pub const TABLE: [KernelRow; 17] = {
+pub const TABLE: [KernelRow; 18] = {
     use Family as F;
     use {AttentionVariant as A, MatvecVariant as M};
-    use {argmax as am, attention as at, embed as em, matvec as mv, norm_rope as nr, sample as sa};
+    use {argmax as am, attention as at, embed as em, mask as mk, matvec as mv, norm_rope as nr, sample as sa};
     [
         row!(Int8MatvecAccumulate, F::Matvec(M::ACCUMULATE), "int8_matvec", msl: yes, mv::BINDINGS, MATVEC_WG, MatvecParams),
         row!(Int8MatvecNorm, F::Matvec(M::NORM), "int8_matvec", msl: yes, mv::BINDINGS, MATVEC_WG, MatvecParams),
@@ -211,6 +217,7 @@ pub const TABLE: [KernelRow; 17] = {
         row!(SampleTopk, F::Sample, "sample_topk", msl: no, sa::TOPK_BINDINGS, WG, TopkParams),
         row!(SampleTopkFinal, F::SampleMerge, "sample_topk_final", msl: no, sa::TOPK_FINAL_BINDINGS, WG, TopkParams),
         row!(LogprobFinal, F::SampleMerge, "logprob_final", msl: no, sa::LOGPROB_FINAL_BINDINGS, WG, TopkParams),
+        row!(LogitsMask, F::Mask, "logits_mask", msl: no, mk::BINDINGS, WG, MaskParams),
     ]
 };
 
@@ -255,8 +262,8 @@ impl Constants {
 
 impl Kernel {
     /// Every kernel, in declaration order (`Kernel::ALL[k as usize] == k`).
-    pub const ALL: [Kernel; 17] = {
-        let mut all = [Kernel::Int8MatvecAccumulate; 17];
+    pub const ALL: [Kernel; 18] = {
+        let mut all = [Kernel::Int8MatvecAccumulate; 18];
         let mut i = 0;
         while i < TABLE.len() {
             all[i] = TABLE[i].kernel;

@@ -43,7 +43,7 @@ use attention::{attention_prompt, attention_prompt_batch, attention_step, qk_nor
 use products::{matmul, matvec};
 use rig::Rig;
 pub use rows::rows_matvec;
-use tokens::{argmax, embed, sample, sample_top_k};
+use tokens::{argmax, embed, logits_mask, sample, sample_top_k};
 
 /// The engine's checks: [`run`] at start-up, [`rows_matvec`] before a
 /// batched-row pipeline's first use.
@@ -79,6 +79,7 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 embed(&mut rig)?,
                 sample(&mut rig)?,
                 sample_top_k(&mut rig)?,
+                logits_mask(&mut rig)?,
             ];
             for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
                 let pipelines = rig.kernels.launch_pipelines(kernel);

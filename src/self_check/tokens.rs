@@ -7,7 +7,7 @@ use super::rig::{f32s, fail, step, to_f32, to_u32, u32s, Rig};
 use super::Check;
 use crate::error::{Error, Result};
 use crate::kernels::{
-    argmax, embed, grid, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams, Kernel, ARGMAX_CHUNK,
+    argmax, embed, grid, mask, ArgmaxFinalParams, ArgmaxPartialParams, EmbedParams, Kernel, ARGMAX_CHUNK,
 };
 use crate::reference::{
     argmax_ref, first_mismatch, penalize_ref, poisoned, pseudo_nonzero, round_f16, sort_key, unpack_f16,
@@ -274,5 +274,32 @@ pub(super) fn sample_top_k(rig: &mut Rig<'_>) -> Result<Check> {
             }
         }
         vec![]
+    }))
+}
+
+/// `logits_mask` over 2,500 logits (a partial last word) with every third
+/// token and the first and last allowed: allowed logits unchanged, the
+/// rest -inf.
+pub(super) fn logits_mask(rig: &mut Rig<'_>) -> Result<Check> {
+    let n = 2500u32;
+    let logits = pseudo_nonzero(43, n as usize);
+    let allowed = move |t: usize| t % 3 == 1 || t == 0 || t == n as usize - 1;
+    let mut words = vec![0u32; mask::words(n)];
+    for t in (0..n as usize).filter(|&t| allowed(t)) {
+        words[t / 32] |= 1 << (t % 32);
+    }
+    let bufs =
+        [rig.uniform(bytes_of(&mask::params(n)))?, rig.storage(&u32s(&words))?, rig.storage(&f32s(&logits))?];
+    rig.dispatch(Kernel::LogitsMask, mask::grid(n), &bufs.each_ref());
+    let out = rig.read(&bufs[2], 4 * n as usize);
+    Ok(Box::new(move |outs| {
+        let got = to_f32(&outs[out]);
+        for (t, (&g, &l)) in got.iter().zip(&logits).enumerate() {
+            let want = if allowed(t) { l } else { mask::MASKED_LOGIT };
+            if g.to_bits() != want.to_bits() {
+                return fail(Kernel::LogitsMask, format!("logit {t}: {g}, want {want}"));
+            }
+        }
+        Vec::new()
     }))
 }

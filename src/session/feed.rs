@@ -122,6 +122,7 @@ impl Session {
         let discarded = self.queued.drain(..).collect();
         // A submit recorded ahead serves positions the feed moves past.
         self.drop_prerecorded();
+        self.restart_constraint()?;
         self.edits += 1;
         let start = self.len;
         self.model.gpu.queue.write_buffer(&self.bufs.tokens, 4 * start as u64, bytemuck::cast_slice(&ids));

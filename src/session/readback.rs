@@ -135,6 +135,7 @@ impl Session {
             });
         }
         self.pending = Some(token);
+        self.advance_constraint(token)?;
         // The next submit is recorded from here on, so the call that
         // queues it (the first after a feed included) finds it ready. Not
         // for a batch's session: its batch steps it (if it queues steps

@@ -22,7 +22,7 @@ impl Session {
     /// submit's steps are recorded ahead.
     pub(super) fn queue_ahead(&mut self, max_submits: usize) -> Result<()> {
         self.check_can_step(1)?;
-        if self.queued.len() <= self.lookahead / 2 {
+        if self.queued.len() <= self.effective_lookahead() / 2 {
             // At most half the lookahead per submit: filling an empty queue
             // takes two submits, so the second still runs when the first's
             // tokens come back and the host queues more (a single submit
@@ -30,10 +30,10 @@ impl Session {
             // H200).
             let mut submits = 0;
             while submits < max_submits
-                && self.queued.len() < self.lookahead
+                && self.queued.len() < self.effective_lookahead()
                 && self.gpu_pos < self.bufs.capacity
             {
-                let k = (self.lookahead - self.queued.len())
+                let k = (self.effective_lookahead() - self.queued.len())
                     .min(self.steps_per_submit())
                     .min(self.bufs.capacity - self.gpu_pos);
                 // A call that need not wait leaves a submit still being
@@ -51,7 +51,7 @@ impl Session {
 
     /// Steps per submit of [`Self::queue_ahead`].
     pub(super) fn steps_per_submit(&self) -> usize {
-        (self.lookahead / 2).max(1)
+        (self.effective_lookahead() / 2).max(1)
     }
 
     /// Starts recording the next submit's steps, unless one is recorded

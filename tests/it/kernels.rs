@@ -901,3 +901,35 @@ fn every_wgsl_program_translates_to_msl() {
     }
     assert!(programs > 2 * 2 * Kernel::ALL.len(), "{programs} programs");
 }
+
+/// `logits_mask`: allowed logits unchanged, forbidden ones -inf, logits
+/// past the vocabulary untouched, for vocabularies that end inside a mask
+/// word and random masks (and the all-allowed and one-allowed masks).
+#[test]
+fn logits_mask_forbids_exactly_the_cleared_bits() {
+    use rand::Rng;
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(29);
+    let run = wgsl_run(gpu, false, |k| k.constants(MatvecLayout::RowsPerTeam));
+    for n in [1usize, 31, 33, 1000, 4097, 151936] {
+        let words = kernels::mask::words(n as u32);
+        let masks: [Vec<u32>; 3] = [
+            (0..words).map(|_| rng.random()).collect(),
+            vec![u32::MAX; words],
+            (0..words).map(|w| if w == (n - 1) / 32 { 1 << ((n - 1) % 32) } else { 0 }).collect(),
+        ];
+        for mask in masks {
+            // 40 logits past the vocabulary, which the launch must not touch.
+            let logits = nonzero(&mut rng, n + 40);
+            let params = bytemuck::bytes_of(&kernels::mask::params(n as u32)).to_vec();
+            let out =
+                run(Kernel::LogitsMask, kernels::mask::grid(n as u32), &[params, u32s(&mask), f32s(&logits)]);
+            let got = to_f32(&out[0]);
+            for (t, (&g, &l)) in got.iter().zip(&logits).enumerate() {
+                let allowed = t >= n || mask[t / 32] >> (t % 32) & 1 == 1;
+                let want = if allowed { l } else { f32::NEG_INFINITY };
+                assert_eq!(g.to_bits(), want.to_bits(), "n={n} token {t}: {g}, want {want}");
+            }
+        }
+    }
+}

@@ -18,6 +18,7 @@ mod chat_template;
 mod checkpoint;
 mod cli;
 mod config;
+mod constraints;
 mod conversion;
 mod convert_identity;
 mod docs;

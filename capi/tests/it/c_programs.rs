@@ -416,3 +416,42 @@ fn c_host_restoring_crafted_session_files_gets_statuses() {
          missing.q3s: session_io\n"
     );
 }
+
+/// A C host constraining a session (regex, JSON schema, Lark grammar)
+/// under the sanitizers: refused constraints are statuses, and each reply
+/// is the one the Rust API gives under the same constraint.
+#[cfg(unix)]
+#[test]
+fn c_host_constraining_a_session() {
+    use qwen3_wgpu::Constraint;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("constrained");
+    let _ = shared_library();
+    compile("cc", "-std=c11", &[manifest_dir().join("tests/c/constrained.c")], &exe, &link_shared());
+    let printed = run(&exe, &[fixture().display().to_string(), tokenizer_dir().display().to_string()]);
+    // The same replies through the Rust API.
+    let model = model();
+    let tokenizer = Tokenizer::from_checkpoint(&tokenizer_dir()).unwrap();
+    let mut session = model.session().unwrap();
+    let schema = serde_json::json!({"type": "object", "properties": {"hp": {"type": "integer", "minimum": 0,
+        "maximum": 99}}, "required": ["hp"], "additionalProperties": false});
+    let constraints = [
+        ("regex", Constraint::regex(&tokenizer, "(yes|no), [0-9]{2}!").unwrap()),
+        ("json_schema", Constraint::json_schema(&tokenizer, &schema).unwrap()),
+        ("grammar", Constraint::lark(&tokenizer, "start: \"go \" DIR\nDIR: \"north\" | \"south\"").unwrap()),
+    ];
+    let mut want = String::from(
+        "bad regex: invalid_argument\nbad schema: invalid_argument\nnull grammar: invalid_argument\n",
+    );
+    for (kind, constraint) in &constraints {
+        session.set_constraint(Some(constraint)).unwrap();
+        session.truncate(0).unwrap();
+        let mut ids = vec![session.feed(&[1, 2, 3]).unwrap()];
+        while !session.constraint_complete() {
+            ids.push(session.next_token().unwrap());
+        }
+        want.push_str(&format!("{kind}: {}\n", tokenizer.decode(&ids).unwrap()));
+    }
+    want.push_str("cleared: free\n");
+    assert_eq!(printed, want);
+}

@@ -259,6 +259,15 @@ impl Batch {
                     format!("session {i} reports log-probabilities; batched steps do not compute them"),
                 ));
             }
+            if let Some(c) = &s.constraint {
+                return Err(Error::invalid_argument(
+                    "constraint",
+                    format!(
+                        "session {i} has a {} constraint; batched steps do not apply constraints yet (step it alone)",
+                        c.kind()
+                    ),
+                ));
+            }
             s.check_can_step(1)?;
         }
         Ok(())

@@ -1,0 +1,116 @@
+//! One reply's constraint: llguidance's matcher, the tokens it allows
+//! next as a GPU mask, and whether the grammar is complete.
+
+use std::sync::Arc;
+
+use llguidance::{Matcher, TokenParser};
+
+use super::ConstraintVocabulary;
+use crate::error::{Error, Result};
+
+/// The parser state of one constrained reply.
+pub(crate) struct ConstraintState {
+    /// The constraint, to start over from.
+    source: super::Constraint,
+    kind: &'static str,
+    matcher: Matcher,
+    vocabulary: Arc<ConstraintVocabulary>,
+    /// The mask of the tokens allowed next (llguidance's bit layout).
+    mask: Vec<u32>,
+}
+
+impl ConstraintState {
+    pub(super) fn new(
+        source: super::Constraint,
+        parser: TokenParser,
+        vocabulary: Arc<ConstraintVocabulary>,
+    ) -> Result<Self> {
+        let kind = source.kind();
+        let mut state =
+            Self { source, kind, matcher: Matcher::new(Ok(parser)), vocabulary, mask: Vec::new() };
+        state.compute_mask()?;
+        Ok(state)
+    }
+
+    /// `"json_schema"`, `"json"`, `"regex"` or `"grammar"`.
+    pub(crate) fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The same constraint from its start (a new reply).
+    pub(crate) fn restarted(&self) -> Result<Self> {
+        self.source.start()
+    }
+
+    /// The mask of the tokens allowed next over a vocabulary of
+    /// `vocab_size` logits (ids past the tokenizer's are never allowed).
+    pub(crate) fn mask_words(&self, vocab_size: usize) -> Vec<u32> {
+        let mut words = vec![0u32; crate::kernels::mask::words(vocab_size as u32)];
+        let n = words.len().min(self.mask.len());
+        words[..n].copy_from_slice(&self.mask[..n]);
+        // Clear bits past the vocabulary of the logits.
+        if !vocab_size.is_multiple_of(32) {
+            if let Some(last) = words.last_mut() {
+                *last &= (1u32 << (vocab_size % 32)) - 1;
+            }
+        }
+        words
+    }
+
+    /// Whether `token` is allowed next.
+    pub(crate) fn allows(&self, token: u32) -> bool {
+        let t = token as usize;
+        self.mask.get(t / 32).is_some_and(|w| w & (1 << (t % 32)) != 0)
+    }
+
+    /// Advances past `token` (chosen under the current mask) and computes
+    /// the next mask.
+    pub(crate) fn consume(&mut self, token: u32) -> Result<()> {
+        if !self.allows(token) {
+            return Err(Error::internal(format!(
+                "token {token} was chosen although the {} constraint forbids it",
+                self.kind
+            )));
+        }
+        self.matcher.consume_token(token).map_err(|e| self.failed(e))?;
+        if !self.matcher.is_stopped() {
+            self.compute_mask()?;
+        }
+        Ok(())
+    }
+
+    /// True once the grammar is complete: nothing but end-of-text may
+    /// follow (or the parser stopped, after an end-of-text token).
+    pub(crate) fn is_complete(&self) -> bool {
+        if self.matcher.is_stopped() {
+            return true;
+        }
+        let eos = self.vocabulary.eos.as_slice();
+        let mut any = false;
+        for (w, &word) in self.mask.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let t = (w * 32) as u32 + bits.trailing_zeros();
+                if !eos.contains(&t) {
+                    return false;
+                }
+                any = true;
+                bits &= bits - 1;
+            }
+        }
+        any
+    }
+
+    fn compute_mask(&mut self) -> Result<()> {
+        let mask = self.matcher.compute_mask().map_err(|e| self.failed(e))?;
+        self.mask = mask.as_slice().to_vec();
+        if self.mask.iter().all(|&w| w == 0) {
+            return Err(Error::invalid_argument(self.kind, "the constraint allows no token here"));
+        }
+        Ok(())
+    }
+
+    fn failed(&self, e: impl std::fmt::Display) -> Error {
+        Error::invalid_argument(self.kind, format!("the constraint's parser failed: {e}"))
+    }
+}

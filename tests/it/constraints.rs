@@ -1,0 +1,297 @@
+//! Output constraints (`Constraint`) on a small random model with Qwen3's
+//! vocabulary beside the Qwen3 tokenizer: every output matches its
+//! constraint (JSON checked by the `jsonschema` crate, an implementation
+//! independent of llguidance), under every way the engine chooses a token.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use qwen3_wgpu::{
+    AdapterPolicy, CachePolicy, Constraint, Engine, GenerateOptions, LoadOptions, Model, SamplingParams,
+    Session, StopReason, Tokenizer,
+};
+use serde_json::{json, Value};
+
+fn qwen3_tokenizer_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen3-tokenizer"))
+}
+
+/// One tokenizer for the module: its constraint vocabulary is built once.
+fn tokenizer() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| Tokenizer::from_checkpoint(qwen3_tokenizer_dir()).unwrap())
+}
+
+/// A small random model with Qwen3's vocabulary (hidden 128, one layer).
+fn model() -> &'static Model {
+    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
+    &M.get_or_init(|| small_model(None)).1
+}
+
+/// [`model`] with only Qwen3's first 8,192 tokens: every byte (ids 0-255)
+/// and the commonest words, so any text can still be spelled, and a step
+/// chooses among 19 times fewer logits (the many replies of the
+/// statistical tests; `<|im_end|>` lies past it, so a reply ends by its
+/// constraint's completion).
+fn short_vocab_model() -> &'static Model {
+    static M: OnceLock<(tempfile::TempDir, Model)> = OnceLock::new();
+    &M.get_or_init(|| small_model(Some(8192))).1
+}
+
+fn small_model(vocab: Option<usize>) -> (tempfile::TempDir, Model) {
+    {
+        let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg = qwen3_wgpu::ModelConfig::qwen3_0_6b_base();
+        if let Some(vocab) = vocab {
+            cfg.vocab_size = vocab;
+        }
+        cfg.hidden_size = 128;
+        cfg.intermediate_size = 256;
+        cfg.num_hidden_layers = 1;
+        cfg.num_attention_heads = 2;
+        cfg.num_key_value_heads = 1;
+        qwen3_wgpu::internals::testing::write_random_checkpoint(tmp.path(), &cfg, 11).unwrap();
+        let model = engine
+            .load(tmp.path(), &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() })
+            .unwrap();
+        (tmp, model)
+    }
+}
+
+/// Schemas a game would hand the engine: enums, bounded integers and
+/// strings, nested objects, bounded arrays, optional fields, no extra
+/// properties.
+fn schemas() -> Vec<Value> {
+    vec![
+        json!({
+            "type": "object",
+            "properties": {
+                "action": { "enum": ["attack", "flee", "talk", "trade"] },
+                "target": { "type": "string", "maxLength": 12 },
+                "intensity": { "type": "integer", "minimum": 1, "maximum": 10 }
+            },
+            "required": ["action", "intensity"],
+            "additionalProperties": false
+        }),
+        json!({
+            "type": "object",
+            "properties": {
+                "name": { "type": "string", "minLength": 1, "maxLength": 8 },
+                "stats": {
+                    "type": "object",
+                    "properties": {
+                        "hp": { "type": "integer", "minimum": 0, "maximum": 999 },
+                        "tags": { "type": "array", "items": { "enum": ["fire", "ice", "stone"] }, "maxItems": 3 }
+                    },
+                    "required": ["hp", "tags"],
+                    "additionalProperties": false
+                }
+            },
+            "required": ["name", "stats"],
+            "additionalProperties": false
+        }),
+        json!({
+            "type": "object",
+            "properties": {
+                "ok": { "type": "boolean" },
+                "note": { "type": "string", "maxLength": 10 },
+                "items": {
+                    "type": "array",
+                    "items": { "type": "integer", "minimum": -5, "maximum": 5 },
+                    "minItems": 1,
+                    "maxItems": 4
+                }
+            },
+            "required": ["ok", "items"],
+            "additionalProperties": false
+        }),
+    ]
+}
+
+/// Token budget of one reply: every schema above bounds its output well
+/// below it (strings of at most 12 characters, each at most a 6-byte
+/// escape).
+const BUDGET: usize = 400;
+
+/// The reply to a short prompt under `constraint`, on `session` (reset
+/// first), until the constraint is complete or the budget runs out.
+fn reply(session: &mut Session, constraint: &Constraint, sampling: &SamplingParams) -> (String, bool) {
+    session.truncate(0).unwrap();
+    session.set_sampling(sampling).unwrap();
+    session.set_constraint(Some(constraint)).unwrap();
+    // "The" and a few ids every vocabulary here holds.
+    let mut ids = vec![session.feed(&[785, 1052, 25]).unwrap()];
+    while !session.constraint_complete() && ids.len() < BUDGET {
+        ids.push(session.next_token().unwrap());
+    }
+    (tokenizer().decode(&ids).unwrap(), session.constraint_complete())
+}
+
+/// Every token-choice path: greedy, plain sampling, top-k, top-p, min-p
+/// and penalties.
+fn samplers(seed: u64) -> Vec<SamplingParams> {
+    let base = SamplingParams::default().temperature(1.0).seed(seed);
+    vec![
+        SamplingParams::greedy(),
+        base.clone(),
+        base.clone().top_k(40),
+        base.clone().top_p(0.9),
+        base.clone().min_p(0.05),
+        base.repetition_penalty(1.3).presence_penalty(0.5).frequency_penalty(0.5),
+    ]
+}
+
+/// The offset of the first whitespace outside a JSON string in `text`.
+fn whitespace_outside_strings(text: &str) -> Option<usize> {
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, c) in text.char_indices() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (_, false, '"') => in_string = !in_string,
+            (false, _, ' ' | '\n' | '\t' | '\r') => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[test]
+fn sampled_and_greedy_json_validates_against_its_schema() {
+    let mut session = short_vocab_model().session_with_capacity(512).unwrap();
+    for (s, schema) in schemas().iter().enumerate() {
+        let constraint = Constraint::json_schema(tokenizer(), schema).unwrap();
+        let validator = jsonschema::validator_for(schema).unwrap();
+        let mut runs = vec![SamplingParams::greedy()];
+        runs.extend((0..50).map(|seed| SamplingParams::default().temperature(1.0).seed(seed)));
+        runs.extend(samplers(1000 + s as u64));
+        for sampling in &runs {
+            let (text, complete) = reply(&mut session, &constraint, sampling);
+            assert!(complete, "schema {s} {sampling:?}: incomplete after {BUDGET} tokens: {text:?}");
+            let value: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("schema {s}: {text:?}: {e}"));
+            assert!(validator.is_valid(&value), "schema {s} {sampling:?}: {text} does not validate");
+            // Compact: no whitespace outside strings.
+            assert!(whitespace_outside_strings(&text).is_none(), "schema {s}: not compact: {text}");
+        }
+    }
+}
+
+#[test]
+fn regex_and_grammar_outputs_match() {
+    let mut session = short_vocab_model().session_with_capacity(512).unwrap();
+    let regex = Constraint::regex(tokenizer(), r"(yes|no), [0-9]{2,4} (gold|silver)\.").unwrap();
+    let re = |t: &str| {
+        let (answer, rest) = t.split_once(", ").expect("a comma");
+        let (digits, metal) = rest.split_once(' ').expect("a space");
+        ["yes", "no"].contains(&answer)
+            && (2..=4).contains(&digits.len())
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && ["gold.", "silver."].contains(&metal)
+    };
+    let grammar = Constraint::lark(
+        tokenizer(),
+        r#"start: move ("," move)? ("," move)? ("," move)?
+           move: DIR NUMBER
+           DIR: "north" | "south" | "east" | "west"
+           NUMBER: /[1-9]/"#,
+    )
+    .unwrap();
+    let moves = |t: &str| {
+        t.split(',').all(|m| {
+            let dir = ["north", "south", "east", "west"].into_iter().find(|d| m.starts_with(d));
+            dir.is_some_and(|d| m.len() == d.len() + 1 && (b'1'..=b'9').contains(&m.as_bytes()[d.len()]))
+        })
+    };
+    for seed in 0..5 {
+        for sampling in samplers(seed) {
+            let (text, complete) = reply(&mut session, &regex, &sampling);
+            assert!(complete && re(&text), "regex {sampling:?}: {text:?}");
+            let (text, complete) = reply(&mut session, &grammar, &sampling);
+            assert!(complete && moves(&text), "grammar {sampling:?}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn generate_stops_when_the_constraint_is_complete_and_lifting_it_restores_the_free_tokens() {
+    let model = model();
+    let prompt = tokenizer().encode("Say yes or no:").unwrap();
+    let yes_no = Constraint::regex(tokenizer(), "(yes|no)!").unwrap();
+    let options = GenerateOptions::default().max_new_tokens(50).constraint(&yes_no);
+    let out = model.generate_with(&prompt, &options, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_eq!(out.stop_reason, StopReason::ConstraintComplete);
+    assert_eq!(out.stop_reason.as_str(), "constraint_complete");
+    let text = tokenizer().decode(&out.token_ids[out.n_prompt..]).unwrap();
+    assert!(text == "yes!" || text == "no!", "{text:?}");
+
+    // A budget too small for the match: stopped by the budget, incomplete.
+    let options = GenerateOptions::default()
+        .max_new_tokens(1)
+        .constraint(&Constraint::regex(tokenizer(), "a{30}").unwrap());
+    let out = model.generate_with(&prompt, &options, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_eq!(out.stop_reason, StopReason::MaxNewTokens);
+
+    // Lifting a constraint gives the unconstrained tokens again.
+    let free = model.generate(&prompt, 8, |_| {}).unwrap().token_ids;
+    let mut session = model.session_with_capacity(64).unwrap();
+    session.set_constraint(Some(&yes_no)).unwrap();
+    session.set_constraint(None).unwrap();
+    let mut ids = prompt.clone();
+    ids.push(session.feed(&prompt).unwrap());
+    while ids.len() < free.len() {
+        ids.push(session.next_token().unwrap());
+    }
+    assert_eq!(ids, free);
+}
+
+#[test]
+fn bad_constraints_are_named_errors() {
+    let t = tokenizer();
+    let code_and_name = |e: qwen3_wgpu::Error| match e {
+        qwen3_wgpu::Error::InvalidArgument { name, reason } => (name, reason),
+        other => panic!("expected invalid_argument, got {other:?}"),
+    };
+    let (name, _) = code_and_name(Constraint::regex(t, "(unclosed").unwrap_err());
+    assert_eq!(name, "regex");
+    let (name, _) = code_and_name(Constraint::lark(t, "start: undefined_rule").unwrap_err());
+    assert_eq!(name, "grammar");
+    let (name, _) =
+        code_and_name(Constraint::json_schema(t, &json!({ "type": "no-such-type" })).unwrap_err());
+    assert_eq!(name, "json_schema");
+    let (name, reason) =
+        code_and_name(Constraint::regex(t, &"a".repeat(Constraint::MAX_SOURCE_LEN + 1)).unwrap_err());
+    assert_eq!(name, "regex");
+    assert!(reason.contains("MAX_SOURCE_LEN"), "{reason}");
+}
+
+#[test]
+fn a_constrained_session_in_a_batch_is_refused_by_name() {
+    let model = model();
+    let mut batch = model.batch(&qwen3_wgpu::BatchOptions::default().slots(2).capacity_per_slot(64)).unwrap();
+    let (mut a, mut b) = (batch.session().unwrap(), batch.session().unwrap());
+    a.feed(&[1, 2, 3]).unwrap();
+    b.feed(&[4, 5]).unwrap();
+    a.set_constraint(Some(&Constraint::json(tokenizer()).unwrap())).unwrap();
+    match batch.step(&mut [&mut a, &mut b]) {
+        Err(qwen3_wgpu::Error::InvalidArgument { name, .. }) => assert_eq!(name, "constraint"),
+        other => panic!("expected invalid_argument naming constraint, got {other:?}"),
+    }
+}
+
+/// A constraint set once covers every reply: each feed starts it over.
+#[test]
+fn each_feed_starts_the_constraint_over() {
+    let mut session = short_vocab_model().session_with_capacity(256).unwrap();
+    session.set_constraint(Some(&Constraint::regex(tokenizer(), "(yes|no)!").unwrap())).unwrap();
+    for turn in [&[785u32, 1052, 25][..], &[40, 1079], &[17]] {
+        let mut ids = vec![session.feed(turn).unwrap()];
+        while !session.constraint_complete() {
+            ids.push(session.next_token().unwrap());
+            assert!(ids.len() < 10, "{ids:?}");
+        }
+        let text = tokenizer().decode(&ids).unwrap();
+        assert!(text == "yes!" || text == "no!", "{text:?}");
+    }
+}
