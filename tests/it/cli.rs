@@ -639,3 +639,50 @@ fn logprobs_flag_adds_them_to_the_json() {
         expect_error(&decode(&[&base[..], &["--logprobs", "21"]].concat(), &[]), "invalid_argument");
     assert!(message.contains("logprobs"), "{message}");
 }
+
+/// `--regex`, `--json-schema` and `--grammar` constrain the output: the
+/// JSON's `"text"` matches and `"stop_reason"` is `constraint_complete`;
+/// two at once, a schema that is not JSON and a grammar that does not
+/// compile are `invalid_argument` naming them.
+#[test]
+fn constraint_flags_constrain_the_output() {
+    let (dir, _, _) = fixture_with_tokenizer();
+    let ckpt = dir.path().to_str().unwrap();
+    let common =
+        ["--checkpoint", ckpt, "--prompt-ids", "1,2,3", "--backend", "portable", "--no-cache", "--json"];
+    let run = |extra: &[&str]| decode(&[&common[..], &["--max-new-tokens", "40"], extra].concat(), &[]);
+    let out = run(&["--regex", "(yes|no), [0-9]{2}!"]);
+    let json = last_json(&out);
+    assert_eq!(json["stop_reason"], "constraint_complete", "{json}");
+    assert_eq!(json["constraint_complete"], true, "{json}");
+    let text = json["text"].as_str().unwrap();
+    assert!(text.starts_with("yes, ") || text.starts_with("no, "), "{text:?}");
+    let schema = dir.path().join("schema.json");
+    std::fs::write(&schema, r#"{"type": "object", "properties": {"hp": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["hp"], "additionalProperties": false}"#).unwrap();
+    let json = last_json(&run(&["--json-schema", schema.to_str().unwrap()]));
+    let value: Value = serde_json::from_str(json["text"].as_str().unwrap()).unwrap();
+    assert!(value["hp"].as_u64().is_some_and(|hp| hp <= 99), "{json}");
+    let grammar = dir.path().join("moves.lark");
+    std::fs::write(&grammar, "start: \"go \" DIR\nDIR: \"north\" | \"south\"\n").unwrap();
+    let json = last_json(&run(&["--grammar", grammar.to_str().unwrap()]));
+    assert!(["go north", "go south"].contains(&json["text"].as_str().unwrap()), "{json}");
+    // A budget too small: incomplete.
+    let json =
+        last_json(&decode(&[&common[..], &["--max-new-tokens", "1", "--regex", "a{20}"]].concat(), &[]));
+    assert_eq!(
+        (json["stop_reason"].as_str(), json["constraint_complete"].as_bool()),
+        (Some("max_new_tokens"), Some(false))
+    );
+
+    let message =
+        expect_error(&run(&["--regex", "a", "--grammar", grammar.to_str().unwrap()]), "invalid_argument");
+    assert!(message.contains("cannot be used with"), "{message}");
+    std::fs::write(&schema, "{not json").unwrap();
+    let message = expect_error(&run(&["--json-schema", schema.to_str().unwrap()]), "invalid_argument");
+    assert!(message.contains("--json-schema") && message.contains("not JSON"), "{message}");
+    std::fs::write(&grammar, "start: undefined_rule\n").unwrap();
+    let message = expect_error(&run(&["--grammar", grammar.to_str().unwrap()]), "invalid_argument");
+    assert!(message.contains("grammar"), "{message}");
+    let message = expect_error(&run(&["--regex", "(unclosed"]), "invalid_argument");
+    assert!(message.contains("regex"), "{message}");
+}
