@@ -110,7 +110,7 @@ pub(crate) mod tokenizer;
 pub use cache::CachePolicy;
 pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
-pub use constraint::Constraint;
+pub use constraint::{parse_tool_calls, Constraint, ParsedReply, ToolCall, ToolChoice};
 pub use conversation::{Chat, ChatReply};
 pub use engine::{
     decode, decode_with, DecodeResult, Engine, EngineBuilder, GenerateOptions, LoadOptions, Model,

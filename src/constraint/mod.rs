@@ -11,6 +11,7 @@
 //! [`GenerateOptions::constraint`](crate::GenerateOptions::constraint).
 
 mod state;
+mod tools;
 mod vocabulary;
 
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
 pub(crate) use state::ConstraintState;
+pub use tools::{parse_tool_calls, ParsedReply, ToolCall, ToolChoice};
 pub(crate) use vocabulary::ConstraintVocabulary;
 
 /// A compiled output constraint: what the generated text must match.
@@ -119,7 +121,7 @@ impl Constraint {
         Self::compile(tokenizer, "grammar", TopLevelGrammar::from_lark(grammar.to_string()))
     }
 
-    /// `"json_schema"`, `"json"`, `"regex"` or `"grammar"`.
+    /// `"json_schema"`, `"json"`, `"regex"`, `"grammar"` or `"tools"`.
     pub fn kind(&self) -> &'static str {
         self.kind
     }

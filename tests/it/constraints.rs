@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use qwen3_wgpu::{
     AdapterPolicy, CachePolicy, Constraint, Engine, GenerateOptions, LoadOptions, Model, SamplingParams,
-    Session, StopReason, Tokenizer,
+    Session, StopReason, Tokenizer, ToolChoice,
 };
 use serde_json::{json, Value};
 
@@ -293,5 +293,113 @@ fn each_feed_starts_the_constraint_over() {
         }
         let text = tokenizer().decode(&ids).unwrap();
         assert!(text == "yes!" || text == "no!", "{text:?}");
+    }
+}
+
+/// Game functions as tools, in the chat template's shape.
+fn game_tools() -> Vec<Value> {
+    vec![
+        json!({ "type": "function", "function": {
+            "name": "move_to", "description": "Walk to a place.",
+            "parameters": { "type": "object", "properties": {
+                "place": { "enum": ["tavern", "gate", "well"] },
+                "run": { "type": "boolean" } },
+                "required": ["place"], "additionalProperties": false } } }),
+        json!({ "type": "function", "function": {
+            "name": "give", "description": "Give gold.",
+            "parameters": { "type": "object", "properties": {
+                "gold": { "type": "integer", "minimum": 1, "maximum": 50 },
+                "to": { "type": "string", "maxLength": 10 } },
+                "required": ["gold", "to"], "additionalProperties": false } } }),
+    ]
+}
+
+/// `tool_choice` required or named: every reply is whole calls, of the
+/// allowed tools, with arguments valid under their schemas.
+#[test]
+fn required_tool_calls_validate_against_their_tools() {
+    let mut session = short_vocab_model().session_with_capacity(512).unwrap();
+    let tools = game_tools();
+    let validators: Vec<(String, jsonschema::Validator)> = tools
+        .iter()
+        .map(|t| {
+            (
+                t["function"]["name"].as_str().unwrap().to_string(),
+                jsonschema::validator_for(&t["function"]["parameters"]).unwrap(),
+            )
+        })
+        .collect();
+    let choices = [ToolChoice::Required, ToolChoice::Named("give".into())];
+    for choice in &choices {
+        let constraint = Constraint::tool_calls(tokenizer(), &tools, choice, 2).unwrap();
+        assert_eq!(constraint.kind(), "tools");
+        for seed in 0..8 {
+            let sampling = if seed == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams::default().temperature(1.0).seed(seed)
+            };
+            let (text, complete) = reply(&mut session, &constraint, &sampling);
+            let parsed = qwen3_wgpu::parse_tool_calls(&text);
+            assert!(complete && !parsed.incomplete && parsed.content.is_empty(), "{choice:?}: {text:?}");
+            assert!((1..=2).contains(&parsed.calls.len()), "{choice:?}: {text:?}");
+            assert!(text.starts_with("<tool_call>\n{\"name\": \""), "Qwen3's own layout: {text:?}");
+            for call in &parsed.calls {
+                if let ToolChoice::Named(name) = choice {
+                    assert_eq!(&call.name, name, "{text:?}");
+                }
+                let (_, v) = validators.iter().find(|(n, _)| *n == call.name).expect("a known tool");
+                assert!(v.is_valid(&call.arguments), "{text:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn tool_call_parsing_keeps_text_apart_and_drops_cut_calls() {
+    use qwen3_wgpu::parse_tool_calls;
+    let two = "Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+    let r = parse_tool_calls(two);
+    assert_eq!((r.content.as_str(), r.calls.len(), r.incomplete), ("Sure.", 2, false));
+    assert_eq!((r.calls[0].name.as_str(), &r.calls[0].arguments), ("a", &json!({ "x": 1 })));
+    assert_eq!(r.calls[1].name, "b");
+    // Cut off by the budget: not a call, and incomplete.
+    let r = parse_tool_calls("<tool_call>\n{\"name\": \"a\", \"argu");
+    assert!(r.calls.is_empty() && r.incomplete, "{r:?}");
+    // Closed but not a call (no arguments object, not JSON).
+    for bad in [
+        "{\"name\": \"a\"}",
+        "{\"name\": 3, \"arguments\": {}}",
+        "not json",
+        "{\"name\": \"a\", \"arguments\": []}",
+    ] {
+        let r = parse_tool_calls(&format!("x<tool_call>{bad}</tool_call>y"));
+        assert!(r.calls.is_empty() && r.incomplete && r.content == "xy", "{bad}: {r:?}");
+    }
+    let r = parse_tool_calls("no calls here");
+    assert_eq!((r.content.as_str(), r.calls.len(), r.incomplete), ("no calls here", 0, false));
+}
+
+#[test]
+fn bad_tool_lists_are_named_errors() {
+    let t = tokenizer();
+    let name_of = |e: qwen3_wgpu::Error| match e {
+        qwen3_wgpu::Error::InvalidArgument { name, reason } => (name, reason),
+        other => panic!("expected invalid_argument, got {other:?}"),
+    };
+    let (name, _) = name_of(Constraint::tool_calls(t, &[], &ToolChoice::Required, 1).unwrap_err());
+    assert_eq!(name, "tools");
+    let (name, reason) = name_of(
+        Constraint::tool_calls(t, &[json!({"type": "function", "function": {}})], &ToolChoice::Required, 1)
+            .unwrap_err(),
+    );
+    assert!(name == "tools" && reason.contains("entry 0"), "{reason}");
+    let (name, reason) =
+        name_of(Constraint::tool_calls(t, &game_tools(), &ToolChoice::Named("fly".into()), 1).unwrap_err());
+    assert!(name == "tools" && reason.contains("fly"), "{reason}");
+    for n in [0, Constraint::MAX_TOOL_CALLS + 1] {
+        let (name, _) =
+            name_of(Constraint::tool_calls(t, &game_tools(), &ToolChoice::Required, n).unwrap_err());
+        assert_eq!(name, "max_calls");
     }
 }
