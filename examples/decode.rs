@@ -52,8 +52,9 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
 use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
-    AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Constraint, Engine, Error, GenerateOptions,
-    KernelChoice, LoadOptions, Message, SamplingParams, ShapeProfile, StopMatcher, StopReason, Tokenizer,
+    parse_tool_calls, AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Constraint, Engine, Error,
+    GenerateOptions, KernelChoice, LoadOptions, Message, SamplingParams, ShapeProfile, StopMatcher,
+    StopReason, Tokenizer, ToolChoice,
 };
 use serde_json::json;
 
@@ -115,6 +116,17 @@ struct Args {
     /// FILE.
     #[arg(long, value_name = "FILE")]
     grammar: Option<PathBuf>,
+    /// Tools the model may call (with --chat): a JSON list of tool
+    /// definitions (`{"type": "function", "function": {"name",
+    /// "description", "parameters"}}`), rendered into the prompt; the JSON
+    /// output gets "tool_calls".
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json_schema", "regex", "grammar"])]
+    tools: Option<PathBuf>,
+    /// With --tools: `auto` (default: free text, calls read from it),
+    /// `required` (the reply is calls, constrained to the tools' schemas)
+    /// or a tool's name (calls of that tool only).
+    #[arg(long, value_name = "auto|required|NAME", requires = "tools")]
+    tool_choice: Option<String>,
     /// Adapters: `metal` (Apple GPUs only) or `portable` (any adapter
     /// wgpu offers). Default: QWEN3_WGPU_BACKEND, else metal.
     #[arg(long, value_name = "NAME", value_parser = parse_backend)]
@@ -182,14 +194,50 @@ struct Args {
 }
 
 impl Args {
-    /// Whether a constraint flag is given.
+    /// Whether a constraint flag is given (a tool choice other than auto
+    /// is one).
     fn constrained(&self) -> bool {
-        self.json_schema.is_some() || self.regex.is_some() || self.grammar.is_some()
+        self.json_schema.is_some()
+            || self.regex.is_some()
+            || self.grammar.is_some()
+            || self.tool_choice().is_some()
+    }
+
+    /// The tool choice that constrains the reply (`None`: auto).
+    fn tool_choice(&self) -> Option<ToolChoice> {
+        match self.tool_choice.as_deref() {
+            None | Some("auto") => None,
+            Some("required") => Some(ToolChoice::Required),
+            Some(name) => Some(ToolChoice::Named(name.to_string())),
+        }
+    }
+
+    /// The tool definitions of `--tools` (a JSON list).
+    fn tools(&self) -> Result<Option<Vec<serde_json::Value>>, Error> {
+        let Some(path) = &self.tools else { return Ok(None) };
+        let refuse = |reason: String| Error::InvalidArgument {
+            name: "--tools".into(),
+            reason: format!("{}: {reason}", path.display()),
+        };
+        let value: serde_json::Value = serde_json::from_str(&read_source("--tools", path)?)
+            .map_err(|e| refuse(format!("not JSON: {e}")))?;
+        let serde_json::Value::Array(tools) = value else {
+            return Err(refuse("not a JSON list of tools".into()));
+        };
+        for (i, tool) in tools.iter().enumerate() {
+            let function = tool.get("function").unwrap_or(tool);
+            if !function.get("name").is_some_and(serde_json::Value::is_string) {
+                return Err(refuse(format!("entry {i} has no string \"name\" (in \"function\" or itself)")));
+            }
+        }
+        Ok(Some(tools))
     }
 
     /// The constraint the flags ask for, compiled against `tokenizer`.
     fn constraint(&self, tokenizer: &Tokenizer) -> Result<Constraint, Error> {
-        if let Some(path) = &self.json_schema {
+        if let (Some(choice), Some(tools)) = (self.tool_choice(), self.tools()?) {
+            Constraint::tool_calls(tokenizer, &tools, &choice, Constraint::MAX_TOOL_CALLS)
+        } else if let Some(path) = &self.json_schema {
             let schema = serde_json::from_str(&read_source("--json-schema", path)?).map_err(|e| {
                 Error::InvalidArgument {
                     name: "--json-schema".into(),
@@ -414,6 +462,9 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     if args.no_think && !args.chat {
         return Err(Error::InvalidArgument { name: "--no-think".into(), reason: "needs --chat".into() });
     }
+    if args.tools.is_some() && !args.chat {
+        return Err(Error::InvalidArgument { name: "--tools".into(), reason: "needs --chat".into() });
+    }
     if (args.chat || args.print_prompt) && args.prompt.is_none() {
         let flag = if args.chat { "--chat" } else { "--print-prompt" };
         return Err(Error::InvalidArgument { name: flag.into(), reason: "needs --prompt TEXT".into() });
@@ -430,6 +481,9 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             let mut options = ChatOptions::default();
             if args.no_think {
                 options = options.enable_thinking(false);
+            }
+            if let Some(tools) = args.tools()? {
+                options = options.tools(tools);
             }
             let conversation = [Message::user(text.clone())];
             let rendered = template.render(&conversation, &options)?;
@@ -608,6 +662,20 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         result["text"] = json!(t.decode(&ids)?);
         result["constraint_complete"] =
             json!(matches!(out.stop_reason, StopReason::ConstraintComplete | StopReason::EndOfText));
+    }
+    if let (Some(_), Some(t)) = (&args.tools, tokenizer.as_ref()) {
+        // The calls the reply made (an end-of-text token that ended it left out).
+        let mut ids = out.generated_ids().to_vec();
+        if out.stop_reason == StopReason::EndOfText {
+            ids.pop();
+        }
+        let text = t.decode(&ids)?;
+        let reply = parse_tool_calls(&text);
+        let calls: Vec<serde_json::Value> =
+            reply.calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect();
+        result["text"] = json!(text);
+        result["tool_calls"] = json!(calls);
+        result["tool_calls_incomplete"] = json!(reply.incomplete);
     }
     if args.logprobs > 0 {
         let per_token: Vec<serde_json::Value> = out

@@ -686,3 +686,53 @@ fn constraint_flags_constrain_the_output() {
     let message = expect_error(&run(&["--regex", "(unclosed"]), "invalid_argument");
     assert!(message.contains("regex"), "{message}");
 }
+
+/// `--tools` with `--chat`: the tools are rendered into the prompt,
+/// `--tool-choice NAME` makes the reply calls of that tool with valid
+/// arguments, reported as `"tool_calls"`; misuse names the flag.
+#[test]
+fn tools_flag_renders_the_tools_and_reports_the_calls() {
+    let tmp = small_chat_checkpoint();
+    let ckpt = tmp.path().to_str().unwrap();
+    let tools = tmp.path().join("tools.json");
+    std::fs::write(
+        &tools,
+        r#"[{"type": "function", "function": {"name": "give", "description": "Give gold.",
+            "parameters": {"type": "object", "properties": {"gold": {"type": "integer", "minimum": 1, "maximum": 50}},
+                           "required": ["gold"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "wave", "parameters": {"type": "object"}}}]"#,
+    )
+    .unwrap();
+    let tools = tools.to_str().unwrap();
+    let common =
+        ["--checkpoint", ckpt, "--backend", "portable", "--no-cache", "--chat", "--prompt", "Pay me."];
+    let prompt =
+        last_json(&decode(&[&common[..], &["--tools", tools, "--print-prompt", "--json"]].concat(), &[]));
+    let prompt = prompt["prompt"].as_str().unwrap();
+    assert!(prompt.contains("<tools>") && prompt.contains("\"name\": \"give\""), "{prompt}");
+
+    let run = |extra: &[&str]| decode(&[&common[..], &["--tools", tools, "--json"], extra].concat(), &[]);
+    let json = last_json(&run(&["--tool-choice", "give", "--max-new-tokens", "40"]));
+    let calls = json["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{json}");
+    for call in calls {
+        assert_eq!(call["name"], "give", "{json}");
+        let gold = call["arguments"]["gold"].as_u64().unwrap();
+        assert!((1..=50).contains(&gold), "{json}");
+    }
+    // auto: a free reply, its calls (none from random weights, most likely) listed.
+    let json = last_json(&run(&["--max-new-tokens", "2"]));
+    assert!(json["tool_calls"].is_array(), "{json}");
+
+    let message = expect_error(&run(&["--tool-choice", "fly", "--max-new-tokens", "2"]), "invalid_argument");
+    assert!(message.contains("fly"), "{message}");
+    let no_chat =
+        ["--checkpoint", ckpt, "--backend", "portable", "--prompt", "x", "--tools", tools, "--json"];
+    let message = expect_error(&decode(&no_chat, &[]), "invalid_argument");
+    assert!(message.contains("--tools") && message.contains("--chat"), "{message}");
+    let bad = tmp.path().join("bad_tools.json");
+    std::fs::write(&bad, r#"[{"type": "function", "function": {"name": "ok"}}, {"function": {}}]"#).unwrap();
+    let out = decode(&[&common[..], &["--tools", bad.to_str().unwrap(), "--json"]].concat(), &[]);
+    let message = expect_error(&out, "invalid_argument");
+    assert!(message.contains("--tools") && message.contains("entry 1"), "{message}");
+}
