@@ -122,9 +122,9 @@ struct Args {
     /// output gets "tool_calls".
     #[arg(long, value_name = "FILE", conflicts_with_all = ["json_schema", "regex", "grammar"])]
     tools: Option<PathBuf>,
-    /// With --tools: `auto` (default: free text, calls read from it),
-    /// `required` (the reply is calls, constrained to the tools' schemas)
-    /// or a tool's name (calls of that tool only).
+    /// With --tools: `auto` (default: free text until the model starts a
+    /// call, the calls constrained to the tools' schemas), `required` (the
+    /// reply is calls) or a tool's name (calls of that tool only).
     #[arg(long, value_name = "auto|required|NAME", requires = "tools")]
     tool_choice: Option<String>,
     /// Adapters: `metal` (Apple GPUs only) or `portable` (any adapter
@@ -194,8 +194,7 @@ struct Args {
 }
 
 impl Args {
-    /// Whether a constraint flag is given (a tool choice other than auto
-    /// is one).
+    /// Whether a constraint flag is given (--tools is one).
     fn constrained(&self) -> bool {
         self.json_schema.is_some()
             || self.regex.is_some()
@@ -203,13 +202,14 @@ impl Args {
             || self.tool_choice().is_some()
     }
 
-    /// The tool choice that constrains the reply (`None`: auto).
+    /// The tool choice that constrains the reply (`None` without --tools).
     fn tool_choice(&self) -> Option<ToolChoice> {
-        match self.tool_choice.as_deref() {
-            None | Some("auto") => None,
-            Some("required") => Some(ToolChoice::Required),
-            Some(name) => Some(ToolChoice::Named(name.to_string())),
-        }
+        self.tools.as_ref()?;
+        Some(match self.tool_choice.as_deref() {
+            None | Some("auto") => ToolChoice::Auto,
+            Some("required") => ToolChoice::Required,
+            Some(name) => ToolChoice::Named(name.to_string()),
+        })
     }
 
     /// The tool definitions of `--tools` (a JSON list).

@@ -291,8 +291,14 @@ impl Session {
     /// Advances the constraint past `token`, a token just returned, and
     /// puts the next mask on the GPU (queued before the next step).
     pub(super) fn advance_constraint(&mut self, token: u32) -> Result<()> {
-        if let Some(c) = &mut self.constraint {
-            c.consume(token)?;
+        let Some(c) = &mut self.constraint else { return Ok(()) };
+        let was_dormant = c.is_dormant();
+        let woke = c.consume(token)?;
+        if woke {
+            // The steps queued past the trigger chose freely: choose again.
+            self.discard_queued()?;
+        }
+        if !was_dormant || woke {
             self.write_token_mask();
         }
         Ok(())
@@ -316,10 +322,10 @@ impl Session {
         }
     }
 
-    /// The lookahead in effect: 1 while constrained (each step's mask
-    /// waits for the token before it).
+    /// The lookahead in effect: 1 while a constraint is awake (each step's
+    /// mask waits for the token before it).
     pub(super) fn effective_lookahead(&self) -> usize {
-        if self.constraint.is_some() {
+        if self.constraint.as_ref().is_some_and(|c| !c.is_dormant()) {
             1
         } else {
             self.lookahead

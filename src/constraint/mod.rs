@@ -60,6 +60,8 @@ pub struct Constraint {
     /// The compiled grammar, cloned for each session that uses it.
     parser: Arc<Mutex<TokenParser>>,
     vocabulary: Arc<ConstraintVocabulary>,
+    /// The token after which the constraint starts ([`Self::after_token`]).
+    trigger: Option<u32>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -126,13 +128,30 @@ impl Constraint {
         self.kind
     }
 
+    /// This constraint lying dormant until `token` is chosen: a reply is
+    /// free (every token allowed, steps queued ahead as usual) until it
+    /// holds `token`, and the tokens after it must match the constraint
+    /// (the steps queued past it are discarded and chosen again under the
+    /// mask). This is how a tool call is constrained once the model starts
+    /// one (`<tool_call>`) without constraining the text before it
+    /// ([`ToolChoice::Auto`]).
+    pub fn after_token(mut self, token: u32) -> Self {
+        self.trigger = Some(token);
+        self
+    }
+
+    /// The token it lies dormant until ([`Self::after_token`]).
+    pub(crate) fn trigger(&self) -> Option<u32> {
+        self.trigger
+    }
+
     fn compile(tokenizer: &Tokenizer, kind: &'static str, grammar: TopLevelGrammar) -> Result<Self> {
         let vocabulary = tokenizer.derived(ConstraintVocabulary::new)?;
         let parser = vocabulary
             .factory
             .create_parser(grammar)
             .map_err(|e| Error::invalid_argument(kind, format!("cannot compile the constraint: {e}")))?;
-        Ok(Self { kind, parser: Arc::new(Mutex::new(parser)), vocabulary })
+        Ok(Self { kind, parser: Arc::new(Mutex::new(parser)), vocabulary, trigger: None })
     }
 
     /// A fresh parser state for one reply.

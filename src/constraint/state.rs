@@ -17,6 +17,8 @@ pub(crate) struct ConstraintState {
     vocabulary: Arc<ConstraintVocabulary>,
     /// The mask of the tokens allowed next (llguidance's bit layout).
     mask: Vec<u32>,
+    /// Waiting for the constraint's trigger token: every token allowed.
+    dormant: bool,
 }
 
 impl ConstraintState {
@@ -26,8 +28,9 @@ impl ConstraintState {
         vocabulary: Arc<ConstraintVocabulary>,
     ) -> Result<Self> {
         let kind = source.kind();
+        let dormant = source.trigger().is_some();
         let mut state =
-            Self { source, kind, matcher: Matcher::new(Ok(parser)), vocabulary, mask: Vec::new() };
+            Self { source, kind, matcher: Matcher::new(Ok(parser)), vocabulary, mask: Vec::new(), dormant };
         state.compute_mask()?;
         Ok(state)
     }
@@ -46,8 +49,12 @@ impl ConstraintState {
     /// `vocab_size` logits (ids past the tokenizer's are never allowed).
     pub(crate) fn mask_words(&self, vocab_size: usize) -> Vec<u32> {
         let mut words = vec![0u32; crate::kernels::mask::words(vocab_size as u32)];
-        let n = words.len().min(self.mask.len());
-        words[..n].copy_from_slice(&self.mask[..n]);
+        if self.dormant {
+            words.fill(u32::MAX);
+        } else {
+            let n = words.len().min(self.mask.len());
+            words[..n].copy_from_slice(&self.mask[..n]);
+        }
         // Clear bits past the vocabulary of the logits.
         if !vocab_size.is_multiple_of(32) {
             if let Some(last) = words.last_mut() {
@@ -59,13 +66,27 @@ impl ConstraintState {
 
     /// Whether `token` is allowed next.
     pub(crate) fn allows(&self, token: u32) -> bool {
+        if self.dormant {
+            return true;
+        }
         let t = token as usize;
         self.mask.get(t / 32).is_some_and(|w| w & (1 << (t % 32)) != 0)
     }
 
+    /// True while the constraint waits for its trigger token (every token
+    /// allowed).
+    pub(crate) fn is_dormant(&self) -> bool {
+        self.dormant
+    }
+
     /// Advances past `token` (chosen under the current mask) and computes
-    /// the next mask.
-    pub(crate) fn consume(&mut self, token: u32) -> Result<()> {
+    /// the next mask. True when `token` was the trigger that wakes a
+    /// dormant constraint (the tokens after it are constrained).
+    pub(crate) fn consume(&mut self, token: u32) -> Result<bool> {
+        if self.dormant {
+            self.dormant = self.source.trigger() != Some(token);
+            return Ok(!self.dormant);
+        }
         if !self.allows(token) {
             return Err(Error::internal(format!(
                 "token {token} was chosen although the {} constraint forbids it",
@@ -76,12 +97,15 @@ impl ConstraintState {
         if !self.matcher.is_stopped() {
             self.compute_mask()?;
         }
-        Ok(())
+        Ok(false)
     }
 
     /// True once the grammar is complete: nothing but end-of-text may
     /// follow (or the parser stopped, after an end-of-text token).
     pub(crate) fn is_complete(&self) -> bool {
+        if self.dormant {
+            return false;
+        }
         if self.matcher.is_stopped() {
             return true;
         }

@@ -13,6 +13,10 @@ use crate::tokenizer::Tokenizer;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ToolChoice {
+    /// The reply is free text until the model starts a call (Qwen3's
+    /// `<tool_call>` token); from there on it is calls of any of the
+    /// tools, constrained as with [`Required`](Self::Required).
+    Auto,
     /// The reply is one or more calls, of any of the tools.
     Required,
     /// The reply is one or more calls of the tool of this name.
@@ -95,7 +99,9 @@ impl Constraint {
     /// Most calls [`tool_calls`](Self::tool_calls) lets one reply make.
     pub const MAX_TOOL_CALLS: usize = 64;
 
-    /// A reply that is 1 to `max_calls` Qwen3 tool calls (one per line), each
+    /// A reply that is 1 to `max_calls` Qwen3 tool calls (one per line; with
+    /// [`ToolChoice::Auto`], free text until the model's `<tool_call>`
+    /// token, then the calls), each
     /// `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>` with
     /// NAME one of `tools` (all, or the one `choice` names) and ARGS valid
     /// under that tool's `parameters` schema. `tools` are the chat
@@ -159,11 +165,74 @@ impl Constraint {
             "anyOf": variants,
             "x-guidance": { "item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false }
         });
-        // At most `max_calls`: each further call optional.
-        let more = " (\"\\n\" call)?".repeat(max_calls - 1);
-        let grammar = format!("start: call{more}\ncall: \"{OPEN}\\n\" %json {schema} \"\\n{CLOSE}\"\n");
+        // The first call's opening (after the trigger token, for auto),
+        // then at most `max_calls - 1` further calls, each optional.
+        let body = format!("%json {schema} \"\\n{CLOSE}\"");
+        let first = match choice {
+            ToolChoice::Auto => "\"\\n\"".to_string(),
+            _ => format!("\"{OPEN}\\n\""),
+        };
+        let more = format!(" (\"\\n{OPEN}\\n\" {body})?").repeat(max_calls - 1);
+        let grammar = format!("start: {first} {body}{more}\n");
         let mut constraint = Self::lark(tokenizer, &grammar)?;
         constraint.kind = "tools";
+        if *choice == ToolChoice::Auto {
+            let trigger = tokenizer.token_id(OPEN).ok_or_else(|| {
+                Error::invalid_argument(
+                    "tools",
+                    format!("tool choice auto needs the tokenizer's {OPEN} token"),
+                )
+            })?;
+            constraint = constraint.after_token(trigger);
+        }
         Ok(constraint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3-tokenizer");
+        Tokenizer::from_checkpoint(&dir).unwrap()
+    }
+
+    /// Auto: dormant (everything allowed) until `<tool_call>`, then a call
+    /// as Qwen3 writes it is allowed token by token and completes it; a
+    /// call of an unknown tool is not allowed.
+    #[test]
+    fn auto_wakes_at_the_tool_call_token() {
+        let t = tokenizer();
+        let tools = [
+            json!({"type": "function", "function": {"name": "give", "parameters": {"type": "object",
+            "properties": {"gold": {"type": "integer"}}, "required": ["gold"], "additionalProperties": false}}}),
+        ];
+        let c = Constraint::tool_calls(&t, &tools, &ToolChoice::Auto, 1).unwrap();
+        let trigger = t.token_id(OPEN).unwrap();
+        assert_eq!(c.trigger(), Some(trigger));
+        let mut state = c.start().unwrap();
+        for id in t.encode("Here you go. <").unwrap() {
+            assert!(state.allows(id) && !state.consume(id).unwrap() && state.is_dormant());
+        }
+        assert!(state.consume(trigger).unwrap(), "the trigger wakes it");
+        assert!(!state.is_dormant() && !state.is_complete());
+        let call = t.encode("\n{\"name\": \"give\", \"arguments\": {\"gold\": 5}}\n</tool_call>").unwrap();
+        for &id in &call {
+            assert!(state.allows(id), "token {id} of the call");
+            state.consume(id).unwrap();
+        }
+        assert!(state.is_complete());
+
+        let mut state = c.start().unwrap();
+        state.consume(trigger).unwrap();
+        let wrong = t.encode("\n{\"name\": \"take\"").unwrap();
+        assert!(wrong.iter().any(|&id| {
+            let allowed = state.allows(id);
+            if allowed {
+                state.consume(id).unwrap();
+            }
+            !allowed
+        }));
     }
 }

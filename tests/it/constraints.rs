@@ -403,3 +403,30 @@ fn bad_tool_lists_are_named_errors() {
         assert_eq!(name, "max_calls");
     }
 }
+
+/// A constraint after a token: the reply is the free run's tokens up to
+/// and including the trigger (the dormant mask changes nothing), then the
+/// constraint's match; at the default lookahead, so steps queued past the
+/// trigger are chosen again.
+#[test]
+fn a_constraint_after_a_token_leaves_the_text_before_it_free() {
+    let model = short_vocab_model();
+    let prompt = [785u32, 1052, 25];
+    let mut free = model.session_with_capacity(64).unwrap();
+    let mut run = vec![free.feed(&prompt).unwrap()];
+    while run.len() < 12 {
+        run.push(free.next_token().unwrap());
+    }
+    // The first token that did not come before it, from the fourth on.
+    let at = (3..run.len()).find(|&i| !run[..i].contains(&run[i])).expect("a new token");
+    let after = Constraint::regex(tokenizer(), "!!x").unwrap().after_token(run[at]);
+    let mut session = model.session_with_capacity(64).unwrap();
+    session.set_constraint(Some(&after)).unwrap();
+    let mut ids = vec![session.feed(&prompt).unwrap()];
+    while !session.constraint_complete() {
+        ids.push(session.next_token().unwrap());
+        assert!(ids.len() < 40, "{ids:?}");
+    }
+    assert_eq!(ids[..=at], run[..=at], "free up to the trigger");
+    assert_eq!(tokenizer().decode(&ids[at + 1..]).unwrap(), "!!x");
+}
