@@ -222,7 +222,7 @@ impl Chat {
             self.resync();
         }
         let reply = out?;
-        self.messages.push(Message::assistant(reply.text.clone()));
+        self.messages.push(self.assistant_message(&reply.text));
         Ok(reply)
     }
 
@@ -247,6 +247,7 @@ impl Chat {
             self.held.truncate(keep);
         }
         let start = self.held.len();
+        self.session.set_constraint(options.constraint_in_use())?;
         let t0 = Instant::now();
         let mut token = self.session.feed(&ids[start..])?;
         self.held.extend_from_slice(&ids[start..]);
@@ -288,6 +289,10 @@ impl Chat {
                 reply.stop_reason = StopReason::Callback;
                 break;
             }
+            if self.session.constraint_complete() {
+                reply.stop_reason = StopReason::ConstraintComplete;
+                break;
+            }
             if reply.token_ids.len() >= options.max_new_tokens {
                 break;
             }
@@ -309,6 +314,24 @@ impl Chat {
             }
         }
         Ok(reply)
+    }
+
+    /// The assistant's message for a reply's text: with tools in the
+    /// options, its whole tool calls as the message's `tool_calls` and the
+    /// text outside them as its content (as transformers holds a parsed
+    /// reply), so the template renders the calls itself.
+    fn assistant_message(&self, text: &str) -> Message {
+        if self.options.tools.is_empty() {
+            return Message::assistant(text);
+        }
+        let parsed = crate::constraint::parse_tool_calls(text);
+        if parsed.calls.is_empty() {
+            return Message::assistant(text);
+        }
+        parsed
+            .calls
+            .into_iter()
+            .fold(Message::assistant(parsed.content), |m, call| m.with_tool_call(call.name, call.arguments))
     }
 
     /// After a failed turn: `held` from what the session really holds (or

@@ -234,6 +234,11 @@ impl GenerateOptions {
         self
     }
 
+    /// The constraint set by [`constraint`](Self::constraint), if any.
+    pub fn constraint_in_use(&self) -> Option<&Constraint> {
+        self.constraint.as_ref()
+    }
+
     /// Sets the token budget.
     pub fn max_new_tokens(mut self, n: usize) -> Self {
         self.max_new_tokens = n;

@@ -736,3 +736,33 @@ fn tools_flag_renders_the_tools_and_reports_the_calls() {
     let message = expect_error(&out, "invalid_argument");
     assert!(message.contains("--tools") && message.contains("entry 1"), "{message}");
 }
+
+/// The `tools` example on a random checkpoint: with `--tool-choice
+/// required`, each turn's calls are the game's functions with valid
+/// arguments, their results go back, and it ends at the end of input.
+#[test]
+fn tools_example_calls_the_game_functions() {
+    let tmp = small_chat_checkpoint();
+    let out = Command::new(crate::support::example_bin("tools"))
+        .args(["--checkpoint", tmp.path().to_str().unwrap(), "--backend", "portable", "--no-cache"])
+        .args(["--tool-choice", "required", "--max-new-tokens", "48"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(b"Pay me.\n")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let calls: Vec<&str> = text.lines().filter(|l| l.starts_with("call ")).collect();
+    assert!(!calls.is_empty(), "{text}");
+    for call in calls {
+        let ok = call.starts_with("call give_gold({\"amount\":") && call.contains("-> {\"player_gold\":")
+            || call.starts_with("call walk_to({\"place\":") && call.contains("-> {\"npc_at\":");
+        assert!(ok, "{call}");
+    }
+}
