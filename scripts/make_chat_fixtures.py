@@ -276,6 +276,109 @@ QWEN3_CASES = [
     },
 ]
 
+GAME_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "give_gold",
+            "description": "Give the player gold.",
+            "parameters": {
+                "type": "object",
+                "properties": {"amount": {"type": "integer", "minimum": 1, "maximum": 100}},
+                "required": ["amount"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "walk_to",
+            "description": "Walk to a place in the village.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "place": {"enum": ["forge", "tavern", "gate"]},
+                    "route": {"type": "object", "properties": {"avoid": {"type": "array", "items": {"type": "string"}}}},
+                },
+                "required": ["place"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "wave", "description": "Wave at the player."}},
+]
+
+QWEN3_CASES += [
+    {
+        "name": "tools_one_tool_prompt_only_thinking_on",
+        "messages": [{"role": "user", "content": "How is the weather in Oslo?"}],
+        "tools": [WEATHER_TOOL],
+        "add_generation_prompt": True,
+        "enable_thinking": True,
+    },
+    {
+        "name": "tools_several_prompt_only_thinking_off",
+        "messages": [
+            {"role": "system", "content": "You are Mira, the blacksmith of Oakvale."},
+            {"role": "user", "content": "Pay me for the wolf pelts, then meet me at the gate."},
+        ],
+        "tools": GAME_TOOLS,
+        "add_generation_prompt": True,
+        "enable_thinking": False,
+    },
+    {
+        "name": "tools_several_calls_in_one_turn_and_their_results",
+        "messages": [
+            {"role": "system", "content": "You are Mira."},
+            {"role": "user", "content": "Pay me 20 and walk to the tavern."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    tool_call("give_gold", {"amount": 20}),
+                    tool_call("walk_to", {"place": "tavern", "route": {"avoid": ["gate", "well"]}}),
+                    tool_call("wave", {}),
+                ],
+            },
+            {"role": "tool", "content": "{\"player_gold\": 32}"},
+            {"role": "tool", "content": "{\"npc_at\": \"tavern\"}"},
+            {"role": "tool", "content": "waved"},
+            {"role": "assistant", "content": "Here is your gold. See you at the tavern!"},
+        ],
+        "tools": GAME_TOOLS,
+        "add_generation_prompt": False,
+        "enable_thinking": False,
+    },
+    {
+        "name": "tools_npc_loop_after_a_result_thinking_on",
+        "messages": [
+            {"role": "user", "content": "Pay me."},
+            {
+                "role": "assistant",
+                "content": "<think>\nThe player earned it.\n</think>\n\n",
+                "tool_calls": [tool_call("give_gold", {"amount": 5})],
+            },
+            {"role": "tool", "content": "{\"player_gold\": 5}"},
+        ],
+        "tools": GAME_TOOLS,
+        "add_generation_prompt": True,
+        "enable_thinking": True,
+    },
+    {
+        "name": "tools_second_round_after_an_earlier_call",
+        "messages": [
+            {"role": "user", "content": "Wave at me."},
+            {"role": "assistant", "content": "Of course.", "tool_calls": [tool_call("wave", {})]},
+            {"role": "tool", "content": "waved"},
+            {"role": "assistant", "content": "Hello there!"},
+            {"role": "user", "content": "Now go to the forge."},
+        ],
+        "tools": GAME_TOOLS,
+        "add_generation_prompt": True,
+        "enable_thinking": False,
+    },
+]
+
 QWEN3_CASES += [
     {
         "name": "continue_final_message",
