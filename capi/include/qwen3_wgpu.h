@@ -414,6 +414,34 @@ enum q3w_status q3w_session_clear_constraint(struct q3w_session *session);
 // false without a constraint.
 enum q3w_status q3w_session_constraint_complete(struct q3w_session *session, bool *out_complete);
 
+// Constrains each reply of `session` to Qwen3 tool calls of the tools in
+// `tools_json` (a JSON list of `{"type": "function", "function": {"name",
+// "description", "parameters"}}`, as the chat template takes them), at
+// most `max_calls` (1 to 64) a reply, each call's arguments valid under
+// its tool's `parameters` schema. `tool_choice`: `"auto"` (free text until
+// the model's `<tool_call>` token, then calls), `"required"` (the reply is
+// calls) or a tool's name (calls of that tool). Read the calls back with
+// `q3w_parse_tool_calls`. A list that is not JSON or has an entry without
+// a name is `Q3W_INVALID_ARGUMENT` naming `tools` (and the entry); an
+// unknown tool name or a `max_calls` out of range names `tools` or
+// `max_calls`.
+enum q3w_status q3w_session_set_tools(struct q3w_session *session,
+                                      const struct q3w_tokenizer *tokenizer,
+                                      const char *tools_json,
+                                      const char *tool_choice,
+                                      size_t max_calls);
+
+// Reads the tool calls out of a reply's text (`text_len` bytes of UTF-8)
+// as Qwen3 writes them, into a new JSON string for `q3w_string_free`:
+// `{"content": TEXT OUTSIDE THE CALLS, "calls": [{"name", "arguments"}],
+// "incomplete": BOOL}` (`incomplete`: a call was cut off or not valid
+// JSON, and is left out). `out_len` may be NULL. Text that is not UTF-8
+// is `Q3W_INVALID_ARGUMENT` naming `text`.
+enum q3w_status q3w_parse_tool_calls(const char *text,
+                                     size_t text_len,
+                                     char **out_json,
+                                     size_t *out_len);
+
 // Sets `options` to the defaults and its `struct_size` to `struct_size`,
 // which is `sizeof(q3w_engine_options)` as the caller's header declares it:
 // only that many bytes are written.

@@ -1,12 +1,14 @@
-//! Output constraints on a session: a JSON schema, a regular expression or
-//! a Lark grammar, compiled against a tokenizer's vocabulary.
+//! Output constraints on a session: a JSON schema, a regular expression, a
+//! Lark grammar or tool calls, compiled against a tokenizer's vocabulary;
+//! and reading tool calls out of a reply.
 
 use std::ffi::c_char;
 
-use qwen3_wgpu::{Constraint, Result};
+use qwen3_wgpu::{Constraint, Result, ToolChoice};
 
 use super::{q3w_session, q3w_tokenizer};
-use crate::{exclusive, invalid, out, put, q3w_status, run, shared, text};
+use crate::owned::put_string;
+use crate::{array, clear, exclusive, invalid, out, put, q3w_status, run, shared, text};
 
 /// Sets `constraint` (built from `tokenizer`'s vocabulary) on `session`.
 ///
@@ -106,5 +108,72 @@ pub unsafe extern "C" fn q3w_session_constraint_complete(
         out(out_complete, "out_complete")?;
         unsafe { put(out_complete, s.session.constraint_complete()) };
         Ok(())
+    })
+}
+
+/// Constrains each reply of `session` to Qwen3 tool calls of the tools in
+/// `tools_json` (a JSON list of `{"type": "function", "function": {"name",
+/// "description", "parameters"}}`, as the chat template takes them), at
+/// most `max_calls` (1 to 64) a reply, each call's arguments valid under
+/// its tool's `parameters` schema. `tool_choice`: `"auto"` (free text until
+/// the model's `<tool_call>` token, then calls), `"required"` (the reply is
+/// calls) or a tool's name (calls of that tool). Read the calls back with
+/// `q3w_parse_tool_calls`. A list that is not JSON or has an entry without
+/// a name is `Q3W_INVALID_ARGUMENT` naming `tools` (and the entry); an
+/// unknown tool name or a `max_calls` out of range names `tools` or
+/// `max_calls`.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_set_tools(
+    session: *mut q3w_session,
+    tokenizer: *const q3w_tokenizer,
+    tools_json: *const c_char,
+    tool_choice: *const c_char,
+    max_calls: usize,
+) -> q3w_status {
+    run("q3w_session_set_tools", || {
+        // SAFETY: the pointers are as the header says.
+        let choice = match unsafe { text(tool_choice, "tool_choice") }? {
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            name => ToolChoice::Named(name.to_string()),
+        };
+        unsafe {
+            set(session, tokenizer, tools_json, "tools", |t, source| {
+                let tools: Vec<serde_json::Value> = serde_json::from_str(source)
+                    .map_err(|e| invalid("tools", format!("not a JSON list of tools: {e}")))?;
+                Constraint::tool_calls(t, &tools, &choice, max_calls)
+            })
+        }
+    })
+}
+
+/// Reads the tool calls out of a reply's text (`text_len` bytes of UTF-8)
+/// as Qwen3 writes them, into a new JSON string for `q3w_string_free`:
+/// `{"content": TEXT OUTSIDE THE CALLS, "calls": [{"name", "arguments"}],
+/// "incomplete": BOOL}` (`incomplete`: a call was cut off or not valid
+/// JSON, and is left out). `out_len` may be NULL. Text that is not UTF-8
+/// is `Q3W_INVALID_ARGUMENT` naming `text`.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_parse_tool_calls(
+    text: *const c_char,
+    text_len: usize,
+    out_json: *mut *mut c_char,
+    out_len: *mut usize,
+) -> q3w_status {
+    run("q3w_parse_tool_calls", || {
+        // SAFETY: the pointers are as the header says.
+        unsafe { clear(out_json) };
+        let bytes = unsafe { array(text.cast::<u8>(), text_len, "text") }?;
+        let text = std::str::from_utf8(bytes).map_err(|e| invalid("text", format!("not UTF-8: {e}")))?;
+        out(out_json, "out_json")?;
+        let reply = qwen3_wgpu::parse_tool_calls(text);
+        let calls: Vec<serde_json::Value> = reply
+            .calls
+            .iter()
+            .map(|c| serde_json::json!({ "name": c.name, "arguments": c.arguments }))
+            .collect();
+        let json =
+            serde_json::json!({ "content": reply.content, "calls": calls, "incomplete": reply.incomplete });
+        unsafe { put_string(&json.to_string(), out_json, out_len) }
     })
 }

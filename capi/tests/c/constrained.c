@@ -7,12 +7,14 @@
  * Prints, one per line: the statuses of refused constraints (a regex that
  * does not compile, a schema that is not JSON, a NULL grammar), then the
  * greedy replies to the prompt 1 2 3 under a regular expression, a JSON
- * schema and a Lark grammar (each until q3w_session_constraint_complete),
- * as "<kind>: <text>".
+ * schema, a Lark grammar and required tool calls (each until
+ * q3w_session_constraint_complete), as "<kind>: <text>", and the calls
+ * q3w_parse_tool_calls reads out of the last, as "calls: <json>".
  */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "qwen3_wgpu.h"
 
@@ -28,8 +30,11 @@
 
 enum { MAX_REPLY = 200 };
 
+static char last_text[4096];
+static size_t last_len;
+
 /* Feeds 1 2 3 and takes tokens until the constraint is complete; prints
- * "<kind>: <text>". */
+ * "<kind>: <text>" and keeps the text in last_text. */
 static q3w_status reply(q3w_session *session, const q3w_tokenizer *tokenizer, const char *kind) {
     static const uint32_t prompt[] = {1, 2, 3};
     uint32_t ids[MAX_REPLY];
@@ -47,6 +52,8 @@ static q3w_status reply(q3w_session *session, const q3w_tokenizer *tokenizer, co
     if (status == Q3W_OK) status = q3w_tokenizer_decode(tokenizer, ids, n, &text, &text_len);
     if (status == Q3W_OK) {
         printf("%s: %.*s%s\n", kind, (int)text_len, text, complete ? "" : " (incomplete)");
+        last_len = text_len < sizeof last_text ? text_len : sizeof last_text;
+        memcpy(last_text, text, last_len);
     }
     q3w_string_free(text);
     return status;
@@ -84,6 +91,18 @@ int main(int argc, char **argv) {
     CHECK(reply(session, tokenizer, "json_schema"));
     CHECK(q3w_session_set_grammar(session, tokenizer, "start: \"go \" DIR\nDIR: \"north\" | \"south\""));
     CHECK(reply(session, tokenizer, "grammar"));
+    static const char *tools =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"give\", \"parameters\": {\"type\": "
+        "\"object\", \"properties\": {\"gold\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 9}}, "
+        "\"required\": [\"gold\"], \"additionalProperties\": false}}}]";
+    printf("bad tools: %s\n", q3w_status_name(q3w_session_set_tools(session, tokenizer, "[{}]", "required", 1)));
+    printf("bad max_calls: %s\n", q3w_status_name(q3w_session_set_tools(session, tokenizer, tools, "required", 0)));
+    CHECK(q3w_session_set_tools(session, tokenizer, tools, "required", 1));
+    CHECK(reply(session, tokenizer, "tools"));
+    char *calls = NULL;
+    CHECK(q3w_parse_tool_calls(last_text, last_len, &calls, NULL));
+    printf("calls: %s\n", calls);
+    q3w_string_free(calls);
     CHECK(q3w_session_clear_constraint(session));
     bool complete = true;
     CHECK(q3w_session_constraint_complete(session, &complete));

@@ -440,6 +440,12 @@ fn c_host_constraining_a_session() {
         ("json_schema", Constraint::json_schema(&tokenizer, &schema).unwrap()),
         ("grammar", Constraint::lark(&tokenizer, "start: \"go \" DIR\nDIR: \"north\" | \"south\"").unwrap()),
     ];
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "give", "parameters": {"type": "object",
+        "properties": {"gold": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["gold"],
+        "additionalProperties": false}}}]);
+    let tools =
+        Constraint::tool_calls(&tokenizer, tools.as_array().unwrap(), &qwen3_wgpu::ToolChoice::Required, 1)
+            .unwrap();
     let mut want = String::from(
         "bad regex: invalid_argument\nbad schema: invalid_argument\nnull grammar: invalid_argument\n",
     );
@@ -452,6 +458,21 @@ fn c_host_constraining_a_session() {
         }
         want.push_str(&format!("{kind}: {}\n", tokenizer.decode(&ids).unwrap()));
     }
+    want.push_str("bad tools: invalid_argument\nbad max_calls: invalid_argument\n");
+    session.set_constraint(Some(&tools)).unwrap();
+    session.truncate(0).unwrap();
+    let mut ids = vec![session.feed(&[1, 2, 3]).unwrap()];
+    while !session.constraint_complete() {
+        ids.push(session.next_token().unwrap());
+    }
+    let text = tokenizer.decode(&ids).unwrap();
+    let parsed = qwen3_wgpu::parse_tool_calls(&text);
+    assert!(parsed.calls.len() == 1 && parsed.calls[0].name == "give" && !parsed.incomplete, "{text:?}");
+    let calls: Vec<serde_json::Value> =
+        parsed.calls.iter().map(|c| serde_json::json!({"name": c.name, "arguments": c.arguments})).collect();
+    let json =
+        serde_json::json!({"content": parsed.content, "calls": calls, "incomplete": parsed.incomplete});
+    want.push_str(&format!("tools: {text}\ncalls: {json}\n"));
     want.push_str("cleared: free\n");
     assert_eq!(printed, want);
 }
