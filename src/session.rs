@@ -247,7 +247,8 @@ impl Session {
     /// A constrained session keeps one step in flight (each step's mask
     /// depends on the token before it); steps queued ahead are discarded.
     /// A pending token stays as it was chosen, and the constraint starts
-    /// with the token after it.
+    /// with the token after it. Session files and forks hold no constraint
+    /// (set it again on the restored or forked session).
     ///
     /// ```no_run
     /// # fn f(model: &qwen3_wgpu::Model, tokenizer: &qwen3_wgpu::Tokenizer) -> qwen3_wgpu::Result<()> {
