@@ -35,11 +35,6 @@ impl ConstraintState {
         Ok(state)
     }
 
-    /// `"json_schema"`, `"json"`, `"regex"` or `"grammar"`.
-    pub(crate) fn kind(&self) -> &'static str {
-        self.kind
-    }
-
     /// The same constraint from its start (a new reply).
     pub(crate) fn restarted(&self) -> Result<Self> {
         self.source.start()

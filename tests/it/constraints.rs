@@ -266,17 +266,67 @@ fn bad_constraints_are_named_errors() {
     assert!(reason.contains("MAX_SOURCE_LEN"), "{reason}");
 }
 
+/// In a batch, members with different constraints or none each get the
+/// tokens they get alone (a constrained row chooses with its own mask).
 #[test]
-fn a_constrained_session_in_a_batch_is_refused_by_name() {
-    let model = model();
-    let mut batch = model.batch(&qwen3_wgpu::BatchOptions::default().slots(2).capacity_per_slot(64)).unwrap();
-    let (mut a, mut b) = (batch.session().unwrap(), batch.session().unwrap());
-    a.feed(&[1, 2, 3]).unwrap();
-    b.feed(&[4, 5]).unwrap();
-    a.set_constraint(Some(&Constraint::json(tokenizer()).unwrap())).unwrap();
-    match batch.step(&mut [&mut a, &mut b]) {
-        Err(qwen3_wgpu::Error::InvalidArgument { name, .. }) => assert_eq!(name, "constraint"),
-        other => panic!("expected invalid_argument naming constraint, got {other:?}"),
+fn batch_members_keep_their_own_constraints() {
+    let model = short_vocab_model();
+    let regex = Constraint::regex(tokenizer(), "(yes|no), [0-9]{2}!").unwrap();
+    let json = Constraint::json_schema(tokenizer(), &schemas()[0]).unwrap();
+    let sampled = SamplingParams::default().temperature(1.0).seed(7);
+    let members: [(Option<&Constraint>, SamplingParams); 3] =
+        [(Some(&regex), SamplingParams::greedy()), (Some(&json), sampled), (None, SamplingParams::greedy())];
+    let steps = 12;
+    let prompt = [785u32, 1052, 25];
+    let alone: Vec<Vec<u32>> = members
+        .iter()
+        .map(|(c, sampling)| {
+            let mut s = model.session_with_capacity(64).unwrap();
+            s.set_sampling(sampling).unwrap();
+            s.set_constraint(*c).unwrap();
+            let mut ids = vec![s.feed(&prompt).unwrap()];
+            while ids.len() < steps && !s.constraint_complete() {
+                ids.push(s.next_token().unwrap());
+            }
+            ids
+        })
+        .collect();
+    // Through step, then through try_step (polled as a frame loop would).
+    for polled in [false, true] {
+        let mut batch =
+            model.batch(&qwen3_wgpu::BatchOptions::default().slots(3).capacity_per_slot(64)).unwrap();
+        let mut sessions: Vec<Session> = (0..3).map(|_| batch.session().unwrap()).collect();
+        let mut got: Vec<Vec<u32>> = Vec::new();
+        for (s, (c, sampling)) in sessions.iter_mut().zip(&members) {
+            s.set_sampling(sampling).unwrap();
+            s.set_constraint(*c).unwrap();
+            got.push(vec![s.feed(&prompt).unwrap()]);
+        }
+        // Each step, the members not yet as long as alone (a complete
+        // constraint allows only end-of-text, past this short vocabulary).
+        loop {
+            let active: Vec<usize> = (0..3).filter(|&i| got[i].len() < alone[i].len()).collect();
+            if active.is_empty() {
+                break;
+            }
+            let mut refs: Vec<&mut Session> =
+                sessions.iter_mut().enumerate().filter(|(i, _)| active.contains(i)).map(|(_, s)| s).collect();
+            let tokens = if polled {
+                loop {
+                    if let Some(tokens) = batch.try_step(&mut refs).unwrap() {
+                        break tokens;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            } else {
+                batch.step(&mut refs).unwrap()
+            };
+            for (&i, t) in active.iter().zip(tokens) {
+                got[i].push(t);
+            }
+        }
+        assert_eq!(got, alone, "polled: {polled}");
+        assert!(sessions[0].constraint_complete(), "the regex completes within {steps} tokens");
     }
 }
 

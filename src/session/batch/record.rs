@@ -260,9 +260,10 @@ impl Batch {
 }
 
 /// Whether `s` chooses its token with its own launches in a batch step
-/// (it samples or applies penalties) rather than by the batch's argmax.
+/// (it samples, applies penalties or a constraint's mask) rather than by
+/// the batch's argmax.
 pub(super) fn chooses_alone(s: &Session) -> bool {
-    !s.sampling.is_greedy() || s.sampling.has_penalties()
+    !s.sampling.is_greedy() || s.sampling.has_penalties() || s.constraint.is_some()
 }
 
 /// `s`'s key as a step `offset` positions on from now finds it (the pending

@@ -73,7 +73,8 @@ impl Batch {
         // try_step may have queued it already): the GPU runs it while the
         // host handles this one's tokens. Its inputs are this step's
         // tokens, already on the GPU.
-        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        // No step ahead for a constrained row: its mask waits for its token.
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && s.constraint.is_none());
         let next = match self.behind.take() {
             Some(next) => Some(next),
             None => room.then(|| self.submit(sessions, 1, None, 1 - current.readback, true)),
@@ -91,7 +92,7 @@ impl Batch {
                 return Err(e);
             }
         };
-        self.advance(sessions, &out, next);
+        self.advance(sessions, &out, next)?;
         Ok(out)
     }
 
@@ -181,7 +182,7 @@ impl Batch {
         };
         // The next step behind this one, as `step` queues it (unless a
         // call queued it already).
-        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity);
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && s.constraint.is_none());
         if self.behind.is_none() && room {
             self.behind = Some(self.submit(sessions, 1, None, 1 - current.readback, false));
         }
@@ -199,7 +200,7 @@ impl Batch {
         }
         let out = self.read_tokens(current.readback, sessions.len())?;
         let next = self.behind.take();
-        self.advance(sessions, &out, next);
+        self.advance(sessions, &out, next)?;
         Ok(Some(out))
     }
 
@@ -232,7 +233,7 @@ impl Batch {
         let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, commands);
         self.wait(&mut step)?;
         let out = self.read_tokens(step.readback, sessions.len())?;
-        self.advance(sessions, &out, None);
+        self.advance(sessions, &out, None)?;
         let us = ts.intervals_us(&gpu)?;
         Ok(Some(kinds.into_iter().zip(us).collect()))
     }
@@ -259,15 +260,6 @@ impl Batch {
                     format!("session {i} reports log-probabilities; batched steps do not compute them"),
                 ));
             }
-            if let Some(c) = &s.constraint {
-                return Err(Error::invalid_argument(
-                    "constraint",
-                    format!(
-                        "session {i} has a {} constraint; batched steps do not apply constraints yet (step it alone)",
-                        c.kind()
-                    ),
-                ));
-            }
             s.check_can_step(1)?;
         }
         Ok(())
@@ -276,7 +268,12 @@ impl Batch {
     /// Gives each session its token (the pending one before it is now in
     /// its KV cache) and makes `next`, if any, the step ahead, its rows'
     /// pending tokens now known.
-    fn advance(&mut self, sessions: &mut [&mut Session], tokens: &[u32], next: Option<InFlightStep>) {
+    fn advance(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+        next: Option<InFlightStep>,
+    ) -> Result<()> {
         for (s, &token) in sessions.iter_mut().zip(tokens) {
             s.len += 1;
             s.pending = Some(token);
@@ -288,6 +285,11 @@ impl Batch {
             }
             next
         });
+        // A constrained row's next mask (no step is queued ahead of one).
+        for (s, &token) in sessions.iter_mut().zip(tokens) {
+            s.advance_constraint(token)?;
+        }
+        Ok(())
     }
 }
 
