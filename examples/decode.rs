@@ -50,6 +50,7 @@ use std::path::{Path, PathBuf};
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::Parser;
+use qwen3_wgpu::internals::checked_read;
 use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
     parse_tool_calls, AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Constraint, Engine, Error,
@@ -248,7 +249,10 @@ impl Args {
         } else if let Some(regex) = &self.regex {
             Constraint::regex(tokenizer, regex)
         } else {
-            let path = self.grammar.as_ref().expect("a constraint flag");
+            let path = self.grammar.as_ref().ok_or_else(|| Error::InvalidArgument {
+                name: "--grammar".into(),
+                reason: "no constraint flag given".into(),
+            })?;
             Constraint::lark(tokenizer, &read_source("--grammar", path)?)
         }
     }
@@ -654,28 +658,22 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
     }
     if let (Some(_), Some(t)) = (&constraint, tokenizer.as_ref()) {
         // The constrained output: the generated text, an end-of-text token
-        // that ended it left out.
-        let mut ids = out.generated_ids().to_vec();
-        if out.stop_reason == StopReason::EndOfText {
-            ids.pop();
-        }
-        result["text"] = json!(t.decode(&ids)?);
-        result["constraint_complete"] =
-            json!(matches!(out.stop_reason, StopReason::ConstraintComplete | StopReason::EndOfText));
-    }
-    if let (Some(_), Some(t)) = (&args.tools, tokenizer.as_ref()) {
-        // The calls the reply made (an end-of-text token that ended it left out).
+        // that ended it left out; with --tools, the calls it made.
         let mut ids = out.generated_ids().to_vec();
         if out.stop_reason == StopReason::EndOfText {
             ids.pop();
         }
         let text = t.decode(&ids)?;
-        let reply = parse_tool_calls(&text);
-        let calls: Vec<serde_json::Value> =
-            reply.calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect();
+        if args.tools.is_some() {
+            let reply = parse_tool_calls(&text);
+            let calls: Vec<serde_json::Value> =
+                reply.calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect();
+            result["tool_calls"] = json!(calls);
+            result["tool_calls_incomplete"] = json!(reply.incomplete);
+        }
         result["text"] = json!(text);
-        result["tool_calls"] = json!(calls);
-        result["tool_calls_incomplete"] = json!(reply.incomplete);
+        result["constraint_complete"] =
+            json!(matches!(out.stop_reason, StopReason::ConstraintComplete | StopReason::EndOfText));
     }
     if args.logprobs > 0 {
         let per_token: Vec<serde_json::Value> = out
@@ -735,26 +733,18 @@ fn fail(e: &Error, json: bool) -> ! {
     std::process::exit(2);
 }
 
-/// The text of the constraint file `path` (flag `flag`): a regular file of
-/// at most `Constraint::MAX_SOURCE_LEN` bytes.
+/// The text of the constraint file `path` (flag `flag`), through the
+/// engine's checked reader (a regular file, opened without blocking, of at
+/// most `Constraint::MAX_SOURCE_LEN` bytes); a refusal names the flag.
 fn read_source(flag: &str, path: &Path) -> Result<String, Error> {
-    let refuse = |reason: String| Error::InvalidArgument {
-        name: flag.into(),
-        reason: format!("{}: {reason}", path.display()),
-    };
-    let file = std::fs::File::open(path).map_err(|e| refuse(e.to_string()))?;
-    let meta = file.metadata().map_err(|e| refuse(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(refuse("not a regular file".into()));
-    }
+    let refuse = |reason: String| Error::InvalidArgument { name: flag.into(), reason };
     let limit = Constraint::MAX_SOURCE_LEN as u64;
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::Read::take(file, limit + 1), &mut text)
-        .map_err(|e| refuse(e.to_string()))?;
-    if text.len() as u64 > limit {
-        return Err(refuse(format!("longer than Constraint::MAX_SOURCE_LEN ({limit} bytes)")));
-    }
-    Ok(text)
+    let bytes = match checked_read::read_file(path, flag, limit) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Err(refuse(format!("{}: no such file", path.display()))),
+        Err(e) => return Err(refuse(e.to_string())),
+    };
+    String::from_utf8(bytes).map_err(|e| refuse(format!("{}: not UTF-8: {e}", path.display())))
 }
 
 fn main() {

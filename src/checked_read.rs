@@ -42,7 +42,7 @@ pub(crate) const MAX_REF_FILE_LEN: u64 = 4 << 10;
 /// "config"). `Ok(None)` when it does not exist; [`Error::CheckpointInvalid`]
 /// naming the file when it is not a regular file (after following symbolic
 /// links), is larger than `limit` bytes, or cannot be read.
-pub(crate) fn read_file(path: &Path, what: &str, limit: u64) -> Result<Option<Vec<u8>>> {
+pub fn read_file(path: &Path, what: &str, limit: u64) -> Result<Option<Vec<u8>>> {
     let mut file = match open_nonblocking(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

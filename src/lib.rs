@@ -147,6 +147,11 @@ pub mod internals {
     pub mod cache {
         pub use crate::cache::*;
     }
+    /// The one checked reader of small files (regular files only, opened
+    /// without blocking, size-bounded), for the tools' own input files.
+    pub mod checked_read {
+        pub use crate::checked_read::read_file;
+    }
     /// Reading and validating safetensors checkpoints.
     pub mod checkpoint {
         pub use crate::checkpoint::*;

@@ -147,6 +147,7 @@ impl Constraint {
 
     fn compile(tokenizer: &Tokenizer, kind: &'static str, grammar: TopLevelGrammar) -> Result<Self> {
         let vocabulary = tokenizer.derived(ConstraintVocabulary::new)?;
+        // llguidance turns a panic while compiling into this error too.
         let parser = vocabulary
             .factory
             .create_parser(grammar)

@@ -56,10 +56,15 @@ impl ConstraintVocabulary {
             );
         };
         let info = TokRxInfo::new(vocab_size as u32, first_eos);
-        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
-        let env = ApproximateTokEnv::new(trie);
-        let mut factory = ParserFactory::new_simple(&(Arc::new(env) as llguidance::toktrie::TokEnv))
-            .map_err(|e| format!("llguidance cannot use the vocabulary: {e}"))?;
+        // The vocabulary comes from a file: toktrie's assertions on it
+        // become this tokenizer's error, not the caller's crash.
+        let factory = std::panic::catch_unwind(|| {
+            let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
+            let env = ApproximateTokEnv::new(trie);
+            ParserFactory::new_simple(&(Arc::new(env) as llguidance::toktrie::TokEnv))
+        })
+        .map_err(|_| "llguidance cannot use the vocabulary (it panicked)".to_string())?;
+        let mut factory = factory.map_err(|e| format!("llguidance cannot use the vocabulary: {e}"))?;
         factory.quiet();
         Ok(Self { factory, eos })
     }

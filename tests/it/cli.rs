@@ -685,6 +685,20 @@ fn constraint_flags_constrain_the_output() {
     assert!(message.contains("grammar"), "{message}");
     let message = expect_error(&run(&["--regex", "(unclosed"]), "invalid_argument");
     assert!(message.contains("regex"), "{message}");
+    // Constraint files go through the checked reader: a FIFO is refused
+    // unread (a blocking open waited for a writer forever), a missing file
+    // is named.
+    #[cfg(unix)]
+    {
+        let fifo = dir.path().join("schema.fifo");
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let message = expect_error(&run(&["--json-schema", fifo.to_str().unwrap()]), "invalid_argument");
+        assert!(message.contains("--json-schema") && message.contains("not a regular file"), "{message}");
+    }
+    let message = expect_error(&run(&["--grammar", "/nonexistent/g.lark"]), "invalid_argument");
+    assert!(message.contains("--grammar") && message.contains("no such file"), "{message}");
 }
 
 /// `--tools` with `--chat`: the tools are rendered into the prompt,
