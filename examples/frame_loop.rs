@@ -27,6 +27,7 @@
 //! cargo run --release --example frame_loop -- --checkpoint DIR [--frames 600] [--sessions 1,8]
 //!     [--backend metal|portable] [--width 1920] [--height 1080] [--render-ms 2 | --iterations N]
 //!     [--prompt-len 64] [--context 512] [--lookahead N] [--max-tokens-per-frame N] [--no-cache] [--json]
+//!     [--constraint SCHEMA.json --tokenizer DIR]
 //! ```
 //!
 //! With `--json`, one object per line: the setup, then one per phase.
@@ -39,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use qwen3_wgpu::{
-    wgpu, AdapterPolicy, Batch, BatchOptions, CachePolicy, Engine, Error, FeedStatus, Gpu, LoadOptions,
-    Model, Result, Session, DEFAULT_LOOKAHEAD,
+    wgpu, AdapterPolicy, Batch, BatchOptions, CachePolicy, Constraint, Engine, Error, FeedStatus, Gpu,
+    LoadOptions, Model, Result, Session, Tokenizer, DEFAULT_LOOKAHEAD,
 };
 use serde_json::{json, Value};
 
@@ -95,6 +96,13 @@ struct Args {
     /// arrived).
     #[arg(long, default_value_t = 0)]
     max_tokens_per_frame: usize,
+    /// Constrains every reply to this JSON schema (needs --tokenizer); a
+    /// conversation whose reply is complete starts over with its prompt.
+    #[arg(long)]
+    constraint: Option<PathBuf>,
+    /// Tokenizer directory (tokenizer.json) for --constraint.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
     /// Neither read nor write the converted-weights cache.
     #[arg(long)]
     no_cache: bool,
@@ -280,11 +288,36 @@ struct Conversation {
     feed_frames: Option<usize>,
     frames_fed: usize,
     tokens: usize,
-    /// Times the context filled and the conversation started over.
+    /// Times the context filled, or a constrained reply was complete, and
+    /// the conversation started over.
     restarts: usize,
+    /// Constrained replies completed.
+    replies: usize,
+    /// The longest engine call of each kind, ms: where a slow frame's
+    /// time goes.
+    slowest_calls: CallTimes,
     /// The first tokens of its first reply (the prompt's prediction first),
     /// to check against a blocking session.
     first_ids: Vec<u32>,
+}
+
+/// The longest engine call of each kind, ms.
+#[derive(Default)]
+struct CallTimes(std::collections::BTreeMap<&'static str, f64>);
+
+impl CallTimes {
+    fn note(&mut self, call: &'static str, start: Instant) {
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let slowest = self.0.entry(call).or_insert(0.0);
+        *slowest = slowest.max(ms);
+    }
+
+    fn merge(&mut self, other: &CallTimes) {
+        for (&call, &ms) in &other.0 {
+            let slowest = self.0.entry(call).or_insert(0.0);
+            *slowest = slowest.max(ms);
+        }
+    }
 }
 
 /// Tokens of the first reply kept in [`Conversation::first_ids`].
@@ -301,6 +334,8 @@ impl Conversation {
             frames_fed: 0,
             tokens: 0,
             restarts: 0,
+            replies: 0,
+            slowest_calls: CallTimes::default(),
             first_ids: Vec::new(),
         })
     }
@@ -313,10 +348,13 @@ impl Conversation {
         }
         let mut taken = 0;
         while max_tokens == 0 || taken < max_tokens {
-            if self.session.len() >= self.session.capacity() {
+            if self.session.len() >= self.session.capacity() || self.session.constraint_complete() {
                 break;
             }
-            match self.session.try_next_token()? {
+            let t = Instant::now();
+            let got = self.session.try_next_token()?;
+            self.slowest_calls.note("try_next_token", t);
+            match got {
                 Some(token) => {
                     taken += 1;
                     self.took(token);
@@ -333,7 +371,10 @@ impl Conversation {
     fn ready_to_decode(&mut self, prompt: &[u32]) -> Result<bool> {
         if self.feeding {
             self.frames_fed += 1;
-            if let FeedStatus::Ready(token) = self.session.poll_feed()? {
+            let t = Instant::now();
+            let status = self.session.poll_feed()?;
+            self.slowest_calls.note("poll_feed", t);
+            if let FeedStatus::Ready(token) = status {
                 self.feeding = false;
                 self.tokens += 1;
                 if self.feed_frames.is_none() {
@@ -343,12 +384,19 @@ impl Conversation {
             }
             return Ok(false);
         }
-        // A full context starts the conversation over. Steps are never
-        // queued past the capacity, so once it is full every queued step
-        // has been taken, and the rewind waits for nothing.
-        if self.session.len() >= self.session.capacity() {
+        // A full context, or a complete constrained reply, starts the
+        // conversation over. Steps are never queued past the capacity, nor
+        // past a constrained token (each waits for its mask), so every
+        // queued step has been taken, and the rewind waits for nothing.
+        let complete = self.session.constraint_complete();
+        self.replies += usize::from(complete);
+        if complete || self.session.len() >= self.session.capacity() {
+            let t = Instant::now();
             self.session.truncate(0)?;
+            self.slowest_calls.note("truncate", t);
+            let t = Instant::now();
             self.session.begin_feed(prompt)?;
+            self.slowest_calls.note("begin_feed", t);
             self.feeding = true;
             self.frames_fed = 0;
             self.restarts += 1;
@@ -382,7 +430,10 @@ fn poll_batch(batch: &mut Batch, conversations: &mut [Conversation], prompt: &[u
         return Ok(());
     }
     let mut sessions: Vec<&mut Session> = decoding.iter_mut().map(|c| &mut c.session).collect();
-    if let Some(tokens) = batch.try_step(&mut sessions)? {
+    let t = Instant::now();
+    let stepped = batch.try_step(&mut sessions)?;
+    decoding[0].slowest_calls.note("try_step", t);
+    if let Some(tokens) = stepped {
         for (c, token) in decoding.iter_mut().zip(tokens) {
             c.took(token);
         }
@@ -409,7 +460,14 @@ struct InFlightFrame {
 }
 
 /// Runs one phase of `frames` frames with `sessions` conversations.
-fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessions: usize) -> Result<Value> {
+fn phase(
+    renderer: &Renderer,
+    model: &Model,
+    args: &Args,
+    prompt: &[u32],
+    constraint: Option<&Constraint>,
+    sessions: usize,
+) -> Result<Value> {
     let capacity = args.context;
     // Several conversations step as one batch (one GPU step for all of
     // them per frame); a single one steps alone, queueing steps ahead.
@@ -419,7 +477,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
     };
     let mut conversations = (0..sessions)
         .map(|_| {
-            let session = match &batch {
+            let mut session = match &batch {
                 Some(batch) => batch.session()?,
                 None => {
                     let mut session = model.session_with_capacity(capacity)?;
@@ -429,6 +487,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
                     session
                 }
             };
+            session.set_constraint(constraint)?;
             Conversation::start(session, prompt)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -487,6 +546,11 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
     let elapsed = start.elapsed().as_secs_f64();
     let tokens: usize = conversations.iter().map(|c| c.tokens).sum();
     let restarts: usize = conversations.iter().map(|c| c.restarts).sum();
+    let replies: usize = conversations.iter().map(|c| c.replies).sum();
+    let mut slowest_calls = CallTimes::default();
+    for c in &conversations {
+        slowest_calls.merge(&c.slowest_calls);
+    }
     // Waits on the GPU inside the engine's calls: none, if it never blocked.
     let waits: u64 = conversations.iter().map(|c| c.session.debug_feed_counts().1).sum::<u64>()
         + batch.as_ref().map_or(0, Batch::debug_blocking_waits);
@@ -508,6 +572,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
     Ok(json!({
         "phase": if sessions == 0 { "render" } else { "decode" },
         "slowest_engine_frames": slowest.iter().map(|&(i, ms)| json!({"frame": i, "ms": ms})).collect::<Vec<_>>(),
+        "slowest_engine_calls_ms": slowest_calls.0,
         "sessions": sessions,
         "batched": sessions > 1,
         "frames": args.frames,
@@ -518,6 +583,7 @@ fn phase(renderer: &Renderer, model: &Model, args: &Args, prompt: &[u32], sessio
         "gpu_latency_ms": stats(&latency),
         "tokens": tokens,
         "restarts": restarts,
+        "constrained_replies": replies,
         "engine_waits": waits,
         "tokens_per_sec": (tokens as f64 / elapsed * 10.0).round() / 10.0,
         "first_token_frames": stats(&feed_frames),
@@ -570,6 +636,23 @@ fn run(args: &Args) -> Result<()> {
     let engine = Engine::builder().policy(policy).device(device.clone(), queue.clone()).build()?;
     let cache = if args.no_cache { CachePolicy::Disabled } else { CachePolicy::Default };
     let model = engine.load(&args.checkpoint, &LoadOptions { cache, ..Default::default() })?;
+    let constraint = match (&args.constraint, &args.tokenizer) {
+        (Some(schema), Some(dir)) => {
+            let tokenizer = Tokenizer::from_checkpoint(dir)?;
+            let text = std::fs::read(schema)
+                .map_err(|e| Error::InvalidArgument { name: "--constraint".into(), reason: e.to_string() })?;
+            let schema: Value = serde_json::from_slice(&text)
+                .map_err(|e| Error::InvalidArgument { name: "--constraint".into(), reason: e.to_string() })?;
+            Some(Constraint::json_schema(&tokenizer, &schema)?)
+        }
+        (Some(_), None) => {
+            return Err(Error::InvalidArgument {
+                name: "--tokenizer".into(),
+                reason: "--constraint needs it".into(),
+            })
+        }
+        (None, _) => None,
+    };
     let vocab = model.config().vocab_size as u64;
     // Synthetic prompt ids spread over the vocabulary.
     let prompt: Vec<u32> = (0..args.prompt_len as u64).map(|i| ((7 + 7919 * i) % vocab) as u32).collect();
@@ -591,6 +674,7 @@ fn run(args: &Args) -> Result<()> {
         "prompt_ids": prompt,
         "context": args.context,
         "lookahead": args.lookahead.unwrap_or(DEFAULT_LOOKAHEAD),
+        "constraint": args.constraint,
         "frame_hz": 60,
     });
     if args.json {
@@ -612,7 +696,7 @@ fn run(args: &Args) -> Result<()> {
         );
     }
     for sessions in std::iter::once(0).chain(args.sessions.iter().copied()) {
-        let result = phase(&renderer, &model, args, &prompt, sessions)?;
+        let result = phase(&renderer, &model, args, &prompt, constraint.as_ref(), sessions)?;
         if args.json {
             println!("{result}");
         } else {

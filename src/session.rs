@@ -113,6 +113,17 @@ pub struct Session {
     recorder: Option<recorder::Recorder>,
     /// The next submit's steps, recorded ahead.
     prerecorded: Option<recorder::Prerecorded>,
+    /// The next forward pass submitted ahead of its choice, recorded ahead
+    /// (while [`Self::splits_steps`]).
+    prerecorded_forward: Option<recorder::Prerecorded>,
+    /// One more than the position whose forward pass is queued ahead of
+    /// its token choice (0: none); atomic so that writes of the GPU's
+    /// position through `&self` clear it.
+    forward_ahead: std::sync::atomic::AtomicUsize,
+    /// Forward passes submitted ahead of their choice so far.
+    forward_ahead_submits: u64,
+    /// Never split a step (tests comparing split and whole steps).
+    whole_steps_only: bool,
     /// Decode submits so far (steps queued ahead; not prompts).
     decode_submits: u64,
     /// Prompt submits whose commands were recorded on the caller's thread
@@ -160,6 +171,10 @@ impl Session {
             step_launches: None,
             recorder: None,
             prerecorded: None,
+            prerecorded_forward: None,
+            forward_ahead: std::sync::atomic::AtomicUsize::new(0),
+            forward_ahead_submits: 0,
+            whole_steps_only: false,
             decode_submits: 0,
             inline_feed_recordings: 0,
         };

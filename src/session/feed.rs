@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::recorder::{Ahead, PrefillJob, StepsJob};
+use super::recorder::{Ahead, PrefillJob, StepPart, StepsJob};
 use super::{check_prompt, InFlight, Session};
 use crate::error::{Error, Result};
 
@@ -141,7 +141,7 @@ impl Session {
         // discarded), and there is one slot more.
         let last_slot = self.free_slots.pop();
         let last_job = match last_slot {
-            Some(slot) => self.steps_job(end - 1..end, &[slot]),
+            Some(slot) => self.steps_job(end - 1..end, &[slot], StepPart::Whole),
             None => self.last_step_job(end),
         };
         let recorder = self.started_recorder();
@@ -284,6 +284,7 @@ impl Session {
             model: self.model.clone(),
             launches: self.step_launches(),
             positions: end - 1..end,
+            first: StepPart::Whole,
             copies: Vec::new(),
         }
     }
@@ -332,8 +333,9 @@ impl Session {
         self.write_step_at(end - 1, end);
         match progress.last_slot.take() {
             Some(slot) => {
-                let (commands, inline) =
-                    recorded.unwrap_or_else(|| (self.steps_job(end - 1..end, &[slot]).encode(), true));
+                let (commands, inline) = recorded.unwrap_or_else(|| {
+                    (self.steps_job(end - 1..end, &[slot], StepPart::Whole).encode(), true)
+                });
                 self.inline_feed_recordings += u64::from(inline);
                 self.submit_commands_with_readbacks([commands], &[slot]);
             }

@@ -25,6 +25,8 @@ pub(super) struct StepLaunches {
     short: Vec<Launch>,
     /// The step after (chunked attention and its reduction).
     long: Vec<Launch>,
+    /// The last launches of each: those choosing the token.
+    choose: usize,
 }
 
 impl StepLaunches {
@@ -34,6 +36,7 @@ impl StepLaunches {
         StepLaunches {
             short: forward.step_at(0).cloned().collect(),
             long: forward.step_at(chunk).cloned().collect(),
+            choose: forward.choose.len(),
         }
     }
 
@@ -45,6 +48,29 @@ impl StepLaunches {
             &self.long
         }
     }
+
+    /// The launches of the step at `pos` that `part` records.
+    pub(super) fn part_at(&self, pos: usize, part: StepPart) -> &[Launch] {
+        let all = self.at(pos);
+        let split = all.len() - self.choose;
+        match part {
+            StepPart::Whole => all,
+            StepPart::Forward => &all[..split],
+            StepPart::Choice => &all[split..],
+        }
+    }
+}
+
+/// Which launches of a decode step a submit records: a constrained
+/// session submits a step's forward pass (up to the logits) apart from its
+/// token choice, which waits for the mask of the token before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StepPart {
+    Whole,
+    /// Up to the logits.
+    Forward,
+    /// The launches choosing the token from the logits.
+    Choice,
 }
 
 /// One buffer-to-buffer copy recorded after the steps (a token, or its
@@ -72,6 +98,10 @@ pub(super) struct StepsJob {
     pub model: Arc<ModelGpu>,
     pub launches: Arc<StepLaunches>,
     pub positions: Range<usize>,
+    /// The part of the first position's step recorded (later positions
+    /// record whole steps): `Choice` when its forward pass was submitted
+    /// ahead, `Forward` for a forward pass submitted ahead of its choice.
+    pub first: StepPart,
     pub copies: Vec<ReadbackCopy>,
 }
 
@@ -90,7 +120,8 @@ impl StepsJob {
                 timestamp_writes: None,
             });
             for pos in self.positions.clone() {
-                for l in self.launches.at(pos) {
+                let part = if pos == self.positions.start { self.first } else { StepPart::Whole };
+                for l in self.launches.part_at(pos, part) {
                     l.record(&mut pass, &self.model.kernels);
                 }
             }

@@ -3,13 +3,14 @@
 //! decode steps and prompt batches, and the position the GPU reads.
 
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::gpu::Timestamps;
 use crate::kernels::sample::LOGPROB_RECORD_WORDS;
 
-use super::recorder;
+use super::recorder::{self, StepPart};
 use super::Session;
 
 impl Session {
@@ -22,6 +23,7 @@ impl Session {
     /// submit's steps are recorded ahead.
     pub(super) fn queue_ahead(&mut self, max_submits: usize) -> Result<()> {
         self.check_can_step(1)?;
+        self.submit_forward_ahead(max_submits > 1 || self.queued.is_empty());
         if self.queued.len() <= self.effective_lookahead() / 2 {
             // At most half the lookahead per submit: filling an empty queue
             // takes two submits, so the second still runs when the first's
@@ -43,10 +45,82 @@ impl Session {
                     break;
                 }
                 submits += 1;
+                self.submit_forward_ahead(max_submits > 1);
             }
         }
         self.record_ahead();
         Ok(())
+    }
+
+    /// True while the session submits each step's forward pass ahead of
+    /// its token choice: a constraint is awake, so each choice waits for
+    /// the mask after the token before it, and the GPU runs the next
+    /// forward pass meanwhile (its input token is the choice already
+    /// queued: nothing of the host's).
+    pub(super) fn splits_steps(&self) -> bool {
+        !self.whole_steps_only && self.constraint.as_ref().is_some_and(|c| !c.is_dormant())
+    }
+
+    /// Makes every step a whole one (`false`; the default `true` splits
+    /// constrained steps): for tests that compare the two.
+    #[doc(hidden)]
+    pub fn debug_split_steps(&mut self, on: bool) {
+        self.whole_steps_only = !on;
+    }
+
+    /// Forward passes submitted ahead of their token choice so far.
+    #[doc(hidden)]
+    pub fn debug_forward_ahead_submits(&self) -> u64 {
+        self.forward_ahead_submits
+    }
+
+    /// The position whose forward pass is on the GPU ahead of its token
+    /// choice (always `gpu_pos` when valid: any write of the GPU's
+    /// position clears it).
+    pub(super) fn forward_ahead(&self) -> Option<usize> {
+        self.forward_ahead.load(Ordering::Relaxed).checked_sub(1)
+    }
+
+    /// While [`Self::splits_steps`], submits the forward pass of the step
+    /// at `gpu_pos` unless it is queued already (recorded ahead, or here
+    /// if `wait`; otherwise left to a later call while it is being
+    /// recorded). Whatever is queued before it writes its input token.
+    fn submit_forward_ahead(&mut self, wait: bool) {
+        let pos = self.gpu_pos;
+        if !self.splits_steps() || self.forward_ahead() == Some(pos) || pos >= self.bufs.capacity {
+            return;
+        }
+        let launches = self.step_launches();
+        let recorded = match self.prerecorded_forward.take() {
+            Some(p) if p.positions.start == pos && Arc::ptr_eq(&p.launches, &launches) => {
+                match p.take(wait) {
+                    Some(commands) => Some(commands),
+                    None => {
+                        self.prerecorded_forward = Some(p);
+                        return;
+                    }
+                }
+            }
+            _ => None,
+        };
+        let commands = match recorded {
+            Some(commands) => commands,
+            None if wait => self.steps_job(pos..pos + 1, &[], StepPart::Forward).encode(),
+            None => return,
+        };
+        self.model.gpu.queue.submit([commands]);
+        self.forward_ahead.store(pos + 1, Ordering::Relaxed);
+        self.forward_ahead_submits += 1;
+    }
+
+    /// The part of the step at `gpu_pos` a submit records: its choice
+    /// alone when its forward pass is queued already.
+    fn first_part(&self) -> StepPart {
+        if self.forward_ahead() == Some(self.gpu_pos) {
+            StepPart::Choice
+        } else {
+            StepPart::Whole
+        }
     }
 
     /// Steps per submit of [`Self::queue_ahead`].
@@ -57,6 +131,23 @@ impl Session {
     /// Starts recording the next submit's steps, unless one is recorded
     /// already, none fits, or too few readback slots are free.
     pub(super) fn record_ahead(&mut self) {
+        if self.splits_steps() && self.prerecorded_forward.is_none() {
+            // The forward pass submitted next: at `gpu_pos` unless queued.
+            let pos = self.gpu_pos + usize::from(self.forward_ahead() == Some(self.gpu_pos));
+            if pos < self.bufs.capacity && self.started_recorder().is_some() {
+                let job = self.steps_job(pos..pos + 1, &[], StepPart::Forward);
+                if let Some(rec) = &self.recorder {
+                    let commands = rec.record(job.clone());
+                    self.prerecorded_forward = Some(recorder::Prerecorded {
+                        positions: pos..pos + 1,
+                        launches: job.launches.clone(),
+                        slots: Vec::new(),
+                        job,
+                        commands,
+                    });
+                }
+            }
+        }
         if self.prerecorded.is_some() {
             return;
         }
@@ -69,7 +160,9 @@ impl Session {
         }
         let positions = self.gpu_pos..self.gpu_pos + k;
         let slots: Vec<usize> = (0..k).filter_map(|_| self.free_slots.pop()).collect();
-        let job = self.steps_job(positions.clone(), &slots);
+        // A split step's choice follows its forward pass, queued by then.
+        let first = if self.splits_steps() { StepPart::Choice } else { StepPart::Whole };
+        let job = self.steps_job(positions.clone(), &slots, first);
         let Some(rec) = &self.recorder else { return };
         let commands = rec.record(job.clone());
         self.prerecorded =
@@ -96,6 +189,7 @@ impl Session {
         &mut self,
         positions: std::ops::Range<usize>,
         slots: &[usize],
+        first: StepPart,
     ) -> recorder::StepsJob {
         let mut copies = Vec::with_capacity(2 * slots.len());
         for (i, &slot) in slots.iter().enumerate() {
@@ -118,7 +212,13 @@ impl Session {
                 });
             }
         }
-        recorder::StepsJob { model: self.model.clone(), launches: self.step_launches(), positions, copies }
+        recorder::StepsJob {
+            model: self.model.clone(),
+            launches: self.step_launches(),
+            positions,
+            first,
+            copies,
+        }
     }
 
     /// Decode submits so far (steps queued ahead by
@@ -135,6 +235,7 @@ impl Session {
         if let Some(p) = self.prerecorded.take() {
             self.free_slots.extend(p.slots);
         }
+        self.prerecorded_forward = None;
     }
 
     /// Submits the next `n` decode steps, each with its token's readback:
@@ -143,9 +244,11 @@ impl Session {
     /// unless `wait`.
     fn submit_steps(&mut self, n: usize, wait: bool) -> Result<bool> {
         let positions = self.gpu_pos..self.gpu_pos + n;
+        let first = self.first_part();
         let ahead = match self.prerecorded.take() {
             Some(p)
                 if p.positions == positions
+                    && p.job.first == first
                     && self.step_launches.as_ref().is_some_and(|l| Arc::ptr_eq(l, &p.launches)) =>
             {
                 let commands = p.take(wait);
@@ -159,7 +262,9 @@ impl Session {
             }
             other => {
                 self.prerecorded = other;
-                self.drop_prerecorded();
+                if let Some(p) = self.prerecorded.take() {
+                    self.free_slots.extend(p.slots);
+                }
                 None
             }
         };
@@ -171,13 +276,14 @@ impl Session {
                         self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let commands = self.steps_job(positions, &slots).encode();
+                let commands = self.steps_job(positions, &slots, first).encode();
                 (commands, slots)
             }
         };
         self.submit_commands_with_readbacks([commands], &slots);
         self.decode_submits += 1;
         self.gpu_pos += n;
+        self.forward_ahead.store(0, Ordering::Relaxed);
         Ok(true)
     }
 
@@ -254,6 +360,8 @@ impl Session {
     }
 
     pub(super) fn write_step_at(&self, pos: usize, fill_end: usize) {
+        // A forward pass queued ahead ran at the position this replaces.
+        self.forward_ahead.store(0, Ordering::Relaxed);
         let step = [pos as u32, fill_end as u32];
         self.model.gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
     }

@@ -480,3 +480,56 @@ fn a_constraint_after_a_token_leaves_the_text_before_it_free() {
     assert_eq!(ids[..=at], run[..=at], "free up to the trigger");
     assert_eq!(tokenizer().decode(&ids[at + 1..]).unwrap(), "!!x");
 }
+
+/// A constrained session submits each step's forward pass ahead of its
+/// token choice (the choice waits for the mask; the forward pass does
+/// not): its tokens are those of whole steps, under greedy and sampled
+/// choice, across replies started over by `truncate` and continued by
+/// `feed` (each moves the GPU's position away from a forward pass queued
+/// ahead), taken blocking or polled.
+#[test]
+fn split_steps_give_the_tokens_of_whole_steps() {
+    let model = short_vocab_model();
+    let constraint = Constraint::json_schema(tokenizer(), &schemas()[1]).unwrap();
+    let run = |split: bool, polled: bool| {
+        let mut s = model.session_with_capacity(160).unwrap();
+        s.debug_split_steps(split);
+        let mut out = Vec::new();
+        for sampling in [SamplingParams::greedy(), SamplingParams::default().temperature(1.0).seed(7)] {
+            s.truncate(0).unwrap();
+            s.set_sampling(&sampling).unwrap();
+            s.set_constraint(Some(&constraint)).unwrap();
+            let mut ids = vec![s.feed(&[785, 1052, 25]).unwrap()];
+            for round in 0..2 {
+                let mut n = 0;
+                while !s.constraint_complete() && n < 12 {
+                    let token = if polled {
+                        loop {
+                            if let Some(t) = s.try_next_token().unwrap() {
+                                break t;
+                            }
+                            std::thread::yield_now();
+                        }
+                    } else {
+                        s.next_token().unwrap()
+                    };
+                    ids.push(token);
+                    n += 1;
+                }
+                if round == 0 {
+                    // The reply so far is kept; a new one starts after it.
+                    ids.push(s.feed(&[1052, 25]).unwrap());
+                }
+            }
+            out.push(ids);
+        }
+        (out, s.debug_forward_ahead_submits())
+    };
+    let (whole, none) = run(false, false);
+    assert_eq!(none, 0);
+    for polled in [false, true] {
+        let (split, ahead) = run(true, polled);
+        assert!(ahead >= 20, "polled {polled}: {ahead} forward passes ahead");
+        assert_eq!(split, whole, "polled {polled}");
+    }
+}
