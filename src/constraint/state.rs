@@ -68,6 +68,24 @@ impl ConstraintState {
         self.mask.get(t / 32).is_some_and(|w| w & (1 << (t % 32)) != 0)
     }
 
+    /// Whether a token below `vocab_size` (a logit of the model's) is
+    /// allowed next: not when only ids past the model's vocabulary are,
+    /// e.g. a tokenizer's end-of-text beyond a smaller model's logits.
+    pub(crate) fn allows_any_below(&self, vocab_size: usize) -> bool {
+        if self.dormant {
+            return true;
+        }
+        let whole = vocab_size / 32;
+        self.mask.iter().take(whole).any(|&w| w != 0)
+            || (!vocab_size.is_multiple_of(32)
+                && self.mask.get(whole).is_some_and(|&w| w & ((1u32 << (vocab_size % 32)) - 1) != 0))
+    }
+
+    /// The constraint's kind, for errors.
+    pub(crate) fn kind(&self) -> &'static str {
+        self.kind
+    }
+
     /// True while the constraint waits for its trigger token (every token
     /// allowed).
     pub(crate) fn is_dormant(&self) -> bool {
@@ -88,8 +106,20 @@ impl ConstraintState {
                 self.kind
             )));
         }
+        if self.matcher.is_stopped() {
+            // End-of-text after a complete match: nothing changes.
+            return Ok(false);
+        }
         self.matcher.consume_token(token).map_err(|e| self.failed(e))?;
-        if !self.matcher.is_stopped() {
+        if self.matcher.is_stopped() {
+            // A stopped parser computes no mask: only end-of-text follows.
+            self.mask.fill(0);
+            for &t in &self.vocabulary.eos {
+                if let Some(w) = self.mask.get_mut(t as usize / 32) {
+                    *w |= 1 << (t % 32);
+                }
+            }
+        } else {
             self.compute_mask()?;
         }
         Ok(false)

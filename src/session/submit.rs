@@ -294,6 +294,18 @@ impl Session {
         if self.pending.is_none() {
             return Err(Error::NoPendingToken);
         }
+        if let Some(c) = &self.constraint {
+            let vocab = self.model.config.vocab_size;
+            if !c.allows_any_below(vocab) {
+                return Err(Error::invalid_argument(
+                    c.kind(),
+                    format!(
+                        "the constraint allows no token among the model's {vocab} here (only tokens past them, \
+                         such as an end-of-text token of a larger vocabulary, would follow)"
+                    ),
+                ));
+            }
+        }
         self.check_room(n)
     }
 

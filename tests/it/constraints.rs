@@ -533,3 +533,50 @@ fn split_steps_give_the_tokens_of_whole_steps() {
         assert_eq!(split, whole, "polled {polled}");
     }
 }
+
+/// After a complete reply only end-of-text may follow: on a model with
+/// the tokenizer's whole vocabulary the next tokens are end-of-text (not
+/// an error from the stopped parser, nor a token of the mask before the
+/// last); on one whose logits end before the end-of-text token, no token
+/// the model can choose is allowed, and asking for one more is
+/// `invalid_argument` naming the constraint (not an internal error after
+/// choosing among -inf logits), the session left as it was: lifting the
+/// constraint decodes on.
+#[test]
+fn only_end_of_text_follows_a_complete_reply() {
+    let constraint = Constraint::regex(tokenizer(), "(yes|no)\\.").unwrap();
+    // Qwen3's <|endoftext|> and <|im_end|>.
+    let eos = [151643u32, 151645];
+    assert_eq!(tokenizer().decode(&eos).unwrap(), "<|endoftext|><|im_end|>");
+    for (model, whole_vocab) in [(model(), true), (short_vocab_model(), false)] {
+        let mut s = model.session_with_capacity(64).unwrap();
+        s.set_constraint(Some(&constraint)).unwrap();
+        let mut ids = vec![s.feed(&[785, 1052, 25]).unwrap()];
+        while !s.constraint_complete() {
+            ids.push(s.next_token().unwrap());
+            assert!(ids.len() < 8, "{ids:?}");
+        }
+        let text = tokenizer().decode(&ids).unwrap();
+        assert!(text == "yes." || text == "no.", "{text:?}");
+        let len = s.len();
+        if whole_vocab {
+            for _ in 0..2 {
+                let t = s.next_token().unwrap();
+                assert!(eos.contains(&t), "{t} after a complete reply");
+                assert!(s.constraint_complete());
+            }
+            continue;
+        }
+        for _ in 0..2 {
+            let e = s.next_token().unwrap_err();
+            assert_eq!(e.code(), "invalid_argument", "{e}");
+            assert!(e.to_string().contains("regex"), "{e}");
+            assert_eq!(s.len(), len);
+        }
+        let e = s.try_next_token().unwrap_err();
+        assert_eq!(e.code(), "invalid_argument", "{e}");
+        s.set_constraint(None).unwrap();
+        s.next_token().unwrap();
+        assert_eq!(s.len(), len + 1);
+    }
+}
