@@ -86,6 +86,14 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
 fi
 
 
+# A build from scratch (a fresh clone, as in CI) gains nothing from
+# incremental compilation's caches, only their cost: off unless the
+# caller chose, or a target directory is there to reuse.
+if [ -z "${CARGO_INCREMENTAL:-}" ] && [ ! -d "${CARGO_TARGET_DIR:-target}" ]; then
+    export CARGO_INCREMENTAL=0
+    echo "== no target directory yet: CARGO_INCREMENTAL=0"
+fi
+
 phase "cargo fmt --check"
 cargo fmt --all -- --check
 # Every build below has the same features, the optional `hub` one on
