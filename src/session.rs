@@ -307,9 +307,24 @@ impl Session {
     /// Advances the constraint past `token`, a token just returned, and
     /// puts the next mask on the GPU (queued before the next step).
     pub(super) fn advance_constraint(&mut self, token: u32) -> Result<()> {
-        let Some(c) = &mut self.constraint else { return Ok(()) };
+        let consumed = self.consume_constraint(token);
+        self.after_constraint_consumed(consumed)
+    }
+
+    /// The host half of [`Self::advance_constraint`]: the constraint past
+    /// `token` (its mask computed: up to milliseconds inside a free
+    /// string, so a batch runs its members' in parallel); whether it was
+    /// dormant and whether `token` woke it (`None` without a constraint).
+    pub(super) fn consume_constraint(&mut self, token: u32) -> Result<Option<(bool, bool)>> {
+        let Some(c) = &mut self.constraint else { return Ok(None) };
         let was_dormant = c.is_dormant();
-        let woke = c.consume(token)?;
+        Ok(Some((was_dormant, c.consume(token)?)))
+    }
+
+    /// The GPU half of [`Self::advance_constraint`], after
+    /// [`Self::consume_constraint`].
+    pub(super) fn after_constraint_consumed(&mut self, consumed: Result<Option<(bool, bool)>>) -> Result<()> {
+        let Some((was_dormant, woke)) = consumed? else { return Ok(()) };
         if woke {
             // The steps queued past the trigger chose freely: choose again.
             self.discard_queued()?;

@@ -4,9 +4,12 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use super::record::{row_key, RowKey};
 use super::submit::InFlightStep;
 use super::Batch;
+
 use crate::error::{Error, Result};
 use crate::gpu::Timestamps;
 use crate::kernels::{LaunchKind, ATTENTION_CHUNK};
@@ -285,9 +288,20 @@ impl Batch {
             }
             next
         });
-        // A constrained row's next mask (no step is queued ahead of one).
-        for (s, &token) in sessions.iter_mut().zip(tokens) {
-            s.advance_constraint(token)?;
+        // The constrained rows' next masks (no step is queued ahead of
+        // one), computed in parallel: one inside a free string can take
+        // milliseconds.
+        let consumed: Vec<_> = if sessions.iter().filter(|s| s.constraint.is_some()).count() > 1 {
+            sessions
+                .par_iter_mut()
+                .zip(tokens.par_iter())
+                .map(|(s, &token)| s.consume_constraint(token))
+                .collect()
+        } else {
+            sessions.iter_mut().zip(tokens).map(|(s, &token)| s.consume_constraint(token)).collect()
+        };
+        for (s, consumed) in sessions.iter_mut().zip(consumed) {
+            s.after_constraint_consumed(consumed)?;
         }
         Ok(())
     }
