@@ -230,12 +230,19 @@ impl Session {
         self.decode_submits
     }
 
-    /// Drops the submit recorded ahead, unsubmitted, and frees its slots.
+    /// Drops what is recorded ahead, unsubmitted (the steps and a forward
+    /// pass), and frees the slots.
     pub(super) fn drop_prerecorded(&mut self) {
+        self.drop_prerecorded_steps();
+        self.prerecorded_forward = None;
+    }
+
+    /// Drops the steps recorded ahead (not a forward pass recorded ahead
+    /// of its choice) and frees their slots.
+    fn drop_prerecorded_steps(&mut self) {
         if let Some(p) = self.prerecorded.take() {
             self.free_slots.extend(p.slots);
         }
-        self.prerecorded_forward = None;
     }
 
     /// Submits the next `n` decode steps, each with its token's readback:
@@ -262,9 +269,7 @@ impl Session {
             }
             other => {
                 self.prerecorded = other;
-                if let Some(p) = self.prerecorded.take() {
-                    self.free_slots.extend(p.slots);
-                }
+                self.drop_prerecorded_steps();
                 None
             }
         };
