@@ -301,15 +301,27 @@ struct Conversation {
     first_ids: Vec<u32>,
 }
 
-/// The longest engine call of each kind, ms.
+/// The longest engine call of each kind, ms; and the time of each kind
+/// in the frame at hand (what a slow frame spent its time on).
 #[derive(Default)]
-struct CallTimes(std::collections::BTreeMap<&'static str, f64>);
+struct CallTimes(
+    std::collections::BTreeMap<&'static str, f64>,
+    std::collections::BTreeMap<&'static str, f64>,
+);
 
 impl CallTimes {
     fn note(&mut self, call: &'static str, start: Instant) {
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let slowest = self.0.entry(call).or_insert(0.0);
         *slowest = slowest.max(ms);
+        *self.1.entry(call).or_insert(0.0) += ms;
+    }
+
+    /// Adds the frame's calls to `frame` and starts the next frame.
+    fn end_frame(&mut self, frame: &mut std::collections::BTreeMap<&'static str, f64>) {
+        for (call, ms) in std::mem::take(&mut self.1) {
+            *frame.entry(call).or_insert(0.0) += ms;
+        }
     }
 
     fn merge(&mut self, other: &CallTimes) {
@@ -495,6 +507,8 @@ fn phase(
     let mut latency = Vec::new();
     let mut in_flight: VecDeque<InFlightFrame> = VecDeque::new();
     let mut late = 0;
+    // Each frame's engine time by call kind, ms.
+    let mut frame_calls = Vec::new();
     let start = Instant::now();
     let mut boundary = start;
     let harvest = |in_flight: &mut VecDeque<InFlightFrame>, latency: &mut Vec<f64>| {
@@ -522,6 +536,11 @@ fn phase(
         }
         let end = Instant::now();
         engine_cpu.push((end - engine_start).as_secs_f64() * 1e3);
+        let mut calls = std::collections::BTreeMap::new();
+        for c in &mut conversations {
+            c.slowest_calls.end_frame(&mut calls);
+        }
+        frame_calls.push(calls);
         frame_cpu.push((end - frame_start).as_secs_f64() * 1e3);
         // Idle until the next boundary, polling the device so completions
         // are seen promptly (not counted as the frame's CPU time).
@@ -571,7 +590,10 @@ fn phase(
     slowest.truncate(5);
     Ok(json!({
         "phase": if sessions == 0 { "render" } else { "decode" },
-        "slowest_engine_frames": slowest.iter().map(|&(i, ms)| json!({"frame": i, "ms": ms})).collect::<Vec<_>>(),
+        "slowest_engine_frames": slowest
+            .iter()
+            .map(|&(i, ms)| json!({"frame": i, "ms": ms, "calls_ms": frame_calls[i]}))
+            .collect::<Vec<_>>(),
         "slowest_engine_calls_ms": slowest_calls.0,
         "sessions": sessions,
         "batched": sessions > 1,

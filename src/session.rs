@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 mod batch;
+mod choice_worker;
 mod diagnostics;
 mod feed;
 mod readback;
@@ -97,7 +98,13 @@ pub struct Session {
     /// The output constraint of the reply being generated, if any: every
     /// token returned advances it, and its mask is on the GPU before the
     /// step that chooses the next.
+    /// (`None` while the choice on the session's thread holds it.)
     constraint: Option<crate::constraint::ConstraintState>,
+    /// A polled constrained step's token choice on the session's thread
+    /// (which computes the mask first), until the next call settles it.
+    choice_on_worker: Option<choice_worker::ChoiceOnWorker>,
+    /// Token choices handed to the session's thread so far.
+    choices_on_worker: u64,
     /// The batch slot whose KV region this session's cache is (freed when
     /// the session is dropped); `None`: buffers of its own.
     kv_slot: Option<batch::SlotLease>,
@@ -166,6 +173,8 @@ impl Session {
             logprobs: 0,
             last_logprobs: None,
             constraint: None,
+            choice_on_worker: None,
+            choices_on_worker: 0,
             kv_slot,
             edits: 0,
             step_launches: None,
@@ -338,7 +347,9 @@ impl Session {
     /// Starts the constraint over (a new reply follows) and puts its first
     /// mask on the GPU, queued before the steps that follow.
     pub(super) fn restart_constraint(&mut self) -> Result<()> {
-        if let Some(c) = &self.constraint {
+        // A constraint at its start is on the GPU already (a truncate and
+        // the feed after it restart it once, not twice).
+        if let Some(c) = self.constraint.as_mut().filter(|c| !c.is_fresh()) {
             self.constraint = Some(c.restarted()?);
             self.write_token_mask();
         }
@@ -356,11 +367,17 @@ impl Session {
     /// The lookahead in effect: 1 while a constraint is awake (each step's
     /// mask waits for the token before it).
     pub(super) fn effective_lookahead(&self) -> usize {
-        if self.constraint.as_ref().is_some_and(|c| !c.is_dormant()) {
+        if self.constraint_awake() {
             1
         } else {
             self.lookahead
         }
+    }
+
+    /// True while a constraint is awake (not waiting for its trigger): a
+    /// choice on the session's thread is one of an awake constraint.
+    pub(super) fn constraint_awake(&self) -> bool {
+        self.choice_on_worker.is_some() || self.constraint.as_ref().is_some_and(|c| !c.is_dormant())
     }
 
     /// Rebuilds the launches choosing the token (and computing the
@@ -519,7 +536,7 @@ impl Session {
         self.submit_with_readback(enc, slot);
         self.gpu_pos = end;
         self.len = end - 1;
-        self.take_queued()
+        self.take_queued(false)
     }
 
     /// Rewinds the session to its first `len` positions: the KV cache keeps
@@ -567,8 +584,11 @@ impl Session {
     /// Feeds the pending greedy token back in and returns the next one
     /// (the streaming step). Fails with `no_pending_token` before any `feed`.
     pub fn next_token(&mut self) -> Result<u32> {
+        if let Some(settled) = self.settle_choice(true) {
+            settled?;
+        }
         self.queue_ahead(usize::MAX)?;
-        self.take_queued()
+        self.take_queued(false)
     }
 
     /// [`next_token`](Self::next_token) that never waits for the GPU: it
@@ -578,7 +598,13 @@ impl Session {
     /// `next_token` would return. A call submits at most one batch of
     /// steps (half the lookahead), recorded ahead of time on a thread of
     /// the session's own, so the caller's thread pays for the submit and
-    /// the readback, not for recording.
+    /// the readback, not for recording. Under a constraint
+    /// ([`set_constraint`](Self::set_constraint)), the call that returns a
+    /// token leaves the next mask and the next token's choice to that
+    /// thread too; the next call returns `None` until they are submitted,
+    /// and any other call of the session's waits for them first. A failure
+    /// of that mask (the constraint allowing no token) is the next call's
+    /// error.
     ///
     /// ```no_run
     /// # fn frame(session: &mut qwen3_wgpu::Session) -> qwen3_wgpu::Result<()> {
@@ -589,6 +615,12 @@ impl Session {
     /// # }
     /// ```
     pub fn try_next_token(&mut self) -> Result<Option<u32>> {
+        match self.settle_choice(false) {
+            // The mask after the last token is still being computed.
+            None if self.choice_on_worker.is_some() => return Ok(None),
+            Some(Err(e)) => return Err(e),
+            _ => {}
+        }
         self.queue_ahead(1)?;
         let front = self.queued.front_mut().ok_or_else(no_step_in_flight)?;
         if !front.arrived()? {
@@ -604,6 +636,6 @@ impl Session {
                 return Ok(None);
             }
         }
-        self.take_queued().map(Some)
+        self.take_queued(true).map(Some)
     }
 }

@@ -22,7 +22,7 @@ use llguidance::TokenParser;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
-pub(crate) use state::ConstraintState;
+pub(crate) use state::{ConstraintState, Consumed};
 pub use tools::{parse_tool_calls, ParsedReply, ToolCall, ToolChoice};
 pub(crate) use vocabulary::ConstraintVocabulary;
 

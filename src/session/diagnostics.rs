@@ -49,7 +49,7 @@ impl Session {
         let slot = self.queue_readback(&mut enc, self.len + 1)?;
         self.submit_with_readback(enc, slot);
         self.gpu_pos += 1;
-        self.take_queued()?;
+        self.take_queued(false)?;
         let wall_us = t0.elapsed().as_secs_f64() * 1e6;
         let gpu_us = match &timestamps {
             Some(t) => t.intervals_us(&gpu)?.first().copied(),
@@ -106,7 +106,7 @@ impl Session {
         let slot = self.queue_readback(&mut enc, self.len + 1)?;
         self.submit_with_readback(enc, slot);
         self.gpu_pos += 1;
-        self.take_queued()?;
+        self.take_queued(false)?;
         if repeats > 1 {
             // argmax_final advanced the GPU's position once per run.
             self.reset_gpu_position();
@@ -247,7 +247,7 @@ impl Session {
         let slot = self.queue_readback(&mut enc, self.len + 1)?;
         self.submit_with_readback(enc, slot);
         self.gpu_pos += 1;
-        self.take_queued()?;
+        self.take_queued(false)?;
         Ok(out)
     }
 

@@ -114,6 +114,7 @@ impl Session {
     /// Errors: those of [`feed`](Self::feed), before anything is submitted.
     pub fn begin_feed(&mut self, ids: &[u32]) -> Result<()> {
         self.check_no_feed()?;
+        self.settle_choice_quietly();
         check_prompt(ids, self.model.config.vocab_size)?;
         let ids: Vec<u32> = self.pending.into_iter().chain(ids.iter().copied()).collect();
         self.check_room(ids.len())?;
@@ -260,7 +261,7 @@ impl Session {
         // Every earlier submit is done once the last step's token is back,
         // so the discarded steps' slots are all mapped by now.
         self.reclaim_discarded(progress, true)?;
-        self.take_queued().map(FeedStatus::Ready)
+        self.take_queued(false).map(FeedStatus::Ready)
     }
 
     /// Frees the readback slots of the discarded steps whose mappings have

@@ -77,6 +77,10 @@ pub(super) struct InFlight {
 }
 
 impl InFlight {
+    pub(super) fn new(slot: usize, mapping: Mapping) -> Self {
+        InFlight { slot, mapping }
+    }
+
     /// Whether the slot's mapping has completed (successfully or not),
     /// without waiting.
     pub(super) fn arrived(&mut self) -> Result<bool> {
@@ -123,8 +127,10 @@ impl Session {
     }
 
     /// Waits for the oldest queued step's token, consumes its position and
-    /// makes the token the pending prediction.
-    pub(super) fn take_queued(&mut self) -> Result<u32> {
+    /// makes the token the pending prediction; `polled` (a call that must
+    /// not wait) hands the next constrained choice to the session's thread
+    /// where it can.
+    pub(super) fn take_queued(&mut self, polled: bool) -> Result<u32> {
         let q = self.queued.pop_front().ok_or_else(no_step_in_flight)?;
         let (token, logprobs) = self.read_slot(q)?;
         self.last_logprobs = logprobs;
@@ -135,7 +141,9 @@ impl Session {
             });
         }
         self.pending = Some(token);
-        self.advance_constraint(token)?;
+        if !(polled && self.choose_on_worker(token)?) {
+            self.advance_constraint(token)?;
+        }
         // The next submit is recorded from here on, so the call that
         // queues it (the first after a feed included) finds it ready. Not
         // for a batch's session: its batch steps it (if it queues steps
@@ -177,6 +185,7 @@ impl Session {
     /// the GPU's position back at `len`, whose token (`pending`) is intact:
     /// queued steps only write tokens after it.
     pub(super) fn discard_queued(&mut self) -> Result<()> {
+        self.settle_choice_quietly();
         self.drop_prerecorded();
         while let Some(q) = self.queued.pop_front() {
             self.wait_slot(q)?;

@@ -228,8 +228,9 @@ pub(super) fn take_recorded(
     }
 }
 
-/// A job on its way to the recording thread, and where its commands go.
-type QueuedJob = (Box<dyn Recordable>, mpsc::Sender<wgpu::CommandBuffer>);
+/// Work on its way to the recording thread: a job's recording (sending
+/// its commands back), or a task of the owner's.
+type QueuedJob = Box<dyn FnOnce() + Send>;
 
 /// A session's or a batch's recording thread: encodes the jobs it is
 /// sent, in order, and ends when its owner drops the [`Recorder`] (which
@@ -248,25 +249,36 @@ impl Recorder {
         let thread = std::thread::Builder::new()
             .name("qwen3-wgpu recorder".into())
             .spawn(move || {
-                for (job, done) in incoming {
-                    // The owner may have moved on and dropped the receiver.
-                    let _ = done.send(job.encode());
+                for job in incoming {
+                    job();
                 }
             })
             .ok()?;
         Some(Recorder { jobs: Some(jobs), thread: Some(thread) })
     }
 
-    /// Queues `job`; its commands arrive on the returned receiver (which
-    /// reports a disconnect if the thread is gone).
+    /// Queues `job`; its commands arrive on the returned receiver
+    /// (recorded on the caller's thread should the recorder's be gone).
     pub(super) fn record(&self, job: impl Recordable) -> mpsc::Receiver<wgpu::CommandBuffer> {
         let (done, commands) = mpsc::channel();
-        // A send fails only once the thread is gone: the receiver then
-        // reports the disconnect and the caller records the job itself.
-        if let Some(jobs) = &self.jobs {
-            let _ = jobs.send((Box::new(job), done));
-        }
+        self.run(move || {
+            // The owner may have moved on and dropped the receiver.
+            let _ = done.send(job.encode());
+        });
         commands
+    }
+
+    /// Runs `task` on the thread after the jobs queued before it (on the
+    /// caller's thread should the recorder's be gone).
+    pub(super) fn run(&self, task: impl FnOnce() + Send + 'static) {
+        let task: QueuedJob = Box::new(task);
+        let unsent = match &self.jobs {
+            Some(jobs) => jobs.send(task).err().map(|e| e.0),
+            None => Some(task),
+        };
+        if let Some(task) = unsent {
+            task();
+        }
     }
 }
 

@@ -58,7 +58,7 @@ impl Session {
     /// forward pass meanwhile (its input token is the choice already
     /// queued: nothing of the host's).
     pub(super) fn splits_steps(&self) -> bool {
-        !self.whole_steps_only && self.constraint.as_ref().is_some_and(|c| !c.is_dormant())
+        !self.whole_steps_only && self.constraint_awake()
     }
 
     /// Makes every step a whole one (`false`; the default `true` splits
@@ -85,7 +85,7 @@ impl Session {
     /// at `gpu_pos` unless it is queued already (recorded ahead, or here
     /// if `wait`; otherwise left to a later call while it is being
     /// recorded). Whatever is queued before it writes its input token.
-    fn submit_forward_ahead(&mut self, wait: bool) {
+    pub(super) fn submit_forward_ahead(&mut self, wait: bool) {
         let pos = self.gpu_pos;
         if !self.splits_steps() || self.forward_ahead() == Some(pos) || pos >= self.bufs.capacity {
             return;
@@ -239,7 +239,7 @@ impl Session {
 
     /// Drops the steps recorded ahead (not a forward pass recorded ahead
     /// of its choice) and frees their slots.
-    fn drop_prerecorded_steps(&mut self) {
+    pub(super) fn drop_prerecorded_steps(&mut self) {
         if let Some(p) = self.prerecorded.take() {
             self.free_slots.extend(p.slots);
         }
@@ -302,13 +302,7 @@ impl Session {
         if let Some(c) = &self.constraint {
             let vocab = self.model.config.vocab_size;
             if !c.allows_any_below(vocab) {
-                return Err(Error::invalid_argument(
-                    c.kind(),
-                    format!(
-                        "the constraint allows no token among the model's {vocab} here (only tokens past them, \
-                         such as an end-of-text token of a larger vocabulary, would follow)"
-                    ),
-                ));
+                return Err(no_token_below(c.kind(), vocab));
             }
         }
         self.check_room(n)
@@ -382,4 +376,15 @@ impl Session {
         let step = [pos as u32, fill_end as u32];
         self.model.gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
     }
+}
+
+/// A constraint allows no token among the model's `vocab` logits.
+pub(super) fn no_token_below(kind: &str, vocab: usize) -> Error {
+    Error::invalid_argument(
+        kind,
+        format!(
+            "the constraint allows no token among the model's {vocab} here (only tokens past them, such as an \
+             end-of-text token of a larger vocabulary, would follow)"
+        ),
+    )
 }

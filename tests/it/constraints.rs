@@ -267,7 +267,9 @@ fn bad_constraints_are_named_errors() {
 }
 
 /// In a batch, members with different constraints or none each get the
-/// tokens they get alone (a constrained row chooses with its own mask).
+/// tokens they get alone (a constrained row chooses with its own mask),
+/// stepped blocking or polled (the masks then computed off the caller's
+/// thread).
 #[test]
 fn batch_members_keep_their_own_constraints() {
     let model = short_vocab_model();
@@ -327,6 +329,14 @@ fn batch_members_keep_their_own_constraints() {
         }
         assert_eq!(got, alone, "polled: {polled}");
         assert!(sessions[0].constraint_complete(), "the regex completes within {steps} tokens");
+        // A polled step returns the tokens and leaves the next masks to
+        // other threads (the next step settles them); `step` computes them.
+        let on_worker: u64 = sessions.iter().map(Session::debug_choices_on_worker).sum();
+        if polled {
+            assert!(on_worker >= 10, "{on_worker} masks on other threads");
+        } else {
+            assert_eq!(on_worker, 0);
+        }
     }
 }
 
@@ -486,7 +496,8 @@ fn a_constraint_after_a_token_leaves_the_text_before_it_free() {
 /// not): its tokens are those of whole steps, under greedy and sampled
 /// choice, across replies started over by `truncate` and continued by
 /// `feed` (each moves the GPU's position away from a forward pass queued
-/// ahead), taken blocking or polled.
+/// ahead), taken blocking or polled (a polled call hands the next mask
+/// and the choice to the session's thread).
 #[test]
 fn split_steps_give_the_tokens_of_whole_steps() {
     let model = short_vocab_model();
@@ -523,13 +534,21 @@ fn split_steps_give_the_tokens_of_whole_steps() {
             }
             out.push(ids);
         }
-        (out, s.debug_forward_ahead_submits())
+        (out, s.debug_forward_ahead_submits(), s.debug_choices_on_worker())
     };
-    let (whole, none) = run(false, false);
-    assert_eq!(none, 0);
+    let (whole, none, on_worker) = run(false, false);
+    assert_eq!((none, on_worker), (0, 0));
     for polled in [false, true] {
-        let (split, ahead) = run(true, polled);
+        let (split, ahead, on_worker) = run(true, polled);
         assert!(ahead >= 20, "polled {polled}: {ahead} forward passes ahead");
+        // A polled call returns its token and leaves the next mask and the
+        // choice to the session's thread (a feed or a truncate right after
+        // it settles it first); a blocking one computes them itself.
+        if polled {
+            assert!(on_worker >= 20, "{on_worker} choices on the session's thread");
+        } else {
+            assert_eq!(on_worker, 0);
+        }
         assert_eq!(split, whole, "polled {polled}");
     }
 }

@@ -42,6 +42,7 @@ impl Batch {
     /// session never fed; `context_overflow` for a full one. Then a GPU
     /// failure.
     pub fn step(&mut self, sessions: &mut [&mut Session]) -> Result<Vec<u32>> {
+        settle_masks(sessions, true)?;
         self.check_step(sessions)?;
         if self.forward.is_none() {
             // The MSL twins have no batched variants: each session's own
@@ -95,7 +96,7 @@ impl Batch {
                 return Err(e);
             }
         };
-        self.advance(sessions, &out, next)?;
+        self.advance(sessions, &out, next, false)?;
         Ok(out)
     }
 
@@ -149,9 +150,20 @@ impl Batch {
     /// step is recorded anew there as a first call's. Only where no thread
     /// can be started is a step recorded on the caller's thread.
     ///
-    /// Errors: those of [`Batch::step`], before anything is submitted;
+    /// The call that returns tokens leaves the constrained members' next
+    /// masks ([`Session::set_constraint`]) to rayon's threads; the next
+    /// call returns `None` until every one is on the GPU (any call of a
+    /// member's own waits for its mask first).
+    ///
+    /// Errors: those of [`Batch::step`], before anything is submitted
+    /// (and a member's failed mask: its constraint allowing no token);
     /// then a GPU failure.
     pub fn try_step(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
+        // The masks after the tokens the last call returned, computed on
+        // rayon's threads: until every one is on the GPU, nothing to do.
+        if !settle_masks(sessions, false)? {
+            return Ok(None);
+        }
         self.check_step(sessions)?;
         if self.forward.is_none() {
             return try_step_each(sessions);
@@ -203,7 +215,7 @@ impl Batch {
         }
         let out = self.read_tokens(current.readback, sessions.len())?;
         let next = self.behind.take();
-        self.advance(sessions, &out, next)?;
+        self.advance(sessions, &out, next, true)?;
         Ok(Some(out))
     }
 
@@ -214,6 +226,7 @@ impl Batch {
     /// batched variants. A diagnostic for the `profile` tool.
     #[doc(hidden)]
     pub fn profile_step(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<(LaunchKind, f64)>>> {
+        settle_masks(sessions, true)?;
         self.check_step(sessions)?;
         let gpu = self.model.gpu.clone();
         let Some(forward) = &self.forward else { return Ok(None) };
@@ -236,7 +249,7 @@ impl Batch {
         let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, commands);
         self.wait(&mut step)?;
         let out = self.read_tokens(step.readback, sessions.len())?;
-        self.advance(sessions, &out, None)?;
+        self.advance(sessions, &out, None, false)?;
         let us = ts.intervals_us(&gpu)?;
         Ok(Some(kinds.into_iter().zip(us).collect()))
     }
@@ -270,12 +283,14 @@ impl Batch {
 
     /// Gives each session its token (the pending one before it is now in
     /// its KV cache) and makes `next`, if any, the step ahead, its rows'
-    /// pending tokens now known.
+    /// pending tokens now known. `polled` (a call that must not wait)
+    /// leaves the constrained rows' next masks to rayon's threads.
     fn advance(
         &mut self,
         sessions: &mut [&mut Session],
         tokens: &[u32],
         next: Option<InFlightStep>,
+        polled: bool,
     ) -> Result<()> {
         for (s, &token) in sessions.iter_mut().zip(tokens) {
             s.len += 1;
@@ -291,7 +306,9 @@ impl Batch {
         // The constrained rows' next masks (no step is queued ahead of
         // one), computed in parallel: one inside a free string can take
         // milliseconds.
-        let consumed: Vec<_> = if sessions.iter().filter(|s| s.constraint.is_some()).count() > 1 {
+        let consumed: Vec<_> = if polled {
+            sessions.iter_mut().zip(tokens).map(|(s, &token)| s.consume_constraint_on_worker(token)).collect()
+        } else if sessions.iter().filter(|s| s.constraint.is_some()).count() > 1 {
             sessions
                 .par_iter_mut()
                 .zip(tokens.par_iter())
@@ -305,6 +322,20 @@ impl Batch {
         }
         Ok(())
     }
+}
+
+/// Takes back the masks the sessions' constraints computed on other
+/// threads (waiting for them if `wait`): false while one is on its way.
+/// A failed mask is the step's error.
+fn settle_masks(sessions: &mut [&mut Session], wait: bool) -> Result<bool> {
+    let mut settled = true;
+    for s in sessions.iter_mut() {
+        match s.settle_choice(wait) {
+            Some(outcome) => outcome?,
+            None => settled &= !s.has_work_on_worker(),
+        }
+    }
+    Ok(settled)
 }
 
 /// Whether every step the sessions queued alone has its token back (so
@@ -340,5 +371,5 @@ fn try_step_each(sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
             return Ok(None);
         }
     }
-    sessions.iter_mut().map(|s| s.take_queued()).collect::<Result<Vec<u32>>>().map(Some)
+    sessions.iter_mut().map(|s| s.take_queued(false)).collect::<Result<Vec<u32>>>().map(Some)
 }
