@@ -374,6 +374,12 @@ impl Session {
         }
     }
 
+    /// True while the session has a constraint (its state may be on
+    /// another thread, computing the next mask).
+    pub(super) fn has_constraint(&self) -> bool {
+        self.constraint.is_some() || self.choice_on_worker.is_some()
+    }
+
     /// True while a constraint is awake (not waiting for its trigger): a
     /// choice on the session's thread is one of an awake constraint.
     pub(super) fn constraint_awake(&self) -> bool {

@@ -263,7 +263,7 @@ impl Batch {
 /// (it samples, applies penalties or a constraint's mask) rather than by
 /// the batch's argmax.
 pub(super) fn chooses_alone(s: &Session) -> bool {
-    !s.sampling.is_greedy() || s.sampling.has_penalties() || s.constraint.is_some()
+    !s.sampling.is_greedy() || s.sampling.has_penalties() || s.has_constraint()
 }
 
 /// `s`'s key as a step `offset` positions on from now finds it (the pending

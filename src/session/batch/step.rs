@@ -78,7 +78,7 @@ impl Batch {
         // host handles this one's tokens. Its inputs are this step's
         // tokens, already on the GPU.
         // No step ahead for a constrained row: its mask waits for its token.
-        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && s.constraint.is_none());
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && !s.has_constraint());
         let next = match self.behind.take() {
             Some(next) => Some(next),
             None => room.then(|| self.submit(sessions, 1, None, 1 - current.readback, true)),
@@ -197,7 +197,7 @@ impl Batch {
         };
         // The next step behind this one, as `step` queues it (unless a
         // call queued it already).
-        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && s.constraint.is_none());
+        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && !s.has_constraint());
         if self.behind.is_none() && room {
             self.behind = Some(self.submit(sessions, 1, None, 1 - current.readback, false));
         }
@@ -216,6 +216,12 @@ impl Batch {
         let out = self.read_tokens(current.readback, sessions.len())?;
         let next = self.behind.take();
         self.advance(sessions, &out, next, true)?;
+        if self.ahead.is_none() {
+            // No step behind this one (a constrained row's mask waits for
+            // its token): the next for the same sessions is recorded now,
+            // so the call that finds the masks on the GPU submits it.
+            self.record_ahead(sessions, 0, 0);
+        }
         Ok(Some(out))
     }
 
@@ -308,7 +314,7 @@ impl Batch {
         // milliseconds.
         let consumed: Vec<_> = if polled {
             sessions.iter_mut().zip(tokens).map(|(s, &token)| s.consume_constraint_on_worker(token)).collect()
-        } else if sessions.iter().filter(|s| s.constraint.is_some()).count() > 1 {
+        } else if sessions.iter().filter(|s| s.has_constraint()).count() > 1 {
             sessions
                 .par_iter_mut()
                 .zip(tokens.par_iter())
