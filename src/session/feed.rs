@@ -52,8 +52,9 @@ pub(super) struct FeedProgress {
     /// Submits so far (tests check that each call adds at most one).
     submits: usize,
     /// The prompt batches not submitted yet, in order, recorded (or being
-    /// recorded) on the session's recorder: a frame that polls the feed
-    /// pays for submits, not for recording ~300 launches per batch.
+    /// recorded) on the session's recorder, which also submits them: a
+    /// frame that polls the feed pays neither for recording ~300 launches
+    /// per batch nor for their submit.
     batches: VecDeque<Ahead<PrefillJob>>,
     /// The last position's step, recorded likewise, with the copy of its
     /// token into `last_slot` (without, if no slot was free: the copy is
@@ -75,8 +76,9 @@ impl Session {
     /// [`feed`](Self::feed) does (every id, the capacity, the pending token
     /// committed first), hands the prompt batches' and the last
     /// position's commands to the session's recording thread and returns:
-    /// a frame that starts or polls a feed pays for submits, not for
-    /// recording. Then call [`poll_feed`](Self::poll_feed) (say once a frame) until it
+    /// a frame that starts or polls a feed pays for the last position's
+    /// submit, not for recording (that thread submits the prompt batches
+    /// too). Then call [`poll_feed`](Self::poll_feed) (say once a frame) until it
     /// returns [`FeedStatus::Ready`] with the prediction after the last id,
     /// the token [`feed`](Self::feed) would return. Neither call ever waits
     /// for the GPU, and at most one batch of [`PREFILL_BATCH`](crate::PREFILL_BATCH)
@@ -168,8 +170,8 @@ impl Session {
 
     /// Advances the feed [`begin_feed`](Self::begin_feed) started, without
     /// waiting: when the batch on the GPU is done (or none was submitted
-    /// yet), submits the next one (or the last position's step) once its
-    /// commands are recorded; when that step's token has arrived,
+    /// yet), has the session's thread submit the next one once it is
+    /// recorded (or submits the last position's step, once recorded); when that step's token has arrived,
     /// returns it as [`FeedStatus::Ready`] and the feed is over (the session
     /// then holds the ids, and the token is pending, exactly as after
     /// [`feed`](Self::feed)). Otherwise [`FeedStatus::Pending`] with the
@@ -189,6 +191,11 @@ impl Session {
                 Ok(status)
             }
             Err(e) => {
+                // A prompt batch handed to the session's thread is
+                // submitted (its position written) before the rewind's.
+                if let Some(rec) = &self.recorder {
+                    rec.finish_queued();
+                }
                 // Rewind to where the feed began; what is still in flight
                 // is reclaimed by the next call that discards queued steps.
                 self.queued.extend(progress.discarded.drain(..));
@@ -279,6 +286,31 @@ impl Session {
         Ok(())
     }
 
+    /// Hands the feed's next prompt batch to the session's thread, which
+    /// writes its position and submits it once recorded (a submit costs
+    /// the caller a driver's round of work, ~0.1-0.4 ms; several
+    /// conversations restarting in one frame paid for each). Nothing else
+    /// of the session's is queued until the batch is done (the poll that
+    /// sees it done submits the next).
+    fn submit_batch_on_thread(&mut self, progress: &mut FeedProgress) {
+        let (Some(batch), Some(rec)) = (progress.batches.pop_front(), &self.recorder) else { return };
+        let (at, end) = (progress.next, progress.end);
+        let n = batch.job.tokens as usize;
+        // As `write_step_at`: the position a forward pass ran ahead at is gone.
+        self.forward_ahead.store(0, Ordering::Relaxed);
+        let done = Arc::new(AtomicBool::new(false));
+        let (queue, step, flag) = (self.model.gpu.queue.clone(), self.bufs.step.clone(), done.clone());
+        rec.run(move || {
+            let commands = batch.take_waiting();
+            queue.write_buffer(&step, 0, bytemuck::cast_slice(&[at as u32, end as u32]));
+            queue.submit([commands]);
+            queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        });
+        progress.submits += 1;
+        progress.next = at + n;
+        progress.in_flight = Some((at + n, done));
+    }
+
     /// The step at position `end - 1` without its token's readback copy.
     fn last_step_job(&mut self, end: usize) -> StepsJob {
         StepsJob {
@@ -298,6 +330,10 @@ impl Session {
         let end = progress.end;
         if progress.next + 1 < end {
             let at = progress.next;
+            if self.recorder.is_some() && !progress.batches.is_empty() {
+                self.submit_batch_on_thread(progress);
+                return;
+            }
             let (commands, n, inline) = match progress.batches.front() {
                 Some(batch) => match batch.take() {
                     Some((commands, inline)) => (commands, batch.job.tokens as usize, inline),

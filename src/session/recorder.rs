@@ -193,6 +193,12 @@ impl<J: Recordable + Clone> Ahead<J> {
         Ahead { job, commands }
     }
 
+    /// The commands, waiting for their recording (on the recorder's own
+    /// thread: those queued before a task are recorded by then).
+    pub(super) fn take_waiting(&self) -> wgpu::CommandBuffer {
+        take_recorded(&self.commands, true, || self.job.encode()).unwrap_or_else(|| self.job.encode())
+    }
+
     /// The commands once recorded (`None` while they are being recorded),
     /// and whether they were recorded on the caller's thread (the
     /// recorder being gone).
@@ -266,6 +272,15 @@ impl Recorder {
             let _ = done.send(job.encode());
         });
         commands
+    }
+
+    /// Waits until every job and task queued so far has run.
+    pub(super) fn finish_queued(&self) {
+        let (tx, rx) = mpsc::channel();
+        self.run(move || {
+            let _ = tx.send(());
+        });
+        let _ = rx.recv();
     }
 
     /// Runs `task` on the thread after the jobs queued before it (on the
