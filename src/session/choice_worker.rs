@@ -77,7 +77,6 @@ impl Session {
                 return Ok(true);
             }
         }
-        let Some(constraint) = self.constraint.take() else { return Ok(false) };
         let launches = self.step_launches();
         // The choice at `pos`: recorded ahead, or recorded now on the
         // session's thread ahead of the task.
@@ -87,16 +86,23 @@ impl Session {
                     && p.job.first == StepPart::Choice
                     && Arc::ptr_eq(&p.launches, &launches) =>
             {
-                p
+                Some(p)
             }
             other => {
                 self.prerecorded = other;
                 self.drop_prerecorded_steps();
-                let slot =
-                    self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))?;
-                self.record_on_thread(pos..pos + 1, vec![slot], StepPart::Choice)
+                let slot = self.free_slots.pop();
+                slot.map(|slot| self.record_on_thread(pos..pos + 1, vec![slot], StepPart::Choice))
             }
         };
+        let (Some(choice), true) = (choice, self.constraint.is_some()) else {
+            // No readback slot free (unreachable by their count): the
+            // mask on the caller's thread, the step queued as usual.
+            let consumed = self.constraint.as_mut().map(|c| c.compute_mask().map(|()| (false, false)));
+            self.after_constraint_consumed(consumed.transpose())?;
+            return Ok(true);
+        };
+        let Some(constraint) = self.constraint.take() else { return Err(Error::internal("no constraint")) };
         let forward_next = pos + 1 < self.bufs.capacity;
         let forward = forward_next.then(|| match self.prerecorded_forward.take() {
             Some(p) if p.positions.start == pos + 1 && Arc::ptr_eq(&p.launches, &launches) => p,
