@@ -134,22 +134,6 @@ impl Session {
         Ok(true)
     }
 
-    /// The steps at `positions` sent to the session's thread to record.
-    fn record_on_thread(
-        &mut self,
-        positions: std::ops::Range<usize>,
-        slots: Vec<usize>,
-        first: StepPart,
-    ) -> Prerecorded {
-        let job = self.steps_job(positions.clone(), &slots, first);
-        let commands = match &self.recorder {
-            Some(rec) => rec.record(job.clone()),
-            // A receiver whose sender is gone: taking it records inline.
-            None => mpsc::channel().1,
-        };
-        Prerecorded { positions, launches: job.launches.clone(), slots, job, commands }
-    }
-
     /// Takes back the choice handed to the session's thread, if any:
     /// `None` while it is still on its way and `wait` is false. The
     /// choice's readback joins the queued steps; where the worker
@@ -213,13 +197,7 @@ impl Session {
         rayon::spawn(move || {
             // The mask's upload too (~20 KB a member): queued before the
             // batch's next step, which waits for this task.
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                constraint.compute_mask()?;
-                let words = constraint.mask_words(vocab_size);
-                queue.write_buffer(&token_mask, 0, bytemuck::cast_slice(&words));
-                Ok(None)
-            }))
-            .unwrap_or_else(|_| Err(Error::internal("the constraint's parser panicked computing a mask")));
+            let outcome = upload_next_mask(&mut constraint, &queue, &token_mask, vocab_size).map(|_| None);
             let _ = tx.send(ChoiceDone { constraint, outcome });
         });
         self.choice_on_worker = Some(ChoiceOnWorker { done, choice: None });
@@ -261,28 +239,43 @@ struct ChoiceTask {
 impl ChoiceTask {
     fn run(self) -> ChoiceDone {
         let ChoiceTask { mut constraint, queue, token_mask, vocab_size, slot_buffer, choice, forward } = self;
-        // A panic inside the parser fails this step, not the thread.
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            constraint.compute_mask()?;
-            if !constraint.allows_any_below(vocab_size) {
-                return Err(super::submit::no_token_below(constraint.kind(), vocab_size));
-            }
-            if constraint.is_complete() {
-                return Ok(None);
-            }
-            let words = constraint.mask_words(vocab_size);
-            queue.write_buffer(&token_mask, 0, bytemuck::cast_slice(&words));
-            let commands = choice.take(true).ok_or_else(|| Error::internal("choice not recorded"))?;
-            let submission = queue.submit([commands]);
-            let mapping = Mapping::start(slot_buffer.slice(..), submission);
-            if let Some(forward) = forward {
-                let commands =
-                    forward.take(true).ok_or_else(|| Error::internal("forward pass not recorded"))?;
-                queue.submit([commands]);
-            }
-            Ok(Some(mapping))
-        }))
-        .unwrap_or_else(|_| Err(Error::internal("the constraint's parser panicked computing a mask")));
+        let outcome =
+            upload_next_mask(&mut constraint, &queue, &token_mask, vocab_size).and_then(|complete| {
+                if complete {
+                    return Ok(None);
+                }
+                let commands = choice.take(true).ok_or_else(|| Error::internal("choice not recorded"))?;
+                let submission = queue.submit([commands]);
+                let mapping = Mapping::start(slot_buffer.slice(..), submission);
+                if let Some(forward) = forward {
+                    let commands =
+                        forward.take(true).ok_or_else(|| Error::internal("forward pass not recorded"))?;
+                    queue.submit([commands]);
+                }
+                Ok(Some(mapping))
+            });
         ChoiceDone { constraint, outcome }
     }
+}
+
+/// Computes `constraint`'s next mask and uploads it; true when the reply
+/// is complete (no choice to make), an error when the mask allows no
+/// token among the model's logits. A panic inside the parser fails this
+/// step, not the thread.
+fn upload_next_mask(
+    constraint: &mut ConstraintState,
+    queue: &wgpu::Queue,
+    token_mask: &wgpu::Buffer,
+    vocab_size: usize,
+) -> Result<bool> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        constraint.compute_mask()?;
+        let words = constraint.mask_words(vocab_size);
+        queue.write_buffer(token_mask, 0, bytemuck::cast_slice(&words));
+        if !constraint.allows_any_below(vocab_size) {
+            return Err(super::submit::no_token_below(constraint.kind(), vocab_size));
+        }
+        Ok(constraint.is_complete())
+    }))
+    .unwrap_or_else(|_| Err(Error::internal("the constraint's parser panicked computing a mask")))
 }

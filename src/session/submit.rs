@@ -135,17 +135,8 @@ impl Session {
             // The forward pass submitted next: at `gpu_pos` unless queued.
             let pos = self.gpu_pos + usize::from(self.forward_ahead() == Some(self.gpu_pos));
             if pos < self.bufs.capacity && self.started_recorder().is_some() {
-                let job = self.steps_job(pos..pos + 1, &[], StepPart::Forward);
-                if let Some(rec) = &self.recorder {
-                    let commands = rec.record(job.clone());
-                    self.prerecorded_forward = Some(recorder::Prerecorded {
-                        positions: pos..pos + 1,
-                        launches: job.launches.clone(),
-                        slots: Vec::new(),
-                        job,
-                        commands,
-                    });
-                }
+                self.prerecorded_forward =
+                    Some(self.record_on_thread(pos..pos + 1, Vec::new(), StepPart::Forward));
             }
         }
         if self.prerecorded.is_some() {
@@ -162,11 +153,24 @@ impl Session {
         let slots: Vec<usize> = (0..k).filter_map(|_| self.free_slots.pop()).collect();
         // A split step's choice follows its forward pass, queued by then.
         let first = if self.splits_steps() { StepPart::Choice } else { StepPart::Whole };
+        self.prerecorded = Some(self.record_on_thread(positions, slots, first));
+    }
+
+    /// The steps at `positions` sent to the session's thread to record
+    /// (recorded on the caller's thread when taken, if it has none).
+    pub(super) fn record_on_thread(
+        &mut self,
+        positions: std::ops::Range<usize>,
+        slots: Vec<usize>,
+        first: StepPart,
+    ) -> recorder::Prerecorded {
         let job = self.steps_job(positions.clone(), &slots, first);
-        let Some(rec) = &self.recorder else { return };
-        let commands = rec.record(job.clone());
-        self.prerecorded =
-            Some(recorder::Prerecorded { positions, launches: job.launches.clone(), slots, job, commands });
+        let commands = match &self.recorder {
+            Some(rec) => rec.record(job.clone()),
+            // A receiver whose sender is gone: taking it records inline.
+            None => std::sync::mpsc::channel().1,
+        };
+        recorder::Prerecorded { positions, launches: job.launches.clone(), slots, job, commands }
     }
 
     /// The session's recorder, started on first use (`None` when the
