@@ -16,6 +16,7 @@ mod batch;
 mod choice_worker;
 mod diagnostics;
 mod feed;
+mod forced;
 mod readback;
 mod recorder;
 mod state;
@@ -136,6 +137,16 @@ pub struct Session {
     /// Prompt submits whose commands were recorded on the caller's thread
     /// (a blocking feed's; a polled feed's only when the recorder is gone).
     inline_feed_recordings: u64,
+    /// Tokens the constraint forced after the pending one, not yet
+    /// returned: the next calls return them without a step each.
+    forced: VecDeque<u32>,
+    /// The forced tokens' prompt batch is on the GPU: the queued step is
+    /// the choice after the last of them.
+    forced_feed: bool,
+    /// The forced tokens' feed while the session's thread submits it.
+    forced_away: Option<forced::ForcedAway>,
+    /// Tokens returned from [`Self::forced`] so far.
+    forced_tokens: u64,
 }
 
 impl Session {
@@ -186,6 +197,10 @@ impl Session {
             whole_steps_only: false,
             decode_submits: 0,
             inline_feed_recordings: 0,
+            forced: VecDeque::new(),
+            forced_feed: false,
+            forced_away: None,
+            forced_tokens: 0,
         };
         session.set_lookahead(DEFAULT_LOOKAHEAD);
         Ok(session)
@@ -270,6 +285,16 @@ impl Session {
     ///
     /// A constrained session keeps one step in flight (each step's mask
     /// depends on the token before it); steps queued ahead are discarded.
+    /// Tokens the constraint forces after a chosen one (a JSON key after
+    /// the value before it, the fixed words of a pattern) run through the
+    /// model as one prompt batch with the choice after them: the calls
+    /// that return them take no step each and wait for nothing (they are
+    /// the tokenizer's own spelling of the forced text, but the last,
+    /// which the text after could change). A session reporting
+    /// log-probabilities ([`set_logprobs`](Self::set_logprobs)) steps
+    /// every token, and so does a [`Batch`]'s session (its forced tokens
+    /// are rows of the batch's steps; its tokens alone are those it gets
+    /// in the batch).
     /// A pending token stays as it was chosen, and the constraint starts
     /// with the token after it. Session files and forks hold no constraint
     /// (set it again on the restored or forked session).
@@ -293,10 +318,14 @@ impl Session {
     /// as it was); a GPU failure while waiting for the discarded steps.
     pub fn set_constraint(&mut self, constraint: Option<&crate::Constraint>) -> Result<()> {
         self.check_no_feed()?;
-        let state = constraint.map(crate::Constraint::start).transpose()?;
+        let mut state = constraint.map(crate::Constraint::start).transpose()?;
         self.discard_queued()?;
+        if let Some(state) = &mut state {
+            state.set_fast_forward(self.fast_forward_below());
+        }
         let was_constrained = self.constraint.is_some();
         self.constraint = state;
+        self.forced.clear();
         self.write_token_mask();
         if was_constrained != self.constraint.is_some() {
             let params = self.sampling.clone();
@@ -310,7 +339,8 @@ impl Session {
     /// since it was set form a whole match, and only end-of-text may
     /// follow. False without a constraint.
     pub fn constraint_complete(&self) -> bool {
-        self.constraint.as_ref().is_some_and(|c| c.is_complete())
+        // The constraint is past the forced tokens not yet returned.
+        self.forced.is_empty() && self.constraint.as_ref().is_some_and(|c| c.is_complete())
     }
 
     /// Advances the constraint past `token`, a token just returned, and
@@ -341,12 +371,14 @@ impl Session {
         if !was_dormant || woke {
             self.write_token_mask();
         }
+        self.take_forced_from_constraint();
         Ok(())
     }
 
     /// Starts the constraint over (a new reply follows) and puts its first
     /// mask on the GPU, queued before the steps that follow.
     pub(super) fn restart_constraint(&mut self) -> Result<()> {
+        self.forced.clear();
         // A constraint at its start is on the GPU already (a truncate and
         // the feed after it restart it once, not twice).
         if let Some(c) = self.constraint.as_mut().filter(|c| !c.is_fresh()) {
@@ -457,6 +489,10 @@ impl Session {
         self.rebuild_choose(&params, n)?;
         self.logprobs = n;
         self.last_logprobs = None;
+        let below = self.fast_forward_below();
+        if let Some(c) = &mut self.constraint {
+            c.set_fast_forward(below);
+        }
         // Every slot is free after the discard: resize them for the records.
         self.slots.clear();
         self.free_slots.clear();
@@ -593,6 +629,10 @@ impl Session {
         if let Some(settled) = self.settle_choice(true) {
             settled?;
         }
+        if let Some(token) = self.take_forced()? {
+            return Ok(token);
+        }
+        self.settle_forced(true)?;
         self.queue_ahead(usize::MAX)?;
         self.take_queued(false)
     }
@@ -626,6 +666,12 @@ impl Session {
             None if self.choice_on_worker.is_some() => return Ok(None),
             Some(Err(e)) => return Err(e),
             _ => {}
+        }
+        if let Some(token) = self.take_forced()? {
+            return Ok(Some(token));
+        }
+        if !self.settle_forced(false)? {
+            return Ok(None);
         }
         self.queue_ahead(1)?;
         let front = self.queued.front_mut().ok_or_else(no_step_in_flight)?;

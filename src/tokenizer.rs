@@ -85,6 +85,12 @@ impl Tokenizer {
         &self.inner
     }
 
+    /// [`Self::inner`], shared (what is derived from the tokenizer may
+    /// keep it without keeping the derived values alive in a cycle).
+    pub(crate) fn shared_inner(&self) -> Arc<tokenizers::Tokenizer> {
+        self.inner.clone()
+    }
+
     /// Number of ids the tokenizer knows, added (special) tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

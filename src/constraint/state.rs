@@ -38,6 +38,13 @@ pub(crate) struct ConstraintState {
     /// complete (a restart on the caller's thread costs a parser's copy
     /// and its first mask, ~0.1-0.3 ms).
     next: Option<mpsc::Receiver<Result<ConstraintState>>>,
+    /// Fast-forward below this token id (0: off): the tokens the grammar
+    /// forces after a chosen token are consumed with it, as long as each
+    /// is a logit of the model's (below its vocabulary).
+    fast_forward_below: usize,
+    /// The tokens forced after the last token consumed, not yet taken by
+    /// the session ([`Self::take_forced`]); the mask follows them.
+    forced: Vec<u32>,
 }
 
 impl ConstraintState {
@@ -57,18 +64,43 @@ impl ConstraintState {
             dormant,
             fresh: true,
             next: None,
+            fast_forward_below: 0,
+            forced: Vec::new(),
         };
-        state.compute_mask()?;
+        // Nothing is fast-forwarded at the start: the reply's first token
+        // is the prompt's choice.
+        state.compute_allowed()?;
         Ok(state)
     }
 
     /// The same constraint from its start (a new reply): the one made
     /// ahead if it is ready.
     pub(crate) fn restarted(&mut self) -> Result<Self> {
-        match self.next.take().map(|next| next.try_recv()) {
-            Some(Ok(state)) => state,
-            _ => self.source.start(),
-        }
+        let mut state = match self.next.take().map(|next| next.try_recv()) {
+            Some(Ok(state)) => state?,
+            _ => self.source.start()?,
+        };
+        state.fast_forward_below = self.fast_forward_below;
+        Ok(state)
+    }
+
+    /// Fast-forwards the tokens the grammar forces, each below
+    /// `vocab_size` (0: never; a session reporting log-probabilities
+    /// steps every token).
+    pub(crate) fn set_fast_forward(&mut self, vocab_size: usize) {
+        self.fast_forward_below = vocab_size;
+    }
+
+    /// The tokens forced after the last token consumed (consumed already:
+    /// the mask is the one after them), handed over once.
+    pub(crate) fn take_forced(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.forced)
+    }
+
+    /// Whether tokens were forced after the last token consumed (the
+    /// choice after them follows their prompt batch, not this step).
+    pub(crate) fn has_forced(&self) -> bool {
+        !self.forced.is_empty()
     }
 
     /// Starts making the next reply's state on rayon's threads.
@@ -172,17 +204,22 @@ impl ConstraintState {
         }
         self.matcher.consume_token(token).map_err(|e| self.failed(e))?;
         if self.matcher.is_stopped() {
-            // A stopped parser computes no mask: only end-of-text follows.
-            self.mask.fill(0);
-            for &t in &self.vocabulary.eos {
-                if let Some(w) = self.mask.get_mut(t as usize / 32) {
-                    *w |= 1 << (t % 32);
-                }
-            }
-            self.prepare_restart();
+            self.only_end_of_text();
             return Ok(Consumed::MaskReady);
         }
         Ok(Consumed::MaskDue)
+    }
+
+    /// A stopped parser computes no mask: only end-of-text follows, and
+    /// the next reply's state is made ahead.
+    fn only_end_of_text(&mut self) {
+        self.mask.fill(0);
+        for &t in &self.vocabulary.eos {
+            if let Some(w) = self.mask.get_mut(t as usize / 32) {
+                *w |= 1 << (t % 32);
+            }
+        }
+        self.prepare_restart();
     }
 
     /// True once the grammar is complete: nothing but end-of-text may
@@ -211,8 +248,34 @@ impl ConstraintState {
     }
 
     /// Computes the mask of the tokens allowed next (up to milliseconds
-    /// inside a free JSON string over a 150k vocabulary).
+    /// inside a free JSON string over a 150k vocabulary), after consuming
+    /// the tokens the grammar forces when fast-forward is on (llguidance's
+    /// canonical tokens of the forced bytes; the first one past the
+    /// model's vocabulary ends them, the mask spelling the rest).
     pub(crate) fn compute_mask(&mut self) -> Result<()> {
+        if self.fast_forward_below > 0 && !self.dormant && !self.matcher.is_stopped() {
+            let bytes = self.matcher.compute_ff_bytes();
+            if !bytes.is_empty() {
+                let mut forced = self.vocabulary.forced_tokens(&bytes);
+                if let Some(past) = forced.iter().position(|&t| t as usize >= self.fast_forward_below) {
+                    forced.truncate(past);
+                }
+                // (The matcher takes what it accepts: all, as they spell
+                // forced bytes.)
+                let taken = self.matcher.try_consume_tokens(&forced).map_err(|e| self.failed(e))?;
+                forced.truncate(taken);
+                self.forced.extend(forced);
+                if self.matcher.is_stopped() {
+                    self.only_end_of_text();
+                    return Ok(());
+                }
+            }
+        }
+        self.compute_allowed()
+    }
+
+    /// The mask of the tokens allowed next, from the parser as it is.
+    fn compute_allowed(&mut self) -> Result<()> {
         let mask = self.matcher.compute_mask().map_err(|e| self.failed(e))?;
         self.mask = mask.as_slice().to_vec();
         if self.mask.iter().all(|&w| w == 0) {

@@ -14,6 +14,8 @@ pub(crate) struct ConstraintVocabulary {
     pub(crate) factory: ParserFactory,
     /// The end-of-text tokens a complete grammar allows.
     pub(crate) eos: Vec<u32>,
+    /// The tokenizer, to spell the bytes a grammar forces as its tokens.
+    tokenizer: Arc<tokenizers::Tokenizer>,
 }
 
 impl ConstraintVocabulary {
@@ -66,7 +68,32 @@ impl ConstraintVocabulary {
         .map_err(|_| "llguidance cannot use the vocabulary (it panicked)".to_string())?;
         let mut factory = factory.map_err(|e| format!("llguidance cannot use the vocabulary: {e}"))?;
         factory.quiet();
-        Ok(Self { factory, eos })
+        Ok(Self { factory, eos, tokenizer: tokenizer.shared_inner() })
+    }
+
+    /// The tokens that surely spell the start of `forced`, bytes a grammar
+    /// forces: the tokenizer's own tokens (those a model trained on its
+    /// output writes), but the last, which the bytes after `forced` could
+    /// merge into another; none where the tokens would not spell the bytes
+    /// exactly (text the tokenizer normalises, bytes that are not UTF-8).
+    /// The matcher keeps its mask free of this choice (llguidance's
+    /// canonical forcing would allow only the one token it picks, which a
+    /// model with fewer logits than the tokenizer may not have).
+    pub(crate) fn forced_tokens(&self, forced: &[u8]) -> Vec<u32> {
+        let Some(mut ids) = std::str::from_utf8(forced)
+            .ok()
+            .and_then(|text| self.tokenizer.encode_fast(text, false).ok())
+            .map(|e| e.get_ids().to_vec())
+        else {
+            return Vec::new();
+        };
+        ids.pop();
+        let trie = self.factory.tok_env().tok_trie();
+        let spelled = trie.decode_raw(&ids);
+        if !forced.starts_with(&spelled) {
+            return Vec::new();
+        }
+        ids
     }
 }
 

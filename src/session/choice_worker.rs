@@ -38,8 +38,8 @@ struct WorkerChoice {
 }
 
 /// What the worker sends back: the constraint, and the choice's readback
-/// (`None`: not submitted, the reply being complete; an error: not
-/// submitted either).
+/// (`None`: not submitted, the reply being complete or the constraint
+/// having forced tokens; an error: not submitted either).
 struct ChoiceDone {
     constraint: ConstraintState,
     outcome: Result<Option<Mapping>>,
@@ -52,20 +52,45 @@ impl Session {
     /// advances the constraint itself).
     pub(super) fn choose_on_worker(&mut self, token: u32) -> Result<bool> {
         let pos = self.len;
-        if self.splits_steps() && self.queued.is_empty() {
-            // Its forward pass, unless the call that queued the choice
-            // before it found it still being recorded.
-            self.submit_forward_ahead(true);
+        // Its forward pass, unless submitted already: where the session's
+        // thread is still recording it (behind a prompt batch's submits,
+        // say), that thread submits it first, in order; the caller never
+        // waits for it.
+        let mut forward_first = None;
+        if self.splits_steps() && self.queued.is_empty() && self.forward_ahead() != Some(pos) {
+            let launches = self.step_launches();
+            match self.prerecorded_forward.take() {
+                Some(p) if p.positions.start == pos && Arc::ptr_eq(&p.launches, &launches) => {
+                    match p.take(false) {
+                        Some(commands) => {
+                            self.model.gpu.queue.submit([commands]);
+                            self.forward_ahead.store(pos + 1, Ordering::Relaxed);
+                            self.forward_ahead_submits += 1;
+                        }
+                        None if self.recorder.is_some() => forward_first = Some(p),
+                        None => {
+                            self.prerecorded_forward = Some(p);
+                            self.submit_forward_ahead(true);
+                        }
+                    }
+                }
+                other => {
+                    self.prerecorded_forward = other;
+                    self.submit_forward_ahead(true);
+                }
+            }
         }
+        let forward_ready = self.forward_ahead() == Some(pos) || forward_first.is_some();
         let eligible = self.splits_steps()
             && self.kv_slot.is_none()
             && self.choice_on_worker.is_none()
             && self.queued.is_empty()
             && self.gpu_pos == pos
-            && self.forward_ahead() == Some(pos)
+            && forward_ready
             && pos < self.bufs.capacity
             && self.started_recorder().is_some();
         if !eligible {
+            self.submit_forward_first(forward_first);
             return Ok(false);
         }
         let Some(constraint) = self.constraint.as_mut() else { return Ok(false) };
@@ -73,6 +98,7 @@ impl Session {
             Consumed::MaskDue => {}
             // Nothing to compute: finish on the caller's thread.
             done => {
+                self.submit_forward_first(forward_first);
                 self.after_constraint_consumed(Ok(Some((false, done == Consumed::Woke))))?;
                 return Ok(true);
             }
@@ -98,6 +124,7 @@ impl Session {
         let (Some(choice), true) = (choice, self.constraint.is_some()) else {
             // No readback slot free (unreachable by their count): the
             // mask on the caller's thread, the step queued as usual.
+            self.submit_forward_first(forward_first);
             let consumed = self.constraint.as_mut().map(|c| c.compute_mask().map(|()| (false, false)));
             self.after_constraint_consumed(consumed.transpose())?;
             return Ok(true);
@@ -109,6 +136,7 @@ impl Session {
             _ => self.record_on_thread(pos + 1..pos + 2, Vec::new(), StepPart::Forward),
         });
         let slot = choice.slots[0];
+        let forward_first_too = forward_first.is_some();
         let (tx, done) = mpsc::channel();
         let task = ChoiceTask {
             constraint,
@@ -116,6 +144,7 @@ impl Session {
             token_mask: self.bufs.token_mask.clone(),
             vocab_size: self.model.config.vocab_size,
             slot_buffer: self.slots[slot].clone(),
+            forward_first,
             choice,
             forward,
         };
@@ -129,9 +158,18 @@ impl Session {
         let ahead = if forward_next { pos + 2 } else { 0 };
         self.forward_ahead.store(ahead, Ordering::Relaxed);
         self.decode_submits += 1;
-        self.forward_ahead_submits += u64::from(forward_next);
+        self.forward_ahead_submits += u64::from(forward_next) + u64::from(forward_first_too);
         self.choices_on_worker += 1;
         Ok(true)
+    }
+
+    /// Submits a forward pass taken for the session's thread that stays
+    /// with the caller after all (waiting for its recording).
+    fn submit_forward_first(&mut self, forward_first: Option<Prerecorded>) {
+        if let Some(p) = forward_first {
+            self.prerecorded_forward = Some(p);
+            self.submit_forward_ahead(true);
+        }
     }
 
     /// Takes back the choice handed to the session's thread, if any:
@@ -156,6 +194,7 @@ impl Session {
             return Some(Err(Error::internal("the session's thread ended without the constraint's mask")));
         };
         self.constraint = Some(done.constraint);
+        self.take_forced_from_constraint();
         let Some(choice) = worker.choice else {
             // A mask alone, written by the worker.
             return Some(done.outcome.map(|_| ()));
@@ -232,16 +271,33 @@ struct ChoiceTask {
     token_mask: wgpu::Buffer,
     vocab_size: usize,
     slot_buffer: wgpu::Buffer,
+    /// The forward pass at the choice's position, if the caller left it
+    /// (still being recorded on this thread, recorded by now).
+    forward_first: Option<Prerecorded>,
     choice: Prerecorded,
     forward: Option<Prerecorded>,
 }
 
 impl ChoiceTask {
     fn run(self) -> ChoiceDone {
-        let ChoiceTask { mut constraint, queue, token_mask, vocab_size, slot_buffer, choice, forward } = self;
+        let ChoiceTask {
+            mut constraint,
+            queue,
+            token_mask,
+            vocab_size,
+            slot_buffer,
+            forward_first,
+            choice,
+            forward,
+        } = self;
+        if let Some(first) = forward_first {
+            queue.submit([first.take_waiting()]);
+        }
         let outcome =
             upload_next_mask(&mut constraint, &queue, &token_mask, vocab_size).and_then(|complete| {
-                if complete {
+                // Complete, or tokens forced: their prompt batch, fed by
+                // the session, carries the next choice.
+                if complete || constraint.has_forced() {
                     return Ok(None);
                 }
                 let commands = choice.take(true).ok_or_else(|| Error::internal("choice not recorded"))?;
@@ -272,7 +328,9 @@ fn upload_next_mask(
         constraint.compute_mask()?;
         let words = constraint.mask_words(vocab_size);
         queue.write_buffer(token_mask, 0, bytemuck::cast_slice(&words));
-        if !constraint.allows_any_below(vocab_size) {
+        // (After forced tokens, the check is the step's that asks for the
+        // token after them.)
+        if !constraint.has_forced() && !constraint.allows_any_below(vocab_size) {
             return Err(super::submit::no_token_below(constraint.kind(), vocab_size));
         }
         Ok(constraint.is_complete())

@@ -132,6 +132,8 @@ impl Session {
     /// where it can.
     pub(super) fn take_queued(&mut self, polled: bool) -> Result<u32> {
         let q = self.queued.pop_front().ok_or_else(no_step_in_flight)?;
+        // The choice after forced tokens, if they were fed: a step as any.
+        self.forced_feed = false;
         let (token, logprobs) = self.read_slot(q)?;
         self.last_logprobs = logprobs;
         self.len += 1;
@@ -187,13 +189,17 @@ impl Session {
     pub(super) fn discard_queued(&mut self) -> Result<()> {
         self.settle_choice_quietly();
         self.drop_prerecorded();
+        // Forced tokens not yet returned stay (the constraint is past
+        // them); their prompt batch is fed again.
+        let forced = self.settle_forced(true);
+        self.forced_feed = false;
         while let Some(q) = self.queued.pop_front() {
             self.wait_slot(q)?;
         }
         if self.gpu_pos != self.len {
             self.reset_gpu_position();
         }
-        Ok(())
+        forced.map(|_| ())
     }
 
     /// Writes the GPU's position back to `len` (and the first position the

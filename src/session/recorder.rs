@@ -329,4 +329,10 @@ impl Prerecorded {
     pub(super) fn take(&self, wait: bool) -> Option<wgpu::CommandBuffer> {
         take_recorded(&self.commands, wait, || self.job.encode())
     }
+
+    /// The commands, waiting for their recording (recorded here should
+    /// the recorder be gone).
+    pub(super) fn take_waiting(&self) -> wgpu::CommandBuffer {
+        self.take(true).unwrap_or_else(|| self.job.encode())
+    }
 }

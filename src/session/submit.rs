@@ -303,7 +303,8 @@ impl Session {
         if self.pending.is_none() {
             return Err(Error::NoPendingToken);
         }
-        if let Some(c) = &self.constraint {
+        // (Forced tokens come first: the mask is the one after them.)
+        if let Some(c) = self.constraint.as_ref().filter(|_| self.forced.is_empty()) {
             let vocab = self.model.config.vocab_size;
             if !c.allows_any_below(vocab) {
                 return Err(no_token_below(c.kind(), vocab));

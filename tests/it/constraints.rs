@@ -280,19 +280,25 @@ fn batch_members_keep_their_own_constraints() {
         [(Some(&regex), SamplingParams::greedy()), (Some(&json), sampled), (None, SamplingParams::greedy())];
     let steps = 12;
     let prompt = [785u32, 1052, 25];
-    let alone: Vec<Vec<u32>> = members
+    // Alone: each a batch's session stepped by itself (a batch's sessions
+    // step the tokens their constraint forces, as rows; a plain session
+    // feeds them, `forced_tokens_are_fed_not_stepped`).
+    let (alone, forced_alone): (Vec<Vec<u32>>, Vec<u64>) = members
         .iter()
         .map(|(c, sampling)| {
-            let mut s = model.session_with_capacity(64).unwrap();
+            let single =
+                model.batch(&qwen3_wgpu::BatchOptions::default().slots(1).capacity_per_slot(64)).unwrap();
+            let mut s = single.session().unwrap();
             s.set_sampling(sampling).unwrap();
             s.set_constraint(*c).unwrap();
             let mut ids = vec![s.feed(&prompt).unwrap()];
             while ids.len() < steps && !s.constraint_complete() {
                 ids.push(s.next_token().unwrap());
             }
-            ids
+            (ids, s.debug_forced_tokens())
         })
-        .collect();
+        .unzip();
+    assert_eq!(forced_alone, [0, 0, 0]);
     // Through step, then through try_step (polled as a frame loop would).
     for polled in [false, true] {
         let mut batch =
@@ -338,6 +344,47 @@ fn batch_members_keep_their_own_constraints() {
             assert_eq!(on_worker, 0);
         }
     }
+}
+
+/// The tokens a grammar forces (the rest of a fixed sentence after its
+/// first word) come back without a decode step each: one prompt batch
+/// runs them, and the calls that return them wait for nothing. A session
+/// reporting log-probabilities steps each (every token has its record);
+/// a call that drops the queued steps before the forced tokens are all
+/// returned (new sampling parameters) still returns them.
+#[test]
+fn forced_tokens_are_fed_not_stepped() {
+    let model = short_vocab_model();
+    let constraint = Constraint::regex(tokenizer(), "The answer is (yes|no), said the guard\\.").unwrap();
+    let reply = |logprobs: u32, interrupt: bool| {
+        let mut s = model.session_with_capacity(64).unwrap();
+        s.set_logprobs(logprobs).unwrap();
+        s.set_constraint(Some(&constraint)).unwrap();
+        let mut ids = vec![s.feed(&[785, 1052, 25]).unwrap()];
+        let submits = s.debug_decode_submits();
+        while !s.constraint_complete() {
+            ids.push(s.next_token().unwrap());
+            if interrupt && s.debug_forced_tokens() == 1 {
+                s.set_sampling(&SamplingParams::greedy()).unwrap();
+            }
+            assert!(ids.len() < 40, "{ids:?}");
+        }
+        let text = tokenizer().decode(&ids).unwrap();
+        assert!(
+            text == "The answer is yes, said the guard." || text == "The answer is no, said the guard.",
+            "{text:?}"
+        );
+        (ids.len() as u64, s.debug_forced_tokens(), s.debug_decode_submits() - submits)
+    };
+    let (n, forced, steps) = reply(0, false);
+    // " answer is " and ", said the guard." are forced.
+    assert!(forced >= 5, "{forced} of {n} forced");
+    assert!(steps + forced < n, "{steps} decode submits for {n} tokens, {forced} forced");
+    let (n, forced, steps) = reply(2, false);
+    assert_eq!(forced, 0);
+    assert!(steps >= n - 1, "{steps} decode submits for {n} tokens");
+    let (_, forced, _) = reply(0, true);
+    assert!(forced >= 5, "{forced} forced after a discard");
 }
 
 /// A constraint set once covers every reply: each feed starts it over.
@@ -534,12 +581,15 @@ fn split_steps_give_the_tokens_of_whole_steps() {
             }
             out.push(ids);
         }
-        (out, s.debug_forward_ahead_submits(), s.debug_choices_on_worker())
+        (out, s.debug_forward_ahead_submits(), s.debug_choices_on_worker(), s.debug_forced_tokens())
     };
-    let (whole, none, on_worker) = run(false, false);
+    let (whole, none, on_worker, forced) = run(false, false);
     assert_eq!((none, on_worker), (0, 0));
+    // The schema's keys after a value are forced: fed, not chosen.
+    assert!(forced >= 4, "{forced} forced tokens");
     for polled in [false, true] {
-        let (split, ahead, on_worker) = run(true, polled);
+        let (split, ahead, on_worker, split_forced) = run(true, polled);
+        assert_eq!(split_forced, forced, "polled {polled}");
         assert!(ahead >= 20, "polled {polled}: {ahead} forward passes ahead");
         // A polled call returns its token and leaves the next mask and the
         // choice to the session's thread (a feed or a truncate right after

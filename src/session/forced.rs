@@ -1,0 +1,161 @@
+//! Fast-forward: the tokens a constraint forces after a chosen one (a
+//! JSON key and its quotes after the value before it) run through the
+//! model as one prompt batch, with the choice after the last of them, and
+//! the calls that return them take no step each and never wait. The
+//! constraint consumed them when it computed its mask (the mask on the
+//! GPU is the one after them); the session returns them one per call.
+//!
+//! While forced tokens remain, the step queued is the choice after the last
+//! of them: the step at `len + forced.len()`. A discard (new sampling, a
+//! batch taking the session back) drops the GPU's work but keeps the
+//! tokens, which the constraint has consumed: the next call feeds them
+//! again. A feed, a truncate or a new constraint drops them with the reply.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+use crate::error::{Error, Result};
+
+use super::readback::{InFlight, Mapping};
+use super::recorder::StepPart;
+use super::Session;
+
+/// The forced tokens' feed on the session's thread: the readback of the
+/// choice after them comes back once it is submitted.
+pub(super) struct ForcedAway {
+    done: mpsc::Receiver<Mapping>,
+    slot: usize,
+}
+
+impl Session {
+    /// The token id below which a constraint fast-forwards (0: never).
+    /// Not while the session reports log-probabilities (each token has its
+    /// record), nor for a batch's session: its forced tokens are rows of
+    /// the batch's steps, one a step (a prompt batch of its own would take
+    /// it out of the batch's step, whose pipelines are built per row count),
+    /// and its tokens alone are those it gets in the batch.
+    pub(super) fn fast_forward_below(&self) -> usize {
+        if self.logprobs > 0 || self.kv_slot.is_some() {
+            0
+        } else {
+            self.model.config.vocab_size
+        }
+    }
+
+    /// Moves the tokens the constraint forced after its last token to the
+    /// session's, to be returned next.
+    pub(super) fn take_forced_from_constraint(&mut self) {
+        if let Some(c) = &mut self.constraint {
+            self.forced.extend(c.take_forced());
+        }
+    }
+
+    /// The next forced token, if any: its position's forward pass and the
+    /// rest's are submitted first (once), then the token becomes the
+    /// pending one without waiting for the GPU.
+    pub(super) fn take_forced(&mut self) -> Result<Option<u32>> {
+        if self.forced.is_empty() {
+            return Ok(None);
+        }
+        if !self.forced_feed {
+            self.submit_forced_feed()?;
+        }
+        let Some(token) = self.forced.pop_front() else { return Ok(None) };
+        self.len += 1;
+        self.pending = Some(token);
+        self.last_logprobs = None;
+        self.forced_tokens += 1;
+        Ok(Some(token))
+    }
+
+    /// Feeds the pending token and the forced ones as a prompt (batches of
+    /// the positions before the last, the whole step at the last, whose
+    /// choice is queued), from `len`. The recording and the submits run on
+    /// the session's thread (a prompt batch's recording takes milliseconds
+    /// of a frame); the choice's readback comes back from there
+    /// ([`Self::settle_forced`]).
+    fn submit_forced_feed(&mut self) -> Result<()> {
+        let pending = self.pending.ok_or(Error::NoPendingToken)?;
+        self.discard_queued()?;
+        let ids: Vec<u32> = std::iter::once(pending).chain(self.forced.iter().copied()).collect();
+        self.check_room(ids.len())?;
+        self.edits += 1;
+        let gpu = self.model.gpu.clone();
+        gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(&ids));
+        let end = self.len + ids.len();
+        let slot = self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))?;
+        let mut batches = Vec::new();
+        let mut at = self.len;
+        while at + 1 < end {
+            let n = (end - 1 - at).min(self.bufs.batch);
+            batches.push((at, self.prefill_job(n)));
+            at += n;
+        }
+        let last = self.steps_job(end - 1..end, &[slot], StepPart::Whole);
+        // As `write_step_at`: the position a forward pass ran ahead at is gone.
+        self.forward_ahead.store(0, Ordering::Relaxed);
+        self.gpu_pos = end;
+        self.forced_feed = true;
+        let (queue, step, slot_buffer) =
+            (gpu.queue.clone(), self.bufs.step.clone(), self.slots[slot].clone());
+        let task = move || {
+            for (at, batch) in batches {
+                queue.write_buffer(&step, 0, bytemuck::cast_slice(&[at as u32, end as u32]));
+                queue.submit([batch.encode()]);
+            }
+            queue.write_buffer(&step, 0, bytemuck::cast_slice(&[(end - 1) as u32, end as u32]));
+            let submission = queue.submit([last.encode()]);
+            Mapping::start(slot_buffer.slice(..), submission)
+        };
+        match self.started_recorder() {
+            Some(rec) => {
+                let (tx, done) = mpsc::channel();
+                rec.run(move || {
+                    let _ = tx.send(task());
+                });
+                self.forced_away = Some(ForcedAway { done, slot });
+            }
+            None => {
+                self.inline_feed_recordings += 1;
+                let mapping = task();
+                self.queued.push_back(InFlight::new(slot, mapping));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes back the forced tokens' feed from the session's thread (its
+    /// choice's readback joins the queued steps), waiting for it if `wait`:
+    /// false while it is still on its way.
+    pub(super) fn settle_forced(&mut self, wait: bool) -> Result<bool> {
+        let Some(away) = &self.forced_away else { return Ok(true) };
+        let mapping = if wait {
+            away.done.recv().ok()
+        } else {
+            match away.done.try_recv() {
+                Ok(mapping) => Some(mapping),
+                Err(mpsc::TryRecvError::Empty) => return Ok(false),
+                Err(mpsc::TryRecvError::Disconnected) => None,
+            }
+        };
+        let Some(away) = self.forced_away.take() else { return Ok(true) };
+        match mapping {
+            Some(mapping) => {
+                self.queued.push_back(InFlight::new(away.slot, mapping));
+                Ok(true)
+            }
+            None => {
+                self.free_slots.push(away.slot);
+                self.forced_feed = false;
+                Err(Error::internal("the session's thread ended without submitting the forced tokens"))
+            }
+        }
+    }
+
+    /// Tokens returned as forced by a constraint (fed in one batch, not
+    /// chosen by a step each) so far.
+    #[doc(hidden)]
+    pub fn debug_forced_tokens(&self) -> u64 {
+        self.forced_tokens
+    }
+}
