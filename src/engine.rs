@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::cache::CachePolicy;
 use crate::config::{ModelConfig, ShapeProfile};
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::gpu_weights::{GpuWeights, ModelGpu};
@@ -120,8 +121,13 @@ impl Engine {
     pub fn load(&self, checkpoint_dir: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
         let t0 = Instant::now();
         let progress = Progress::new(options.progress.as_deref());
-        let (converted, report) =
-            load_model_with(checkpoint_dir.as_ref(), options.profile, &options.cache, &progress)?;
+        let (converted, report) = load_model_with(
+            checkpoint_dir.as_ref(),
+            options.profile,
+            &options.cache,
+            WeightFormat::Int8,
+            &progress,
+        )?;
         let weights = GpuWeights::upload_with(&self.gpu, &converted, &progress)?;
         let config = converted.config.clone();
         // Hashed on a thread of its own, which drops the converted weights.
