@@ -29,6 +29,14 @@ pub const QUANT_GROUP: usize = 64;
 /// (as llama.cpp's Q4_0), which is lossless for weights of the form
 /// `q * s` with `q` in `[-8, 7]` and -8 present in each group.
 ///
+/// ```no_run
+/// use qwen3_wgpu::{Engine, LoadOptions, WeightFormat};
+/// let options = LoadOptions::default().weights(WeightFormat::Int4);
+/// let model = Engine::new()?.load("./qwen3-4b", &options)?;
+/// println!("{} bytes of weights on the GPU ({})", model.weight_bytes(), model.weight_format());
+/// # Ok::<(), qwen3_wgpu::Error>(())
+/// ```
+///
 /// ```
 /// use qwen3_wgpu::WeightFormat;
 /// assert_eq!(WeightFormat::from_name("--weights", "INT4")?, WeightFormat::Int4);
