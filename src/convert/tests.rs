@@ -261,3 +261,24 @@ fn int4_positions_cover_each_nibble_once() {
         assert!(!std::mem::replace(&mut seen[byte][usize::from(high)], true), "value {c}");
     }
 }
+
+/// Qwen3-4B in int4 fits the 2.6 GB of GPU weights (the int8
+/// embedding included), about 57% of its int8 size.
+#[test]
+fn qwen3_4b_in_int4_fits_2_6_gb() {
+    let cfg = ModelConfig {
+        hidden_size: 2560,
+        intermediate_size: 9728,
+        num_hidden_layers: 36,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        vocab_size: 151936,
+        tie_word_embeddings: true,
+        ..ModelConfig::qwen3_0_6b_base()
+    };
+    let int4 = planned_blob_len(&cfg, WeightFormat::Int4).unwrap();
+    let int8 = planned_blob_len(&cfg, WeightFormat::Int8).unwrap();
+    assert!(int4 <= 2_600_000_000, "{int4} bytes");
+    assert!((0.55..0.6).contains(&(int4 as f64 / int8 as f64)), "{int4} of {int8} bytes");
+}
