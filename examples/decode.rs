@@ -37,11 +37,15 @@
 //! likely tokens of the model's raw distribution (log_softmax of the
 //! logits, before penalties and temperature).
 //!
-//! `--backend`, `--kernels`, `--matvec-layout` and `--cooperative-matrices`
-//! win over the engine's environment variables (`QWEN3_WGPU_BACKEND`,
-//! `QWEN3_WGPU_KERNELS`, `QWEN3_WGPU_MATVEC_LAYOUT`,
-//! `QWEN3_WGPU_COOPERATIVE_MATRICES`), which apply when the flag is not given; a
-//! flag and its variable accept the same names. `RUST_LOG=info` (or
+//! `--weights int4` converts the layers' weights to 4 bits (half their GPU
+//! memory); the JSON's `"weights"` says which format the model runs.
+//!
+//! `--backend`, `--kernels`, `--matvec-layout`, `--cooperative-matrices`
+//! and `--weights` win over the engine's environment variables
+//! (`QWEN3_WGPU_BACKEND`, `QWEN3_WGPU_KERNELS`, `QWEN3_WGPU_MATVEC_LAYOUT`,
+//! `QWEN3_WGPU_COOPERATIVE_MATRICES`, `QWEN3_WGPU_WEIGHTS`), which apply
+//! when the flag is not given; a flag and its variable accept the same
+//! names. `RUST_LOG=info` (or
 //! `debug`) shows what the engine logs; warnings show by default.
 
 use std::ffi::OsString;
@@ -55,7 +59,7 @@ use qwen3_wgpu::internals::kernels::MatvecLayout;
 use qwen3_wgpu::{
     parse_tool_calls, AdapterPolicy, CachePolicy, ChatOptions, ChatTemplate, Constraint, Engine, Error,
     GenerateOptions, KernelChoice, LoadOptions, Message, SamplingParams, ShapeProfile, StopMatcher,
-    StopReason, Tokenizer, ToolChoice,
+    StopReason, Tokenizer, ToolChoice, WeightFormat,
 };
 use serde_json::json;
 
@@ -145,6 +149,10 @@ struct Args {
     /// QWEN3_WGPU_COOPERATIVE_MATRICES, else on.
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     cooperative_matrices: Option<bool>,
+    /// The layers' weight format: `int8` or `int4`. Default:
+    /// QWEN3_WGPU_WEIGHTS, else int8.
+    #[arg(long, value_name = "NAME", value_parser = parse_weights)]
+    weights: Option<WeightFormat>,
     /// Demand the exact Qwen3-0.6B-Base shape.
     #[arg(long)]
     exact_shape: bool,
@@ -372,6 +380,10 @@ fn parse_matvec_layout(value: &str) -> Result<MatvecLayout, Error> {
     MatvecLayout::from_name("--matvec-layout", value)
 }
 
+fn parse_weights(value: &str) -> Result<WeightFormat, Error> {
+    WeightFormat::from_name("--weights", value)
+}
+
 fn parse_on_off(value: &str) -> Result<bool, Error> {
     match value {
         "on" => Ok(true),
@@ -555,7 +567,13 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         generate = generate.constraint(c);
     }
     // A setting left out here is read by the builder from its
-    // QWEN3_WGPU_* variable, so a flag always wins over the variable.
+    // QWEN3_WGPU_* variable, so a flag always wins over the variable. The
+    // weight format's variable (read by the load) is read here with them,
+    // so a bad value fails before any GPU work, as theirs do.
+    let weights = match args.weights {
+        Some(format) => format,
+        None => WeightFormat::from_env()?.unwrap_or_default(),
+    };
     let mut builder = Engine::builder();
     if let Some(policy) = args.backend {
         builder = builder.policy(policy);
@@ -577,6 +595,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             (Some(dir), _) => CachePolicy::Dir(dir.clone()),
             (None, false) => CachePolicy::Default,
         },
+        weights: Some(weights),
         ..Default::default()
     };
     let model = engine.load(&checkpoint, &options)?;
@@ -651,6 +670,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         "stop_reason": out.stop_reason.as_str(),
         "adapter": {"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase()},
         "kernels": engine.kernel_source().as_str(),
+        "weights": model.weight_format().name(),
         "sampling": sampling_json(&sampling),
     });
     if let Some(text) = &out.text {

@@ -29,7 +29,7 @@ use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
     compile, Kernel, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit,
 };
-use qwen3_wgpu::{AdapterPolicy, Gpu};
+use qwen3_wgpu::{AdapterPolicy, Gpu, WeightFormat};
 
 const LAYERS: u32 = 28;
 
@@ -596,11 +596,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // `engine`: f32 x, split K; `engine x16`: the engine's decode split (the
             // normed ones read x's slot as the f16 copy: here the f32 x, timing only).
             let engine_split = if cfg.label == "engine x16" {
-                MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, variant.norm)
+                MatvecLayout::SplitK.split(
+                    s.rows as usize,
+                    s.cols as usize / 4,
+                    variant.norm,
+                    WeightFormat::Int8,
+                )
             } else {
                 MatvecSplit {
                     x16: false,
-                    ..MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, false)
+                    ..MatvecLayout::SplitK.split(
+                        s.rows as usize,
+                        s.cols as usize / 4,
+                        false,
+                        WeightFormat::Int8,
+                    )
                 }
             };
             let kq = s.cols / 16;

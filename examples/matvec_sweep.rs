@@ -18,7 +18,7 @@ use qwen3_wgpu::internals::kernels::{
     compile, decode_bindings, Kernel, MatvecConstants, MatvecLayout, MatvecParams, MatvecShape, MatvecSplit,
 };
 use qwen3_wgpu::internals::reference::norm_weight_bytes;
-use qwen3_wgpu::{AdapterPolicy, Gpu};
+use qwen3_wgpu::{AdapterPolicy, Gpu, WeightFormat};
 
 const LAYERS: u32 = 28;
 /// The label of the config that runs each shape as the engine would.
@@ -125,7 +125,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut variant = s.kernel.matvec_variant().expect("a matvec variant");
             variant.norm &= !s.name.ends_with("plain");
             let split = if label == ENGINE {
-                layout.split(s.rows as usize, s.cols as usize / 4, variant.norm)
+                layout.split(s.rows as usize, s.cols as usize / 4, variant.norm, WeightFormat::Int8)
             } else {
                 MatvecSplit { layout: *layout, workgroup_size: *wg, rows_per_wg: *rows_per_wg, x16: false }
             };

@@ -5,7 +5,8 @@
 //! # Cache file format (`<cache_dir>/<key>.q3w`)
 //!
 //! `<key>` is [`Checkpoint::fingerprint`](crate::checkpoint::Checkpoint::fingerprint): a sha256 over the cache format
-//! version, [`QUANT_GROUP`](crate::converted::QUANT_GROUP), config.json,
+//! version, the [`WeightFormat`] (so the int8 and int4 entries of one
+//! checkpoint coexist), [`QUANT_GROUP`](crate::converted::QUANT_GROUP), config.json,
 //! generation_config.json, every weights file's name, size and
 //! safetensors header, and a digest of every byte of every tensor the
 //! engine reads. So a checkpoint edited in place (even to the same sizes)
@@ -22,7 +23,7 @@
 //! | 24 | 8 | blob offset `B` (a multiple of 4096, >= 104 + `H`) |
 //! | 32 | 8 | blob length `L` |
 //! | 40 | 64 | key, lower-case hex |
-//! | 104 | `H` | JSON header: `{"config": ModelConfig, "index": WeightIndex, "blob_len": L, "source": checkpoint directory}` |
+//! | 104 | `H` | JSON header: `{"config": ModelConfig, "index": WeightIndex, "blob_len": L, "source": checkpoint directory, "weights": "int8" or "int4"}` |
 //! | 104 + `H` | | zero padding up to `B` |
 //! | `B` | `L` | the blob (see [`crate::converted`]) |
 //! | `B + L` | 4 | crc32 of the header bytes followed by the blob bytes |
@@ -37,8 +38,8 @@
 //!
 //! Housekeeping after each write, so the directory does not grow without
 //! bound: cache files of this format are deleted whose `source` is the same
-//! checkpoint directory under another key (the checkpoint changed since)
-//! or a directory that no longer exists (the checkpoint was deleted or
+//! checkpoint directory and whose `weights` the same format under another
+//! key (the checkpoint changed since) or a directory that no longer exists (the checkpoint was deleted or
 //! moved; a moved one converts again at its new path once its file is
 //! gone).
 //!
@@ -73,14 +74,15 @@ use memmap2::Mmap;
 
 use crate::config::ModelConfig;
 use crate::convert::{blob_bytes, plan_layout, planned_blob_len};
-use crate::converted::{Blob, ConvertedModel, WeightIndex, BLOB_ALIGN};
+use crate::converted::{Blob, ConvertedModel, WeightFormat, WeightIndex, BLOB_ALIGN};
 use crate::error::{Error, Result};
 use crate::progress::{LoadPhase, Progress};
 use crate::temp_file::TempFile;
 
 /// Version of the cache file format; part of the key and of the preamble.
-/// Bump it whenever the format or the conversion changes.
-pub const CACHE_FORMAT_VERSION: u32 = 2;
+/// Bump it whenever the format or the conversion changes (3: the weight
+/// format in the key, the header and each matrix of the index).
+pub const CACHE_FORMAT_VERSION: u32 = 3;
 
 /// Extension of cache files.
 pub const CACHE_EXTENSION: &str = "q3w";
@@ -138,8 +140,9 @@ struct HeaderOut<'a> {
     index: &'a WeightIndex,
     blob_len: usize,
     /// The checkpoint directory converted (canonical where possible): what
-    /// the housekeeping matches on.
+    /// the housekeeping matches on, with `weights`.
     source: &'a str,
+    weights: WeightFormat,
 }
 
 #[derive(serde::Deserialize)]
@@ -197,7 +200,7 @@ impl From<&str> for Rejected {
 /// verified.
 const VERIFY_CHUNK: usize = 8 << 20;
 
-/// Reads and fully verifies a cache file, reporting the checksum's pass
+/// Reads and fully verifies a cache file of `cfg` converted to `weights`, reporting the checksum's pass
 /// over it as [`LoadPhase::ReadingCache`]. `Ok(Ok(None))`: no file.
 /// `Ok(Err)`: the reason the file must not be used. `Err`:
 /// [`Error::Cancelled`] (the file is left as it is).
@@ -205,9 +208,10 @@ pub(crate) fn read_cache(
     path: &Path,
     key: &str,
     cfg: &ModelConfig,
+    weights: WeightFormat,
     progress: &Progress<'_>,
 ) -> Result<Result<Option<ConvertedModel>, String>> {
-    match verify_cache(path, key, cfg, progress) {
+    match verify_cache(path, key, cfg, weights, progress) {
         Ok(model) => Ok(Ok(model)),
         Err(Rejected::Invalid(reason)) => Ok(Err(reason)),
         Err(Rejected::Cancelled) => Err(Error::Cancelled),
@@ -219,6 +223,7 @@ fn verify_cache(
     path: &Path,
     key: &str,
     cfg: &ModelConfig,
+    weights: WeightFormat,
     progress: &Progress<'_>,
 ) -> Result<Option<ConvertedModel>, Rejected> {
     // The type first: opening a FIFO for reading would block until a writer came.
@@ -300,10 +305,10 @@ fn verify_cache(
     }
     // The index must be exactly what conversion would produce, so every
     // range the GPU side reads is in bounds and aligned.
-    if planned_blob_len(cfg) != Some(blob_len) {
+    if planned_blob_len(cfg, weights) != Some(blob_len) {
         return Err("blob length differs from the planned layout".into());
     }
-    let (planned, planned_len) = plan_layout(cfg);
+    let (planned, planned_len) = plan_layout(cfg, weights);
     if parsed.index != planned || planned_len != blob_len {
         return Err("weight index differs from the planned layout".into());
     }
@@ -337,6 +342,7 @@ pub(crate) fn write_cache(
         index: &model.index,
         blob_len: blob.len(),
         source,
+        weights: model.index.weights,
     })
     .map_err(|e| io("cannot serialize header", &e))?;
     let blob_offset = (PREAMBLE_LEN + header.len()).next_multiple_of(BLOB_FILE_ALIGN);
@@ -387,10 +393,10 @@ pub(crate) fn write_cache(
 const WRITE_CHUNK: usize = 8 << 20;
 
 /// The housekeeping after writing the cache file of `key` for the checkpoint
-/// `source` into `dir` (see the module docs). Failures are only logged: a
-/// file another process holds, or one that vanished meanwhile, stays or
-/// goes on its own.
-pub(crate) fn remove_stale_files(dir: &Path, key: &str, source: &str) {
+/// `source` converted to `weights` into `dir` (see the module docs).
+/// Failures are only logged: a file another process holds, or one that
+/// vanished meanwhile, stays or goes on its own.
+pub(crate) fn remove_stale_files(dir: &Path, key: &str, source: &str, weights: WeightFormat) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let own = format!("{key}.{CACHE_EXTENSION}");
     let extension = format!(".{CACHE_EXTENSION}");
@@ -401,7 +407,7 @@ pub(crate) fn remove_stale_files(dir: &Path, key: &str, source: &str) {
         let stale = if let Some(writer) = temp_writer(name) {
             is_abandoned_temp(&entry, writer)
         } else if name != own && name.ends_with(&extension) {
-            cache_source(&path).is_some_and(|s| s == source || !Path::new(&s).is_dir())
+            cache_source(&path).is_some_and(|(s, w)| (s == source && w == weights) || !Path::new(&s).is_dir())
         } else {
             false
         };
@@ -475,13 +481,14 @@ pub(crate) fn remove_abandoned_temp_files(dir: &Path) {
     }
 }
 
-/// The `source` of a cache file of this format version, read from its
-/// preamble and JSON header only; `None` for anything else.
-fn cache_source(path: &Path) -> Option<String> {
+/// The `source` and `weights` of a cache file of this format version, read
+/// from its preamble and JSON header only; `None` for anything else.
+fn cache_source(path: &Path) -> Option<(String, WeightFormat)> {
     use std::io::Read;
     #[derive(serde::Deserialize)]
     struct Source {
         source: Option<String>,
+        weights: WeightFormat,
     }
     let mut file = File::open(path).ok()?;
     let mut preamble = [0u8; PREAMBLE_LEN];
@@ -491,5 +498,6 @@ fn cache_source(path: &Path) -> Option<String> {
     let header_len = usize::try_from(u64_at(&preamble, 16)).ok().filter(|&n| n <= 1 << 24)?;
     let mut header = vec![0u8; header_len];
     file.read_exact(&mut header).ok()?;
-    serde_json::from_slice::<Source>(&header).ok()?.source
+    let Source { source, weights } = serde_json::from_slice(&header).ok()?;
+    Some((source?, weights))
 }

@@ -1,12 +1,113 @@
-//! The engine's converted weights: int8 matrices with per-group f32 scales
-//! and f32 norm vectors, all living in one byte blob (in memory after a
-//! conversion, memory-mapped when loaded from the cache).
+//! The engine's converted weights: int8 or int4 matrices with per-group f32
+//! scales and f32 norm vectors, all living in one byte blob (in memory after
+//! a conversion, memory-mapped when loaded from the cache).
 
 use crate::config::ModelConfig;
+use crate::error::Result;
 
-/// Input elements that share one scale. Rows are zero-padded to a multiple
-/// of this, so a group never straddles two rows.
+/// Input elements that share one scale, in either [`WeightFormat`]. Rows
+/// are zero-padded to a multiple of this, so a group never straddles two
+/// rows.
+///
+/// int4 keeps the int8 group of 64 with its f32 scale rather than Q4_0's
+/// 32 with an f16 one: the same bytes per weight (4.5 bits), a scale that
+/// is exact for every weight of the form `q * s` (an f16 scale is not below
+/// 6.1e-5 or above 65504), and one layout of scales, padding and
+/// activation rows for both formats.
 pub const QUANT_GROUP: usize = 64;
+
+/// How the converted layer weights are stored: the linear weights of every
+/// decoder layer (q, k, v, o, gate, up, down). The embedding and the LM
+/// head are int8 in either format (the output projection is the matrix most
+/// sensitive to quantisation).
+///
+/// Both are symmetric, with one f32 scale per [`QUANT_GROUP`] inputs of a
+/// row. [`WeightFormat::Int8`] (the default) rounds to `[-127, 127]` times
+/// the group's largest magnitude / 127. [`WeightFormat::Int4`] halves the
+/// layers' bytes (Qwen3-4B: 2.5 GB of GPU weights instead of 4.4): it
+/// rounds to `[-8, 7]` times the group's value of largest magnitude / -8
+/// (as llama.cpp's Q4_0), which is lossless for weights of the form
+/// `q * s` with `q` in `[-8, 7]` and -8 present in each group.
+///
+/// ```no_run
+/// use qwen3_wgpu::{Engine, LoadOptions, WeightFormat};
+/// let options = LoadOptions::default().weights(WeightFormat::Int4);
+/// let model = Engine::new()?.load("./qwen3-4b", &options)?;
+/// println!("{} bytes of weights on the GPU ({})", model.weight_bytes(), model.weight_format());
+/// # Ok::<(), qwen3_wgpu::Error>(())
+/// ```
+///
+/// ```
+/// use qwen3_wgpu::WeightFormat;
+/// assert_eq!(WeightFormat::from_name("--weights", "INT4")?, WeightFormat::Int4);
+/// assert_eq!(WeightFormat::default().name(), "int8");
+/// # Ok::<(), qwen3_wgpu::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum WeightFormat {
+    /// 8 bits a weight.
+    #[default]
+    Int8,
+    /// 4 bits a weight, in the layers' linear weights.
+    Int4,
+}
+
+/// Environment variable naming the [`WeightFormat`] of a load whose
+/// [`LoadOptions`](crate::LoadOptions) leave it unset: `int8` or `int4`.
+pub const WEIGHTS_ENV: &str = "QWEN3_WGPU_WEIGHTS";
+
+impl WeightFormat {
+    /// The names [`Self::from_name`] accepts, and [`Self::name`] gives.
+    pub const NAMES: [(&'static str, WeightFormat); 2] =
+        [("int8", WeightFormat::Int8), ("int4", WeightFormat::Int4)];
+
+    /// `int8` or `int4`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::Int8 => "int8",
+            WeightFormat::Int4 => "int4",
+        }
+    }
+
+    /// The format named `int8` or `int4` (any case); anything else is
+    /// `invalid_argument` naming `what` (a flag or variable).
+    pub fn from_name(what: &str, value: &str) -> Result<Self> {
+        crate::settings::parse_choice(what, value, &Self::NAMES)
+    }
+
+    /// The format [`WEIGHTS_ENV`] names: `None` when it is unset or empty,
+    /// `invalid_argument` when it names no format.
+    pub fn from_env() -> Result<Option<Self>> {
+        crate::settings::env_choice(WEIGHTS_ENV, &Self::NAMES)
+    }
+
+    /// Bits per stored weight.
+    pub fn bits(self) -> usize {
+        match self {
+            WeightFormat::Int8 => 8,
+            WeightFormat::Int4 => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where value `col` of an int4 row lies: its byte, and whether it is that
+/// byte's high nibble. Each u32 word holds 8 consecutive values, byte `b`
+/// value `b` in its low nibble and `b + 4` in its high one, so a kernel
+/// gets a word's first four values from its low nibbles and the last four
+/// from the word shifted right by 4, in the same vector operations
+/// (`i4x4` in int8_math.wgsl). Nibbles are two's complement, so a zero
+/// byte (the blob's padding) is two zero weights.
+pub fn int4_position(col: usize) -> (usize, bool) {
+    ((col / 8) * 4 + col % 4, col % 8 >= 4)
+}
 
 /// Alignment of every array inside the blob (bytes).
 pub const BLOB_ALIGN: usize = 64;
@@ -18,21 +119,28 @@ pub struct ByteRange {
     pub len: usize,
 }
 
-/// An int8 matrix `[rows, cols]`: row-major `int8` data with row stride
-/// `padded_cols()` (zero padded), and `rows * groups()` f32 scales
-/// (`w[r][c] = data[r][c] * scales[r][c / QUANT_GROUP]`).
+/// A quantised matrix `[rows, cols]`: row-major data of `format` with
+/// row stride `padded_cols()` values (zero padded; `row_bytes()` bytes),
+/// and `rows * groups()` f32 scales (`w[r][c] = q[r][c] *
+/// scales[r][c / QUANT_GROUP]`). int8 values are bytes; int4 values are
+/// nibbles placed as [`int4_position`] says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuantMatrix {
     pub rows: usize,
     pub cols: usize,
+    pub format: WeightFormat,
     pub data: ByteRange,
     pub scales: ByteRange,
 }
 
 impl QuantMatrix {
-    /// Row stride of `data` in elements (= bytes).
+    /// Row stride of `data` in values.
     pub fn padded_cols(&self) -> usize {
         self.cols.div_ceil(QUANT_GROUP) * QUANT_GROUP
+    }
+    /// Row stride of `data` in bytes.
+    pub fn row_bytes(&self) -> usize {
+        self.padded_cols() * self.format.bits() / 8
     }
     /// Scales per row.
     pub fn groups(&self) -> usize {
@@ -58,6 +166,8 @@ pub struct LayerWeights {
 /// Where every tensor of a converted model lives inside its blob.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WeightIndex {
+    /// The format of the layers' linear weights (each matrix also says its own).
+    pub weights: WeightFormat,
     pub embed: QuantMatrix,
     /// `None` when the LM head is tied to `embed`.
     pub lm_head: Option<QuantMatrix>,

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::cache::CachePolicy;
 use crate::config::{ModelConfig, ShapeProfile};
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::gpu_weights::{GpuWeights, ModelGpu};
@@ -112,16 +113,23 @@ impl Engine {
     }
 
     /// Loads a Hugging Face Qwen3 checkpoint directory: validates it,
-    /// converts it to int8 (or loads the cached conversion), and uploads it,
-    /// reporting progress to [`LoadOptions::on_progress`]'s callback.
+    /// converts it to the [`WeightFormat`] of [`LoadOptions::weights`] (or
+    /// loads the cached conversion), and uploads it, reporting progress to
+    /// [`LoadOptions::on_progress`]'s callback.
     ///
     /// Errors: see [`Error`]; [`Error::Cancelled`] when the progress
-    /// callback cancels (no cache file or temporary file is left behind).
+    /// callback cancels (no cache file or temporary file is left behind);
+    /// [`Error::InvalidArgument`] when the options leave the format to
+    /// [`WEIGHTS_ENV`](crate::WEIGHTS_ENV) and it names none.
     pub fn load(&self, checkpoint_dir: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
         let t0 = Instant::now();
+        let format = options.weight_format()?;
         let progress = Progress::new(options.progress.as_deref());
         let (converted, report) =
-            load_model_with(checkpoint_dir.as_ref(), options.profile, &options.cache, &progress)?;
+            load_model_with(checkpoint_dir.as_ref(), options.profile, &options.cache, format, &progress)?;
+        // The set holds the int8 pipelines from the start; other formats'
+        // are built for the first model that needs them.
+        self.kernels.prepare(&self.gpu, format)?;
         let weights = GpuWeights::upload_with(&self.gpu, &converted, &progress)?;
         let config = converted.config.clone();
         // Hashed on a thread of its own, which drops the converted weights.
@@ -142,9 +150,37 @@ pub struct LoadOptions {
     pub cache: CachePolicy,
     /// Called with the load's progress; see [`on_progress`](Self::on_progress).
     pub progress: Option<Arc<LoadProgressFn>>,
+    /// The format of the layers' weights; `None` (the default): the one
+    /// [`WEIGHTS_ENV`](crate::WEIGHTS_ENV) names, else
+    /// [`WeightFormat::Int8`]. See [`weights`](Self::weights).
+    pub weights: Option<WeightFormat>,
 }
 
 impl LoadOptions {
+    /// Converts the layers' linear weights to `format`
+    /// ([`WeightFormat::Int4`]: half their GPU memory), whatever
+    /// [`WEIGHTS_ENV`](crate::WEIGHTS_ENV) says. The cache keeps each
+    /// format's conversion of a checkpoint apart.
+    ///
+    /// ```no_run
+    /// use qwen3_wgpu::{Engine, LoadOptions, WeightFormat};
+    /// let model = Engine::new()?.load("./qwen3-4b", &LoadOptions::default().weights(WeightFormat::Int4))?;
+    /// # Ok::<(), qwen3_wgpu::Error>(())
+    /// ```
+    pub fn weights(mut self, format: WeightFormat) -> Self {
+        self.weights = Some(format);
+        self
+    }
+
+    /// The format a load converts to: [`Self::weights`]'s, else
+    /// [`WEIGHTS_ENV`](crate::WEIGHTS_ENV)'s, else int8.
+    pub(crate) fn weight_format(&self) -> Result<WeightFormat> {
+        match self.weights {
+            Some(format) => Ok(format),
+            None => Ok(WeightFormat::from_env()?.unwrap_or_default()),
+        }
+    }
+
     /// Calls `callback` as the load progresses: each phase
     /// ([`LoadPhase`](crate::LoadPhase): hashing, reading the cache or
     /// converting and writing the cache, uploading) is reported first with
@@ -175,7 +211,12 @@ impl LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { profile: ShapeProfile::AnyQwen3, cache: CachePolicy::Default, progress: None }
+        LoadOptions {
+            profile: ShapeProfile::AnyQwen3,
+            cache: CachePolicy::Default,
+            progress: None,
+            weights: None,
+        }
     }
 }
 
@@ -185,6 +226,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("profile", &self.profile)
             .field("cache", &self.cache)
             .field("progress", &self.progress.as_ref().map(|_| "callback"))
+            .field("weights", &self.weights)
             .finish()
     }
 }
@@ -216,6 +258,11 @@ impl Model {
     /// GPU memory the weights occupy, bytes.
     pub fn weight_bytes(&self) -> u64 {
         self.inner.weights.bytes
+    }
+
+    /// The format of the layers' weights ([`LoadOptions::weights`]).
+    pub fn weight_format(&self) -> WeightFormat {
+        self.inner.weights.format
     }
 
     /// A session with the default KV-cache capacity.

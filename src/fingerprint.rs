@@ -9,7 +9,7 @@ use xxhash_rust::xxh3::Xxh3Default;
 use crate::converted::ConvertedModel;
 
 /// The fingerprint of converted weights: xxh3-128 over the model's
-/// configuration and every byte of the int8 blob (in 64 MiB pieces hashed
+/// configuration, its weight format and every byte of the blob (in 64 MiB pieces hashed
 /// on all cores), as 32 hex digits. It identifies exactly what a session's
 /// KV cache was computed from, however the weights were loaded (converted
 /// or from the cache, from any copy of the checkpoint).
@@ -32,6 +32,7 @@ pub(crate) fn weights_fingerprint(model: &ConvertedModel) -> String {
     let mut h = Xxh3Default::new();
     h.update(b"qwen3-wgpu converted weights");
     h.update(&serde_json::to_vec(&model.config).unwrap_or_default());
+    h.update(model.index.weights.name().as_bytes());
     h.update(&(blob.len() as u64).to_le_bytes());
     for d in digests {
         h.update(&d.to_le_bytes());
@@ -90,10 +91,10 @@ mod tests {
     use super::weights_fingerprint;
     use crate::config::ModelConfig;
     use crate::convert::plan_layout;
-    use crate::converted::{Blob, ConvertedModel};
+    use crate::converted::{Blob, ConvertedModel, WeightFormat};
 
     fn model(cfg: ModelConfig, fill: impl Fn(usize) -> u8) -> ConvertedModel {
-        let (index, len) = plan_layout(&cfg);
+        let (index, len) = plan_layout(&cfg, WeightFormat::Int8);
         ConvertedModel { config: cfg, index, blob: Blob::Owned((0..len).map(fill).collect()), blob_start: 0 }
     }
 
@@ -117,7 +118,7 @@ mod tests {
         let base = weights_fingerprint(&model(small(), |i| i as u8));
         assert_eq!(base.len(), 32);
         assert_eq!(base, weights_fingerprint(&model(small(), |i| i as u8)));
-        let len = plan_layout(&small()).1;
+        let len = plan_layout(&small(), WeightFormat::Int8).1;
         for at in [0, len / 3, len - 1] {
             let changed = weights_fingerprint(&model(small(), |i| (i as u8) ^ u8::from(i == at)));
             assert_ne!(changed, base, "byte {at}");

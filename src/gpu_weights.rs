@@ -1,4 +1,4 @@
-//! Converted weights on the GPU: one buffer per int8 matrix (and its
+//! Converted weights on the GPU: one buffer per quantised matrix (and its
 //! scales), bound in row chunks when a matrix exceeds the device's storage
 //! binding limit (Qwen3's 151936 x 1024 table does on lavapipe), and the
 //! loaded model its sessions share (device, kernels, config, weights).
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::buffers::PREFILL_BATCH;
 use crate::config::ModelConfig;
-use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, QUANT_GROUP};
+use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, WeightFormat, QUANT_GROUP};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{chunk_rows, Kernels};
@@ -20,11 +20,14 @@ pub struct RowChunk {
     pub rows: usize,
 }
 
-/// An int8 matrix on the GPU.
+/// A quantised matrix on the GPU.
 pub struct GpuMatrix {
     pub rows: usize,
     pub cols: usize,
-    /// Row length in u32 words (padded columns / 4).
+    /// How its values are stored (the kernels that read it follow).
+    pub format: WeightFormat,
+    /// Padded row length / 4: the input's u32 words at int8 (the kernels'
+    /// `k_words`, whatever the format).
     pub k_words: usize,
     pub groups: usize,
     pub data: wgpu::Buffer,
@@ -40,7 +43,7 @@ impl GpuMatrix {
         label: &str,
         progress: &Progress<'_>,
     ) -> Result<Self> {
-        let row_bytes = m.padded_cols();
+        let row_bytes = m.row_bytes();
         let max_binding = gpu.device.limits().max_storage_buffer_binding_size;
         let per_chunk = chunk_rows(row_bytes, max_binding);
         let chunks = (0..m.rows)
@@ -50,6 +53,7 @@ impl GpuMatrix {
         Ok(GpuMatrix {
             rows: m.rows,
             cols: m.cols,
+            format: m.format,
             k_words: m.padded_cols() / 4,
             groups: m.groups(),
             data: upload_range(gpu, model, m.data, label, progress)?,
@@ -58,9 +62,14 @@ impl GpuMatrix {
         })
     }
 
+    /// Bytes of one row's data.
+    pub fn row_bytes(&self) -> usize {
+        self.k_words * 4 * self.format.bits() / 8
+    }
+
     /// The data range of a chunk, for binding.
     pub fn data_range(&self, c: &RowChunk) -> wgpu::BindingResource<'_> {
-        let row = (self.k_words * 4) as u64;
+        let row = self.row_bytes() as u64;
         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer: &self.data,
             offset: c.row_start as u64 * row,
@@ -93,8 +102,10 @@ pub struct GpuLayer {
 
 /// The whole model on the GPU.
 pub struct GpuWeights {
-    /// Bytes of weights uploaded (int8 data, scales, norm vectors).
+    /// Bytes of weights uploaded (quantised data, scales, norm vectors).
     pub bytes: u64,
+    /// The format of the layers' linear weights.
+    pub format: WeightFormat,
     pub embed: GpuMatrix,
     /// `None` when tied to `embed`.
     pub lm_head: Option<GpuMatrix>,
@@ -162,6 +173,7 @@ impl GpuWeights {
                 }
                 let mut w = GpuWeights {
                     bytes: 0,
+                    format: ix.weights,
                     embed: matrix(&ix.embed, "embed_tokens")?,
                     lm_head: match &ix.lm_head {
                         Some(m) => Some(matrix(m, "lm_head")?),

@@ -112,6 +112,7 @@ pub use chat::{ChatOptions, ChatTemplate, Message};
 pub use config::{ModelConfig, ShapeProfile};
 pub use constraint::{parse_tool_calls, Constraint, ParsedReply, ToolCall, ToolChoice};
 pub use conversation::{Chat, ChatReply};
+pub use converted::{WeightFormat, WEIGHTS_ENV};
 pub use engine::{
     decode, decode_with, DecodeResult, Engine, EngineBuilder, GenerateOptions, LoadOptions, Model,
     StopReason, COOPERATIVE_MATRICES_ENV, DEFAULT_CAPACITY,

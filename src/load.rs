@@ -12,7 +12,7 @@ use crate::cache::{CachePolicy, CACHE_EXTENSION, CACHE_FORMAT_VERSION};
 use crate::checkpoint::{Checkpoint, Fingerprint};
 use crate::config::{check_profile, read_config, require_checkpoint_dir, ShapeProfile};
 use crate::convert::convert_validated;
-use crate::converted::ConvertedModel;
+use crate::converted::{ConvertedModel, WeightFormat};
 use crate::error::{Error, Result};
 pub use crate::progress::{LoadPhase, LoadProgress, LoadProgressFn, Progress};
 
@@ -31,7 +31,7 @@ pub struct LoadReport {
     pub load_ms: f64,
 }
 
-/// Loads the model in `dir`: checks the directory, reads config.json (the
+/// Loads the model in `dir`, its layers in int8: checks the directory, reads config.json (the
 /// checks of [`load_config`](crate::config::load_config)) and [`check_profile`], opens and validates
 /// the checkpoint (each once), then maps a valid cache file
 /// (`<cache_dir>/<key>.q3w`, giving [`Blob::Mapped`](crate::converted::Blob::Mapped)) or converts the
@@ -56,11 +56,13 @@ pub fn load_model(
     profile: ShapeProfile,
     cache: &CachePolicy,
 ) -> Result<(ConvertedModel, LoadReport)> {
-    load_model_with(dir, profile, cache, &Progress::none())
+    load_model_with(dir, profile, cache, WeightFormat::Int8, &Progress::none())
 }
 
-/// [`load_model`], reporting each phase's progress through `progress`
-/// (every phase but [`LoadPhase::Uploading`], which is the caller's).
+/// [`load_model`] with the layers in `weights`, reporting each phase's
+/// progress through `progress` (every phase but [`LoadPhase::Uploading`],
+/// which is the caller's). The cache holds one entry per checkpoint and
+/// format.
 ///
 /// Errors: those of [`load_model`]; [`Error::Cancelled`] when the progress
 /// callback asks to cancel. A cancelled load leaves no cache file and no
@@ -69,6 +71,7 @@ pub fn load_model_with(
     dir: &Path,
     profile: ShapeProfile,
     cache: &CachePolicy,
+    weights: WeightFormat,
     progress: &Progress<'_>,
 ) -> Result<(ConvertedModel, LoadReport)> {
     let started = Instant::now();
@@ -89,14 +92,14 @@ pub fn load_model_with(
     }
     // Only a cached load needs the key; without a cache, skip the hash.
     let fingerprint = match chosen_dir {
-        Some(_) => Some(ckpt.fingerprint_with(&cfg, CACHE_FORMAT_VERSION, progress)?),
+        Some(_) => Some(ckpt.fingerprint_with(&cfg, CACHE_FORMAT_VERSION, weights, progress)?),
         None => None,
     };
     let key = fingerprint.as_ref().map_or("", |f| f.key.as_str());
     let mut cache_path = chosen_dir.map(|d| d.join(format!("{key}.{CACHE_EXTENSION}")));
 
     if let Some(path) = &cache_path {
-        match read_cache(path, key, &cfg, progress)? {
+        match read_cache(path, key, &cfg, weights, progress)? {
             Ok(Some(model)) => {
                 if let Some(fp) = &fingerprint {
                     unchanged_since(&ckpt, fp)?;
@@ -134,7 +137,7 @@ pub fn load_model_with(
     }
 
     let convert_started = Instant::now();
-    let model = convert_validated(&ckpt, &cfg, fingerprint.as_ref(), progress)?;
+    let model = convert_validated(&ckpt, &cfg, weights, fingerprint.as_ref(), progress)?;
     let convert_ms = ms_since(convert_started);
     if let Some(fp) = &fingerprint {
         unchanged_since(&ckpt, fp)?;
@@ -151,7 +154,7 @@ pub fn load_model_with(
             log::warn!("{err}; the converted weights will not be cached");
             cache_path = None;
         } else if let Some(dir) = path.parent() {
-            remove_stale_files(dir, key, &source);
+            remove_stale_files(dir, key, &source, weights);
         }
     }
     let report = LoadReport { converted: true, cache_path, convert_ms, load_ms: ms_since(started) };

@@ -210,9 +210,16 @@ impl BatchForward {
                 RowLaunch::Matvec { launch, shape } => {
                     let split = launch.matvec_split.expect("a matvec launch has a split");
                     let all_rows = if wait {
-                        kernels.matvec_rows_pipeline(gpu, launch.kernel, split, *shape, rows)
+                        kernels.matvec_rows_pipeline(gpu, launch.kernel, split, *shape, launch.format, rows)
                     } else {
-                        kernels.matvec_rows_pipeline_or_start(gpu, launch.kernel, split, *shape, rows)
+                        kernels.matvec_rows_pipeline_or_start(
+                            gpu,
+                            launch.kernel,
+                            split,
+                            *shape,
+                            launch.format,
+                            rows,
+                        )
                     };
                     launch.record_rows(pass, all_rows.as_ref(), rows);
                     after(pass, launch.kind());

@@ -5,7 +5,7 @@
 
 use half::f16;
 
-use crate::converted::QUANT_GROUP;
+use crate::converted::{int4_position, WeightFormat, QUANT_GROUP};
 use crate::kernels::quant_padded;
 
 /// Fills outputs before a run: a NaN, so an element never written fails.
@@ -63,12 +63,15 @@ pub fn pseudo_nonzero(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// An int8 matrix in the engine's layout: rows zero-padded to
-/// [`QUANT_GROUP`] values, one f32 scale per group.
+/// A quantised matrix in the engine's layout: rows zero-padded to
+/// [`QUANT_GROUP`] values, one f32 scale per group; `q` holds one value an
+/// element (within [-8, 7] for int4), [`Quant::data`] the bytes the GPU
+/// reads.
 pub struct Quant {
     pub rows: usize,
     pub cols: usize,
     pub padded: usize,
+    pub format: WeightFormat,
     pub q: Vec<i8>,
     pub scales: Vec<f32>,
 }
@@ -77,8 +80,23 @@ impl Quant {
     pub fn w(&self, r: usize, c: usize) -> f64 {
         self.q[r * self.padded + c] as f64 * self.scales[r * self.groups() + c / QUANT_GROUP] as f64
     }
+    /// The values as stored: bytes (int8) or nibbles where
+    /// [`int4_position`] puts them.
     pub fn data(&self) -> Vec<u8> {
-        bytemuck::cast_slice(&self.q).to_vec()
+        match self.format {
+            WeightFormat::Int8 => bytemuck::cast_slice(&self.q).to_vec(),
+            WeightFormat::Int4 => {
+                let mut out = vec![0u8; self.q.len() / 2];
+                for (row, q) in out.chunks_mut(self.padded / 2).zip(self.q.chunks(self.padded)) {
+                    for (c, &v) in q.iter().enumerate() {
+                        let (byte, high) = int4_position(c);
+                        let nibble = (v as u8) & 0xf;
+                        row[byte] |= if high { nibble << 4 } else { nibble };
+                    }
+                }
+                out
+            }
+        }
     }
     pub fn k_words(&self) -> usize {
         self.padded / 4
@@ -87,24 +105,37 @@ impl Quant {
         self.padded / QUANT_GROUP
     }
 
-    /// A deterministic matrix of non-zero values in `-127..=127` (the
-    /// padding zero) with scales in [0.001, 0.02].
+    /// A deterministic int8 matrix of non-zero values in `-127..=127`
+    /// (the padding zero) with scales in [0.001, 0.02].
     pub fn pseudo(seed: u64, rows: usize, cols: usize) -> Self {
+        Self::pseudo_in(WeightFormat::Int8, seed, rows, cols)
+    }
+
+    /// [`Self::pseudo`] in `format` (int4: non-zero values in `-8..=7`).
+    pub fn pseudo_in(format: WeightFormat, seed: u64, rows: usize, cols: usize) -> Self {
         let padded = quant_padded(cols);
         let values = pseudo_nonzero(seed, rows * cols);
+        let (min, max) = Self::range(format);
         let mut q = vec![0i8; rows * padded];
         for r in 0..rows {
             for c in 0..cols {
-                q[r * padded + c] = ((values[r * cols + c] * 127.0).round() as i8).clamp(-127, 127);
-                if q[r * padded + c] == 0 {
-                    q[r * padded + c] = 1;
-                }
+                let v =
+                    (values[r * cols + c] * -f32::from(min)).round().clamp(f32::from(min), f32::from(max));
+                q[r * padded + c] = if v == 0.0 { 1 } else { v as i8 };
             }
         }
         let groups = padded / QUANT_GROUP;
         let scales =
             pseudo_nonzero(seed ^ 0x5ca1e, rows * groups).iter().map(|v| 0.001 + 0.019 * v.abs()).collect();
-        Quant { rows, cols, padded, q, scales }
+        Quant { rows, cols, padded, format, q, scales }
+    }
+
+    /// The values `format` holds: [-127, 127] or [-8, 7].
+    pub fn range(format: WeightFormat) -> (i8, i8) {
+        match format {
+            WeightFormat::Int8 => (-127, 127),
+            WeightFormat::Int4 => (-8, 7),
+        }
     }
 }
 
@@ -112,7 +143,7 @@ pub fn silu(g: f64) -> f64 {
     g / (1.0 + (-g).exp())
 }
 
-/// `int8_matvec`: the values written at `y[out_offset..]`, with their
+/// `int8_matvec` (over the matrix's format): the values written at `y[out_offset..]`, with their
 /// tolerance scales. `norm`: the fused RMSNorm (weight, eps); `y0`: the
 /// accumulated values (`y += W x`); `swiglu`: rows interleave gate and up,
 /// output i = silu(row 2i . x) * (row 2i+1 . x).

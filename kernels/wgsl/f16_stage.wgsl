@@ -12,6 +12,7 @@
 // per 16 values of a row), then one per token of the tiles the product
 // reads:
 //   w16[block (r / 16, k / 16)][r % 16][k % 16] = f16(q[r][k] * scale[r][k / GROUP])
+//   (q int8, or int4 with INT4)
 //   for the launch's rows rounded up to MM_ROWS (the spare rows are zero);
 //   x16[block (t / 16, k / 16)][t % 16][k % 16] = f16(x'[t][k])
 //   with x' = x, or with NORM its RMSNorm times norm_w (as int8_matvec).
@@ -61,7 +62,14 @@ fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg:
         let c = q % quads;
         var lo = vec4<u32>(0u);
         var hi = vec4<u32>(0u);
-        if r < p.rows {
+        if r < p.rows && INT4 {
+            // The quad's 16 int4 values: two words of a vec4 of 32.
+            let v4 = w[(r * quads + c) / 2u];
+            let v = select(v4.xy, v4.zw, c % 2u == 1u);
+            let s = scales[r * p.groups + c / GROUP_QUADS];
+            lo = pack8(i4x4(v.x) * s, i4x4(v.x >> 4u) * s);
+            hi = pack8(i4x4(v.y) * s, i4x4(v.y >> 4u) * s);
+        } else if r < p.rows {
             let v = w[r * quads + c];
             let s = scales[r * p.groups + c / GROUP_QUADS];
             lo = pack8(i8x4(v.x) * s, i8x4(v.y) * s);

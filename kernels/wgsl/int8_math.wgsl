@@ -14,6 +14,12 @@ fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
 }
 
+// The weights are int4 (the layers of an int4 model): each u32 word holds
+// 8 consecutive values as two's-complement nibbles, byte b value b in its
+// low nibble and value b + 4 in its high one (`int4_position`,
+// src/converted.rs); otherwise int8, 4 values a word.
+override INT4: bool = false;
+
 // The 4 int8 values of `v` as floats, exactly, without int-to-float
 // conversions (a quarter-rate instruction on many GPUs, and the bulk of a
 // matvec's arithmetic): byte u = q + 128 (the sign bit flipped) set into
@@ -23,6 +29,16 @@ fn i8x4(v: u32) -> vec4<f32> {
     let u = v ^ 0x80808080u;
     let m = vec4<u32>(u & 0xffu, (u >> 8u) & 0xffu, (u >> 16u) & 0xffu, u >> 24u) | vec4<u32>(0x4b000000u);
     return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
+}
+
+// The int4 values in the low nibbles of `v`'s 4 bytes as floats (a word's
+// values 0..3; `v >> 4u` gives values 4..7), exactly, as i8x4: nibble
+// u = q + 8 (the sign bit flipped) in the mantissa of 2^23, less 2^23 + 8.
+// The one int4 dequantisation every kernel shares.
+fn i4x4(v: u32) -> vec4<f32> {
+    let u = v ^ 0x88888888u;
+    let m = (vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xfu);
+    return bitcast<vec4<f32>>(m | vec4<u32>(0x4b000000u)) - vec4<f32>(8388616.0);
 }
 
 // Two values as one word of f16 (the residual's f16 copy, X16), each

@@ -85,7 +85,8 @@ var<workgroup> ss_s: array<f32, X_LOADS>;
 // converted and stored transposed (the loads of the next chunk are in
 // flight meanwhile, under PREFETCH): xs[4n + m] is token 4tq + m of input
 // unit n and nws[n] its norm weights; wq[4n + m] and wsc[4n + m] are the
-// int8 word and scale of row 4rq + m of weight unit n.
+// weight word (int4: shifted, see load_chunk) and scale of row 4rq + m of
+// weight unit n.
 var<private> xs: array<vec4<f32>, 4u * X_PER>;
 var<private> nws: array<vec4<f32>, X_PER>;
 var<private> wq: array<u32, 4u * W_PER>;
@@ -124,11 +125,26 @@ fn load_chunk(l: u32, c: u32, row0: u32, t0: u32) {
             let g = (c * CHUNK_WORDS) / GROUP_WORDS;
             for (var m = 0u; m < 4u; m++) {
                 let r = min(row0 + 4u * rq + m, p.rows - 1u);
-                wq[4u * n + m] = w[r * k_quads + word / 4u][word % 4u];
+                if INT4 {
+                    // Values 4 word .. + 3: half of int4 word word / 2,
+                    // shifted to its low nibbles (i4x4's).
+                    let w4 = word / 2u;
+                    wq[4u * n + m] = w[r * (k_quads / 2u) + w4 / 4u][w4 % 4u] >> (4u * (word % 2u));
+                } else {
+                    wq[4u * n + m] = w[r * k_quads + word / 4u][word % 4u];
+                }
                 wsc[4u * n + m] = scales[r * p.groups + g];
             }
         }
     }
+}
+
+// A weight unit's 4 values as loaded (int4: in its low nibbles).
+fn unit4(v: u32) -> vec4<f32> {
+    if INT4 {
+        return i4x4(v);
+    }
+    return i8x4(v);
 }
 
 // Normalises (NORM: adding the inputs' squares to ss first) and converts
@@ -164,10 +180,10 @@ fn store_chunk(l: u32) {
         if e < W_UNITS {
             let rq = e / CHUNK_WORDS;
             let v = e % CHUNK_WORDS;
-            let a0 = i8x4(wq[4u * n]) * wsc[4u * n];
-            let a1 = i8x4(wq[4u * n + 1u]) * wsc[4u * n + 1u];
-            let a2 = i8x4(wq[4u * n + 2u]) * wsc[4u * n + 2u];
-            let a3 = i8x4(wq[4u * n + 3u]) * wsc[4u * n + 3u];
+            let a0 = unit4(wq[4u * n]) * wsc[4u * n];
+            let a1 = unit4(wq[4u * n + 1u]) * wsc[4u * n + 1u];
+            let a2 = unit4(wq[4u * n + 2u]) * wsc[4u * n + 2u];
+            let a3 = unit4(wq[4u * n + 3u]) * wsc[4u * n + 3u];
             let o = 4u * v * ROW_QUADS + (rq ^ swizzle(4u * v));
             w_t[o] = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
             w_t[o + ROW_QUADS] = vec4<f32>(a0.y, a1.y, a2.y, a3.y);

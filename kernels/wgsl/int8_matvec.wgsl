@@ -44,7 +44,13 @@
 // bound these matvecs on an H200), the copy of x bound at x's slot; a
 // residual add writes the f16 copy of the rows it adds to (slot 6).
 //
-// Bindings, the NORM/ACCUMULATE/SWIGLU flags and i8x4:
+// INT4 (the layers of an int4 model): w holds int4 values, 8 a word (see
+// int8_math.wgsl), so a lane's step (one vec4<u32> per row) covers 32
+// values, two quads of x, where an int8 step covers 16. Everything else
+// (the layouts, the epilogues, the order of a row's additions in one-token
+// and batched decode alike) is the same.
+//
+// Bindings, the NORM/ACCUMULATE/SWIGLU/INT4 flags, i8x4 and i4x4:
 // int8_common.wgsl, prepended by Rust.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), prepended by Rust.
@@ -65,6 +71,17 @@ override ROWS_PER_Z: u32 = 0u;
 
 fn dot16(wv: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
     return dot(i8x4(wv.x), x0) + dot(i8x4(wv.y), x1) + dot(i8x4(wv.z), x2) + dot(i8x4(wv.w), x3);
+}
+
+// A lane's steps per row: the rows' length in vec4<u32>s (16 int8 values
+// or 32 int4 ones each).
+fn k_steps() -> u32 {
+    return select(n_k_words() / 4u, n_k_words() / 8u, INT4);
+}
+
+// The quant group of step j.
+fn step_group(j: u32) -> u32 {
+    return j / select(GROUP_WORDS / 4u, GROUP_WORDS / 8u, INT4);
 }
 
 // One token's input quad j (16 values), normed with NORM; `sq`: its x^2.
@@ -119,6 +136,42 @@ fn rows4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, q: Quad) ->
                      dot16(w2, q.x0, q.x1, q.x2, q.x3), dot16(w3, q.x0, q.x1, q.x2, q.x3));
 }
 
+// An int4 step (32 values) against x quads a and b.
+fn dot32(wv: vec4<u32>, a: Quad, b: Quad) -> f32 {
+    return dot(i4x4(wv.x), a.x0) + dot(i4x4(wv.x >> 4u), a.x1) + dot(i4x4(wv.y), a.x2) + dot(i4x4(wv.y >> 4u), a.x3)
+        + dot(i4x4(wv.z), b.x0) + dot(i4x4(wv.z >> 4u), b.x1) + dot(i4x4(wv.w), b.x2) + dot(i4x4(wv.w >> 4u), b.x3);
+}
+
+fn rows4_i4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, a: Quad, b: Quad) -> vec4<f32> {
+    return vec4<f32>(dot32(w0, a, b), dot32(w1, a, b), dot32(w2, a, b), dot32(w3, a, b));
+}
+
+// An int4 step's inputs: x quads 2j and 2j + 1 of the input at x[xb ..].
+struct Quads {
+    a: Quad,
+    b: Quad,
+}
+
+fn xq2(xb: u32, j: u32) -> Quads {
+    return Quads(xq(xb + 8u * j, 2u * j), xq(xb + 8u * j + 4u, 2u * j + 1u));
+}
+
+// The scales of group g of `rows`.
+fn scales4(rows: vec4<u32>, g: u32) -> vec4<f32> {
+    return vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
+                     scales[rows.w * n_groups() + g]);
+}
+
+// step4 of int4 weights.
+fn step4_i4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
+    let k_steps = k_steps();
+    let x = xq2(xb, j);
+    let s = scales4(rows, step_group(j));
+    let acc = rows4_i4(w[rows.x * k_steps + j], w[rows.y * k_steps + j], w[rows.z * k_steps + j],
+                       w[rows.w * k_steps + j], x.a, x.b) * s;
+    return Partial(acc, x.a.sq + x.b.sq);
+}
+
 // Partial sums of rows row0..row0+3 (rows past the end repeat the last
 // row; store4 drops their results) over the quads (16 values) j = first,
 // first + stride, ...; `ss`: the partial sum of x^2 (NORM).
@@ -127,8 +180,11 @@ struct Partial {
     ss: vec4<f32>,
 }
 
-// Quad j of `rows` (row indices) against x's quad j.
+// Quad j of `rows` (row indices) against x's quad j (int4: step j).
 fn step4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
+    if INT4 {
+        return step4_i4(rows, xb, j);
+    }
     let k_quads = n_k_words() / 4u;
     let q = xq(xb + 4u * j, j);
     let g = j / (GROUP_WORDS / 4u);
@@ -140,7 +196,7 @@ fn step4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
 }
 
 fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
-    let k_quads = n_k_words() / 4u;
+    let k_quads = k_steps();
     let rows = vec4<u32>(row0, min(row0 + 1u, n_rows() - 1u), min(row0 + 2u, n_rows() - 1u), min(row0 + 3u, n_rows() - 1u));
     // The first step outside the loop: straight-line code for the split-K
     // lanes, which take one step per row (measured: 5.9 against 6.75 µs for
@@ -187,9 +243,30 @@ struct Products {
     q3: vec4<f32>,
 }
 
+// step4_tokens of int4 weights.
+fn step4_tokens_i4(row0: u32, r1: u32, r2: u32, r3: u32, xb: u32, j: u32) -> Products {
+    let k_steps = k_steps();
+    let w0 = w[row0 * k_steps + j];
+    let w1 = w[r1 * k_steps + j];
+    let w2 = w[r2 * k_steps + j];
+    let w3 = w[r3 * k_steps + j];
+    let s = scales4(vec4<u32>(row0, r1, r2, r3), step_group(j));
+    let x0 = xq2(xb, j);
+    let x1 = xq2(xb + n_k_words(), j);
+    let x2 = xq2(xb + 2u * n_k_words(), j);
+    let x3 = xq2(xb + 3u * n_k_words(), j);
+    return Products(rows4_i4(w0, w1, w2, w3, x0.a, x0.b) * s, rows4_i4(w0, w1, w2, w3, x1.a, x1.b) * s,
+                    rows4_i4(w0, w1, w2, w3, x2.a, x2.b) * s, rows4_i4(w0, w1, w2, w3, x3.a, x3.b) * s,
+                    x0.a.sq + x0.b.sq, x1.a.sq + x1.b.sq, x2.a.sq + x2.b.sq, x3.a.sq + x3.b.sq);
+}
+
 // Quad j of rows row0, r1, r2, r3 against 4 tokens' inputs (token i at
-// x[xb + i * k_words ..]): the products and the inputs' squares.
+// x[xb + i * k_words ..]): the products and the inputs' squares (int4:
+// step j).
 fn step4_tokens(row0: u32, r1: u32, r2: u32, r3: u32, xb: u32, j: u32) -> Products {
+    if INT4 {
+        return step4_tokens_i4(row0, r1, r2, r3, xb, j);
+    }
     let k_quads = n_k_words() / 4u;
     let g = j / (GROUP_WORDS / 4u);
     let w0 = w[row0 * k_quads + j];
@@ -208,7 +285,7 @@ fn step4_tokens(row0: u32, r1: u32, r2: u32, r3: u32, xb: u32, j: u32) -> Produc
 }
 
 fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32, peel: bool) -> Partials {
-    let k_quads = n_k_words() / 4u;
+    let k_quads = k_steps();
     let r1 = min(row0 + 1u, n_rows() - 1u);
     let r2 = min(row0 + 2u, n_rows() - 1u);
     let r3 = min(row0 + 3u, n_rows() - 1u);
@@ -326,7 +403,7 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         // last group fewer).
         let z0 = wg.z * ROWS_PER_Z;
         let z_end = min(z0 + ROWS_PER_Z, DECODE_ROWS);
-        if SPLIT_K && n_k_words() / 4u <= WG {
+        if SPLIT_K && k_steps() <= WG {
             split_k_rows(lane, wg_row0, z0, z_end);
             return;
         }
@@ -352,7 +429,7 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 // then runs each row as decode_token would (partial4's one step4, the
 // same expressions, then wg_sum5 and store4).
 fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
-    let k_quads = n_k_words() / 4u;
+    let k_quads = k_steps();
     let j = lane.idx;
     let has_step = j < k_quads;
     let rows = vec4<u32>(row0, min(row0 + 1u, n_rows() - 1u), min(row0 + 2u, n_rows() - 1u), min(row0 + 3u, n_rows() - 1u));
@@ -362,7 +439,7 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
     var w3 = vec4<u32>(0u);
     var s = vec4<f32>(0.0);
     if has_step {
-        let g = j / (GROUP_WORDS / 4u);
+        let g = step_group(j);
         w0 = w[rows.x * k_quads + j];
         w1 = w[rows.y * k_quads + j];
         w2 = w[rows.z * k_quads + j];
@@ -398,7 +475,10 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
 fn split_k_row(has_step: bool, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, s: vec4<f32>, z: u32,
                j: u32) -> Partial {
     var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
-    if has_step {
+    if has_step && INT4 {
+        let x = xq2(z * n_k_words(), j);
+        o = Partial(rows4_i4(w0, w1, w2, w3, x.a, x.b) * s, x.a.sq + x.b.sq);
+    } else if has_step {
         let q = xq(z * n_k_words() + 4u * j, j);
         o = Partial(rows4(w0, w1, w2, w3, q) * s, q.sq);
     }

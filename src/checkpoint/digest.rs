@@ -11,7 +11,7 @@ use super::file::{FileStamp, WeightsFile};
 use super::validate::expected_tensors;
 use super::Checkpoint;
 use crate::config::{read_optional, ModelConfig};
-use crate::converted::QUANT_GROUP;
+use crate::converted::{WeightFormat, QUANT_GROUP};
 use crate::error::{Error, Result};
 use crate::progress::{LoadPhase, Progress};
 
@@ -89,8 +89,9 @@ pub fn combine_pieces(total: u64, piece_digests: &[u8]) -> u128 {
 const READ_CHUNK: usize = 256 << 10;
 
 impl Checkpoint {
-    /// Identifies this checkpoint's content for the cache. The key is a
-    /// sha256 over the cache `format_version`, [`QUANT_GROUP`],
+    /// Identifies this checkpoint's content, converted to `weights`, for the
+    /// cache. The key is a sha256 over the cache `format_version`, the
+    /// weight format's name, [`QUANT_GROUP`],
     /// config.json's bytes, generation_config.json's bytes if present, every
     /// weights file's name, size and safetensors header (the first 8 + N
     /// bytes), and the name and [`TensorHasher`] digest of every tensor the
@@ -105,8 +106,13 @@ impl Checkpoint {
     /// Errors: [`Error::CheckpointNotFound`] without config.json;
     /// [`Error::CheckpointInvalid`] when a weights file is shorter than its
     /// header says (truncated since it was opened) or cannot be read.
-    pub fn fingerprint(&self, cfg: &ModelConfig, format_version: u32) -> Result<Fingerprint> {
-        self.fingerprint_with(cfg, format_version, &Progress::none())
+    pub fn fingerprint(
+        &self,
+        cfg: &ModelConfig,
+        format_version: u32,
+        weights: WeightFormat,
+    ) -> Result<Fingerprint> {
+        self.fingerprint_with(cfg, format_version, weights, &Progress::none())
     }
 
     /// [`fingerprint`](Self::fingerprint), reporting [`LoadPhase::Hashing`]
@@ -116,6 +122,7 @@ impl Checkpoint {
         &self,
         cfg: &ModelConfig,
         format_version: u32,
+        weights: WeightFormat,
         progress: &Progress<'_>,
     ) -> Result<Fingerprint> {
         let stamps = self.files.iter().map(|f| (f.name.clone(), f.stamp())).collect();
@@ -126,6 +133,7 @@ impl Checkpoint {
         };
         part(b"qwen3-wgpu checkpoint fingerprint");
         part(&format_version.to_le_bytes());
+        part(weights.name().as_bytes());
         part(&(QUANT_GROUP as u64).to_le_bytes());
         let config_path = self.dir.join("config.json");
         let config = read_optional(&config_path)?.ok_or_else(|| Error::CheckpointNotFound {

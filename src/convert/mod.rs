@@ -1,8 +1,9 @@
-//! Conversion of a validated checkpoint to the engine's int8 layout: every
-//! linear weight (and the embedding, and an untied LM head) becomes
-//! symmetric int8 with one f32 scale per [`QUANT_GROUP`](crate::converted::QUANT_GROUP) input elements;
-//! norm weights stay f32. Everything lands in one blob whose arrays start at
-//! multiples of [`BLOB_ALIGN`].
+//! Conversion of a validated checkpoint to the engine's layout: every
+//! linear weight becomes symmetric int8 or int4 (the layers', as the
+//! [`WeightFormat`] says; the embedding and an untied LM head always int8)
+//! with one f32 scale per [`QUANT_GROUP`](crate::converted::QUANT_GROUP)
+//! input elements; norm weights stay f32. Everything lands in one blob
+//! whose arrays start at multiples of [`BLOB_ALIGN`].
 
 mod layout;
 mod memory;
@@ -15,21 +16,22 @@ use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, Fingerprint, TensorSource, HASH_PIECE};
 use crate::config::ModelConfig;
-use crate::converted::{Blob, ByteRange, ConvertedModel, QuantMatrix, WeightIndex, BLOB_ALIGN};
+use crate::converted::{Blob, ByteRange, ConvertedModel, QuantMatrix, WeightFormat, WeightIndex, BLOB_ALIGN};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 pub use layout::{blob_bytes, dequantize, plan_layout, planned_blob_len};
 pub use memory::{available_memory, check_host_memory};
 use pieces::convert_targets;
-pub use quantize::quantize_value;
+pub use quantize::{quantize_nibble, quantize_value};
 
-/// Converts a checkpoint to int8 (see the module docs) into one owned blob.
+/// Converts a checkpoint, its layers to `weights` (see the module docs),
+/// into one owned blob.
 ///
 /// The checkpoint is validated against `cfg` first (see
 /// [`Checkpoint::validate`]), so no conversion work is done for a checkpoint
 /// that would fail. The work is spread over all cores (rayon's pool), in
 /// pieces of a few MiB; the bytes are the same whatever the thread count.
-/// Host memory: the blob (about the int8 size of the model; checked
+/// Host memory: the blob (about the converted size of the model; checked
 /// against [`available_memory`] before it is allocated) plus a few MiB of
 /// read buffers; tensors are read a window of rows at a time with
 /// positioned reads (a checkpoint truncated meanwhile is an error, not a
@@ -40,9 +42,9 @@ pub use quantize::quantize_value;
 /// [`Error::CheckpointInvalid`] naming the tensor when any tensor (matrix
 /// or norm vector) holds NaN or infinity, or naming the file when a weights
 /// file ends before its header says.
-pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
+pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig, weights: WeightFormat) -> Result<ConvertedModel> {
     ckpt.validate(cfg)?;
-    convert_validated(ckpt, cfg, None, &Progress::none())
+    convert_validated(ckpt, cfg, weights, None, &Progress::none())
 }
 
 /// [`convert`] of a checkpoint already validated against `cfg`, checking
@@ -54,12 +56,14 @@ pub fn convert(ckpt: &Checkpoint, cfg: &ModelConfig) -> Result<ConvertedModel> {
 pub(crate) fn convert_validated(
     ckpt: &Checkpoint,
     cfg: &ModelConfig,
+    weights: WeightFormat,
     fingerprint: Option<&Fingerprint>,
     progress: &Progress<'_>,
 ) -> Result<ConvertedModel> {
-    let what = format!("converting {} to int8 (held in memory until it is cached)", ckpt.dir().display());
+    let what =
+        format!("converting {} to {weights} (held in memory until it is cached)", ckpt.dir().display());
     let available = available_memory();
-    let needed = planned_blob_len(cfg).and_then(|n| n.checked_add(BLOB_ALIGN));
+    let needed = planned_blob_len(cfg, weights).and_then(|n| n.checked_add(BLOB_ALIGN));
     let Some(needed) = needed else {
         return Err(Error::OutOfMemory { what, needed: u64::MAX, available: available.unwrap_or(0) });
     };
@@ -79,7 +83,7 @@ pub(crate) fn convert_validated(
     })?;
     storage.par_extend(rayon::iter::repeat_n(0u8, needed));
     ckpt.prefetch();
-    let (index, total) = plan_layout(cfg);
+    let (index, total) = plan_layout(cfg, weights);
     let blob_start = storage.as_ptr().align_offset(BLOB_ALIGN).min(BLOB_ALIGN);
     storage.truncate(blob_start + total);
     let blob = &mut storage[blob_start..];
@@ -93,7 +97,7 @@ pub(crate) fn convert_validated(
 enum Target<'c> {
     /// A norm vector, stored as f32.
     Norm { dst: ByteRange, source: TensorSource<'c> },
-    /// An int8 matrix: `parts` stacked row-wise in order, or, when
+    /// A quantised matrix: `parts` stacked row-wise in order, or, when
     /// `interleaved`, two parts with their rows alternating (a0, b0, a1,
     /// b1, ...: the gate/up layout the SwiGLU matvec epilogue reads).
     Matrix { m: QuantMatrix, parts: Vec<TensorSource<'c>>, interleaved: bool },

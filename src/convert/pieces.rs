@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
 use super::quantize::quantize_checked;
 use super::Target;
 use crate::checkpoint::{combine_pieces, TensorSource, READ_WINDOW};
-use crate::converted::{ByteRange, QuantMatrix};
+use crate::converted::{ByteRange, QuantMatrix, WeightFormat};
 use crate::error::{Error, Result};
 use crate::progress::{LoadPhase, Progress};
 
@@ -41,8 +41,8 @@ impl<'b> Carver<'b> {
     }
 }
 
-/// One row of a matrix in the blob: its int8 data and its scales.
-type RowSlot<'b> = (&'b mut [u8], &'b mut [u8]);
+/// One row of a matrix in the blob: its data, its scales and their format.
+type RowSlot<'b> = (&'b mut [u8], &'b mut [u8], WeightFormat);
 
 /// What one worker converts: a [`HASH_PIECE`](crate::checkpoint::HASH_PIECE) of a source tensor (the
 /// bytes `start..end` of it) with the output rows of the whole source rows
@@ -196,13 +196,13 @@ pub(super) fn convert_targets(
             }
             bytes.extend_from_slice(&part);
         }
-        let (q_row, s_row) = straddling
+        let (q_row, s_row, format) = straddling
             .remove(&(source, r))
             .filter(|_| bytes.len() == t.row_bytes())
             .ok_or_else(|| layout_error(dir, t.name(), format_args!("row {r} split across pieces")))?;
         row.resize(t.row_len(), 0.0);
         t.row_f32(&bytes, 0, &mut row)?;
-        quantize_checked(&row, q_row, s_row, t, r, dir)?;
+        quantize_checked(&row, q_row, s_row, format, t, r, dir)?;
     }
     if let Some(((source, r), _)) = straddling.into_iter().next() {
         let detail = format_args!("row {r} was never read");
@@ -234,11 +234,12 @@ fn matrix_slots<'b>(
     let outside = || layout_error(dir, "a matrix", "range outside the blob");
     let data = carver.take(m.data).ok_or_else(outside)?;
     let scales = carver.take(m.scales).ok_or_else(outside)?;
-    let (padded, groups) = (m.padded_cols(), m.groups());
-    if data.len() != m.rows * padded || scales.len() != m.rows * groups * 4 {
+    let (row_bytes, groups) = (m.row_bytes(), m.groups());
+    if data.len() != m.rows * row_bytes || scales.len() != m.rows * groups * 4 {
         return Err(layout_error(dir, "a matrix", format_args!("{} rows of {} columns", m.rows, m.cols)));
     }
-    Ok(data.chunks_exact_mut(padded).zip(scales.chunks_exact_mut(groups * 4)).map(Some).collect())
+    let rows = data.chunks_exact_mut(row_bytes).zip(scales.chunks_exact_mut(groups * 4));
+    Ok(rows.map(|(q, s)| Some((q, s, m.format))).collect())
 }
 
 /// Reads, hashes and converts one unit (see [`convert_targets`]). `None`
@@ -308,9 +309,9 @@ fn convert_unit(
                 if let Some(h) = &mut hasher {
                     h.update(&window);
                 }
-                for (i, (q_row, s_row)) in window_slots.iter_mut().enumerate() {
+                for (i, (q_row, s_row, format)) in window_slots.iter_mut().enumerate() {
                     t.row_f32(&window, i, &mut row)?;
-                    quantize_checked(&row, q_row, s_row, &t, r + i, dir)?;
+                    quantize_checked(&row, q_row, s_row, *format, &t, r + i, dir)?;
                 }
                 r += window_slots.len();
                 progress.advance(window.len() as u64)?;

@@ -1,22 +1,28 @@
-//! Symmetric int8 quantization: rows in groups of [`QUANT_GROUP`] with one
-//! f32 scale each, and the rounding of one value.
+//! Symmetric int8 and int4 quantization: rows in groups of [`QUANT_GROUP`]
+//! with one f32 scale each, and the rounding of one value.
 
 use std::path::Path;
 
 use crate::checkpoint::TensorSource;
-use crate::converted::QUANT_GROUP;
+use crate::converted::{int4_position, WeightFormat, QUANT_GROUP};
 use crate::error::{Error, Result};
 
-/// [`quantize_row`] of row `r` of `t`, with non-finite input an error.
+/// [`quantize_row`] or [`quantize_row_int4`], as `format` says, of row `r`
+/// of `t`, with non-finite input an error.
 pub(super) fn quantize_checked(
     row: &[f32],
     q_row: &mut [u8],
     s_row: &mut [u8],
+    format: WeightFormat,
     t: &TensorSource<'_>,
     r: usize,
     dir: &Path,
 ) -> Result<()> {
-    if quantize_row(row, q_row, s_row) {
+    let all_finite = match format {
+        WeightFormat::Int8 => quantize_row(row, q_row, s_row),
+        WeightFormat::Int4 => quantize_row_int4(row, q_row, s_row),
+    };
+    if all_finite {
         return Ok(());
     }
     Err(Error::invalid(dir, format!("{} row {r} holds NaN or infinite values; cannot quantize", t.name())))
@@ -84,8 +90,58 @@ where
     scale
 }
 
+/// Quantizes one row to int4: `q_row` gets the nibbles, two's complement,
+/// where [`int4_position`] puts them (whole groups: the padding is zero),
+/// `s_row` one native-endian f32 scale per group, the group's value of
+/// largest magnitude (the first of equal ones) / -8, as llama.cpp's Q4_0.
+/// That value becomes exactly -8; so a group of weights `q * s` with `q`
+/// in [-8, 7] and -8 present gets the scale `s` and its `q` back, exactly
+/// (a scale of largest magnitude / 7 would give 7 there and round the
+/// rest). Returns false when the row holds a non-finite value.
+pub(super) fn quantize_row_int4(row: &[f32], q_row: &mut [u8], s_row: &mut [u8]) -> bool {
+    let mut all_finite = true;
+    let groups =
+        row.chunks(QUANT_GROUP).zip(q_row.chunks_mut(QUANT_GROUP / 2)).zip(s_row.chunks_exact_mut(4));
+    for ((w, q), s) in groups {
+        let mut extreme = 0f32;
+        for &x in w {
+            all_finite &= x.is_finite();
+            if x.abs() > extreme.abs() {
+                extreme = x;
+            }
+        }
+        let scale = extreme / -8.0;
+        s.copy_from_slice(&scale.to_ne_bytes());
+        q.fill(0);
+        if scale == 0.0 {
+            // An all-zero group: scale 0 and q 0.
+            continue;
+        }
+        for (c, &x) in w.iter().enumerate() {
+            let (byte, high) = int4_position(c);
+            let nibble = (quantize_nibble(x / scale) as u8) & 0xf;
+            q[byte] |= if high { nibble << 4 } else { nibble };
+        }
+    }
+    all_finite
+}
+
 /// Rounds half away from zero and clamps to [-127, 127] (NaN gives -127;
 /// [`convert`](super::convert) reports NaN input as an error anyway).
+#[inline(always)]
+pub fn quantize_value(y: f32) -> i8 {
+    round_clamped(y, -127.0, 127.0) as i8
+}
+
+/// Rounds half away from zero and clamps to [-8, 7], an int4 value (NaN
+/// gives -8).
+#[inline(always)]
+pub fn quantize_nibble(y: f32) -> i8 {
+    round_clamped(y, -8.0, 7.0) as i8
+}
+
+/// `y` rounded half away from zero and clamped to [min, max] (integers
+/// within [-127, 127]).
 ///
 /// `f32::round` is a libm call on baseline x86-64 and a saturating `as`
 /// cast is scalarized there; both block vectorization. Clamping first (to an
@@ -94,14 +150,13 @@ where
 /// result with plain SIMD. Adding 0.5 before truncating would not:
 /// 0.49999997 + 0.5 rounds up to 1.0 in f32.
 #[inline(always)]
-pub fn quantize_value(y: f32) -> i8 {
+fn round_clamped(y: f32, min: f32, max: f32) -> i32 {
     // `if` forms (not f32::max/min) compile to maxps/minps; a NaN `y` fails
-    // the first comparison and becomes -127.
-    let y = if y > -127.0 { y } else { -127.0 };
-    let y = if y < 127.0 { y } else { 127.0 };
+    // the first comparison and becomes `min`.
+    let y = if y > min { y } else { min };
+    let y = if y < max { y } else { max };
     // SAFETY: y is finite and within [-127, 127], so it fits an i32.
     let truncated: i32 = unsafe { y.to_int_unchecked() };
     let fraction = y - truncated as f32;
-    let rounded = truncated + i32::from(fraction >= 0.5) - i32::from(fraction <= -0.5);
-    rounded as i8
+    truncated + i32::from(fraction >= 0.5) - i32::from(fraction <= -0.5)
 }

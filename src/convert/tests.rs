@@ -7,22 +7,25 @@ use xxhash_rust::xxh3::xxh3_128;
 use super::layout::{blob_bytes, plan_layout, planned_blob_len};
 use super::memory::{check_host_memory, parse_mem_available};
 use super::pieces::convert_targets;
-use super::quantize::{quantize_row, quantize_value};
+use super::quantize::{quantize_nibble, quantize_row, quantize_row_int4, quantize_value};
 use crate::checkpoint::{combine_pieces, Checkpoint, HASH_PIECE};
 use crate::config::ModelConfig;
+use crate::converted::{int4_position, WeightFormat, QUANT_GROUP};
 use crate::error::Error;
 use crate::progress::Progress;
 
 #[test]
 fn planned_blob_len_matches_the_layout_and_overflows_to_none() {
     let mut cfg = ModelConfig::qwen3_0_6b_base();
-    for tied in [true, false] {
-        cfg.tie_word_embeddings = tied;
-        assert_eq!(planned_blob_len(&cfg), Some(plan_layout(&cfg).1));
+    for weights in [WeightFormat::Int8, WeightFormat::Int4] {
+        for tied in [true, false] {
+            cfg.tie_word_embeddings = tied;
+            assert_eq!(planned_blob_len(&cfg, weights), Some(plan_layout(&cfg, weights).1));
+        }
+        let odd =
+            ModelConfig { hidden_size: 70, intermediate_size: 33, head_dim: 8, vocab_size: 3, ..cfg.clone() };
+        assert_eq!(planned_blob_len(&odd, weights), Some(plan_layout(&odd, weights).1));
     }
-    let odd =
-        ModelConfig { hidden_size: 70, intermediate_size: 33, head_dim: 8, vocab_size: 3, ..cfg.clone() };
-    assert_eq!(planned_blob_len(&odd), Some(plan_layout(&odd).1));
     // Sizes config.json can imply that no usize holds.
     let huge = [
         ModelConfig { num_hidden_layers: usize::MAX / 2, ..cfg.clone() },
@@ -31,7 +34,8 @@ fn planned_blob_len_matches_the_layout_and_overflows_to_none() {
         ModelConfig { num_attention_heads: usize::MAX / 64, ..cfg.clone() },
     ];
     for c in &huge {
-        assert_eq!(planned_blob_len(c), None);
+        assert_eq!(planned_blob_len(c, WeightFormat::Int8), None);
+        assert_eq!(planned_blob_len(c, WeightFormat::Int4), None);
     }
 }
 
@@ -64,8 +68,8 @@ fn conversion_refuses_bytes_other_than_the_fingerprinted() {
     }
     let cfg = crate::config::load_config(tmp.path()).unwrap();
     let ckpt = Checkpoint::open(tmp.path()).unwrap();
-    let fp = ckpt.fingerprint(&cfg, 1).unwrap();
-    assert!(convert_validated(&ckpt, &cfg, Some(&fp), &Progress::none()).is_ok());
+    let fp = ckpt.fingerprint(&cfg, 1, WeightFormat::Int8).unwrap();
+    assert!(convert_validated(&ckpt, &cfg, WeightFormat::Int8, Some(&fp), &Progress::none()).is_ok());
 
     let path = tmp.path().join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
@@ -75,12 +79,14 @@ fn conversion_refuses_bytes_other_than_the_fingerprinted() {
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.write_all_at(&[bytes[at] ^ 0x01], at as u64).unwrap();
 
-    let err = convert_validated(&ckpt, &cfg, Some(&fp), &Progress::none()).err().expect("a changed tensor");
+    let err = convert_validated(&ckpt, &cfg, WeightFormat::Int8, Some(&fp), &Progress::none())
+        .err()
+        .expect("a changed tensor");
     assert_eq!(err.code(), "checkpoint_invalid");
     assert!(err.to_string().contains(name) && err.to_string().contains("changed"), "{err}");
     // Without a fingerprint there is nothing to compare with.
-    assert!(convert_validated(&ckpt, &cfg, None, &Progress::none()).is_ok());
-    assert_ne!(ckpt.fingerprint(&cfg, 1).unwrap().key, fp.key);
+    assert!(convert_validated(&ckpt, &cfg, WeightFormat::Int8, None, &Progress::none()).is_ok());
+    assert_ne!(ckpt.fingerprint(&cfg, 1, WeightFormat::Int8).unwrap().key, fp.key);
 }
 
 /// Converts the fixture `name` in pieces of `piece` bytes, checking
@@ -90,7 +96,7 @@ fn convert_in_pieces(name: &str, piece: usize) -> Vec<u8> {
     let cfg = crate::config::load_config(&dir).unwrap();
     let ckpt = Checkpoint::open(&dir).unwrap();
     ckpt.validate(&cfg).unwrap();
-    let (index, total) = plan_layout(&cfg);
+    let (index, total) = plan_layout(&cfg, WeightFormat::Int8);
     let targets = plan_targets(&ckpt, &index).unwrap();
     let mut digests = HashMap::new();
     for t in targets.iter().flat_map(|t| t.sources()) {
@@ -113,7 +119,7 @@ fn any_piece_size_converts_the_same_bytes() {
         let whole = convert_in_pieces(name, HASH_PIECE);
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name);
         let cfg = crate::config::load_config(&dir).unwrap();
-        let model = convert(&Checkpoint::open(&dir).unwrap(), &cfg).unwrap();
+        let model = convert(&Checkpoint::open(&dir).unwrap(), &cfg, WeightFormat::Int8).unwrap();
         assert!(blob_bytes(&model).unwrap() == whole.as_slice(), "{name}");
         for piece in [64, 191, 192, 193, 1000, 65539] {
             assert!(convert_in_pieces(name, piece) == whole, "{name}, pieces of {piece} bytes");
@@ -176,4 +182,103 @@ fn quantize_row_groups_and_zero_group() {
     let mut bad = vec![0.0f32; 64];
     bad[3] = f32::NAN;
     assert!(!quantize_row(&bad, &mut [0u8; 64], &mut [0u8; 4]));
+}
+
+#[test]
+fn quantize_nibble_rounds_half_away_from_zero_within_int4() {
+    let cases: [(f32, i8); 9] = [
+        (0.0, 0),
+        (0.5, 1),
+        (-0.5, -1),
+        (6.5, 7),
+        (7.49, 7),
+        (-7.5, -8),
+        (-8.6, -8),
+        (9.0, 7),
+        (f32::NAN, -8),
+    ];
+    for (y, want) in cases {
+        assert_eq!(quantize_nibble(y), want, "y = {y}");
+    }
+}
+
+/// Weights `q * s` with `q` in [-8, 7] and both extremes present in each
+/// group convert to int4 losslessly: each group's scale is `s` and each
+/// nibble `q`, exactly, whatever the row length (a short last group), the
+/// sign of `s` and its magnitude (normal f32 scales from 2^-30 to 2^10);
+/// the padding stays zero.
+#[test]
+fn int4_conversion_is_lossless_for_int4_values_with_both_extremes() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(35);
+    for case in 0..300 {
+        let cols = rng.random_range(2..=300usize);
+        let groups = cols.div_ceil(QUANT_GROUP);
+        let mut q = vec![0i8; cols];
+        let mut s = vec![0f32; groups];
+        for (g, (group, scale)) in q.chunks_mut(QUANT_GROUP).zip(&mut s).enumerate() {
+            group.iter_mut().for_each(|v| *v = rng.random_range(-8..=7));
+            // Both extremes (a group of one value holds -8 only).
+            let at = rng.random_range(0..group.len());
+            group[at] = -8;
+            if group.len() > 1 {
+                group[(at + 1 + rng.random_range(0..group.len() - 1)) % group.len()] = 7;
+            }
+            let mantissa = rng.random_range(1..=255) as f32 / 128.0;
+            let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+            *scale = sign * mantissa * 2f32.powi(rng.random_range(-30..=10));
+            assert!(group.contains(&-8), "case {case} group {g}");
+        }
+        let row: Vec<f32> = q.iter().enumerate().map(|(c, &v)| f32::from(v) * s[c / QUANT_GROUP]).collect();
+        let padded = groups * QUANT_GROUP;
+        let mut q_row = vec![0u8; padded / 2];
+        let mut s_row = vec![0u8; groups * 4];
+        assert!(quantize_row_int4(&row, &mut q_row, &mut s_row));
+        let scales: Vec<f32> = s_row.chunks(4).map(|b| f32::from_ne_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(scales, s, "case {case}: scales");
+        for c in 0..padded {
+            let (byte, high) = int4_position(c);
+            let nibble = if high { q_row[byte] >> 4 } else { q_row[byte] & 0xf };
+            let got = ((nibble << 4) as i8) >> 4;
+            let want = q.get(c).copied().unwrap_or(0);
+            assert_eq!(got, want, "case {case}: q[{c}] of {cols}");
+            if c < cols {
+                assert_eq!(f32::from(got) * scales[c / QUANT_GROUP], row[c], "case {case}: w[{c}]");
+            }
+        }
+    }
+}
+
+/// Each value lands in its own nibble: the positions of a group's 64
+/// values are its 32 bytes' 64 nibbles, each once, and a u32 word (4
+/// bytes) holds 8 consecutive values.
+#[test]
+fn int4_positions_cover_each_nibble_once() {
+    let mut seen = [[false; 2]; QUANT_GROUP / 2];
+    for c in 0..QUANT_GROUP {
+        let (byte, high) = int4_position(c);
+        assert_eq!(byte / 4, c / 8, "value {c} outside its word");
+        assert!(!std::mem::replace(&mut seen[byte][usize::from(high)], true), "value {c}");
+    }
+}
+
+/// Qwen3-4B in int4 fits the 2.6 GB of GPU weights (the int8
+/// embedding included), about 57% of its int8 size.
+#[test]
+fn qwen3_4b_in_int4_fits_2_6_gb() {
+    let cfg = ModelConfig {
+        hidden_size: 2560,
+        intermediate_size: 9728,
+        num_hidden_layers: 36,
+        num_attention_heads: 32,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        vocab_size: 151936,
+        tie_word_embeddings: true,
+        ..ModelConfig::qwen3_0_6b_base()
+    };
+    let int4 = planned_blob_len(&cfg, WeightFormat::Int4).unwrap();
+    let int8 = planned_blob_len(&cfg, WeightFormat::Int8).unwrap();
+    assert!(int4 <= 2_600_000_000, "{int4} bytes");
+    assert!((0.55..0.6).contains(&(int4 as f64 / int8 as f64)), "{int4} of {int8} bytes");
 }

@@ -3,6 +3,7 @@
 
 use super::pipelines::LaunchPipelines;
 use super::{Kernel, Kernels, MatvecLayout, MatvecSplit};
+use crate::converted::WeightFormat;
 use crate::gpu::Gpu;
 
 /// What a launch runs, as diagnostics name it: the kernel and, for a
@@ -32,6 +33,9 @@ impl std::fmt::Display for LaunchKind {
 #[derive(Clone)]
 pub struct Launch {
     pub kernel: Kernel,
+    /// The format of the weights a matvec reads (int8 for the other
+    /// kernels): its pipelines' (see [`Self::new_for`]).
+    pub format: WeightFormat,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
     /// A matvec's split (see [`MatvecLayout::split`]); `None` for the
@@ -147,16 +151,30 @@ impl Launch {
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) -> Self {
+        Self::new_for(gpu, kernels, kernel, WeightFormat::Int8, buffers, workgroups)
+    }
+
+    /// [`Self::new`] of a matvec over weights in `format`, whose pipelines
+    /// the set holds ([`Kernels::prepare`]).
+    pub fn new_for(
+        gpu: &Gpu,
+        kernels: &Kernels,
+        kernel: Kernel,
+        format: WeightFormat,
+        buffers: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) -> Self {
         let bind_group = gpu.bind_group(kernel.entry(), kernels.layout(kernel), buffers.iter().cloned());
         Launch {
             kernel,
+            format,
             bind_group,
             workgroups,
             matvec_split: None,
             decode_pipeline: None,
             decode_bind_group: None,
             prefill_workgroups: workgroups,
-            pipelines: kernels.launch_pipelines(kernel),
+            pipelines: kernels.launch_pipelines(kernel, format),
             staged: None,
         }
     }

@@ -19,7 +19,7 @@ mod tile;
 use super::abi::{msl_decls, wgsl_decls, GpuStruct};
 use super::matvec::{MatvecParams, MatvecVariant, INT8_COMMON, INT8_MATH};
 use super::msl::preamble_of;
-use crate::converted::QUANT_GROUP;
+use crate::converted::{WeightFormat, QUANT_GROUP};
 pub use coop::{
     coop_ksplit, coop_ksplit_from_env, coop_min_rows_from_env, stage_constants, stage_grid, stage_source,
     staged_bytes, staged_input_bytes, staged_weight_bytes, COOP_KSPLITS, COOP_KSPLIT_ENV, COOP_MIN_ROWS,
@@ -87,6 +87,9 @@ pub struct MatmulConstants {
     /// `int8_matmul_coop`'s slices of k (one of [`COOP_KSPLITS`]; the f32
     /// program ignores it).
     pub coop_ksplit: u32,
+    /// The weights' format (`INT4`; `int8_matmul_coop` reads them staged
+    /// as f16 and ignores it, and the MSL twin reads int8 only).
+    pub format: WeightFormat,
 }
 
 impl MatmulConstants {
@@ -126,6 +129,7 @@ impl MatmulConstants {
             ("ACCUMULATE", flag(self.variant.accumulate)),
             ("NORM", flag(self.variant.norm)),
             ("SWIGLU", flag(self.variant.swiglu)),
+            ("INT4", flag(self.format == WeightFormat::Int4)),
         ]
     }
 

@@ -1,12 +1,12 @@
-//! The `int8_matvec` family: `y (+)= W x` over int8 rows with per-group
-//! scales, three epilogue variants, two work layouts chosen per device, and
-//! pipelines specialised to a launch's shape. Its params, bindings and
+//! The `int8_matvec` family: `y (+)= W x` over int8 or int4 rows with
+//! per-group scales, three epilogue variants, two work layouts chosen per
+//! device, and pipelines specialised to a launch's shape. Its params, bindings and
 //! override constants are those `int8_matmul` (the prompt-batch product)
 //! shares.
 
 use super::abi::gpu_struct;
 use super::Bind;
-use crate::converted::QUANT_GROUP;
+use crate::converted::{WeightFormat, QUANT_GROUP};
 use crate::error::Result;
 
 gpu_struct! {
@@ -70,8 +70,15 @@ pub const MATVEC_WG: u32 = 64;
 pub const MATVEC_ROWS: u32 = 8;
 /// Rows one subgroup reduces at once (the kernel's vec4 of partial sums).
 pub const MATVEC_ROWS_PER_TEAM: u32 = 4;
-/// int8 values one lane reads per row and step (one `vec4<u32>`).
+/// int8 values one lane reads per row and step (one `vec4<u32>`; twice as
+/// many int4 values: [`values_per_step`]).
 pub const MATVEC_VALUES_PER_LANE: u32 = 16;
+
+/// Values one lane reads per row and step (one `vec4<u32>`) of weights in
+/// `format`.
+pub fn values_per_step(format: WeightFormat) -> u32 {
+    MATVEC_VALUES_PER_LANE * 8 / format.bits() as u32
+}
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
 /// Split-K devices run matrices with more rows than this rows per team
@@ -159,8 +166,8 @@ impl MatvecLayout {
         }
     }
 
-    /// How the decode matvec of a matrix with `rows` rows of `k_words` u32
-    /// words runs. Split-K devices run matrices of more than
+    /// How the decode matvec of a matrix with `rows` rows of `k_words`
+    /// words (its input's u32 words at int8: values / 4) in `format` runs. Split-K devices run matrices of more than
     /// [`SPLIT_K_MAX_ROWS`] rows (the LM head) rows per team, one subgroup
     /// of [`LONG_MATRIX_WG`] lanes per 4 rows: they have workgroups enough
     /// to fill the GPU without splitting K, and skip its reduction (the
@@ -173,7 +180,7 @@ impl MatvecLayout {
     /// subgroup per 4 rows beats split K at every Qwen3 size (H200, 4B:
     /// qkv 12.2 -> 8.3 µs, gate/up 24.7 -> 17.8, LM head 130 -> 97;
     /// BENCHMARKS.md 2026-12-02), where the f32 x loads held them back.
-    pub fn split(self, rows: usize, k_words: usize, norm: bool) -> MatvecSplit {
+    pub fn split(self, rows: usize, k_words: usize, norm: bool, format: WeightFormat) -> MatvecSplit {
         match self {
             MatvecLayout::SplitK if rows > SPLIT_K_MAX_ROWS || norm => MatvecSplit {
                 layout: MatvecLayout::RowsPerTeam,
@@ -183,7 +190,7 @@ impl MatvecLayout {
             },
             _ => MatvecSplit {
                 layout: self,
-                workgroup_size: self.workgroup_size(rows, k_words),
+                workgroup_size: self.workgroup_size(rows, k_words, format),
                 rows_per_wg: self.rows_per_wg(),
                 x16: self.x16(),
             },
@@ -212,7 +219,7 @@ impl MatvecLayout {
             MatvecLayout::SplitK => SPLIT_K_WGS
                 .into_iter()
                 .map(at)
-                .chain(std::iter::once(self.split(SPLIT_K_MAX_ROWS + 1, 0, false)))
+                .chain(std::iter::once(self.split(SPLIT_K_MAX_ROWS + 1, 0, false, WeightFormat::Int8)))
                 .collect(),
         }
     }
@@ -236,18 +243,18 @@ impl MatvecLayout {
     }
 
     /// Workgroup size of the decode matvec over `rows` rows of `k_words`
-    /// u32 words: [`MATVEC_WG`] for rows per team; for split K the smallest
-    /// of [`SPLIT_K_WGS`] that gives each lane at most one step (16 values)
-    /// per row, or the largest, halved (down to the smallest) while the
+    /// words in `format`: [`MATVEC_WG`] for rows per team; for split K the
+    /// smallest of [`SPLIT_K_WGS`] that gives each lane at most one step
+    /// ([`values_per_step`]) per row, or the largest, halved (down to the smallest) while the
     /// launch would run more than [`SPLIT_K_MAX_LANES`] invocations. A
     /// lane's steps are a chain of dependent memory round trips: one step
     /// each keeps the launch at one round trip, unless the GPU is full
     /// anyway.
-    pub fn workgroup_size(self, rows: usize, k_words: usize) -> u32 {
+    pub fn workgroup_size(self, rows: usize, k_words: usize, format: WeightFormat) -> u32 {
         match self {
             MatvecLayout::RowsPerTeam => MATVEC_WG,
             MatvecLayout::SplitK => {
-                let steps = (4 * k_words).div_ceil(MATVEC_VALUES_PER_LANE as usize);
+                let steps = (4 * k_words).div_ceil(values_per_step(format) as usize);
                 let last = SPLIT_K_WGS.len() - 1;
                 let mut i = SPLIT_K_WGS.iter().position(|&w| w as usize >= steps).unwrap_or(last);
                 let workgroups = rows.div_ceil(SPLIT_K_ROWS as usize);
@@ -343,15 +350,26 @@ pub struct MatvecConstants {
     /// `ROWS_PER_Z`: of those rows, how many each workgroup runs in turn
     /// (grid z = g takes rows g * rows_per_z ..).
     pub rows_per_z: u32,
+    /// The weights' format (`INT4`).
+    pub format: WeightFormat,
 }
 
 impl MatvecConstants {
-    /// A decode pipeline of `variant` under `split`.
+    /// A decode pipeline of `variant` under `split`, over int8 weights.
     pub fn decode(variant: MatvecVariant, split: MatvecSplit) -> Self {
-        MatvecConstants { variant, split, tokens: 1, shape: None, decode_rows: 0, rows_per_z: 0 }
+        MatvecConstants {
+            variant,
+            split,
+            tokens: 1,
+            shape: None,
+            decode_rows: 0,
+            rows_per_z: 0,
+            format: WeightFormat::Int8,
+        }
     }
 
-    /// The per-token prefill pipeline of `variant` on a device of `layout`:
+    /// The per-token prefill pipeline of `variant` on a device of `layout`,
+    /// over int8 weights:
     /// [`super::PREFILL_TOKENS_PER_WG`] tokens per workgroup, rows per team,
     /// on the decode grid (at least as many rows per workgroup: the extra
     /// workgroups exit at once).
@@ -369,6 +387,7 @@ impl MatvecConstants {
             shape: None,
             decode_rows: 0,
             rows_per_z: 0,
+            format: WeightFormat::Int8,
         }
     }
 
@@ -385,6 +404,7 @@ impl MatvecConstants {
             ("SWIGLU", flag(self.variant.swiglu)),
             ("TOKENS", self.tokens as f64),
             ("X16", flag(self.split.x16 && self.tokens == 1)),
+            ("INT4", flag(self.format == WeightFormat::Int4)),
         ];
         c.extend(self.shape.iter().flat_map(|s| s.constants()));
         if self.decode_rows > 0 {
@@ -402,17 +422,21 @@ mod tests {
 
     #[test]
     fn split_k_gives_each_lane_one_step_per_row_where_it_can() {
-        let wg = |rows: usize, cols: usize| MatvecLayout::SplitK.workgroup_size(rows, cols / 4);
+        let wg = |rows: usize, cols: usize| {
+            MatvecLayout::SplitK.workgroup_size(rows, cols / 4, WeightFormat::Int8)
+        };
         // Qwen3-0.6B: qkv, o, gate/up, down: one step per lane.
         assert_eq!((wg(4096, 1024), wg(1024, 2048), wg(6144, 1024), wg(1024, 3072)), (64, 128, 64, 256));
         // Short rows keep the smallest size; long ones take the largest.
         assert_eq!((wg(1024, 64), wg(1024, 1088), wg(1024, 8192)), (64, 128, 256));
-        assert_eq!(MatvecLayout::RowsPerTeam.workgroup_size(4096, 768), MATVEC_WG);
+        assert_eq!(MatvecLayout::RowsPerTeam.workgroup_size(4096, 768, WeightFormat::Int8), MATVEC_WG);
     }
 
     #[test]
     fn split_k_halves_the_workgroup_of_launches_that_fill_the_gpu() {
-        let wg = |rows: usize, cols: usize| MatvecLayout::SplitK.workgroup_size(rows, cols / 4);
+        let wg = |rows: usize, cols: usize| {
+            MatvecLayout::SplitK.workgroup_size(rows, cols / 4, WeightFormat::Int8)
+        };
         // Qwen3-4B qkv (6144 x 2560) and 8B qkv and o (6144 and 4096 x
         // 4096): 128 invocations, two steps per lane; the 4B o and down
         // (2560 rows) keep 256.
@@ -420,6 +444,18 @@ mod tests {
         assert_eq!((wg(2560, 4096), wg(2560, 9728)), (256, 256));
         // Never below the smallest size, whatever the row count.
         assert_eq!(wg(1 << 30, 8192), MATVEC_WG);
+    }
+
+    /// An int4 step holds 32 values, so a row needs half the lanes of its
+    /// int8 twin for one step each.
+    #[test]
+    fn int4_rows_take_half_the_steps() {
+        let wg = |rows: usize, cols: usize| {
+            MatvecLayout::SplitK.workgroup_size(rows, cols / 4, WeightFormat::Int4)
+        };
+        // Qwen3-0.6B o and down: 2048 and 3072 values, 64 and 96 steps.
+        assert_eq!((wg(1024, 2048), wg(1024, 3072), wg(1024, 4096), wg(1024, 8192)), (64, 128, 128, 256));
+        assert_eq!(values_per_step(WeightFormat::Int4), 2 * values_per_step(WeightFormat::Int8));
     }
 
     #[test]
@@ -434,8 +470,10 @@ mod tests {
             for (rows, k_words) in
                 [(4096, 256), (1024, 512), (6144, 256), (1024, 768), (151936, 256), (64, 4096)]
             {
-                for norm in [false, true] {
-                    let split = layout.split(rows, k_words, norm);
+                for (norm, format) in
+                    [false, true].into_iter().flat_map(|n| WeightFormat::NAMES.map(|(_, f)| (n, f)))
+                {
+                    let split = layout.split(rows, k_words, norm, format);
                     assert!(splits.contains(&split), "{layout:?} {rows}x{k_words}");
                     // Every decode pipeline of a device keeps the f16 copy or none does.
                     assert_eq!(split.x16, layout.x16(), "{layout:?}");
@@ -445,11 +483,14 @@ mod tests {
             // build, runs any split's grid.
             assert!(splits.iter().all(|s| s.rows_per_wg == splits[0].rows_per_wg), "{layout:?}");
         }
-        let lm_head = MatvecLayout::SplitK.split(151936, 256, true);
+        let lm_head = MatvecLayout::SplitK.split(151936, 256, true, WeightFormat::Int8);
         assert_eq!((lm_head.layout, lm_head.workgroup_size), (MatvecLayout::RowsPerTeam, LONG_MATRIX_WG));
-        assert_eq!(MatvecLayout::SplitK.split(SPLIT_K_MAX_ROWS, 256, false).layout, MatvecLayout::SplitK);
+        assert_eq!(
+            MatvecLayout::SplitK.split(SPLIT_K_MAX_ROWS, 256, false, WeightFormat::Int8).layout,
+            MatvecLayout::SplitK
+        );
         // The normed matvecs read the f16 copy rows per team.
-        assert_eq!(MatvecLayout::SplitK.split(4096, 256, true), lm_head);
+        assert_eq!(MatvecLayout::SplitK.split(4096, 256, true, WeightFormat::Int8), lm_head);
         assert!(!MatvecLayout::RowsPerTeam.x16() && MatvecLayout::SplitK.x16());
     }
 
@@ -460,7 +501,7 @@ mod tests {
         let x16 = |c: &MatvecConstants| c.render().iter().any(|&(n, v)| n == "X16" && v == 1.0);
         for layout in [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK] {
             for v in [MatvecVariant::ACCUMULATE, MatvecVariant::NORM, MatvecVariant::NORM_SWIGLU] {
-                let decode = MatvecConstants::decode(v, layout.split(1024, 256, v.norm));
+                let decode = MatvecConstants::decode(v, layout.split(1024, 256, v.norm, WeightFormat::Int8));
                 assert_eq!(x16(&decode), layout.x16(), "{layout:?} {v:?}");
                 let rows = MatvecConstants { decode_rows: 4, rows_per_z: 4, ..decode };
                 assert_eq!(x16(&rows), layout.x16(), "{layout:?} {v:?}");

@@ -51,6 +51,7 @@ pub(crate) use pipelines::TiledPipeline;
 pub use pipelines::{Kernels, Pipeline};
 pub use sample::{SampleParams, TopkParams, SAMPLE_CHUNK};
 
+use crate::converted::WeightFormat;
 use abi::StructDef;
 
 /// How a kernel binds one buffer (binding index = position in the list).
@@ -239,10 +240,11 @@ pub enum Constants {
     Embed(EmbedConstants),
     /// The workgroup size alone (`WG`).
     Workgroup(u32),
-    /// `f16_stage`: staging a launch's weights and its batch's inputs
-    /// (normed when `norm`) for `int8_matmul_coop`.
+    /// `f16_stage`: staging a launch's weights (in `format`) and its
+    /// batch's inputs (normed when `norm`) for `int8_matmul_coop`.
     Stage {
         norm: bool,
+        format: WeightFormat,
     },
 }
 
@@ -255,7 +257,7 @@ impl Constants {
             Constants::Attention(c) => c.render(),
             Constants::Embed(c) => c.render(),
             Constants::Workgroup(wg) => vec![("WG", *wg as f64)],
-            Constants::Stage { norm } => matmul::stage_constants(*norm),
+            Constants::Stage { norm, format } => matmul::stage_constants(*norm, *format),
         }
     }
 }
@@ -379,6 +381,7 @@ impl Kernel {
             emulated: false,
             tile: MatmulTile::DEFAULT,
             coop_ksplit: 1,
+            format: WeightFormat::Int8,
         })
     }
 

@@ -14,7 +14,8 @@ use crate::kernels::{
     decode_bindings, grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, WG,
 };
 
-/// What a matvec computes from `x` (each is one `int8_matvec` variant):
+/// What a matvec computes from `x` (each is one `int8_matvec` variant, over
+/// the matrix's [`WeightFormat`](crate::WeightFormat)):
 /// `y += W x` (the residual add), `y = W rms_norm(x)`, or
 /// `y = silu(gate) * up` with `[gate; up] = W rms_norm(x)` (W's rows
 /// interleave gate and up). The buffers are the RMSNorm weights.
@@ -171,9 +172,9 @@ impl Builder<'_> {
                     whole(norm.unwrap_or(x)),
                     whole(&self.s.x16),
                 ];
-                let split = self.kernels.matvec_layout.split(w.rows, w.k_words, norm.is_some());
+                let split = self.kernels.matvec_layout.split(w.rows, w.k_words, norm.is_some(), w.format);
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
-                let mut l = Launch::new(self.gpu, self.kernels, kernel, &bufs, grid(groups));
+                let mut l = Launch::new_for(self.gpu, self.kernels, kernel, w.format, &bufs, grid(groups));
                 // The staging buffer holds every layer matrix's operands;
                 // the LM head's (whose batches are one token) may not fit.
                 let tokens = self.s.batch as u32;
@@ -186,7 +187,7 @@ impl Builder<'_> {
                 }
                 l.matvec_split = Some(split);
                 let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
-                l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape);
+                l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape, w.format);
                 let decode =
                     kernel.matvec_variant().and_then(|v| decode_bindings(v, split.x16, bufs.clone()));
                 if let Some(decode) = decode {

@@ -6,6 +6,7 @@ use half::f16;
 
 use super::rig::{f16s, f32s, fail, step, to_f32, to_u32, Rig};
 use super::{Check, ATTENTION_TOLERANCE, F16_TOLERANCE};
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::kernels::{attention, norm_rope, HeadParams, Kernel, ReduceParams, ATTENTION_CHUNK};
 use crate::qwen3::rope_table;
@@ -209,7 +210,7 @@ pub(super) fn attention_prompt_batch(rig: &mut Rig<'_>) -> Result<Check> {
         rig.storage(&f32s(&[1.0; 4]))?,
         rig.storage(&f32s(&[2.0; 4]))?,
     ];
-    let launch = rig.kernels.launch_pipelines(kernel);
+    let launch = rig.kernels.launch_pipelines(kernel, WeightFormat::Int8);
     let pipeline =
         launch.per_token.ok_or_else(|| Error::internal("attention_partial has no prompt-batch program"))?;
     let [x, y, _] = attention::partial_grid(nh as u32, chunks as u32);

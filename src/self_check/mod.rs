@@ -34,6 +34,7 @@ mod tokens;
 
 use std::time::Instant;
 
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::matmul::COOP_KSPLITS;
@@ -82,7 +83,7 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 logits_mask(&mut rig)?,
             ];
             for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
-                let pipelines = rig.kernels.launch_pipelines(kernel);
+                let pipelines = rig.kernels.launch_pipelines(kernel, WeightFormat::Int8);
                 let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
                 checks.push(matmul(&mut rig, kernel, tiled, 1)?);
                 if let Some(coop) = pipelines.coop {

@@ -40,7 +40,7 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
     let rows = (workgroups * c.split.rows_per_wg).min(shape.rows) as usize;
     let cols = shape.n_in as usize;
     let seed = 0x5eed ^ (case.kernel as u64 * 977) ^ ((n as u64) << 20);
-    let m = Quant::pseudo(seed + 1, rows, cols);
+    let m = Quant::pseudo_in(c.format, seed + 1, rows, cols);
     if (m.k_words(), m.groups()) != (shape.k_words as usize, shape.groups as usize) {
         return Ok(Some(format!(
             "{shape:?}: {cols} inputs pad to {} words, {} groups",

@@ -1,4 +1,5 @@
 use super::*;
+use crate::converted::WeightFormat;
 use crate::gpu::AdapterPolicy;
 use crate::kernels::{compile_for_layout, KernelChoice};
 
@@ -133,10 +134,16 @@ fn a_shaped_matvec_not_reading_the_f16_copies_is_not_used() {
         .expect("the WGSL kernels build");
     let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
     for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
-        let split = MatvecLayout::SplitK.split(70, 48, true);
+        let split = MatvecLayout::SplitK.split(70, 48, true, WeightFormat::Int8);
         assert!(split.x16);
-        assert!(kernels.matvec_pipeline(&gpu, kernel, split, shape).is_some(), "{kernel:?}");
-        assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 3).is_some(), "{kernel:?}");
+        assert!(
+            kernels.matvec_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8).is_some(),
+            "{kernel:?}"
+        );
+        assert!(
+            kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, 3).is_some(),
+            "{kernel:?}"
+        );
     }
     // The f32 norm weights (the f16 x still read; this one passed the
     // proof while the copies held the f32 values), then the f32 x: each
@@ -148,10 +155,13 @@ fn a_shaped_matvec_not_reading_the_f16_copies_is_not_used() {
         kernels.edit_rows_source(edit);
         let shaped = MatvecShape { n_in, ..shape };
         for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu] {
-            let split = MatvecLayout::SplitK.split(70, 48, true);
-            assert!(kernels.matvec_pipeline(&gpu, kernel, split, shaped).is_none(), "{kernel:?} {n_in}");
+            let split = MatvecLayout::SplitK.split(70, 48, true, WeightFormat::Int8);
             assert!(
-                kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, rows).is_none(),
+                kernels.matvec_pipeline(&gpu, kernel, split, shaped, WeightFormat::Int8).is_none(),
+                "{kernel:?} {n_in}"
+            );
+            assert!(
+                kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, rows).is_none(),
                 "{kernel:?} {n_in}"
             );
         }
@@ -189,7 +199,9 @@ fn a_batched_row_pipeline_is_used_only_once_proven() {
     let wait = |kernels: &Kernels, kernel: Kernel, split, rows: u32| {
         let t0 = Instant::now();
         loop {
-            if let Some(p) = kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, rows) {
+            if let Some(p) =
+                kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, WeightFormat::Int8, rows)
+            {
                 return Some(p);
             }
             if kernels.rows_failed(kernel, split, shape, rows) {
@@ -205,8 +217,14 @@ fn a_batched_row_pipeline_is_used_only_once_proven() {
             let what = format!("{kernel:?} {split:?}");
             // What a session runs the launch with alone (the forward
             // builds it before any batch).
-            assert!(kernels.matvec_pipeline(&gpu, kernel, split, shape).is_some(), "{what}");
-            assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 3).is_some(), "{what}");
+            assert!(
+                kernels.matvec_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8).is_some(),
+                "{what}"
+            );
+            assert!(
+                kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, 3).is_some(),
+                "{what}"
+            );
             assert!(wait(&kernels, kernel, split, 6).is_some(), "{what}");
             assert!(!kernels.rows_failed(kernel, split, shape, 6), "{what}");
         }
@@ -217,30 +235,40 @@ fn a_batched_row_pipeline_is_used_only_once_proven() {
     let other = MatvecShape { n_in: 150, ..shape };
     let kernel = Kernel::Int8MatvecNorm;
     let foreign = splits.into_iter().find(|s| s.layout != kernels.matvec_layout).unwrap();
-    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, foreign, other, 4).is_none(), "{foreign:?}");
+    assert!(
+        kernels.matvec_rows_pipeline(&gpu, kernel, foreign, other, WeightFormat::Int8, 4).is_none(),
+        "{foreign:?}"
+    );
     // A wrong specialised one-token pipeline is not used either (the
     // general one serves), nor built again.
     kernels.edit_rows_source(|s| s.replace("y[o] = v;", "y[o] = v * 2.0 + 1.0;"));
     let shaped = MatvecShape { n_in: 170, ..shape };
     for split in splits {
         assert!(
-            kernels.matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped).is_none(),
+            kernels
+                .matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped, WeightFormat::Int8)
+                .is_none(),
             "{split:?}"
         );
         assert!(
-            kernels.matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped).is_none(),
+            kernels
+                .matvec_pipeline(&gpu, Kernel::Int8MatvecAccumulate, split, shaped, WeightFormat::Int8)
+                .is_none(),
             "{split:?}"
         );
     }
     kernels.edit_rows_source(|s| s.replace("y[o] = v;", "y[o] = v + v * 1e-6;"));
     let (kernel, split) = (Kernel::Int8MatvecAccumulate, splits[1]);
-    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 7).is_none());
+    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, 7).is_none());
     assert!(kernels.rows_failed(kernel, split, shape, 7));
-    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 7).is_none(), "not tried again");
-    assert!(wait(&kernels, kernel, split, 9).is_none());
     assert!(
-        kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 9).is_none(),
+        kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, 7).is_none(),
         "not tried again"
     );
-    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 9).is_none());
+    assert!(wait(&kernels, kernel, split, 9).is_none());
+    assert!(
+        kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, WeightFormat::Int8, 9).is_none(),
+        "not tried again"
+    );
+    assert!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, 9).is_none());
 }

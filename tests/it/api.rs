@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use qwen3_wgpu::internals::kernels::{ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG};
 use qwen3_wgpu::PREFILL_BATCH;
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, BACKEND_ENV};
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, WeightFormat, BACKEND_ENV};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
@@ -261,15 +261,19 @@ fn specialised_matvec_pipelines_are_built_once_per_shape() {
         Kernels::new(&gpu, KernelChoice::Wgsl, None, qwen3_wgpu::internals::self_check::CHECKER).unwrap();
     let qkv = MatvecShape { rows: 4096, k_words: 256, groups: 16, n_in: 1024 };
     let o = MatvecShape { rows: 1024, k_words: 512, groups: 32, n_in: 2048 };
-    let split = kernels.matvec_layout.split(qkv.rows as usize, qkv.k_words as usize, true);
-    let get =
-        |kernel, shape| kernels.matvec_pipeline(&gpu, kernel, split, shape).expect("a specialised pipeline");
+    let split =
+        kernels.matvec_layout.split(qkv.rows as usize, qkv.k_words as usize, true, WeightFormat::Int8);
+    let get = |kernel, shape| {
+        kernels
+            .matvec_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8)
+            .expect("a specialised pipeline")
+    };
     let first = get(Kernel::Int8MatvecNorm, qkv);
     assert_eq!(first, get(Kernel::Int8MatvecNorm, qkv));
     assert_ne!(first, get(Kernel::Int8MatvecNorm, o));
     assert_ne!(first, get(Kernel::Int8MatvecNormSwiglu, qkv));
     // Kernels other than the matvecs have no specialised pipelines.
-    assert!(kernels.matvec_pipeline(&gpu, Kernel::EmbedLookup, split, qkv).is_none());
+    assert!(kernels.matvec_pipeline(&gpu, Kernel::EmbedLookup, split, qkv, WeightFormat::Int8).is_none());
 }
 
 /// A host's device made with what the engine asks for

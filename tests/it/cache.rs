@@ -3,7 +3,9 @@
 
 use crate::tiny_checkpoint::*;
 use qwen3_wgpu::internals::cache::{CachePolicy, ABANDONED_TEMP_AGE, CACHE_FORMAT_VERSION};
-use qwen3_wgpu::Error;
+use qwen3_wgpu::internals::converted::ConvertedModel;
+use qwen3_wgpu::internals::load::{load_model_with, LoadReport, Progress};
+use qwen3_wgpu::{Error, ShapeProfile, WeightFormat};
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 
@@ -252,4 +254,59 @@ fn default_cache_policy_writes_and_tolerates_failure() {
     assert!(r3.converted);
     assert_eq!(r3.cache_path, None);
     assert_eq!(m.index.layers.len(), 2);
+}
+
+/// [`load`] with the layers in `weights`.
+fn load_as(dir: &Path, cache: &CachePolicy, weights: WeightFormat) -> (ConvertedModel, LoadReport) {
+    load_model_with(dir, ShapeProfile::AnyQwen3, cache, weights, &Progress::none()).unwrap()
+}
+
+/// The int8 and int4 conversions of one checkpoint are two entries side by
+/// side: each load writes or hits its own, and writing one leaves the
+/// other (the housekeeping deletes a checkpoint's entries of its own
+/// format only).
+#[test]
+fn int8_and_int4_entries_of_one_checkpoint_coexist() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let cache_dir = tmp.path().join("cache");
+    tiny_checkpoint(&ckpt);
+    let policy = CachePolicy::Dir(cache_dir.clone());
+    let (int8, r8) = load_as(&ckpt, &policy, WeightFormat::Int8);
+    let (int4, r4) = load_as(&ckpt, &policy, WeightFormat::Int4);
+    assert!(r8.converted && r4.converted);
+    assert_ne!(cache_file(&r8), cache_file(&r4));
+    assert_holds(&cache_dir, vec![cache_name(&r8), cache_name(&r4)]);
+    assert_eq!((int8.index.weights, int4.index.weights), (WeightFormat::Int8, WeightFormat::Int4));
+    assert_eq!(int4.index.layers[0].qkv.format, WeightFormat::Int4);
+    assert_eq!(int4.index.embed.format, WeightFormat::Int8, "the embedding stays int8");
+    assert!(blob_bytes(&int4).len() < blob_bytes(&int8).len());
+    for (weights, first) in [(WeightFormat::Int8, &int8), (WeightFormat::Int4, &int4)] {
+        let (again, report) = load_as(&ckpt, &policy, weights);
+        assert!(!report.converted, "{weights}: not a cache hit");
+        assert_eq!(blob_bytes(&again), blob_bytes(first), "{weights}");
+    }
+    assert_holds(&cache_dir, vec![cache_name(&r8), cache_name(&r4)]);
+}
+
+/// An entry of the other format in a load's place (its key rewritten: the
+/// preamble is outside the checksum) is rebuilt, never read as this
+/// format; the other format's own entry stays.
+#[test]
+fn an_entry_of_the_other_format_is_not_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let cache_dir = tmp.path().join("cache");
+    tiny_checkpoint(&ckpt);
+    let policy = CachePolicy::Dir(cache_dir.clone());
+    let (_, r8) = load_as(&ckpt, &policy, WeightFormat::Int8);
+    let (int4, r4) = load_as(&ckpt, &policy, WeightFormat::Int4);
+    let (int8_file, int4_file) = (cache_file(&r8), cache_file(&r4));
+    let int4_key = std::fs::read(&int4_file).unwrap()[40..104].to_vec();
+    std::fs::copy(&int8_file, &int4_file).unwrap();
+    rewrite(&int4_file, |b| b[40..104].copy_from_slice(&int4_key));
+    let (rebuilt, report) = load_as(&ckpt, &policy, WeightFormat::Int4);
+    assert!(report.converted, "an int8 entry was read as int4");
+    assert_eq!(blob_bytes(&rebuilt), blob_bytes(&int4));
+    assert_holds(&cache_dir, vec![cache_name(&r8), cache_name(&r4)]);
 }

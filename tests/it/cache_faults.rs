@@ -12,7 +12,7 @@ use qwen3_wgpu::internals::config::{load_config, ShapeProfile};
 use qwen3_wgpu::internals::convert::{blob_bytes, convert};
 use qwen3_wgpu::internals::converted::ConvertedModel;
 use qwen3_wgpu::internals::load::{load_model, LoadReport};
-use qwen3_wgpu::Error;
+use qwen3_wgpu::{Error, WeightFormat};
 
 const FIXTURE: &str = "tests/fixtures/mlx/gqa2_hd64";
 
@@ -177,8 +177,9 @@ fn checkpoint_truncated_while_open_is_a_named_error() {
     std::fs::OpenOptions::new().write(true).open(weights(&dir)).unwrap().set_len(len / 2).unwrap();
 
     for err in [
-        ckpt.fingerprint(&cfg, CACHE_FORMAT_VERSION).expect_err("fingerprint of a truncated file"),
-        convert(&ckpt, &cfg).err().expect("conversion of a truncated file"),
+        ckpt.fingerprint(&cfg, CACHE_FORMAT_VERSION, WeightFormat::Int8)
+            .expect_err("fingerprint of a truncated file"),
+        convert(&ckpt, &cfg, WeightFormat::Int8).err().expect("conversion of a truncated file"),
     ] {
         assert_eq!(err.code(), "checkpoint_invalid", "{err}");
         let text = err.to_string();

@@ -14,11 +14,12 @@ use serde_json::Value;
 
 /// The engine's environment variables: cleared for every run, so the
 /// caller's environment cannot change what a case tests.
-const SETTINGS: [&str; 4] = [
+const SETTINGS: [&str; 5] = [
     "QWEN3_WGPU_BACKEND",
     "QWEN3_WGPU_KERNELS",
     "QWEN3_WGPU_MATVEC_LAYOUT",
     "QWEN3_WGPU_COOPERATIVE_MATRICES",
+    "QWEN3_WGPU_WEIGHTS",
 ];
 
 /// The decode example's binary, built for this test binary.
@@ -106,6 +107,7 @@ fn every_malformed_argument_is_a_json_invalid_argument() {
         (&["--prompt-ids", "1", "--backend", "vulkan"], "--backend"),
         (&["--prompt-ids", "1", "--kernels", "fast"], "--kernels"),
         (&["--prompt-ids", "1", "--matvec-layout", "columns"], "--matvec-layout"),
+        (&["--prompt-ids", "1", "--weights", "int2"], "--weights"),
     ];
     for (args, flag) in cases {
         // --json first and last: it is honoured wherever it stands.
@@ -215,6 +217,8 @@ fn flags_win_over_the_variables() {
             "rows",
             "--cooperative-matrices",
             "off",
+            "--weights",
+            "int8",
             "--json",
         ],
         &SETTINGS.map(|var| (var, "bogus")),
@@ -289,6 +293,22 @@ fn the_f16_residual_copy_is_reported() {
         let (json_out, out) = short_runs(&fixture(), &["--matvec-layout", layout]);
         assert_eq!(last_json(&json_out)["f16_residual"], Value::Bool(on), "{layout}");
         assert_eq!(stdout(&out).contains(", f16 residual copy,"), on, "{layout}: {}", stdout(&out));
+    }
+}
+
+/// `--weights` picks the layers' format and `--json` reports it; without
+/// the flag, QWEN3_WGPU_WEIGHTS does, else int8.
+#[test]
+fn the_weight_format_is_chosen_and_reported() {
+    let (json_out, _) = short_runs(&fixture(), &["--weights", "int4"]);
+    assert_eq!(last_json(&json_out)["weights"], "int4");
+    let ckpt = fixture();
+    let args = ["--checkpoint", ckpt.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-new-tokens", "2"];
+    let args = [&args[..], &["--backend", "portable", "--no-cache", "--json"]].concat();
+    for (env, want) in [(Some("INT4"), "int4"), (None, "int8")] {
+        let out = decode(&args, &env.map(|v| ("QWEN3_WGPU_WEIGHTS", v)).into_iter().collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(last_json(&out)["weights"], want, "{env:?}");
     }
 }
 

@@ -7,7 +7,7 @@ use qwen3_wgpu::internals::checkpoint::{expected_tensors, Checkpoint};
 use qwen3_wgpu::internals::config::load_config;
 use qwen3_wgpu::internals::convert::{convert, dequantize};
 use qwen3_wgpu::internals::converted::{Blob, QuantMatrix};
-use qwen3_wgpu::Error;
+use qwen3_wgpu::{Error, WeightFormat};
 use safetensors::Dtype;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -225,7 +225,7 @@ fn mlx_fixtures_convert_losslessly() {
     for dir in dirs {
         let cfg = load_config(&dir).unwrap();
         let ckpt = Checkpoint::open(&dir).unwrap();
-        let model = convert(&ckpt, &cfg).unwrap();
+        let model = convert(&ckpt, &cfg, WeightFormat::Int8).unwrap();
         let idx = &model.index;
         // (matrix, (first row, row stride), tensor)
         let mut mats: Vec<(&QuantMatrix, (usize, usize), String)> =

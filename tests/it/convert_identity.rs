@@ -13,25 +13,26 @@ use qwen3_wgpu::internals::config::load_config;
 use qwen3_wgpu::internals::convert::{blob_bytes, convert};
 use qwen3_wgpu::internals::load::load_model;
 use qwen3_wgpu::internals::testing::write_random_checkpoint;
-use qwen3_wgpu::{CachePolicy, ModelConfig, ShapeProfile};
+use qwen3_wgpu::{CachePolicy, ModelConfig, ShapeProfile, WeightFormat};
 use safetensors::Dtype;
 use sha2::{Digest, Sha256};
 
 /// (case, sha256 of the converted blob, cache key), recorded from the
-/// sequential converter (commit 0b00686).
+/// sequential converter (commit 0b00686); the keys again at cache format 3
+/// (the weight format in the key), the blobs unchanged.
 #[rustfmt::skip]
 const RECORDED: &[(&str, &str, &str)] = &[
-    ("mlx/gqa2_hd64", "b311463771622d4a7138b6eb8109f4ffc47c59704d42db959aecbabfccb0fac9", "2803cb7c0f72ba3661fb85854376bf68fed912d7777ebb47a90fbb9f8b817a34"),
-    ("mlx/gqa4_hd128", "5ebe956c2d366de3635f6743f6b36af7f6bc8c73a534e99daa86d7c788347e18", "171288c38fb254ff5b2512051a7fd91952009a601146adc985474d18c40ad7f5"),
-    ("mlx/mqa_hd64", "88388cb781158301614548969d17ea345081f2bf5b8c54b04ddad51d8d7fcda7", "67480957fd701eaa5429b265ca35c33162e1bdbd8ef642bd74c4e2306a2d2c6d"),
-    ("mlx/odd_dims", "50237fd948af0d2abd7c9afd5dcb711d89acd2274dd1d556553d52fc8aa16103", "f2cbe68b1709e434a5abe7e2b550d1175914e0db34268aeb4282e29bf7fc4771"),
-    ("mlx/prompt_1tok", "d95e8c6faa9ac6fefa83d79d7aa180b477e61a2fa950673995842e465d4fdcbe", "f63182c6096e7ca726fcb9f3555101bbce2201a562a5e95ecab6f4eaaccf2e0a"),
-    ("mlx/prompt_300tok", "8cc90b0cb852503e986d0b768d4623d5707a068cd3a60345a99b91d5fb473676", "0b3d3d25df3a783d2f0cc5cfe21eb6fc86590d9b7423681341caca8aed317241"),
-    ("mlx/tied_with_stored_head", "f64f3341b34e75824065ec3ea46120e3d70f09b0d604bd09df31c2f6f2a8f199", "0e566febd419d7536a970621217d9346b8869ea4a41d875f6da09190ac6c9f0d"),
-    ("mlx/untied_head", "21b67d3cd9ff63aa960f6f23fb7b411a934139a62eba66c69b79d2420c2af1a1", "90e9cd1bd084b39601119e70a4a18ad3f364325856c69835be91327ed6cecab7"),
-    ("tiny/F16", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "538aabd3f7352fe9f30944f23d9b2d4bf738f426b3af3bf697f24dbea42f7de5"),
-    ("tiny/F32", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "dd01c4932120f2d5438dfc13c28ac60760b2eaf7dd59c4f1f135cf0d217778b9"),
-    ("random/straddling", "ab0cb4b68439ae879042c5b2946602389f09601365683d8bf8affdbefc9a0b49", "a40222eccc047bb9b15c429dc4d1d1d6d842665d8f5de3a98bf918997812d853"),
+    ("mlx/gqa2_hd64", "b311463771622d4a7138b6eb8109f4ffc47c59704d42db959aecbabfccb0fac9", "89fa35591baa3ecb45d2852d2f521e823f7f6812abcd407ffc22b7483f21d759"),
+    ("mlx/gqa4_hd128", "5ebe956c2d366de3635f6743f6b36af7f6bc8c73a534e99daa86d7c788347e18", "1c112e1ed9c1c639a7cd31e5d91df464defc724dca6db026ce18ce43addc61c2"),
+    ("mlx/mqa_hd64", "88388cb781158301614548969d17ea345081f2bf5b8c54b04ddad51d8d7fcda7", "82551ba738299d7397bd6be634221c208ad6862d216481efa13530f58bd05f25"),
+    ("mlx/odd_dims", "50237fd948af0d2abd7c9afd5dcb711d89acd2274dd1d556553d52fc8aa16103", "cde2e7d308a04d72c118fa07826243c0d7c6b29247d80e15fa1de3ad2963738f"),
+    ("mlx/prompt_1tok", "d95e8c6faa9ac6fefa83d79d7aa180b477e61a2fa950673995842e465d4fdcbe", "b914e4ff0777f560490c282cd91f36a898cc367d766b524f2ddeb14ea528c9f0"),
+    ("mlx/prompt_300tok", "8cc90b0cb852503e986d0b768d4623d5707a068cd3a60345a99b91d5fb473676", "cef2cd5a5714291fe0ef6c9678bca7319a76a72af14e53de59e8433c0433837e"),
+    ("mlx/tied_with_stored_head", "f64f3341b34e75824065ec3ea46120e3d70f09b0d604bd09df31c2f6f2a8f199", "b7041145fc2464476a172d1b286e26e18f8eec6682742da0d08f05bcee71bd76"),
+    ("mlx/untied_head", "21b67d3cd9ff63aa960f6f23fb7b411a934139a62eba66c69b79d2420c2af1a1", "45710901c48c7af0c7820352241f2c77e90b2e2567ba79530eaece60b27a5f62"),
+    ("tiny/F16", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "52ac61d5047e1f31bff5497e967111c7e44120a3de28d5289066f55fb2ad89e5"),
+    ("tiny/F32", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "305ff375f2c4fadace7cba15e1b881bebeb35d033b608dd71cad4537232d9633"),
+    ("random/straddling", "ab0cb4b68439ae879042c5b2946602389f09601365683d8bf8affdbefc9a0b49", "e7aac15973698bd11179ee0aaa71047096594e13ca806cc561f2918dc4d9b128"),
 ];
 
 /// A model whose embedding and LM head (5000 x 1000 BF16, 10 MB) span two
@@ -93,7 +94,7 @@ fn digest(dir: &Path) -> (String, String) {
     let key = report.cache_path.unwrap().file_stem().unwrap().to_string_lossy().into_owned();
     let blob = blob_bytes(&model).unwrap();
     let cfg = load_config(dir).unwrap();
-    let uncached = convert(&Checkpoint::open(dir).unwrap(), &cfg).unwrap();
+    let uncached = convert(&Checkpoint::open(dir).unwrap(), &cfg, WeightFormat::Int8).unwrap();
     assert!(
         blob_bytes(&uncached).unwrap() == blob,
         "{}: converting with and without a cache differ",

@@ -9,8 +9,8 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_rows, attention_step_case, matmul_case_in, matvec_case, matvec_case_x16,
-    qk_norm_rope_case, step, to_u32, u32s, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
+    attention_case_rows, attention_step_case, matmul_case_for, matmul_case_in, matvec_case, matvec_case_in,
+    matvec_case_x16, qk_norm_rope_case, step, to_u32, u32s, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
     ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
@@ -20,10 +20,10 @@ use std::sync::{LazyLock, Mutex, OnceLock};
 use half::f16;
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
-    self, Bind, Constants, EmbedParams, Kernel, MatmulConstants, MatmulTile, MatvecLayout, MatvecShape,
-    MatvecSplit, WG,
+    self, Bind, Constants, EmbedParams, Kernel, MatmulConstants, MatmulTile, MatvecConstants, MatvecLayout,
+    MatvecShape, MatvecSplit, WG,
 };
-use qwen3_wgpu::{AdapterPolicy, Gpu};
+use qwen3_wgpu::{AdapterPolicy, Gpu, WeightFormat};
 use rand::{rngs::StdRng, SeedableRng};
 
 /// One device for every kernel test of the process: their pipelines are
@@ -278,6 +278,170 @@ fn int8_matvec_matches_cpu() {
     }
 }
 
+/// The matvec over int4 weights (`INT4`) against the CPU reference, in
+/// every variant and every split the engine can pick (rows per team; split
+/// K at each workgroup size, and its long matrices' rows per team), the
+/// decode pipelines general and (one shape) specialised to the launch's
+/// shape, and the per-token prefill pipelines: rows not a multiple of a
+/// team or workgroup, K of one step, of a padded group, and of more steps
+/// than a split-K workgroup has lanes; random values in -8..=7 with both
+/// extremes, poisoned outputs. Fewer shapes than the int8 test: the
+/// layouts and epilogues are the same code, only the steps differ.
+#[test]
+fn int4_matvec_matches_cpu() {
+    let gpu = gpu();
+    let per_wg = kernels::PREFILL_TOKENS_PER_WG as usize;
+    let sub = variants(gpu)[0];
+    let mut seed = 900;
+    let shapes = [
+        (6, 96, 3, false),
+        (10, 1000, 1, false),
+        (14, 64 * 70, 1, false),
+        (6, 96, per_wg, true),
+        (18, 160, 2 * per_wg, true),
+    ];
+    for &(rows, cols, tokens, prefill) in &shapes {
+        let groups = usize::div_ceil(cols, QUANT_GROUP);
+        let shape = MatvecShape {
+            rows: rows as u32,
+            k_words: (groups * QUANT_GROUP / 4) as u32,
+            groups: groups as u32,
+            n_in: cols as u32,
+        };
+        for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+            let variant = kernel.matvec_variant().unwrap();
+            for layout in [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK] {
+                let splits = if prefill { vec![layout.default_split()] } else { layout.splits() };
+                for split in splits {
+                    let constants = if prefill {
+                        MatvecConstants::prefill(variant, layout)
+                    } else {
+                        let shape = (cols == 1000).then_some(shape);
+                        MatvecConstants { shape, ..MatvecConstants::decode(variant, split) }
+                    };
+                    let constants = MatvecConstants { format: WeightFormat::Int4, ..constants };
+                    let run = wgsl_run(gpu, sub, move |_| constants.render());
+                    seed += 1;
+                    let tokens_per_wg = if prefill { per_wg } else { 1 };
+                    let (x16, rpw) = (split.x16 && !prefill, split.rows_per_wg);
+                    let res = matvec_case_in(
+                        &run,
+                        kernel,
+                        WeightFormat::Int4,
+                        x16,
+                        rpw,
+                        tokens_per_wg,
+                        rows,
+                        cols,
+                        tokens,
+                        seed,
+                    );
+                    assert_matvec(
+                        &format!("int4 {kernel:?} {split:?} {rows}x{cols} x{tokens} prefill={prefill}"),
+                        &res,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The batched decode rows (`DECODE_ROWS`) over int4 weights match the CPU
+/// reference and, bit for bit, the one-token pipeline (each session's
+/// tokens are those it gets alone), in every split and epilogue.
+#[test]
+fn int4_matvec_decode_rows_match_one_token_bit_for_bit() {
+    let gpu = gpu();
+    let sub = variants(gpu)[0];
+    let mut seed = 950;
+    let (rows, cols, n) = (66usize, 1000usize, 5usize);
+    let groups = usize::div_ceil(cols, QUANT_GROUP);
+    let shape = MatvecShape {
+        rows: rows as u32,
+        k_words: (groups * QUANT_GROUP / 4) as u32,
+        groups: groups as u32,
+        n_in: cols as u32,
+    };
+    let splits = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK].into_iter().flat_map(|l| l.splits());
+    for split in splits {
+        for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+            seed += 1;
+            let one = MatvecConstants {
+                shape: Some(shape),
+                format: WeightFormat::Int4,
+                ..MatvecConstants::decode(kernel.matvec_variant().unwrap(), split)
+            };
+            let per_z = kernels::batch_rows_per_z(split, n as u32);
+            let all = MatvecConstants { decode_rows: n as u32, rows_per_z: per_z, ..one };
+            let case = |c: MatvecConstants, tokens_per_wg: usize| {
+                let run = wgsl_run(gpu, sub, move |_| c.render());
+                let rpw = split.rows_per_wg;
+                matvec_case_in(
+                    &run,
+                    kernel,
+                    WeightFormat::Int4,
+                    split.x16,
+                    rpw,
+                    tokens_per_wg,
+                    rows,
+                    cols,
+                    n,
+                    seed,
+                )
+            };
+            let alone = case(one, 1);
+            let batched = case(all, per_z as usize);
+            let what = format!("int4 {kernel:?} {split:?} {rows}x{cols} rows {n} per z {per_z}");
+            assert_matvec(&what, &batched);
+            for (z, (a, b)) in alone.iter().zip(&batched).enumerate() {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a.0), bits(&b.0), "{what}: row {z} differs from its one-token run");
+            }
+        }
+    }
+}
+
+/// The tiled prefill kernel (int8_matmul) over int4 weights, in the base
+/// and the default tiling, every epilogue, against the CPU reference (rows
+/// and tokens not multiples of the tile, the spare tokens' inputs NaN).
+#[test]
+fn int4_matmul_matches_cpu() {
+    let gpu = gpu();
+    let mut seed = 980;
+    for &(rows, cols, tiles, short) in &[(6usize, 96usize, 1usize, 0usize), (66, 1000, 2, 5)] {
+        for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+            let tokens = tiles * kernels::MATMUL_TOKENS_PER_WG as usize - short;
+            for tile in [MatmulTile::BASE, MatmulTile::DEFAULT] {
+                seed += 1;
+                let c = MatmulConstants {
+                    tile,
+                    format: WeightFormat::Int4,
+                    ..kernel.matmul_constants().expect("a matvec variant")
+                };
+                let run = move |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+                    let (uniforms, storage) = split_buffers(k, buffers);
+                    dispatch_source(
+                        gpu,
+                        k,
+                        (c.source(), "int8_matmul"),
+                        &c.render(),
+                        &uniforms,
+                        &storage,
+                        grid,
+                    )
+                };
+                let (rpw, tpw) = (c.rows(), c.tokens() as usize);
+                let res =
+                    matmul_case_for(&run, kernel, WeightFormat::Int4, rpw, tpw, rows, cols, tokens, seed);
+                assert_matvec(
+                    &format!("int4 int8_matmul {} {kernel:?} {rows}x{cols} x{tokens}", tile.name()),
+                    &res,
+                );
+            }
+        }
+    }
+}
+
 /// The tiled prefill kernel (int8_matmul) in every tiling (its tile of rows
 /// x tokens and register tile) and every epilogue, on the tiling's grid:
 /// row counts not multiples of the tile (and odd ones),
@@ -332,6 +496,7 @@ fn embed_lookup_matches_cpu() {
                 rows: (row_end - row_start) as usize,
                 cols,
                 padded: m.padded,
+                format: m.format,
                 q: m.q[row_start as usize * m.padded..row_end as usize * m.padded].to_vec(),
                 scales: m.scales[row_start as usize * m.groups()..row_end as usize * m.groups()].to_vec(),
             };
@@ -733,7 +898,8 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
 }
 
 /// `f16_stage` (which runs on every adapter, unlike the product it
-/// feeds) against the CPU: in one launch, 70 rows (two tiles, the second
+/// feeds) against the CPU, over int8 and int4 weights
+/// alike: in one launch, 70 rows (two tiles, the second
 /// mostly spare) of 200 columns (a padded tail) staged as f16 blocks, the
 /// spare rows zero, then 70 tokens (two tiles of 64) of inputs, normed or
 /// not, after them. Each value within one f16 rounding step of the
@@ -748,96 +914,98 @@ fn staging_matches_the_cpu_reference() {
     use qwen3_wgpu::internals::reference::{poisoned, pseudo_nonzero, Quant, POISON};
     let gpu = gpu();
     let (rows, cols, tokens) = (70usize, 200usize, 70usize);
-    let m = Quant::pseudo(17, rows, cols);
-    let k = m.padded;
-    let blocks = k / 16;
-    let blocked = |r: usize, c: usize| ((r / 16) * blocks + c / 16) * 256 + (r % 16) * 16 + c % 16;
-    let mut x = pseudo_nonzero(18, tokens.next_multiple_of(64) * k);
-    for row in x.chunks_mut(k) {
-        row[cols..].iter_mut().for_each(|v| *v = 0.0);
-    }
-    let norm_w = pseudo_nonzero(19, k);
-    let eps = 1e-6f32;
-    let layout = kernels::bind_group_layout(gpu, "f16_stage", kernels::matvec::BINDINGS);
-    let close = |what: &str, got: u16, want: f64| {
-        let g = f16::from_bits(got).to_f64();
-        let step = f16::from_f64(want).to_f64().abs().max(1e-7) * 2f64.powi(-10);
-        assert!(g.is_finite() && (g - want).abs() <= step, "{what}: got {g}, want {want}");
-    };
-    for norm in [false, true] {
-        let p = MatvecParams {
-            rows: rows as u32,
-            k_words: m.k_words() as u32,
-            groups: m.groups() as u32,
-            row_offset: 0,
-            n_in: cols as u32,
-            eps,
-            y_stride: 0,
+    for format in [WeightFormat::Int8, WeightFormat::Int4] {
+        let m = Quant::pseudo_in(format, 17, rows, cols);
+        let k = m.padded;
+        let blocks = k / 16;
+        let blocked = |r: usize, c: usize| ((r / 16) * blocks + c / 16) * 256 + (r % 16) * 16 + c % 16;
+        let mut x = pseudo_nonzero(18, tokens.next_multiple_of(64) * k);
+        for row in x.chunks_mut(k) {
+            row[cols..].iter_mut().for_each(|v| *v = 0.0);
+        }
+        let norm_w = pseudo_nonzero(19, k);
+        let eps = 1e-6f32;
+        let layout = kernels::bind_group_layout(gpu, "f16_stage", kernels::matvec::BINDINGS);
+        let close = |what: &str, got: u16, want: f64| {
+            let g = f16::from_bits(got).to_f64();
+            let step = f16::from_f64(want).to_f64().abs().max(1e-7) * 2f64.powi(-10);
+            assert!(g.is_finite() && (g - want).abs() <= step, "{what}: got {g}, want {want}");
         };
-        let out_bytes = staged_bytes(rows, m.k_words(), tokens) as usize;
-        let x0 = staged_weight_bytes(rows, m.k_words()) as usize / 2; // f16 values
-        let bufs = [
-            gpu.uniform("p", bytemuck::bytes_of(&p)).unwrap(),
-            gpu.storage_init("x", bytemuck::cast_slice(&x)).unwrap(),
-            gpu.storage_init("w", &m.data()).unwrap(),
-            gpu.storage_init("scales", bytemuck::cast_slice(&m.scales)).unwrap(),
-            gpu.storage_init("staged", &poisoned(out_bytes / 4)).unwrap(),
-            gpu.storage_init("norm_w", bytemuck::cast_slice(&norm_w)).unwrap(),
-            gpu.storage("x16 (residual; unused)", 16),
-        ];
-        let constants = stage_constants(norm);
-        let (pipeline, _) = kernels::compile_for_layout(
-            gpu,
-            "f16_stage",
-            &stage_source(),
-            "f16_stage",
-            kernels::matvec::BINDINGS,
-            &constants,
-            Some(&layout),
-        )
-        .unwrap();
-        let entries: Vec<_> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-            .collect();
-        let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &layout,
-            entries: &entries,
-        });
-        let grid = stage_grid(rows as u32, m.k_words() as u32, tokens as u32);
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-        }
-        let readback = gpu.readback("staged", out_bytes);
-        enc.copy_buffer_to_buffer(&bufs[4], 0, &readback, 0, readback.size());
-        gpu.queue.submit([enc.finish()]);
-        let bytes = gpu.read(&readback).unwrap();
-        let (out, words): (Vec<u16>, Vec<u32>) =
-            (bytemuck::pod_collect_to_vec(&bytes), bytemuck::pod_collect_to_vec(&bytes));
-        assert!(!words.contains(&POISON), "(norm {norm}): an element not written");
-        for r in 0..rows.next_multiple_of(64) {
-            for c in 0..k {
-                let want = if r < rows { f16::from_f64(m.w(r, c)).to_f64() } else { 0.0 };
-                close(&format!("w16[{r}][{c}]"), out[blocked(r, c)], want);
-            }
-        }
-        for t in 0..tokens.next_multiple_of(64) {
-            let xt = &x[t * k..(t + 1) * k];
-            let inv = if norm {
-                let ms = xt[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
-                1.0 / (ms + eps as f64).sqrt()
-            } else {
-                1.0
+        for norm in [false, true] {
+            let p = MatvecParams {
+                rows: rows as u32,
+                k_words: m.k_words() as u32,
+                groups: m.groups() as u32,
+                row_offset: 0,
+                n_in: cols as u32,
+                eps,
+                y_stride: 0,
             };
-            for c in 0..k {
-                let v = xt[c] as f64 * if norm { inv * norm_w[c] as f64 } else { 1.0 };
-                close(&format!("x16[{t}][{c}] (norm {norm})"), out[x0 + blocked(t, c)], v);
+            let out_bytes = staged_bytes(rows, m.k_words(), tokens) as usize;
+            let x0 = staged_weight_bytes(rows, m.k_words()) as usize / 2; // f16 values
+            let bufs = [
+                gpu.uniform("p", bytemuck::bytes_of(&p)).unwrap(),
+                gpu.storage_init("x", bytemuck::cast_slice(&x)).unwrap(),
+                gpu.storage_init("w", &m.data()).unwrap(),
+                gpu.storage_init("scales", bytemuck::cast_slice(&m.scales)).unwrap(),
+                gpu.storage_init("staged", &poisoned(out_bytes / 4)).unwrap(),
+                gpu.storage_init("norm_w", bytemuck::cast_slice(&norm_w)).unwrap(),
+                gpu.storage("x16 (residual; unused)", 16),
+            ];
+            let constants = stage_constants(norm, format);
+            let (pipeline, _) = kernels::compile_for_layout(
+                gpu,
+                "f16_stage",
+                &stage_source(),
+                "f16_stage",
+                kernels::matvec::BINDINGS,
+                &constants,
+                Some(&layout),
+            )
+            .unwrap();
+            let entries: Vec<_> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                .collect();
+            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &layout,
+                entries: &entries,
+            });
+            let grid = stage_grid(rows as u32, m.k_words() as u32, tokens as u32);
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            }
+            let readback = gpu.readback("staged", out_bytes);
+            enc.copy_buffer_to_buffer(&bufs[4], 0, &readback, 0, readback.size());
+            gpu.queue.submit([enc.finish()]);
+            let bytes = gpu.read(&readback).unwrap();
+            let (out, words): (Vec<u16>, Vec<u32>) =
+                (bytemuck::pod_collect_to_vec(&bytes), bytemuck::pod_collect_to_vec(&bytes));
+            assert!(!words.contains(&POISON), "({format}, norm {norm}): an element not written");
+            for r in 0..rows.next_multiple_of(64) {
+                for c in 0..k {
+                    let want = if r < rows { f16::from_f64(m.w(r, c)).to_f64() } else { 0.0 };
+                    close(&format!("{format} w16[{r}][{c}]"), out[blocked(r, c)], want);
+                }
+            }
+            for t in 0..tokens.next_multiple_of(64) {
+                let xt = &x[t * k..(t + 1) * k];
+                let inv = if norm {
+                    let ms = xt[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
+                    1.0 / (ms + eps as f64).sqrt()
+                } else {
+                    1.0
+                };
+                for c in 0..k {
+                    let v = xt[c] as f64 * if norm { inv * norm_w[c] as f64 } else { 1.0 };
+                    close(&format!("x16[{t}][{c}] (norm {norm})"), out[x0 + blocked(t, c)], v);
+                }
             }
         }
     }

@@ -12,7 +12,7 @@ use qwen3_wgpu::internals::load::{load_model_with, LoadReport, Progress};
 use qwen3_wgpu::internals::testing::write_random_checkpoint;
 use qwen3_wgpu::{
     AdapterPolicy, CachePolicy, Engine, Error, LoadOptions, LoadPhase, LoadProgress, LoadProgressFn,
-    ModelConfig, ShapeProfile,
+    ModelConfig, ShapeProfile, WeightFormat,
 };
 
 /// A random model of about 5 MB: enough bytes for several reports in
@@ -89,7 +89,8 @@ fn load_with(
     callback: Option<&LoadProgressFn>,
 ) -> Result<LoadReport, Error> {
     let progress = Progress::new(callback);
-    load_model_with(ckpt, ShapeProfile::AnyQwen3, cache, &progress).map(|(_, report)| report)
+    load_model_with(ckpt, ShapeProfile::AnyQwen3, cache, WeightFormat::Int8, &progress)
+        .map(|(_, report)| report)
 }
 
 /// The phases in the order reported, checking each is one run of reports

@@ -30,6 +30,7 @@ mod fuzz_inputs;
 mod generate;
 #[cfg(feature = "hub")]
 mod hub;
+mod int4;
 mod kernels;
 mod load_progress;
 mod logprobs;

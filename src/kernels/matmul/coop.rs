@@ -3,7 +3,7 @@
 //! the f16 staging of its operands.
 
 use super::{F16_STAGE_WGSL, MATMUL_SWIGLU_TOKENS_PER_WG, MATMUL_TOKENS_PER_WG};
-use crate::converted::QUANT_GROUP;
+use crate::converted::{WeightFormat, QUANT_GROUP};
 use crate::error::Result;
 use crate::kernels::abi::{wgsl_decls, GpuStruct};
 use crate::kernels::matvec::{MatvecParams, INT8_MATH};
@@ -148,7 +148,8 @@ pub fn stage_source() -> String {
 }
 
 /// The override constants of `f16_stage`: its inputs normed (`norm`) or
-/// not.
-pub fn stage_constants(norm: bool) -> Vec<(&'static str, f64)> {
-    vec![("NORM", if norm { 1.0 } else { 0.0 })]
+/// not, its weights in `format`.
+pub fn stage_constants(norm: bool, format: WeightFormat) -> Vec<(&'static str, f64)> {
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    vec![("NORM", flag(norm)), ("INT4", flag(format == WeightFormat::Int4))]
 }

@@ -99,7 +99,9 @@ fn the_cooperative_matrix_programs_compile_to_spirv() {
         spirv(&format!("{kernel:?} emulated"), &e.source(), e.render(), "int8_matmul");
     }
     for norm in [false, true] {
-        spirv("f16_stage", &stage_source(), stage_constants(norm), "f16_stage");
+        for format in [WeightFormat::Int8, WeightFormat::Int4] {
+            spirv("f16_stage", &stage_source(), stage_constants(norm, format), "f16_stage");
+        }
     }
 }
 

@@ -23,6 +23,7 @@ use super::{
     attention_prefill_source, Constants, Kernel, MatmulConstants, MatmulTile, MatvecConstants, MatvecLayout,
     MATMUL_MSL_WG, PREFILL_ATTENTION_TOKENS,
 };
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
@@ -320,56 +321,99 @@ impl Kernels {
             report: KernelReport::unchecked(source),
         };
         for k in Kernel::ALL {
-            kernels.pipeline(gpu, kernels.decode_key(k))?;
-            let (per_token, tiled) = kernels.prefill_keys(k);
-            let staged = kernels.coop_keys(k).into_iter().flat_map(|c| c.all());
-            for key in per_token.into_iter().chain(tiled).chain(staged) {
-                kernels.pipeline(gpu, key)?;
-            }
+            kernels.build_kernel(gpu, k, WeightFormat::Int8)?;
         }
         Ok(kernels)
     }
 
-    /// The key of `k`'s decode pipeline.
-    fn decode_key(&self, kernel: Kernel) -> PipelineKey {
-        let msl = self.source == KernelSource::Msl && kernel.row().msl.is_some();
+    /// Builds `k`'s decode and prompt-batch pipelines for weights in
+    /// `format` (those already built are kept).
+    fn build_kernel(&self, gpu: &Gpu, k: Kernel, format: WeightFormat) -> Result<()> {
+        self.pipeline(gpu, self.decode_key(k, format))?;
+        let (per_token, tiled) = self.prefill_keys(k, format);
+        let staged = self.coop_keys(k, format).into_iter().flat_map(|c| c.all());
+        for key in per_token.into_iter().chain(tiled).chain(staged) {
+            self.pipeline(gpu, key)?;
+        }
+        Ok(())
+    }
+
+    /// Builds the pipelines of the matvec variants (decode and prompt
+    /// batches) for layer weights in `format`: the set has the int8 ones
+    /// from the start; a model of int4 layers has them built at its load.
+    /// The int4 pipelines are WGSL whatever the set's source (the MSL twins
+    /// read int8).
+    pub fn prepare(&self, gpu: &Gpu, format: WeightFormat) -> Result<()> {
+        for k in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+            self.build_kernel(gpu, k, format)?;
+        }
+        Ok(())
+    }
+
+    /// The key of `k`'s decode pipeline (a matvec's over weights in
+    /// `format`).
+    fn decode_key(&self, kernel: Kernel, format: WeightFormat) -> PipelineKey {
+        let msl =
+            self.source == KernelSource::Msl && kernel.row().msl.is_some() && format == WeightFormat::Int8;
         let program = if msl { Program::Msl } else { Program::Wgsl };
-        PipelineKey { kernel, program, constants: kernel.typed_constants(self.matvec_layout) }
+        let constants = match kernel.typed_constants(self.matvec_layout) {
+            Constants::Matvec(c) => Constants::Matvec(MatvecConstants { format, ..c }),
+            other => other,
+        };
+        PipelineKey { kernel, program, constants }
     }
 
     /// The keys of `k`'s prompt-batch pipelines: per token (the matvec
-    /// variants, `attention_prefill`) and tiled (`int8_matmul`, f32).
-    fn prefill_keys(&self, kernel: Kernel) -> (Option<PipelineKey>, Option<PipelineKey>) {
+    /// variants, over weights in `format`; `attention_prefill`) and tiled
+    /// (`int8_matmul`, f32).
+    fn prefill_keys(
+        &self,
+        kernel: Kernel,
+        format: WeightFormat,
+    ) -> (Option<PipelineKey>, Option<PipelineKey>) {
         let key = |program, constants| Some(PipelineKey { kernel, program, constants });
         if kernel == Kernel::AttentionPartial {
             return (key(Program::AttentionPrefill, Constants::Workgroup(kernel.workgroup_size())), None);
         }
         let Some(variant) = kernel.matvec_variant() else { return (None, None) };
-        let per_token = Constants::Matvec(MatvecConstants::prefill(variant, self.matvec_layout));
+        let per_token = Constants::Matvec(MatvecConstants {
+            format,
+            ..MatvecConstants::prefill(variant, self.matvec_layout)
+        });
+        let msl = self.source == KernelSource::Msl && format == WeightFormat::Int8;
         let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled()).map(|c| MatmulConstants {
             coop: false,
             // The MSL twin is written for the base tile (its grid).
-            tile: if self.source == KernelSource::Msl { MatmulTile::BASE } else { self.matmul_tile },
+            tile: if msl { MatmulTile::BASE } else { self.matmul_tile },
+            format,
             ..c
         });
-        let matmul = if self.source == KernelSource::Msl { Program::MatmulMsl } else { Program::Matmul };
+        let matmul = if msl { Program::MatmulMsl } else { Program::Matmul };
         (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
     }
 
-    /// The keys of `k`'s cooperative-matrix pipelines where the set has
-    /// them.
-    fn coop_keys(&self, kernel: Kernel) -> Option<CoopKeys> {
-        let (_, tiled) = self.prefill_keys(kernel);
+    /// The keys of `k`'s cooperative-matrix pipelines, over weights in
+    /// `format`, where the set has them.
+    fn coop_keys(&self, kernel: Kernel, format: WeightFormat) -> Option<CoopKeys> {
+        let (_, tiled) = self.prefill_keys(kernel, format);
         let tiled = tiled.filter(|t| self.coop && t.program == Program::Matmul)?;
         let Constants::Matmul(c) = tiled.constants else { return None };
+        // The product reads the staged f16 operands: one program for
+        // every format.
         let products = COOP_KSPLITS.map(|coop_ksplit| {
-            let product = MatmulConstants { coop: true, emulated: self.coop_emulated, coop_ksplit, ..c };
+            let product = MatmulConstants {
+                coop: true,
+                emulated: self.coop_emulated,
+                coop_ksplit,
+                format: WeightFormat::Int8,
+                ..c
+            };
             PipelineKey { constants: Constants::Matmul(product), ..tiled }
         });
         let stage = PipelineKey {
             kernel,
             program: Program::F16Stage,
-            constants: Constants::Stage { norm: c.variant.norm },
+            constants: Constants::Stage { norm: c.variant.norm, format },
         };
         Some(CoopKeys { products, stage })
     }
@@ -429,9 +473,20 @@ impl Kernels {
         cache.get(&key).cloned().expect("built with the kernel set")
     }
 
-    /// `k`'s decode pipeline and bind-group layout.
+    /// `k`'s decode pipeline (a matvec's over int8 weights) and
+    /// bind-group layout.
     pub fn get(&self, k: Kernel) -> Pipeline {
-        Pipeline { kernel: k, pipeline: self.built(self.decode_key(k)), layout: self.layout(k).clone() }
+        self.get_for(k, WeightFormat::Int8)
+    }
+
+    /// `k`'s decode pipeline over weights in `format` (built with the set,
+    /// or by [`Self::prepare`]) and bind-group layout.
+    pub fn get_for(&self, k: Kernel, format: WeightFormat) -> Pipeline {
+        Pipeline {
+            kernel: k,
+            pipeline: self.built(self.decode_key(k, format)),
+            layout: self.layout(k).clone(),
+        }
     }
 
     /// The bind-group layout of every pipeline of `k`.
@@ -439,9 +494,10 @@ impl Kernels {
         &self.layouts[k as usize]
     }
 
-    /// The pipelines a launch of `k` runs.
-    pub(crate) fn launch_pipelines(&self, k: Kernel) -> LaunchPipelines {
-        let (per_token, tiled) = self.prefill_keys(k);
+    /// The pipelines a launch of `k` over weights in `format` runs (built
+    /// with the set, or by [`Self::prepare`]).
+    pub(crate) fn launch_pipelines(&self, k: Kernel, format: WeightFormat) -> LaunchPipelines {
+        let (per_token, tiled) = self.prefill_keys(k, format);
         let tiled_pipeline = |key: PipelineKey| match key.constants {
             Constants::Matmul(c) => Some(TiledPipeline {
                 pipeline: self.built(key),
@@ -453,14 +509,14 @@ impl Kernels {
             _ => None,
         };
         LaunchPipelines {
-            decode: self.built(self.decode_key(k)),
+            decode: self.built(self.decode_key(k, format)),
             per_token: per_token.map(|key| self.built(key)),
             per_token_tokens: match k {
                 Kernel::AttentionPartial => PREFILL_ATTENTION_TOKENS,
                 _ => super::PREFILL_TOKENS_PER_WG,
             },
             tiled: tiled.and_then(tiled_pipeline),
-            coop: self.coop_keys(k).and_then(|keys| {
+            coop: self.coop_keys(k, format).and_then(|keys| {
                 let staged = StagedPipelines {
                     stage: self.built(keys.stage),
                     products: keys.products.map(|key| self.built(key)),
@@ -477,7 +533,7 @@ impl Kernels {
     /// tests: a wrong kernel must be caught).
     #[cfg(test)]
     pub(crate) fn replace_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
-        let key = self.decode_key(k);
+        let key = self.decode_key(k, WeightFormat::Int8);
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 
@@ -485,7 +541,7 @@ impl Kernels {
     /// self-check's tests).
     #[cfg(test)]
     pub(crate) fn replace_tiled_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
-        let key = self.prefill_keys(k).1.expect("a tiled prefill pipeline");
+        let key = self.prefill_keys(k, WeightFormat::Int8).1.expect("a tiled prefill pipeline");
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 }

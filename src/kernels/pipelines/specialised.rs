@@ -4,16 +4,18 @@
 //! and the batched-row attention.
 
 use super::{build_from, Build, Kernels, PipelineKey, Program};
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::choice::{KernelSource, RowsMatvecCase};
 use crate::kernels::{AttentionConstants, Constants, Kernel, MatvecConstants, MatvecShape, MatvecSplit};
 
 impl Kernels {
-    /// The decode pipeline of matvec variant `kernel` under `split`,
-    /// specialised to `shape` (compiled on first use, once per engine, on
-    /// the kernel's bind-group layout). `None` where the matvec is an MSL
-    /// twin, which reads its shape from the launch's parameters, or if the
+    /// The decode pipeline of matvec variant `kernel` over weights in
+    /// `format` under `split`, specialised to `shape` (compiled on first
+    /// use, once per engine, on the kernel's bind-group layout). `None`
+    /// where the matvec is an MSL twin (int8 on Metal), which reads its
+    /// shape from the launch's parameters, or if the
     /// build or its proof against the CPU reference
     /// ([`SelfChecker::rows_matvec`](crate::kernels::SelfChecker::rows_matvec), at its compiled shape) fails: the
     /// kernel's default pipeline then serves, which reads
@@ -25,12 +27,14 @@ impl Kernels {
         kernel: Kernel,
         split: MatvecSplit,
         shape: MatvecShape,
+        format: WeightFormat,
     ) -> Option<wgpu::ComputePipeline> {
         let variant = kernel.matvec_variant()?;
-        if self.source == KernelSource::Msl {
+        if self.source == KernelSource::Msl && format == WeightFormat::Int8 {
             return None;
         }
-        let constants = MatvecConstants { shape: Some(shape), ..MatvecConstants::decode(variant, split) };
+        let constants =
+            MatvecConstants { shape: Some(shape), format, ..MatvecConstants::decode(variant, split) };
         let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
         self.proven(gpu, key)
     }
@@ -51,9 +55,10 @@ impl Kernels {
         kernel: Kernel,
         split: MatvecSplit,
         shape: MatvecShape,
+        format: WeightFormat,
         rows: u32,
     ) -> Option<wgpu::ComputePipeline> {
-        let key = self.matvec_rows_key(kernel, split, shape, rows)?;
+        let key = self.matvec_rows_key(kernel, split, shape, format, rows)?;
         self.proven(gpu, key)
     }
 
@@ -123,7 +128,10 @@ impl Kernels {
             Constants::Matvec(c) => {
                 let one = MatvecConstants { decode_rows: 0, rows_per_z: 0, ..c };
                 let one_key = PipelineKey { constants: Constants::Matvec(one), ..key };
-                Ok((c, Some(self.cached(one_key).unwrap_or_else(|| self.get(key.kernel).pipeline))))
+                Ok((
+                    c,
+                    Some(self.cached(one_key).unwrap_or_else(|| self.get_for(key.kernel, c.format).pipeline)),
+                ))
             }
             _ => Err(format!("{key:?} is no matvec key")),
         };
@@ -160,9 +168,10 @@ impl Kernels {
         kernel: Kernel,
         split: MatvecSplit,
         shape: MatvecShape,
+        format: WeightFormat,
         rows: u32,
     ) -> Option<wgpu::ComputePipeline> {
-        let key = self.matvec_rows_key(kernel, split, shape, rows)?;
+        let key = self.matvec_rows_key(kernel, split, shape, format, rows)?;
         if let Some(p) = self.cached(key) {
             return Some(p);
         }
@@ -196,21 +205,24 @@ impl Kernels {
         }
     }
 
-    /// The key of matvec variant `kernel`'s `rows`-row pipeline; `None`
-    /// where the matvecs are MSL twins (no such variant).
+    /// The key of matvec variant `kernel`'s `rows`-row pipeline over
+    /// weights in `format`; `None` where the matvecs are MSL twins (no such
+    /// variant).
     fn matvec_rows_key(
         &self,
         kernel: Kernel,
         split: MatvecSplit,
         shape: MatvecShape,
+        format: WeightFormat,
         rows: u32,
     ) -> Option<PipelineKey> {
         let variant = kernel.matvec_variant()?;
-        if self.source == KernelSource::Msl {
+        if self.source == KernelSource::Msl && format == WeightFormat::Int8 {
             return None;
         }
         let constants = MatvecConstants {
             shape: Some(shape),
+            format,
             decode_rows: rows,
             rows_per_z: crate::kernels::batch_rows_per_z(split, rows),
             ..MatvecConstants::decode(variant, split)
@@ -252,6 +264,7 @@ impl Kernels {
         shape: MatvecShape,
         rows: u32,
     ) -> bool {
-        self.matvec_rows_key(kernel, split, shape, rows).is_some_and(|key| self.failed(key))
+        self.matvec_rows_key(kernel, split, shape, WeightFormat::Int8, rows)
+            .is_some_and(|key| self.failed(key))
     }
 }

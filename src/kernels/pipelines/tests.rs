@@ -25,17 +25,21 @@ fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
     let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
     let kernel = Kernel::Int8MatvecNorm;
     let before = kernels.cache.lock().unwrap().len();
-    assert!(kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 5).is_none());
+    assert!(kernels
+        .matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, WeightFormat::Int8, 5)
+        .is_none());
     let t0 = std::time::Instant::now();
     let built = loop {
-        if let Some(p) = kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, 5) {
+        if let Some(p) =
+            kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, WeightFormat::Int8, 5)
+        {
             break p;
         }
         assert!(t0.elapsed().as_secs() < 120, "the build never finished");
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
     assert_eq!(kernels.cache.lock().unwrap().len(), before + 1, "one build, one entry");
-    assert_eq!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, 5), Some(built));
+    assert_eq!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, 5), Some(built));
     assert!(kernels.building.lock().unwrap().is_empty(), "the finished build is taken");
 }
 
@@ -52,17 +56,17 @@ fn the_set_builds_each_decode_and_prefill_pipeline_once() {
     // 11 decode; per token: 3 matvec variants and attention_prefill;
     // tiled: the 3 variants' int8_matmul.
     assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
-    let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm);
+    let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm, WeightFormat::Int8);
     assert!(normed.per_token.is_some() && normed.tiled.is_some());
     assert_eq!(normed.decode, kernels.get(Kernel::Int8MatvecNorm).pipeline);
-    let add = kernels.launch_pipelines(Kernel::Int8MatvecAccumulate);
+    let add = kernels.launch_pipelines(Kernel::Int8MatvecAccumulate, WeightFormat::Int8);
     assert!(add.per_token.is_some() && add.tiled.is_some());
-    let attention = kernels.launch_pipelines(Kernel::AttentionPartial);
+    let attention = kernels.launch_pipelines(Kernel::AttentionPartial, WeightFormat::Int8);
     assert!(attention.per_token.is_some() && attention.tiled.is_none());
     // Its grid's z groups are those of the tokens the set was built for.
     assert_eq!(attention.per_token_tokens, PREFILL_ATTENTION_TOKENS);
     assert_eq!(normed.per_token_tokens, crate::kernels::PREFILL_TOKENS_PER_WG);
-    let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal);
+    let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal, WeightFormat::Int8);
     assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
     assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
 }
@@ -78,15 +82,17 @@ fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
     let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
     let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
     assert_ne!(MatmulTile::DEFAULT, MatmulTile::BASE, "the check needs a tiling other than the base");
-    let tiled: Vec<Kernel> =
-        Kernel::ALL.into_iter().filter(|k| kernels.prefill_keys(*k).1.is_some()).collect();
+    let tiled: Vec<Kernel> = Kernel::ALL
+        .into_iter()
+        .filter(|k| kernels.prefill_keys(*k, WeightFormat::Int8).1.is_some())
+        .collect();
     assert_eq!(tiled.len(), 3, "the three matvec variants run tiled");
     for tile in [MatmulTile::DEFAULT, MatmulTile::BASE] {
         kernels.matmul_tile = tile;
         for source in [KernelSource::Msl, KernelSource::Wgsl] {
             kernels.source = source;
             for &k in &tiled {
-                let key = kernels.prefill_keys(k).1.unwrap();
+                let key = kernels.prefill_keys(k, WeightFormat::Int8).1.unwrap();
                 let Constants::Matmul(c) = key.constants else { panic!("{k:?}: matmul constants") };
                 match source {
                     KernelSource::Msl => {

@@ -11,11 +11,12 @@ use qwen3_wgpu::internals::kernels::{
     self, ArgmaxFinalParams, ArgmaxPartialParams, Bind, HeadParams, Kernel, MatvecParams, ReduceParams, Step,
     ATTENTION_CHUNK, MAX_HEAD_DIM,
 };
+use qwen3_wgpu::WeightFormat;
 use rand::{rngs::StdRng, SeedableRng};
 
 use super::reference::{
     argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, norm_weight_bytes, pack_f16,
-    padded_input, poisoned, qk_norm_rope_ref, random_quant, round_f16, to_f32, unpack_f16, POISON,
+    padded_input, poisoned, qk_norm_rope_ref, random_quant_in, round_f16, to_f32, unpack_f16, POISON,
 };
 
 /// One launch: `kernel` over `grid`, `buffers` filling its bindings in
@@ -121,7 +122,8 @@ pub fn matvec_case(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    batch_case(run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, false)
+    let format = WeightFormat::Int8;
+    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, false)
 }
 
 /// [`matvec_case`] for a decode pipeline that keeps the residual's f16
@@ -140,7 +142,26 @@ pub fn matvec_case_x16(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    batch_case(run, kernel, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true)
+    let format = WeightFormat::Int8;
+    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true)
+}
+
+/// [`matvec_case`] (or, with `x16`, [`matvec_case_x16`]) over a random
+/// matrix of `format`.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_case_in(
+    run: Run<'_>,
+    kernel: Kernel,
+    format: WeightFormat,
+    x16: bool,
+    rows_per_wg: u32,
+    tokens_per_wg: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
+    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, x16)
 }
 
 /// One launch of `kernel`'s tiled prompt-batch product (`int8_matmul`, or
@@ -174,8 +195,24 @@ pub fn matmul_case_in(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
+    matmul_case_for(run, kernel, WeightFormat::Int8, rows_per_wg, tile_tokens, rows, cols, tokens, seed)
+}
+
+/// [`matmul_case_in`] over a random matrix of `format`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_case_for(
+    run: Run<'_>,
+    kernel: Kernel,
+    format: WeightFormat,
+    rows_per_wg: u32,
+    tile_tokens: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
     let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
-    batch_case(run, kernel, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
+    batch_case(run, kernel, format, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
 }
 
 /// [`matvec_case`] with buffers for `buffered` tokens, the last
@@ -184,6 +221,7 @@ pub fn matmul_case_in(
 fn batch_case(
     run: Run<'_>,
     kernel: Kernel,
+    format: WeightFormat,
     rows_per_wg: u32,
     tokens_per_wg: usize,
     rows: usize,
@@ -195,7 +233,7 @@ fn batch_case(
 ) -> Vec<MatvecOut> {
     let variant = kernel.matvec_variant().unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let m = random_quant(&mut rng, rows, cols);
+    let m = random_quant_in(&mut rng, format, rows, cols);
     let xs: Vec<Vec<f32>> = (0..tokens).map(|_| padded_input(&mut rng, cols)).collect();
     let spare = vec![f32::NAN; (buffered - tokens) * m.padded];
     let norm_w = padded_input(&mut rng, cols);

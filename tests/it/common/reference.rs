@@ -4,6 +4,7 @@
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::quant_padded;
 pub use qwen3_wgpu::internals::reference::*;
+use qwen3_wgpu::WeightFormat;
 use rand::{rngs::StdRng, Rng};
 
 /// Random non-zero values in +-[0.05, 1].
@@ -21,19 +22,25 @@ pub fn nonzero(rng: &mut StdRng, n: usize) -> Vec<f32> {
 }
 
 pub fn random_quant(rng: &mut StdRng, rows: usize, cols: usize) -> Quant {
+    random_quant_in(rng, WeightFormat::Int8, rows, cols)
+}
+
+/// A random matrix of non-zero values of `format` (int4: -8 ..= 7).
+pub fn random_quant_in(rng: &mut StdRng, format: WeightFormat, rows: usize, cols: usize) -> Quant {
     let padded = quant_padded(cols);
     let groups = padded / QUANT_GROUP;
+    let (min, max) = Quant::range(format);
     let mut q = vec![0i8; rows * padded];
     for r in 0..rows {
         for c in 0..cols {
-            q[r * padded + c] = rng.random_range(-127..=127);
+            q[r * padded + c] = rng.random_range(min..=max);
             if q[r * padded + c] == 0 {
                 q[r * padded + c] = 1;
             }
         }
     }
     let scales = (0..rows * groups).map(|_| rng.random_range(0.001..0.02)).collect();
-    Quant { rows, cols, padded, q, scales }
+    Quant { rows, cols, padded, format, q, scales }
 }
 
 /// A matvec input padded like the engine's (the tail past `cols` is zero).
