@@ -16,6 +16,7 @@ use serde_json::json;
 
 use crate::cache::CachePolicy;
 use crate::config::ModelConfig;
+use crate::converted::WeightFormat;
 use crate::engine::{Engine, LoadOptions};
 use crate::error::{Error, Result};
 use crate::gpu::AdapterPolicy;
@@ -51,6 +52,8 @@ pub struct BenchOptions {
     pub constraint: Option<PathBuf>,
     /// The directory of the tokenizer.json constraints compile against.
     pub tokenizer: Option<PathBuf>,
+    /// The layers' weight format; `None`: `QWEN3_WGPU_WEIGHTS`, else int8.
+    pub weights: Option<WeightFormat>,
 }
 
 impl Default for BenchOptions {
@@ -66,6 +69,7 @@ impl Default for BenchOptions {
             sessions: Vec::new(),
             constraint: None,
             tokenizer: None,
+            weights: None,
         }
     }
 }
@@ -75,7 +79,8 @@ pub const BENCH_USAGE: &str = "options: [--checkpoint DIR] [--backend metal|port
 [--contexts N,N,... (128,1024)] [--lookaheads N,N,... (4)] [--timed-steps N (16)] \
 [--sampling T,K,P (e.g. 0.7,20,0.95: also measure sampling)] \
 [--sessions N,N,... (e.g. 1,4,8,16: also decode that many sessions together, batched)] \
-[--constraint SCHEMA.json --tokenizer DIR (also measure decode under a JSON schema)]";
+[--constraint SCHEMA.json --tokenizer DIR (also measure decode under a JSON schema)] \
+[--weights int8|int4 (QWEN3_WGPU_WEIGHTS, else int8)]";
 
 impl BenchOptions {
     /// Parses `--name value` or `--name=value` arguments (the program
@@ -100,6 +105,7 @@ impl BenchOptions {
                 "--sessions",
                 "--constraint",
                 "--tokenizer",
+                "--weights",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(Error::invalid_argument(flag, format!("unknown option; {BENCH_USAGE}")));
@@ -120,6 +126,7 @@ impl BenchOptions {
                 "--sampling" => options.sampling = Some(parse_sampling(&flag, &value)?),
                 "--constraint" => options.constraint = Some(PathBuf::from(value)),
                 "--tokenizer" => options.tokenizer = Some(PathBuf::from(value)),
+                "--weights" => options.weights = Some(WeightFormat::from_name(&flag, &value)?),
                 "--sessions" => {
                     options.sessions = value.split(',').map(count).collect::<Result<_>>()?;
                     if options.sessions.contains(&0) {
@@ -206,22 +213,24 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let cache = CachePolicy::Dir(tmp.path().join("cache"));
+    let load_options = LoadOptions { cache, weights: args.weights, ..Default::default() };
     let engine = Engine::builder().policy(policy).build()?;
     let info = engine.adapter_info().clone();
-    let adapter = json!({"name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups(),
+    // The setup every line reports: the adapter, and the layers' weight format.
+    let adapter = json!({"weights": load_options.weight_format()?.name(), "name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups(),
                          "cooperative_matrices": engine.kernel_report().cooperative_matrices,
                          "cooperative_fallback": engine.kernel_report().cooperative_fallback});
 
     for (what, _) in [("cold_load", ()), ("cached_load", ())] {
         let t = Instant::now();
-        let model = engine.load(&ckpt, &LoadOptions { cache: cache.clone(), ..Default::default() })?;
+        let model = engine.load(&ckpt, &load_options)?;
         println!(
             "{}",
             json!({"bench": what, "load_ms": t.elapsed().as_secs_f64() * 1e3, "converted": model.load_report().converted,
                    "convert_ms": model.load_report().convert_ms, "peak_rss_mib": peak_rss_mib(), "adapter": adapter})
         );
     }
-    let model = engine.load(&ckpt, &LoadOptions { cache: cache.clone(), ..Default::default() })?;
+    let model = engine.load(&ckpt, &load_options)?;
     let cfg = model.config().clone();
     // Bytes a token reads: every weight once, plus the K and V written so far.
     let weight_bytes = model.weight_bytes() as f64;
@@ -455,6 +464,8 @@ mod tests {
         assert_eq!(o.lookaheads, BenchOptions::default().lookaheads);
         assert!(o.sessions.is_empty());
         assert_eq!(BenchOptions::parse(args("--sessions 1,4,8,16")).unwrap().sessions, [1, 4, 8, 16]);
+        assert_eq!(BenchOptions::parse(args("--weights int4")).unwrap().weights, Some(WeightFormat::Int4));
+        assert_eq!(BenchOptions::default().weights, None);
         let o = BenchOptions::parse(args("--sampling 0.7,20,0.95")).unwrap();
         assert_eq!(
             o.sampling,
@@ -467,6 +478,7 @@ mod tests {
             "--sampling 0.7,20",
             "--sampling -1,0,1",
             "--sessions 4,0",
+            "--weights int5",
         ];
         for bad in bad_ones {
             let e = BenchOptions::parse(args(bad)).unwrap_err();

@@ -54,6 +54,16 @@
 // `Q3W_UNSUPPORTED_CHECKPOINT_ARCHITECTURE`.
 #define Q3W_SHAPE_QWEN3_0_6B 1
 
+// `weights`: the format `QWEN3_WGPU_WEIGHTS` names, else int8.
+#define Q3W_WEIGHTS_DEFAULT 0
+
+// `weights`: int8 layer weights (one f32 scale per group of 64).
+#define Q3W_WEIGHTS_INT8 1
+
+// `weights`: 4-bit layer weights (one f32 scale per group of 64), about
+// 57% of int8's memory; the embedding and the LM head stay int8.
+#define Q3W_WEIGHTS_INT4 2
+
 // Returned by a `q3w_load_progress_fn`: go on loading.
 #define Q3W_PROGRESS_CONTINUE 0
 
@@ -206,6 +216,10 @@ typedef struct q3w_load_options {
   q3w_load_progress_fn progress;
   // Since version 2: passed to `progress` as it is (default NULL).
   void *progress_user_data;
+  // Since version 3: a `Q3W_WEIGHTS_*` value (default
+  // `Q3W_WEIGHTS_DEFAULT`). Int8 and int4 conversions of one checkpoint
+  // are cached side by side.
+  uint32_t weights;
 } q3w_load_options;
 
 // How to create a session (`q3w_session_options_init` sets the defaults).
@@ -476,7 +490,7 @@ enum q3w_status q3w_load_options_init(struct q3w_load_options *options, size_t s
 
 // Loads a Hugging Face Qwen3 checkpoint directory (`config.json` and
 // safetensors) onto the engine's device: validates it, converts it to int8
-// or reads the cached conversion, and uploads it. `options` may be NULL.
+// or int4 (`options->weights`) or reads the cached conversion, and uploads it. `options` may be NULL.
 // Free the model with `q3w_model_free`.
 enum q3w_status q3w_model_load(const struct q3w_engine *engine,
                                const char *checkpoint_dir,
@@ -488,6 +502,10 @@ enum q3w_status q3w_model_free(struct q3w_model *model);
 
 // The model's vocabulary size: token ids run from 0 to this less one.
 enum q3w_status q3w_model_vocab_size(const struct q3w_model *model, size_t *out_size);
+
+// The format of the model's layer weights: `Q3W_WEIGHTS_INT8` or
+// `Q3W_WEIGHTS_INT4` (never `Q3W_WEIGHTS_DEFAULT`).
+enum q3w_status q3w_model_weights(const struct q3w_model *model, uint32_t *out_weights);
 
 // The most positions a session of this model can hold
 // (`max_position_embeddings`).

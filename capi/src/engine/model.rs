@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::panic::catch_unwind;
 use std::path::PathBuf;
 
-use qwen3_wgpu::{CachePolicy, LoadOptions, LoadPhase, LoadProgress, ShapeProfile};
+use qwen3_wgpu::{CachePolicy, LoadOptions, LoadPhase, LoadProgress, ShapeProfile, WeightFormat};
 
 use super::{q3w_engine, q3w_model};
 use crate::{
@@ -29,6 +29,14 @@ pub const Q3W_SHAPE_ANY_QWEN3: u32 = 0;
 /// `Q3W_UNSUPPORTED_CHECKPOINT_ARCHITECTURE`.
 pub const Q3W_SHAPE_QWEN3_0_6B: u32 = 1;
 
+/// `weights`: the format `QWEN3_WGPU_WEIGHTS` names, else int8.
+pub const Q3W_WEIGHTS_DEFAULT: u32 = 0;
+/// `weights`: int8 layer weights (one f32 scale per group of 64).
+pub const Q3W_WEIGHTS_INT8: u32 = 1;
+/// `weights`: 4-bit layer weights (one f32 scale per group of 64), about
+/// 57% of int8's memory; the embedding and the LM head stay int8.
+pub const Q3W_WEIGHTS_INT4: u32 = 2;
+
 /// How to load a checkpoint (`q3w_load_options_init` sets the defaults).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -47,12 +55,20 @@ pub struct q3w_load_options {
     pub progress: q3w_load_progress_fn,
     /// Since version 2: passed to `progress` as it is (default NULL).
     pub progress_user_data: *mut c_void,
+    /// Since version 3: a `Q3W_WEIGHTS_*` value (default
+    /// `Q3W_WEIGHTS_DEFAULT`). Int8 and int4 conversions of one checkpoint
+    /// are cached side by side.
+    pub weights: u32,
 }
 
 impl Options for q3w_load_options {
-    // Version 1 ended at `cache_dir`; version 2 added the progress callback.
-    const VERSION_SIZES: &'static [usize] =
-        &[std::mem::offset_of!(q3w_load_options, progress), std::mem::size_of::<Self>()];
+    // Version 1 ended at `cache_dir`; version 2 added the progress
+    // callback, version 3 the weight format.
+    const VERSION_SIZES: &'static [usize] = &[
+        std::mem::offset_of!(q3w_load_options, progress),
+        std::mem::offset_of!(q3w_load_options, weights),
+        std::mem::size_of::<Self>(),
+    ];
     fn defaults() -> Self {
         q3w_load_options {
             struct_size: std::mem::size_of::<Self>(),
@@ -61,6 +77,7 @@ impl Options for q3w_load_options {
             cache_dir: std::ptr::null(),
             progress: None,
             progress_user_data: std::ptr::null_mut(),
+            weights: Q3W_WEIGHTS_DEFAULT,
         }
     }
 }
@@ -163,7 +180,7 @@ pub unsafe extern "C" fn q3w_load_options_init(
 
 /// Loads a Hugging Face Qwen3 checkpoint directory (`config.json` and
 /// safetensors) onto the engine's device: validates it, converts it to int8
-/// or reads the cached conversion, and uploads it. `options` may be NULL.
+/// or int4 (`options->weights`) or reads the cached conversion, and uploads it. `options` may be NULL.
 /// Free the model with `q3w_model_free`.
 #[no_mangle]
 pub unsafe extern "C" fn q3w_model_load(
@@ -203,6 +220,14 @@ pub unsafe extern "C" fn q3w_model_load(
             }
         };
         let mut load = LoadOptions { profile, cache, ..Default::default() };
+        match options.weights {
+            Q3W_WEIGHTS_DEFAULT => {}
+            Q3W_WEIGHTS_INT8 => load = load.weights(WeightFormat::Int8),
+            Q3W_WEIGHTS_INT4 => load = load.weights(WeightFormat::Int4),
+            other => {
+                return Err(invalid("weights", format!("{other} is not a Q3W_WEIGHTS_* value (0, 1 or 2)")))
+            }
+        }
         if let Some(callback) = options.progress {
             load = load.on_progress(progress_callback(callback, options.progress_user_data));
         } else if !options.progress_user_data.is_null() {
@@ -234,6 +259,23 @@ pub unsafe extern "C" fn q3w_model_vocab_size(model: *const q3w_model, out_size:
         let model = &unsafe { shared(model, "model") }?.model;
         out(out_size, "out_size")?;
         unsafe { put(out_size, model.config().vocab_size) };
+        Ok(())
+    })
+}
+
+/// The format of the model's layer weights: `Q3W_WEIGHTS_INT8` or
+/// `Q3W_WEIGHTS_INT4` (never `Q3W_WEIGHTS_DEFAULT`).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_model_weights(model: *const q3w_model, out_weights: *mut u32) -> q3w_status {
+    run("q3w_model_weights", || {
+        // SAFETY: the pointers are as the header says.
+        let model = &unsafe { shared(model, "model") }?.model;
+        out(out_weights, "out_weights")?;
+        let weights = match model.weight_format() {
+            WeightFormat::Int4 => Q3W_WEIGHTS_INT4,
+            _ => Q3W_WEIGHTS_INT8,
+        };
+        unsafe { put(out_weights, weights) };
         Ok(())
     })
 }

@@ -239,6 +239,9 @@ fn bad_option_values_are_invalid_arguments() {
             Q3W_INVALID_ARGUMENT,
             &["shape_profile"],
         );
+        load = no_cache();
+        load.weights = 3;
+        expect(q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model), Q3W_INVALID_ARGUMENT, &["weights"]);
 
         // A newer header's struct: bytes past the fields known here must be
         // zero (a field this library would ignore is refused).
@@ -593,6 +596,28 @@ fn sampling_params() -> q3w_sampling_params {
         Q3W_OK
     );
     params
+}
+
+/// `weights` picks the layers' format, and the model reports the one it
+/// holds; the default is int8 (QWEN3_WGPU_WEIGHTS unset in the tests).
+#[test]
+fn the_weights_option_picks_the_layers_format() {
+    unsafe {
+        let dir = c_path(&fixture());
+        for (asked, held) in
+            [(Q3W_WEIGHTS_DEFAULT, Q3W_WEIGHTS_INT8), (Q3W_WEIGHTS_INT8, Q3W_WEIGHTS_INT8), (Q3W_WEIGHTS_INT4, Q3W_WEIGHTS_INT4)]
+        {
+            let mut load = no_cache();
+            load.weights = asked;
+            let mut model = null_mut();
+            expect(q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model), Q3W_OK, &[]);
+            let mut weights = 99;
+            assert_eq!(q3w_model_weights(model, &mut weights), Q3W_OK);
+            assert_eq!(weights, held, "asked for {asked}");
+            assert_eq!(q3w_model_free(model), Q3W_OK);
+        }
+        expect(q3w_model_weights(shared_model(), null_mut()), Q3W_INVALID_ARGUMENT, &["out_weights"]);
+    }
 }
 
 /// An `_init` function writes only the bytes of the caller's version: a
