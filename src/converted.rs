@@ -59,6 +59,9 @@ pub enum WeightFormat {
 pub const WEIGHTS_ENV: &str = "QWEN3_WGPU_WEIGHTS";
 
 impl WeightFormat {
+    /// Every format.
+    pub const ALL: [WeightFormat; 2] = [WeightFormat::Int8, WeightFormat::Int4];
+
     /// The names [`Self::from_name`] accepts, and [`Self::name`] gives.
     pub const NAMES: [(&'static str, WeightFormat); 2] =
         [("int8", WeightFormat::Int8), ("int4", WeightFormat::Int4)];

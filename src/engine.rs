@@ -127,9 +127,6 @@ impl Engine {
         let progress = Progress::new(options.progress.as_deref());
         let (converted, report) =
             load_model_with(checkpoint_dir.as_ref(), options.profile, &options.cache, format, &progress)?;
-        // The set holds the int8 pipelines from the start; other formats'
-        // are built for the first model that needs them.
-        self.kernels.prepare(&self.gpu, format)?;
         let weights = GpuWeights::upload_with(&self.gpu, &converted, &progress)?;
         let config = converted.config.clone();
         // Hashed on a thread of its own, which drops the converted weights.

@@ -14,7 +14,7 @@
 // block are one token's outputs of two adjacent rows, i.e. a gate row and
 // its up row under SWIGLU.
 // K runs in chunks of CHUNK_K values: the chunk's weights (dequantised to
-// f32 once, int8 times the group's scale) are staged k-major (w_s[k][r],
+// f32 once, int8 or int4 times the group's scale) are staged k-major (w_s[k][r],
 // the right operand) and its inputs (normed once) token-major (x_s[t][k],
 // the left operand), both in threadgroup memory, rows padded by 4 floats
 // against bank conflicts; each simdgroup then multiplies 8-value slices
@@ -33,7 +33,9 @@
 // Preamble (names prefixed Q3W_): WG (128), MM_ROWS (64), MM_TOKENS (a
 // multiple of 16), GROUP_WORDS (u32 words per quant group, a multiple of
 // CHUNK_K / 4), ACCUMULATE (y += W x'), NORM, SWIGLU (rows interleave gate
-// 2i and up 2i + 1: y[(row_offset + r) / 2] = silu(gate) * up).
+// 2i and up 2i + 1: y[(row_offset + r) / 2] = silu(gate) * up), INT4 (w
+// holds int4 values, 8 a word, byte b value b in its low nibble and b + 4
+// in its high one: `int4_position`, src/converted.rs).
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), between the preamble and this file.
 
@@ -42,9 +44,10 @@
 #endif
 
 // K values per chunk: half a quant group of 64, so a chunk's weights are two
-// uint4 words of int8 per row, one per staging thread.
+// uint4 words of int8 per row (int4: one, two uint2 halves), one per
+// staging thread.
 constant constexpr uint CHUNK_K = 32;
-constant constexpr uint CHUNK_QUADS = CHUNK_K / 16; // uint4 words of a row per chunk
+constant constexpr uint CHUNK_QUADS = CHUNK_K / 16; // 16-value parts of a row per chunk
 // Padded row lengths of the staging arrays.
 constant constexpr uint W_STRIDE = Q3W_MM_ROWS + 4;
 constant constexpr uint X_STRIDE = CHUNK_K + 4;
@@ -57,12 +60,27 @@ constant constexpr uint RB = SG_ROWS / 8;
 // takes X_PER, the same token offsets and values in every chunk.
 constant constexpr uint X_UNITS = Q3W_MM_TOKENS * (CHUNK_K / 4);
 constant constexpr uint X_PER = X_UNITS / Q3W_WG;
-static_assert(Q3W_MM_ROWS * CHUNK_QUADS == Q3W_WG, "one uint4 of weights per thread and chunk");
+static_assert(Q3W_MM_ROWS * CHUNK_QUADS == Q3W_WG, "16 weights per thread and chunk");
 static_assert(X_UNITS % Q3W_WG == 0 && Q3W_WG % (CHUNK_K / 4) == 0, "whole input units per thread");
 static_assert((Q3W_GROUP_WORDS * 4) % CHUNK_K == 0, "a chunk lies in one quant group");
 
 inline float silu(float g) {
     return g / (1.0f + exp(-g));
+}
+
+// The 4 int8 values of `v` as floats.
+inline float4 i8x4(uint v) {
+    return float4(as_type<char4>(v));
+}
+
+// The int4 values in the low nibbles of `v`'s 4 bytes as floats (a word's
+// values 0..3; `v >> 4` gives values 4..7), exactly, as int8_math.wgsl's
+// i4x4: nibble u = q + 8 (the sign bit flipped) in the mantissa of 2^23,
+// less 2^23 + 8.
+inline float4 i4x4(uint v) {
+    const uint u = v ^ 0x88888888u;
+    const uint4 m = uint4(u & 0xfu, (u >> 8) & 0xfu, (u >> 16) & 0xfu, (u >> 24) & 0xfu);
+    return as_type<float4>(m + 0x4b000000u) - 8388616.0f;
 }
 
 kernel void int8_matmul(
@@ -95,12 +113,11 @@ kernel void int8_matmul(
         return; // whole threadgroup: uniform
     }
     const uint t0 = wg.z * Q3W_MM_TOKENS;
-    const uint k_quads = p.k_words / 4;
     const uint chunks = p.k_words / (CHUNK_K / 4);
 
-    // Weight staging: thread l loads uint4 `wq` of the chunk of tile row
-    // `wr` (rows past the matrix repeat its last row; their outputs are
-    // never stored).
+    // Weight staging: thread l loads part `wq` (16 values: a uint4 of
+    // int8, a uint2 of int4) of the chunk of tile row `wr` (rows past the
+    // matrix repeat its last row; their outputs are never stored).
     const uint wr = l / CHUNK_QUADS;
     const uint wq = l % CHUNK_QUADS;
     const uint w_row = min(row0 + wr, p.rows - 1);
@@ -130,10 +147,20 @@ kernel void int8_matmul(
         {
             const uint g = (c * (CHUNK_K / 4)) / Q3W_GROUP_WORDS;
             const float s = scales[w_row * p.groups + g];
-            const uint4 v = w[w_row * k_quads + c * CHUNK_QUADS + wq];
             const uint k0 = wq * 16;
+#if Q3W_INT4
+            // Words 2 wq and 2 wq + 1 of the row's uint4 c (the chunk's 32
+            // values): each word's low nibbles, then its high ones.
+            const uint2 v = reinterpret_cast<const device uint2*>(w)[(w_row * (p.k_words / 8) + c) * 2 + wq];
+#else
+            const uint4 v = w[w_row * (p.k_words / 4) + c * CHUNK_QUADS + wq];
+#endif
             for (uint b = 0; b < 4; b++) {
-                const float4 f = float4(as_type<char4>(v[b])) * s;
+#if Q3W_INT4
+                const float4 f = i4x4(v[b / 2] >> (4 * (b % 2))) * s;
+#else
+                const float4 f = i8x4(v[b]) * s;
+#endif
                 w_s[(k0 + 4 * b) * W_STRIDE + wr] = f.x;
                 w_s[(k0 + 4 * b + 1) * W_STRIDE + wr] = f.y;
                 w_s[(k0 + 4 * b + 2) * W_STRIDE + wr] = f.z;

@@ -154,8 +154,8 @@ impl Launch {
         Self::new_for(gpu, kernels, kernel, WeightFormat::Int8, buffers, workgroups)
     }
 
-    /// [`Self::new`] of a matvec over weights in `format`, whose pipelines
-    /// the set holds ([`Kernels::prepare`]).
+    /// [`Self::new`] of a matvec over weights in `format` (the set holds
+    /// every format's pipelines).
     pub fn new_for(
         gpu: &Gpu,
         kernels: &Kernels,

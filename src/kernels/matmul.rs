@@ -88,7 +88,7 @@ pub struct MatmulConstants {
     /// program ignores it).
     pub coop_ksplit: u32,
     /// The weights' format (`INT4`; `int8_matmul_coop` reads them staged
-    /// as f16 and ignores it, and the MSL twin reads int8 only).
+    /// as f16 and ignores it).
     pub format: WeightFormat,
 }
 
@@ -134,8 +134,8 @@ impl MatmulConstants {
     }
 
     /// The MSL twin's constants (prefixed `Q3W_` in its preamble): its
-    /// threadgroup size, the tile, the quant group's words and the
-    /// epilogue flags.
+    /// threadgroup size, the tile, the quant group's words, the epilogue
+    /// flags and the weights' format.
     pub fn msl_constants(&self) -> Vec<(&'static str, f64)> {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
         vec![
@@ -147,6 +147,7 @@ impl MatmulConstants {
             ("ACCUMULATE", flag(self.variant.accumulate)),
             ("NORM", flag(self.variant.norm)),
             ("SWIGLU", flag(self.variant.swiglu)),
+            ("INT4", flag(self.format == WeightFormat::Int4)),
         ]
     }
 

@@ -329,6 +329,14 @@ impl Kernel {
         }
     }
 
+    /// [`Self::typed_constants`], a matvec's over weights in `format`.
+    pub fn typed_constants_in(self, layout: MatvecLayout, format: WeightFormat) -> Constants {
+        match self.typed_constants(layout) {
+            Constants::Matvec(c) => Constants::Matvec(MatvecConstants { format, ..c }),
+            other => other,
+        }
+    }
+
     /// [`Self::typed_constants`] as (WGSL name, value) pairs.
     pub fn constants(self, layout: MatvecLayout) -> Vec<(&'static str, f64)> {
         self.typed_constants(layout).render()

@@ -16,11 +16,12 @@
 //! [`MACRO_PREFIX`] (`Q3W_WG`, `Q3W_NORM`, ...) so no macro can collide
 //! with a name in those headers: one compiled module per [`Kernel`] value,
 //! as with WGSL pipelines (the `int8_matvec` variants are `#if`s on their
-//! flags). The `.metal` files include nothing themselves. The threadgroup
-//! size to dispatch with is [`Kernel::workgroup_size`] (also `Q3W_WG` in
-//! the preamble). The structs and constants the host shares with the
-//! kernels (`Params`, `Step`, `MAX_HEAD_DIM`, `NONE`) follow the preamble,
-//! generated from their Rust definitions. The `int8_matvec` twin implements the rows-per-team layout
+//! flags, the weights' format among them: `Q3W_INT4`). The `.metal` files
+//! include nothing themselves. The threadgroup size to dispatch with is
+//! [`Kernel::workgroup_size`] (also `Q3W_WG` in the preamble). The structs
+//! and constants the host shares with the kernels (`Params`, `Step`,
+//! `MAX_HEAD_DIM`, `NONE`) follow the preamble, generated from their Rust
+//! definitions. The `int8_matvec` twin implements the rows-per-team layout
 //! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
 //! matvec grids for that layout.
 //!
@@ -32,6 +33,7 @@
 
 use super::abi::msl_decls;
 use super::{Kernel, MatvecLayout};
+use crate::converted::WeightFormat;
 
 /// The matvec layout of the MSL twin (the one Apple GPUs get from
 /// [`MatvecLayout::for_device`]); its preamble is generated for it.
@@ -53,9 +55,21 @@ pub fn msl_file(kernel: Kernel) -> Option<&'static str> {
 /// generated from the host-kernel ABI ([`crate::kernels::abi::msl_decls`]:
 /// the kernel's `Params`, and `Step` and the shared constants where the file
 /// uses them), then its `.metal` file. `None` for kernels without a twin
-/// (they stay WGSL everywhere).
+/// (they stay WGSL everywhere). A matvec's reads int8 weights.
 pub fn msl_source(kernel: Kernel) -> Option<String> {
-    msl_file(kernel).map(|body| format!("{}{}{body}", preamble(kernel), msl_decls(kernel.row().params, body)))
+    msl_source_in(kernel, WeightFormat::Int8)
+}
+
+/// [`msl_source`] of the variant over weights in `format` (a matvec's; the
+/// other kernels read no weights).
+pub fn msl_source_in(kernel: Kernel, format: WeightFormat) -> Option<String> {
+    msl_source_with(kernel, &kernel.typed_constants_in(MSL_MATVEC_LAYOUT, format).render())
+}
+
+/// [`msl_source`] with the preamble of `constants` (a pipeline's own).
+pub fn msl_source_with(kernel: Kernel, constants: &[(&str, f64)]) -> Option<String> {
+    let defines = preamble_of(constants);
+    msl_file(kernel).map(|body| format!("{defines}{}{body}", msl_decls(kernel.row().params, body)))
 }
 
 /// The MSL function to use as the pipeline's entry point (the WGSL entry's

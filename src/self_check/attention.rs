@@ -215,7 +215,7 @@ pub(super) fn attention_prompt_batch(rig: &mut Rig<'_>) -> Result<Check> {
         launch.per_token.ok_or_else(|| Error::internal("attention_partial has no prompt-batch program"))?;
     let [x, y, _] = attention::partial_grid(nh as u32, chunks as u32);
     let groups = (tokens as u32).div_ceil(launch.per_token_tokens);
-    rig.dispatch_pipeline(kernel, true, &pipeline, [x, y, groups], &bufs.each_ref());
+    rig.dispatch_pipeline(kernel, true, WeightFormat::Int8, &pipeline, [x, y, groups], &bufs.each_ref());
     let out = reduce(rig, &bufs[5], &bufs[6], chunks, tokens)?;
     Ok(Box::new(move |outs| {
         let got = to_f32(&outs[out]);

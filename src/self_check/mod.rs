@@ -1,8 +1,9 @@
 //! The start-up self-check: every pipeline the engine built for the decode
 //! step, the tiled prompt-batch products (`int8_matmul`, an MSL twin on
-//! Metal) and the prompt-batch attention (`attention_prefill`, WGSL
-//! everywhere), runs once on small known-answer inputs and is compared with the
-//! CPU references ([`crate::reference`]) before the engine is returned. It
+//! Metal), the matrix products of both kinds over each weight format's
+//! pipelines (int8 and int4), and the prompt-batch attention
+//! (`attention_prefill`, WGSL everywhere), runs once on small known-answer
+//! inputs and is compared with the CPU references ([`crate::reference`]) before the engine is returned. It
 //! proves the hand-written MSL twins on the device they run on (a shifted
 //! buffer slot, a compiler difference, a fast-math surprise or another
 //! SIMD-group matrix layout shows up as a mismatch, and the engine falls
@@ -10,7 +11,9 @@
 //! runs on every backend.
 //!
 //! A wrong binding cannot pass: every binding holds distinct non-trivial
-//! data, outputs start as NaN, the accumulating matvec starts from a
+//! data (each format's matrix its own pseudo-random values and scales over
+//! four quant groups, so an int4 nibble order or scale slot swapped
+//! fails), outputs start as NaN, the accumulating matvec starts from a
 //! non-zero `y`, row counts are not multiples of 4, attention runs over two
 //! chunks plus the reduce and within one chunk, the new KV row is compared
 //! value by value with every other row compared bit for bit, and the
@@ -58,9 +61,10 @@ const ATTENTION_TOLERANCE: f64 = 2e-3;
 /// A value rounded to f16 in the KV cache.
 const F16_TOLERANCE: f64 = 4e-3;
 
-/// Runs every decode pipeline of `kernels`, every tiled prompt-batch
-/// pipeline and the prompt-batch attention once and compares with the CPU references. A device error
-/// during the check is an `Err`; a wrong result is a [`SelfCheck`] with
+/// Runs every decode pipeline of `kernels` (the matvecs' for each weight
+/// format), every tiled prompt-batch pipeline (each format's) and the
+/// prompt-batch attention once and compares with the CPU references. A
+/// device error during the check is an `Err`; a wrong result is a [`SelfCheck`] with
 /// `ok: false`.
 pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
     let t0 = Instant::now();
@@ -68,9 +72,6 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
     let checks = gpu.scoped(
         || {
             let mut checks = vec![
-                matvec(&mut rig, Kernel::Int8MatvecAccumulate)?,
-                matvec(&mut rig, Kernel::Int8MatvecNorm)?,
-                matvec(&mut rig, Kernel::Int8MatvecNormSwiglu)?,
                 qk_norm_rope(&mut rig)?,
                 attention_prompt(&mut rig)?,
                 attention_prompt_batch(&mut rig)?,
@@ -82,14 +83,21 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 sample_top_k(&mut rig)?,
                 logits_mask(&mut rig)?,
             ];
-            for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
-                let pipelines = rig.kernels.launch_pipelines(kernel, WeightFormat::Int8);
-                let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
-                checks.push(matmul(&mut rig, kernel, tiled, 1)?);
-                if let Some(coop) = pipelines.coop {
-                    // Every slicing of k a launch may take.
-                    for ksplit in COOP_KSPLITS {
-                        checks.push(matmul(&mut rig, kernel, coop.clone(), ksplit)?);
+            // The products over weights in every format (each its own
+            // pipelines: int4's a nibble order or scale slot of their own).
+            for format in WeightFormat::ALL {
+                for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+                    checks.push(matvec(&mut rig, kernel, format)?);
+                }
+                for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
+                    let pipelines = rig.kernels.launch_pipelines(kernel, format);
+                    let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
+                    checks.push(matmul(&mut rig, kernel, format, tiled, 1)?);
+                    if let Some(coop) = pipelines.coop {
+                        // Every slicing of k a launch may take.
+                        for ksplit in COOP_KSPLITS {
+                            checks.push(matmul(&mut rig, kernel, format, coop.clone(), ksplit)?);
+                        }
                     }
                 }
             }

@@ -5,6 +5,7 @@ use bytemuck::bytes_of;
 
 use super::rig::{f32s, fail, to_f32, to_u32, u32s, Rig};
 use super::{Check, MATVEC_TOLERANCE};
+use crate::converted::WeightFormat;
 use crate::error::Result;
 use crate::kernels::matmul::staged_bytes;
 use crate::kernels::{matvec, Kernel, MatvecParams};
@@ -14,14 +15,14 @@ use crate::reference::{
     Quant,
 };
 
-/// A matvec variant over 13 rows (14 for SwiGLU: 7 outputs) of 200
-/// columns (a padded tail), writing from row 3 of a `y` whose other
-/// elements must stay as they were.
-pub(super) fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
+/// A matvec variant over weights in `format`, 13 rows (14 for SwiGLU: 7
+/// outputs) of 200 columns (a padded tail: 4 quant groups), writing from
+/// row 3 of a `y` whose other elements must stay as they were.
+pub(super) fn matvec(rig: &mut Rig<'_>, kernel: Kernel, format: WeightFormat) -> Result<Check> {
     let variant = kernel.matvec_variant().expect("a matvec variant");
-    let seed = kernel as u64 * 101;
+    let seed = kernel as u64 * 101 + format as u64 * 7919;
     let (rows, cols) = if variant.swiglu { (14, 200) } else { (13, 200) };
-    let m = Quant::pseudo(seed + 1, rows, cols);
+    let m = Quant::pseudo_in(format, seed + 1, rows, cols);
     let mut x = pseudo_nonzero(seed + 2, m.padded);
     x[cols..].iter_mut().for_each(|v| *v = 0.0);
     let norm_w = pseudo_nonzero(seed + 3, m.padded);
@@ -65,15 +66,16 @@ pub(super) fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
     let rows_per_wg = rig.kernels.matvec_layout.rows_per_wg();
     // (An X16 normed pipeline takes the copy at x's slot, as the engine binds it.)
     let bound = matvec::decode_bindings(variant, x16, bufs.each_ref()).unwrap_or(bufs.each_ref());
-    rig.dispatch(kernel, matvec::grid(rows as u32, rows_per_wg), &bound);
+    rig.dispatch_in(kernel, format, matvec::grid(rows as u32, rows_per_wg), &bound);
     let y = rig.read(&bufs[4], 4 * y_len);
     let written16 = rig.read(&bufs[6], x16_init.len());
+    let failure = move |how: String| fail(kernel, format!("{}{how}", format_label(format)));
     Ok(Box::new(move |out| {
         let got = to_f32(&out[y]);
         let init: Vec<u32> = to_u32(&init);
         for i in (0..first_out).chain(first_out + outs..y_len) {
             if got[i].to_bits() != init[i] {
-                return fail(kernel, format!("wrote y[{i}] outside its rows"));
+                return failure(format!("wrote y[{i}] outside its rows"));
             }
         }
         let x_read = if x16 && variant.norm { round_f16(&x_other) } else { x.clone() };
@@ -85,7 +87,7 @@ pub(super) fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
         if let Some(m) =
             first_mismatch(what, &got[first_out..first_out + outs], &want, &scale, MATVEC_TOLERANCE)
         {
-            return fail(kernel, m);
+            return failure(m);
         }
         if x16 && variant.accumulate {
             // Each written row's f16 copy (1 ulp of f16 for the rounding),
@@ -99,12 +101,21 @@ pub(super) fn matvec(rig: &mut Rig<'_>, kernel: Kernel) -> Result<Check> {
                 match (inside, want) {
                     (true, Some(w)) if (h - w).abs() <= w.abs() / 1024.0 + 1e-7 => {}
                     (false, _) if words[i / 2] == init16[i / 2] => {}
-                    _ => return fail(kernel, format!("x16 value {i}: {h}, y {want:?}")),
+                    _ => return failure(format!("x16 value {i}: {h}, y {want:?}")),
                 }
             }
         }
         vec![]
     }))
+}
+
+/// What a failure's description starts with for weights in `format`:
+/// nothing for int8, `int4: ` for int4.
+fn format_label(format: WeightFormat) -> &'static str {
+    match format {
+        WeightFormat::Int8 => "",
+        WeightFormat::Int4 => "int4: ",
+    }
 }
 
 /// A norm weight buffer as the matvecs bind it ([`norm_weight_bytes`]:
@@ -119,19 +130,25 @@ pub(super) fn norm_bytes_f16_other(norm_w: &[f32], other: &[f32]) -> Vec<u8> {
 
 /// A matvec variant's tiled prompt-batch pipeline `tiled` (`int8_matmul`,
 /// its MSL twin, or `int8_matmul_coop` in `ksplit` slices of k after its
-/// staging) over 13 rows (14 for SwiGLU: 7 outputs) of 200 columns
-/// (a padded tail) for a tile and 5 tokens, writing from row 3 (4) of each
+/// staging) over weights in `format`, 13 rows (14 for SwiGLU: 7 outputs)
+/// of 200 columns (a padded tail) for a tile and 5 tokens, writing from row 3 (4) of each
 /// token's `y` row, whose other elements must stay as they were. The
 /// product runs in whole tiles of tokens, so the buffers hold two tiles;
 /// the second's spare tokens have NaN inputs, which must reach no real
 /// token's output.
-pub(super) fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline, ksplit: u32) -> Result<Check> {
+pub(super) fn matmul(
+    rig: &mut Rig<'_>,
+    kernel: Kernel,
+    format: WeightFormat,
+    tiled: TiledPipeline,
+    ksplit: u32,
+) -> Result<Check> {
     let variant = kernel.matvec_variant().expect("a matvec variant");
-    let seed = kernel as u64 * 211;
+    let seed = kernel as u64 * 211 + format as u64 * 7919;
     let tile = tiled.tokens as usize;
     let (tokens, tiles) = (tile + 5, 2);
     let (rows, cols) = if variant.swiglu { (14, 200) } else { (13, 200) };
-    let m = Quant::pseudo(seed + 1, rows, cols);
+    let m = Quant::pseudo_in(format, seed + 1, rows, cols);
     let mut x = pseudo_nonzero(seed + 2, tiles * tile * m.padded);
     for (t, row) in x.chunks_mut(m.padded).enumerate() {
         let spare = if t < tokens { cols } else { 0 };
@@ -179,13 +196,14 @@ pub(super) fn matmul(rig: &mut Rig<'_>, kernel: Kernel, tiled: TiledPipeline, ks
         let shape = [rows as u32, k_words as u32];
         record_staged(&mut pass, staged, staged.product(ksplit), &groups, shape, workgroups, tokens);
         drop(pass);
-        rig.note_ran(kernel, true);
+        rig.note_ran(kernel, true, format);
     } else {
         workgroups[2] = tiles as u32;
-        rig.dispatch_pipeline(kernel, true, &tiled.pipeline, workgroups, &bufs.each_ref());
+        rig.dispatch_pipeline(kernel, true, format, &tiled.pipeline, workgroups, &bufs.each_ref());
     }
     let y = rig.read(&bufs[4], 4 * y_len);
-    let label = if tiled.staged.is_some() { format!("cooperative, k in {ksplit}") } else { "tiled".into() };
+    let product = if tiled.staged.is_some() { format!("cooperative, k in {ksplit}") } else { "tiled".into() };
+    let label = format!("{}{product}", format_label(format));
     Ok(Box::new(move |out| {
         let got = to_f32(&out[y]);
         let init: Vec<u32> = to_u32(&init);

@@ -4,6 +4,7 @@
 use bytemuck::bytes_of;
 use half::f16;
 
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{Kernel, Kernels, Step};
@@ -17,8 +18,9 @@ pub(super) struct Rig<'a> {
     /// Readback buffers and the bytes each holds.
     readbacks: Vec<(wgpu::Buffer, usize)>,
     /// The pipelines launched: each kernel's decode pipeline, and its
-    /// prompt-batch one (`true`: the tiled product, `attention_prefill`).
-    pub(super) ran: Vec<(Kernel, bool)>,
+    /// prompt-batch one (`true`: the tiled product, `attention_prefill`),
+    /// over weights in each format.
+    pub(super) ran: Vec<(Kernel, bool, WeightFormat)>,
 }
 
 impl<'a> Rig<'a> {
@@ -38,28 +40,42 @@ impl<'a> Rig<'a> {
 
     /// One launch of `kernel`'s engine pipeline with `buffers` in binding order.
     pub(super) fn dispatch(&mut self, kernel: Kernel, workgroups: [u32; 3], buffers: &[&wgpu::Buffer]) {
-        let pipeline = self.kernels.get(kernel).pipeline;
-        self.dispatch_pipeline(kernel, false, &pipeline, workgroups, buffers);
+        self.dispatch_in(kernel, WeightFormat::Int8, workgroups, buffers);
+    }
+
+    /// [`Self::dispatch`] of `kernel`'s pipeline over weights in `format`.
+    pub(super) fn dispatch_in(
+        &mut self,
+        kernel: Kernel,
+        format: WeightFormat,
+        workgroups: [u32; 3],
+        buffers: &[&wgpu::Buffer],
+    ) {
+        let pipeline = self.kernels.get_for(kernel, format).pipeline;
+        self.dispatch_pipeline(kernel, false, format, &pipeline, workgroups, buffers);
     }
 
     /// One launch of `pipeline`, one of `kernel`'s (`tiled`: its tiled
-    /// prompt-batch one), with `buffers` in binding order.
+    /// prompt-batch one) over weights in `format`, with `buffers` in
+    /// binding order.
     pub(super) fn dispatch_pipeline(
         &mut self,
         kernel: Kernel,
         tiled: bool,
+        format: WeightFormat,
         pipeline: &wgpu::ComputePipeline,
         workgroups: [u32; 3],
         buffers: &[&wgpu::Buffer],
     ) {
         record_launch(self.gpu, &mut self.enc, self.kernels.layout(kernel), pipeline, workgroups, buffers);
-        self.note_ran(kernel, tiled);
+        self.note_ran(kernel, tiled, format);
     }
 
-    /// Notes that `kernel`'s decode (or, `tiled`, prompt-batch) pipeline ran.
-    pub(super) fn note_ran(&mut self, kernel: Kernel, tiled: bool) {
-        if !self.ran.contains(&(kernel, tiled)) {
-            self.ran.push((kernel, tiled));
+    /// Notes that `kernel`'s decode (or, `tiled`, prompt-batch) pipeline
+    /// over weights in `format` ran.
+    pub(super) fn note_ran(&mut self, kernel: Kernel, tiled: bool, format: WeightFormat) {
+        if !self.ran.contains(&(kernel, tiled, format)) {
+            self.ran.push((kernel, tiled, format));
         }
     }
 

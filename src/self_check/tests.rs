@@ -16,8 +16,19 @@ fn edited(
     kernel: Kernel,
     edit: impl Fn(String) -> String,
 ) -> wgpu::ComputePipeline {
+    edited_in(gpu, kernels, kernel, WeightFormat::Int8, edit)
+}
+
+/// [`edited`] for weights in `format`.
+fn edited_in(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    kernel: Kernel,
+    format: WeightFormat,
+    edit: impl Fn(String) -> String,
+) -> wgpu::ComputePipeline {
     let src = edit(kernel.source(gpu.subgroups));
-    let constants = kernel.constants(kernels.matvec_layout);
+    let constants = kernel.typed_constants_in(kernels.matvec_layout, format).render();
     let layout = Some(kernels.layout(kernel));
     compile_for_layout(gpu, "edited", &src, kernel.entry(), kernel.bindings(), &constants, layout)
         .expect("the edited kernel compiles")
@@ -25,9 +36,12 @@ fn edited(
 }
 
 /// Every decode pipeline, the tiled prompt-batch pipeline of each
-/// variant that has one, and `attention_prefill`.
+/// variant that has one, `attention_prefill`, and the matvec variants'
+/// decode and tiled pipelines over int4.
 fn pipelines_checked() -> usize {
-    Kernel::ALL.len() + Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count() + 1
+    let tiled = Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count();
+    let matvecs = Kernel::ALL.iter().filter(|k| k.matvec_variant().is_some()).count();
+    Kernel::ALL.len() + tiled + 1 + matvecs + tiled
 }
 
 #[test]
@@ -36,7 +50,7 @@ fn every_pipeline_of_a_correct_set_passes() {
     let check = run(&gpu, &kernels).unwrap();
     assert!(check.ok, "{}", check.describe_failures());
     assert_eq!(check.pipelines, pipelines_checked());
-    assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3 + 1, "every matvec variant runs tiled");
+    assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3 + 1 + 6, "every matvec variant runs tiled");
     // Engine construction ran it too.
     assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == pipelines_checked());
 }
@@ -81,6 +95,66 @@ fn a_tiled_pipeline_reading_the_wrong_tokens_is_caught() {
     let check = run(&gpu, &kernels).unwrap();
     let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+}
+
+/// An int4 pipeline that takes a word's nibbles in the wrong order, or
+/// its quant group's scale from the wrong slot, is caught (decode and
+/// tiled alike), and only it: the int8 pipelines of the same variant pass.
+#[test]
+fn an_int4_nibble_order_or_scale_slot_swapped_is_caught() {
+    type Edit = fn(&str) -> String;
+    // Values 0..3 and 4..7 of every step's first word trade places.
+    let nibbles: Edit = |s| {
+        s.replace(
+            "dot(i4x4(wv.x), a.x0) + dot(i4x4(wv.x >> 4u), a.x1)",
+            "dot(i4x4(wv.x >> 4u), a.x0) + dot(i4x4(wv.x), a.x1)",
+        )
+    };
+    // Int8's steps per group: step j reads group j / 4, not j / 2.
+    let scales: Edit = |s| s.replace("GROUP_WORDS / 8u, INT4)", "GROUP_WORDS / 4u, INT4)");
+    let tiled_nibbles: Edit = |s| s.replace(">> (4u * (word % 2u))", ">> (4u * (1u - word % 2u))");
+    let tiled_scales: Edit =
+        |s| s.replace("let g = (c * CHUNK_WORDS) / GROUP_WORDS;", "let g = c / GROUP_WORDS;");
+    let kernel = Kernel::Int8MatvecNorm;
+    let (gpu, mut kernels) = wgsl_kernels();
+    let decode_pipeline = kernels.get_for(kernel, WeightFormat::Int4).pipeline;
+    let tiled_pipeline = kernels.launch_pipelines(kernel, WeightFormat::Int4).tiled.unwrap().pipeline;
+    for (decode, edit) in [(true, nibbles), (true, scales), (false, tiled_nibbles), (false, tiled_scales)] {
+        if decode {
+            let src = kernel.source(gpu.subgroups);
+            assert_ne!(edit(&src), src, "the substitution applies");
+            let wrong = edited_in(&gpu, &kernels, kernel, WeightFormat::Int4, |s| edit(&s));
+            kernels.replace_pipeline_in(kernel, WeightFormat::Int4, wrong);
+        } else {
+            let c = crate::kernels::MatmulConstants {
+                format: WeightFormat::Int4,
+                ..kernel.matmul_constants().unwrap()
+            };
+            let src = c.source();
+            assert_ne!(edit(&src), src, "the substitution applies");
+            let layout = Some(kernels.layout(kernel));
+            let wrong = compile_for_layout(
+                &gpu,
+                "edited",
+                &edit(&src),
+                "int8_matmul",
+                kernel.bindings(),
+                &c.render(),
+                layout,
+            )
+            .expect("the edited kernel compiles")
+            .0;
+            kernels.replace_tiled_pipeline_in(kernel, WeightFormat::Int4, wrong);
+        }
+        let check = run(&gpu, &kernels).unwrap();
+        let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+        let how = if decode { "int4: " } else { "int4: tiled:" };
+        assert!(check.failures[0].1.starts_with(how), "{}", check.describe_failures());
+        kernels.replace_pipeline_in(kernel, WeightFormat::Int4, decode_pipeline.clone());
+        kernels.replace_tiled_pipeline_in(kernel, WeightFormat::Int4, tiled_pipeline.clone());
+        assert!(run(&gpu, &kernels).unwrap().ok, "the set restored");
+    }
 }
 
 #[test]

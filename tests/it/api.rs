@@ -372,9 +372,12 @@ fn every_engine_build_runs_the_self_check() {
     let report = engine.kernel_report();
     assert!(report.self_check.ok, "{:?}", report.self_check);
     // Every decode pipeline, the tiled prompt-batch ones (every matvec
-    // variant) and the prompt-batch attention.
+    // variant) and the prompt-batch attention, and the matvec variants'
+    // decode and tiled pipelines over int4.
     let all = qwen3_wgpu::internals::kernels::Kernel::ALL;
-    assert_eq!(report.self_check.pipelines, all.len() + all.iter().filter(|k| k.prefill_tiled()).count() + 1);
+    let tiled = all.iter().filter(|k| k.prefill_tiled()).count();
+    let matvecs = all.iter().filter(|k| k.matvec_variant().is_some()).count();
+    assert_eq!(report.self_check.pipelines, all.len() + tiled + 1 + matvecs + tiled);
     assert!(report.self_check.ms > 0.0);
     assert!(report.fallback.is_none(), "MSL was not wanted on {:?}", engine.adapter_info().backend);
 }

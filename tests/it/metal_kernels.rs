@@ -17,13 +17,14 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_step_case, check_matrix_probe, matmul_case, matrix_probe_inputs, matvec_case,
-    qk_norm_rope_case, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
-    MATRIX_PROBE, MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
+    attention_step_case, check_matrix_probe, matmul_case_for, matrix_probe_inputs, matvec_case,
+    matvec_case_in, qk_norm_rope_case, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
+    ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP,
+    QK_NORM_ROPE_SHAPES,
 };
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit};
 use qwen3_wgpu::internals::msl;
-use qwen3_wgpu::{AdapterPolicy, Gpu};
+use qwen3_wgpu::{AdapterPolicy, Gpu, WeightFormat};
 use rand::{rngs::StdRng, SeedableRng};
 use std::path::Path;
 use std::process::Command;
@@ -109,8 +110,13 @@ fn wgsl_run<'a>(
 /// A [`common::cases::Run`] over the MSL twins, each built exactly as the
 /// engine builds it.
 fn msl_run(gpu: &Gpu) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + '_ {
+    msl_run_in(gpu, WeightFormat::Int8)
+}
+
+/// [`msl_run`] with the matvecs over weights in `format`.
+fn msl_run_in(gpu: &Gpu, format: WeightFormat) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + '_ {
     move |k, grid, buffers| {
-        let src = msl::msl_source(k).expect("an MSL twin");
+        let src = msl::msl_source_in(k, format).expect("an MSL twin");
         let p =
             kernels::compile_msl(gpu, k.entry(), &src, msl::msl_entry(k), k.bindings(), k.workgroup_size())
                 .unwrap_or_else(|e| panic!("{k:?} (MSL) builds: {e}"));
@@ -172,7 +178,7 @@ fn metal_wgsl_kernels_match_cpu() {
             .flat_map(|l| l.splits())
             .collect::<Vec<_>>();
         for split in splits {
-            let MatvecSplit { layout, workgroup_size, rows_per_wg } = split;
+            let MatvecSplit { layout, workgroup_size, rows_per_wg, .. } = split;
             let run = wgsl_run(&gpu, sub, move |k| k.split_constants(split));
             for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
                 for (rows, cols, tokens) in MATVEC_SHAPES {
@@ -206,6 +212,16 @@ fn metal_msl_kernels_match_cpu() {
             assert_matvec(&format!("Metal MSL {kernel:?} {rows}x{cols}"), &res);
         }
     }
+    // Over int4 weights (the layers'; the LM head stays int8).
+    let run4 = msl_run_in(&gpu, WeightFormat::Int4);
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        for (rows, cols, tokens) in MATVEC_SHAPES.into_iter().chain([(6144, 1024, 2), (14, 64 * 17, 3)]) {
+            seed += 1;
+            let f = WeightFormat::Int4;
+            let res = matvec_case_in(&run4, kernel, f, false, rows_per_wg, 1, rows, cols, tokens, seed);
+            assert_matvec(&format!("Metal MSL int4 {kernel:?} {rows}x{cols}"), &res);
+        }
+    }
     run_non_matvec_cases(&run, 30);
 }
 
@@ -218,21 +234,27 @@ fn metal_msl_kernels_match_cpu() {
 #[test]
 fn metal_msl_matmul_matches_cpu() {
     let gpu = metal_gpu();
-    let run = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
-        let src = k.matmul_constants().expect("a matvec variant").msl_source();
-        let p = kernels::compile_msl(
-            &gpu,
-            "int8_matmul",
-            &src,
-            "int8_matmul",
-            k.bindings(),
-            kernels::MATMUL_MSL_WG,
-        )
-        .unwrap_or_else(|e| panic!("{k:?} int8_matmul (MSL) builds: {e}"));
-        dispatch(&gpu, k, &p, grid, buffers)
+    let gpu = &gpu;
+    let run_in = |format: WeightFormat| {
+        move |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+            let c = kernels::MatmulConstants { format, ..k.matmul_constants().expect("a matvec variant") };
+            let src = c.msl_source();
+            let p = kernels::compile_msl(
+                gpu,
+                "int8_matmul",
+                &src,
+                "int8_matmul",
+                k.bindings(),
+                kernels::MATMUL_MSL_WG,
+            )
+            .unwrap_or_else(|e| panic!("{k:?} int8_matmul (MSL) builds: {e}"));
+            dispatch(gpu, k, &p, grid, buffers)
+        }
     };
     let mut seed = 300;
-    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+    let kernels_in = WeightFormat::ALL.into_iter().flat_map(|f| Kernel::ALL.into_iter().map(move |k| (k, f)));
+    for (kernel, format) in kernels_in.filter(|(k, _)| k.matvec_variant().is_some()) {
+        let run = run_in(format);
         let v = kernel.matvec_variant().unwrap();
         let tile = kernel.matmul_tokens_per_wg() as usize;
         let pair = |rows: usize| if v.swiglu { rows + rows % 2 } else { rows };
@@ -242,8 +264,10 @@ fn metal_msl_matmul_matches_cpu() {
         {
             seed += 1;
             let rows = pair(rows);
-            let res = matmul_case(&run, kernel, tile, rows, cols, tokens, seed);
-            assert_matvec(&format!("Metal MSL int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
+            let rpw = kernels::MATMUL_ROWS_PER_WG;
+            let res = matmul_case_for(&run, kernel, format, rpw, tile, rows, cols, tokens, seed);
+            let what = format!("Metal MSL int8_matmul {kernel:?} {format:?} {rows}x{cols} x{tokens}");
+            assert_matvec(&what, &res);
         }
     }
 }
@@ -310,17 +334,24 @@ fn every_msl_variant_compiles_with_xcrun_metal() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut compiled = 0;
-    for k in Kernel::ALL {
-        let Some(src) = msl::msl_source(k) else { continue };
-        if let Err(e) = metal_compile(&src, dir.path(), &format!("{k:?}")) {
-            panic!("{k:?}: `xcrun -sdk macosx metal -Werror -c` rejects the MSL the engine builds:\n{e}");
+    // Each weight format's (the other kernels read no weights: one source).
+    for (k, format) in WeightFormat::ALL.into_iter().flat_map(|f| Kernel::ALL.map(|k| (k, f))) {
+        let Some(src) = msl::msl_source_in(k, format) else { continue };
+        if format != WeightFormat::Int8 && k.matvec_variant().is_none() {
+            continue;
+        }
+        if let Err(e) = metal_compile(&src, dir.path(), &format!("{k:?}_{format:?}")) {
+            panic!("{k:?} {format:?}: `xcrun -sdk macosx metal -Werror -c` rejects the engine's MSL:\n{e}");
         }
         compiled += 1;
     }
-    for k in Kernel::ALL {
+    for (k, format) in WeightFormat::ALL.into_iter().flat_map(|f| Kernel::ALL.map(|k| (k, f))) {
         let Some(c) = k.matmul_constants() else { continue };
-        if let Err(e) = metal_compile(&c.msl_source(), dir.path(), &format!("{k:?}_matmul")) {
-            panic!("{k:?} int8_matmul: `xcrun -sdk macosx metal -Werror -c` rejects its MSL twin:\n{e}");
+        let c = kernels::MatmulConstants { format, ..c };
+        if let Err(e) = metal_compile(&c.msl_source(), dir.path(), &format!("{k:?}_{format:?}_matmul")) {
+            panic!(
+                "{k:?} {format:?} int8_matmul: `xcrun -sdk macosx metal -Werror -c` rejects its twin:\n{e}"
+            );
         }
         compiled += 1;
     }
@@ -328,7 +359,7 @@ fn every_msl_variant_compiles_with_xcrun_metal() {
     if let Err(e) = metal_compile(&probe, dir.path(), "matrix_probe") {
         panic!("the SIMD-group matrix probe: `xcrun -sdk macosx metal -Werror -c` rejects it:\n{e}");
     }
-    assert!(compiled >= 9, "MSL variants compiled: {compiled}");
+    assert!(compiled >= 15, "MSL variants compiled: {compiled}");
     // The check has teeth: a source Apple's compiler must reject.
     let broken =
         msl::msl_source(Kernel::ArgmaxFinal).unwrap().replace("threadgroup_barrier(", "no_such_barrier(");

@@ -13,14 +13,16 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, argmax_partial_params, assert_matvec,
-    attention_case, attention_step_case, check_matrix_probe, matmul_case, matrix_probe_inputs, matvec_case,
-    qk_norm_rope_case, reduce_params, simdgroup_matrix_owner, to_u32, Mat, ATTENTION_SHAPES,
-    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS,
-    MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
+    attention_case, attention_step_case, check_matrix_probe, matmul_case, matmul_case_for,
+    matrix_probe_inputs, matvec_case, matvec_case_in, qk_norm_rope_case, reduce_params,
+    simdgroup_matrix_owner, to_u32, Mat, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
+    ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP,
+    QK_NORM_ROPE_SHAPES,
 };
 use common::reference::{argmax_ref, f32s, nonzero, poisoned};
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
 use qwen3_wgpu::internals::msl;
+use qwen3_wgpu::WeightFormat;
 use rand::{rngs::StdRng, SeedableRng};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -228,16 +230,44 @@ fn build_entry(entry: &str, source: &str, defines: &[&str]) -> PathBuf {
 /// A [`Run`] over the twins built with `defines` (each kernel's harness
 /// binary is built on first use; builds are cached on disk).
 fn msl_run<'a>(defines: &'a [&'a str]) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
+    msl_run_in(WeightFormat::Int8, defines)
+}
+
+/// [`msl_run`] with the matvecs over weights in `format`.
+fn msl_run_in<'a>(
+    format: WeightFormat,
+    defines: &'a [&'a str],
+) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
+    msl_run_edited(format, defines, |s| s.to_string())
+}
+
+/// [`msl_run_in`] with each source edited by `edit` first.
+fn msl_run_edited<'a>(
+    format: WeightFormat,
+    defines: &'a [&'a str],
+    edit: impl Fn(&str) -> String + 'a,
+) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
     move |k, grid, buffers| {
-        run(&build(k, &msl::msl_source(k).expect("an MSL twin"), defines), k, grid, buffers)
+        let src = edit(&msl::msl_source_in(k, format).expect("an MSL twin"));
+        run(&build(k, &src, defines), k, grid, buffers)
     }
 }
 
 /// A [`Run`] over the MSL twin of the tiled prompt-batch product
 /// (`int8_matmul`) of each matvec variant, built with `defines`.
 fn msl_matmul_run<'a>(defines: &'a [&'a str]) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
+    msl_matmul_run_edited(WeightFormat::Int8, defines, |s| s.to_string())
+}
+
+/// [`msl_matmul_run`] over weights in `format`, each source edited by
+/// `edit` first.
+fn msl_matmul_run_edited<'a>(
+    format: WeightFormat,
+    defines: &'a [&'a str],
+    edit: impl Fn(&str) -> String + 'a,
+) -> impl Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>> + 'a {
     move |k, grid, buffers| {
-        let bin = build_entry("int8_matmul", &matmul_msl_source(k), defines);
+        let bin = build_entry("int8_matmul", &edit(&matmul_msl_source_in(k, format)), defines);
         let launch = Launch { bindings: k.bindings(), threadgroup: kernels::MATMUL_MSL_WG, timeout_s: None };
         try_launch(&bin, &launch, grid, buffers).unwrap_or_else(|e| panic!("{k:?} (int8_matmul): {e}"))
     }
@@ -246,7 +276,13 @@ fn msl_matmul_run<'a>(defines: &'a [&'a str]) -> impl Fn(Kernel, [u32; 3], &[Vec
 /// The MSL twin of `kernel`'s tiled prompt-batch product, as the engine
 /// builds it.
 fn matmul_msl_source(kernel: Kernel) -> String {
-    kernel.matmul_constants().expect("a matvec variant").msl_source()
+    matmul_msl_source_in(kernel, WeightFormat::Int8)
+}
+
+/// [`matmul_msl_source`] over weights in `format`.
+fn matmul_msl_source_in(kernel: Kernel, format: WeightFormat) -> String {
+    let c = kernel.matmul_constants().expect("a matvec variant");
+    kernels::MatmulConstants { format, ..c }.msl_source()
 }
 
 /// Runs `bin` over `grid` with `kernel`'s threadgroup size; `buffers` fill
@@ -344,6 +380,15 @@ fn msl_source_is_the_preamble_then_the_file() {
         assert!(pre.contains(&format!("#define Q3W_WG {}\n", k.workgroup_size())));
         let src = msl::msl_source(k).unwrap();
         assert!(src.starts_with(&pre) && src.ends_with(msl::msl_file(k).unwrap()));
+        // Over int4 weights: a matvec's preamble says so; the other
+        // kernels read no weights and have one source.
+        let int4 = msl::msl_source_in(k, WeightFormat::Int4).unwrap();
+        if k.matvec_variant().is_some() {
+            assert!(src.contains("#define Q3W_INT4 0\n"), "{k:?}");
+            assert_eq!(int4, src.replace("#define Q3W_INT4 0\n", "#define Q3W_INT4 1\n"), "{k:?}");
+        } else {
+            assert_eq!(int4, src, "{k:?}");
+        }
     }
 }
 
@@ -442,7 +487,10 @@ fn msl_bindings_match_the_kernel_table() {
     let mut seen = 0;
     for k in twins() {
         let entry = msl::msl_entry(k);
-        assert_entry_bindings(&msl::msl_source(k).unwrap(), entry, k.bindings(), &format!("{k:?}"));
+        for format in WeightFormat::ALL {
+            let src = msl::msl_source_in(k, format).unwrap();
+            assert_entry_bindings(&src, entry, k.bindings(), &format!("{k:?} {format:?}"));
+        }
         seen += 1;
     }
     assert!(seen >= 2, "twins found: {seen}");
@@ -458,9 +506,11 @@ fn msl_matmul_source_and_bindings_match_the_wgsl_product() {
     let variants: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()).collect();
     assert_eq!(variants.len(), 3);
     let body = kernels::matmul::MATMUL_MSL;
-    for k in variants {
-        let c = k.matmul_constants().unwrap();
+    for (k, format) in variants.into_iter().flat_map(|k| WeightFormat::ALL.map(|f| (k, f))) {
+        let c = kernels::MatmulConstants { format, ..k.matmul_constants().unwrap() };
         let src = c.msl_source();
+        let int4 = (format == WeightFormat::Int4) as u32;
+        assert!(src.contains(&format!("#define Q3W_INT4 {int4}\n")), "{k:?} {format:?}");
         let pre = msl::preamble_of(&c.msl_constants());
         assert!(src.starts_with(&pre) && src.ends_with(body), "{k:?}");
         let defines = pre.strip_prefix(msl::MSL_HEADER).expect("the preamble starts with the header");
@@ -530,6 +580,55 @@ fn msl_int8_matvec_matches_cpu() {
             seed += 1;
             let res = matvec_case(&run, kernel, rows_per_wg, 1, rows, cols, tokens, seed);
             assert_matvec(&format!("MSL {kernel:?} {rows}x{cols}"), &res);
+        }
+    }
+}
+
+/// Every matvec variant over int4 weights at awkward shapes: rows not a
+/// multiple of 4, 8 or 32; K a multiple of the 64-value quant group but
+/// not of a simdgroup's 1,024-value stride (one 32-value step per lane and
+/// pass: fewer steps than lanes, and a pass or more plus a few); inputs
+/// not a multiple of the group (a padded tail); one token (decode) or a
+/// batch of 3 (prompt batches and a batch's decode rows, grid z, each row
+/// the one-token code); and Qwen3-0.6B's layer shapes.
+#[test]
+fn msl_int4_matvec_matches_cpu() {
+    let run = msl_run_in(WeightFormat::Int4, &[]);
+    let rows_per_wg = msl::MSL_MATVEC_LAYOUT.rows_per_wg();
+    let mut seed = 500;
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        let v = kernel.matvec_variant().unwrap();
+        // (rows, cols, tokens)
+        let mut shapes = vec![
+            (2usize, 64usize, 1usize),
+            (6, 96, 3),
+            (10, 1000, 1),
+            (14, 64 * 17, 3),
+            (66, 192, 1),
+            (130, 64 * 33, 3),
+            (18, 3000, 1),
+            (34, 704, 3),
+        ];
+        shapes.extend(match (v.accumulate, v.norm, v.swiglu) {
+            (true, _, _) => vec![(1024, 2048, 1), (1024, 3072, 2)], // o_proj, down_proj
+            (_, true, true) => vec![(6144, 1024, 2)],               // gate/up, interleaved
+            _ => vec![(4096, 1024, 2)],                             // qkv
+        });
+        for (rows, cols, tokens) in shapes {
+            seed += 1;
+            let res = matvec_case_in(
+                &run,
+                kernel,
+                WeightFormat::Int4,
+                false,
+                rows_per_wg,
+                1,
+                rows,
+                cols,
+                tokens,
+                seed,
+            );
+            assert_matvec(&format!("MSL int4 {kernel:?} {rows}x{cols} x{tokens}"), &res);
         }
     }
 }
@@ -616,10 +715,14 @@ fn msl_kernels_hold_at_other_simdgroup_widths() {
         let defines = [def.as_str()];
         let run = msl_run(&defines);
         let rows_per_wg = msl::MSL_MATVEC_LAYOUT.rows_per_wg();
+        let run4 = msl_run_in(WeightFormat::Int4, &defines);
         for kernel in [Kernel::Int8MatvecNorm, Kernel::Int8MatvecNormSwiglu, Kernel::Int8MatvecAccumulate] {
             for (rows, cols, tokens) in [(66, 1000, 1), (130, 704, 2)] {
                 let res = matvec_case(&run, kernel, rows_per_wg, 1, rows, cols, tokens, 3);
                 assert_matvec(&format!("MSL {kernel:?} {rows}x{cols} width {width}"), &res);
+                let f = WeightFormat::Int4;
+                let res = matvec_case_in(&run4, kernel, f, false, rows_per_wg, 1, rows, cols, tokens, 4);
+                assert_matvec(&format!("MSL int4 {kernel:?} {rows}x{cols} width {width}"), &res);
             }
         }
         let mut rng = StdRng::seed_from_u64(10);
@@ -652,6 +755,29 @@ fn msl_int8_matmul_matches_cpu() {
             let res = matmul_case(&run, kernel, tile, rows, cols, tokens, seed);
             assert_eq!(res.len(), tokens);
             assert_matvec(&format!("MSL int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
+        }
+    }
+}
+
+/// The prompt-batch product's twin over int4 weights, in every epilogue,
+/// at the int8 case's shapes (rows not a multiple of the tile or of an 8x8
+/// block, token counts not a multiple of the tile, two tiles whose spare
+/// tokens are NaN, K of 200 and 1,024), outputs NaN-poisoned.
+#[test]
+fn msl_int4_matmul_matches_cpu() {
+    let run = msl_matmul_run_edited(WeightFormat::Int4, &[], |s| s.to_string());
+    let mut seed = 700;
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        let v = kernel.matvec_variant().unwrap();
+        let tile = kernel.matmul_tokens_per_wg() as usize;
+        let pair = |rows: usize| if v.swiglu { rows + rows % 2 } else { rows };
+        for (rows, cols, tokens) in [(13, 200, 5), (13, 200, 37), (70, 200, tile + 5), (130, 1024, tile)] {
+            seed += 1;
+            let rows = pair(rows);
+            let rpw = kernels::MATMUL_ROWS_PER_WG;
+            let res = matmul_case_for(&run, kernel, WeightFormat::Int4, rpw, tile, rows, cols, tokens, seed);
+            assert_eq!(res.len(), tokens);
+            assert_matvec(&format!("MSL int4 int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
         }
     }
 }
@@ -762,6 +888,59 @@ fn matvec_with_a_lane_dropped_from_simd_sum_fails() {
     let res = matvec_case(&run, kernel, msl::MSL_MATVEC_LAYOUT.rows_per_wg(), 1, 66, 1024, 1, 99);
     let caught = std::panic::catch_unwind(|| assert_matvec("broken matvec", &res));
     assert!(caught.is_err(), "a matvec missing one lane's products passed");
+}
+
+/// Whether the comparison with the CPU reference of `kernel`'s int4 matvec
+/// or (`tiled`) prompt product fails with its MSL source edited by `edit`
+/// (which must change it).
+fn int4_edit_fails(kernel: Kernel, tiled: bool, edit: fn(&str) -> String) -> bool {
+    let source = if tiled {
+        matmul_msl_source_in(kernel, WeightFormat::Int4)
+    } else {
+        msl::msl_source_in(kernel, WeightFormat::Int4).unwrap()
+    };
+    assert_ne!(edit(&source), source, "the substitution applies");
+    std::panic::catch_unwind(|| {
+        let res = if tiled {
+            let run = msl_matmul_run_edited(WeightFormat::Int4, &[], edit);
+            let (rpw, tile) = (kernels::MATMUL_ROWS_PER_WG, kernel.matmul_tokens_per_wg() as usize);
+            matmul_case_for(&run, kernel, WeightFormat::Int4, rpw, tile, 13, 200, 5, 98)
+        } else {
+            let run = msl_run_edited(WeightFormat::Int4, &[], edit);
+            let rpw = msl::MSL_MATVEC_LAYOUT.rows_per_wg();
+            matvec_case_in(&run, kernel, WeightFormat::Int4, false, rpw, 1, 66, 1024, 2, 98)
+        };
+        assert_matvec("edited int4 product", &res);
+    })
+    .is_err_and(|e| {
+        // The comparison's failure (`... got G, want W`), not another.
+        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        msg.contains("want")
+    })
+}
+
+/// The int4 twins with a word's nibbles taken in the wrong order, or a
+/// step's scale from the wrong quant group, fail the comparison the real
+/// ones pass.
+#[test]
+fn int4_twins_with_nibbles_or_scales_swapped_fail() {
+    let kernel = Kernel::Int8MatvecAccumulate;
+    // The matvec: values 0..3 and 4..7 of each step's first word trade
+    // places; then int8's steps per group (step j reads group j / 4).
+    let nibbles: fn(&str) -> String = |s| {
+        s.replace(
+            "dot(i4x4(wv.x), a0) + dot(i4x4(wv.x >> 4), a1)",
+            "dot(i4x4(wv.x >> 4), a0) + dot(i4x4(wv.x), a1)",
+        )
+    };
+    let scales: fn(&str) -> String =
+        |s| s.replace("steps_per_group = Q3W_GROUP_WORDS / 8;", "steps_per_group = Q3W_GROUP_WORDS / 4;");
+    assert!(int4_edit_fails(kernel, false, nibbles), "a matvec with its nibbles swapped passed");
+    assert!(int4_edit_fails(kernel, false, scales), "a matvec reading the wrong scales passed");
+    // The prompt product: each word's high nibbles staged first.
+    let tiled_nibbles: fn(&str) -> String =
+        |s| s.replace("i4x4(v[b / 2] >> (4 * (b % 2)))", "i4x4(v[b / 2] >> (4 * (1 - b % 2)))");
+    assert!(int4_edit_fails(kernel, true, tiled_nibbles), "a prompt product with its nibbles swapped passed");
 }
 
 /// argmax_partial without its simdgroup maximum (each lane keeps its own)

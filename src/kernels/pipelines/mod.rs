@@ -288,9 +288,11 @@ impl Kernels {
     }
 
     /// The set for `source`, with every decode pipeline and every prefill
-    /// pipeline built: the MSL twins where `source` says so (the decode
-    /// kernels that have one and the tiled `int8_matmul`), WGSL for the
-    /// rest, the tiled ones on cooperative matrices when `coop`.
+    /// pipeline built (the matvec variants' for every weight format, so the
+    /// start-up self-check proves them all): the MSL twins where `source`
+    /// says so (the decode kernels that have one and the tiled
+    /// `int8_matmul`), WGSL for the rest, the tiled ones on cooperative
+    /// matrices when `coop`.
     fn build(
         gpu: &Gpu,
         source: KernelSource,
@@ -320,8 +322,11 @@ impl Kernels {
             source,
             report: KernelReport::unchecked(source),
         };
-        for k in Kernel::ALL {
-            kernels.build_kernel(gpu, k, WeightFormat::Int8)?;
+        // (A kernel that reads no weights has one key for every format.)
+        for format in WeightFormat::ALL {
+            for k in Kernel::ALL {
+                kernels.build_kernel(gpu, k, format)?;
+            }
         }
         Ok(kernels)
     }
@@ -338,29 +343,12 @@ impl Kernels {
         Ok(())
     }
 
-    /// Builds the pipelines of the matvec variants (decode and prompt
-    /// batches) for layer weights in `format`: the set has the int8 ones
-    /// from the start; a model of int4 layers has them built at its load.
-    /// The int4 pipelines are WGSL whatever the set's source (the MSL twins
-    /// read int8).
-    pub fn prepare(&self, gpu: &Gpu, format: WeightFormat) -> Result<()> {
-        for k in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
-            self.build_kernel(gpu, k, format)?;
-        }
-        Ok(())
-    }
-
     /// The key of `k`'s decode pipeline (a matvec's over weights in
     /// `format`).
     fn decode_key(&self, kernel: Kernel, format: WeightFormat) -> PipelineKey {
-        let msl =
-            self.source == KernelSource::Msl && kernel.row().msl.is_some() && format == WeightFormat::Int8;
+        let msl = self.source == KernelSource::Msl && kernel.row().msl.is_some();
         let program = if msl { Program::Msl } else { Program::Wgsl };
-        let constants = match kernel.typed_constants(self.matvec_layout) {
-            Constants::Matvec(c) => Constants::Matvec(MatvecConstants { format, ..c }),
-            other => other,
-        };
-        PipelineKey { kernel, program, constants }
+        PipelineKey { kernel, program, constants: kernel.typed_constants_in(self.matvec_layout, format) }
     }
 
     /// The keys of `k`'s prompt-batch pipelines: per token (the matvec
@@ -380,7 +368,7 @@ impl Kernels {
             format,
             ..MatvecConstants::prefill(variant, self.matvec_layout)
         });
-        let msl = self.source == KernelSource::Msl && format == WeightFormat::Int8;
+        let msl = self.source == KernelSource::Msl;
         let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled()).map(|c| MatmulConstants {
             coop: false,
             // The MSL twin is written for the base tile (its grid).
@@ -445,7 +433,8 @@ impl Kernels {
         let (source, entry) = match key.program {
             Program::Wgsl => (k.source(self.subgroups), k.entry()),
             Program::Msl => (
-                crate::kernels::msl::msl_source(k).ok_or_else(|| missing("MSL twin"))?,
+                crate::kernels::msl::msl_source_with(k, &key.constants.render())
+                    .ok_or_else(|| missing("MSL twin"))?,
                 crate::kernels::msl::msl_entry(k),
             ),
             Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
@@ -479,8 +468,8 @@ impl Kernels {
         self.get_for(k, WeightFormat::Int8)
     }
 
-    /// `k`'s decode pipeline over weights in `format` (built with the set,
-    /// or by [`Self::prepare`]) and bind-group layout.
+    /// `k`'s decode pipeline over weights in `format` (built with the set)
+    /// and bind-group layout.
     pub fn get_for(&self, k: Kernel, format: WeightFormat) -> Pipeline {
         Pipeline {
             kernel: k,
@@ -495,7 +484,7 @@ impl Kernels {
     }
 
     /// The pipelines a launch of `k` over weights in `format` runs (built
-    /// with the set, or by [`Self::prepare`]).
+    /// with the set).
     pub(crate) fn launch_pipelines(&self, k: Kernel, format: WeightFormat) -> LaunchPipelines {
         let (per_token, tiled) = self.prefill_keys(k, format);
         let tiled_pipeline = |key: PipelineKey| match key.constants {
@@ -533,7 +522,18 @@ impl Kernels {
     /// tests: a wrong kernel must be caught).
     #[cfg(test)]
     pub(crate) fn replace_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
-        let key = self.decode_key(k, WeightFormat::Int8);
+        self.replace_pipeline_in(k, WeightFormat::Int8, pipeline);
+    }
+
+    /// [`Self::replace_pipeline`] of the pipeline over weights in `format`.
+    #[cfg(test)]
+    pub(crate) fn replace_pipeline_in(
+        &mut self,
+        k: Kernel,
+        format: WeightFormat,
+        pipeline: wgpu::ComputePipeline,
+    ) {
+        let key = self.decode_key(k, format);
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 
@@ -541,7 +541,19 @@ impl Kernels {
     /// self-check's tests).
     #[cfg(test)]
     pub(crate) fn replace_tiled_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
-        let key = self.prefill_keys(k, WeightFormat::Int8).1.expect("a tiled prefill pipeline");
+        self.replace_tiled_pipeline_in(k, WeightFormat::Int8, pipeline);
+    }
+
+    /// [`Self::replace_tiled_pipeline`] of the pipeline over weights in
+    /// `format`.
+    #[cfg(test)]
+    pub(crate) fn replace_tiled_pipeline_in(
+        &mut self,
+        k: Kernel,
+        format: WeightFormat,
+        pipeline: wgpu::ComputePipeline,
+    ) {
+        let key = self.prefill_keys(k, format).1.expect("a tiled prefill pipeline");
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 }

@@ -14,7 +14,7 @@ impl Kernels {
     /// The decode pipeline of matvec variant `kernel` over weights in
     /// `format` under `split`, specialised to `shape` (compiled on first
     /// use, once per engine, on the kernel's bind-group layout). `None`
-    /// where the matvec is an MSL twin (int8 on Metal), which reads its
+    /// where the matvec is an MSL twin (on Metal), which reads its
     /// shape from the launch's parameters, or if the
     /// build or its proof against the CPU reference
     /// ([`SelfChecker::rows_matvec`](crate::kernels::SelfChecker::rows_matvec), at its compiled shape) fails: the
@@ -30,7 +30,7 @@ impl Kernels {
         format: WeightFormat,
     ) -> Option<wgpu::ComputePipeline> {
         let variant = kernel.matvec_variant()?;
-        if self.source == KernelSource::Msl && format == WeightFormat::Int8 {
+        if self.source == KernelSource::Msl {
             return None;
         }
         let constants =
@@ -217,7 +217,7 @@ impl Kernels {
         rows: u32,
     ) -> Option<PipelineKey> {
         let variant = kernel.matvec_variant()?;
-        if self.source == KernelSource::Msl && format == WeightFormat::Int8 {
+        if self.source == KernelSource::Msl {
             return None;
         }
         let constants = MatvecConstants {

@@ -53,9 +53,11 @@ fn the_set_builds_each_decode_and_prefill_pipeline_once() {
     let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
     let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
     let entries = || kernels.cache.lock().unwrap().len();
-    // 11 decode; per token: 3 matvec variants and attention_prefill;
-    // tiled: the 3 variants' int8_matmul.
-    assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
+    // Every kernel's decode; per token: 3 matvec variants and
+    // attention_prefill; tiled: the 3 variants' int8_matmul; the 3
+    // variants' decode, per-token and tiled pipelines over int4.
+    let int8 = Kernel::ALL.len() + 4 + 3;
+    assert_eq!(entries(), int8 + 3 * 3);
     let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm, WeightFormat::Int8);
     assert!(normed.per_token.is_some() && normed.tiled.is_some());
     assert_eq!(normed.decode, kernels.get(Kernel::Int8MatvecNorm).pipeline);
@@ -68,7 +70,11 @@ fn the_set_builds_each_decode_and_prefill_pipeline_once() {
     assert_eq!(normed.per_token_tokens, crate::kernels::PREFILL_TOKENS_PER_WG);
     let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal, WeightFormat::Int8);
     assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
-    assert_eq!(entries(), Kernel::ALL.len() + 4 + 3);
+    let int4 = kernels.launch_pipelines(Kernel::Int8MatvecNorm, WeightFormat::Int4);
+    assert!(int4.per_token.is_some() && int4.tiled.is_some());
+    assert_ne!(int4.decode, normed.decode);
+    assert_eq!(int4.decode, kernels.get_for(Kernel::Int8MatvecNorm, WeightFormat::Int4).pipeline);
+    assert_eq!(entries(), int8 + 3 * 3);
 }
 
 /// The MSL set asks for the MSL `int8_matmul` twin with the base tile
@@ -91,9 +97,10 @@ fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
         kernels.matmul_tile = tile;
         for source in [KernelSource::Msl, KernelSource::Wgsl] {
             kernels.source = source;
-            for &k in &tiled {
-                let key = kernels.prefill_keys(k, WeightFormat::Int8).1.unwrap();
+            for (&k, format) in tiled.iter().flat_map(|k| WeightFormat::ALL.map(|f| (k, f))) {
+                let key = kernels.prefill_keys(k, format).1.unwrap();
                 let Constants::Matmul(c) = key.constants else { panic!("{k:?}: matmul constants") };
+                assert_eq!(c.format, format);
                 match source {
                     KernelSource::Msl => {
                         assert_eq!(key.program, Program::MatmulMsl);
@@ -102,6 +109,7 @@ fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
                         let msl = c.msl_constants();
                         let of = |name| msl.iter().find(|(n, _)| *n == name).unwrap().1 as u32;
                         assert_eq!((c.rows(), c.tokens()), (of("MM_ROWS"), of("MM_TOKENS")), "{k:?}");
+                        assert_eq!(of("INT4"), (format == WeightFormat::Int4) as u32, "{k:?}");
                     }
                     KernelSource::Wgsl => {
                         assert_eq!(key.program, Program::Matmul);
@@ -109,6 +117,38 @@ fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The MSL set runs the twins over every weight format: each matvec
+/// variant's decode pipeline is the MSL twin, its source the preamble of
+/// the key's own constants (`Q3W_INT4` as the format says), and no
+/// pipeline is specialised to a shape or to batched rows (the twin reads
+/// its shape from the launch, and runs rows as grid z).
+#[test]
+fn the_msl_set_runs_the_twins_over_every_format() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    kernels.source = KernelSource::Msl;
+    kernels.matvec_layout = crate::kernels::msl::MSL_MATVEC_LAYOUT;
+    let split = kernels.matvec_layout.splits()[0];
+    let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+    for k in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        for format in WeightFormat::ALL {
+            let key = kernels.decode_key(k, format);
+            assert_eq!(key.program, Program::Msl, "{k:?} {format:?}");
+            let (source, entry) = kernels.source_of(key).unwrap();
+            assert_eq!(entry, "int8_matvec");
+            let int4 = (format == WeightFormat::Int4) as u32;
+            assert!(source.contains(&format!("#define Q3W_INT4 {int4}\n")), "{k:?} {format:?}");
+            assert_eq!(Some(source), crate::kernels::msl::msl_source_in(k, format));
+            assert!(kernels.matvec_pipeline(&gpu, k, split, shape, format).is_none(), "{k:?} {format:?}");
+            assert!(
+                kernels.matvec_rows_pipeline(&gpu, k, split, shape, format, 4).is_none(),
+                "{k:?} {format:?}"
+            );
         }
     }
 }
