@@ -51,6 +51,8 @@ fn main() {
             let verdict =
                 if check.ok { "ok".to_string() } else { format!("FAILED: {}", check.describe_failures()) };
             println!("self-check: {verdict} ({} pipelines, {:.1} ms)", check.pipelines, check.ms);
+            let formats: Vec<&str> = report.weight_formats.iter().map(|f| f.name()).collect();
+            println!("weight formats: {}", formats.join(", "));
             if let Some((kernel, reason)) = &report.fallback {
                 println!("MSL kernels rejected ({kernel}), WGSL in use: {reason}");
             }

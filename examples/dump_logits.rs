@@ -24,7 +24,9 @@ fn main() {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [checkpoint, out, ..] = &args[..] else {
-        return Err("usage: dump_logits CHECKPOINT OUT [--positions N] [--weights int8|int4] [--backend NAME]".into());
+        return Err(
+            "usage: dump_logits CHECKPOINT OUT [--positions N] [--weights int8|int4] [--backend NAME]".into(),
+        );
     };
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
     let positions = match flag("--positions") {
@@ -54,7 +56,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     file.flush()?;
-    let ids_json = serde_json::json!({"ids": ids, "vocab_size": vocab, "weights": model.weight_format().name()});
+    let ids_json =
+        serde_json::json!({"ids": ids, "vocab_size": vocab, "weights": model.weight_format().name()});
     std::fs::write(format!("{out}.ids.json"), ids_json.to_string())?;
     println!("wrote {positions} positions of {vocab} logits to {out} ({} weights)", model.weight_format());
     Ok(())

@@ -21,6 +21,13 @@ last group) is LOSSLESS:
   scale absmax / 127 is exactly 2**-k and w / scale is exactly q.
 
 Those values have at most 7 significant bits and so are exact in bf16.
+
+The ``int4_*`` cases are for the engine's 4-bit layers (``--weights int4``:
+one f32 scale per group of 64, the value of largest magnitude / -8, as
+llama.cpp's Q4_0): their layers' linear weights hold ``q * 2**-k`` with
+``q`` in [-8, 7] and every 32-wide block holding both -8 and 7, so each
+group's scale is exactly 2**-k; the embedding (and lm_head) stay
+int8-exact as above.
 Norm weights are ``1 + 0.2 * normal`` rounded to bf16.
 
 Each case tries a short deterministic sequence of seeds and keeps the first
@@ -84,7 +91,13 @@ CASES = [
          head_dim=32, inter=160, vocab=555, prompt_len=9, new=24),
     dict(BASE, name="tied_with_stored_head", seed=1008, stored_head=True,
          prompt_len=4, new=16),
+    dict(BASE, name="int4_gqa2_hd64", seed=1101, int4=True, prompt_len=7, new=32),
+    dict(BASE, name="int4_gqa4_hd128", seed=1102, int4=True, hidden=256, heads=8,
+         kv_heads=2, head_dim=128, inter=384, vocab=1024, prompt_len=5, new=32),
+    dict(BASE, name="int4_odd_dims", seed=1107, int4=True, hidden=96, heads=3,
+         kv_heads=1, head_dim=32, inter=160, vocab=555, prompt_len=9, new=24),
 ]
+INT4_Q_STD = 3.0  # std of the (pre-clip) int4 mantissas
 
 
 # ----------------------------------------------------------------------------
@@ -118,6 +131,23 @@ def quantizable_matrix(rng: np.random.Generator, rows: int, cols: int,
     return w
 
 
+def int4_matrix(rng: np.random.Generator, rows: int, cols: int,
+                target_std: float) -> np.ndarray:
+    """[rows, cols] float32 of q * 2**-k, q in [-8, 7], one k per row, every
+    32-block holding both -8 and 7."""
+    q = np.clip(np.rint(rng.normal(0.0, INT4_Q_STD, size=(rows, cols))), -8, 7)
+    for start in range(0, cols, FORCE_BLOCK):
+        width = min(FORCE_BLOCK, cols - start)
+        assert width >= 2
+        lo = start + rng.integers(0, width, size=rows)
+        hi = start + (lo - start + 1 + rng.integers(0, width - 1, size=rows)) % width
+        q[np.arange(rows), lo] = -8.0
+        q[np.arange(rows), hi] = 7.0
+    row_std = np.sqrt(np.mean(q * q, axis=1))
+    k = np.rint(np.log2(row_std / target_std)).astype(np.int64)
+    return np.ldexp(q, -k[:, None]).astype(np.float32)
+
+
 def norm_weight(rng: np.random.Generator, n: int) -> np.ndarray:
     w = (1.0 + 0.2 * rng.normal(size=n)).astype(np.float32)
     return bf16_bits_to_f32(f32_to_bf16_bits(w))
@@ -126,7 +156,8 @@ def norm_weight(rng: np.random.Generator, n: int) -> np.ndarray:
 def build_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     H, nh, nkv, hd, I, V = (c["hidden"], c["heads"], c["kv_heads"], c["head_dim"],
                             c["inter"], c["vocab"])
-    lin = lambda rows, cols: quantizable_matrix(rng, rows, cols, cols ** -0.5)
+    layer = int4_matrix if c.get("int4") else quantizable_matrix
+    lin = lambda rows, cols: layer(rng, rows, cols, cols ** -0.5)
     w: dict[str, np.ndarray] = {}
     w["model.embed_tokens.weight"] = quantizable_matrix(
         rng, V, H, EMBED_LOGIT_STD / np.sqrt(H))
@@ -136,14 +167,14 @@ def build_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
         w[p + "self_attn.q_proj.weight"] = lin(nh * hd, H)
         w[p + "self_attn.k_proj.weight"] = lin(nkv * hd, H)
         w[p + "self_attn.v_proj.weight"] = lin(nkv * hd, H)
-        w[p + "self_attn.o_proj.weight"] = quantizable_matrix(
+        w[p + "self_attn.o_proj.weight"] = layer(
             rng, H, nh * hd, RESID_GAIN * (nh * hd) ** -0.5)
         w[p + "self_attn.q_norm.weight"] = norm_weight(rng, hd)
         w[p + "self_attn.k_norm.weight"] = norm_weight(rng, hd)
         w[p + "post_attention_layernorm.weight"] = norm_weight(rng, H)
         w[p + "mlp.gate_proj.weight"] = lin(I, H)
         w[p + "mlp.up_proj.weight"] = lin(I, H)
-        w[p + "mlp.down_proj.weight"] = quantizable_matrix(
+        w[p + "mlp.down_proj.weight"] = layer(
             rng, H, I, RESID_GAIN * I ** -0.5)
     w["model.norm.weight"] = norm_weight(rng, H)
     if not c["tied"]:
@@ -353,6 +384,25 @@ def np_check(c, cfg, w, prompt, tokens, step_logits, margins):
     return worst
 
 
+def is_layer_linear(name: str) -> bool:
+    return name.startswith("model.layers.") and not name.endswith("norm.weight")
+
+
+def assert_int4_lossless(name: str, w: np.ndarray) -> None:
+    """Emulate the engine's int4 conversion: per 64-group scale = the value of
+    largest magnitude / -8 (f32), q = round(w / scale) within [-8, 7]."""
+    w = w.astype(np.float32)
+    for start in range(0, w.shape[-1], GROUP):
+        g = w[:, start:start + GROUP]
+        big = g[np.arange(g.shape[0]), np.argmax(np.abs(g), axis=1)][:, None]
+        scale = (big / np.float32(-8.0)).astype(np.float32)
+        assert np.all(scale != 0), name
+        q = np.rint(g / scale).astype(np.float32)
+        assert np.all((q >= -8) & (q <= 7)), name
+        if not np.array_equal((q * scale).astype(np.float32), g):
+            raise AssertionError(f"int4 conversion of {name} is lossy at group {start}")
+
+
 # ----------------------------------------------------------------------------
 
 def run_case(c: dict, out: Path, verbose: bool):
@@ -407,7 +457,9 @@ def run_case(c: dict, out: Path, verbose: bool):
 
     # sanity checks on the chosen weights
     for name, w in weights.items():
-        if is_int8_converted(name):
+        if c.get("int4") and is_layer_linear(name):
+            assert_int4_lossless(name, w)
+        elif is_int8_converted(name):
             assert_int8_lossless(name, w)
     check_safetensors_header(case_dir / "model.safetensors", weights)
     assert cfg["eos_token_id"] < c["vocab"] and cfg["bos_token_id"] < c["vocab"]
@@ -417,6 +469,7 @@ def run_case(c: dict, out: Path, verbose: bool):
     top5 = np.argsort(-l0, kind="stable")[:5]
     expected = {
         "case": c["name"],
+        "weights": "int4" if c.get("int4") else "int8",
         "seed": seed,
         "prompt_ids": prompt,
         "generated_ids": tokens,

@@ -3,6 +3,7 @@
 //! the other, and the start-up self-check's report.
 
 use super::{Kernel, Kernels, MatvecConstants};
+use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
@@ -166,6 +167,10 @@ pub struct KernelReport {
     /// stays f32; logits then differ from f32 inputs' by about 1e-3 of
     /// their rms (greedy tokens agree with MLX's float32 up to near-ties).
     pub f16_residual: bool,
+    /// The layer-weight formats the set has pipelines for, every one of
+    /// them run by the self-check ([`crate::LoadOptions::weights`] picks
+    /// a model's).
+    pub weight_formats: Vec<WeightFormat>,
 }
 
 impl KernelReport {
@@ -178,6 +183,7 @@ impl KernelReport {
             cooperative_matrices: false,
             cooperative_fallback: None,
             f16_residual: false,
+            weight_formats: Vec::new(),
         }
     }
 }

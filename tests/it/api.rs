@@ -379,5 +379,6 @@ fn every_engine_build_runs_the_self_check() {
     let matvecs = all.iter().filter(|k| k.matvec_variant().is_some()).count();
     assert_eq!(report.self_check.pipelines, all.len() + tiled + 1 + matvecs + tiled);
     assert!(report.self_check.ms > 0.0);
+    assert_eq!(report.weight_formats, [qwen3_wgpu::WeightFormat::Int8, qwen3_wgpu::WeightFormat::Int4]);
     assert!(report.fallback.is_none(), "MSL was not wanted on {:?}", engine.adapter_info().backend);
 }

@@ -2,12 +2,14 @@
 //! random Qwen3 checkpoints with exactly int8-representable weights, and
 //! the greedy tokens mlx-lm's Qwen3 produced for them in float32
 //! (scripts/make_mlx_fixtures.py). The engine must produce the same tokens
-//! at every step before the first near-tie.
+//! at every step before the first near-tie. The `int4_*` fixtures hold
+//! layer weights that are exactly int4 (Q4_0's rule converts them
+//! losslessly) and load with `WeightFormat::Int4`.
 
 use std::path::{Path, PathBuf};
 
 use qwen3_wgpu::internals::kernels::MatvecLayout;
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions};
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, LoadOptions, WeightFormat};
 
 #[derive(serde::Deserialize)]
 struct Expected {
@@ -16,6 +18,9 @@ struct Expected {
     eos_token_id: u32,
     first_near_tie: Option<usize>,
     top5_first_step: Vec<(u32, f64)>,
+    /// The format the fixture's layer weights are exact in (`int8` when absent).
+    #[serde(default)]
+    weights: Option<String>,
 }
 
 fn fixture(case: &str) -> (PathBuf, Expected) {
@@ -37,9 +42,10 @@ fn check_case(engine: &Engine, case: &str) {
 /// their rms of MLX's.
 fn check_case_within(engine: &Engine, case: &str, tolerance: f64) {
     let (dir, exp) = fixture(case);
-    let model = engine
-        .load(&dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() })
-        .unwrap_or_else(|e| panic!("{case}: load: {e}"));
+    let format = WeightFormat::from_name("weights", exp.weights.as_deref().unwrap_or("int8")).unwrap();
+    let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }.weights(format);
+    let model = engine.load(&dir, &options).unwrap_or_else(|e| panic!("{case}: load: {e}"));
+    assert_eq!(model.weight_format(), format, "{case}");
 
     // First step: the logits themselves, against MLX's top 5.
     let mut session = model.session_with_capacity(exp.prompt_ids.len() + exp.generated_ids.len()).unwrap();
@@ -118,6 +124,30 @@ fn three_hundred_token_prompt() {
 #[test]
 fn dimensions_not_multiples_of_64_and_vocab_555() {
     check_case(&engine(), "odd_dims");
+}
+
+/// 4-bit layers: MLX's tokens from int4-exact weights, in both matvec
+/// layouts (split K with the f16 residual copy), with and without
+/// subgroups; dimensions not multiples of 64 included (a partial group).
+#[test]
+fn int4_layers() {
+    let portable = || Engine::builder().policy(AdapterPolicy::Portable);
+    let engines = [
+        portable().build().unwrap(),
+        portable().matvec_layout(MatvecLayout::SplitK).build().unwrap(),
+        portable().without_subgroups().build().unwrap(),
+    ];
+    for engine in &engines {
+        // First-step logits within 2.5e-3 of their rms (int4_odd_dims on
+        // lavapipe: 1.6e-3, its coarse weights amplifying the f32 kernels'
+        // rounding more than the int8 fixtures' do, which stay within
+        // 1e-3); with the f16 residual copy 5e-3, as for int8. Every token
+        // up to the first near-tie must still be MLX's.
+        let tolerance = if engine.kernel_report().f16_residual { 5e-3 } else { 2.5e-3 };
+        for case in ["int4_gqa2_hd64", "int4_gqa4_hd128", "int4_odd_dims"] {
+            check_case_within(engine, case, tolerance);
+        }
+    }
 }
 
 /// The workgroup-memory reductions (adapters without subgroups) agree too.

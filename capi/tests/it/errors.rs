@@ -241,7 +241,11 @@ fn bad_option_values_are_invalid_arguments() {
         );
         load = no_cache();
         load.weights = 3;
-        expect(q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model), Q3W_INVALID_ARGUMENT, &["weights"]);
+        expect(
+            q3w_model_load(shared_engine(), dir.as_ptr(), &load, &mut model),
+            Q3W_INVALID_ARGUMENT,
+            &["weights"],
+        );
 
         // A newer header's struct: bytes past the fields known here must be
         // zero (a field this library would ignore is refused).
@@ -604,9 +608,11 @@ fn sampling_params() -> q3w_sampling_params {
 fn the_weights_option_picks_the_layers_format() {
     unsafe {
         let dir = c_path(&fixture());
-        for (asked, held) in
-            [(Q3W_WEIGHTS_DEFAULT, Q3W_WEIGHTS_INT8), (Q3W_WEIGHTS_INT8, Q3W_WEIGHTS_INT8), (Q3W_WEIGHTS_INT4, Q3W_WEIGHTS_INT4)]
-        {
+        for (asked, held) in [
+            (Q3W_WEIGHTS_DEFAULT, Q3W_WEIGHTS_INT8),
+            (Q3W_WEIGHTS_INT8, Q3W_WEIGHTS_INT8),
+            (Q3W_WEIGHTS_INT4, Q3W_WEIGHTS_INT4),
+        ] {
             let mut load = no_cache();
             load.weights = asked;
             let mut model = null_mut();

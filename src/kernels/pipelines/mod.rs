@@ -283,6 +283,7 @@ impl Kernels {
             cooperative_matrices,
             cooperative_fallback: coop_rejected,
             f16_residual: kernels.matvec_layout.x16(),
+            weight_formats: WeightFormat::ALL.to_vec(),
         };
         Ok(kernels)
     }
