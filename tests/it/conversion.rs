@@ -221,11 +221,14 @@ fn bf16_bits(f: f32) -> u16 {
 #[test]
 fn mlx_fixtures_convert_losslessly() {
     let dirs = fixture_dirs();
-    assert_eq!(dirs.len(), 8);
+    assert_eq!(dirs.len(), 11);
     for dir in dirs {
         let cfg = load_config(&dir).unwrap();
         let ckpt = Checkpoint::open(&dir).unwrap();
-        let model = convert(&ckpt, &cfg, WeightFormat::Int8).unwrap();
+        // The int4_* fixtures' layers are int4-exact (the embedding int8-exact).
+        let int4 = dir.file_name().unwrap().to_string_lossy().starts_with("int4_");
+        let format = if int4 { WeightFormat::Int4 } else { WeightFormat::Int8 };
+        let model = convert(&ckpt, &cfg, format).unwrap();
         let idx = &model.index;
         // (matrix, (first row, row stride), tensor)
         let mut mats: Vec<(&QuantMatrix, (usize, usize), String)> =
