@@ -300,8 +300,9 @@ fn the_f16_residual_copy_is_reported() {
 /// the flag, QWEN3_WGPU_WEIGHTS does, else int8.
 #[test]
 fn the_weight_format_is_chosen_and_reported() {
-    let (json_out, _) = short_runs(&fixture(), &["--weights", "int4"]);
+    let (json_out, text_out) = short_runs(&fixture(), &["--weights", "int4"]);
     assert_eq!(last_json(&json_out)["weights"], "int4");
+    assert!(stdout(&text_out).contains(", int4 weights, stop:"), "{}", stdout(&text_out));
     let ckpt = fixture();
     let args = ["--checkpoint", ckpt.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-new-tokens", "2"];
     let args = [&args[..], &["--backend", "portable", "--no-cache", "--json"]].concat();
