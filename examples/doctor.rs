@@ -3,7 +3,7 @@
 //! `cargo run --example doctor [-- --backend metal|portable]` (`portable`
 //! alone also works). Without `--backend`: `QWEN3_WGPU_BACKEND`, else metal.
 
-use qwen3_wgpu::{AdapterPolicy, Engine, Gpu};
+use qwen3_wgpu::{AdapterPolicy, Engine, Gpu, WeightFormat};
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
@@ -55,6 +55,28 @@ fn main() {
             println!("weight formats: {}", formats.join(", "));
             if let Some((kernel, reason)) = &report.fallback {
                 println!("MSL kernels rejected ({kernel}), WGSL in use: {reason}");
+            }
+            // The other formats' pipelines, which a load in them would
+            // build and prove first.
+            for &format in report.weight_formats.iter().filter(|&&f| f != WeightFormat::default()) {
+                match engine.prepare_weights(format) {
+                    Ok(k) => {
+                        let check = &k.self_check;
+                        println!(
+                            "{format} products: {} kernels, self-check ok ({} pipelines, {:.1} ms)",
+                            k.source.as_str(),
+                            check.pipelines,
+                            check.ms
+                        );
+                        if let Some(reason) = &k.fallback {
+                            println!("{format} MSL products rejected, WGSL in use: {reason}");
+                        }
+                    }
+                    Err(e) => {
+                        println!("NOT READY: {format} weights: [{}] {e}", e.code());
+                        std::process::exit(2);
+                    }
+                }
             }
             println!(
                 "READY: {} via {:?} (kernels: {}, subgroup reductions: {})",

@@ -28,7 +28,7 @@ kernels=wgsl
 [ "$(uname -s)" != Darwin ] || kernels=msl
 last=$($bin --checkpoint $ckpt --prompt-ids 1,2,3 --max-new-tokens 5 --backend portable --cache-dir "$cache" --json | tail -n 1)
 echo "portable: $last"
-check_json "$last" 'assert d["n_prompt"]==3 and d["token_ids"][:3]==[1,2,3] and len(d["generated_ids"])>=1 and d["converted"] is True and d["adapter"]["backend"] and d["stop_reason"] in ("max_new_tokens","end_of_text") and d["decode_tokens_per_sec"]>=0 and "prefill_ms" in d and "load_ms" in d and d["kernels"]=="'$kernels'" and d["self_check"]["ok"] is True and d["self_check"]["pipelines"]==28 and d["self_check"]["ms"]>0 and "kernels_fallback" not in d'
+check_json "$last" 'assert d["n_prompt"]==3 and d["token_ids"][:3]==[1,2,3] and len(d["generated_ids"])>=1 and d["converted"] is True and d["adapter"]["backend"] and d["stop_reason"] in ("max_new_tokens","end_of_text") and d["decode_tokens_per_sec"]>=0 and "prefill_ms" in d and "load_ms" in d and d["kernels"]=="'$kernels'" and d["self_check"]["ok"] is True and d["self_check"]["pipelines"]==22 and d["self_check"]["ms"]>0 and "kernels_fallback" not in d'
 last2=$($bin --checkpoint $ckpt --prompt-ids 1,2,3 --max-new-tokens 5 --backend portable --cache-dir "$cache" --json | tail -n 1)
 check_json "$last2" 'assert d["converted"] is False'
 python3 -c "import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); assert a['token_ids']==b['token_ids']" "$last" "$last2"

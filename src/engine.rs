@@ -15,7 +15,7 @@ use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::gpu_weights::{GpuWeights, ModelGpu};
-use crate::kernels::{KernelReport, KernelSource, Kernels};
+use crate::kernels::{KernelReport, KernelSource, Kernels, WeightKernels};
 use crate::load::{load_model_with, LoadReport};
 use crate::progress::{LoadProgress, LoadProgressFn, Progress};
 use crate::session::{Batch, BatchOptions, Session};
@@ -85,6 +85,31 @@ impl Engine {
         &self.kernels.report
     }
 
+    /// Builds and proves the matrix-product pipelines over layer weights
+    /// in `format`. The start-up self-check covers the default format
+    /// (int8); another format's pipelines are built, run on known answers
+    /// and compared with the CPU reference when the first model in it
+    /// loads ([`Self::load`] calls this), so that an engine that never
+    /// loads one pays nothing for them. Call it ahead (behind a loading
+    /// screen, say) to take that cost earlier; later calls return the
+    /// first one's report at once. Where the MSL twins over `format` fail
+    /// to build or to match, that format's products run on WGSL
+    /// ([`WeightKernels::fallback`] says why).
+    ///
+    /// Errors: [`Error::GpuDeviceFailed`] when the WGSL pipelines fail the
+    /// check too, or the device fails during it.
+    ///
+    /// ```no_run
+    /// use qwen3_wgpu::{Engine, WeightFormat};
+    /// let engine = Engine::new()?;
+    /// let int4 = engine.prepare_weights(WeightFormat::Int4)?;
+    /// println!("int4 products: {} kernels, {} pipelines checked", int4.source.as_str(), int4.self_check.pipelines);
+    /// # Ok::<(), qwen3_wgpu::Error>(())
+    /// ```
+    pub fn prepare_weights(&self, format: WeightFormat) -> Result<WeightKernels> {
+        self.kernels.prepare_format(&self.gpu, format)
+    }
+
     /// The features to request on `adapter` for the engine's full-speed
     /// path (subgroup reductions, timestamps, and on Metal passthrough
     /// shaders for the MSL twins), for a host creating the device it will
@@ -124,6 +149,7 @@ impl Engine {
     pub fn load(&self, checkpoint_dir: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
         let t0 = Instant::now();
         let format = options.weight_format()?;
+        self.kernels.prepare_format(&self.gpu, format)?;
         let progress = Progress::new(options.progress.as_deref());
         let (converted, report) =
             load_model_with(checkpoint_dir.as_ref(), options.profile, &options.cache, format, &progress)?;

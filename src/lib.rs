@@ -119,7 +119,9 @@ pub use engine::{
 };
 pub use error::{Error, Mismatch, Result};
 pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
-pub use kernels::{KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, KERNELS_ENV};
+pub use kernels::{
+    KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, WeightKernels, KERNELS_ENV,
+};
 pub use load::{LoadPhase, LoadProgress, LoadProgressFn, LoadReport};
 pub use sampling::{SamplingParams, TokenLogprobs};
 pub use session::{

@@ -116,6 +116,10 @@ pub struct SelfChecker {
     /// Runs a built kernel set ([`crate::self_check::run`]); the set in
     /// use passes it.
     pub set: fn(&Gpu, &Kernels) -> Result<SelfCheck>,
+    /// Runs the pipelines over weights in a format other than the set's
+    /// own before a model in it first loads
+    /// ([`crate::self_check::run_format`]).
+    pub format: fn(&Gpu, &Kernels, WeightFormat) -> Result<SelfCheck>,
     /// Runs a batched-row matvec pipeline beside the one-token pipeline
     /// its rows run alone ([`crate::self_check::rows_matvec`]) before its
     /// first use: `Ok(None)` when proven, `Ok(Some(how))` when not.
@@ -167,10 +171,31 @@ pub struct KernelReport {
     /// stays f32; logits then differ from f32 inputs' by about 1e-3 of
     /// their rms (greedy tokens agree with MLX's float32 up to near-ties).
     pub f16_residual: bool,
-    /// The layer-weight formats the set has pipelines for, every one of
-    /// them run by the self-check ([`crate::LoadOptions::weights`] picks
-    /// a model's).
+    /// The layer-weight formats the engine loads
+    /// ([`crate::LoadOptions::weights`] picks a model's). The start-up
+    /// self-check runs the default format's pipelines (int8); another
+    /// format's are built and proven when the first model in it loads, or
+    /// ahead of that by [`crate::Engine::prepare_weights`], which reports
+    /// them.
     pub weight_formats: Vec<WeightFormat>,
+}
+
+/// How the pipelines over one layer-weight format were built and proven
+/// ([`crate::Engine::prepare_weights`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WeightKernels {
+    /// The format.
+    pub format: WeightFormat,
+    /// Where its matrix products come from: the MSL twins, or WGSL (also
+    /// when the twins were wanted and failed; see `fallback`).
+    pub source: KernelSource,
+    /// The self-check of its pipelines (the decode matvecs and the tiled
+    /// prompt-batch products).
+    pub self_check: SelfCheck,
+    /// Why its MSL twins are not in use although the engine's kernels are
+    /// the MSL ones; `None` otherwise.
+    pub fallback: Option<String>,
 }
 
 impl KernelReport {

@@ -29,7 +29,7 @@ pub use attention::{
 };
 pub use choice::{
     msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, RowsMatvecCase, SelfCheck,
-    SelfChecker, KERNELS_ENV,
+    SelfChecker, WeightKernels, KERNELS_ENV,
 };
 pub use compile::{
     bind_group_layout, compile, compile_for_layout, compile_msl, ShaderChecks, SHADER_CHECKS_ENV,

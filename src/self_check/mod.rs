@@ -1,7 +1,8 @@
 //! The start-up self-check: every pipeline the engine built for the decode
 //! step, the tiled prompt-batch products (`int8_matmul`, an MSL twin on
-//! Metal), the matrix products of both kinds over each weight format's
-//! pipelines (int8 and int4), and the prompt-batch attention
+//! Metal), both kinds of matrix product over the default weight format
+//! (int8; another format's, int4's, before a model in it first loads:
+//! [`run_format`]), and the prompt-batch attention
 //! (`attention_prefill`, WGSL everywhere), runs once on small known-answer
 //! inputs and is compared with the CPU references ([`crate::reference`]) before the engine is returned. It
 //! proves the hand-written MSL twins on the device they run on (a shifted
@@ -51,7 +52,7 @@ use tokens::{argmax, embed, logits_mask, sample, sample_top_k};
 
 /// The engine's checks: [`run`] at start-up, [`rows_matvec`] before a
 /// batched-row pipeline's first use.
-pub const CHECKER: SelfChecker = SelfChecker { set: run, rows_matvec };
+pub const CHECKER: SelfChecker = SelfChecker { set: run, format: run_format, rows_matvec };
 
 /// Relative tolerance of the matvecs: well above f32 rounding (the kernel
 /// tests use 1e-5), low enough that a wrong weight, scale or input fails.
@@ -61,9 +62,9 @@ const ATTENTION_TOLERANCE: f64 = 2e-3;
 /// A value rounded to f16 in the KV cache.
 const F16_TOLERANCE: f64 = 4e-3;
 
-/// Runs every decode pipeline of `kernels` (the matvecs' for each weight
-/// format), every tiled prompt-batch pipeline (each format's) and the
-/// prompt-batch attention once and compares with the CPU references. A
+/// Runs every decode pipeline of `kernels` (the matvecs' over the default
+/// weight format), every tiled prompt-batch pipeline (that format's) and
+/// the prompt-batch attention once and compares with the CPU references. A
 /// device error during the check is an `Err`; a wrong result is a [`SelfCheck`] with
 /// `ok: false`.
 pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
@@ -83,28 +84,50 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 sample_top_k(&mut rig)?,
                 logits_mask(&mut rig)?,
             ];
-            // The products over weights in every format (each its own
-            // pipelines: int4's a nibble order or scale slot of their own).
-            for format in WeightFormat::ALL {
-                for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
-                    checks.push(matvec(&mut rig, kernel, format)?);
-                }
-                for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
-                    let pipelines = rig.kernels.launch_pipelines(kernel, format);
-                    let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
-                    checks.push(matmul(&mut rig, kernel, format, tiled, 1)?);
-                    if let Some(coop) = pipelines.coop {
-                        // Every slicing of k a launch may take.
-                        for ksplit in COOP_KSPLITS {
-                            checks.push(matmul(&mut rig, kernel, format, coop.clone(), ksplit)?);
-                        }
-                    }
-                }
-            }
+            checks.extend(products(&mut rig, WeightFormat::default())?);
             Ok(checks)
         },
         |reason| Error::GpuDeviceFailed { reason: format!("self-check: {reason}") },
     )?;
+    compare(rig, checks, t0)
+}
+
+/// Runs the matrix products over weights in `format` (the decode matvecs
+/// and the tiled prompt-batch products, each format's pipelines its own:
+/// int4's a nibble order or scale slot of their own) once and compares
+/// with the CPU references, as [`run`] does the default format's.
+pub fn run_format(gpu: &Gpu, kernels: &Kernels, format: WeightFormat) -> Result<SelfCheck> {
+    let t0 = Instant::now();
+    let mut rig = Rig::new(gpu, kernels);
+    let checks = gpu.scoped(
+        || products(&mut rig, format),
+        |reason| Error::GpuDeviceFailed { reason: format!("self-check ({format} weights): {reason}") },
+    )?;
+    compare(rig, checks, t0)
+}
+
+/// The checks of the matrix products over weights in `format`.
+fn products(rig: &mut Rig<'_>, format: WeightFormat) -> Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        checks.push(matvec(rig, kernel, format)?);
+    }
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()) {
+        let pipelines = rig.kernels.launch_pipelines(kernel, format);
+        let tiled = pipelines.tiled.expect("a tiled prefill pipeline");
+        checks.push(matmul(rig, kernel, format, tiled, 1)?);
+        if let Some(coop) = pipelines.coop {
+            // Every slicing of k a launch may take.
+            for ksplit in COOP_KSPLITS {
+                checks.push(matmul(rig, kernel, format, coop.clone(), ksplit)?);
+            }
+        }
+    }
+    Ok(checks)
+}
+
+/// Submits what `rig` recorded, reads it back and runs `checks` on it.
+fn compare(mut rig: Rig<'_>, checks: Vec<Check>, t0: Instant) -> Result<SelfCheck> {
     let outputs = rig.finish()?;
     let mut failures = Vec::new();
     for check in checks {

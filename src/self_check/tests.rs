@@ -36,12 +36,16 @@ fn edited_in(
 }
 
 /// Every decode pipeline, the tiled prompt-batch pipeline of each
-/// variant that has one, `attention_prefill`, and the matvec variants'
-/// decode and tiled pipelines over int4.
+/// variant that has one, and `attention_prefill`.
 fn pipelines_checked() -> usize {
     let tiled = Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count();
-    let matvecs = Kernel::ALL.iter().filter(|k| k.matvec_variant().is_some()).count();
-    Kernel::ALL.len() + tiled + 1 + matvecs + tiled
+    Kernel::ALL.len() + tiled + 1
+}
+
+/// The matvec variants' decode and tiled pipelines over another format.
+fn format_pipelines_checked() -> usize {
+    let tiled = Kernel::ALL.iter().filter(|k| k.prefill_tiled()).count();
+    Kernel::ALL.iter().filter(|k| k.matvec_variant().is_some()).count() + tiled
 }
 
 #[test]
@@ -50,9 +54,14 @@ fn every_pipeline_of_a_correct_set_passes() {
     let check = run(&gpu, &kernels).unwrap();
     assert!(check.ok, "{}", check.describe_failures());
     assert_eq!(check.pipelines, pipelines_checked());
-    assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3 + 1 + 6, "every matvec variant runs tiled");
+    assert_eq!(pipelines_checked(), Kernel::ALL.len() + 3 + 1, "every matvec variant runs tiled");
     // Engine construction ran it too.
     assert!(kernels.report.self_check.ok && kernels.report.self_check.pipelines == pipelines_checked());
+    // And int4's, prepared.
+    let int4 = kernels.prepare_format(&gpu, WeightFormat::Int4).unwrap();
+    assert!(int4.self_check.ok, "{}", int4.self_check.describe_failures());
+    assert_eq!((int4.self_check.pipelines, format_pipelines_checked()), (6, 6));
+    assert_eq!(run_format(&gpu, &kernels, WeightFormat::Int4).unwrap().pipelines, 6);
 }
 
 /// A tiled prompt-batch pipeline that computes a wrong value (here: the
@@ -117,6 +126,7 @@ fn an_int4_nibble_order_or_scale_slot_swapped_is_caught() {
         |s| s.replace("let g = (c * CHUNK_WORDS) / GROUP_WORDS;", "let g = c / GROUP_WORDS;");
     let kernel = Kernel::Int8MatvecNorm;
     let (gpu, mut kernels) = wgsl_kernels();
+    kernels.prepare_format(&gpu, WeightFormat::Int4).unwrap();
     let decode_pipeline = kernels.get_for(kernel, WeightFormat::Int4).pipeline;
     let tiled_pipeline = kernels.launch_pipelines(kernel, WeightFormat::Int4).tiled.unwrap().pipeline;
     for (decode, edit) in [(true, nibbles), (true, scales), (false, tiled_nibbles), (false, tiled_scales)] {
@@ -146,14 +156,16 @@ fn an_int4_nibble_order_or_scale_slot_swapped_is_caught() {
             .0;
             kernels.replace_tiled_pipeline_in(kernel, WeightFormat::Int4, wrong);
         }
-        let check = run(&gpu, &kernels).unwrap();
+        let check = run_format(&gpu, &kernels, WeightFormat::Int4).unwrap();
         let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
         let how = if decode { "int4: " } else { "int4: tiled:" };
         assert!(check.failures[0].1.starts_with(how), "{}", check.describe_failures());
+        // The int8 pipelines of the same variant pass.
+        assert!(run(&gpu, &kernels).unwrap().ok);
         kernels.replace_pipeline_in(kernel, WeightFormat::Int4, decode_pipeline.clone());
         kernels.replace_tiled_pipeline_in(kernel, WeightFormat::Int4, tiled_pipeline.clone());
-        assert!(run(&gpu, &kernels).unwrap().ok, "the set restored");
+        assert!(run_format(&gpu, &kernels, WeightFormat::Int4).unwrap().ok, "the set restored");
     }
 }
 

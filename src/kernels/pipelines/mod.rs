@@ -2,20 +2,23 @@
 //! the kernel (whose bind-group layout it takes), the program (which source
 //! text) and the typed override constants. The decode and prefill pipelines
 //! are built when the set is made (the self-check runs them, and a failing
-//! MSL build falls back to WGSL then); the matvec pipelines specialised to
-//! a launch's shape on first use.
+//! MSL build falls back to WGSL then), over the default weight format
+//! (int8); another format's matrix products when a model first needs them
+//! ([`Kernels::prepare_format`]: built, proven, and falling back to WGSL
+//! on their own); the matvec pipelines specialised to a launch's shape on
+//! first use.
 
 mod specialised;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use super::choice::{
     msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, RowsMatvecCase, SelfCheck,
-    SelfChecker,
+    SelfChecker, WeightKernels,
 };
 use super::compile::{bind_group_layout, build, Code, ShaderChecks};
 use super::matmul::COOP_KSPLITS;
@@ -158,6 +161,17 @@ pub struct Kernels {
     /// Proves a batched-row pipeline before its first use
     /// ([`SelfChecker::rows_matvec`]).
     rows_check: RowsCheck,
+    /// Proves a weight format's pipelines before a model in it first
+    /// loads ([`SelfChecker::format`]).
+    format_check: FormatCheck,
+    /// The weight formats other than the default proven so far, each with
+    /// its report; held while one is built and proven, so that it is done
+    /// once.
+    formats: Mutex<HashMap<WeightFormat, WeightKernels>>,
+    /// Where the matrix products over each weight format other than the
+    /// default come from (the candidate while it is proven); absent: the
+    /// set's `source`.
+    format_sources: RwLock<HashMap<WeightFormat, KernelSource>>,
     /// An edit of the batched-row pipelines' source (tests: a wrong
     /// pipeline must not be used).
     #[cfg(test)]
@@ -204,6 +218,9 @@ enum Build {
 /// [`SelfChecker::rows_matvec`].
 type RowsCheck = fn(&Gpu, &RowsMatvecCase<'_>) -> Result<Option<String>>;
 
+/// [`SelfChecker::format`].
+type FormatCheck = fn(&Gpu, &Kernels, WeightFormat) -> Result<SelfCheck>;
+
 impl Drop for Kernels {
     fn drop(&mut self) {
         let building = std::mem::take(self.building.get_mut().unwrap_or_else(|e| e.into_inner()));
@@ -244,7 +261,7 @@ impl Kernels {
         let mut coop_rejected = None;
         let ((mut kernels, self_check), source, rejected) = with_fallback(want_msl, |source| {
             let checked = |coop: bool| -> Result<(Kernels, SelfCheck)> {
-                let kernels = Self::build(gpu, source, layout, coop, self_check.rows_matvec)?;
+                let kernels = Self::build(gpu, source, layout, coop, self_check)?;
                 let check = (self_check.set)(gpu, &kernels)?;
                 if !check.ok {
                     return Err(Error::GpuDeviceFailed {
@@ -289,17 +306,16 @@ impl Kernels {
     }
 
     /// The set for `source`, with every decode pipeline and every prefill
-    /// pipeline built (the matvec variants' for every weight format, so the
-    /// start-up self-check proves them all): the MSL twins where `source`
-    /// says so (the decode kernels that have one and the tiled
-    /// `int8_matmul`), WGSL for the rest, the tiled ones on cooperative
-    /// matrices when `coop`.
+    /// pipeline built (the matvec variants' over the default weight
+    /// format): the MSL twins where `source` says so (the decode kernels
+    /// that have one and the tiled `int8_matmul`), WGSL for the rest, the
+    /// tiled ones on cooperative matrices when `coop`.
     fn build(
         gpu: &Gpu,
         source: KernelSource,
         layout: Option<MatvecLayout>,
         coop: bool,
-        rows_check: RowsCheck,
+        checker: SelfChecker,
     ) -> Result<Self> {
         let matvec_layout = match source {
             KernelSource::Msl => crate::kernels::msl::MSL_MATVEC_LAYOUT,
@@ -309,7 +325,10 @@ impl Kernels {
             layouts: Kernel::ALL.iter().map(|k| bind_group_layout(gpu, k.entry(), k.bindings())).collect(),
             cache: Default::default(),
             building: Default::default(),
-            rows_check,
+            rows_check: checker.rows_matvec,
+            format_check: checker.format,
+            formats: Default::default(),
+            format_sources: Default::default(),
             #[cfg(test)]
             rows_source_edit: None,
             subgroups: gpu.subgroups,
@@ -323,13 +342,73 @@ impl Kernels {
             source,
             report: KernelReport::unchecked(source),
         };
-        // (A kernel that reads no weights has one key for every format.)
-        for format in WeightFormat::ALL {
-            for k in Kernel::ALL {
-                kernels.build_kernel(gpu, k, format)?;
-            }
+        for k in Kernel::ALL {
+            kernels.build_kernel(gpu, k, WeightFormat::default())?;
         }
         Ok(kernels)
+    }
+
+    /// Builds and proves the matrix products over weights in `format`
+    /// (those of the default format are built and proven with the set): on
+    /// the first call for a format the pipelines are built from the set's
+    /// source and run by the self-check ([`SelfChecker::format`]); MSL
+    /// twins that fail to build or to match fall back to WGSL for this
+    /// format alone. Later calls return the first one's report. Errors:
+    /// [`Error::GpuDeviceFailed`] when the WGSL pipelines fail the check
+    /// too (or the device fails during it); a failed proof is tried again
+    /// by the next call.
+    pub(crate) fn prepare_format(&self, gpu: &Gpu, format: WeightFormat) -> Result<WeightKernels> {
+        if format == WeightFormat::default() {
+            return Ok(WeightKernels {
+                format,
+                source: self.source,
+                self_check: self.report.self_check.clone(),
+                fallback: self.report.fallback.as_ref().map(|(kernel, reason)| format!("{kernel}: {reason}")),
+            });
+        }
+        let mut formats = self.formats.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(done) = formats.get(&format) {
+            return Ok(done.clone());
+        }
+        let outcome = with_fallback(self.source == KernelSource::Msl, |source| {
+            self.format_sources.write().unwrap_or_else(|e| e.into_inner()).insert(format, source);
+            for k in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+                self.build_kernel(gpu, k, format)?;
+            }
+            let check = (self.format_check)(gpu, self, format)?;
+            if !check.ok {
+                return Err(Error::GpuDeviceFailed {
+                    reason: format!(
+                        "the {} kernels over {format} weights failed the self-check: {}",
+                        source.as_str(),
+                        check.describe_failures()
+                    ),
+                });
+            }
+            Ok(check)
+        });
+        match outcome {
+            Ok((self_check, source, rejected)) => {
+                self.format_sources.write().unwrap_or_else(|e| e.into_inner()).insert(format, source);
+                let report =
+                    WeightKernels { format, source, self_check, fallback: rejected.map(|e| e.to_string()) };
+                formats.insert(format, report.clone());
+                Ok(report)
+            }
+            Err(e) => {
+                self.format_sources.write().unwrap_or_else(|e| e.into_inner()).remove(&format);
+                Err(e)
+            }
+        }
+    }
+
+    /// Where the matrix products over weights in `format` come from.
+    fn source_for(&self, format: WeightFormat) -> KernelSource {
+        if format == WeightFormat::default() {
+            return self.source;
+        }
+        let sources = self.format_sources.read().unwrap_or_else(|e| e.into_inner());
+        sources.get(&format).copied().unwrap_or(self.source)
     }
 
     /// Builds `k`'s decode and prompt-batch pipelines for weights in
@@ -347,7 +426,9 @@ impl Kernels {
     /// The key of `k`'s decode pipeline (a matvec's over weights in
     /// `format`).
     fn decode_key(&self, kernel: Kernel, format: WeightFormat) -> PipelineKey {
-        let msl = self.source == KernelSource::Msl && kernel.row().msl.is_some();
+        // (A kernel that reads no weights has one key for every format.)
+        let source = if kernel.matvec_variant().is_some() { self.source_for(format) } else { self.source };
+        let msl = source == KernelSource::Msl && kernel.row().msl.is_some();
         let program = if msl { Program::Msl } else { Program::Wgsl };
         PipelineKey { kernel, program, constants: kernel.typed_constants_in(self.matvec_layout, format) }
     }
@@ -369,7 +450,7 @@ impl Kernels {
             format,
             ..MatvecConstants::prefill(variant, self.matvec_layout)
         });
-        let msl = self.source == KernelSource::Msl;
+        let msl = self.source_for(format) == KernelSource::Msl;
         let tiled = kernel.matmul_constants().filter(|_| kernel.prefill_tiled()).map(|c| MatmulConstants {
             coop: false,
             // The MSL twin is written for the base tile (its grid).

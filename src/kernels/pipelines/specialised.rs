@@ -30,7 +30,7 @@ impl Kernels {
         format: WeightFormat,
     ) -> Option<wgpu::ComputePipeline> {
         let variant = kernel.matvec_variant()?;
-        if self.source == KernelSource::Msl {
+        if self.source_for(format) == KernelSource::Msl {
             return None;
         }
         let constants =
@@ -217,7 +217,7 @@ impl Kernels {
         rows: u32,
     ) -> Option<PipelineKey> {
         let variant = kernel.matvec_variant()?;
-        if self.source == KernelSource::Msl {
+        if self.source_for(format) == KernelSource::Msl {
             return None;
         }
         let constants = MatvecConstants {

@@ -6,10 +6,15 @@ use crate::gpu::Gpu;
 use crate::kernels::choice::{KernelChoice, KernelSource, SelfCheck, SelfChecker};
 use crate::kernels::{Constants, Kernel, MatmulTile, MatvecShape, PREFILL_ATTENTION_TOKENS};
 
-/// A checker that runs `set` at start-up and passes every batched-row
-/// pipeline (the real checks are tested in `crate::self_check`).
+/// A checker that runs `set` at start-up and passes every other weight
+/// format's pipelines and every batched-row pipeline (the real checks are
+/// tested in `crate::self_check`).
 fn checker(set: fn(&Gpu, &Kernels) -> Result<SelfCheck>) -> SelfChecker {
-    SelfChecker { set, rows_matvec: |_, _| Ok(None) }
+    SelfChecker { set, format: |_, _, _| Ok(passed()), rows_matvec: |_, _| Ok(None) }
+}
+
+fn passed() -> SelfCheck {
+    SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] }
 }
 
 /// A batched-row pipeline asked for without waiting is built on a
@@ -19,7 +24,7 @@ fn checker(set: fn(&Gpu, &Kernels) -> Result<SelfCheck>) -> SelfChecker {
 #[test]
 fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
     let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
     let split = kernels.matvec_layout.splits()[0];
     let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
@@ -43,21 +48,21 @@ fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
     assert!(kernels.building.lock().unwrap().is_empty(), "the finished build is taken");
 }
 
-/// The set is built once, eagerly: each decode and prefill pipeline is
-/// one cache entry, and what launches and the self-check get is that
-/// entry (no second build).
+/// The set is built once, eagerly, over the default weight format: each
+/// decode and prefill pipeline is one cache entry, and what launches and
+/// the self-check get is that entry (no second build). Another format's
+/// pipelines are built when it is first prepared, once.
 #[test]
 fn the_set_builds_each_decode_and_prefill_pipeline_once() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
     // The count is the builder's own: no check runs pipelines here.
-    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
     let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
     let entries = || kernels.cache.lock().unwrap().len();
     // Every kernel's decode; per token: 3 matvec variants and
-    // attention_prefill; tiled: the 3 variants' int8_matmul; the 3
-    // variants' decode, per-token and tiled pipelines over int4.
+    // attention_prefill; tiled: the 3 variants' int8_matmul.
     let int8 = Kernel::ALL.len() + 4 + 3;
-    assert_eq!(entries(), int8 + 3 * 3);
+    assert_eq!(entries(), int8, "no int4 pipeline before int4 is prepared");
     let normed = kernels.launch_pipelines(Kernel::Int8MatvecNorm, WeightFormat::Int8);
     assert!(normed.per_token.is_some() && normed.tiled.is_some());
     assert_eq!(normed.decode, kernels.get(Kernel::Int8MatvecNorm).pipeline);
@@ -70,11 +75,59 @@ fn the_set_builds_each_decode_and_prefill_pipeline_once() {
     assert_eq!(normed.per_token_tokens, crate::kernels::PREFILL_TOKENS_PER_WG);
     let argmax = kernels.launch_pipelines(Kernel::ArgmaxFinal, WeightFormat::Int8);
     assert!(argmax.per_token.is_none() && argmax.tiled.is_none());
+    // The 3 variants' decode, per-token and tiled pipelines over int4,
+    // built by the first preparation only.
+    for _ in 0..2 {
+        let report = kernels.prepare_format(&gpu, WeightFormat::Int4).unwrap();
+        assert_eq!((report.format, report.source), (WeightFormat::Int4, KernelSource::Wgsl));
+        assert!(report.self_check.ok && report.fallback.is_none());
+        assert_eq!(entries(), int8 + 3 * 3);
+    }
     let int4 = kernels.launch_pipelines(Kernel::Int8MatvecNorm, WeightFormat::Int4);
     assert!(int4.per_token.is_some() && int4.tiled.is_some());
     assert_ne!(int4.decode, normed.decode);
     assert_eq!(int4.decode, kernels.get_for(Kernel::Int8MatvecNorm, WeightFormat::Int4).pipeline);
     assert_eq!(entries(), int8 + 3 * 3);
+    // The default format is the set's own: nothing to build.
+    assert!(kernels.prepare_format(&gpu, WeightFormat::Int8).unwrap().self_check.ok);
+    assert_eq!(entries(), int8 + 3 * 3);
+}
+
+/// A weight format whose MSL twins fail (here: wgpu rejects passthrough
+/// MSL on a Vulkan adapter) runs on WGSL alone, the reason recorded, while
+/// the set's other pipelines keep their source; a format whose WGSL fails
+/// the check too is an error, tried again by the next preparation.
+#[test]
+fn a_formats_failing_twins_fall_back_to_wgsl_for_that_format_alone() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    kernels.source = KernelSource::Msl;
+    let report = kernels.prepare_format(&gpu, WeightFormat::Int4).unwrap();
+    assert_eq!(report.source, KernelSource::Wgsl);
+    assert!(report.fallback.is_some(), "the MSL rejection is recorded");
+    for k in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
+        assert_eq!(kernels.decode_key(k, WeightFormat::Int4).program, Program::Wgsl, "{k:?}");
+        assert_eq!(kernels.decode_key(k, WeightFormat::Int8).program, Program::Msl, "{k:?}");
+        assert_eq!(kernels.prefill_keys(k, WeightFormat::Int4).1.map(|t| t.program), Some(Program::Matmul));
+        kernels.launch_pipelines(k, WeightFormat::Int4);
+    }
+
+    let fail = |_: &Gpu, _: &Kernels, _: WeightFormat| {
+        Ok(SelfCheck { ok: false, pipelines: 1, ms: 0.0, failures: vec![("k".into(), "wrong".into())] })
+    };
+    let kernels = Kernels::new(
+        &gpu,
+        KernelChoice::Wgsl,
+        None,
+        SelfChecker { set: pass, format: fail, rows_matvec: |_, _| Ok(None) },
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let e = kernels.prepare_format(&gpu, WeightFormat::Int4).unwrap_err();
+        assert_eq!(e.code(), "gpu_device_failed");
+        assert!(e.to_string().contains("int4 weights failed the self-check: k: wrong"), "{e}");
+    }
 }
 
 /// The MSL set asks for the MSL `int8_matmul` twin with the base tile
@@ -85,7 +138,7 @@ fn the_set_builds_each_decode_and_prefill_pipeline_once() {
 #[test]
 fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
     let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
     assert_ne!(MatmulTile::DEFAULT, MatmulTile::BASE, "the check needs a tiling other than the base");
     let tiled: Vec<Kernel> = Kernel::ALL
@@ -129,7 +182,7 @@ fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
 #[test]
 fn the_msl_set_runs_the_twins_over_every_format() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-    let pass = |_: &Gpu, _: &Kernels| Ok(SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] });
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
     let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
     kernels.source = KernelSource::Msl;
     kernels.matvec_layout = crate::kernels::msl::MSL_MATVEC_LAYOUT;
