@@ -8,6 +8,11 @@
 //! N sessions together through a `Batch` (one GPU step per token of every
 //! session): a `batched_decode` line per count, and a table of aggregate
 //! and per-session tokens/s on stderr.
+//!
+//! A context too close to the model's `max_position_embeddings` for the
+//! positions a measurement adds runs at the largest context that fits:
+//! each line's `"context"` is the one measured, `"context_requested"` the
+//! one asked for.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -236,11 +241,15 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     let weight_bytes = model.weight_bytes() as f64;
     // Warm-up (first submits, GPU clocks), not measured: up to 64 steps or
     // half a second (a CPU adapter gets through a step or two).
+    // (Inside the model's positions, however few.)
+    let max_positions = cfg.max_position_embeddings;
     {
-        let mut s = model.session_with_capacity(256)?;
-        s.feed(&(0..128u32).collect::<Vec<_>>())?;
+        let capacity = 256.min(max_positions);
+        let mut s = model.session_with_capacity(capacity)?;
+        let prompt = capacity / 2;
+        s.feed(&(0..prompt as u32).map(|i| i % cfg.vocab_size as u32).collect::<Vec<_>>())?;
         let t = Instant::now();
-        for _ in 0..64 {
+        for _ in 0..64.min(capacity - prompt) {
             s.next_token()?;
             if t.elapsed().as_secs_f64() > 0.5 {
                 break;
@@ -249,12 +258,16 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     }
     let modes: Vec<Option<&SamplingParams>> =
         std::iter::once(None).chain(args.sampling.as_ref().map(Some)).collect();
-    for (&ctx, &lookahead) in args.contexts.iter().flat_map(|c| args.lookaheads.iter().map(move |l| (c, l))) {
+    for (&requested, &lookahead) in
+        args.contexts.iter().flat_map(|c| args.lookaheads.iter().map(move |l| (c, l)))
+    {
+        // Room for the timed steps and as many back-to-back ones.
+        let extra = args.tokens + 2 * args.timed_steps + 1;
+        let ctx = fitted_context(requested, extra, max_positions)?;
         // GPU time per step back to back, and of the token choice alone, per mode.
         let mut costs = Vec::new();
         for &mode in &modes {
-            // Room for the timed steps and as many back-to-back ones.
-            let capacity = ctx + args.tokens + 2 * args.timed_steps + 1;
+            let capacity = ctx + extra;
             let mut s = model.session_with_capacity(capacity)?;
             s.set_lookahead(lookahead);
             if let Some(params) = mode {
@@ -291,7 +304,7 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
             let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
             println!(
                 "{}",
-                json!({"bench": "decode", "context": ctx, "tokens": args.tokens, "lookahead": lookahead, "decode_tokens_per_sec": tps,
+                json!({"bench": "decode", "context": ctx, "context_requested": requested, "tokens": args.tokens, "lookahead": lookahead, "decode_tokens_per_sec": tps,
                    "ms_per_token": 1e3 * secs / args.tokens as f64, "prefill_tokens": ctx, "prefill_ms": prefill_ms,
                    "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
                    "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,
@@ -331,11 +344,13 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let constraint = crate::Constraint::json_schema(&tokenizer, &schema)?;
         let compile_ms = t.elapsed().as_secs_f64() * 1e3;
-        for &ctx in &args.contexts {
+        for &requested in &args.contexts {
+            let ctx =
+                fitted_context(requested, CONSTRAINED_REPLY_BUDGET.max(args.tokens) + 2, max_positions)?;
             let r = constrained_decode(&model, &constraint, ctx, args.tokens)?;
             println!(
                 "{}",
-                json!({"bench": "constrained_decode", "context": ctx, "replies": r.replies, "tokens": r.tokens,
+                json!({"bench": "constrained_decode", "context": ctx, "context_requested": requested, "replies": r.replies, "tokens": r.tokens,
                    "constrained_tokens_per_sec": r.constrained, "free_tokens_per_sec": r.free,
                    "free_lookahead1_tokens_per_sec": r.free_lookahead1, "ratio": r.constrained / r.free,
                    "first_compile_ms": compile_ms, "adapter": adapter})
@@ -343,12 +358,13 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let mut table = Vec::new();
-    for &ctx in &args.contexts {
+    for &requested in &args.contexts {
+        let ctx = fitted_context(requested, args.tokens + BATCH_WARM_STEPS + 1, max_positions)?;
         for &n in &args.sessions {
             let (aggregate, per_session, step_ms) = batched_decode(&model, ctx, n, args.tokens)?;
             println!(
                 "{}",
-                json!({"bench": "batched_decode", "context": ctx, "sessions": n, "tokens": args.tokens,
+                json!({"bench": "batched_decode", "context": ctx, "context_requested": requested, "sessions": n, "tokens": args.tokens,
                    "aggregate_tokens_per_sec": aggregate, "per_session_tokens_per_sec": per_session,
                    "ms_per_step": step_ms, "adapter": adapter})
             );
@@ -363,6 +379,38 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+/// The context a measurement asked for at `requested` positions runs at,
+/// when it adds `extra` positions: `requested`, or the largest context
+/// whose `extra` positions still fit the model's `max_positions` (said on
+/// stderr). At least one position of context; `invalid_argument` when
+/// even that does not fit.
+fn fitted_context(requested: usize, extra: usize, max_positions: usize) -> Result<usize> {
+    if requested + extra <= max_positions {
+        return Ok(requested);
+    }
+    let fitted = max_positions.saturating_sub(extra);
+    if fitted == 0 {
+        return Err(Error::invalid_argument(
+            "--tokens",
+            format!(
+                "a measurement adds {extra} positions (the timed tokens and steps), more than the \
+                 model's max_position_embeddings ({max_positions}) leave room for"
+            ),
+        ));
+    }
+    eprintln!(
+        "context {requested} + the {extra} positions a measurement adds exceed max_position_embeddings \
+         ({max_positions}): measuring at context {fitted}"
+    );
+    Ok(fitted)
+}
+
+/// Tokens a constrained reply may take before it counts as incomplete.
+const CONSTRAINED_REPLY_BUDGET: usize = 512;
+
+/// Steps a batch takes before it is timed.
+const BATCH_WARM_STEPS: usize = 2;
 
 /// Rates of [`constrained_decode`], tokens/s.
 struct ConstrainedRates {
@@ -382,7 +430,7 @@ fn constrained_decode(
     ctx: usize,
     tokens: usize,
 ) -> Result<ConstrainedRates> {
-    let budget = 512;
+    let budget = CONSTRAINED_REPLY_BUDGET;
     let mut s = model.session_with_capacity(ctx + budget.max(tokens) + 2)?;
     let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % model.config().vocab_size as u32).collect();
     s.feed(&prompt[..ctx - 1])?;
@@ -426,7 +474,7 @@ fn constrained_decode(
 /// ones, which build the pipelines for `n` rows). Returns (aggregate
 /// tokens/s, per-session tokens/s, ms per step).
 fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> Result<(f64, f64, f64)> {
-    let warm = 2;
+    let warm = BATCH_WARM_STEPS;
     let options = crate::BatchOptions::default().slots(n).capacity_per_slot(ctx + tokens + warm + 1);
     let mut batch = model.batch(&options)?;
     let vocab = model.config().vocab_size as u32;
@@ -453,6 +501,19 @@ fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A context near the model's limit is measured at the largest one
+    /// that fits; one that leaves no room at all is a named error.
+    #[test]
+    fn contexts_at_the_models_limit_fit_its_positions() {
+        assert_eq!(fitted_context(128, 40, 4096).unwrap(), 128);
+        assert_eq!(fitted_context(4056, 40, 4096).unwrap(), 4056);
+        assert_eq!(fitted_context(4096, 40, 4096).unwrap(), 4056);
+        assert_eq!(fitted_context(32768, 545, 32768).unwrap(), 32223);
+        let e = fitted_context(8, 4096, 4096).unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
+        assert!(e.to_string().contains("max_position_embeddings (4096)"), "{e}");
+    }
 
     #[test]
     fn options_parse_both_forms_and_name_bad_ones() {

@@ -11,6 +11,7 @@ mod tiny_checkpoint;
 mod api;
 mod bad_inputs;
 mod batch;
+mod bench_cli;
 mod cache;
 mod cache_faults;
 mod chat_session;
