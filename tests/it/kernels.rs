@@ -211,18 +211,22 @@ fn int8_matvec_matches_cpu() {
         // K not a multiple of a team's stride (lavapipe: 8 lanes x 16 values);
         // one token (decode), a batch of 3 (prefill, grid z), or whole
         // groups of tokens for the prefill pipelines.
+        // The last flag: the decode pipelines also specialised to the
+        // launch's shape (the same code with the shape compiled in; three
+        // shapes cover rows not a multiple of 4, a padded group, K beyond
+        // a split-K workgroup's lanes and several tokens).
         let shapes = [
-            (2, 64, 1, false),
-            (6, 96, 3, false),
-            (10, 1000, 1, false),
-            (66, 128, 3, false),
-            (130, 1024, 1, false),
-            (18, 3072, 3, false),
-            (4, 2048, 1, false),
-            (6, 96, per_wg, true),
-            (66, 1000, 2 * per_wg, true),
+            (2, 64, 1, false, false),
+            (6, 96, 3, false, true),
+            (10, 1000, 1, false, false),
+            (66, 128, 3, false, false),
+            (130, 1024, 1, false, true),
+            (18, 3072, 3, false, true),
+            (4, 2048, 1, false, false),
+            (6, 96, per_wg, true, false),
+            (66, 1000, 2 * per_wg, true, false),
         ];
-        for &(rows, cols, tokens, prefill) in &shapes {
+        for &(rows, cols, tokens, prefill, specialise) in &shapes {
             let kernels = Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some());
             // Every split the engine can pick (rows per team; split K at each
             // of its workgroup sizes, and its long matrices' rows per team);
@@ -241,7 +245,7 @@ fn int8_matvec_matches_cpu() {
                 groups: groups as u32,
                 n_in: cols as u32,
             };
-            let shapes = if prefill { vec![None] } else { vec![None, Some(shape)] };
+            let shapes = if specialise { vec![None, Some(shape)] } else { vec![None] };
             let mut cases = Vec::new();
             for k in kernels {
                 for &s in &splits {
@@ -738,7 +742,11 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
     let gpu = gpu();
     let mut seed = 500;
     for sub in variants(gpu) {
-        for &(rows, cols, n) in &[(6usize, 96usize, 3usize), (66, 1000, 5), (18, 3072, 2)] {
+        // Without subgroups, the long K only where the split-K rows path
+        // is not the one-token code (the short shapes cover its passes).
+        let shapes: &[(usize, usize, usize)] =
+            if sub { &[(6, 96, 3), (66, 1000, 5), (18, 3072, 2)] } else { &[(6, 96, 3), (66, 1000, 5)] };
+        for &(rows, cols, n) in shapes {
             let groups = usize::div_ceil(cols, QUANT_GROUP);
             let shape = MatvecShape {
                 rows: rows as u32,
