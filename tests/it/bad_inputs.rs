@@ -10,12 +10,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{mpsc, OnceLock};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use qwen3_wgpu::internals::cache::CACHE_EXTENSION;
 use qwen3_wgpu::internals::load::{load_model, LoadReport};
-use qwen3_wgpu::{decode_with, AdapterPolicy, CachePolicy, Engine, Error, LoadOptions, ShapeProfile};
+use qwen3_wgpu::{decode_with, CachePolicy, Engine, Error, LoadOptions, ShapeProfile};
 use serde_json::{json, Map, Value};
 
 // ---------------------------------------------------------------- helpers
@@ -976,8 +976,7 @@ fn two_processes_convert_into_one_cache_directory() {
 // ---------------------------------------------------------------- prompts and counts (GPU)
 
 fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine"))
+    crate::support::engine()
 }
 
 fn options(case: &Case) -> LoadOptions {

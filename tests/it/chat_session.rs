@@ -5,8 +5,8 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use qwen3_wgpu::{
-    AdapterPolicy, CachePolicy, Chat, ChatOptions, ChatTemplate, Engine, GenerateOptions, LoadOptions,
-    Message, Model, StopReason, Tokenizer,
+    CachePolicy, Chat, ChatOptions, ChatTemplate, Engine, GenerateOptions, LoadOptions, Message, Model,
+    StopReason, Tokenizer,
 };
 
 fn qwen3_tokenizer_dir() -> &'static Path {
@@ -32,8 +32,8 @@ fn small_chat_model(engine: &Engine) -> (tempfile::TempDir, Model) {
     (tmp, model)
 }
 
-fn engine() -> Engine {
-    Engine::builder().policy(AdapterPolicy::Portable).build().unwrap()
+fn engine() -> &'static Engine {
+    crate::support::engine()
 }
 
 /// Everything the session holds: its positions' tokens, then its pending one.
@@ -51,7 +51,7 @@ fn held(session: &qwen3_wgpu::Session) -> Vec<u32> {
 #[test]
 fn two_turns_hold_the_rendered_conversation() {
     let engine = engine();
-    let (dir, model) = small_chat_model(&engine);
+    let (dir, model) = small_chat_model(engine);
     let template = ChatTemplate::from_checkpoint(dir.path()).unwrap();
     let tokenizer = Tokenizer::from_checkpoint(dir.path()).unwrap();
     let chat_options = ChatOptions::default().enable_thinking(false);
@@ -102,7 +102,7 @@ fn two_turns_hold_the_rendered_conversation() {
 #[test]
 fn a_chat_on_a_fork_feeds_only_what_it_lacks() {
     let engine = engine();
-    let (dir, model) = small_chat_model(&engine);
+    let (dir, model) = small_chat_model(engine);
     let template = ChatTemplate::from_checkpoint(dir.path()).unwrap();
     let tokenizer = Tokenizer::from_checkpoint(dir.path()).unwrap();
     let options = ChatOptions::default().enable_thinking(false);

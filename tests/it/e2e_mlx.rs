@@ -82,48 +82,48 @@ fn check_case_within(engine: &Engine, case: &str, tolerance: f64) {
     assert!(compared >= 1, "{case}: nothing compared");
 }
 
-fn engine() -> Engine {
-    Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine")
+fn engine() -> &'static Engine {
+    crate::support::engine()
 }
 
 #[test]
 fn gqa_2_to_1_head_dim_64() {
-    check_case(&engine(), "gqa2_hd64");
+    check_case(engine(), "gqa2_hd64");
 }
 
 #[test]
 fn gqa_4_to_1_head_dim_128() {
-    check_case(&engine(), "gqa4_hd128");
+    check_case(engine(), "gqa4_hd128");
 }
 
 #[test]
 fn mqa() {
-    check_case(&engine(), "mqa_hd64");
+    check_case(engine(), "mqa_hd64");
 }
 
 #[test]
 fn untied_lm_head() {
-    check_case(&engine(), "untied_head");
+    check_case(engine(), "untied_head");
 }
 
 #[test]
 fn tied_with_a_stored_lm_head() {
-    check_case(&engine(), "tied_with_stored_head");
+    check_case(engine(), "tied_with_stored_head");
 }
 
 #[test]
 fn one_token_prompt() {
-    check_case(&engine(), "prompt_1tok");
+    check_case(engine(), "prompt_1tok");
 }
 
 #[test]
 fn three_hundred_token_prompt() {
-    check_case(&engine(), "prompt_300tok");
+    check_case(engine(), "prompt_300tok");
 }
 
 #[test]
 fn dimensions_not_multiples_of_64_and_vocab_555() {
-    check_case(&engine(), "odd_dims");
+    check_case(engine(), "odd_dims");
 }
 
 /// 4-bit layers: MLX's tokens from int4-exact weights, in both matvec

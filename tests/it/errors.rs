@@ -12,8 +12,8 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
 }
 
-fn engine() -> Engine {
-    Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine")
+fn engine() -> &'static Engine {
+    crate::support::engine()
 }
 
 fn no_cache() -> LoadOptions {
@@ -53,7 +53,7 @@ fn guide_documents_every_code() {
 
 #[test]
 fn checkpoint_not_found() {
-    let e = decode_with(&engine(), "/nonexistent/qwen3", &[1, 2], 4, &no_cache()).unwrap_err();
+    let e = decode_with(engine(), "/nonexistent/qwen3", &[1, 2], 4, &no_cache()).unwrap_err();
     assert_eq!(e.code(), "checkpoint_not_found");
     assert!(e.to_string().contains("/nonexistent/qwen3"), "{e}");
 }
@@ -62,7 +62,7 @@ fn checkpoint_not_found() {
 fn checkpoint_invalid() {
     let dir = fixture_copy();
     std::fs::write(dir.path().join("config.json"), "{ not json").unwrap();
-    let e = decode_with(&engine(), dir.path(), &[1, 2], 4, &no_cache()).unwrap_err();
+    let e = decode_with(engine(), dir.path(), &[1, 2], 4, &no_cache()).unwrap_err();
     assert_eq!(e.code(), "checkpoint_invalid");
     assert!(e.to_string().contains("config.json"), "{e}");
 }
@@ -71,7 +71,7 @@ fn checkpoint_invalid() {
 fn unsupported_checkpoint_architecture_lists_every_field() {
     let options =
         LoadOptions { profile: ShapeProfile::Qwen3_0_6B, cache: CachePolicy::Disabled, ..Default::default() };
-    let e = decode_with(&engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
+    let e = decode_with(engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
     assert_eq!(e.code(), "unsupported_checkpoint_architecture");
     let Error::UnsupportedArchitecture { mismatches, .. } = &e else { panic!("{e:?}") };
     // gqa2_hd64: hidden 128, 2 layers, 4 heads, 2 kv heads, head_dim 64, inter 256, vocab 1000
@@ -110,7 +110,7 @@ fn unsupported_dtype() {
         }
     }
     safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
-    let e = decode_with(&engine(), dir.path(), &[1, 2], 4, &no_cache()).unwrap_err();
+    let e = decode_with(engine(), dir.path(), &[1, 2], 4, &no_cache()).unwrap_err();
     assert_eq!(e.code(), "unsupported_dtype");
     assert!(e.to_string().contains("model.norm.weight"), "{e}");
 }
@@ -182,7 +182,7 @@ fn shader_compile_failed() {
 
 #[test]
 fn invalid_token_id() {
-    let e = decode_with(&engine(), fixture(), &[1, 1000], 4, &no_cache()).unwrap_err();
+    let e = decode_with(engine(), fixture(), &[1, 1000], 4, &no_cache()).unwrap_err();
     assert_eq!(e.code(), "invalid_token_id");
     let Error::InvalidTokenId { id, position, vocab_size } = e else { panic!() };
     assert_eq!((id, position, vocab_size), (1000, 1, 1000));
@@ -195,7 +195,7 @@ fn invalid_token_id() {
 
 #[test]
 fn empty_prompt() {
-    let e = decode(&engine(), fixture(), &[], 4).unwrap_err();
+    let e = decode(engine(), fixture(), &[], 4).unwrap_err();
     assert_eq!(e.code(), "empty_prompt");
     let model = engine().load(fixture(), &no_cache()).unwrap();
     let mut s = model.session_with_capacity(8).unwrap();
@@ -228,7 +228,7 @@ fn cache_io() {
     let file = tmp.path().join("a-file");
     std::fs::write(&file, b"not a directory").unwrap();
     let options = LoadOptions { cache: CachePolicy::Dir(file.join("cache")), ..Default::default() };
-    let e = decode_with(&engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
+    let e = decode_with(engine(), fixture(), &[1, 2], 4, &options).unwrap_err();
     assert_eq!(e.code(), "cache_io");
     assert!(e.to_string().contains("a-file"), "{e}");
 }

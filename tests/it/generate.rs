@@ -28,7 +28,7 @@ fn expected() -> (Vec<u32>, Vec<u32>) {
 }
 
 fn model() -> Model {
-    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let engine = crate::support::engine();
     engine.load(fixture(), &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap()
 }
 

@@ -18,9 +18,7 @@ use qwen3_wgpu::internals::kernels::{Kernel, KernelChoice, Kernels, Launch};
 use qwen3_wgpu::internals::reference::{poisoned, POISON};
 use qwen3_wgpu::internals::sampling::plan_with_logprobs;
 use qwen3_wgpu::internals::self_check;
-use qwen3_wgpu::{
-    AdapterPolicy, CachePolicy, Engine, Gpu, LoadOptions, Model, SamplingParams, TokenLogprobs,
-};
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Gpu, LoadOptions, Model, SamplingParams, TokenLogprobs};
 
 const TOLERANCE: f64 = 1e-4;
 
@@ -29,7 +27,7 @@ fn fixture_dir() -> PathBuf {
 }
 
 fn model() -> Model {
-    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let engine = crate::support::engine();
     let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
     engine.load(fixture_dir(), &options).unwrap()
 }

@@ -16,14 +16,14 @@ use qwen3_wgpu::internals::reference::{
 };
 use qwen3_wgpu::internals::sampling::{plan, plan_radix, PlannedLaunch};
 use qwen3_wgpu::internals::self_check;
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, Gpu, LoadOptions, Model, SamplingParams};
+use qwen3_wgpu::{AdapterPolicy, CachePolicy, Gpu, LoadOptions, Model, SamplingParams};
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64")
 }
 
 fn model() -> Model {
-    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+    let engine = crate::support::engine();
     let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
     engine.load(fixture_dir(), &options).unwrap()
 }

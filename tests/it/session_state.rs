@@ -7,14 +7,14 @@
 
 use std::path::{Path, PathBuf};
 
-use qwen3_wgpu::{AdapterPolicy, CachePolicy, Engine, FeedStatus, LoadOptions, Model, Session};
+use qwen3_wgpu::{CachePolicy, Engine, FeedStatus, LoadOptions, Model, Session};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx").join(name)
 }
 
-fn engine() -> Engine {
-    Engine::builder().policy(AdapterPolicy::Portable).build().unwrap()
+fn engine() -> &'static Engine {
+    crate::support::engine()
 }
 
 fn load(engine: &Engine, name: &str) -> Model {
@@ -51,7 +51,7 @@ fn cat(parts: &[&[u32]]) -> Vec<u32> {
 #[test]
 fn a_fork_continues_as_a_fresh_session_and_leaves_the_parent_alone() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let shared = prompt();
     let (b, c) = ([5u32, 17, 3, 250], [44u32, 91, 600]);
     let mut parent = model.session_with_capacity(64).unwrap();
@@ -98,7 +98,7 @@ fn a_fork_continues_as_a_fresh_session_and_leaves_the_parent_alone() {
 #[test]
 fn a_fork_smaller_than_the_context_is_context_overflow() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let mut s = model.session_with_capacity(64).unwrap();
     s.feed(&prompt()).unwrap();
     let e = s.fork_with_capacity(s.len() - 1).err().unwrap();
@@ -116,7 +116,7 @@ fn a_fork_smaller_than_the_context_is_context_overflow() {
 #[test]
 fn a_restored_session_continues_as_the_saved_one() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("npc.q3s");
     let mut s = model.session_with_capacity(64).unwrap();
@@ -165,7 +165,7 @@ fn reseal(bytes: &mut [u8]) {
 #[test]
 fn damaged_and_foreign_files_are_named_errors() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.q3s");
     let mut s = model.session_with_capacity(32).unwrap();
@@ -209,7 +209,7 @@ fn damaged_and_foreign_files_are_named_errors() {
 
     // Another model of the same shape, and one of another shape.
     for other in ["prompt_1tok", "mqa_hd64"] {
-        let other = load(&engine, other);
+        let other = load(engine, other);
         assert_ne!(other.fingerprint(), model.fingerprint());
         let e = other.restore_session(&path).err().unwrap();
         assert_eq!(e.code(), "session_model_mismatch", "{e}");
@@ -238,7 +238,7 @@ fn damaged_and_foreign_files_are_named_errors() {
 #[test]
 fn a_failed_save_leaves_no_file() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let dir = tempfile::tempdir().unwrap();
     let mut s = model.session_with_capacity(32).unwrap();
     s.feed(&prompt()).unwrap();
@@ -308,7 +308,7 @@ fn poll_to_the_end(s: &mut Session, batch: usize, total: usize) -> (u32, usize) 
 #[test]
 fn a_polled_feed_equals_feed_and_never_waits() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     // 300 positions: batches of PREFILL_BATCH (256) and 43, then the last
     // position's step.
     assert_eq!(qwen3_wgpu::PREFILL_BATCH, 256);
@@ -360,7 +360,7 @@ fn a_polled_feed_equals_feed_and_never_waits() {
 #[test]
 fn calls_during_a_feed_are_named_errors() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let mut s = model.session_with_capacity(64).unwrap();
     let e = s.poll_feed().unwrap_err();
     assert_eq!(e.code(), "invalid_argument");
@@ -458,7 +458,7 @@ fn restore_within_limit(model: &Model, path: &Path) -> qwen3_wgpu::Result<Sessio
 #[test]
 fn crafted_headers_are_named_errors_without_huge_allocations() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let own = model.fingerprint().as_bytes().to_vec();
     assert_eq!(own.len(), 32);
     let dir = tempfile::tempdir().unwrap();
@@ -551,7 +551,7 @@ fn crafted_headers_are_named_errors_without_huge_allocations() {
 #[test]
 fn a_fifo_or_a_device_is_refused_without_reading() {
     let engine = engine();
-    let model = load(&engine, "gqa2_hd64");
+    let model = load(engine, "gqa2_hd64");
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo.q3s");
     let status = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");

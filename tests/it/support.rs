@@ -3,10 +3,23 @@
 //! binary (for the tests that change the process's environment: every
 //! module shares one process, so a variable set on one test's thread would
 //! reach the engines other tests build at the same time), and the examples'
-//! binaries, built for this test binary's profile.
+//! binaries, built for this test binary's profile; and the engine the
+//! tests that need none of their own share.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+
+use qwen3_wgpu::{AdapterPolicy, Engine};
+
+/// The process's default portable engine, built on first use: the tests
+/// that need no engine of their own (no builder option, no variable of
+/// their own, no device they break) share it, since each build compiles
+/// and self-checks the kernel set (over a second on lavapipe).
+pub fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine"))
+}
 
 /// The variable that marks the child process, holding the test it runs.
 const ALONE_ENV: &str = "QWEN3_WGPU_TEST_ALONE";
