@@ -1,9 +1,8 @@
 //! QWEN3_WGPU_MATMUL_TILE picks the prompt-batch product's tiling when the
 //! engine starts (WGSL on lavapipe): an unknown value is a named error from
-//! the engine's build, and under the base tiling and every workgroup and
-//! register tile (prefetching, swizzled; narrow or not), each on its own
-//! grid (128-row tiles run half the workgroups of 64-row ones, narrow ones
-//! up to four times as many), a 300-token prompt ends
+//! the engine's build, and under the base tiling and a tiling of each
+//! grid the others take (128-row tiles run half the workgroups of 64-row ones,
+//! narrow ones up to four times as many), a 300-token prompt ends
 //! in the default tiling's logits bit for bit (every tiling computes each
 //! output as the same sum in the same order; tests/it/kernels.rs runs every
 //! tiling against the base one kernel by kernel). One test: the variable
@@ -32,10 +31,17 @@ fn every_tiling_gives_the_default_logits_and_an_unknown_one_is_a_named_error() {
     let msg = e.to_string();
     assert!(msg.contains(MATMUL_TILE_ENV) && msg.contains("128x64-8x8-pf-sw"), "{msg}");
 
-    let tilings =
-        MatmulTile::all().into_iter().filter(|(_, t)| *t == MatmulTile::BASE || (t.prefetch && t.swizzle));
-    for (name, _) in tilings {
-        std::env::set_var(MATMUL_TILE_ENV, &name);
+    // The base tiling and one of each grid the others take beside the
+    // default's (64-row narrow): 64-row tiles in 8 x 8 register tiles,
+    // 128-row ones (half the workgroups), 128-row narrow ones.
+    // tests/it/kernels.rs runs every tiling against the base kernel by
+    // kernel, on the grid its constants give.
+    let tilings = ["64x64-4x4", "64x64-8x8-pf-sw", "128x64-8x4-pf-sw", "128x64-8x8-pf-sw-n"];
+    let all = MatmulTile::all();
+    for name in tilings {
+        let tile = all.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} is offered")).1;
+        assert_eq!(name == "64x64-4x4", tile == MatmulTile::BASE);
+        std::env::set_var(MATMUL_TILE_ENV, name);
         assert!(
             logits_after_a_long_prompt() == want,
             "{MATMUL_TILE_ENV}={name}: not the default tiling's logits"
