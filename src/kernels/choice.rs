@@ -108,6 +108,18 @@ impl SelfCheck {
     pub fn describe_failures(&self) -> String {
         self.failures.iter().map(|(k, how)| format!("{k}: {how}")).collect::<Vec<_>>().join("; ")
     }
+
+    /// The check itself when it passed; otherwise
+    /// [`Error::GpuDeviceFailed`] saying that `what` (the kernels checked)
+    /// failed it, and how.
+    pub(crate) fn passed(self, what: &str) -> Result<Self> {
+        if self.ok {
+            return Ok(self);
+        }
+        Err(Error::GpuDeviceFailed {
+            reason: format!("{what} failed the self-check: {}", self.describe_failures()),
+        })
+    }
 }
 
 /// Proves built pipelines on known answers ([`crate::self_check::CHECKER`]).

@@ -263,15 +263,7 @@ impl Kernels {
             let checked = |coop: bool| -> Result<(Kernels, SelfCheck)> {
                 let kernels = Self::build(gpu, source, layout, coop, self_check)?;
                 let check = (self_check.set)(gpu, &kernels)?;
-                if !check.ok {
-                    return Err(Error::GpuDeviceFailed {
-                        reason: format!(
-                            "the {} kernels failed the start-up self-check: {}",
-                            source.as_str(),
-                            check.describe_failures()
-                        ),
-                    });
-                }
+                let check = check.passed(&format!("the {} kernels (start-up)", source.as_str()))?;
                 Ok((kernels, check))
             };
             // Cooperative matrices where the device has them (WGSL only:
@@ -376,16 +368,7 @@ impl Kernels {
                 self.build_kernel(gpu, k, format)?;
             }
             let check = (self.format_check)(gpu, self, format)?;
-            if !check.ok {
-                return Err(Error::GpuDeviceFailed {
-                    reason: format!(
-                        "the {} kernels over {format} weights failed the self-check: {}",
-                        source.as_str(),
-                        check.describe_failures()
-                    ),
-                });
-            }
-            Ok(check)
+            check.passed(&format!("the {} kernels over {format} weights", source.as_str()))
         });
         match outcome {
             Ok((self_check, source, rejected)) => {
