@@ -23,7 +23,7 @@ last group) is LOSSLESS:
 Those values have at most 7 significant bits and so are exact in bf16.
 
 The ``int4_*`` cases are for the engine's 4-bit layers (``--weights int4``:
-one f32 scale per group of 64, the value of largest magnitude / -8, as
+one bf16 scale per group of 64, the value of largest magnitude / -8, as
 llama.cpp's Q4_0): their layers' linear weights hold ``q * 2**-k`` with
 ``q`` in [-8, 7] and every 32-wide block holding both -8 and 7, so each
 group's scale is exactly 2**-k; the embedding (and lm_head) stay
@@ -390,12 +390,12 @@ def is_layer_linear(name: str) -> bool:
 
 def assert_int4_lossless(name: str, w: np.ndarray) -> None:
     """Emulate the engine's int4 conversion: per 64-group scale = the value of
-    largest magnitude / -8 (f32), q = round(w / scale) within [-8, 7]."""
+    largest magnitude / -8 rounded to bf16, q = round(w / scale) within [-8, 7]."""
     w = w.astype(np.float32)
     for start in range(0, w.shape[-1], GROUP):
         g = w[:, start:start + GROUP]
         big = g[np.arange(g.shape[0]), np.argmax(np.abs(g), axis=1)][:, None]
-        scale = (big / np.float32(-8.0)).astype(np.float32)
+        scale = bf16_bits_to_f32(f32_to_bf16_bits((big / np.float32(-8.0)).astype(np.float32)))
         assert np.all(scale != 0), name
         q = np.rint(g / scale).astype(np.float32)
         assert np.all((q >= -8) & (q <= 7)), name

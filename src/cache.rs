@@ -11,7 +11,7 @@
 //! safetensors header, and a digest of every byte of every tensor the
 //! engine reads. So a checkpoint edited in place (even to the same sizes)
 //! gets a new key and is converted again. Integers are little-endian except
-//! the blob's f32 scales and norms, which are native-endian (guarded by the
+//! the blob's scales (f32, int4's bf16) and f32 norms, which are native-endian (guarded by the
 //! byte-order marker).
 //!
 //! | offset | size | content |
@@ -81,8 +81,9 @@ use crate::temp_file::TempFile;
 
 /// Version of the cache file format; part of the key and of the preamble.
 /// Bump it whenever the format or the conversion changes (3: the weight
-/// format in the key, the header and each matrix of the index).
-pub const CACHE_FORMAT_VERSION: u32 = 3;
+/// format in the key, the header and each matrix of the index; 4: int4
+/// scales in bf16).
+pub const CACHE_FORMAT_VERSION: u32 = 4;
 
 /// Extension of cache files.
 pub const CACHE_EXTENSION: &str = "q3w";

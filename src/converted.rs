@@ -1,5 +1,5 @@
-//! The engine's converted weights: int8 or int4 matrices with per-group f32
-//! scales and f32 norm vectors, all living in one byte blob (in memory after
+//! The engine's converted weights: int8 or int4 matrices with per-group
+//! scales (f32 for int8, bf16 for int4) and f32 norm vectors, all living in one byte blob (in memory after
 //! a conversion, memory-mapped when loaded from the cache).
 
 use crate::config::ModelConfig;
@@ -9,11 +9,12 @@ use crate::error::Result;
 /// are zero-padded to a multiple of this, so a group never straddles two
 /// rows.
 ///
-/// int4 keeps the int8 group of 64 with its f32 scale rather than Q4_0's
-/// 32 with an f16 one: the same bytes per weight (4.5 bits), a scale that
-/// is exact for every weight of the form `q * s` (an f16 scale is not below
-/// 6.1e-5 or above 65504), and one layout of scales, padding and
-/// activation rows for both formats.
+/// int4 keeps the int8 group of 64 (one layout of padding and activation
+/// rows for both formats) with a bf16 scale: 4.25 bits a weight, against
+/// 4.5 for Q4_0's 32 with an f16 one. A bf16 scale is exact for every
+/// weight of the form `q * s` taken from a bf16 checkpoint (the dtype
+/// Qwen3 ships in: `s` is a bf16 weight / -8), where an f16 one is not
+/// below 6.1e-5 or above 65504.
 pub const QUANT_GROUP: usize = 64;
 
 /// How the converted layer weights are stored: the linear weights of every
@@ -21,13 +22,15 @@ pub const QUANT_GROUP: usize = 64;
 /// head are int8 in either format (the output projection is the matrix most
 /// sensitive to quantisation).
 ///
-/// Both are symmetric, with one f32 scale per [`QUANT_GROUP`] inputs of a
+/// Both are symmetric, with one scale per [`QUANT_GROUP`] inputs of a
 /// row. [`WeightFormat::Int8`] (the default) rounds to `[-127, 127]` times
-/// the group's largest magnitude / 127. [`WeightFormat::Int4`] halves the
-/// layers' bytes (Qwen3-4B: 2.5 GB of GPU weights instead of 4.4): it
-/// rounds to `[-8, 7]` times the group's value of largest magnitude / -8
-/// (as llama.cpp's Q4_0), which is lossless for weights of the form
-/// `q * s` with `q` in `[-8, 7]` and -8 present in each group.
+/// the group's largest magnitude / 127 (an f32 scale).
+/// [`WeightFormat::Int4`] halves the layers' bytes (Qwen3-4B: 2.3 GB of
+/// GPU weights instead of 4.3): it rounds to `[-8, 7]` times the group's
+/// value of largest magnitude / -8 (as llama.cpp's Q4_0) rounded to bf16,
+/// which is lossless for weights of the form `q * s` with `q` in `[-8, 7]`,
+/// -8 present in each group and `s` a bf16 value (as it is in every bf16
+/// checkpoint).
 ///
 /// ```no_run
 /// use qwen3_wgpu::{Engine, LoadOptions, WeightFormat};
@@ -95,6 +98,58 @@ impl WeightFormat {
     }
 }
 
+/// Bytes of one stored group scale in `format`: an f32 (int8) or a bf16
+/// (int4; `group_scale` in int8_common.wgsl and f16_stage.wgsl, and the
+/// MSL twins' `group_scale`, read it from the low half of a word for an
+/// even group index and from the high half for an odd one).
+pub fn scale_bytes(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::Int8 => 4,
+        WeightFormat::Int4 => 2,
+    }
+}
+
+/// `scale` as `format` stores it (int4: rounded to the nearest bf16, ties
+/// to even).
+pub fn stored_scale(format: WeightFormat, scale: f32) -> f32 {
+    match format {
+        WeightFormat::Int8 => scale,
+        WeightFormat::Int4 => half::bf16::from_f32(scale).to_f32(),
+    }
+}
+
+/// Writes `scale` (as [`stored_scale`] rounds it) into `out`
+/// ([`scale_bytes`] long), native-endian.
+pub fn write_scale(format: WeightFormat, scale: f32, out: &mut [u8]) {
+    match format {
+        WeightFormat::Int8 => out.copy_from_slice(&scale.to_ne_bytes()),
+        WeightFormat::Int4 => out.copy_from_slice(&half::bf16::from_f32(scale).to_bits().to_ne_bytes()),
+    }
+}
+
+/// The scale stored in `bytes` ([`scale_bytes`] long).
+pub fn read_scale(format: WeightFormat, bytes: &[u8]) -> f32 {
+    match format {
+        WeightFormat::Int8 => f32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+        WeightFormat::Int4 => half::bf16::from_bits(u16::from_ne_bytes([bytes[0], bytes[1]])).to_f32(),
+    }
+}
+
+/// `scales` as `format` stores them, zero-padded to whole 4-byte words (a
+/// storage binding's size must be one).
+pub fn scale_blob(format: WeightFormat, scales: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; scales_len(format, scales.len())];
+    for (s, o) in scales.iter().zip(out.chunks_exact_mut(scale_bytes(format))) {
+        write_scale(format, *s, o);
+    }
+    out
+}
+
+/// Bytes of `count` scales stored in `format`, padded to whole 4-byte words.
+pub fn scales_len(format: WeightFormat, count: usize) -> usize {
+    (count * scale_bytes(format)).next_multiple_of(4)
+}
+
 impl std::fmt::Display for WeightFormat {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -124,9 +179,10 @@ pub struct ByteRange {
 
 /// A quantised matrix `[rows, cols]`: row-major data of `format` with
 /// row stride `padded_cols()` values (zero padded; `row_bytes()` bytes),
-/// and `rows * groups()` f32 scales (`w[r][c] = q[r][c] *
-/// scales[r][c / QUANT_GROUP]`). int8 values are bytes; int4 values are
-/// nibbles placed as [`int4_position`] says.
+/// and `rows * groups()` scales (`w[r][c] = q[r][c] *
+/// scales[r][c / QUANT_GROUP]`; f32 for int8, bf16 for int4, zero-padded
+/// to whole words: [`WeightFormat::scale_bytes`]). int8 values are bytes;
+/// int4 values are nibbles placed as [`int4_position`] says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuantMatrix {
     pub rows: usize,
@@ -148,6 +204,10 @@ impl QuantMatrix {
     /// Scales per row.
     pub fn groups(&self) -> usize {
         self.cols.div_ceil(QUANT_GROUP)
+    }
+    /// Bytes of one row's scales.
+    pub fn row_scale_bytes(&self) -> usize {
+        self.groups() * scale_bytes(self.format)
     }
 }
 
@@ -209,9 +269,14 @@ impl ConvertedModel {
     pub fn bytes(&self, r: ByteRange) -> &[u8] {
         &self.blob[self.blob_start + r.offset..self.blob_start + r.offset + r.len]
     }
-    /// An f32 array (norm weights, scales).
+    /// An f32 array (norm weights).
     pub fn f32s(&self, r: ByteRange) -> &[f32] {
         bytemuck::cast_slice(self.bytes(r))
+    }
+    /// The scales of `m`, row after row, as f32.
+    pub fn scales(&self, m: &QuantMatrix) -> Vec<f32> {
+        let bytes = self.bytes(m.scales).chunks_exact(scale_bytes(m.format));
+        bytes.take(m.rows * m.groups()).map(|b| read_scale(m.format, b)).collect()
     }
     /// The matrix used as LM head (the embedding when tied).
     pub fn lm_head(&self) -> &QuantMatrix {

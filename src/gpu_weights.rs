@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::buffers::PREFILL_BATCH;
 use crate::config::ModelConfig;
-use crate::converted::{ByteRange, ConvertedModel, QuantMatrix, WeightFormat, QUANT_GROUP};
+use crate::converted::{scale_bytes, ByteRange, ConvertedModel, QuantMatrix, WeightFormat, QUANT_GROUP};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{chunk_rows, Kernels};
@@ -77,13 +77,15 @@ impl GpuMatrix {
         })
     }
 
-    /// The scales range of a chunk, for binding.
+    /// The scales range of a chunk, for binding: whole words (a chunk's
+    /// rows are a multiple of [`chunk_rows`]'s 128 but the last, and the
+    /// buffer's padding completes the last word).
     pub fn scales_range(&self, c: &RowChunk) -> wgpu::BindingResource<'_> {
-        let row = (self.groups * 4) as u64;
+        let row = (self.groups * scale_bytes(self.format)) as u64;
         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer: &self.scales,
             offset: c.row_start as u64 * row,
-            size: std::num::NonZeroU64::new(c.rows as u64 * row),
+            size: std::num::NonZeroU64::new((c.rows as u64 * row).next_multiple_of(4)),
         })
     }
 }

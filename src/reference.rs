@@ -5,7 +5,7 @@
 
 use half::f16;
 
-use crate::converted::{int4_position, WeightFormat, QUANT_GROUP};
+use crate::converted::{int4_position, scale_blob, stored_scale, WeightFormat, QUANT_GROUP};
 use crate::kernels::quant_padded;
 
 /// Fills outputs before a run: a NaN, so an element never written fails.
@@ -64,9 +64,10 @@ pub fn pseudo_nonzero(seed: u64, n: usize) -> Vec<f32> {
 }
 
 /// A quantised matrix in the engine's layout: rows zero-padded to
-/// [`QUANT_GROUP`] values, one f32 scale per group; `q` holds one value an
-/// element (within [-8, 7] for int4), [`Quant::data`] the bytes the GPU
-/// reads.
+/// [`QUANT_GROUP`] values, one scale per group (each a value `format`
+/// stores exactly: bf16 for int4); `q` holds one value an element (within
+/// [-8, 7] for int4), [`Quant::data`] and [`Quant::scale_blob`] the bytes
+/// the GPU reads.
 pub struct Quant {
     pub rows: usize,
     pub cols: usize,
@@ -98,6 +99,10 @@ impl Quant {
             }
         }
     }
+    /// The scales as stored ([`scale_blob`]).
+    pub fn scale_blob(&self) -> Vec<u8> {
+        scale_blob(self.format, &self.scales)
+    }
     pub fn k_words(&self) -> usize {
         self.padded / 4
     }
@@ -125,8 +130,10 @@ impl Quant {
             }
         }
         let groups = padded / QUANT_GROUP;
-        let scales =
-            pseudo_nonzero(seed ^ 0x5ca1e, rows * groups).iter().map(|v| 0.001 + 0.019 * v.abs()).collect();
+        let scales = pseudo_nonzero(seed ^ 0x5ca1e, rows * groups)
+            .iter()
+            .map(|v| stored_scale(format, 0.001 + 0.019 * v.abs()))
+            .collect();
         Quant { rows, cols, padded, format, q, scales }
     }
 

@@ -64,6 +64,17 @@ static_assert(Q3W_MM_ROWS * CHUNK_QUADS == Q3W_WG, "16 weights per thread and ch
 static_assert(X_UNITS % Q3W_WG == 0 && Q3W_WG % (CHUNK_K / 4) == 0, "whole input units per thread");
 static_assert((Q3W_GROUP_WORDS * 4) % CHUNK_K == 0, "a chunk lies in one quant group");
 
+// Scale i (row r's group g at r * groups + g): int8's f32; int4's bf16,
+// two a word, the even group in the low half (`scale_bytes`,
+// src/converted.rs): its bits are a float's upper half.
+inline float group_scale(const device float* scales, uint i) {
+#if Q3W_INT4
+    return as_type<float>(uint(reinterpret_cast<const device ushort*>(scales)[i]) << 16);
+#else
+    return scales[i];
+#endif
+}
+
 inline float silu(float g) {
     return g / (1.0f + exp(-g));
 }
@@ -146,7 +157,7 @@ kernel void int8_matmul(
         threadgroup_barrier(mem_flags::mem_threadgroup); // the previous chunk's readers are done
         {
             const uint g = (c * (CHUNK_K / 4)) / Q3W_GROUP_WORDS;
-            const float s = scales[w_row * p.groups + g];
+            const float s = group_scale(scales, w_row * p.groups + g);
             const uint k0 = wq * 16;
 #if Q3W_INT4
             // Words 2 wq and 2 wq + 1 of the row's uint4 c (the chunk's 32

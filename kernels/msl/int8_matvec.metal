@@ -2,7 +2,8 @@
 // ROWS_PER_WG rows per threadgroup, where x' = x, or with NORM the RMSNorm
 // of x fused in: x' = x * rsqrt(mean(x^2) + eps) * norm_w.
 // w: int8, row-major, rows zero-padded to a multiple of the quant group,
-// four values packed per u32 (little-endian); one f32 scale per group.
+// four values packed per u32 (little-endian); one f32 scale per group
+// (int4: one bf16 scale, group_scale).
 // INT4: int4 values, 8 a word, byte b value b in its low nibble and b + 4
 // in its high one (`int4_position`, src/converted.rs).
 //
@@ -29,6 +30,17 @@
 #if Q3W_SPLIT_K
 #error "this twin implements the rows-per-simdgroup layout only"
 #endif
+
+// Scale i (row r's group g at r * groups + g): int8's f32; int4's bf16,
+// two a word, the even group in the low half (`scale_bytes`,
+// src/converted.rs): its bits are a float's upper half.
+inline float group_scale(const device float* scales, uint i) {
+#if Q3W_INT4
+    return as_type<float>(uint(reinterpret_cast<const device ushort*>(scales)[i]) << 16);
+#else
+    return scales[i];
+#endif
+}
 
 inline float silu(float g) {
     return g / (1.0f + exp(-g));
@@ -107,10 +119,10 @@ inline float4 rows4(
         x7 *= norm_w[8 * j + 7];
 #endif
         const uint g = j / steps_per_group;
-        acc.x += dot32(w[row0 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * scales[row0 * p.groups + g];
-        acc.y += dot32(w[r1 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * scales[r1 * p.groups + g];
-        acc.z += dot32(w[r2 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * scales[r2 * p.groups + g];
-        acc.w += dot32(w[r3 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * scales[r3 * p.groups + g];
+        acc.x += dot32(w[row0 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * group_scale(scales, row0 * p.groups + g);
+        acc.y += dot32(w[r1 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * group_scale(scales, r1 * p.groups + g);
+        acc.z += dot32(w[r2 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * group_scale(scales, r2 * p.groups + g);
+        acc.w += dot32(w[r3 * k_steps + j], x0, x1, x2, x3, x4, x5, x6, x7) * group_scale(scales, r3 * p.groups + g);
     }
 #else
     const uint k_quads = p.k_words / 4;
@@ -128,10 +140,10 @@ inline float4 rows4(
         x3 *= norm_w[4 * j + 3];
 #endif
         const uint g = j / quads_per_group;
-        acc.x += dot16(w[row0 * k_quads + j], x0, x1, x2, x3) * scales[row0 * p.groups + g];
-        acc.y += dot16(w[r1 * k_quads + j], x0, x1, x2, x3) * scales[r1 * p.groups + g];
-        acc.z += dot16(w[r2 * k_quads + j], x0, x1, x2, x3) * scales[r2 * p.groups + g];
-        acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * scales[r3 * p.groups + g];
+        acc.x += dot16(w[row0 * k_quads + j], x0, x1, x2, x3) * group_scale(scales, row0 * p.groups + g);
+        acc.y += dot16(w[r1 * k_quads + j], x0, x1, x2, x3) * group_scale(scales, r1 * p.groups + g);
+        acc.z += dot16(w[r2 * k_quads + j], x0, x1, x2, x3) * group_scale(scales, r2 * p.groups + g);
+        acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * group_scale(scales, r3 * p.groups + g);
     }
 #endif
     float4 sums = simd_sum(acc);

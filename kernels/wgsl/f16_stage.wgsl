@@ -66,12 +66,12 @@ fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg:
             // The quad's 16 int4 values: two words of a vec4 of 32.
             let v4 = w[(r * quads + c) / 2u];
             let v = select(v4.xy, v4.zw, c % 2u == 1u);
-            let s = scales[r * p.groups + c / GROUP_QUADS];
+            let s = group_scale(r * p.groups + c / GROUP_QUADS);
             lo = pack8(i4x4(v.x) * s, i4x4(v.x >> 4u) * s);
             hi = pack8(i4x4(v.y) * s, i4x4(v.y >> 4u) * s);
         } else if r < p.rows {
             let v = w[r * quads + c];
-            let s = scales[r * p.groups + c / GROUP_QUADS];
+            let s = group_scale(r * p.groups + c / GROUP_QUADS);
             lo = pack8(i8x4(v.x) * s, i8x4(v.y) * s);
             hi = pack8(i8x4(v.z) * s, i8x4(v.w) * s);
         }
@@ -114,4 +114,9 @@ fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg:
         }
         staged[x0 + blocked8(t, 8u * j, quads)] = pack8(a, b);
     }
+}
+
+// Scale `i` (row r's group g at r * groups + g) in either weight format.
+fn group_scale(i: u32) -> f32 {
+    return word_scale(scales[scale_word(i)], i);
 }

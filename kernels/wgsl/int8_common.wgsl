@@ -13,6 +13,7 @@
 // loads take 16 bytes through the read-only path.
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+// The weights' scales as f32 words (int4's bf16 pairs bitcast: group_scale).
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 // NORM: the norm weight as f32 words, zero-padded to k_words * 4, then the
@@ -48,4 +49,9 @@ fn n_groups() -> u32 {
 }
 fn n_inputs() -> u32 {
     return select(p.n_in, SHAPE_N_IN, SHAPE_N_IN != 0u);
+}
+
+// Scale `i` (row r's group g at r * groups + g) in either weight format.
+fn group_scale(i: u32) -> f32 {
+    return word_scale(scales[scale_word(i)], i);
 }

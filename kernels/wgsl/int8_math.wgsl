@@ -20,6 +20,21 @@ fn silu(g: f32) -> f32 {
 // src/converted.rs); otherwise int8, 4 values a word.
 override INT4: bool = false;
 
+// Scales: int8's one f32 a group; int4's one bf16 a group, two a word
+// (group i in the low half of word i / 2 for even i, the high half for odd
+// i; `scale_bytes`, src/converted.rs). The programs that bind them read
+// group i as word_scale(scales[scale_word(i)], i) (`group_scale`).
+fn scale_word(i: u32) -> u32 {
+    return select(i, i >> 1u, INT4);
+}
+fn word_scale(word: f32, i: u32) -> f32 {
+    if INT4 {
+        let u = bitcast<u32>(word);
+        return bitcast<f32>(select(u << 16u, u & 0xffff0000u, (i & 1u) == 1u));
+    }
+    return word;
+}
+
 // The 4 int8 values of `v` as floats, exactly, without int-to-float
 // conversions (a quarter-rate instruction on many GPUs, and the bulk of a
 // matvec's arithmetic): byte u = q + 128 (the sign bit flipped) set into

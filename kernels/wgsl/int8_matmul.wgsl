@@ -133,7 +133,7 @@ fn load_chunk(l: u32, c: u32, row0: u32, t0: u32) {
                 } else {
                     wq[4u * n + m] = w[r * k_quads + word / 4u][word % 4u];
                 }
-                wsc[4u * n + m] = scales[r * p.groups + g];
+                wsc[4u * n + m] = group_scale(r * p.groups + g);
             }
         }
     }

@@ -2,7 +2,8 @@
 // where x' = x, or with NORM the RMSNorm of x fused in:
 // x' = x * rsqrt(mean(x^2) + eps) * norm_w.
 // w: int8, row-major, rows zero-padded to a multiple of the quant group,
-// four values packed per u32 (little-endian); one f32 scale per group.
+// four values packed per u32 (little-endian); one f32 scale per group
+// (int4: one bf16 scale, group_scale).
 //
 // Two layouts (SPLIT_K, chosen per device by the host; both read 16 int8
 // values per lane and step):
@@ -158,8 +159,8 @@ fn xq2(xb: u32, j: u32) -> Quads {
 
 // The scales of group g of `rows`.
 fn scales4(rows: vec4<u32>, g: u32) -> vec4<f32> {
-    return vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
-                     scales[rows.w * n_groups() + g]);
+    return vec4<f32>(group_scale(rows.x * n_groups() + g), group_scale(rows.y * n_groups() + g),
+                     group_scale(rows.z * n_groups() + g), group_scale(rows.w * n_groups() + g));
 }
 
 // step4 of int4 weights.
@@ -188,8 +189,8 @@ fn step4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
     let k_quads = n_k_words() / 4u;
     let q = xq(xb + 4u * j, j);
     let g = j / (GROUP_WORDS / 4u);
-    let s = vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
-                      scales[rows.w * n_groups() + g]);
+    let s = vec4<f32>(group_scale(rows.x * n_groups() + g), group_scale(rows.y * n_groups() + g),
+                      group_scale(rows.z * n_groups() + g), group_scale(rows.w * n_groups() + g));
     let acc = rows4(w[rows.x * k_quads + j], w[rows.y * k_quads + j], w[rows.z * k_quads + j],
                     w[rows.w * k_quads + j], q) * s;
     return Partial(acc, q.sq);
@@ -273,8 +274,8 @@ fn step4_tokens(row0: u32, r1: u32, r2: u32, r3: u32, xb: u32, j: u32) -> Produc
     let w1 = w[r1 * k_quads + j];
     let w2 = w[r2 * k_quads + j];
     let w3 = w[r3 * k_quads + j];
-    let s = vec4<f32>(scales[row0 * n_groups() + g], scales[r1 * n_groups() + g], scales[r2 * n_groups() + g],
-                      scales[r3 * n_groups() + g]);
+    let s = vec4<f32>(group_scale(row0 * n_groups() + g), group_scale(r1 * n_groups() + g),
+                      group_scale(r2 * n_groups() + g), group_scale(r3 * n_groups() + g));
     let b = xb + 4u * j;
     let q0 = xq(b, j);
     let q1 = xq(b + n_k_words(), j);
@@ -444,8 +445,8 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
         w1 = w[rows.y * k_quads + j];
         w2 = w[rows.z * k_quads + j];
         w3 = w[rows.w * k_quads + j];
-        s = vec4<f32>(scales[rows.x * n_groups() + g], scales[rows.y * n_groups() + g], scales[rows.z * n_groups() + g],
-                      scales[rows.w * n_groups() + g]);
+        s = vec4<f32>(group_scale(rows.x * n_groups() + g), group_scale(rows.y * n_groups() + g),
+                      group_scale(rows.z * n_groups() + g), group_scale(rows.w * n_groups() + g));
     }
     // Four rows per workgroup exchange (wg_sum5x4: each row's sums exactly
     // wg_sum5's), then the rest one at a time.

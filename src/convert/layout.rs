@@ -4,8 +4,8 @@
 
 use crate::config::ModelConfig;
 use crate::converted::{
-    int4_position, ByteRange, ConvertedModel, LayerWeights, QuantMatrix, WeightFormat, WeightIndex,
-    BLOB_ALIGN, QUANT_GROUP,
+    int4_position, read_scale, scale_bytes, scales_len, ByteRange, ConvertedModel, LayerWeights, QuantMatrix,
+    WeightFormat, WeightIndex, BLOB_ALIGN, QUANT_GROUP,
 };
 
 /// Hands out aligned, non-overlapping ranges of a blob being planned.
@@ -27,7 +27,7 @@ impl LayoutPlanner {
     pub(super) fn matrix(&mut self, rows: usize, cols: usize, format: WeightFormat) -> QuantMatrix {
         let groups = cols.div_ceil(QUANT_GROUP);
         let data = self.range(rows * groups * QUANT_GROUP * format.bits() / 8);
-        let scales = self.range(rows * groups * 4);
+        let scales = self.range(scales_len(format, rows * groups));
         QuantMatrix { rows, cols, format, data, scales }
     }
 }
@@ -43,7 +43,8 @@ pub fn planned_blob_len(cfg: &ModelConfig, weights: WeightFormat) -> Option<usiz
     let matrix_in = |format: WeightFormat, rows: usize, cols: usize| {
         let padded_rows = rows.checked_mul(cols.div_ceil(QUANT_GROUP))?;
         let data = padded_rows.checked_mul(QUANT_GROUP * format.bits() / 8);
-        aligned(data)?.checked_add(aligned(padded_rows.checked_mul(4))?)
+        let scales = padded_rows.checked_mul(scale_bytes(format))?.checked_next_multiple_of(4);
+        aligned(data)?.checked_add(aligned(scales)?)
     };
     let matrix = |rows, cols| matrix_in(WeightFormat::Int8, rows, cols);
     let layer_matrix = |rows, cols| matrix_in(weights, rows, cols);
@@ -118,8 +119,8 @@ pub fn dequantize(model: &ConvertedModel, m: &QuantMatrix, row: usize, col: usiz
             (if high { b } else { b << 4 }) as i8 >> 4
         }
     };
-    let s_off = (row * m.groups() + col / QUANT_GROUP) * 4;
-    let s = model.bytes(m.scales).get(s_off..s_off + 4)?;
-    let scale = f32::from_ne_bytes([s[0], s[1], s[2], s[3]]);
+    let size = scale_bytes(m.format);
+    let s_off = (row * m.groups() + col / QUANT_GROUP) * size;
+    let scale = read_scale(m.format, model.bytes(m.scales).get(s_off..s_off + size)?);
     Some(f32::from(q) * scale)
 }

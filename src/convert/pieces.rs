@@ -12,7 +12,7 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
 use super::quantize::quantize_checked;
 use super::Target;
 use crate::checkpoint::{combine_pieces, TensorSource, READ_WINDOW};
-use crate::converted::{ByteRange, QuantMatrix, WeightFormat};
+use crate::converted::{scales_len, ByteRange, QuantMatrix, WeightFormat};
 use crate::error::{Error, Result};
 use crate::progress::{LoadPhase, Progress};
 
@@ -234,11 +234,12 @@ fn matrix_slots<'b>(
     let outside = || layout_error(dir, "a matrix", "range outside the blob");
     let data = carver.take(m.data).ok_or_else(outside)?;
     let scales = carver.take(m.scales).ok_or_else(outside)?;
-    let (row_bytes, groups) = (m.row_bytes(), m.groups());
-    if data.len() != m.rows * row_bytes || scales.len() != m.rows * groups * 4 {
+    let (row_bytes, row_scales) = (m.row_bytes(), m.row_scale_bytes());
+    if data.len() != m.rows * row_bytes || scales.len() != scales_len(m.format, m.rows * m.groups()) {
         return Err(layout_error(dir, "a matrix", format_args!("{} rows of {} columns", m.rows, m.cols)));
     }
-    let rows = data.chunks_exact_mut(row_bytes).zip(scales.chunks_exact_mut(groups * 4));
+    // The scales' padding to a whole word stays zero.
+    let rows = data.chunks_exact_mut(row_bytes).zip(scales.chunks_exact_mut(row_scales));
     Ok(rows.map(|(q, s)| Some((q, s, m.format))).collect())
 }
 

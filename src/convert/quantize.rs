@@ -1,10 +1,11 @@
 //! Symmetric int8 and int4 quantization: rows in groups of [`QUANT_GROUP`]
-//! with one f32 scale each, and the rounding of one value.
+//! with one scale each (f32 for int8, bf16 for int4), and the rounding of
+//! one value.
 
 use std::path::Path;
 
 use crate::checkpoint::TensorSource;
-use crate::converted::{int4_position, WeightFormat, QUANT_GROUP};
+use crate::converted::{int4_position, scale_bytes, stored_scale, write_scale, WeightFormat, QUANT_GROUP};
 use crate::error::{Error, Result};
 
 /// [`quantize_row`] or [`quantize_row_int4`], as `format` says, of row `r`
@@ -92,16 +93,20 @@ where
 
 /// Quantizes one row to int4: `q_row` gets the nibbles, two's complement,
 /// where [`int4_position`] puts them (whole groups: the padding is zero),
-/// `s_row` one native-endian f32 scale per group, the group's value of
-/// largest magnitude (the first of equal ones) / -8, as llama.cpp's Q4_0.
-/// That value becomes exactly -8; so a group of weights `q * s` with `q`
-/// in [-8, 7] and -8 present gets the scale `s` and its `q` back, exactly
-/// (a scale of largest magnitude / 7 would give 7 there and round the
-/// rest). Returns false when the row holds a non-finite value.
+/// `s_row` one native-endian bf16 scale per group, the group's value of
+/// largest magnitude (the first of equal ones) / -8, as llama.cpp's Q4_0,
+/// rounded to bf16. With a bf16 scale (any bf16 weight / -8 is one) that
+/// value becomes exactly -8; so a group of weights `q * s` with `q` in
+/// [-8, 7], -8 present and `s` a bf16 value gets the scale `s` and its `q`
+/// back, exactly (a scale of largest magnitude / 7 would give 7 there and
+/// round the rest). Returns false when the row holds a non-finite value.
 pub(super) fn quantize_row_int4(row: &[f32], q_row: &mut [u8], s_row: &mut [u8]) -> bool {
     let mut all_finite = true;
-    let groups =
-        row.chunks(QUANT_GROUP).zip(q_row.chunks_mut(QUANT_GROUP / 2)).zip(s_row.chunks_exact_mut(4));
+    let scale_size = scale_bytes(WeightFormat::Int4);
+    let groups = row
+        .chunks(QUANT_GROUP)
+        .zip(q_row.chunks_mut(QUANT_GROUP / 2))
+        .zip(s_row.chunks_exact_mut(scale_size));
     for ((w, q), s) in groups {
         let mut extreme = 0f32;
         for &x in w {
@@ -110,8 +115,8 @@ pub(super) fn quantize_row_int4(row: &[f32], q_row: &mut [u8], s_row: &mut [u8])
                 extreme = x;
             }
         }
-        let scale = extreme / -8.0;
-        s.copy_from_slice(&scale.to_ne_bytes());
+        let scale = stored_scale(WeightFormat::Int4, extreme / -8.0);
+        write_scale(WeightFormat::Int4, scale, s);
         q.fill(0);
         if scale == 0.0 {
             // An all-zero group: scale 0 and q 0.

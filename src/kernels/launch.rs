@@ -326,11 +326,12 @@ pub fn grid(n: u32) -> [u32; 3] {
     }
 }
 
-/// Rows per chunk when a matrix is bound in ranges (a multiple of 64 rows
-/// keeps every range offset aligned to 256 bytes).
+/// Rows per chunk when a matrix is bound in ranges: a multiple of 128
+/// rows keeps every range offset aligned to 256 bytes (a row's int4
+/// scales are 2 bytes a group of 64 values).
 pub fn chunk_rows(row_bytes: usize, max_binding: u64) -> usize {
-    let rows = (max_binding as usize / row_bytes.max(1)) / 64 * 64;
-    rows.max(64)
+    let rows = (max_binding as usize / row_bytes.max(1)) / 128 * 128;
+    rows.max(128)
 }
 
 #[cfg(test)]

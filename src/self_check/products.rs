@@ -58,7 +58,7 @@ pub(super) fn matvec(rig: &mut Rig<'_>, kernel: Kernel, format: WeightFormat) ->
         rig.uniform(bytes_of(&p))?,
         rig.storage(&f32s(&x))?,
         rig.storage(&m.data())?,
-        rig.storage(&f32s(&m.scales))?,
+        rig.storage(&m.scale_blob())?,
         rig.storage(&init)?,
         rig.storage(&norm_bytes)?,
         rig.storage(&x16_init)?,
@@ -176,7 +176,7 @@ pub(super) fn matmul(
         rig.uniform(bytes_of(&p))?,
         rig.storage(&f32s(&x))?,
         rig.storage(&m.data())?,
-        rig.storage(&f32s(&m.scales))?,
+        rig.storage(&m.scale_blob())?,
         rig.storage(&init)?,
         rig.storage(&f32s(&norm_w))?,
         rig.storage(&poisoned(1))?, // the residual's f16 copy: unused by prompt batches

@@ -81,7 +81,7 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
         gpu.uniform("first-use check", bytes_of(&p))?,
         storage(&f32s(&x))?,
         storage(&m.data())?,
-        storage(&f32s(&m.scales))?,
+        storage(&m.scale_blob())?,
         storage(&norm_bytes)?,
     );
     let (y_one, y_rows) = (storage(&init)?, storage(&init)?);

@@ -84,7 +84,7 @@ pub(super) fn embed(rig: &mut Rig<'_>) -> Result<Check> {
         rig.storage(&step(1, 0))?,
         rig.storage(&u32s(&[3, token, 4]))?,
         rig.storage(&m.data())?,
-        rig.storage(&f32s(&m.scales))?,
+        rig.storage(&m.scale_blob())?,
         rig.storage(&poisoned(x_len))?,
         rig.storage(&poisoned(x_len / 2))?,
     ];

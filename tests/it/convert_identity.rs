@@ -18,21 +18,22 @@ use safetensors::Dtype;
 use sha2::{Digest, Sha256};
 
 /// (case, sha256 of the converted blob, cache key), recorded from the
-/// sequential converter (commit 0b00686); the keys again at cache format 3
-/// (the weight format in the key), the blobs unchanged.
+/// sequential converter (commit 0b00686); the keys again at cache formats
+/// 3 (the weight format in the key) and 4 (int4 scales in bf16), the blobs
+/// unchanged.
 #[rustfmt::skip]
 const RECORDED: &[(&str, &str, &str)] = &[
-    ("mlx/gqa2_hd64", "b311463771622d4a7138b6eb8109f4ffc47c59704d42db959aecbabfccb0fac9", "89fa35591baa3ecb45d2852d2f521e823f7f6812abcd407ffc22b7483f21d759"),
-    ("mlx/gqa4_hd128", "5ebe956c2d366de3635f6743f6b36af7f6bc8c73a534e99daa86d7c788347e18", "1c112e1ed9c1c639a7cd31e5d91df464defc724dca6db026ce18ce43addc61c2"),
-    ("mlx/mqa_hd64", "88388cb781158301614548969d17ea345081f2bf5b8c54b04ddad51d8d7fcda7", "82551ba738299d7397bd6be634221c208ad6862d216481efa13530f58bd05f25"),
-    ("mlx/odd_dims", "50237fd948af0d2abd7c9afd5dcb711d89acd2274dd1d556553d52fc8aa16103", "cde2e7d308a04d72c118fa07826243c0d7c6b29247d80e15fa1de3ad2963738f"),
-    ("mlx/prompt_1tok", "d95e8c6faa9ac6fefa83d79d7aa180b477e61a2fa950673995842e465d4fdcbe", "b914e4ff0777f560490c282cd91f36a898cc367d766b524f2ddeb14ea528c9f0"),
-    ("mlx/prompt_300tok", "8cc90b0cb852503e986d0b768d4623d5707a068cd3a60345a99b91d5fb473676", "cef2cd5a5714291fe0ef6c9678bca7319a76a72af14e53de59e8433c0433837e"),
-    ("mlx/tied_with_stored_head", "f64f3341b34e75824065ec3ea46120e3d70f09b0d604bd09df31c2f6f2a8f199", "b7041145fc2464476a172d1b286e26e18f8eec6682742da0d08f05bcee71bd76"),
-    ("mlx/untied_head", "21b67d3cd9ff63aa960f6f23fb7b411a934139a62eba66c69b79d2420c2af1a1", "45710901c48c7af0c7820352241f2c77e90b2e2567ba79530eaece60b27a5f62"),
-    ("tiny/F16", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "52ac61d5047e1f31bff5497e967111c7e44120a3de28d5289066f55fb2ad89e5"),
-    ("tiny/F32", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "305ff375f2c4fadace7cba15e1b881bebeb35d033b608dd71cad4537232d9633"),
-    ("random/straddling", "ab0cb4b68439ae879042c5b2946602389f09601365683d8bf8affdbefc9a0b49", "e7aac15973698bd11179ee0aaa71047096594e13ca806cc561f2918dc4d9b128"),
+    ("mlx/gqa2_hd64", "b311463771622d4a7138b6eb8109f4ffc47c59704d42db959aecbabfccb0fac9", "1e1b8b375d642d15422a9eb051773b6a07f3a4758d3dad54cd5014352be51f4d"),
+    ("mlx/gqa4_hd128", "5ebe956c2d366de3635f6743f6b36af7f6bc8c73a534e99daa86d7c788347e18", "49becccf407b65ffd1ed37af4ed8f1e5938fd8f323673313fa54a1a850f340a9"),
+    ("mlx/mqa_hd64", "88388cb781158301614548969d17ea345081f2bf5b8c54b04ddad51d8d7fcda7", "277e97c62d7a57c3eb2f4a5cd6f72a062c37bc1b3047cbda45bc6a2570f035a2"),
+    ("mlx/odd_dims", "50237fd948af0d2abd7c9afd5dcb711d89acd2274dd1d556553d52fc8aa16103", "77ab876688fbb01ac41f5d139da8d5e71fb74f5b8639188a45cf1e7ef4b7d0fd"),
+    ("mlx/prompt_1tok", "d95e8c6faa9ac6fefa83d79d7aa180b477e61a2fa950673995842e465d4fdcbe", "7ca087123ee53a8e2c486d794fb8f641e533b1068a810eb6dfcac312f85eae56"),
+    ("mlx/prompt_300tok", "8cc90b0cb852503e986d0b768d4623d5707a068cd3a60345a99b91d5fb473676", "c66106add73fc5e1215b1d82813519c5e82ae4638caaaedce42948b4e237ed45"),
+    ("mlx/tied_with_stored_head", "f64f3341b34e75824065ec3ea46120e3d70f09b0d604bd09df31c2f6f2a8f199", "5fb9abf58c97444ad10914c7520919f47b358c802cbc408ca1a9f2c484815da3"),
+    ("mlx/untied_head", "21b67d3cd9ff63aa960f6f23fb7b411a934139a62eba66c69b79d2420c2af1a1", "96ba4de178faec49d0b411e0027a9c32c213b44b590d5805e2acb2f8f81887e5"),
+    ("tiny/F16", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "6c3ac469198f391d5f3213eea898e06dbc2589c9d7eb8f9feb0de3443093affe"),
+    ("tiny/F32", "0889a0cc6dc985cdb5b5e6fb2e3cff756c9394498764f501d743848dd6901c02", "54a8ab2ec8adb397e497a3cb886845e0ab7130113833129c7c2e6b3aa49c3e39"),
+    ("random/straddling", "ab0cb4b68439ae879042c5b2946602389f09601365683d8bf8affdbefc9a0b49", "8ab49114c01c5481e795dc2b623bd7e219e4b98560f705ff3c97f7961959b0c4"),
 ];
 
 /// A model whose embedding and LM head (5000 x 1000 BF16, 10 MB) span two

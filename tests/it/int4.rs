@@ -47,14 +47,16 @@ fn config() -> serde_json::Value {
 }
 
 /// A row of `cols` values, each group of [`QUANT_GROUP`] `q * s` with `q`
-/// in `[min, max]`, both present, and `s` of 8 significant bits (so every
-/// value is exact in f32): int4-exact for (-8, 7), int8-exact for (-127,
-/// 127) (the scale `absmax / 127` is then `s`, exactly).
+/// in `[min, max]`, both present, and `s` a bf16 value (8 significant
+/// bits, so every value is exact in f32), as a bf16 checkpoint's are:
+/// int4-exact for (-8, 7), int8-exact for (-127, 127) (the scale
+/// `absmax / 127` is then `s`, exactly).
 fn exact_row(rng: &mut StdRng, cols: usize, (min, max): (i32, i32), magnitude: f32) -> Vec<f32> {
     let mut row = Vec::with_capacity(cols);
     for start in (0..cols).step_by(QUANT_GROUP) {
         let len = QUANT_GROUP.min(cols - start);
-        let s = rng.random_range(128..=255) as f32 / 256.0 * magnitude / max as f32;
+        let s = half::bf16::from_f32(rng.random_range(128..=255) as f32 / 256.0 * magnitude / max as f32)
+            .to_f32();
         let mut q: Vec<i32> = (0..len).map(|_| rng.random_range(min..=max)).collect();
         let at = rng.random_range(0..len);
         q[at] = if max == 7 { min } else { max };

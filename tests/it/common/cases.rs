@@ -267,7 +267,7 @@ fn batch_case(
         bytes_of(&params).to_vec(),
         f32s(&x),
         m.data(),
-        f32s(&m.scales),
+        m.scale_blob(),
         init,
         norm_weight_bytes(&norm_w),
         x16_init.clone(),

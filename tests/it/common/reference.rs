@@ -1,7 +1,7 @@
 //! The CPU references (shared with the engine's self-check, in
 //! `qwen3_wgpu::internals::reference`) plus the random inputs the tests run them on.
 
-use qwen3_wgpu::internals::converted::QUANT_GROUP;
+use qwen3_wgpu::internals::converted::{stored_scale, QUANT_GROUP};
 use qwen3_wgpu::internals::kernels::quant_padded;
 pub use qwen3_wgpu::internals::reference::*;
 use qwen3_wgpu::WeightFormat;
@@ -39,7 +39,8 @@ pub fn random_quant_in(rng: &mut StdRng, format: WeightFormat, rows: usize, cols
             }
         }
     }
-    let scales = (0..rows * groups).map(|_| rng.random_range(0.001..0.02)).collect();
+    // Scales the format stores exactly (int4's are bf16).
+    let scales = (0..rows * groups).map(|_| stored_scale(format, rng.random_range(0.001..0.02))).collect();
     Quant { rows, cols, padded, format, q, scales }
 }
 

@@ -197,7 +197,7 @@ pub fn assert_matrix_rows(
     let cols = t.shape[1];
     assert_eq!(m.cols, cols, "{}", t.name);
     let data = model.bytes(m.data);
-    let scales = model.f32s(m.scales);
+    let scales = model.scales(m);
     for r in 0..t.shape[0] {
         let (q, s) = reference_row(&t.values[r * cols..(r + 1) * cols]);
         let row = first_row + r * stride;
