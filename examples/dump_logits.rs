@@ -54,6 +54,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         for v in session.debug_logits()? {
             file.write_all(&v.to_le_bytes())?;
         }
+        // Drop the pending prediction, which the next feed would take in
+        // ahead of the next id.
+        session.truncate(session.len())?;
     }
     file.flush()?;
     let ids_json =
