@@ -181,7 +181,7 @@ pub struct ByteRange {
 /// row stride `padded_cols()` values (zero padded; `row_bytes()` bytes),
 /// and `rows * groups()` scales (`w[r][c] = q[r][c] *
 /// scales[r][c / QUANT_GROUP]`; f32 for int8, bf16 for int4, zero-padded
-/// to whole words: [`WeightFormat::scale_bytes`]). int8 values are bytes;
+/// to whole words: [`scale_bytes`]). int8 values are bytes;
 /// int4 values are nibbles placed as [`int4_position`] says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuantMatrix {
