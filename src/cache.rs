@@ -11,8 +11,8 @@
 //! safetensors header, and a digest of every byte of every tensor the
 //! engine reads. So a checkpoint edited in place (even to the same sizes)
 //! gets a new key and is converted again. Integers are little-endian except
-//! the blob's scales (f32, int4's bf16) and f32 norms, which are native-endian (guarded by the
-//! byte-order marker).
+//! the blob's scales (f32, int4's bf16) and f32 norms, which are
+//! native-endian (guarded by the byte-order marker).
 //!
 //! | offset | size | content |
 //! |---|---|---|

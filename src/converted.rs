@@ -1,6 +1,7 @@
 //! The engine's converted weights: int8 or int4 matrices with per-group
-//! scales (f32 for int8, bf16 for int4) and f32 norm vectors, all living in one byte blob (in memory after
-//! a conversion, memory-mapped when loaded from the cache).
+//! scales (f32 for int8, bf16 for int4) and f32 norm vectors, all living
+//! in one byte blob (in memory after a conversion, memory-mapped when
+//! loaded from the cache).
 
 use crate::config::ModelConfig;
 use crate::error::Result;

@@ -1,8 +1,9 @@
 //! Conversion of a validated checkpoint to the engine's layout: every
 //! linear weight becomes symmetric int8 or int4 (the layers', as the
 //! [`WeightFormat`] says; the embedding and an untied LM head always int8)
-//! with one scale (f32; bf16 in int4) per [`QUANT_GROUP`](crate::converted::QUANT_GROUP)
-//! input elements; norm weights stay f32. Everything lands in one blob
+//! with one scale (f32; bf16 in int4) per
+//! [`QUANT_GROUP`](crate::converted::QUANT_GROUP) input elements; norm
+//! weights stay f32. Everything lands in one blob
 //! whose arrays start at multiples of [`BLOB_ALIGN`].
 
 mod layout;

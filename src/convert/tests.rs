@@ -288,21 +288,27 @@ fn int4_scales_round_to_bf16() {
     }
 }
 
-/// Qwen3-4B in int4 fits the 2.6 GB of GPU weights (the int8
-/// embedding included), about 55% of its int8 size.
-#[test]
-fn qwen3_4b_in_int4_fits_2_6_gb() {
-    let cfg = ModelConfig {
-        hidden_size: 2560,
-        intermediate_size: 9728,
+/// A Qwen3 shape of 36 layers, 32/8 heads of 128 and Qwen3's vocabulary
+/// (the 4B's and the 8B's).
+fn qwen3_36_layers(hidden_size: usize, intermediate_size: usize, tie_word_embeddings: bool) -> ModelConfig {
+    ModelConfig {
+        hidden_size,
+        intermediate_size,
         num_hidden_layers: 36,
         num_attention_heads: 32,
         num_key_value_heads: 8,
         head_dim: 128,
         vocab_size: 151936,
-        tie_word_embeddings: true,
+        tie_word_embeddings,
         ..ModelConfig::qwen3_0_6b_base()
-    };
+    }
+}
+
+/// Qwen3-4B in int4 fits the 2.6 GB of GPU weights (the int8
+/// embedding included), about 55% of its int8 size.
+#[test]
+fn qwen3_4b_in_int4_fits_2_6_gb() {
+    let cfg = qwen3_36_layers(2560, 9728, true);
     let int4 = planned_blob_len(&cfg, WeightFormat::Int4).unwrap();
     let int8 = planned_blob_len(&cfg, WeightFormat::Int8).unwrap();
     assert!(int4 <= 2_600_000_000, "{int4} bytes");
@@ -313,17 +319,7 @@ fn qwen3_4b_in_int4_fits_2_6_gb() {
 /// int4 fits the 5.2 GB of GPU weights.
 #[test]
 fn qwen3_8b_in_int4_fits_5_2_gb() {
-    let cfg = ModelConfig {
-        hidden_size: 4096,
-        intermediate_size: 12288,
-        num_hidden_layers: 36,
-        num_attention_heads: 32,
-        num_key_value_heads: 8,
-        head_dim: 128,
-        vocab_size: 151936,
-        tie_word_embeddings: false,
-        ..ModelConfig::qwen3_0_6b_base()
-    };
+    let cfg = qwen3_36_layers(4096, 12288, false);
     let int4 = planned_blob_len(&cfg, WeightFormat::Int4).unwrap();
     assert!(int4 <= 5_200_000_000, "{int4} bytes");
 }
