@@ -22,8 +22,13 @@
 //! `engine x16` read data that is not the engine's (timing only): their
 //! check against `engine` prints WRONG; the others must match it.
 //!
+//! `engine x16 halfwg` halves a split-K launch's workgroup (two steps a
+//! lane); `xs4` is `xs` over int4 weights (`--weights int4` only). `--weights int4`
+//! runs the engine configs and the floor on int4 matrices (the lab's own
+//! kernels read int8 only).
+//!
 //! `cargo run --release --example matvec_lab -- --size 0.6b|1.7b|4b|8b
-//! [--repeat N] [--only LABEL,LABEL] [--no-lm]` (portable policy).
+//! [--repeat N] [--only LABEL,LABEL] [--no-lm] [--weights int4]` (portable policy).
 
 use qwen3_wgpu::internals::converted::QUANT_GROUP;
 use qwen3_wgpu::internals::kernels::{
@@ -391,6 +396,50 @@ fn lab_xs(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     }
 }
 
+// lab_xs over int4 weights (INT4): x (normed with NORM) staged in
+// workgroup memory as f32 once per workgroup, each subgroup taking 4 rows
+// (8 with R8) per pass; a step is 32 values, x quads 2j and 2j + 1.
+@compute @workgroup_size(WG)
+fn lab_xs4(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let flat = wg.x + wg.y * nwg.x;
+    if flat * ROWS_PER_WG >= n_rows() {
+        return;
+    }
+    var ssl = 0.0;
+    for (var i = lane.idx; i < n_k_words(); i += WG) {
+        var v = x[i];
+        if NORM {
+            ssl += dot(v, v);
+            v *= bitcast<vec4<f32>>(norm_w[i]);
+        }
+        xs[i] = v;
+    }
+    let ssum = wg_sum5(vec4<f32>(0.0), ssl, lane).s; // its barriers publish xs
+    let per_team = select(4u, 8u, R8);
+    let kq = k_steps();
+    for (var rb = team_id(lane) * per_team; rb < ROWS_PER_WG; rb += team_count(lane) * per_team) {
+        let row0 = flat * ROWS_PER_WG + rb;
+        if row0 < n_rows() {
+            let ra = rows_of(row0);
+            let rbb = rows_of(row0 + 4u);
+            var o = Acc8(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+            for (var j = team_lane(lane); j < kq; j += team_size(lane)) {
+                let z = vec4<f32>(0.0);
+                let a = Quad(xs[8u * j], xs[8u * j + 1u], xs[8u * j + 2u], xs[8u * j + 3u], z);
+                let b = Quad(xs[8u * j + 4u], xs[8u * j + 5u], xs[8u * j + 6u], xs[8u * j + 7u], z);
+                let g = step_group(j);
+                o.a += rows4_i4(w[ra.x * kq + j], w[ra.y * kq + j], w[ra.z * kq + j], w[ra.w * kq + j], a, b)
+                    * scales4(ra, g);
+                if R8 {
+                    o.b += rows4_i4(w[rbb.x * kq + j], w[rbb.y * kq + j], w[rbb.z * kq + j], w[rbb.w * kq + j], a, b)
+                        * scales4(rbb, g);
+                }
+            }
+            store_team(lane, row0, o, ssum, true);
+        }
+    }
+}
+
 // x staged in workgroup memory as f16 pairs (8 values per vec4<u32>).
 var<workgroup> xh: array<vec4<u32>, XH_LEN>;
 
@@ -503,6 +552,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let size = arg("--size").unwrap_or("0.6b".into());
     let repeat: u32 = arg("--repeat").and_then(|r| r.parse().ok()).unwrap_or(5);
     let only = arg("--only");
+    let format = match arg("--weights").as_deref() {
+        Some("int4") => WeightFormat::Int4,
+        _ => WeightFormat::Int8,
+    };
+    let bits = format.bits();
     let mut shapes = shapes_of(&size);
     if args.iter().any(|a| a == "--no-lm") {
         shapes.pop();
@@ -541,6 +595,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         c("splitT auto r8", "lab_splitT", 0, 8, &[("R8", 1.0)], 0),
         c("splitT auto r8 xf16", "lab_splitT", 0, 8, &[("R8", 1.0), ("MODE", 5.0)], 0),
         c("splitT auto r4 nox", "lab_splitT", 0, 4, &[("MODE", 1.0)], 0),
+        c("engine x16 halfwg", "", 0, 4, &[], 0),
+        c("xs4 wg128", "lab_xs4", 128, 16, &[], 0),
+        c("xs4 wg256", "lab_xs4", 256, 32, &[], 0),
+        c("xs4 wg256 r8", "lab_xs4", 256, 64, &[("R8", 1.0)], 0),
+        c("xs4 wg512", "lab_xs4", 512, 64, &[], 0),
+        c("xs4 wg512 r8", "lab_xs4", 512, 128, &[("R8", 1.0)], 0),
     ];
 
     let mut seed = 0x9e3779b9u32;
@@ -563,14 +623,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let x16 = gpu.storage("x16", 2 * max_cols);
     let mut mats = Vec::new();
     for s in &shapes {
-        let words = (s.rows * s.cols / 4) as usize;
+        let words = s.rows as usize * s.cols as usize * bits / 32;
         let groups = (s.rows * s.cols) as usize / QUANT_GROUP;
         let data = rand_words(words);
+        // int4: bf16 scales, two a word (1e-3 in each half).
+        let scale_words = if bits == 4 {
+            vec![f32::from_bits(0x3a83_3a83); groups.div_ceil(2)]
+        } else {
+            vec![1e-3f32; groups]
+        };
         let n_copies = if s.rows > 100_000 { 1 } else { LAYERS };
         let mut copies = Vec::new();
         for _ in 0..n_copies {
             let w = gpu.storage_init(&s.name, bytemuck::cast_slice(&data))?;
-            let sc = gpu.storage_init(&s.name, bytemuck::cast_slice(&vec![1e-3f32; groups]))?;
+            let sc = gpu.storage_init(&s.name, bytemuck::cast_slice(&scale_words))?;
             copies.push((w, sc));
         }
         mats.push(copies);
@@ -595,13 +661,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             variant.norm &= !s.name.ends_with("plain");
             // `engine`: f32 x, split K; `engine x16`: the engine's decode split (the
             // normed ones read x's slot as the f16 copy: here the f32 x, timing only).
-            let engine_split = if cfg.label == "engine x16" {
-                MatvecLayout::SplitK.split(
-                    s.rows as usize,
-                    s.cols as usize / 4,
-                    variant.norm,
-                    WeightFormat::Int8,
-                )
+            let engine_split = if cfg.label.starts_with("engine x16") {
+                let mut split =
+                    MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, variant.norm, format);
+                if cfg.label.ends_with("halfwg") && split.layout == MatvecLayout::SplitK {
+                    split.workgroup_size = (split.workgroup_size / 2).max(64);
+                }
+                split
             } else {
                 MatvecSplit {
                     x16: false,
@@ -628,9 +694,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let groups = s.cols / QUANT_GROUP as u32;
             let shape = MatvecShape { rows: s.rows, k_words: s.cols / 4, groups, n_in: s.cols };
             let mut constants =
-                MatvecConstants { shape: Some(shape), ..MatvecConstants::decode(variant, split) }.render();
+                MatvecConstants { shape: Some(shape), format, ..MatvecConstants::decode(variant, split) }
+                    .render();
             let mut src = s.kernel.source(gpu.subgroups);
             let entry = if cfg.entry.is_empty() {
+                constants.extend(cfg.consts.iter().cloned());
                 s.kernel.entry()
             } else {
                 src.push_str(
@@ -678,7 +746,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect();
             let n_groups = match cfg.fixed_groups {
                 0 => s.rows.div_ceil(split.rows_per_wg),
-                u32::MAX => (s.rows * s.cols / 16).div_ceil(cfg.wg),
+                u32::MAX => (s.rows * s.cols / (128 / bits as u32)).div_ceil(cfg.wg),
                 n => n,
             };
             let (gx, gy) = if n_groups > 65535 { (65535, n_groups.div_ceil(65535)) } else { (n_groups, 1) };
@@ -730,7 +798,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 time()?;
             }
             let us = time()? / LAYERS as f64;
-            let bytes = s.rows as f64 * s.cols as f64 * (1.0 + 4.0 / QUANT_GROUP as f64);
+            let scale_bytes = if bits == 4 { 2.0 } else { 4.0 };
+            let bytes =
+                s.rows as f64 * s.cols as f64 * (bits as f64 / 8.0 + scale_bytes / QUANT_GROUP as f64);
             print!(" {:>14.2} {:>5.2}TB/s", us, bytes / us / 1e6);
         }
         println!();

@@ -161,8 +161,8 @@ impl std::fmt::Display for WeightFormat {
 /// byte's high nibble. Each u32 word holds 8 consecutive values, byte `b`
 /// value `b` in its low nibble and `b + 4` in its high one, so a kernel
 /// gets a word's first four values from its low nibbles and the last four
-/// from the word shifted right by 4, in the same vector operations
-/// (`i4x4` in int8_math.wgsl). Nibbles are two's complement, so a zero
+/// from its high ones, in the same vector operations (`i4x8` in
+/// int8_math.wgsl). Nibbles are two's complement, so a zero
 /// byte (the blob's padding) is two zero weights.
 pub fn int4_position(col: usize) -> (usize, bool) {
     ((col / 8) * 4 + col % 4, col % 8 >= 4)

@@ -67,8 +67,10 @@ fn f16_stage(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) wg:
             let v4 = w[(r * quads + c) / 2u];
             let v = select(v4.xy, v4.zw, c % 2u == 1u);
             let s = group_scale(r * p.groups + c / GROUP_QUADS);
-            lo = pack8(i4x4(v.x) * s, i4x4(v.x >> 4u) * s);
-            hi = pack8(i4x4(v.y) * s, i4x4(v.y >> 4u) * s);
+            let a = i4x8(v.x);
+            let b = i4x8(v.y);
+            lo = pack8(a.lo * s, a.hi * s);
+            hi = pack8(b.lo * s, b.hi * s);
         } else if r < p.rows {
             let v = w[r * quads + c];
             let s = group_scale(r * p.groups + c / GROUP_QUADS);

@@ -46,14 +46,36 @@ fn i8x4(v: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(m) - vec4<f32>(8388736.0);
 }
 
-// The int4 values in the low nibbles of `v`'s 4 bytes as floats (a word's
-// values 0..3; `v >> 4u` gives values 4..7), exactly, as i8x4: nibble
-// u = q + 8 (the sign bit flipped) in the mantissa of 2^23, less 2^23 + 8.
-// The one int4 dequantisation every kernel shares.
+// The 8 int4 values of one word: values 0..3 (low nibbles of bytes 0..3)
+// and 4..7 (high nibbles).
+struct I4x8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// The one int4 dequantisation every kernel shares, exactly, with no
+// int-to-float conversion and no shift per value: nibble n = q + 8 (the
+// sign bit flipped) masked in place at bit s <= 16 and set under
+// 2^(23 - s)'s exponent is the float 2^(23 - s) + n, since the field's
+// lowest bit is then worth 1; less 2^(23 - s) + 8 leaves q. Bits 20..31
+// do not fit under the exponent, so the word's upper half is shifted once.
+// (Shifting every nibble down instead cost 26% of the 4B's int4 decode
+// speed on an H100: BENCHMARKS.md 2026-12-05.)
+fn i4x8(v: u32) -> I4x8 {
+    let m = v ^ 0x88888888u;
+    let t = m >> 16u;
+    let lo = (vec4<u32>(m, m, m, t) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf00u))
+        | vec4<u32>(0x4b000000u, 0x47000000u, 0x43000000u, 0x47000000u);
+    let hi = (vec4<u32>(m, m, t, t) & vec4<u32>(0xf0u, 0xf000u, 0xf0u, 0xf000u))
+        | vec4<u32>(0x49000000u, 0x45000000u, 0x49000000u, 0x45000000u);
+    return I4x8(bitcast<vec4<f32>>(lo) - vec4<f32>(8388616.0, 32776.0, 136.0, 32776.0),
+                bitcast<vec4<f32>>(hi) - vec4<f32>(524296.0, 2056.0, 524296.0, 2056.0));
+}
+
+// The int4 values in the low nibbles of `v`'s 4 bytes (a word's values
+// 0..3; `v >> 4u` gives values 4..7): i4x8's first half.
 fn i4x4(v: u32) -> vec4<f32> {
-    let u = v ^ 0x88888888u;
-    let m = (vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xfu);
-    return bitcast<vec4<f32>>(m | vec4<u32>(0x4b000000u)) - vec4<f32>(8388616.0);
+    return i4x8(v).lo;
 }
 
 // Two values as one word of f16 (the residual's f16 copy, X16), each

@@ -139,8 +139,12 @@ fn rows4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, q: Quad) ->
 
 // An int4 step (32 values) against x quads a and b.
 fn dot32(wv: vec4<u32>, a: Quad, b: Quad) -> f32 {
-    return dot(i4x4(wv.x), a.x0) + dot(i4x4(wv.x >> 4u), a.x1) + dot(i4x4(wv.y), a.x2) + dot(i4x4(wv.y >> 4u), a.x3)
-        + dot(i4x4(wv.z), b.x0) + dot(i4x4(wv.z >> 4u), b.x1) + dot(i4x4(wv.w), b.x2) + dot(i4x4(wv.w >> 4u), b.x3);
+    let v0 = i4x8(wv.x);
+    let v1 = i4x8(wv.y);
+    let v2 = i4x8(wv.z);
+    let v3 = i4x8(wv.w);
+    return dot(v0.lo, a.x0) + dot(v0.hi, a.x1) + dot(v1.lo, a.x2) + dot(v1.hi, a.x3)
+        + dot(v2.lo, b.x0) + dot(v2.hi, b.x1) + dot(v3.lo, b.x2) + dot(v3.hi, b.x3);
 }
 
 fn rows4_i4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, a: Quad, b: Quad) -> vec4<f32> {

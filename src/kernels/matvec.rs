@@ -96,6 +96,13 @@ pub const SPLIT_K_WGS: [u32; 3] = [MATVEC_WG, 128, 256];
 /// 16.6 -> 14.7 and o 11.0 -> 10.0, none slower), the GPU already being
 /// full and the longer lane hiding its latency with more loads in flight.
 pub const SPLIT_K_MAX_LANES: usize = 196_608;
+/// [`SPLIT_K_MAX_LANES`] for int4 weights: a lane's int4 step holds twice
+/// the inputs of an int8 one (32 f32 values), so fewer lanes fill the GPU.
+/// Measured on an H100 (BENCHMARKS.md 2026-12-05): the 4B down (2560 x
+/// 9728, 163,840 lanes at 256 a workgroup) runs faster halved (decode 312
+/// -> 325 tok/s), the 1.7B down (2048 x 6144, 131,072 lanes) slower (668
+/// -> 630), so the cap lies between them.
+pub const SPLIT_K_MAX_LANES_INT4: usize = 131_072;
 
 const _: () = assert!(
     MATVEC_ROWS.is_multiple_of(MATVEC_ROWS_PER_TEAM)
@@ -246,7 +253,8 @@ impl MatvecLayout {
     /// words in `format`: [`MATVEC_WG`] for rows per team; for split K the
     /// smallest of [`SPLIT_K_WGS`] that gives each lane at most one step
     /// ([`values_per_step`]) per row, or the largest, halved (down to the smallest) while the
-    /// launch would run more than [`SPLIT_K_MAX_LANES`] invocations. A
+    /// launch would run more than [`SPLIT_K_MAX_LANES`] invocations
+    /// ([`SPLIT_K_MAX_LANES_INT4`] for int4). A
     /// lane's steps are a chain of dependent memory round trips: one step
     /// each keeps the launch at one round trip, unless the GPU is full
     /// anyway.
@@ -258,7 +266,11 @@ impl MatvecLayout {
                 let last = SPLIT_K_WGS.len() - 1;
                 let mut i = SPLIT_K_WGS.iter().position(|&w| w as usize >= steps).unwrap_or(last);
                 let workgroups = rows.div_ceil(SPLIT_K_ROWS as usize);
-                while i > 0 && workgroups.saturating_mul(SPLIT_K_WGS[i] as usize) > SPLIT_K_MAX_LANES {
+                let max_lanes = match format {
+                    WeightFormat::Int8 => SPLIT_K_MAX_LANES,
+                    WeightFormat::Int4 => SPLIT_K_MAX_LANES_INT4,
+                };
+                while i > 0 && workgroups.saturating_mul(SPLIT_K_WGS[i] as usize) > max_lanes {
                     i -= 1;
                 }
                 SPLIT_K_WGS[i]
@@ -456,6 +468,21 @@ mod tests {
         // Qwen3-0.6B o and down: 2048 and 3072 values, 64 and 96 steps.
         assert_eq!((wg(1024, 2048), wg(1024, 3072), wg(1024, 4096), wg(1024, 8192)), (64, 128, 128, 256));
         assert_eq!(values_per_step(WeightFormat::Int4), 2 * values_per_step(WeightFormat::Int8));
+    }
+
+    /// Int4 launches count as full at fewer lanes than int8's.
+    #[test]
+    fn int4_halves_the_workgroup_at_half_the_lanes() {
+        let wg =
+            |rows: usize, cols: usize, format| MatvecLayout::SplitK.workgroup_size(rows, cols / 4, format);
+        // Qwen3-4B down (2560 x 9728, 304 int4 steps): 640 workgroups of
+        // 256 would run 163,840 lanes; int8 keeps 256, int4 halves to 128.
+        assert_eq!(wg(2560, 9728, WeightFormat::Int8), 256);
+        assert_eq!(wg(2560, 9728, WeightFormat::Int4), 128);
+        // The 1.7B down (2048 x 6144, 192 steps): 131,072 lanes, kept; the
+        // 8B o (4096 x 4096, 128 steps) likewise.
+        assert_eq!(wg(2048, 6144, WeightFormat::Int4), 256);
+        assert_eq!(wg(4096, 4096, WeightFormat::Int4), 128);
     }
 
     #[test]

@@ -113,12 +113,8 @@ fn a_tiled_pipeline_reading_the_wrong_tokens_is_caught() {
 fn an_int4_nibble_order_or_scale_slot_swapped_is_caught() {
     type Edit = fn(&str) -> String;
     // Values 0..3 and 4..7 of every step's first word trade places.
-    let nibbles: Edit = |s| {
-        s.replace(
-            "dot(i4x4(wv.x), a.x0) + dot(i4x4(wv.x >> 4u), a.x1)",
-            "dot(i4x4(wv.x >> 4u), a.x0) + dot(i4x4(wv.x), a.x1)",
-        )
-    };
+    let nibbles: Edit =
+        |s| s.replace("dot(v0.lo, a.x0) + dot(v0.hi, a.x1)", "dot(v0.hi, a.x0) + dot(v0.lo, a.x1)");
     // Int8's steps per group: step j reads group j / 4, not j / 2.
     let scales: Edit = |s| s.replace("GROUP_WORDS / 8u, INT4)", "GROUP_WORDS / 4u, INT4)");
     let tiled_nibbles: Edit = |s| s.replace(">> (4u * (word % 2u))", ">> (4u * (1u - word % 2u))");
