@@ -126,7 +126,7 @@ pub use load::{LoadPhase, LoadProgress, LoadProgressFn, LoadReport};
 pub use sampling::{SamplingParams, TokenLogprobs};
 pub use session::{
     Batch, BatchOptions, FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH,
-    SESSION_FORMAT_VERSION,
+    SESSION_FORMAT_VERSION, WARM_UP_MAX_ROWS,
 };
 pub use stop::{StopMatcher, StopStep};
 pub use tokenizer::{TextStream, Tokenizer};

@@ -30,12 +30,14 @@ use bytemuck::bytes_of;
 pub use crate::buffers::rope_table;
 use crate::buffers::{padded, SessionBuffers};
 use crate::config::ModelConfig;
+use crate::converted::WeightFormat;
 use crate::error::Result;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
 use crate::kernels::{
-    grid, Kernel, Kernels, Launch, LaunchKind, MatvecShape, ARGMAX_CHUNK, ATTENTION_CHUNK, SAMPLE_CHUNK,
+    grid, Kernel, Kernels, Launch, LaunchKind, MatvecShape, MatvecSplit, ARGMAX_CHUNK, ATTENTION_CHUNK,
+    SAMPLE_CHUNK,
 };
 use crate::sampling::SamplingParams;
 use builder::{whole, Builder, Matvec};
@@ -242,6 +244,23 @@ impl BatchForward {
                 }
             }
         }
+    }
+
+    /// What picks each matvec launch's batched-row pipeline (kernel,
+    /// split, shape, weight format), each once: the pipelines a step of
+    /// some number of rows needs, with that number.
+    pub fn matvec_specs(&self) -> Vec<(Kernel, MatvecSplit, MatvecShape, WeightFormat)> {
+        let mut specs = Vec::new();
+        for l in &self.launches {
+            if let RowLaunch::Matvec { launch, shape } = l {
+                let split = launch.matvec_split.expect("a matvec launch has a split");
+                let spec = (launch.kernel, split, *shape, launch.format);
+                if !specs.contains(&spec) {
+                    specs.push(spec);
+                }
+            }
+        }
+        specs
     }
 
     /// Launches one step of `rows` rows records (as [`Self::record`]).

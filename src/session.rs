@@ -32,7 +32,7 @@ use crate::gpu_weights::ModelGpu;
 use crate::kernels::sample::{LOGPROB_RECORD_WORDS, MAX_LOGPROBS};
 use crate::qwen3::Forward;
 use crate::sampling::{SamplingParams, TokenLogprobs};
-pub use batch::{Batch, BatchOptions};
+pub use batch::{Batch, BatchOptions, WARM_UP_MAX_ROWS};
 pub use diagnostics::{LaunchTimes, StepTiming};
 pub use feed::FeedStatus;
 pub(crate) use state::restore;

@@ -358,6 +358,12 @@ enum q3w_status q3w_batch_slots(struct q3w_batch *batch, size_t *out_slots);
 // Slots free for `q3w_batch_session` (a freed session gives its slot back).
 enum q3w_status q3w_batch_free_slots(struct q3w_batch *batch, size_t *out_free);
 
+// Sets `*out_ready` to whether the batch's pipelines are built: from its
+// creation, a thread of its own builds and proves those of steps of every
+// session count up to its slots (at most 16). Steps before then give the
+// same tokens, more slowly. A host with a loading screen can poll this.
+enum q3w_status q3w_batch_pipelines_ready(struct q3w_batch *batch, bool *out_ready);
+
 // Advances each of the `n_sessions` sessions by one token in one GPU step
 // (waiting for it) and writes their tokens, in order, to `out_tokens` (room
 // for `n_sessions`): each session's token is what

@@ -150,6 +150,24 @@ pub unsafe extern "C" fn q3w_batch_free_slots(batch: *mut q3w_batch, out_free: *
     })
 }
 
+/// Sets `*out_ready` to whether the batch's pipelines are built: from its
+/// creation, a thread of its own builds and proves those of steps of every
+/// session count up to its slots (at most 16). Steps before then give the
+/// same tokens, more slowly. A host with a loading screen can poll this.
+#[no_mangle]
+pub unsafe extern "C" fn q3w_batch_pipelines_ready(
+    batch: *mut q3w_batch,
+    out_ready: *mut bool,
+) -> q3w_status {
+    run("q3w_batch_pipelines_ready", || {
+        // SAFETY: the pointers are as the header says.
+        let b = unsafe { exclusive(batch, "batch") }?;
+        out(out_ready, "out_ready")?;
+        unsafe { put(out_ready, b.batch.pipelines_ready()) };
+        Ok(())
+    })
+}
+
 /// Exclusive use of every session of a step's list: NULL entries and a
 /// session listed twice are refused, naming `sessions`.
 ///

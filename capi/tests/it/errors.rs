@@ -1096,6 +1096,17 @@ fn batch_errors() {
         assert_eq!(q3w_batch_slots(batch, &mut slots), Q3W_OK);
         assert_eq!(q3w_batch_free_slots(batch, &mut free), Q3W_OK);
         assert_eq!((slots, free), (2, 0));
+        let mut ready = false;
+        for _ in 0..60_000 {
+            assert_eq!(q3w_batch_pipelines_ready(batch, &mut ready), Q3W_OK);
+            if ready {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(ready, "the batch's pipelines were not built within a minute");
+        expect(q3w_batch_pipelines_ready(batch, null_mut()), Q3W_INVALID_ARGUMENT, &["out_ready"]);
+        expect(q3w_batch_pipelines_ready(null_mut(), &mut ready), Q3W_INVALID_ARGUMENT, &["batch"]);
 
         let mut tokens = [u32::MAX; 2];
         let mut ready = true;

@@ -212,6 +212,9 @@ pub struct Kernels {
 /// pipeline, or why it is not used.
 enum Build {
     Running(JoinHandle<std::result::Result<wgpu::ComputePipeline, String>>),
+    /// Built by a batch's warm-up thread ([`Kernels::warm_rows_pipeline`]),
+    /// which files the result itself.
+    Warming,
     Failed,
 }
 

@@ -72,6 +72,20 @@ impl Kernels {
         if self.failed(key) {
             return None;
         }
+        // A batch's warm-up thread building it: wait for that build
+        // rather than make a second.
+        while matches!(
+            self.building.lock().unwrap_or_else(|e| e.into_inner()).get(&key),
+            Some(Build::Warming)
+        ) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if let Some(p) = self.cached(key) {
+            return Some(p);
+        }
+        if self.failed(key) {
+            return None;
+        }
         let built = self.proven_build(gpu, key)();
         self.file_proven(key, built)
     }
@@ -203,6 +217,54 @@ impl Kernels {
                 None
             }
         }
+    }
+
+    /// Builds and proves the `rows`-row pipeline
+    /// [`Self::matvec_rows_pipeline`] gives, here, unless it is built,
+    /// being built or failed already; a call of
+    /// [`Self::matvec_rows_pipeline_or_start`] meanwhile finds it in the
+    /// making and starts no second build. For a batch's warm-up thread,
+    /// which builds the pipelines its steps will need before they run.
+    pub fn warm_rows_pipeline(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        format: WeightFormat,
+        rows: u32,
+    ) {
+        let Some(key) = self.matvec_rows_key(kernel, split, shape, format, rows) else { return };
+        if self.cached(key).is_some() {
+            return;
+        }
+        {
+            let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+            if building.contains_key(&key) {
+                return;
+            }
+            building.insert(key, Build::Warming);
+        }
+        let built = self.proven_build(gpu, key)();
+        if self.file_proven(key, built).is_some() {
+            let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+            if matches!(building.get(&key), Some(Build::Warming)) {
+                building.remove(&key);
+            }
+        }
+    }
+
+    /// Whether the `rows`-row pipeline [`Self::matvec_rows_pipeline`]
+    /// gives is built and proven (or there is none to build: MSL twins).
+    pub fn rows_pipeline_ready(
+        &self,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        format: WeightFormat,
+        rows: u32,
+    ) -> bool {
+        self.matvec_rows_key(kernel, split, shape, format, rows).is_none_or(|key| self.cached(key).is_some())
     }
 
     /// The key of matvec variant `kernel`'s `rows`-row pipeline over

@@ -16,6 +16,7 @@ mod pool;
 mod record;
 mod step;
 mod submit;
+mod warm_up;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,8 @@ use pool::KvPool;
 pub(crate) use pool::SlotLease;
 use record::PrerecordedStep;
 use submit::InFlightStep;
+use warm_up::WarmUp;
+pub use warm_up::WARM_UP_MAX_ROWS;
 
 /// How [`Model::batch`](crate::Model::batch) sizes a batch.
 ///
@@ -139,6 +142,9 @@ pub struct Batch {
     /// Steps submitted so far with commands recorded on the caller's
     /// thread, and with commands recorded ahead.
     recordings: (u64, u64),
+    /// Building the row pipelines of every session count ahead of the
+    /// steps (`None` on the MSL kernels, or if no thread could start).
+    warm_up: Option<WarmUp>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -206,6 +212,7 @@ impl Batch {
             |reason| Error::GpuDeviceFailed { reason: format!("creating a batch: {reason}") },
         )?;
         let (k, v, bufs, rows, embed_step, forward) = built;
+        let warm_up = forward.as_ref().and_then(|f| WarmUp::start(model.clone(), f, slots));
         let free = Mutex::new((0..slots).rev().collect());
         Ok(Batch {
             pool: Arc::new(KvPool { k, v, region_bytes, free, leases: AtomicU64::new(0) }),
@@ -222,8 +229,39 @@ impl Batch {
             recorder: None,
             prerecorded: None,
             recordings: (0, 0),
+            warm_up,
             model,
         })
+    }
+
+    /// Whether the batch's pipelines are ready: from its creation, a
+    /// thread of its own builds and proves the pipelines of steps of every
+    /// session count up to its slots (at most [`WARM_UP_MAX_ROWS`]), the
+    /// full count first. Until then a step whose pipelines are not ready
+    /// gives the same tokens, more slowly ([`Batch::try_step`] runs each
+    /// row through the one-token pipelines; [`Batch::step`] builds what it
+    /// needs first). Dropping the batch stops the thread after the
+    /// pipeline in progress, and waits for that one. A host with a loading
+    /// screen can wait for them:
+    ///
+    /// ```no_run
+    /// # fn f(batch: &qwen3_wgpu::Batch) {
+    /// while !batch.pipelines_ready() {
+    ///     // ... render a loading frame ...
+    /// #   break;
+    /// }
+    /// # }
+    /// ```
+    pub fn pipelines_ready(&self) -> bool {
+        self.warm_up.as_ref().is_none_or(WarmUp::is_done)
+    }
+
+    /// Waits until [`Batch::pipelines_ready`] (for benchmarks and tests).
+    #[doc(hidden)]
+    pub fn debug_wait_for_pipelines(&mut self) {
+        if let Some(w) = self.warm_up.as_mut() {
+            w.wait();
+        }
     }
 
     /// Sessions the batch can hold at once.
@@ -287,6 +325,39 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use crate::{AdapterPolicy, BatchOptions, CachePolicy, Engine, LoadOptions, Session};
+
+    /// A new batch builds and proves the row pipelines of every session
+    /// count up to its slots on its own thread, before a step needs them
+    /// (and none past its slots).
+    #[test]
+    fn a_new_batch_builds_its_row_pipelines_ahead_of_its_steps() {
+        let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+        let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
+        let model = engine.load(fixture, &options).unwrap();
+        let mut batch = model.batch(&BatchOptions::default().slots(3).capacity_per_slot(32)).unwrap();
+        batch.debug_wait_for_pipelines();
+        assert!(batch.pipelines_ready());
+        let specs = batch.forward.as_ref().expect("the WGSL kernels have batched rows").matvec_specs();
+        // qkv, o and down (one shape in this model), gate/up and the LM
+        // head: the layers share them.
+        assert_eq!(specs.len(), 4, "{specs:?}");
+        let kernels = batch.model.kernels.clone();
+        let ready = |rows| {
+            specs.iter().all(|&(k, split, shape, f)| kernels.rows_pipeline_ready(k, split, shape, f, rows))
+        };
+        assert!((1..=3).all(ready), "a count up to the slots has no pipeline");
+        assert!(!ready(4), "a count past the slots was built");
+        // Steps of one and of three sessions then take the ready pipelines.
+        let (mut a, mut b, mut c) =
+            (batch.session().unwrap(), batch.session().unwrap(), batch.session().unwrap());
+        for s in [&mut a, &mut b, &mut c] {
+            s.feed(&[1, 2, 3]).unwrap();
+        }
+        batch.step(&mut [&mut a]).unwrap();
+        batch.step(&mut [&mut a, &mut b, &mut c]).unwrap();
+        assert!(!ready(4));
+    }
 
     /// A `try_step` submits at most one step: the first call for some
     /// sessions submits theirs alone, and the step behind it goes with

@@ -134,10 +134,12 @@ impl Batch {
     /// are discarded once they have finished, in the same way.
     /// [`Batch::step`] and `try_step` mix freely: either one takes over
     /// the step the other left in flight for the same sessions (`step`
-    /// waits for it). Each session count has its own pipelines; `try_step`
-    /// never builds them on the caller's thread: their build starts on a
-    /// thread of its own, and until it is done that count's steps run each
-    /// row through the one-token pipelines (the same tokens).
+    /// waits for it). Each session count has its own pipelines, built
+    /// ahead by the batch ([`Batch::pipelines_ready`]); `try_step` never
+    /// builds one on the caller's thread: a count's build not done yet (or
+    /// past the warm-up's counts) goes on on a thread of its own, and until
+    /// it is done that count's steps run each row through the one-token
+    /// pipelines (the same tokens).
     ///
     /// Nor does it record steps on the caller's thread: right after a call
     /// submits a step, the commands of the next one for the same sessions
