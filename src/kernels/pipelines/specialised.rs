@@ -245,13 +245,26 @@ impl Kernels {
             }
             building.insert(key, Build::Warming);
         }
-        let built = self.proven_build(gpu, key)();
-        if self.file_proven(key, built).is_some() {
-            let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
-            if matches!(building.get(&key), Some(Build::Warming)) {
-                building.remove(&key);
+        // Whatever happens to this build (a panic in the driver included),
+        // the marker goes: a blocking step waits on it.
+        struct Unmark<'a>(&'a Kernels, PipelineKey);
+        impl Drop for Unmark<'_> {
+            fn drop(&mut self) {
+                let built = self.0.cached(self.1).is_some();
+                let mut building = self.0.building.lock().unwrap_or_else(|e| e.into_inner());
+                if matches!(building.get(&self.1), Some(Build::Warming)) {
+                    // Not filed as built: never tried again.
+                    if built {
+                        building.remove(&self.1);
+                    } else {
+                        building.insert(self.1, Build::Failed);
+                    }
+                }
             }
         }
+        let _unmark = Unmark(self, key);
+        let built = self.proven_build(gpu, key)();
+        self.file_proven(key, built);
     }
 
     /// Whether the `rows`-row pipeline [`Self::matvec_rows_pipeline`]

@@ -48,6 +48,39 @@ fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
     assert!(kernels.building.lock().unwrap().is_empty(), "the finished build is taken");
 }
 
+/// A pipeline warmed ahead (a batch's warm-up) is built once and is the
+/// one later calls get; one whose build fails is marked failed (a
+/// blocking call then returns at once instead of waiting on it) and not
+/// tried again.
+#[test]
+fn rows_pipelines_warmed_ahead_are_built_once_and_failures_marked() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    let split = kernels.matvec_layout.splits()[0];
+    let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+    let kernel = Kernel::Int8MatvecNorm;
+    let format = WeightFormat::Int8;
+    assert!(!kernels.rows_pipeline_ready(kernel, split, shape, format, 3));
+    let before = kernels.cache.lock().unwrap().len();
+    kernels.warm_rows_pipeline(&gpu, kernel, split, shape, format, 3);
+    assert!(kernels.rows_pipeline_ready(kernel, split, shape, format, 3));
+    kernels.warm_rows_pipeline(&gpu, kernel, split, shape, format, 3);
+    assert_eq!(kernels.cache.lock().unwrap().len(), before + 1, "one build, one entry");
+    let warmed = kernels.matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, format, 3);
+    assert!(warmed.is_some());
+    assert_eq!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, format, 3), warmed);
+    assert!(kernels.building.lock().unwrap().is_empty(), "no marker is left");
+    // A build that fails (its source broken) is marked failed.
+    kernels.edit_rows_source(|s| s.replace("fn int8_matvec(", "fn int8_matvec(broken"));
+    kernels.warm_rows_pipeline(&gpu, kernel, split, shape, format, 4);
+    assert!(!kernels.rows_pipeline_ready(kernel, split, shape, format, 4));
+    assert!(kernels.rows_failed(kernel, split, shape, 4));
+    let t0 = std::time::Instant::now();
+    assert_eq!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, format, 4), None);
+    assert!(t0.elapsed().as_secs() < 5, "a blocking call waited on a failed warm-up");
+}
+
 /// The set is built once, eagerly, over the default weight format: each
 /// decode and prefill pipeline is one cache entry, and what launches and
 /// the self-check get is that entry (no second build). Another format's
