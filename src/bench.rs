@@ -361,12 +361,14 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     for &requested in &args.contexts {
         let ctx = fitted_context(requested, args.tokens + BATCH_MIN_WARM_STEPS + 1, max_positions)?;
         for &n in &args.sessions {
-            let (aggregate, per_session, step_ms) = batched_decode(&model, ctx, n, args.tokens)?;
+            let r = batched_decode(&model, ctx, n, args.tokens)?;
+            let (aggregate, per_session, step_ms) = (r.aggregate, r.per_session, r.step_ms);
             println!(
                 "{}",
                 json!({"bench": "batched_decode", "context": ctx, "context_requested": requested, "sessions": n, "tokens": args.tokens,
                    "aggregate_tokens_per_sec": aggregate, "per_session_tokens_per_sec": per_session,
-                   "ms_per_step": step_ms, "adapter": adapter})
+                   "ms_per_step": step_ms, "pipelines_wait_ms": r.pipelines_wait_ms, "warm_steps": r.warm_steps,
+                   "adapter": adapter})
             );
             table.push((ctx, n, aggregate, per_session, step_ms));
         }
@@ -478,9 +480,8 @@ fn constrained_decode(
 /// Decodes `n` sessions together through a batch: each fed its own
 /// `ctx`-token prompt, then `tokens` batch steps timed, once the batch's
 /// pipelines are ready ([`crate::Batch::pipelines_ready`]) and after up to
-/// [`BATCH_WARM_STEPS`] untimed ones. Returns (aggregate tokens/s,
-/// per-session tokens/s, ms per step).
-fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> Result<(f64, f64, f64)> {
+/// [`BATCH_WARM_STEPS`] untimed ones.
+fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> Result<BatchedRates> {
     // Room for the timed steps, and for the warm-up's (taken back after
     // it) as far as the model's positions allow (the context leaves room
     // for at least BATCH_MIN_WARM_STEPS).
@@ -502,11 +503,15 @@ fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> 
         last_ids.push(prompt[ctx - 1]);
     }
     let mut rows: Vec<&mut crate::Session> = sessions.iter_mut().collect();
-    batch.debug_wait_for_pipelines();
     let t = Instant::now();
-    for i in 0..warm {
+    batch.debug_wait_for_pipelines();
+    let pipelines_wait_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let mut warm_steps = 0;
+    while warm_steps < warm {
         batch.step(&mut rows)?;
-        if i + 1 >= BATCH_MIN_WARM_STEPS && t.elapsed().as_secs_f64() > BATCH_WARM_SECS {
+        warm_steps += 1;
+        if warm_steps >= BATCH_MIN_WARM_STEPS && t.elapsed().as_secs_f64() > BATCH_WARM_SECS {
             break;
         }
     }
@@ -521,7 +526,28 @@ fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> 
     }
     let secs = t.elapsed().as_secs_f64();
     let per_session = tokens as f64 / secs;
-    Ok((per_session * n as f64, per_session, 1e3 * secs / tokens as f64))
+    Ok(BatchedRates {
+        aggregate: per_session * n as f64,
+        per_session,
+        step_ms: 1e3 * secs / tokens as f64,
+        pipelines_wait_ms,
+        warm_steps,
+    })
+}
+
+/// What [`batched_decode`] measured.
+struct BatchedRates {
+    /// Tokens/s of all sessions together.
+    aggregate: f64,
+    /// Tokens/s of each session.
+    per_session: f64,
+    /// Milliseconds a timed step took.
+    step_ms: f64,
+    /// How long the batch's pipelines took to be ready after its sessions'
+    /// prompts were fed ([`crate::Batch::pipelines_ready`]).
+    pipelines_wait_ms: f64,
+    /// Untimed steps taken before timing.
+    warm_steps: usize,
 }
 
 #[cfg(test)]

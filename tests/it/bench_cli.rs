@@ -42,5 +42,12 @@ fn contexts_at_the_models_limit_are_measured_inside_it() {
     // tokens, 2 warm-up steps, plus one.
     assert_eq!(contexts("decode"), [(16, 16), (48, 48 - 9)]);
     assert_eq!(contexts("batched_decode"), [(16, 16), (48, 48 - 7)]);
+    // Each batch waited for its pipelines and took at least 2 warm-up
+    // steps, at most as many as fit past its context (taken back after:
+    // 48 - 16 - 1 = 31 and 48 - 41 - 1 = 6).
+    let batched: Vec<&Value> = lines.iter().filter(|l| l["bench"] == "batched_decode").collect();
+    let warm: Vec<u64> = batched.iter().map(|l| l["warm_steps"].as_u64().unwrap()).collect();
+    assert!((2..=31).contains(&warm[0]) && (2..=6).contains(&warm[1]), "{warm:?}");
+    assert!(batched.iter().all(|l| l["pipelines_wait_ms"].as_f64().is_some_and(|ms| ms >= 0.0)));
     assert!(stderr.contains("measuring at context 39"), "{stderr}");
 }
