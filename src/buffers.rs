@@ -30,6 +30,12 @@ pub struct SessionBuffers {
     /// argmax) and the first position the argmax may write a token to.
     pub(crate) step: wgpu::Buffer,
     pub(crate) x: wgpu::Buffer,
+    /// A prompt batch's last row of x, copied out for the LM head that
+    /// predicts the token after the prompt (one row).
+    pub(crate) x_last: wgpu::Buffer,
+    /// `{pos, fill_end}` of the token choice after a prompt batch, copied
+    /// into `step` between the batch and its choice.
+    pub(crate) step_last: wgpu::Buffer,
     /// x's f16 copy, two values per word, where the decode matvecs keep it
     /// (`MatvecSplit::x16`).
     pub(crate) x16: wgpu::Buffer,
@@ -165,6 +171,8 @@ impl SessionBuffers {
             step: f("step", 2),
             // Rows are padded to the quant group; the padding stays zero.
             x: f("x", rows(cfg.hidden_size)),
+            x_last: f("x_last", padded(cfg.hidden_size)),
+            step_last: f("step_last", 2),
             x16: f("x16", rows(cfg.hidden_size) / 2),
             qkv: f("qkv", rows(cfg.qkv_rows())),
             q: f("q", batch * cfg.q_dim()),
@@ -196,6 +204,8 @@ impl SessionBuffers {
             &self.tokens,
             &self.step,
             &self.x,
+            &self.x_last,
+            &self.step_last,
             &self.x16,
             &self.qkv,
             &self.q,

@@ -19,7 +19,8 @@
 //! picks the attention launches (one chunk: one launch; more: the chunks,
 //! then their reduce). Prompt batches run the layers with the q/k norm,
 //! RoPE and cache write as a launch of their own (a token's attention reads
-//! the K/V the batch's other tokens write).
+//! the K/V the batch's other tokens write); the last batch of a prompt
+//! then runs the LM head over its last row and the token choice.
 
 mod builder;
 
@@ -72,6 +73,10 @@ pub struct Forward {
     /// The launches of a prompt batch, in order (shared with the
     /// session's recorder thread).
     pub prefill: std::sync::Arc<Vec<Launch>>,
+    /// The LM head over a prompt batch's last row (copied to `x_last`):
+    /// with `choose` after it, the token after the prompt, so a prompt
+    /// needs no decode step at its last position.
+    pub last_row_head: std::sync::Arc<Vec<Launch>>,
     /// Bytes of the buffers holding the parameters of every launch but
     /// `choose`.
     pub uniform_bytes: u64,
@@ -140,10 +145,19 @@ pub fn forward(
         step.extend(always(mlp));
     }
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
+    let last_row_head =
+        b.matvec_f32_input(weights.lm_head(), &s.x_last, &s.logits, Normed(&weights.final_norm));
     let uniform_bytes = b.uniforms.borrow().bytes();
     let (choose, choose_uniform_bytes) =
         choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0, false);
-    Forward { step, choose, prefill: std::sync::Arc::new(prefill), uniform_bytes, choose_uniform_bytes }
+    Forward {
+        step,
+        choose,
+        prefill: std::sync::Arc::new(prefill),
+        last_row_head: std::sync::Arc::new(last_row_head),
+        uniform_bytes,
+        choose_uniform_bytes,
+    }
 }
 
 /// One launch of a batch step (see [`BatchForward`]).

@@ -257,10 +257,11 @@ impl Session {
 
     /// Runs `ids` through the model (appending them to the context) and
     /// returns the greedy next token. Checks every id and the capacity
-    /// before touching the GPU. All but the last token run through the
-    /// layers in batches of [`PREFILL_BATCH`] (one launch per kernel per
-    /// batch, causal attention within it); the last runs the whole step,
-    /// whose argmax is the returned token.
+    /// before touching the GPU. The tokens run through the layers in
+    /// batches of [`PREFILL_BATCH`] (one launch per kernel per batch,
+    /// causal attention within it); after the last batch the LM head runs
+    /// over its last row and the token choice gives the returned token (a
+    /// single position runs the decode step instead).
     ///
     /// The pending token ([`pending`](Self::pending): the last one `feed`
     /// or [`next_token`](Self::next_token) returned, not yet in the KV
@@ -284,18 +285,19 @@ impl Session {
         let gpu = self.model.gpu.clone();
         gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(ids));
         let end = self.len + ids.len();
+        let slot = self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))?;
+        let (batches, last_at, last) = self.prompt_jobs(self.len, end, Some(slot));
         // No waits in between: each batch's position is written before its
         // submit (writes and submits run in queue order).
-        let mut at = self.len;
-        while at + 1 < end {
-            at += self.submit_prefill_batch(at, end);
+        for (at, batch) in batches {
+            self.write_step_at(at, end);
+            self.inline_feed_recordings += 1;
+            gpu.queue.submit([batch.encode()]);
         }
-        self.write_step_at(end - 1, end);
-        let mut enc = self.encoder();
-        self.record(&mut enc, end - 1..end, None);
+        self.write_step_at(last_at, end);
+        self.write_last_step(end);
         self.inline_feed_recordings += 1;
-        let slot = self.queue_readback(&mut enc, end)?;
-        self.submit_with_readback(enc, slot);
+        self.submit_commands_with_readbacks([last.encode()], &[slot]);
         self.gpu_pos = end;
         self.len = end - 1;
         self.take_queued(false)

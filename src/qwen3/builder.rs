@@ -10,6 +10,8 @@ use crate::config::ModelConfig;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::GpuMatrix;
 use crate::kernels::matmul::staged_bytes;
+#[cfg(doc)]
+use crate::kernels::MatvecSplit;
 use crate::kernels::{
     decode_bindings, grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, WG,
 };
@@ -134,6 +136,20 @@ impl Builder<'_> {
         self.matvec_strided(w, x, y, what, padded(outputs)).into_iter().map(|(l, _)| l).collect()
     }
 
+    /// [`Self::matvec`] whose decode launch reads x as f32 even where
+    /// decode steps read the residual's f16 copy ([`MatvecSplit::x16`]):
+    /// the LM head over a prompt batch's last row.
+    pub(super) fn matvec_f32_input(
+        &self,
+        w: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        what: Matvec<'_>,
+    ) -> Vec<Launch> {
+        let outputs = if matches!(what, Matvec::NormedSwiglu(_)) { w.rows / 2 } else { w.rows };
+        self.matvec_with(w, x, y, what, padded(outputs), false).into_iter().map(|(l, _)| l).collect()
+    }
+
     /// [`Self::matvec`] with token z's output at `y[z * y_stride ..]`, each
     /// launch with its shape.
     pub(super) fn matvec_strided(
@@ -143,6 +159,20 @@ impl Builder<'_> {
         y: &wgpu::Buffer,
         what: Matvec<'_>,
         y_stride: usize,
+    ) -> Vec<(Launch, MatvecShape)> {
+        self.matvec_with(w, x, y, what, y_stride, true)
+    }
+
+    /// [`Self::matvec_strided`]; `x16`: whether its decode launch may read
+    /// the f16 copy where the layout keeps one.
+    fn matvec_with(
+        &self,
+        w: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        what: Matvec<'_>,
+        y_stride: usize,
+        x16: bool,
     ) -> Vec<(Launch, MatvecShape)> {
         let (kernel, norm) = match what {
             Matvec::Accumulate => (Kernel::Int8MatvecAccumulate, None),
@@ -172,7 +202,8 @@ impl Builder<'_> {
                     whole(norm.unwrap_or(x)),
                     whole(&self.s.x16),
                 ];
-                let split = self.kernels.matvec_layout.split(w.rows, w.k_words, norm.is_some(), w.format);
+                let mut split = self.kernels.matvec_layout.split(w.rows, w.k_words, norm.is_some(), w.format);
+                split.x16 &= x16;
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
                 let mut l = Launch::new_for(self.gpu, self.kernels, kernel, w.format, &bufs, grid(groups));
                 // The staging buffer holds every layer matrix's operands;

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::recorder::{Ahead, PrefillJob, StepPart, StepsJob};
+use super::recorder::{Ahead, LastJob, PrefillJob};
 use super::{check_prompt, InFlight, Session};
 use crate::error::{Error, Result};
 
@@ -43,8 +43,8 @@ pub(super) struct FeedProgress {
     /// The batch on the GPU: the position it ends at, and the flag the queue
     /// sets once it is done.
     in_flight: Option<(usize, Arc<AtomicBool>)>,
-    /// The last position's full step (with its token's readback) is
-    /// submitted: its readback is the front of the session's queue.
+    /// The prompt's last submit (with its token's readback) is submitted:
+    /// its readback is the front of the session's queue.
     final_submitted: bool,
     /// Steps that were queued ahead when the feed began, discarded: their
     /// readback slots come back as their mappings arrive.
@@ -56,10 +56,15 @@ pub(super) struct FeedProgress {
     /// frame that polls the feed pays neither for recording ~300 launches
     /// per batch nor for their submit.
     batches: VecDeque<Ahead<PrefillJob>>,
-    /// The last position's step, recorded likewise, with the copy of its
-    /// token into `last_slot` (without, if no slot was free: the copy is
-    /// then recorded at its submit); `None` once submitted.
-    last: Option<Ahead<StepsJob>>,
+    /// The prompt's last submit ([`Session::prompt_jobs`]), recorded
+    /// likewise, with the copy of its token into `last_slot` (without, if
+    /// no slot was free: the copy is then recorded at its submit); `None`
+    /// once submitted.
+    last: Option<Ahead<LastJob>>,
+    /// Its first position, and whether it is a prompt batch (else the
+    /// decode step of a one-position prompt).
+    last_at: usize,
+    last_is_batch: bool,
     /// The readback slot the last step's token goes to, taken at
     /// `begin_feed` (returned if the feed fails before its submit).
     last_slot: Option<usize>,
@@ -74,10 +79,10 @@ impl FeedProgress {
 impl Session {
     /// Starts feeding `ids` without blocking: checks them as
     /// [`feed`](Self::feed) does (every id, the capacity, the pending token
-    /// committed first), hands the prompt batches' and the last
-    /// position's commands to the session's recording thread and returns:
-    /// a frame that starts or polls a feed pays for the last position's
-    /// submit, not for recording (that thread submits the prompt batches
+    /// committed first), hands the prompt batches' commands (the last one
+    /// choosing the token after the prompt) to the session's recording
+    /// thread and returns: a frame that starts or polls a feed pays for the
+    /// last batch's submit, not for recording (that thread submits the prompt batches
     /// too). Then call [`poll_feed`](Self::poll_feed) (say once a frame) until it
     /// returns [`FeedStatus::Ready`] with the prediction after the last id,
     /// the token [`feed`](Self::feed) would return. Neither call ever waits
@@ -132,23 +137,14 @@ impl Session {
         self.pending = None;
         self.gpu_pos = start;
         let end = start + ids.len();
-        // Every submit's commands, sent to the recorder now, in order.
-        let mut prefill_jobs = Vec::new();
-        let mut at = start;
-        while at + 1 < end {
-            let n = (end - 1 - at).min(self.bufs.batch);
-            prefill_jobs.push(self.prefill_job(n));
-            at += n;
-        }
         // A slot is free: at most `lookahead` steps are ever queued (now
         // discarded), and there is one slot more.
         let last_slot = self.free_slots.pop();
-        let last_job = match last_slot {
-            Some(slot) => self.steps_job(end - 1..end, &[slot], StepPart::Whole),
-            None => self.last_step_job(end),
-        };
+        // Every submit's commands, sent to the recorder now, in order.
+        let (prefill_jobs, last_at, last_job) = self.prompt_jobs(start, end, last_slot);
+        let last_is_batch = matches!(last_job, LastJob::Batch(_));
         let recorder = self.started_recorder();
-        let batches = prefill_jobs.into_iter().map(|job| Ahead::record(recorder, job)).collect();
+        let batches = prefill_jobs.into_iter().map(|(_, job)| Ahead::record(recorder, job)).collect();
         let last = Some(Ahead::record(recorder, last_job));
         let mut progress = FeedProgress {
             start,
@@ -161,6 +157,8 @@ impl Session {
             submits: 0,
             batches,
             last,
+            last_at,
+            last_is_batch,
             last_slot,
         };
         self.submit_feed_work(&mut progress);
@@ -171,7 +169,7 @@ impl Session {
     /// Advances the feed [`begin_feed`](Self::begin_feed) started, without
     /// waiting: when the batch on the GPU is done (or none was submitted
     /// yet), has the session's thread submit the next one once it is
-    /// recorded (or submits the last position's step, once recorded); when that step's token has arrived,
+    /// recorded (or submits the last batch, once recorded); when its token has arrived,
     /// returns it as [`FeedStatus::Ready`] and the feed is over (the session
     /// then holds the ids, and the token is pending, exactly as after
     /// [`feed`](Self::feed)). Otherwise [`FeedStatus::Pending`] with the
@@ -311,24 +309,14 @@ impl Session {
         progress.in_flight = Some((at + n, done));
     }
 
-    /// The step at position `end - 1` without its token's readback copy.
-    fn last_step_job(&mut self, end: usize) -> StepsJob {
-        StepsJob {
-            model: self.model.clone(),
-            launches: self.step_launches(),
-            positions: end - 1..end,
-            first: StepPart::Whole,
-            copies: Vec::new(),
-        }
-    }
-
-    /// Submits the feed's next prompt batch, or its last position's full
-    /// step with the token's readback once every batch is done, unless its
+    /// Submits the feed's next prompt batch, or its last submit (the last
+    /// batch and the token choice after it, with the token's readback) once
+    /// every other batch is done, unless its
     /// commands are still being recorded (a later poll submits them).
     fn submit_feed_work(&mut self, progress: &mut FeedProgress) {
         let gpu = self.model.gpu.clone();
         let end = progress.end;
-        if progress.next + 1 < end {
+        if progress.next < progress.last_at {
             let at = progress.next;
             if self.recorder.is_some() && !progress.batches.is_empty() {
                 self.submit_batch_on_thread(progress);
@@ -341,7 +329,7 @@ impl Session {
                 },
                 // Unreachable (one job per batch); record here.
                 None => {
-                    let n = (end - 1 - at).min(self.bufs.batch);
+                    let n = (progress.last_at - at).min(self.bufs.batch);
                     (self.prefill_job(n).encode(), n, true)
                 }
             };
@@ -360,26 +348,28 @@ impl Session {
         let launches = self.step_launches();
         // Recorded ahead with the launches the session steps with now.
         let recorded = match &progress.last {
-            Some(last) if Arc::ptr_eq(&last.job.launches, &launches) => match last.take() {
+            Some(last) if last.job.steps().is_some_and(|l| Arc::ptr_eq(l, &launches)) => match last.take() {
                 Some(recorded) => Some(recorded),
                 None => return,
             },
             _ => None,
         };
         progress.last = None;
-        self.write_step_at(end - 1, end);
+        let (last_at, batch) = (progress.last_at, progress.last_is_batch);
+        self.write_step_at(last_at, end);
+        self.write_last_step(end);
         match progress.last_slot.take() {
             Some(slot) => {
-                let (commands, inline) = recorded.unwrap_or_else(|| {
-                    (self.steps_job(end - 1..end, &[slot], StepPart::Whole).encode(), true)
-                });
+                let (commands, inline) = recorded
+                    .unwrap_or_else(|| (self.last_job(last_at, end, Some(slot), batch).encode(), true));
                 self.inline_feed_recordings += u64::from(inline);
                 self.submit_commands_with_readbacks([commands], &[slot]);
             }
             None => {
                 // No slot was free at begin_feed (unreachable by the count
                 // there): the token's copy is recorded here.
-                let (commands, inline) = recorded.unwrap_or_else(|| (self.last_step_job(end).encode(), true));
+                let (commands, inline) =
+                    recorded.unwrap_or_else(|| (self.last_job(last_at, end, None, batch).encode(), true));
                 self.inline_feed_recordings += u64::from(inline);
                 let mut copy = self.encoder();
                 match self.queue_readback(&mut copy, end) {

@@ -17,7 +17,6 @@ use std::sync::mpsc;
 use crate::error::{Error, Result};
 
 use super::readback::{InFlight, Mapping};
-use super::recorder::StepPart;
 use super::Session;
 
 /// The forced tokens' feed on the session's thread: the readback of the
@@ -68,9 +67,9 @@ impl Session {
         Ok(Some(token))
     }
 
-    /// Feeds the pending token and the forced ones as a prompt (batches of
-    /// the positions before the last, the whole step at the last, whose
-    /// choice is queued), from `len`. The recording and the submits run on
+    /// Feeds the pending token and the forced ones as a prompt (its
+    /// batches, the last choosing the token after them, whose readback is
+    /// queued; [`Self::prompt_jobs`]), from `len`. The recording and the submits run on
     /// the session's thread (a prompt batch's recording takes milliseconds
     /// of a frame); the choice's readback comes back from there
     /// ([`Self::settle_forced`]).
@@ -84,26 +83,24 @@ impl Session {
         gpu.queue.write_buffer(&self.bufs.tokens, 4 * self.len as u64, bytemuck::cast_slice(&ids));
         let end = self.len + ids.len();
         let slot = self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))?;
-        let mut batches = Vec::new();
-        let mut at = self.len;
-        while at + 1 < end {
-            let n = (end - 1 - at).min(self.bufs.batch);
-            batches.push((at, self.prefill_job(n)));
-            at += n;
-        }
-        let last = self.steps_job(end - 1..end, &[slot], StepPart::Whole);
+        let (batches, last_at, last) = self.prompt_jobs(self.len, end, Some(slot));
         // As `write_step_at`: the position a forward pass ran ahead at is gone.
         self.forward_ahead.store(0, Ordering::Relaxed);
         self.gpu_pos = end;
         self.forced_feed = true;
-        let (queue, step, slot_buffer) =
-            (gpu.queue.clone(), self.bufs.step.clone(), self.slots[slot].clone());
+        let (queue, step, step_last, slot_buffer) = (
+            gpu.queue.clone(),
+            self.bufs.step.clone(),
+            self.bufs.step_last.clone(),
+            self.slots[slot].clone(),
+        );
         let task = move || {
             for (at, batch) in batches {
                 queue.write_buffer(&step, 0, bytemuck::cast_slice(&[at as u32, end as u32]));
                 queue.submit([batch.encode()]);
             }
-            queue.write_buffer(&step, 0, bytemuck::cast_slice(&[(end - 1) as u32, end as u32]));
+            queue.write_buffer(&step, 0, bytemuck::cast_slice(&[last_at as u32, end as u32]));
+            queue.write_buffer(&step_last, 0, bytemuck::cast_slice(&[(end - 1) as u32, end as u32]));
             let submission = queue.submit([last.encode()]);
             Mapping::start(slot_buffer.slice(..), submission)
         };

@@ -139,6 +139,39 @@ impl Recordable for StepsJob {
     }
 }
 
+/// What a prompt's last submit records: the last batch with the token
+/// after the prompt chosen after it ([`PrefillTail`]), or, for a prompt of
+/// one position, that position's decode step.
+#[derive(Clone)]
+pub(super) enum LastJob {
+    Batch(PrefillJob),
+    Step(StepsJob),
+}
+
+impl LastJob {
+    /// Records the commands and finishes them.
+    pub(super) fn encode(&self) -> wgpu::CommandBuffer {
+        match self {
+            LastJob::Batch(b) => b.encode(),
+            LastJob::Step(s) => s.encode(),
+        }
+    }
+
+    /// The decode-step launches whose token choice it records.
+    pub(super) fn steps(&self) -> Option<&Arc<StepLaunches>> {
+        match self {
+            LastJob::Batch(b) => b.tail.as_ref().map(|t| &t.steps),
+            LastJob::Step(s) => Some(&s.launches),
+        }
+    }
+}
+
+impl Recordable for LastJob {
+    fn encode(&self) -> wgpu::CommandBuffer {
+        LastJob::encode(self)
+    }
+}
+
 /// What one prompt batch of a feed records: the prompt-batch launches
 /// over `tokens` positions (their first position is in the session's step
 /// buffer, written before the submit).
@@ -147,6 +180,24 @@ pub(super) struct PrefillJob {
     pub model: Arc<ModelGpu>,
     pub launches: Arc<Vec<Launch>>,
     pub tokens: u32,
+    /// The prompt's last batch: the token after it, chosen here.
+    pub tail: Option<PrefillTail>,
+}
+
+/// What the last batch of a prompt records after the batch: its last row
+/// of x copied out, the choice's position set, the LM head over that row
+/// and the token choice (those of the decode step at `pos`), and the
+/// token's readback copies.
+#[derive(Clone)]
+pub(super) struct PrefillTail {
+    pub head: Arc<Vec<Launch>>,
+    pub steps: Arc<StepLaunches>,
+    /// The prompt's last position.
+    pub pos: usize,
+    /// The batch's last row of x into `x_last`, then `step_last` into
+    /// `step`.
+    pub moves: [ReadbackCopy; 2],
+    pub copies: Vec<ReadbackCopy>,
 }
 
 impl Recordable for PrefillJob {
@@ -168,6 +219,24 @@ impl PrefillJob {
             });
             for l in self.launches.iter() {
                 l.record_batch(&mut pass, &self.model.kernels, self.tokens);
+            }
+        }
+        if let Some(tail) = &self.tail {
+            for c in &tail.moves {
+                enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
+            }
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("prompt's next token"),
+                    timestamp_writes: None,
+                });
+                let choice = tail.steps.part_at(tail.pos, StepPart::Choice);
+                for l in tail.head.iter().chain(choice) {
+                    l.record(&mut pass, &self.model.kernels);
+                }
+            }
+            for c in &tail.copies {
+                enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
             }
         }
         enc.finish()

@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::buffers::padded;
 use crate::error::{Error, Result};
 use crate::gpu::Timestamps;
 use crate::kernels::sample::LOGPROB_RECORD_WORDS;
@@ -195,9 +196,21 @@ impl Session {
         slots: &[usize],
         first: StepPart,
     ) -> recorder::StepsJob {
+        recorder::StepsJob {
+            model: self.model.clone(),
+            launches: self.step_launches(),
+            copies: self.readback_copies(positions.start, slots),
+            positions,
+            first,
+        }
+    }
+
+    /// The copies of the tokens of the steps from position `start` on (and
+    /// their log-probability records), one step's into each of `slots`.
+    fn readback_copies(&self, start: usize, slots: &[usize]) -> Vec<recorder::ReadbackCopy> {
         let mut copies = Vec::with_capacity(2 * slots.len());
         for (i, &slot) in slots.iter().enumerate() {
-            let at = (positions.start + i + 1) as u64;
+            let at = (start + i + 1) as u64;
             copies.push(recorder::ReadbackCopy {
                 src: self.bufs.tokens.clone(),
                 src_offset: 4 * at,
@@ -216,13 +229,82 @@ impl Session {
                 });
             }
         }
-        recorder::StepsJob {
-            model: self.model.clone(),
-            launches: self.step_launches(),
-            positions,
-            first,
-            copies,
+        copies
+    }
+
+    /// A prompt's submits over positions `start..end` (`end > start`): its
+    /// prompt batches, each with its first position, then its last job,
+    /// with its first position: the last batch, which holds the last
+    /// position and chooses the token after it (a prompt of two positions
+    /// or more), or the decode step at the one position. The last job
+    /// copies its token into `slot` (if any). Their submits write the step
+    /// buffer at each first position ([`Self::write_step_at`]) and, for a
+    /// last batch, [`Self::write_last_step`].
+    pub(super) fn prompt_jobs(
+        &mut self,
+        start: usize,
+        end: usize,
+        slot: Option<usize>,
+    ) -> (Vec<(usize, recorder::PrefillJob)>, usize, recorder::LastJob) {
+        if end - start < 2 {
+            return (Vec::new(), end - 1, self.last_job(end - 1, end, slot, false));
         }
+        let mut batches = Vec::new();
+        let mut at = start;
+        while end - at > self.bufs.batch {
+            batches.push((at, self.prefill_job(self.bufs.batch)));
+            at += self.bufs.batch;
+        }
+        (batches, at, self.last_job(at, end, slot, true))
+    }
+
+    /// A prompt's last job from position `at` to `end` ([`Self::prompt_jobs`]):
+    /// with `batch`, the batch of those positions choosing the token after
+    /// them; otherwise the decode step at `at` (= `end - 1`).
+    pub(super) fn last_job(
+        &mut self,
+        at: usize,
+        end: usize,
+        slot: Option<usize>,
+        batch: bool,
+    ) -> recorder::LastJob {
+        let slots: Vec<usize> = slot.into_iter().collect();
+        if !batch {
+            return recorder::LastJob::Step(recorder::StepsJob {
+                model: self.model.clone(),
+                launches: self.step_launches(),
+                copies: self.readback_copies(end - 1, &slots),
+                positions: end - 1..end,
+                first: StepPart::Whole,
+            });
+        }
+        let n = end - at;
+        let row_bytes = 4 * padded(self.model.config.hidden_size) as u64;
+        let copy = |src: &wgpu::Buffer, src_offset, dst: &wgpu::Buffer, size| recorder::ReadbackCopy {
+            src: src.clone(),
+            src_offset,
+            dst: dst.clone(),
+            dst_offset: 0,
+            size,
+        };
+        let tail = recorder::PrefillTail {
+            head: self.forward.last_row_head.clone(),
+            steps: self.step_launches(),
+            pos: end - 1,
+            moves: [
+                copy(&self.bufs.x, (n - 1) as u64 * row_bytes, &self.bufs.x_last, row_bytes),
+                copy(&self.bufs.step_last, 0, &self.bufs.step, 8),
+            ],
+            copies: self.readback_copies(end - 1, &slots),
+        };
+        recorder::LastJob::Batch(recorder::PrefillJob { tail: Some(tail), ..self.prefill_job(n) })
+    }
+
+    /// Sets the position of the token choice after a prompt's last batch
+    /// (`end - 1`; copied into the step buffer after the batch).
+    pub(super) fn write_last_step(&self, end: usize) {
+        let step = [(end - 1) as u32, end as u32];
+        self.model.gpu.queue.write_buffer(&self.bufs.step_last, 0, bytemuck::cast_slice(&step));
     }
 
     /// Decode submits so far (steps queued ahead by
@@ -324,24 +406,13 @@ impl Session {
         }
     }
 
-    /// Submits the prompt batch from position `at` (up to a batch of the
-    /// positions before `end - 1`, whose full step comes after) and returns
-    /// how many positions it runs.
-    pub(super) fn submit_prefill_batch(&mut self, at: usize, end: usize) -> usize {
-        let n = (end - 1 - at).min(self.bufs.batch);
-        self.write_step_at(at, end);
-        let commands = self.prefill_job(n).encode();
-        self.inline_feed_recordings += 1;
-        self.model.gpu.queue.submit([commands]);
-        n
-    }
-
     /// The recording of a prompt batch of `n` positions.
     pub(super) fn prefill_job(&self, n: usize) -> recorder::PrefillJob {
         recorder::PrefillJob {
             model: self.model.clone(),
             launches: self.forward.prefill.clone(),
             tokens: n as u32,
+            tail: None,
         }
     }
 

@@ -309,8 +309,8 @@ fn poll_to_the_end(s: &mut Session, batch: usize, total: usize) -> (u32, usize) 
 fn a_polled_feed_equals_feed_and_never_waits() {
     let engine = engine();
     let model = load(engine, "gqa2_hd64");
-    // 300 positions: batches of PREFILL_BATCH (256) and 43, then the last
-    // position's step.
+    // 300 positions: batches of PREFILL_BATCH (256) and 44, the last one
+    // choosing the token after the prompt.
     assert_eq!(qwen3_wgpu::PREFILL_BATCH, 256);
     let long: Vec<u32> = (0..300u32).map(|i| (i * 37 + 11) % 1000).collect();
     let mut s = model.session_with_capacity(320).unwrap();
@@ -320,12 +320,11 @@ fn a_polled_feed_equals_feed_and_never_waits() {
     assert!(s.is_feeding());
     assert_eq!(s.len(), 0);
     let (token, submits) = poll_to_the_end(&mut s, 256, 300);
-    assert_eq!((token, submits), (want, 3));
-    // Every batch and the last step were recorded on the session's
-    // recording thread, none on the caller's (a blocking feed records
-    // its 3 there).
+    assert_eq!((token, submits), (want, 2));
+    // Both batches were recorded on the session's recording thread, none
+    // on the caller's (a blocking feed records its 2 there).
     assert_eq!(s.debug_inline_feed_recordings(), 0, "a polled feed recorded on the caller's thread");
-    assert_eq!(blocking.debug_inline_feed_recordings(), 3);
+    assert_eq!(blocking.debug_inline_feed_recordings(), 2);
     assert!(!s.is_feeding());
     assert_eq!((s.len(), s.pending()), (blocking.len(), blocking.pending()));
     assert_eq!(continue_for(&mut s, token, 5), continue_for(&mut blocking, want, 5));
@@ -344,10 +343,10 @@ fn a_polled_feed_equals_feed_and_never_waits() {
     assert_eq!(s.debug_feed_counts().1, waits, "begin_feed waited for the discarded steps");
     let (token, submits) = poll_to_the_end(&mut s, 64, 41);
     let want = blocking.feed(&more).unwrap();
-    assert_eq!((token, submits), (want, 2));
+    assert_eq!((token, submits), (want, 1));
     assert_eq!(s.tokens().unwrap(), blocking.tokens().unwrap());
     assert_eq!(continue_for(&mut s, token, 4), continue_for(&mut blocking, want, 4));
-    // One id and nothing pending: the last step alone.
+    // One id and nothing pending: its decode step alone.
     let mut s = model.session_with_capacity(8).unwrap();
     s.begin_feed(&[7]).unwrap();
     let (token, submits) = poll_to_the_end(&mut s, 8, 1);
