@@ -75,8 +75,11 @@ pub struct Forward {
     pub prefill: std::sync::Arc<Vec<Launch>>,
     /// The LM head over a prompt batch's last row (copied to `x_last`):
     /// with `choose` after it, the token after the prompt, so a prompt
-    /// needs no decode step at its last position.
-    pub last_row_head: std::sync::Arc<Vec<Launch>>,
+    /// needs no decode step at its last position. `None` where its f32
+    /// pipeline could not be built and proven on a device whose decode
+    /// steps read an f16 copy of x (the general pipeline would read
+    /// `x_last` as f16): prompts then end with a decode step.
+    pub last_row_head: Option<std::sync::Arc<Vec<Launch>>>,
     /// Bytes of the buffers holding the parameters of every launch but
     /// `choose`.
     pub uniform_bytes: u64,
@@ -146,7 +149,9 @@ pub fn forward(
     }
     step.extend(always(b.matvec(weights.lm_head(), &s.x, &s.logits, Normed(&weights.final_norm))));
     let last_row_head =
-        b.matvec_f32_input(weights.lm_head(), &s.x_last, &s.logits, Normed(&weights.final_norm));
+        Some(b.matvec_f32_input(weights.lm_head(), &s.x_last, &s.logits, Normed(&weights.final_norm)))
+            .filter(|head| !kernels.matvec_layout.x16() || head.iter().all(|l| l.decode_pipeline.is_some()))
+            .map(std::sync::Arc::new);
     let uniform_bytes = b.uniforms.borrow().bytes();
     let (choose, choose_uniform_bytes) =
         choose_launches(gpu, kernels, cfg, s, &SamplingParams::default(), 0, false);
@@ -154,7 +159,7 @@ pub fn forward(
         step,
         choose,
         prefill: std::sync::Arc::new(prefill),
-        last_row_head: std::sync::Arc::new(last_row_head),
+        last_row_head,
         uniform_bytes,
         choose_uniform_bytes,
     }

@@ -236,7 +236,9 @@ impl Session {
     /// prompt batches, each with its first position, then its last job,
     /// with its first position: the last batch, which holds the last
     /// position and chooses the token after it (a prompt of two positions
-    /// or more), or the decode step at the one position. The last job
+    /// or more), or the decode step at the last position (a prompt of one,
+    /// or a session without [`Forward::last_row_head`](crate::qwen3::Forward::last_row_head):
+    /// the batches then end before it). The last job
     /// copies its token into `slot` (if any). Their submits write the step
     /// buffer at each first position ([`Self::write_step_at`]) and, for a
     /// last batch, [`Self::write_last_step`].
@@ -246,16 +248,16 @@ impl Session {
         end: usize,
         slot: Option<usize>,
     ) -> (Vec<(usize, recorder::PrefillJob)>, usize, recorder::LastJob) {
-        if end - start < 2 {
-            return (Vec::new(), end - 1, self.last_job(end - 1, end, slot, false));
-        }
+        let in_batch = end - start >= 2 && self.forward.last_row_head.is_some();
+        let batches_end = if in_batch { end } else { end - 1 };
         let mut batches = Vec::new();
         let mut at = start;
-        while end - at > self.bufs.batch {
-            batches.push((at, self.prefill_job(self.bufs.batch)));
-            at += self.bufs.batch;
+        while batches_end - at > if in_batch { self.bufs.batch } else { 0 } {
+            let n = (batches_end - at).min(self.bufs.batch);
+            batches.push((at, self.prefill_job(n)));
+            at += n;
         }
-        (batches, at, self.last_job(at, end, slot, true))
+        (batches, at, self.last_job(at, end, slot, in_batch))
     }
 
     /// A prompt's last job from position `at` to `end` ([`Self::prompt_jobs`]):
@@ -288,7 +290,7 @@ impl Session {
             size,
         };
         let tail = recorder::PrefillTail {
-            head: self.forward.last_row_head.clone(),
+            head: self.forward.last_row_head.clone().unwrap_or_default(),
             steps: self.step_launches(),
             pos: end - 1,
             moves: [
