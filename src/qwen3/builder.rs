@@ -130,10 +130,7 @@ impl Builder<'_> {
         y: &wgpu::Buffer,
         what: Matvec<'_>,
     ) -> Vec<Launch> {
-        // Every activation buffer holds one row per token, padded to the
-        // quant group (what a consuming matvec's k_words expects).
-        let outputs = if matches!(what, Matvec::NormedSwiglu(_)) { w.rows / 2 } else { w.rows };
-        self.matvec_strided(w, x, y, what, padded(outputs)).into_iter().map(|(l, _)| l).collect()
+        self.matvec_padded(w, x, y, what, true)
     }
 
     /// [`Self::matvec`] whose decode launch reads x as f32 even where
@@ -146,8 +143,22 @@ impl Builder<'_> {
         y: &wgpu::Buffer,
         what: Matvec<'_>,
     ) -> Vec<Launch> {
+        self.matvec_padded(w, x, y, what, false)
+    }
+
+    /// [`Self::matvec`]; `x16` as [`Self::matvec_with`]'s.
+    fn matvec_padded(
+        &self,
+        w: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        what: Matvec<'_>,
+        x16: bool,
+    ) -> Vec<Launch> {
+        // Every activation buffer holds one row per token, padded to the
+        // quant group (what a consuming matvec's k_words expects).
         let outputs = if matches!(what, Matvec::NormedSwiglu(_)) { w.rows / 2 } else { w.rows };
-        self.matvec_with(w, x, y, what, padded(outputs), false).into_iter().map(|(l, _)| l).collect()
+        self.matvec_with(w, x, y, what, padded(outputs), x16).into_iter().map(|(l, _)| l).collect()
     }
 
     /// [`Self::matvec`] with token z's output at `y[z * y_stride ..]`, each
