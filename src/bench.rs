@@ -127,7 +127,14 @@ impl BenchOptions {
                 "--backend" => options.backend = Some(AdapterPolicy::from_name(&flag, &value)?),
                 "--tokens" => options.tokens = count(&value)?,
                 "--timed-steps" => options.timed_steps = count(&value)?,
-                "--contexts" => options.contexts = value.split(',').map(count).collect::<Result<_>>()?,
+                "--contexts" => {
+                    // A measurement feeds a prompt of the context's length: at least one id.
+                    let positive = |v: &str| match count(v)? {
+                        0 => Err(Error::invalid_argument(&flag, "a context of 0 positions: give 1 or more")),
+                        n => Ok(n),
+                    };
+                    options.contexts = value.split(',').map(positive).collect::<Result<_>>()?
+                }
                 "--sampling" => options.sampling = Some(parse_sampling(&flag, &value)?),
                 "--constraint" => options.constraint = Some(PathBuf::from(value)),
                 "--tokenizer" => options.tokenizer = Some(PathBuf::from(value)),
@@ -591,6 +598,7 @@ mod tests {
             "--sampling 0.7,20",
             "--sampling -1,0,1",
             "--sessions 4,0",
+            "--contexts 128,0",
             "--weights int5",
         ];
         for bad in bad_ones {

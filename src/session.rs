@@ -295,7 +295,9 @@ impl Session {
             gpu.queue.submit([batch.encode()]);
         }
         self.write_step_at(last_at, end);
-        self.write_last_step(end);
+        if matches!(last, recorder::LastJob::Batch(..)) {
+            self.write_last_step(end);
+        }
         self.inline_feed_recordings += 1;
         self.submit_commands_with_readbacks([last.encode()], &[slot]);
         self.gpu_pos = end;

@@ -142,7 +142,7 @@ impl Session {
         let last_slot = self.free_slots.pop();
         // Every submit's commands, sent to the recorder now, in order.
         let (prefill_jobs, last_at, last_job) = self.prompt_jobs(start, end, last_slot);
-        let last_is_batch = matches!(last_job, LastJob::Batch(_));
+        let last_is_batch = matches!(last_job, LastJob::Batch(..));
         let recorder = self.started_recorder();
         let batches = prefill_jobs.into_iter().map(|(_, job)| Ahead::record(recorder, job)).collect();
         let last = Some(Ahead::record(recorder, last_job));
@@ -348,7 +348,7 @@ impl Session {
         let launches = self.step_launches();
         // Recorded ahead with the launches the session steps with now.
         let recorded = match &progress.last {
-            Some(last) if last.job.steps().is_some_and(|l| Arc::ptr_eq(l, &launches)) => match last.take() {
+            Some(last) if Arc::ptr_eq(last.job.steps(), &launches) => match last.take() {
                 Some(recorded) => Some(recorded),
                 None => return,
             },
@@ -357,7 +357,9 @@ impl Session {
         progress.last = None;
         let (last_at, batch) = (progress.last_at, progress.last_is_batch);
         self.write_step_at(last_at, end);
-        self.write_last_step(end);
+        if batch {
+            self.write_last_step(end);
+        }
         match progress.last_slot.take() {
             Some(slot) => {
                 let (commands, inline) = recorded

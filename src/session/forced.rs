@@ -17,6 +17,7 @@ use std::sync::mpsc;
 use crate::error::{Error, Result};
 
 use super::readback::{InFlight, Mapping};
+use super::recorder::LastJob;
 use super::Session;
 
 /// The forced tokens' feed on the session's thread: the readback of the
@@ -84,6 +85,7 @@ impl Session {
         let end = self.len + ids.len();
         let slot = self.free_slots.pop().ok_or_else(|| Error::internal("no free token readback slot"))?;
         let (batches, last_at, last) = self.prompt_jobs(self.len, end, Some(slot));
+        let in_batch = matches!(last, LastJob::Batch(..));
         // As `write_step_at`: the position a forward pass ran ahead at is gone.
         self.forward_ahead.store(0, Ordering::Relaxed);
         self.gpu_pos = end;
@@ -100,7 +102,9 @@ impl Session {
                 queue.submit([batch.encode()]);
             }
             queue.write_buffer(&step, 0, bytemuck::cast_slice(&[last_at as u32, end as u32]));
-            queue.write_buffer(&step_last, 0, bytemuck::cast_slice(&[(end - 1) as u32, end as u32]));
+            if in_batch {
+                queue.write_buffer(&step_last, 0, bytemuck::cast_slice(&[(end - 1) as u32, end as u32]));
+            }
             let submission = queue.submit([last.encode()]);
             Mapping::start(slot_buffer.slice(..), submission)
         };

@@ -139,12 +139,12 @@ impl Recordable for StepsJob {
     }
 }
 
-/// What a prompt's last submit records: the last batch with the token
-/// after the prompt chosen after it ([`PrefillTail`]), or, for a prompt of
-/// one position, that position's decode step.
+/// What a prompt's last submit records: its last batch, then the token
+/// after the prompt chosen ([`PrefillTail`]); or, for a prompt of one
+/// position, that position's decode step.
 #[derive(Clone)]
 pub(super) enum LastJob {
-    Batch(PrefillJob),
+    Batch(PrefillJob, PrefillTail),
     Step(StepsJob),
 }
 
@@ -152,16 +152,20 @@ impl LastJob {
     /// Records the commands and finishes them.
     pub(super) fn encode(&self) -> wgpu::CommandBuffer {
         match self {
-            LastJob::Batch(b) => b.encode(),
+            LastJob::Batch(batch, tail) => {
+                let mut enc = batch.encoder();
+                tail.record(&mut enc, &batch.model);
+                enc.finish()
+            }
             LastJob::Step(s) => s.encode(),
         }
     }
 
     /// The decode-step launches whose token choice it records.
-    pub(super) fn steps(&self) -> Option<&Arc<StepLaunches>> {
+    pub(super) fn steps(&self) -> &Arc<StepLaunches> {
         match self {
-            LastJob::Batch(b) => b.tail.as_ref().map(|t| &t.steps),
-            LastJob::Step(s) => Some(&s.launches),
+            LastJob::Batch(_, tail) => &tail.steps,
+            LastJob::Step(s) => &s.launches,
         }
     }
 }
@@ -180,8 +184,6 @@ pub(super) struct PrefillJob {
     pub model: Arc<ModelGpu>,
     pub launches: Arc<Vec<Launch>>,
     pub tokens: u32,
-    /// The prompt's last batch: the token after it, chosen here.
-    pub tail: Option<PrefillTail>,
 }
 
 /// What the last batch of a prompt records after the batch: its last row
@@ -200,6 +202,27 @@ pub(super) struct PrefillTail {
     pub copies: Vec<ReadbackCopy>,
 }
 
+impl PrefillTail {
+    fn record(&self, enc: &mut wgpu::CommandEncoder, model: &ModelGpu) {
+        for c in &self.moves {
+            enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("prompt's next token"),
+                timestamp_writes: None,
+            });
+            let choice = self.steps.part_at(self.pos, StepPart::Choice);
+            for l in self.head.iter().chain(choice) {
+                l.record(&mut pass, &model.kernels);
+            }
+        }
+        for c in &self.copies {
+            enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
+        }
+    }
+}
+
 impl Recordable for PrefillJob {
     fn encode(&self) -> wgpu::CommandBuffer {
         PrefillJob::encode(self)
@@ -209,6 +232,11 @@ impl Recordable for PrefillJob {
 impl PrefillJob {
     /// Records the batch in one compute pass and finishes the commands.
     pub(super) fn encode(&self) -> wgpu::CommandBuffer {
+        self.encoder().finish()
+    }
+
+    /// An encoder holding the batch's compute pass.
+    fn encoder(&self) -> wgpu::CommandEncoder {
         let device = &self.model.gpu.device;
         let mut enc =
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("prefill") });
@@ -221,25 +249,7 @@ impl PrefillJob {
                 l.record_batch(&mut pass, &self.model.kernels, self.tokens);
             }
         }
-        if let Some(tail) = &self.tail {
-            for c in &tail.moves {
-                enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
-            }
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("prompt's next token"),
-                    timestamp_writes: None,
-                });
-                let choice = tail.steps.part_at(tail.pos, StepPart::Choice);
-                for l in tail.head.iter().chain(choice) {
-                    l.record(&mut pass, &self.model.kernels);
-                }
-            }
-            for c in &tail.copies {
-                enc.copy_buffer_to_buffer(&c.src, c.src_offset, &c.dst, c.dst_offset, c.size);
-            }
-        }
-        enc.finish()
+        enc
     }
 }
 

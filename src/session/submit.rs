@@ -249,11 +249,14 @@ impl Session {
         slot: Option<usize>,
     ) -> (Vec<(usize, recorder::PrefillJob)>, usize, recorder::LastJob) {
         let in_batch = end - start >= 2 && self.forward.last_row_head.is_some();
-        let batches_end = if in_batch { end } else { end - 1 };
+        // Whole batches first; the last job takes the rest (in a batch, 1
+        // to a whole batch of positions; else the last position).
+        let batch = self.bufs.batch;
+        let last_at = if in_batch { start + (end - start - 1) / batch * batch } else { end - 1 };
         let mut batches = Vec::new();
         let mut at = start;
-        while batches_end - at > if in_batch { self.bufs.batch } else { 0 } {
-            let n = (batches_end - at).min(self.bufs.batch);
+        while at < last_at {
+            let n = (last_at - at).min(batch);
             batches.push((at, self.prefill_job(n)));
             at += n;
         }
@@ -299,7 +302,7 @@ impl Session {
             ],
             copies: self.readback_copies(end - 1, &slots),
         };
-        recorder::LastJob::Batch(recorder::PrefillJob { tail: Some(tail), ..self.prefill_job(n) })
+        recorder::LastJob::Batch(self.prefill_job(n), tail)
     }
 
     /// Sets the position of the token choice after a prompt's last batch
@@ -414,7 +417,6 @@ impl Session {
             model: self.model.clone(),
             launches: self.forward.prefill.clone(),
             tokens: n as u32,
-            tail: None,
         }
     }
 
