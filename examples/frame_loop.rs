@@ -17,7 +17,10 @@
 //! seen by polling the device every 0.2 ms while the frame idles), frames
 //! that overran their boundary, the times an engine call waited for the
 //! GPU (none: every call it makes is non-blocking), and the tokens per second the
-//! conversations reached. A single conversation takes every token that has
+//! conversations reached; in the JSON also the 8 rendered frames that
+//! completed latest, each with the engine's calls in the 3 frames before
+//! it, and the frame from which a batch's row pipelines were all built.
+//! A single conversation takes every token that has
 //! arrived each frame (`--max-tokens-per-frame` caps it); batched ones take
 //! at most one each per frame. A conversation whose context
 //! (`--context`) fills starts over: `Session::truncate(0)`, which then has
@@ -509,6 +512,10 @@ fn phase(
     let mut late = 0;
     // Each frame's engine time by call kind, ms.
     let mut frame_calls = Vec::new();
+    // The first frame at which the batch's row pipelines were all built
+    // (before it, a batch step runs each row through the one-token
+    // pipelines: more GPU time a step).
+    let mut pipelines_ready_frame = None;
     let start = Instant::now();
     let mut boundary = start;
     let harvest = |in_flight: &mut VecDeque<InFlightFrame>, latency: &mut Vec<f64>| {
@@ -527,7 +534,12 @@ fn phase(
         let engine_start = Instant::now();
         render_cpu.push((engine_start - frame_start).as_secs_f64() * 1e3);
         match &mut batch {
-            Some(batch) => poll_batch(batch, &mut conversations, prompt)?,
+            Some(batch) => {
+                if pipelines_ready_frame.is_none() && batch.pipelines_ready() {
+                    pipelines_ready_frame = Some(n);
+                }
+                poll_batch(batch, &mut conversations, prompt)?
+            }
             None => {
                 for c in &mut conversations {
                     c.poll(prompt, args.max_tokens_per_frame)?;
@@ -588,7 +600,20 @@ fn phase(
     let mut slowest: Vec<(usize, f64)> = engine_cpu.iter().copied().enumerate().collect();
     slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
     slowest.truncate(5);
+    // The rendered frames that completed latest, with the engine's calls in
+    // the frames before each (the work its render queued behind).
+    let mut late_gpu: Vec<(usize, f64)> = latency.iter().copied().enumerate().collect();
+    late_gpu.sort_by(|a, b| b.1.total_cmp(&a.1));
+    late_gpu.truncate(8);
+    let calls_before = |i: usize| {
+        (i.saturating_sub(3)..i).map(|j| json!({"frame": j, "calls_ms": frame_calls[j]})).collect::<Vec<_>>()
+    };
     Ok(json!({
+        "slowest_gpu_frames": late_gpu
+            .iter()
+            .map(|&(i, ms)| json!({"frame": i, "gpu_latency_ms": (ms * 1000.0).round() / 1000.0, "engine_before": calls_before(i)}))
+            .collect::<Vec<_>>(),
+        "pipelines_ready_frame": pipelines_ready_frame,
         "phase": if sessions == 0 { "render" } else { "decode" },
         "slowest_engine_frames": slowest
             .iter()

@@ -93,6 +93,26 @@ fn frames_render_and_conversations_decode_the_blocking_tokens() {
         // No engine call waited for the GPU, restarts of a full context
         // included.
         assert_eq!(phase["engine_waits"], 0, "{phase}");
+        // The latest rendered frames, each with the engine's calls of the
+        // (at most 3) frames before it, and their latencies among the
+        // phase's.
+        let late = phase["slowest_gpu_frames"].as_array().unwrap();
+        assert_eq!(late.len(), 8, "{phase}");
+        for f in late {
+            let i = f["frame"].as_u64().unwrap();
+            assert!(i < FRAMES, "{f}");
+            assert!(
+                f["gpu_latency_ms"].as_f64().unwrap() <= phase["gpu_latency_ms"]["max"].as_f64().unwrap()
+            );
+            assert_eq!(f["engine_before"].as_array().unwrap().len() as u64, i.min(3), "{f}");
+        }
+        // A batch's row pipelines may still be building when the phase
+        // ends; a conversation alone has none.
+        let ready = &phase["pipelines_ready_frame"];
+        match sessions {
+            0 | 1 => assert!(ready.is_null(), "{phase}"),
+            _ => assert!(ready.is_null() || ready.as_u64().unwrap() < FRAMES, "{phase}"),
+        }
         // The engine's time is part of the frame's.
         assert!(phase["engine_cpu_ms"]["max"].as_f64() <= phase["frame_cpu_ms"]["max"].as_f64(), "{phase}");
         let ids: Vec<u32> = phase["first_session_ids"]

@@ -9,9 +9,10 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_rows, attention_step_case, matmul_case_for, matmul_case_in, matvec_case, matvec_case_in,
-    matvec_case_x16, qk_norm_rope_case, step, to_u32, u32s, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
-    ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_case_rows, attention_reduce_case, attention_step_case, matmul_case_for, matmul_case_in,
+    matvec_case, matvec_case_in, matvec_case_x16, qk_norm_rope_case, step, to_u32, u32s,
+    ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
+    QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use std::collections::HashMap;
@@ -636,6 +637,20 @@ fn attention_matches_cpu() {
         let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         for shape in ATTENTION_SHAPES {
             attention_case(&run, shape, &mut rng);
+        }
+    }
+}
+
+/// attention_reduce alone: rising chunk maxima, NaN in the chunks past the
+/// context, more chunks than one pass of its loads covers.
+#[test]
+fn attention_reduce_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(17);
+    for sub in variants(gpu) {
+        let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+        for shape in ATTENTION_REDUCE_SHAPES {
+            attention_reduce_case(&run, shape, &mut rng);
         }
     }
 }

@@ -13,11 +13,11 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, argmax_partial_params, assert_matvec,
-    attention_case, attention_step_case, check_matrix_probe, matmul_case, matmul_case_for,
-    matrix_probe_inputs, matvec_case, matvec_case_in, qk_norm_rope_case, reduce_params,
-    simdgroup_matrix_owner, to_u32, Mat, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
-    ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP,
-    QK_NORM_ROPE_SHAPES,
+    attention_case, attention_reduce_case, attention_step_case, check_matrix_probe, matmul_case,
+    matmul_case_for, matrix_probe_inputs, matvec_case, matvec_case_in, qk_norm_rope_case, reduce_params,
+    simdgroup_matrix_owner, to_u32, Mat, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES,
+    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS,
+    MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::{argmax_ref, f32s, nonzero, poisoned};
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
@@ -681,6 +681,16 @@ fn msl_attention_matches_cpu() {
     ];
     for shape in qwen.into_iter().chain(ATTENTION_SHAPES) {
         attention_case(&run, shape, &mut rng);
+    }
+}
+
+/// attention_reduce's twin alone on the shared reduce cases.
+#[test]
+fn msl_attention_reduce_matches_cpu() {
+    let run = msl_run(&[]);
+    let mut rng = StdRng::seed_from_u64(17);
+    for shape in ATTENTION_REDUCE_SHAPES {
+        attention_reduce_case(&run, shape, &mut rng);
     }
 }
 

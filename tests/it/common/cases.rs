@@ -499,6 +499,55 @@ fn reduce(
     to_f32(&out[0])
 }
 
+/// attention_reduce alone on chunk results built to test its combining:
+/// each chunk's max grows with its index (a later chunk of a slice always
+/// rescales what came before), and the chunks past the context hold
+/// (-3e38, 0) and NaN sums (never written: they must weigh nothing).
+/// Shape: (heads, head_dim, chunks, of which past the context, tokens).
+pub fn attention_reduce_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize), rng: &mut StdRng) {
+    let (nh, hd, chunks, empty, tokens) = shape;
+    let parts = tokens * nh * chunks;
+    let mut ml = Vec::with_capacity(2 * parts);
+    let acc = nonzero(rng, parts * hd);
+    let mut acc = acc;
+    let sums = nonzero(rng, parts);
+    for part in 0..parts {
+        let c = part % chunks;
+        if c >= chunks - empty {
+            ml.extend([-3.0e38, 0.0]);
+            acc[part * hd..(part + 1) * hd].fill(f32::NAN);
+        } else {
+            // Maxima rising by 0.05 a chunk (e^-6 across 120 chunks), sums in (0.5, 1.5).
+            ml.extend([0.05 * c as f32 + sums[part] * 0.01, 1.0 + 0.5 * sums[part]]);
+        }
+    }
+    let out_stride = nh * hd + 3;
+    let got = reduce(run, &[f32s(&ml), f32s(&acc)], nh, hd, chunks, tokens, out_stride);
+    for z in 0..tokens {
+        for h in 0..nh {
+            let base = (z * nh + h) * chunks;
+            let live = 0..chunks - empty;
+            let big_m = live.clone().map(|c| ml[2 * (base + c)] as f64).fold(f64::MIN, f64::max);
+            let w = |c: usize| (ml[2 * (base + c)] as f64 - big_m).exp();
+            let big_l: f64 = live.clone().map(|c| ml[2 * (base + c) + 1] as f64 * w(c)).sum();
+            let want: Vec<f64> = (0..hd)
+                .map(|d| live.clone().map(|c| acc[(base + c) * hd + d] as f64 * w(c)).sum::<f64>() / big_l)
+                .collect();
+            let at = z * out_stride + h * hd;
+            let what = format!("attention_reduce {chunks} chunks ({empty} empty) hd {hd} head {h} token {z}");
+            assert_close(&what, &got[at..at + hd], &want, &vec![1.0; hd], 1e-5);
+        }
+        let row = &got[z * out_stride..(z + 1) * out_stride];
+        assert!(row[nh * hd..].iter().all(|v| v.to_bits() == POISON), "attention_reduce wrote past row {z}");
+    }
+}
+
+/// The shapes of [`attention_reduce_case`]: more chunks than one pass of
+/// eight loads per slice covers at head_dim 128 (64), a head_dim whose
+/// quads do not divide the workgroup, one chunk.
+pub const ATTENTION_REDUCE_SHAPES: [(usize, usize, usize, usize, usize); 4] =
+    [(2, 128, 150, 7, 2), (3, 40, 70, 1, 1), (1, 256, 300, 44, 1), (2, 64, 1, 0, 3)];
+
 /// attention_partial (the prompt-batch variant: q from the q buffer) then
 /// attention_reduce on random q and caches, with the grid sized for the
 /// capacity as the engine does (chunks past the context contribute
