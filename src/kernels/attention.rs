@@ -60,10 +60,9 @@ pub fn partial_grid(n_heads: u32, chunks: u32) -> [u32; 3] {
     [n_heads, chunks, 1]
 }
 
-/// Workgroup size of `attention_reduce`: invocations own a quad of output
-/// dims and a slice of the chunks (WGSL: 8 slices at head_dim 128, so a
-/// context of 64 chunks is read in one round trip; the MSL twin: one
-/// invocation per output dim and per chunk in its reductions).
+/// Workgroup size of `attention_reduce` (and its MSL twin): invocations
+/// own a quad of output dims and a slice of the chunks, 8 slices at
+/// head_dim 128, so a context of 64 chunks is read in one round trip.
 pub const REDUCE_WG: u32 = 256;
 const _: () = assert!(REDUCE_WG.is_power_of_two());
 

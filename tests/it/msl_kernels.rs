@@ -979,8 +979,8 @@ fn out_of_bounds_write_fails() {
     let k = Kernel::AttentionReduce;
     let src = msl::msl_source(k).unwrap();
     let broken = src.replace(
-        "out[z * p.out_stride + h * p.head_dim + d] =",
-        "out[z * p.out_stride + h * p.head_dim + d + 1] =",
+        "out[at + 3] = res.w;",
+        "out[at + 4] = res.w;",
     );
     assert_ne!(src, broken, "the substitution applies");
     let bin = build(k, &broken, &[]);
