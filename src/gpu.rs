@@ -1,6 +1,7 @@
 //! GPU plumbing: adapter policy, device creation (or adoption of a host
 //! app's device), error capture, buffers and readback.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -92,6 +93,23 @@ pub struct Gpu {
     /// adopted device keeps its host's handlers: the engine relies on its
     /// error scopes there).
     faults: Arc<Mutex<Faults>>,
+    /// Held while a polled feed's prompt submit is on the queue
+    /// ([`Gpu::try_prompt_ticket`]).
+    prompt_gate: Arc<AtomicBool>,
+}
+
+/// The right to put one polled feed's prompt submit on the queue: at most
+/// one is in flight on a device, whichever session or model it serves, so
+/// a frame a host submits meanwhile queues behind one prompt batch at most
+/// (several conversations restarting in one frame would otherwise queue
+/// one batch each). Released when dropped: by the queue's callback once the
+/// submit is done, or on any path that never submits it.
+pub(crate) struct PromptTicket(Arc<AtomicBool>);
+
+impl Drop for PromptTicket {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// Errors reported outside any error scope, on a device the engine owns.
@@ -181,7 +199,16 @@ impl Gpu {
 
     fn wrap(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        Gpu { device, queue, info, subgroups, coop: false, coop_emulated: false, faults: Default::default() }
+        Gpu {
+            device,
+            queue,
+            info,
+            subgroups,
+            coop: false,
+            coop_emulated: false,
+            faults: Default::default(),
+            prompt_gate: Default::default(),
+        }
     }
 
     /// On a device the engine created: records errors no scope caught and
@@ -311,6 +338,15 @@ impl Gpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
+    }
+
+    /// The ticket for one polled prompt submit ([`PromptTicket`]), or
+    /// `None` while another is in flight.
+    pub(crate) fn try_prompt_ticket(&self) -> Option<PromptTicket> {
+        self.prompt_gate
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| PromptTicket(self.prompt_gate.clone()))
     }
 
     /// Maps a readback buffer, waits for the GPU, and copies its bytes out.

@@ -1,8 +1,9 @@
 //! Feeding a prompt without blocking: [`Session::begin_feed`] starts it and
 //! [`Session::poll_feed`] advances it by at most one prompt batch per call,
 //! never waiting for the GPU, so a host that renders on the same queue
-//! keeps its frame rate: at most one batch is on the GPU at a time, so a
-//! frame submitted meanwhile never queues behind a backlog of prompt work.
+//! keeps its frame rate: at most one polled prompt submit is on the GPU at
+//! a time, whichever session (or model) on the device it serves, so a frame
+//! submitted meanwhile never queues behind a backlog of prompt work.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use super::recorder::{Ahead, LastJob, PrefillJob};
 use super::{check_prompt, InFlight, Session};
 use crate::error::{Error, Result};
+use crate::gpu::PromptTicket;
 
 /// What [`Session::poll_feed`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,8 +89,9 @@ impl Session {
     /// returns [`FeedStatus::Ready`] with the prediction after the last id,
     /// the token [`feed`](Self::feed) would return. Neither call ever waits
     /// for the GPU, and at most one batch of [`PREFILL_BATCH`](crate::PREFILL_BATCH)
-    /// positions is on the GPU at a time, so a renderer sharing the queue
-    /// never waits behind a backlog of prompt work. Steps queued ahead by
+    /// positions of any polled feed on the device is on the GPU at a time
+    /// (feeds begun together take turns, a batch each), so a renderer
+    /// sharing the queue never waits behind a backlog of prompt work. Steps queued ahead by
     /// [`next_token`](Self::next_token) are discarded without waiting.
     ///
     /// While a feed is in progress, every other call that runs the model or
@@ -213,6 +216,15 @@ impl Session {
         self.feed_progress.is_some()
     }
 
+    /// Takes the device's polled-prompt ticket, if free, until the returned
+    /// value is dropped: while it is held no polled feed on the device
+    /// submits (tests of the feeds taking turns).
+    #[doc(hidden)]
+    pub fn debug_hold_prompt_ticket(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        let ticket = self.model.gpu.try_prompt_ticket()?;
+        Some(Box::new(ticket))
+    }
+
     /// (Submits of the feed in progress, waits on the GPU in this session
     /// so far): for tests that check that feeding never waits.
     #[doc(hidden)]
@@ -290,7 +302,7 @@ impl Session {
     /// conversations restarting in one frame paid for each). Nothing else
     /// of the session's is queued until the batch is done (the poll that
     /// sees it done submits the next).
-    fn submit_batch_on_thread(&mut self, progress: &mut FeedProgress) {
+    fn submit_batch_on_thread(&mut self, progress: &mut FeedProgress, ticket: PromptTicket) {
         let (Some(batch), Some(rec)) = (progress.batches.pop_front(), &self.recorder) else { return };
         let (at, end) = (progress.next, progress.end);
         let n = batch.job.tokens as usize;
@@ -302,7 +314,10 @@ impl Session {
             let commands = batch.take_waiting();
             queue.write_buffer(&step, 0, bytemuck::cast_slice(&[at as u32, end as u32]));
             queue.submit([commands]);
-            queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+            queue.on_submitted_work_done(move || {
+                flag.store(true, Ordering::Release);
+                drop(ticket);
+            });
         });
         progress.submits += 1;
         progress.next = at + n;
@@ -313,13 +328,18 @@ impl Session {
     /// batch and the token choice after it, with the token's readback) once
     /// every other batch is done, unless its
     /// commands are still being recorded (a later poll submits them).
+    ///
+    /// Nothing is submitted while another polled feed's submit (this
+    /// session's or any other's on the device) is in flight: a later poll
+    /// submits it ([`PromptTicket`]).
     fn submit_feed_work(&mut self, progress: &mut FeedProgress) {
         let gpu = self.model.gpu.clone();
+        let Some(ticket) = gpu.try_prompt_ticket() else { return };
         let end = progress.end;
         if progress.next < progress.last_at {
             let at = progress.next;
             if self.recorder.is_some() && !progress.batches.is_empty() {
-                self.submit_batch_on_thread(progress);
+                self.submit_batch_on_thread(progress, ticket);
                 return;
             }
             let (commands, n, inline) = match progress.batches.front() {
@@ -340,7 +360,10 @@ impl Session {
             progress.submits += 1;
             let done = Arc::new(AtomicBool::new(false));
             let flag = done.clone();
-            gpu.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+            gpu.queue.on_submitted_work_done(move || {
+                flag.store(true, Ordering::Release);
+                drop(ticket);
+            });
             progress.next = at + n;
             progress.in_flight = Some((at + n, done));
             return;
@@ -383,6 +406,7 @@ impl Session {
                 }
             }
         }
+        gpu.queue.on_submitted_work_done(move || drop(ticket));
         progress.submits += 1;
         self.gpu_pos = end;
         self.len = end - 1;

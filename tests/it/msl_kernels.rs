@@ -978,10 +978,7 @@ fn argmax_without_simd_max_fails() {
 fn out_of_bounds_write_fails() {
     let k = Kernel::AttentionReduce;
     let src = msl::msl_source(k).unwrap();
-    let broken = src.replace(
-        "out[at + 3] = res.w;",
-        "out[at + 4] = res.w;",
-    );
+    let broken = src.replace("out[at + 3] = res.w;", "out[at + 4] = res.w;");
     assert_ne!(src, broken, "the substitution applies");
     let bin = build(k, &broken, &[]);
     let (nh, hd) = (2usize, 64usize);

@@ -353,6 +353,49 @@ fn a_polled_feed_equals_feed_and_never_waits() {
     assert_eq!((token, submits), (fresh(&model, &[7], 1)[0], 1));
 }
 
+/// Polled feeds take turns on the device: while one feed's prompt submit is
+/// in flight (here: the ticket held), no other feed submits, whichever
+/// session (conversations restarting in one frame would otherwise queue a
+/// batch each ahead of the host's next frame); once it is done they go on
+/// and give the blocking feeds' tokens. A dedicated engine: the ticket is
+/// per device.
+#[test]
+fn polled_feeds_take_turns_on_the_device() {
+    let engine = qwen3_wgpu::Engine::builder().policy(qwen3_wgpu::AdapterPolicy::Portable).build().unwrap();
+    let model = load(&engine, "gqa2_hd64");
+    let prompts: Vec<Vec<u32>> =
+        (0..3u32).map(|k| (0..40u32).map(|i| (i * 17 + 5 * k + 3) % 1000).collect()).collect();
+    let mut sessions: Vec<Session> = (0..3).map(|_| model.session_with_capacity(64).unwrap()).collect();
+    let hold = sessions[0].debug_hold_prompt_ticket().expect("the ticket is free");
+    assert!(sessions[1].debug_hold_prompt_ticket().is_none(), "one ticket a device");
+    for (s, p) in sessions.iter_mut().zip(&prompts) {
+        s.begin_feed(p).unwrap();
+    }
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        for s in sessions.iter_mut() {
+            assert_eq!(s.poll_feed().unwrap(), FeedStatus::Pending { fed: 0, total: 40 });
+            assert_eq!(s.debug_feed_counts().0, 0, "a feed submitted while another's submit was in flight");
+        }
+    }
+    drop(hold);
+    let mut tokens = vec![None; 3];
+    while tokens.iter().any(Option::is_none) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        for (s, t) in sessions.iter_mut().zip(tokens.iter_mut()) {
+            if t.is_none() {
+                if let FeedStatus::Ready(token) = s.poll_feed().unwrap() {
+                    *t = Some(token);
+                }
+            }
+        }
+    }
+    for (p, t) in prompts.iter().zip(tokens) {
+        let mut blocking = model.session_with_capacity(64).unwrap();
+        assert_eq!(t, Some(blocking.feed(p).unwrap()));
+    }
+}
+
 /// While a feed is in progress every other call that runs the model or
 /// changes the context is invalid_argument naming the session, and the
 /// feed goes on unharmed; poll_feed without a feed is invalid_argument.
