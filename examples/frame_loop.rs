@@ -12,8 +12,9 @@
 //! per phase (p50, p99 and max, in ms): the frame's CPU time (the render's
 //! encoding and submit plus the engine calls), the render's and the
 //! engine's parts of it, the rendered frame's GPU-complete latency (from
-//! its submit until the queue reports all work submitted up to it done:
-//! decode steps queued ahead of it included, as one queue runs them first;
+//! its submit until its own commands are done, which a 4-byte copy at their
+//! end into a buffer then mapped tells: decode steps queued ahead of it
+//! included, as one queue runs them first, and none submitted after it;
 //! seen by polling the device every 0.2 ms while the frame idles), frames
 //! that overran their boundary, the times an engine call waited for the
 //! GPU (none: every call it makes is non-blocking), and the tokens per second the
@@ -125,6 +126,13 @@ struct Renderer {
     width: u32,
     height: u32,
     iterations: u32,
+    /// 4 bytes each frame copies into its own readback marker: the
+    /// marker's mapping completes when that frame's commands are done, and
+    /// not, as `on_submitted_work_done` would, when everything submitted
+    /// before the callback's registration is (another thread, as the
+    /// engine's recorders do, may submit between the frame and the
+    /// registration).
+    marker_src: wgpu::Buffer,
 }
 
 const SHADER: &str = r#"
@@ -218,11 +226,28 @@ impl Renderer {
             width,
             height,
             iterations: 8,
+            marker_src: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("frame marker source"),
+                size: 4,
+                usage: wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
         }
     }
 
-    /// Records and submits frame `n`; returns its submission.
-    fn frame(&self, n: usize) -> wgpu::SubmissionIndex {
+    /// A readback marker for [`Renderer::frame`].
+    fn marker(&self) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("frame marker"),
+            size: 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Records and submits frame `n` (ending with a copy into `marker`, if
+    /// given); returns its submission.
+    fn frame(&self, n: usize, marker: Option<&wgpu::Buffer>) -> wgpu::SubmissionIndex {
         let time = n as f32 / 60.0;
         let mut params = [0u8; 16];
         params[0..4].copy_from_slice(&time.to_le_bytes());
@@ -252,6 +277,9 @@ impl Renderer {
             pass.set_bind_group(0, &self.bind_group, &[]);
             pass.draw(0..3, 0..1);
         }
+        if let Some(marker) = marker {
+            enc.copy_buffer_to_buffer(&self.marker_src, 0, marker, 0, 4);
+        }
         self.queue.submit([enc.finish()])
     }
 
@@ -260,7 +288,7 @@ impl Renderer {
         let mut times = Vec::new();
         for n in 0..3 {
             let start = Instant::now();
-            let index = self.frame(n);
+            let index = self.frame(n, None);
             self.device
                 .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
                 .map_err(|e| Error::GpuDeviceFailed { reason: format!("waiting for a frame: {e}") })?;
@@ -468,10 +496,13 @@ fn stats(values: &[f64]) -> Value {
     json!({"p50": round(at(0.5)), "p99": round(at(0.99)), "max": round(v[v.len() - 1])})
 }
 
-/// A rendered frame waiting for the queue to report it done.
+/// A rendered frame waiting for its marker's mapping (its commands done).
 struct InFlightFrame {
     submitted: Instant,
-    done: Arc<Mutex<Option<Instant>>>,
+    /// When the mapping completed, and whether it succeeded (a failed one
+    /// is not unmapped, nor its marker reused).
+    done: Arc<Mutex<Option<(Instant, bool)>>>,
+    marker: wgpu::Buffer,
 }
 
 /// Runs one phase of `frames` frames with `sessions` conversations.
@@ -518,19 +549,30 @@ fn phase(
     let mut pipelines_ready_frame = None;
     let start = Instant::now();
     let mut boundary = start;
-    let harvest = |in_flight: &mut VecDeque<InFlightFrame>, latency: &mut Vec<f64>| {
-        while let Some(done) = in_flight.front().and_then(|f| *f.done.lock().unwrap()) {
-            let f = in_flight.pop_front().unwrap();
-            latency.push((done - f.submitted).as_secs_f64() * 1e3);
-        }
-    };
+    // Markers whose mapping was harvested, for later frames.
+    let mut markers: Vec<wgpu::Buffer> = Vec::new();
+    let harvest =
+        |in_flight: &mut VecDeque<InFlightFrame>, latency: &mut Vec<f64>, markers: &mut Vec<wgpu::Buffer>| {
+            while let Some((done, mapped)) = in_flight.front().and_then(|f| *f.done.lock().unwrap()) {
+                let f = in_flight.pop_front().unwrap();
+                latency.push((done - f.submitted).as_secs_f64() * 1e3);
+                if mapped {
+                    f.marker.unmap();
+                    markers.push(f.marker);
+                }
+            }
+        };
     for n in 0..args.frames {
         let frame_start = Instant::now();
-        renderer.frame(n);
+        let marker = markers.pop().unwrap_or_else(|| renderer.marker());
+        renderer.frame(n, Some(&marker));
+        let submitted = Instant::now();
         let done = Arc::new(Mutex::new(None));
         let slot = done.clone();
-        renderer.queue.on_submitted_work_done(move || *slot.lock().unwrap() = Some(Instant::now()));
-        in_flight.push_back(InFlightFrame { submitted: Instant::now(), done });
+        marker.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            *slot.lock().unwrap() = Some((Instant::now(), r.is_ok()))
+        });
+        in_flight.push_back(InFlightFrame { submitted, done, marker });
         let engine_start = Instant::now();
         render_cpu.push((engine_start - frame_start).as_secs_f64() * 1e3);
         match &mut batch {
@@ -566,7 +608,7 @@ fn phase(
                 .device
                 .poll(wgpu::PollType::Poll)
                 .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-            harvest(&mut in_flight, &mut latency);
+            harvest(&mut in_flight, &mut latency, &mut markers);
             let now = Instant::now();
             if now >= boundary {
                 break;
@@ -594,7 +636,7 @@ fn phase(
         .device
         .poll(wgpu::PollType::wait_indefinitely())
         .map_err(|e| Error::GpuDeviceFailed { reason: format!("waiting for the phase's work: {e}") })?;
-    harvest(&mut in_flight, &mut latency);
+    harvest(&mut in_flight, &mut latency, &mut markers);
     // The slowest frames' engine time, with their index: where the p99
     // comes from (a conversation's first frames, a restart, ...).
     let mut slowest: Vec<(usize, f64)> = engine_cpu.iter().copied().enumerate().collect();
