@@ -19,13 +19,14 @@ use std::time::Instant;
 
 use serde_json::json;
 
+use crate::buffers::PREFILL_BATCH;
 use crate::cache::CachePolicy;
 use crate::config::ModelConfig;
 use crate::converted::WeightFormat;
 use crate::engine::{Engine, LoadOptions};
 use crate::error::{Error, Result};
 use crate::gpu::AdapterPolicy;
-use crate::kernels::{Kernel, SAMPLE_CHUNK};
+use crate::kernels::{Kernel, ATTENTION_CHUNK, SAMPLE_CHUNK};
 use crate::sampling::SamplingParams;
 use crate::testing::write_random_checkpoint;
 
@@ -246,14 +247,22 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     let cfg = model.config().clone();
     // Bytes a token reads: every weight once, plus the K and V written so far.
     let weight_bytes = model.weight_bytes() as f64;
-    // Warm-up (first submits, GPU clocks), not measured: up to 64 steps or
-    // half a second (a CPU adapter gets through a step or two).
-    // (Inside the model's positions, however few.)
+    // Warm-up (first submits and first uses of each pipeline, GPU clocks),
+    // not measured: a prompt of two batches (a whole one and the last, with
+    // the token choice after it) and steps past the first attention chunk,
+    // then a short prompt and steps inside it (the direct attention), each
+    // up to 64 steps or half a second (a CPU adapter gets through a step or
+    // two). On a fresh machine a 0.5 s warm-up of short steps alone left
+    // the first context's figures 30% low (BENCHMARKS.md, 2026-12-05
+    // 19:40). (Inside the model's positions, however few.)
     let max_positions = cfg.max_position_embeddings;
+    let chunk = ATTENTION_CHUNK as usize;
+    for (capacity, prompt) in
+        [(PREFILL_BATCH + chunk / 2 + 64, PREFILL_BATCH + chunk / 2), (chunk, chunk / 2)]
     {
-        let capacity = 256.min(max_positions);
+        let capacity = capacity.min(max_positions);
+        let prompt = prompt.min(capacity - 1).max(1);
         let mut s = model.session_with_capacity(capacity)?;
-        let prompt = capacity / 2;
         s.feed(&(0..prompt as u32).map(|i| i % cfg.vocab_size as u32).collect::<Vec<_>>())?;
         let t = Instant::now();
         for _ in 0..64.min(capacity - prompt) {
