@@ -65,6 +65,9 @@ pub fn partial_grid(n_heads: u32, chunks: u32) -> [u32; 3] {
 /// head_dim 128, so a context of 64 chunks is read in one round trip.
 pub const REDUCE_WG: u32 = 256;
 const _: () = assert!(REDUCE_WG.is_power_of_two());
+// Every quad of output dims has a slice of chunks (WGSL: WG / (head_dim / 4)
+// slices; none would leave the output unwritten).
+const _: () = assert!(MAX_HEAD_DIM / 4 <= REDUCE_WG as usize);
 
 /// The grid of an `attention_reduce` launch: one workgroup per query head
 /// (`z`: tokens of a batch).
