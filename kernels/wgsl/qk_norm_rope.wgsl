@@ -26,6 +26,32 @@
 
 var<workgroup> head: array<f32, MAX_HEAD_DIM>;
 
+// KV_INT8: the caches hold int8 rows, four values a word
+// ([kv_head][capacity][head_dim / 4]), then one f32 scale per row, the
+// row's largest magnitude, at word kv_scale_base() + kv_head * capacity +
+// pos: a value is unpack4x8snorm(word) * scale (pack4x8snorm(v / scale)
+// rounds 127 v / scale to the nearest integer). A row of zeros has scale 0.
+override KV_INT8: bool = false;
+
+fn kv_scale_base() -> u32 {
+    return p.n_kv_heads * p.capacity * (p.head_dim / 4u);
+}
+
+// The multiplier that maps a row of largest magnitude `absmax` into
+// [-1, 1] (0 for a row of zeros).
+fn kv_inv_scale(absmax: f32) -> f32 {
+    return select(0.0, 1.0 / absmax, absmax > 0.0);
+}
+
+// Rotated dim d of the normed k head in `head` (rotate-half RoPE).
+fn rotated(d: u32, rope_base: u32, half_dim: u32) -> f32 {
+    let cs = rope[rope_base + d % half_dim];
+    if d < half_dim {
+        return head[d] * cs.x - head[d + half_dim] * cs.y;
+    }
+    return head[d] * cs.x + head[d - half_dim] * cs.y;
+}
+
 @compute @workgroup_size(WG)
 fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
@@ -43,6 +69,23 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     if h >= v_first {
         // Value head: no norm, no rope; straight into the cache.
         let kv = h - v_first;
+        if KV_INT8 {
+            var m = 0.0;
+            for (var d = lane.idx; d < hd; d += WG) {
+                m = max(m, abs(qkv[src + d]));
+            }
+            let absmax = wg_max(m, lane);
+            let inv = kv_inv_scale(absmax);
+            let dst = (kv * p.capacity + pos) * (hd / 4u);
+            for (var i = lane.idx; i < hd / 4u; i += WG) {
+                let e = src + 4u * i;
+                v_cache[dst + i] = pack4x8snorm(vec4<f32>(qkv[e], qkv[e + 1u], qkv[e + 2u], qkv[e + 3u]) * inv);
+            }
+            if lane.idx == 0u {
+                v_cache[kv_scale_base() + kv * p.capacity + pos] = bitcast<u32>(absmax);
+            }
+            return;
+        }
         let dst = (kv * p.capacity + pos) * half_dim;
         for (var i = lane.idx; i < half_dim; i += WG) {
             v_cache[dst + i] = pack2x16float(vec2<f32>(qkv[src + 2u * i], qkv[src + 2u * i + 1u]));
@@ -74,6 +117,26 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             let b = head[d + half_dim];
             q_out[q_dst + d] = a * c - b * s;
             q_out[q_dst + d + half_dim] = b * c + a * s;
+        }
+    } else if KV_INT8 {
+        // The rotated row's largest magnitude first, then each invocation
+        // rotates its four dims again and writes them as one word.
+        let kv = h - kv_first;
+        var m = 0.0;
+        for (var d = lane.idx; d < hd; d += WG) {
+            m = max(m, abs(rotated(d, rope_base, half_dim)));
+        }
+        let absmax = wg_max(m, lane);
+        let inv = kv_inv_scale(absmax);
+        let dst = (kv * p.capacity + pos) * (hd / 4u);
+        for (var i = lane.idx; i < hd / 4u; i += WG) {
+            let d = 4u * i;
+            let r = vec4<f32>(rotated(d, rope_base, half_dim), rotated(d + 1u, rope_base, half_dim),
+                              rotated(d + 2u, rope_base, half_dim), rotated(d + 3u, rope_base, half_dim));
+            k_cache[dst + i] = pack4x8snorm(r * inv);
+        }
+        if lane.idx == 0u {
+            k_cache[kv_scale_base() + kv * p.capacity + pos] = bitcast<u32>(absmax);
         }
     } else {
         // Each invocation writes the packed pair (2i, 2i+1): compute both.

@@ -10,9 +10,9 @@ use crate::common;
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
     attention_case_rows, attention_reduce_case, attention_step_case, matmul_case_for, matmul_case_in,
-    matvec_case, matvec_case_in, matvec_case_x16, qk_norm_rope_case, step, to_u32, u32s,
-    ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
-    QK_NORM_ROPE_SHAPES,
+    matvec_case, matvec_case_in, matvec_case_x16, qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32,
+    u32s, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
+    ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use std::collections::HashMap;
@@ -637,6 +637,27 @@ fn attention_matches_cpu() {
         let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
         for shape in ATTENTION_SHAPES {
             attention_case(&run, shape, &mut rng);
+        }
+    }
+}
+
+/// qk_norm_rope writing an int8 KV cache (`KV_INT8`): rows within half a
+/// quantisation step of the reference, the rows' scales, a row of zeros.
+#[test]
+fn qk_norm_rope_int8_kv_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(23);
+    for sub in variants(gpu) {
+        let run = wgsl_run(gpu, sub, |k| {
+            let mut c = k.constants(MatvecLayout::RowsPerTeam);
+            if k == Kernel::QkNormRope {
+                c.push(("KV_INT8", 1.0));
+            }
+            c
+        });
+        for shape in [(4, 2, 64, 16, 3, 5), (2, 2, 128, 40, 0, 3), (3, 3, 40, 9, 7, 2), (2, 1, 256, 4, 1, 2)]
+        {
+            qk_norm_rope_case_int8(&run, shape, &mut rng);
         }
     }
 }

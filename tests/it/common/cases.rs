@@ -381,6 +381,112 @@ pub fn argmax_case(run: Run<'_>, n: usize, chunk: u32, ties: bool, rng: &mut Std
 /// qk_norm_rope on `tokens` random qkv rows (a padded stride apart) at
 /// positions `pos`, `pos + 1`, ... (a token at or past the capacity: a step
 /// queued past it writes nothing). Shape: (heads, kv heads, head_dim,
+/// Rows of an int8 KV cache ([`qk_norm_rope_case_int8`]'s layout, the
+/// kernel's `KV_INT8`): `rows` rows of `hd` int8 values (four a word), then
+/// one f32 scale per row; each value dequantised (value / 127 * scale).
+pub fn unpack_kv_int8(words: &[u8], rows: usize, hd: usize) -> Vec<f32> {
+    let data = &words[..rows * hd];
+    let scales = to_f32(&words[rows * hd..rows * hd + 4 * rows]);
+    data.iter().enumerate().map(|(i, &b)| (b as i8) as f32 / 127.0 * scales[i / hd]).collect()
+}
+
+/// qk_norm_rope writing an int8 KV cache (`KV_INT8`): q as in
+/// [`qk_norm_rope_case`]; each K and V row within half a quantisation step
+/// (its largest magnitude / 127 / 2, plus the f32 rounding of its values) of
+/// the reference, its scale that largest magnitude, and nothing written
+/// outside the rows and scales of the batch's positions. `run` must build
+/// the kernel with `KV_INT8` on. Shape as [`qk_norm_rope_case`]'s.
+pub fn qk_norm_rope_case_int8(
+    run: Run<'_>,
+    shape: (usize, usize, usize, usize, usize, usize),
+    rng: &mut StdRng,
+) {
+    let (nh, nkv, hd, cap, pos, tokens) = shape;
+    let theta = 1_000_000f32;
+    let eps = 1e-6f32;
+    let rows = (nh + 2 * nkv) * hd;
+    let qkv_stride = rows + 8;
+    let mut qkv = nonzero(rng, tokens * qkv_stride);
+    // One v head of zeros at the first token: its row is zeros, scale 0.
+    if tokens > 0 && nkv > 1 {
+        qkv[(nh + nkv + 1) * hd..(nh + nkv + 2) * hd].fill(0.0);
+    }
+    let qn = nonzero(rng, hd);
+    let kn = nonzero(rng, hd);
+    let params = HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: cap as u32,
+        eps,
+        qkv_stride: qkv_stride as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
+    let cache_bytes = nkv * cap * (hd + 4);
+    let mut grid = kernels::norm_rope::grid(nh as u32, nkv as u32);
+    grid[2] = tokens as u32;
+    let out = run(
+        Kernel::QkNormRope,
+        grid,
+        &[
+            bytes_of(&params).to_vec(),
+            step(pos, 0),
+            f32s(&qkv),
+            f32s(&[qn.clone(), kn.clone()].concat()),
+            f32s(&rope),
+            poisoned(tokens * nh * hd),
+            poisoned(cache_bytes / 4),
+            poisoned(cache_bytes / 4),
+        ],
+    );
+    let q = to_f32(&out[0]);
+    let (th, ep) = (theta as f64, eps as f64);
+    let written = |row: usize| row % cap >= pos && row % cap < pos + tokens;
+    for (cache, name) in [(&out[1], "k"), (&out[2], "v")] {
+        let vals = unpack_kv_int8(cache, nkv * cap, hd);
+        let scales = to_f32(&cache[nkv * cap * hd..]);
+        for row in 0..nkv * cap {
+            let (g, at_pos) = (row / cap, row % cap);
+            let word_rows = &cache[row * hd..(row + 1) * hd];
+            if !written(row) || at_pos >= cap {
+                assert!(
+                    word_rows.chunks(4).all(|w| u32::from_le_bytes(w.try_into().unwrap()) == POISON),
+                    "{name} row {row} written"
+                );
+                assert_eq!(scales[row].to_bits(), POISON, "{name} scale {row} written");
+                continue;
+            }
+            let z = at_pos - pos;
+            let head = &qkv[z * qkv_stride..];
+            let want = if name == "k" {
+                qk_norm_rope_ref(&head[(nh + g) * hd..(nh + g + 1) * hd], Some(&kn), at_pos, th, ep)
+            } else {
+                qk_norm_rope_ref(&head[(nh + nkv + g) * hd..(nh + nkv + g + 1) * hd], None, at_pos, th, ep)
+            };
+            let absmax = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let what = format!("{name} row of kv head {g} at {at_pos} (hd {hd})");
+            assert_close(&format!("{what}: scale"), &scales[row..row + 1], &[absmax], &[absmax], 1e-3);
+            let step = vec![absmax / 127.0; hd];
+            assert_close(&what, &vals[row * hd..(row + 1) * hd], &want, &step, 0.5 + 2e-2);
+        }
+    }
+    for z in 0..tokens {
+        let head = |h: usize| &qkv[z * qkv_stride + h * hd..z * qkv_stride + (h + 1) * hd];
+        for h in 0..nh {
+            let want = qk_norm_rope_ref(head(h), Some(&qn), pos + z, th, ep);
+            let scale: Vec<f64> = want.iter().map(|v| v.abs() + 1.0).collect();
+            assert_close(
+                &format!("q head {h} token {z}"),
+                &q[(z * nh + h) * hd..(z * nh + h + 1) * hd],
+                &want,
+                &scale,
+                2e-4,
+            );
+        }
+    }
+}
+
 /// capacity, first position, tokens).
 pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, usize), rng: &mut StdRng) {
     let (nh, nkv, hd, cap, pos, tokens) = shape;
