@@ -384,10 +384,28 @@ pub fn argmax_case(run: Run<'_>, n: usize, chunk: u32, ties: bool, rng: &mut Std
 /// Rows of an int8 KV cache ([`qk_norm_rope_case_int8`]'s layout, the
 /// kernel's `KV_INT8`): `rows` rows of `hd` int8 values (four a word), then
 /// one f32 scale per row; each value dequantised (value / 127 * scale).
-pub fn unpack_kv_int8(words: &[u8], rows: usize, hd: usize) -> Vec<f32> {
-    let data = &words[..rows * hd];
-    let scales = to_f32(&words[rows * hd..rows * hd + 4 * rows]);
-    data.iter().enumerate().map(|(i, &b)| (b as i8) as f32 / 127.0 * scales[i / hd]).collect()
+pub fn unpack_kv_int8(words: &[u8], nkv: usize, cap: usize, hd: usize) -> Vec<f32> {
+    let scales = kv_int8_scales(words, nkv, cap, hd);
+    words[..nkv * cap * hd]
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b as i8) as f32 / 127.0 * scales[i / hd])
+        .collect()
+}
+
+/// The row scales of an int8 KV cache, row `kv_head * cap + pos`: they
+/// start at a multiple of 4 words after the rows, each head's padded to a
+/// multiple of 4 (the kernels' `kv_scale_at`).
+pub fn kv_int8_scales(words: &[u8], nkv: usize, cap: usize, hd: usize) -> Vec<f32> {
+    let base = (nkv * cap * hd / 4).next_multiple_of(4);
+    let all = to_f32(&words[4 * base..]);
+    let stride = cap.next_multiple_of(4);
+    (0..nkv * cap).map(|r| all[(r / cap) * stride + r % cap]).collect()
+}
+
+/// Bytes of an int8 KV cache of `nkv` heads, `cap` positions.
+pub fn kv_int8_bytes(nkv: usize, cap: usize, hd: usize) -> usize {
+    4 * ((nkv * cap * hd / 4).next_multiple_of(4) + nkv * cap.next_multiple_of(4))
 }
 
 /// qk_norm_rope writing an int8 KV cache (`KV_INT8`): q as in
@@ -423,7 +441,7 @@ pub fn qk_norm_rope_case_int8(
         scale: 1.0 / (hd as f32).sqrt(),
     };
     let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
-    let cache_bytes = nkv * cap * (hd + 4);
+    let cache_bytes = kv_int8_bytes(nkv, cap, hd);
     let mut grid = kernels::norm_rope::grid(nh as u32, nkv as u32);
     grid[2] = tokens as u32;
     let out = run(
@@ -444,8 +462,8 @@ pub fn qk_norm_rope_case_int8(
     let (th, ep) = (theta as f64, eps as f64);
     let written = |row: usize| row % cap >= pos && row % cap < pos + tokens;
     for (cache, name) in [(&out[1], "k"), (&out[2], "v")] {
-        let vals = unpack_kv_int8(cache, nkv * cap, hd);
-        let scales = to_f32(&cache[nkv * cap * hd..]);
+        let vals = unpack_kv_int8(cache, nkv, cap, hd);
+        let scales = kv_int8_scales(cache, nkv, cap, hd);
         for row in 0..nkv * cap {
             let (g, at_pos) = (row / cap, row % cap);
             let word_rows = &cache[row * hd..(row + 1) * hd];
