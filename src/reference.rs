@@ -261,10 +261,29 @@ pub fn attention_ref(
     seq: usize,
     scale: f64,
 ) -> Vec<f64> {
+    let (k, v): (Vec<f64>, Vec<f64>) =
+        (k.iter().map(|x| x.to_f64()).collect(), v.iter().map(|x| x.to_f64()).collect());
+    attention_ref_values(q, &k, &v, nh, nkv, hd, cap, seq, scale)
+}
+
+/// [`attention_ref`] over caches of any element type, as f64 values
+/// (`[kv_head][cap][hd]`; an int8 cache dequantised).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ref_values(
+    q: &[f32],
+    k: &[f64],
+    v: &[f64],
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    cap: usize,
+    seq: usize,
+    scale: f64,
+) -> Vec<f64> {
     let mut out = Vec::with_capacity(nh * hd);
     for h in 0..nh {
         let g = h / (nh / nkv);
-        let kv = |t: usize, d: usize, x: &[f16]| x[(g * cap + t) * hd + d].to_f64();
+        let kv = |t: usize, d: usize, x: &[f64]| x[(g * cap + t) * hd + d];
         let s: Vec<f64> = (0..seq)
             .map(|t| (0..hd).map(|d| q[h * hd + d] as f64 * kv(t, d, k)).sum::<f64>() * scale)
             .collect();

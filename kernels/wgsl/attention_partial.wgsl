@@ -31,6 +31,9 @@
 override FUSED: bool = false;
 override DIRECT: bool = false;
 override ROWS: bool = false;
+// KV_INT8: int8 K/V rows with a scale each (see dot16). (Declared before
+// its first use: naga 30's override processing panics otherwise.)
+override KV_INT8: bool = false;
 // ROWS and DIRECT: elements between rows of the output.
 override OUT_STRIDE: u32 = 0u;
 
@@ -49,6 +52,60 @@ var<workgroup> acc_s: array<f32, 8u * WG>;
 // K row quad j (8 f16 values) dotted with q's dims 8j..8j+7.
 fn dot8(a: vec4<u32>, j: u32) -> f32 {
     return dot(q_s[2u * j], lo4(a)) + dot(q_s[2u * j + 1u], hi4(a));
+}
+
+// KV_INT8: the caches hold int8 rows (a quad is 16 values; head_dim a
+// multiple of 16) and a scale per row (qk_norm_rope.wgsl's layout,
+// `kv_scale_at`): a score is the row's dot with q times its K scale, and a
+// position's weight in the V sums its e times its V scale.
+
+// K row quad j (16 int8 values, unscaled) dotted with q's dims 16j..16j+15.
+fn dot16(a: vec4<u32>, j: u32) -> f32 {
+    return dot(q_s[4u * j], unpack4x8snorm(a.x)) + dot(q_s[4u * j + 1u], unpack4x8snorm(a.y))
+        + dot(q_s[4u * j + 2u], unpack4x8snorm(a.z)) + dot(q_s[4u * j + 3u], unpack4x8snorm(a.w));
+}
+
+fn dot_quad(a: vec4<u32>, j: u32, int8: bool) -> f32 {
+    if int8 {
+        return dot16(a, j);
+    }
+    return dot8(a, j);
+}
+
+// Dims 0..3 and 4..7 of a V row's 8 dims held by `a` (f16: the whole vec4;
+// int8: its first or, `odd`, second half).
+fn v_lo(a: vec4<u32>, odd: bool, int8: bool) -> vec4<f32> {
+    if int8 {
+        return unpack4x8snorm(select(a.x, a.z, odd));
+    }
+    return lo4(a);
+}
+
+fn v_hi(a: vec4<u32>, odd: bool, int8: bool) -> vec4<f32> {
+    if int8 {
+        return unpack4x8snorm(select(a.y, a.w, odd));
+    }
+    return hi4(a);
+}
+
+// u32 words of a K/V row.
+fn row_words(int8: bool) -> u32 {
+    return select(p.head_dim / 2u, p.head_dim / 4u, int8);
+}
+
+// KV_INT8: word index (in u32 words of the binding) of the scale of row
+// (kv_head, pos) in the region at vec4 word `kv_off`.
+fn kv_scale_word(kv_off: u32, kv_head: u32, pos: u32) -> u32 {
+    let base = (p.n_kv_heads * p.capacity * (p.head_dim / 4u) + 3u) & ~3u;
+    return 4u * kv_off + base + kv_head * ((p.capacity + 3u) & ~3u) + pos;
+}
+
+fn k_scale(w: u32) -> f32 {
+    return bitcast<f32>(k_cache[w / 4u][w % 4u]);
+}
+
+fn v_scale(w: u32) -> f32 {
+    return bitcast<f32>(v_cache[w / 4u][w % 4u]);
 }
 
 // Four consecutive dims e..e+3 of one head of the qkv output (at `base`),
@@ -162,6 +219,88 @@ fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u3
     workgroupBarrier();
 }
 
+// fused_qk with an int8 KV cache: invocation j < head_dim/16 rotates k's
+// dims 16j..16j+15 and writes them, and v's, as quad j of the new rows;
+// the rows' largest magnitudes (their scales) come from one workgroup
+// exchange, which every invocation takes (the chunk holding the position
+// is not known to be uniform), and the scales are written as whole vec4s
+// (a head's scales share no vec4 with another head's).
+fn fused_qk_int8(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) {
+    let hd = p.head_dim;
+    let qb = qkv_row + h * hd;
+    let kb = qkv_row + (p.n_heads + kvh) * hd;
+    let vb = qkv_row + (p.n_heads + p.n_kv_heads + kvh) * hd;
+    let i = min(lane.idx, hd / 4u - 1u);
+    let qd = load_dims4(qb, 0u, 4u * i, pos);
+    let j = min(lane.idx, hd / 16u - 1u);
+    let kv_lane = writes_kv && lane.idx < hd / 16u;
+    var k0: Dims4;
+    var k1: Dims4;
+    var k2: Dims4;
+    var k3: Dims4;
+    var v0 = vec4<f32>(0.0);
+    var v1 = vec4<f32>(0.0);
+    var v2 = vec4<f32>(0.0);
+    var v3 = vec4<f32>(0.0);
+    if kv_lane {
+        let e = 16u * j;
+        k0 = load_dims4(kb, hd, e, pos);
+        k1 = load_dims4(kb, hd, e + 4u, pos);
+        k2 = load_dims4(kb, hd, e + 8u, pos);
+        k3 = load_dims4(kb, hd, e + 12u, pos);
+        v0 = vec4<f32>(q[vb + e], q[vb + e + 1u], q[vb + e + 2u], q[vb + e + 3u]);
+        v1 = vec4<f32>(q[vb + e + 4u], q[vb + e + 5u], q[vb + e + 6u], q[vb + e + 7u]);
+        v2 = vec4<f32>(q[vb + e + 8u], q[vb + e + 9u], q[vb + e + 10u], q[vb + e + 11u]);
+        v3 = vec4<f32>(q[vb + e + 12u], q[vb + e + 13u], q[vb + e + 14u], q[vb + e + 15u]);
+    }
+    var sq = vec4<f32>(0.0);
+    for (var t = team_lane(lane); t < hd; t += team_size(lane)) {
+        let a = q[qb + t];
+        sq.x += a * a;
+        if writes_kv {
+            let b = q[kb + t];
+            sq.y += b * b;
+        }
+    }
+    let ss = team_sum4(sq, lane);
+    if lane.idx < hd / 4u {
+        q_s[i] = rope4(qd, inverseSqrt(ss.x / f32(hd) + p.eps));
+    }
+    let rk = inverseSqrt(ss.y / f32(hd) + p.eps);
+    var r0 = vec4<f32>(0.0);
+    var r1 = vec4<f32>(0.0);
+    var r2 = vec4<f32>(0.0);
+    var r3 = vec4<f32>(0.0);
+    if kv_lane {
+        r0 = rope4(k0, rk);
+        r1 = rope4(k1, rk);
+        r2 = rope4(k2, rk);
+        r3 = rope4(k3, rk);
+    }
+    let km = max(max(abs(r0), abs(r1)), max(abs(r2), abs(r3)));
+    let vm = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)));
+    let mx = wg_max4(vec4<f32>(max(max(km.x, km.y), max(km.z, km.w)), max(max(vm.x, vm.y), max(vm.z, vm.w)), 0.0, 0.0), lane);
+    if kv_lane {
+        let ik = select(0.0, 1.0 / mx.x, mx.x > 0.0);
+        let iv = select(0.0, 1.0 / mx.y, mx.y > 0.0);
+        let row = kv_off + ((kvh * p.capacity + pos) * (hd / 4u)) / 4u + j;
+        k_cache[row] = vec4<u32>(pack4x8snorm(r0 * ik), pack4x8snorm(r1 * ik), pack4x8snorm(r2 * ik), pack4x8snorm(r3 * ik));
+        v_cache[row] = vec4<u32>(pack4x8snorm(v0 * iv), pack4x8snorm(v1 * iv), pack4x8snorm(v2 * iv), pack4x8snorm(v3 * iv));
+        if j == 0u {
+            let w = kv_scale_word(kv_off, kvh, pos);
+            var ks = k_cache[w / 4u];
+            ks[w % 4u] = bitcast<u32>(mx.x);
+            k_cache[w / 4u] = ks;
+            var vs = v_cache[w / 4u];
+            vs[w % 4u] = bitcast<u32>(mx.y);
+            v_cache[w / 4u] = vs;
+        }
+    }
+    // Publishes q_s, and the new K/V row and scales that other invocations read back.
+    storageBarrier();
+    workgroupBarrier();
+}
+
 // The score phase's loads for four K rows (ta: their first quads' indices):
 // quads ja and jb of each.
 struct KeyQuads {
@@ -183,17 +322,17 @@ fn key_quads(ta: vec4<u32>, ja: u32, jb: u32) -> KeyQuads {
 // Lane r's partial dots of the four rows: quads r (ja), r + L (jb) and any
 // further ones (L = ATTENTION_KEY_LANES; head_dim > 16 * L); quads past the
 // row (head_dim < 8 * L) add nothing.
-fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32) -> vec4<f32> {
+fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32, int8: bool) -> vec4<f32> {
     var d = vec4<f32>(0.0);
     if r < quads {
-        d = vec4<f32>(dot8(k.a0, ja), dot8(k.a1, ja), dot8(k.a2, ja), dot8(k.a3, ja));
+        d = vec4<f32>(dot_quad(k.a0, ja, int8), dot_quad(k.a1, ja, int8), dot_quad(k.a2, ja, int8), dot_quad(k.a3, ja, int8));
     }
     if r + ATTENTION_KEY_LANES < quads {
-        d += vec4<f32>(dot8(k.b0, jb), dot8(k.b1, jb), dot8(k.b2, jb), dot8(k.b3, jb));
+        d += vec4<f32>(dot_quad(k.b0, jb, int8), dot_quad(k.b1, jb, int8), dot_quad(k.b2, jb, int8), dot_quad(k.b3, jb, int8));
     }
     for (var j = r + 2u * ATTENTION_KEY_LANES; j < quads; j += ATTENTION_KEY_LANES) {
-        d += vec4<f32>(dot8(k_cache[ta.x + j], j), dot8(k_cache[ta.y + j], j), dot8(k_cache[ta.z + j], j),
-                       dot8(k_cache[ta.w + j], j));
+        d += vec4<f32>(dot_quad(k_cache[ta.x + j], j, int8), dot_quad(k_cache[ta.y + j], j, int8), dot_quad(k_cache[ta.z + j], j, int8),
+                       dot_quad(k_cache[ta.w + j], j, int8));
     }
     return d;
 }
@@ -204,6 +343,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let c = wg.y;
     let z = wg.z;
     let n_chunks = nwg.y;
+    let int8 = KV_INT8;
     let part = (z * p.n_heads + h) * n_chunks + c;
     let start = c * WG;
     // Token z's position (a prompt batch's tokens follow the first), or row
@@ -227,11 +367,15 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     }
     let kvh = h / (p.n_heads / p.n_kv_heads);
     let half_dim = p.head_dim / 2u;
-    let kv_base = 4u * kv_off + kvh * p.capacity * half_dim;
+    let kv_base = 4u * kv_off + kvh * p.capacity * row_words(int8);
 
     if FUSED {
         // One token (z = 0), or row z of a batch.
-        fused_qk(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
+        if int8 {
+            fused_qk_int8(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
+        } else {
+            fused_qk(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
+        }
     } else {
         for (var i = lane.idx; i < p.head_dim / 4u; i += WG) {
             let o = (z * p.n_heads + h) * p.head_dim + 4u * i;
@@ -248,7 +392,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     // parked in acc_s; then invocation t adds position t's. One lane
     // per row striding its own 256 bytes (the old order) made every load of
     // a subgroup touch 32 cache lines.
-    let quads = half_dim / 4u;
+    let quads = row_words(int8) / 4u;
     let n = end - start;
     let rows_per_pass = WG / ATTENTION_KEY_LANES;
     let r = lane.idx % ATTENTION_KEY_LANES;
@@ -263,8 +407,8 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         let tb = min(tu, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
         let ka = key_quads(ta, ja, jb);
         let kb = key_quads(tb, ja, jb);
-        let da = key_dots(ka, ta, r, ja, jb, quads);
-        let db = key_dots(kb, tb, r, ja, jb, quads);
+        let da = key_dots(ka, ta, r, ja, jb, quads, int8);
+        let db = key_dots(kb, tb, r, ja, jb, quads, int8);
         for (var i = 0u; i < 4u; i++) {
             if tv[i] < n {
                 acc_s[tv[i] * ATTENTION_KEY_LANES + r] = da[i];
@@ -282,6 +426,9 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         for (var i = 0u; i < ATTENTION_KEY_LANES; i++) {
             d += acc_s[lane.idx * ATTENTION_KEY_LANES + i];
         }
+        if int8 {
+            d *= k_scale(kv_scale_word(kv_off, kvh, t));
+        }
         s = d * p.scale;
     }
     let ml = wg_softmax_stats(s, lane);
@@ -290,6 +437,10 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     var e = 0.0;
     if t < end {
         e = exp(s - m);
+        if int8 {
+            // l (the softmax's sum) is e's; the V sums weigh the int8 row by its scale.
+            e *= v_scale(kv_scale_word(kv_off, kvh, t));
+        }
     }
     e_s[lane.idx] = e;
     workgroupBarrier(); // publishes e_s
@@ -307,7 +458,10 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         // Eight positions per iteration, eight independent loads in flight;
         // the last iteration's positions past the end load the last row
         // and weigh 0 (no one-at-a-time tail: each would be a round trip).
-        let vb = kv_base / 4u + i;
+        // KV_INT8: dims 8i..8i+7 are half of a vec4 (words 2i, 2i+1 of the row).
+        let vb = kv_base / 4u + select(i, i / 2u, int8);
+        let odd = int8 && (i & 1u) == 1u;
+        let row_vec4s = row_words(int8) / 4u;
         let ns = n_slices;
         let last = end - 1u;
         for (var tt = start + slice; tt < end; tt += 8u * ns) {
@@ -315,22 +469,22 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             let u = t + vec4<u32>(4u * ns);
             let ta = min(t, vec4<u32>(last));
             let tb = min(u, vec4<u32>(last));
-            let v0 = v_cache[vb + ta.x * row_quads];
-            let v1 = v_cache[vb + ta.y * row_quads];
-            let v2 = v_cache[vb + ta.z * row_quads];
-            let v3 = v_cache[vb + ta.w * row_quads];
-            let v4 = v_cache[vb + tb.x * row_quads];
-            let v5 = v_cache[vb + tb.y * row_quads];
-            let v6 = v_cache[vb + tb.z * row_quads];
-            let v7 = v_cache[vb + tb.w * row_quads];
+            let v0 = v_cache[vb + ta.x * row_vec4s];
+            let v1 = v_cache[vb + ta.y * row_vec4s];
+            let v2 = v_cache[vb + ta.z * row_vec4s];
+            let v3 = v_cache[vb + ta.w * row_vec4s];
+            let v4 = v_cache[vb + tb.x * row_vec4s];
+            let v5 = v_cache[vb + tb.y * row_vec4s];
+            let v6 = v_cache[vb + tb.z * row_vec4s];
+            let v7 = v_cache[vb + tb.w * row_vec4s];
             let ea = select(vec4<f32>(0.0), vec4<f32>(e_s[ta.x - start], e_s[ta.y - start], e_s[ta.z - start],
                 e_s[ta.w - start]), t < vec4<u32>(end));
             let eb = select(vec4<f32>(0.0), vec4<f32>(e_s[tb.x - start], e_s[tb.y - start], e_s[tb.z - start],
                 e_s[tb.w - start]), u < vec4<u32>(end));
-            lo += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
-                + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
-            hi += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
-                + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
+            lo += ea.x * v_lo(v0, odd, int8) + ea.y * v_lo(v1, odd, int8) + ea.z * v_lo(v2, odd, int8) + ea.w * v_lo(v3, odd, int8) + eb.x * v_lo(v4, odd, int8)
+                + eb.y * v_lo(v5, odd, int8) + eb.z * v_lo(v6, odd, int8) + eb.w * v_lo(v7, odd, int8);
+            hi += ea.x * v_hi(v0, odd, int8) + ea.y * v_hi(v1, odd, int8) + ea.z * v_hi(v2, odd, int8) + ea.w * v_hi(v3, odd, int8) + eb.x * v_hi(v4, odd, int8)
+                + eb.y * v_hi(v5, odd, int8) + eb.z * v_hi(v6, odd, int8) + eb.w * v_hi(v7, odd, int8);
         }
     }
     // (The partial dots' readers finished before wg_softmax_stats' barriers.)

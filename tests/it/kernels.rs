@@ -9,10 +9,10 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_rows, attention_reduce_case, attention_step_case, matmul_case_for, matmul_case_in,
-    matvec_case, matvec_case_in, matvec_case_x16, qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32,
-    u32s, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
-    ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_case_int8, attention_case_rows, attention_reduce_case, attention_step_case,
+    attention_step_case_int8, matmul_case_for, matmul_case_in, matvec_case, matvec_case_in, matvec_case_x16,
+    qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES,
+    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use std::collections::HashMap;
@@ -658,6 +658,38 @@ fn qk_norm_rope_int8_kv_matches_cpu() {
         for shape in [(4, 2, 64, 16, 3, 5), (2, 2, 128, 40, 0, 3), (3, 3, 40, 9, 7, 2), (2, 1, 256, 4, 1, 2)]
         {
             qk_norm_rope_case_int8(&run, shape, &mut rng);
+        }
+    }
+}
+
+/// attention_partial over an int8 KV cache (`KV_INT8`): the prompt variant
+/// with the reduce, and the fused decode step (direct and chunked), which
+/// also writes the new position's int8 rows and scales.
+#[test]
+fn attention_int8_kv_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(29);
+    for sub in variants(gpu) {
+        let run = wgsl_run(gpu, sub, |k| {
+            let mut c = k.constants(MatvecLayout::RowsPerTeam);
+            if matches!(k, Kernel::AttentionPartial | Kernel::AttentionStep | Kernel::AttentionStepDirect) {
+                c.push(("KV_INT8", 1.0));
+            }
+            c
+        });
+        for shape in
+            [(4, 2, 64, 600, 300, 3), (2, 1, 128, 300, 1, 2), (3, 3, 32, 520, 513, 1), (2, 2, 256, 40, 40, 1)]
+        {
+            attention_case_int8(&run, shape, &mut rng);
+        }
+        for (kernel, shape) in [
+            (Kernel::AttentionStepDirect, (4, 2, 64, 16, 0)),
+            (Kernel::AttentionStepDirect, (2, 1, 256, 200, 150)),
+            (Kernel::AttentionStep, (16, 8, 128, 600, 256)),
+            (Kernel::AttentionStep, (4, 1, 64, 300, 299)),
+            (Kernel::AttentionStep, (2, 2, 32, 1100, 700)),
+        ] {
+            attention_step_case_int8(&run, kernel, shape, &mut rng);
         }
     }
 }

@@ -15,8 +15,9 @@ use qwen3_wgpu::WeightFormat;
 use rand::{rngs::StdRng, SeedableRng};
 
 use super::reference::{
-    argmax_ref, assert_close, attention_ref, f32s, matvec_ref, nonzero, norm_weight_bytes, pack_f16,
-    padded_input, poisoned, qk_norm_rope_ref, random_quant_in, round_f16, to_f32, unpack_f16, POISON,
+    argmax_ref, assert_close, attention_ref, attention_ref_values, f32s, matvec_ref, nonzero,
+    norm_weight_bytes, pack_f16, padded_input, poisoned, qk_norm_rope_ref, random_quant_in, round_f16,
+    to_f32, unpack_f16, POISON,
 };
 
 /// One launch: `kernel` over `grid`, `buffers` filling its bindings in
@@ -809,6 +810,168 @@ pub fn attention_step_case(
     let (k16, v16): (Vec<f16>, Vec<f16>) =
         (kc.iter().map(|x| f16::from_f32(*x)).collect(), vc.iter().map(|x| f16::from_f32(*x)).collect());
     let want = attention_ref(&q, &k16, &v16, nh, nkv, hd, cap, pos + 1, scale as f64);
+    assert_close(&what, &got[..nh * hd], &want, &vec![1.0; nh * hd], 2e-4);
+    assert!(got[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the output");
+}
+
+/// An int8 KV cache of `rows` (`[kv_head][cap][hd]`), as the kernels
+/// write one: each row as pack4x8snorm(value / its largest magnitude) and
+/// that magnitude as its scale ([`kv_int8_bytes`]'s layout); with the
+/// values it stands for.
+pub fn kv_int8_quantize(rows: &[f32], nkv: usize, cap: usize, hd: usize) -> (Vec<u8>, Vec<f64>) {
+    let mut bytes = vec![0u8; kv_int8_bytes(nkv, cap, hd)];
+    let mut values = Vec::with_capacity(rows.len());
+    let base = 4 * (nkv * cap * hd / 4).next_multiple_of(4);
+    for (r, row) in rows.chunks(hd).enumerate() {
+        let absmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let inv = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
+        for (d, &v) in row.iter().enumerate() {
+            let q = (0.5 + 127.0 * (v * inv).clamp(-1.0, 1.0)).floor() as i8;
+            bytes[r * hd + d] = q as u8;
+            values.push(q as f64 / 127.0 * absmax as f64);
+        }
+        let at = base + 4 * ((r / cap) * cap.next_multiple_of(4) + r % cap);
+        bytes[at..at + 4].copy_from_slice(&absmax.to_le_bytes());
+    }
+    (bytes, values)
+}
+
+/// attention_partial (the prompt variant) then attention_reduce over an
+/// int8 KV cache: as [`attention_case`], against the reference over the
+/// values the cache stands for; the cache is only read. `run` must build
+/// attention_partial with `KV_INT8` on. Shape as [`attention_case`]'s
+/// (head_dim a multiple of 16).
+pub fn attention_case_int8(
+    run: Run<'_>,
+    shape: (usize, usize, usize, usize, usize, usize),
+    rng: &mut StdRng,
+) {
+    let (nh, nkv, hd, cap, seq, tokens) = shape;
+    let q = nonzero(rng, tokens * nh * hd);
+    let (k, kv) = kv_int8_quantize(&nonzero(rng, nkv * cap * hd), nkv, cap, hd);
+    let (v, vv) = kv_int8_quantize(&nonzero(rng, nkv * cap * hd), nkv, cap, hd);
+    let (params, scale) = head_params(nh, nkv, hd, cap);
+    let out_stride = nh * hd + 3;
+    let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
+    let unused = f32s(&[1.0; 4]);
+    let out = run(
+        Kernel::AttentionPartial,
+        [nh as u32, chunks as u32, tokens as u32],
+        &[
+            params,
+            step(seq - 1, 0),
+            f32s(&q),
+            k.clone(),
+            v.clone(),
+            poisoned(tokens * 2 * nh * chunks),
+            poisoned(tokens * nh * chunks * hd),
+            unused.clone(),
+            unused,
+        ],
+    );
+    assert!(out[0] == k && out[1] == v, "an int8 cache written");
+    let got = reduce(run, &out[2..4], nh, hd, chunks, tokens, out_stride);
+    for z in 0..tokens {
+        let want = attention_ref_values(
+            &q[z * nh * hd..(z + 1) * nh * hd],
+            &kv,
+            &vv,
+            nh,
+            nkv,
+            hd,
+            cap,
+            seq + z,
+            scale as f64,
+        );
+        let what = format!("int8 KV attention seq {} hd {hd} token {z}/{tokens}", seq + z);
+        assert_close(&what, &got[z * out_stride..z * out_stride + nh * hd], &want, &vec![1.0; nh * hd], 1e-4);
+    }
+}
+
+/// A fused decode step over an int8 KV cache (`kernel` with `KV_INT8`):
+/// the new position's K and V rows within half a quantisation step of the
+/// reference with their scales, every other row and scale unchanged, and
+/// the output against the reference over the cache as the kernel left it.
+/// Shape as [`attention_step_case`]'s (head_dim a multiple of 16).
+pub fn attention_step_case_int8(
+    run: Run<'_>,
+    kernel: Kernel,
+    shape: (usize, usize, usize, usize, usize),
+    rng: &mut StdRng,
+) {
+    let (nh, nkv, hd, cap, pos) = shape;
+    let (_, direct) = kernel.attention_variant().expect("an attention_partial variant");
+    let theta = 1_000_000f32;
+    let (params, scale) = head_params(nh, nkv, hd, cap);
+    let eps = 1e-6f64;
+    let qkv = nonzero(rng, (nh + 2 * nkv) * hd + 8);
+    let (qn, kn) = (nonzero(rng, hd), nonzero(rng, hd));
+    let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
+    let (k, _) = kv_int8_quantize(&nonzero(rng, nkv * cap * hd), nkv, cap, hd);
+    let (v, _) = kv_int8_quantize(&nonzero(rng, nkv * cap * hd), nkv, cap, hd);
+    let chunks = if direct { 1 } else { cap.div_ceil(ATTENTION_CHUNK as usize) };
+    let out = run(
+        kernel,
+        kernels::attention::partial_grid(nh as u32, chunks as u32),
+        &[
+            params,
+            step(pos, 0),
+            f32s(&qkv),
+            k.clone(),
+            v.clone(),
+            poisoned(2 * nh * chunks),
+            if direct { poisoned(nh * hd + 3) } else { poisoned(nh * chunks * hd) },
+            f32s(&[qn.clone(), kn.clone()].concat()),
+            f32s(&rope),
+        ],
+    );
+    let head = |h: usize| &qkv[h * hd..(h + 1) * hd];
+    let what = format!("{kernel:?} int8 KV pos {pos} hd {hd}");
+    let (kc, vc) = (unpack_kv_int8(&out[0], nkv, cap, hd), unpack_kv_int8(&out[1], nkv, cap, hd));
+    let (ks, vs) = (kv_int8_scales(&out[0], nkv, cap, hd), kv_int8_scales(&out[1], nkv, cap, hd));
+    let (ks0, vs0) = (kv_int8_scales(&k, nkv, cap, hd), kv_int8_scales(&v, nkv, cap, hd));
+    for g in 0..nkv {
+        for t in 0..cap {
+            let r = g * cap + t;
+            if t == pos {
+                let kw = qk_norm_rope_ref(head(nh + g), Some(&kn), pos, theta as f64, eps);
+                let vw = qk_norm_rope_ref(head(nh + nkv + g), None, pos, theta as f64, eps);
+                for (name, got, sc, want) in [("k", &kc, &ks, kw), ("v", &vc, &vs, vw)] {
+                    let absmax = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    assert_close(
+                        &format!("{what}: {name} scale of head {g}"),
+                        &sc[r..r + 1],
+                        &[absmax],
+                        &[absmax],
+                        1e-3,
+                    );
+                    let step = vec![absmax / 127.0; hd];
+                    assert_close(
+                        &format!("{what}: {name} head {g}"),
+                        &got[r * hd..(r + 1) * hd],
+                        &want,
+                        &step,
+                        0.5 + 2e-2,
+                    );
+                }
+            } else {
+                let same = out[0][r * hd..(r + 1) * hd] == k[r * hd..(r + 1) * hd]
+                    && out[1][r * hd..(r + 1) * hd] == v[r * hd..(r + 1) * hd];
+                assert!(
+                    same && ks[r] == ks0[r] && vs[r] == vs0[r],
+                    "{what}: cache row {t} of kv head {g} changed"
+                );
+            }
+        }
+    }
+    let got = if direct { to_f32(&out[3]) } else { reduce(run, &out[2..4], nh, hd, chunks, 1, nh * hd + 3) };
+    let q: Vec<f32> = (0..nh)
+        .flat_map(|h| qk_norm_rope_ref(head(h), Some(&qn), pos, theta as f64, eps))
+        .map(|x| x as f32)
+        .collect();
+    let (kd, vd): (Vec<f64>, Vec<f64>) =
+        (kc.iter().map(|x| *x as f64).collect(), vc.iter().map(|x| *x as f64).collect());
+    let want = attention_ref_values(&q, &kd, &vd, nh, nkv, hd, cap, pos + 1, scale as f64);
     assert_close(&what, &got[..nh * hd], &want, &vec![1.0; nh * hd], 2e-4);
     assert!(got[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the output");
 }
