@@ -5,6 +5,12 @@
 // (src/kernels/), prepended by Rust.
 
 @group(0) @binding(0) var<uniform> p: Params;
+
+// KV_INT8: the caches hold int8 rows, four values a word, and a scale per
+// row after them (qk_norm_rope.wgsl's layout, `kv_scale_at`); head_dim a
+// multiple of 16. (Declared before its first use: naga 30's override
+// processing panics otherwise.)
+override KV_INT8: bool = false;
 // The decode Step's words: word 0 is the position (the batch's first token
 // for a prompt batch). ROWS (attention_partial over a batch of sessions'
 // steps): row z's position at word 2z, and at 2z + 1 the offset of its
@@ -30,4 +36,35 @@ fn lo4(a: vec4<u32>) -> vec4<f32> {
 }
 fn hi4(a: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w));
+}
+
+// KV_INT8: word index (in u32 words of the binding) of the scale of row
+// (kv_head, pos) in the region at vec4 word `kv_off`.
+fn kv_scale_word(kv_off: u32, kv_head: u32, pos: u32) -> u32 {
+    let base = (p.n_kv_heads * p.capacity * (p.head_dim / 4u) + 3u) & ~3u;
+    return 4u * kv_off + base + kv_head * ((p.capacity + 3u) & ~3u) + pos;
+}
+
+fn k_scale(w: u32) -> f32 {
+    return bitcast<f32>(k_cache[w / 4u][w % 4u]);
+}
+
+fn v_scale(w: u32) -> f32 {
+    return bitcast<f32>(v_cache[w / 4u][w % 4u]);
+}
+
+// Dims 0..3 and 4..7 of the 8 dims of a K or V row held by `a` (f16: the whole vec4;
+// int8: its first or, `odd`, second half).
+fn v_lo(a: vec4<u32>, odd: bool, int8: bool) -> vec4<f32> {
+    if int8 {
+        return unpack4x8snorm(select(a.x, a.z, odd));
+    }
+    return lo4(a);
+}
+
+fn v_hi(a: vec4<u32>, odd: bool, int8: bool) -> vec4<f32> {
+    if int8 {
+        return unpack4x8snorm(select(a.y, a.w, odd));
+    }
+    return hi4(a);
 }

@@ -31,9 +31,6 @@
 override FUSED: bool = false;
 override DIRECT: bool = false;
 override ROWS: bool = false;
-// KV_INT8: int8 K/V rows with a scale each (see dot16). (Declared before
-// its first use: naga 30's override processing panics otherwise.)
-override KV_INT8: bool = false;
 // ROWS and DIRECT: elements between rows of the output.
 override OUT_STRIDE: u32 = 0u;
 
@@ -72,41 +69,12 @@ fn dot_quad(a: vec4<u32>, j: u32, int8: bool) -> f32 {
     return dot8(a, j);
 }
 
-// Dims 0..3 and 4..7 of a V row's 8 dims held by `a` (f16: the whole vec4;
-// int8: its first or, `odd`, second half).
-fn v_lo(a: vec4<u32>, odd: bool, int8: bool) -> vec4<f32> {
-    if int8 {
-        return unpack4x8snorm(select(a.x, a.z, odd));
-    }
-    return lo4(a);
-}
-
-fn v_hi(a: vec4<u32>, odd: bool, int8: bool) -> vec4<f32> {
-    if int8 {
-        return unpack4x8snorm(select(a.y, a.w, odd));
-    }
-    return hi4(a);
-}
 
 // u32 words of a K/V row.
 fn row_words(int8: bool) -> u32 {
     return select(p.head_dim / 2u, p.head_dim / 4u, int8);
 }
 
-// KV_INT8: word index (in u32 words of the binding) of the scale of row
-// (kv_head, pos) in the region at vec4 word `kv_off`.
-fn kv_scale_word(kv_off: u32, kv_head: u32, pos: u32) -> u32 {
-    let base = (p.n_kv_heads * p.capacity * (p.head_dim / 4u) + 3u) & ~3u;
-    return 4u * kv_off + base + kv_head * ((p.capacity + 3u) & ~3u) + pos;
-}
-
-fn k_scale(w: u32) -> f32 {
-    return bitcast<f32>(k_cache[w / 4u][w % 4u]);
-}
-
-fn v_scale(w: u32) -> f32 {
-    return bitcast<f32>(v_cache[w / 4u][w % 4u]);
-}
 
 // Four consecutive dims e..e+3 of one head of the qkv output (at `base`),
 // their rotate-half RoPE partners (e +- head_dim/2: head_dim is a multiple

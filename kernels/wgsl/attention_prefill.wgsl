@@ -67,10 +67,12 @@ fn load_q(n: u32, h: u32, d: u32) -> vec4<f32> {
     return vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
 }
 
-// This invocation's K quad j at chunk position lane (zero past `live`).
-fn load_k(row0: u32, row_quads: u32, j: u32, lane: u32, live: u32) -> vec4<u32> {
+// The vec4 holding this invocation's K dims 8j..8j+7 at chunk position
+// lane (zero past `live`): quad j of an f16 row, or half of vec4 j / 2 of
+// an int8 one (`row_vec4s` vec4s a row).
+fn load_k(row0: u32, row_vec4s: u32, j: u32, lane: u32, live: u32, int8: bool) -> vec4<u32> {
     if lane < live {
-        return k_cache[row0 + lane * row_quads + j];
+        return k_cache[row0 + lane * row_vec4s + select(j, j / 2u, int8)];
     }
     return vec4<u32>(0u);
 }
@@ -128,12 +130,17 @@ fn stage_v(at: Span, k: u32, sub: u32, half: u32) {
     let i = 16u * half + at.idx % 16u;
     let pos = 32u * k + 16u * sub + o;
     var v = vec4<u32>(0u);
+    var sc = 1.0;
     if pos < at.live && i < at.row_quads {
-        v = v_cache[at.kv_base / 4u + (at.start + pos) * at.row_quads + i];
+        v = v_cache[at.kv_base / 4u + (at.start + pos) * at.row_vec4s + select(i, i / 2u, at.int8)];
+        if at.int8 {
+            sc = v_scale(kv_scale_word(0u, at.kvh, at.start + pos));
+        }
     }
     let j = 2u * (at.idx % 16u);
-    kv_s[o * 32u + j] = bitcast<vec4<u32>>(lo4(v));
-    kv_s[o * 32u + j + 1u] = bitcast<vec4<u32>>(hi4(v));
+    let odd = at.int8 && (i & 1u) == 1u;
+    kv_s[o * 32u + j] = bitcast<vec4<u32>>(v_lo(v, odd, at.int8) * sc);
+    kv_s[o * 32u + j + 1u] = bitcast<vec4<u32>>(v_hi(v, odd, at.int8) * sc);
 }
 
 // The weights of span k (every invocation's) into red_f, then the 4 tokens'
@@ -194,9 +201,13 @@ struct Span {
     t: u32,
     kv_base: u32,
     start: u32,
+    /// 8-dim quads of a row (head_dim / 8), and the vec4s a row takes.
     row_quads: u32,
+    row_vec4s: u32,
     live: u32,
     halves: u32,
+    kvh: u32,
+    int8: bool,
 }
 
 @compute @workgroup_size(WG)
@@ -221,29 +232,38 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let g = lane.idx / 32u;
     let t = lane.idx % 32u;
     let kvh = h / (p.n_heads / p.n_kv_heads);
-    let half_dim = p.head_dim / 2u;
-    let kv_base = kvh * p.capacity * half_dim;
-    let row_quads = half_dim / 4u;
-    let row0 = (kv_base + start * half_dim) / 4u;
+    let int8 = KV_INT8;
+    // u32 words a row: f16 pairs, or int8 quadruples.
+    let row_words = select(p.head_dim / 2u, p.head_dim / 4u, int8);
+    let kv_base = kvh * p.capacity * row_words;
+    let row_quads = p.head_dim / 8u;
+    let row_vec4s = row_words / 4u;
+    let row0 = (kv_base + start * row_words) / 4u;
+    // KV_INT8: this invocation's position's K scale.
+    var k_sc = 1.0;
+    if int8 && lane.idx < live {
+        k_sc = k_scale(kv_scale_word(0u, kvh, start + lane.idx));
+    }
 
     // Scores: 8 dims a slab; the next slab's K quad and q loaded while the
     // current one is summed.
     var s: array<vec4<f32>, SPANS>;
-    var kq = load_k(row0, row_quads, 0u, lane.idx, live);
+    var kq = load_k(row0, row_vec4s, 0u, lane.idx, live, int8);
     var qv = vec4<f32>(0.0);
     if lane.idx < 64u {
         qv = load_q(tok0 + lane.idx / 2u, h, 4u * (lane.idx % 2u));
     }
     for (var j = 0u; j < row_quads; j++) {
         workgroupBarrier(); // the previous slab's readers are done
-        kv_s[lane.idx] = bitcast<vec4<u32>>(lo4(kq));
-        kv_s[WG + lane.idx] = bitcast<vec4<u32>>(hi4(kq));
+        let odd = int8 && (j & 1u) == 1u;
+        kv_s[lane.idx] = bitcast<vec4<u32>>(v_lo(kq, odd, int8) * k_sc);
+        kv_s[WG + lane.idx] = bitcast<vec4<u32>>(v_hi(kq, odd, int8) * k_sc);
         if lane.idx < 64u {
             q_s[(lane.idx % 2u) * 32u + lane.idx / 2u] = qv;
         }
         workgroupBarrier();
         if j + 1u < row_quads {
-            kq = load_k(row0, row_quads, j + 1u, lane.idx, live);
+            kq = load_k(row0, row_vec4s, j + 1u, lane.idx, live, int8);
             if lane.idx < 64u {
                 qv = load_q(tok0 + lane.idx / 2u, h, 8u * (j + 1u) + 4u * (lane.idx % 2u));
             }
@@ -280,7 +300,7 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
 
     // acc: span by span, the weights through red_f, V through kv_s.
     let halves = (row_quads + 15u) / 16u;
-    let at = Span(lane.idx, g, t, kv_base, start, row_quads, live, halves);
+    let at = Span(lane.idx, g, t, kv_base, start, row_quads, row_vec4s, live, halves, kvh, int8);
     var acc: array<vec4<f32>, 8>;
     // for # in SPANS: if #u < spans { acc = span(acc, s[#], #u, at); }
     store_acc(first * n_chunks + c, 4u * t, acc[0], acc[4]);

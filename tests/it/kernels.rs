@@ -680,7 +680,7 @@ fn attention_int8_kv_matches_cpu() {
         for shape in
             [(4, 2, 64, 600, 300, 3), (2, 1, 128, 300, 1, 2), (3, 3, 32, 520, 513, 1), (2, 2, 256, 40, 40, 1)]
         {
-            attention_case_int8(&run, shape, &mut rng);
+            attention_case_int8(&run, shape, 1, &mut rng);
         }
         for (kernel, shape) in [
             (Kernel::AttentionStepDirect, (4, 2, 64, 16, 0)),
@@ -742,6 +742,25 @@ fn attention_prefill_matches_cpu() {
         let mut rng = StdRng::seed_from_u64(12);
         for &shape in &shapes {
             attention_case_rows(&run, shape, rows_multiple, &mut rng);
+        }
+        // Over an int8 KV cache (`KV_INT8`; head_dim a multiple of 16).
+        let int8 = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+            if k != Kernel::AttentionPartial {
+                return plain(k, grid, buffers);
+            }
+            let (uniforms, storage) = split_buffers(k, buffers);
+            let (source, mut constants) = kernels::attention_prefill_source(sub);
+            constants.push(("KV_INT8", 1.0));
+            let grid = [grid[0], grid[1], grid[2].div_ceil(kernels::PREFILL_ATTENTION_TOKENS)];
+            dispatch_source(gpu, k, (source, "attention_prefill"), &constants, &uniforms, &storage, grid)
+        };
+        for shape in [
+            (4, 1, 64, 600, 240, 21),
+            (2, 1, 256, 300, 250, 40),
+            (4, 1, 208, 530, 190, 70),
+            (16, 8, 128, 600, 257, 33),
+        ] {
+            attention_case_int8(&int8, shape, rows_multiple, &mut rng);
         }
     }
 }

@@ -840,14 +840,17 @@ pub fn kv_int8_quantize(rows: &[f32], nkv: usize, cap: usize, hd: usize) -> (Vec
 /// int8 KV cache: as [`attention_case`], against the reference over the
 /// values the cache stands for; the cache is only read. `run` must build
 /// attention_partial with `KV_INT8` on. Shape as [`attention_case`]'s
-/// (head_dim a multiple of 16).
+/// (head_dim a multiple of 16); q and the partial results hold the tokens
+/// rounded up to `rows_multiple` (as [`attention_case_rows`]).
 pub fn attention_case_int8(
     run: Run<'_>,
     shape: (usize, usize, usize, usize, usize, usize),
+    rows_multiple: usize,
     rng: &mut StdRng,
 ) {
     let (nh, nkv, hd, cap, seq, tokens) = shape;
-    let q = nonzero(rng, tokens * nh * hd);
+    let rows = tokens.next_multiple_of(rows_multiple);
+    let q = nonzero(rng, rows * nh * hd);
     let (k, kv) = kv_int8_quantize(&nonzero(rng, nkv * cap * hd), nkv, cap, hd);
     let (v, vv) = kv_int8_quantize(&nonzero(rng, nkv * cap * hd), nkv, cap, hd);
     let (params, scale) = head_params(nh, nkv, hd, cap);
@@ -863,8 +866,8 @@ pub fn attention_case_int8(
             f32s(&q),
             k.clone(),
             v.clone(),
-            poisoned(tokens * 2 * nh * chunks),
-            poisoned(tokens * nh * chunks * hd),
+            poisoned(rows * 2 * nh * chunks),
+            poisoned(rows * nh * chunks * hd),
             unused.clone(),
             unused,
         ],
