@@ -8,6 +8,7 @@ use crate::converted::QUANT_GROUP;
 use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::kernels::{mask, sample, ATTENTION_CHUNK, MATMUL_TOKENS_PER_WG, SAMPLE_CHUNK};
+use crate::kv_cache::{KvFormat, KvLayout};
 
 /// Prompt tokens run through the layers together (one launch per kernel
 /// for the whole batch; the activation buffers hold this many rows, and the
@@ -62,13 +63,14 @@ pub struct SessionBuffers {
     pub(crate) attn_acc: wgpu::Buffer,
     /// RoPE (cos, sin) table, `[capacity][head_dim / 2]`.
     pub(crate) rope: wgpu::Buffer,
-    /// Per layer, f16 pairs packed in u32: `[kv_head][capacity][head_dim/2]`,
-    /// at byte `kv_offset` of the buffer (0, or the session's slot in a
-    /// batch's pool), `kv_bytes` long.
+    /// Per layer, laid out as `kv_layout` says, at byte `kv_offset` of the
+    /// buffer (0, or the session's slot in a batch's pool), `kv_bytes`
+    /// long.
     pub(crate) k_cache: Vec<wgpu::Buffer>,
     pub(crate) v_cache: Vec<wgpu::Buffer>,
     pub(crate) kv_offset: u64,
     pub(crate) kv_bytes: u64,
+    pub(crate) kv_layout: KvLayout,
 }
 
 /// The K and V buffers (one per layer) a session's cache lies in, and
@@ -82,15 +84,11 @@ pub(crate) struct KvRegion {
     pub bytes: u64,
 }
 
-/// Bytes of one layer's K (or V) cache for `capacity` positions, rounded up
-/// to 256 so that regions of a pool start where a binding may (the largest
-/// storage-buffer offset alignment wgpu allows).
-pub(crate) fn kv_region_bytes(cfg: &ModelConfig, capacity: usize) -> u64 {
-    (4 * kv_words(cfg, capacity) as u64).next_multiple_of(256)
-}
-
-fn kv_words(cfg: &ModelConfig, capacity: usize) -> usize {
-    cfg.num_key_value_heads * capacity * cfg.head_dim / 2
+/// Bytes of one layer's K (or V) cache for `capacity` positions in
+/// `format`, rounded up to 256 so that regions of a pool start where a
+/// binding may (the largest storage-buffer offset alignment wgpu allows).
+pub(crate) fn kv_region_bytes(cfg: &ModelConfig, capacity: usize, format: KvFormat) -> u64 {
+    KvLayout::new(cfg, capacity, format).bytes().next_multiple_of(256)
 }
 
 /// The buffers of the log-probabilities, allocated when first asked for.
@@ -120,13 +118,20 @@ pub(crate) fn padded(n: usize) -> usize {
 
 impl SessionBuffers {
     /// A session's buffers, its KV cache in buffers of its own or in `kv`.
-    pub(crate) fn new(gpu: &Gpu, cfg: &ModelConfig, capacity: usize, kv: Option<KvRegion>) -> Result<Self> {
+    pub(crate) fn new(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        capacity: usize,
+        kv_format: KvFormat,
+        kv: Option<KvRegion>,
+    ) -> Result<Self> {
         // Short contexts need no more rows than they have, rounded up to
         // the tiled prefill matvec's tokens per workgroup (it reads and
         // writes whole tiles; the groups of 4 tokens of the per-token
         // matvec and of attention_prefill divide them).
         let batch = PREFILL_BATCH.min(capacity.next_multiple_of(MATMUL_TOKENS_PER_WG as usize));
-        Self::build(gpu, cfg, capacity, batch, capacity + 1, 1, kv)
+        let layout = KvLayout::new(cfg, capacity, kv_format);
+        Self::build(gpu, cfg, layout, batch, capacity + 1, 1, kv)
     }
 
     /// The buffers of a batch of sessions' decode steps: `rows` activation
@@ -136,32 +141,32 @@ impl SessionBuffers {
         gpu: &Gpu,
         cfg: &ModelConfig,
         capacity: usize,
+        kv_format: KvFormat,
         rows: usize,
         kv: KvRegion,
     ) -> Result<Self> {
-        Self::build(gpu, cfg, capacity, rows, rows + 1, rows, Some(kv))
+        let layout = KvLayout::new(cfg, capacity, kv_format);
+        Self::build(gpu, cfg, layout, rows, rows + 1, rows, Some(kv))
     }
 
     fn build(
         gpu: &Gpu,
         cfg: &ModelConfig,
-        capacity: usize,
+        kv_layout: KvLayout,
         batch: usize,
         token_words: usize,
         logit_rows: usize,
         kv: Option<KvRegion>,
     ) -> Result<Self> {
         let f = |label: &str, n: usize| gpu.storage(label, 4 * n);
+        let capacity = kv_layout.capacity;
         let chunks = capacity.div_ceil(ATTENTION_CHUNK as usize);
         let rows = |n: usize| batch * padded(n);
         let kv = kv.unwrap_or_else(|| {
-            let own = |label| (0..cfg.num_hidden_layers).map(|_| f(label, kv_words(cfg, capacity))).collect();
-            KvRegion {
-                k: own("k_cache"),
-                v: own("v_cache"),
-                offset: 0,
-                bytes: 4 * kv_words(cfg, capacity) as u64,
-            }
+            let bytes = kv_layout.bytes().next_multiple_of(4);
+            let own =
+                |label| (0..cfg.num_hidden_layers).map(|_| gpu.storage(label, bytes as usize)).collect();
+            KvRegion { k: own("k_cache"), v: own("v_cache"), offset: 0, bytes }
         });
         let parts = sample::part_slots(cfg.vocab_size as u32, SAMPLE_CHUNK);
         Ok(SessionBuffers {
@@ -195,6 +200,7 @@ impl SessionBuffers {
             v_cache: kv.v,
             kv_offset: kv.offset,
             kv_bytes: kv.bytes,
+            kv_layout,
         })
     }
 

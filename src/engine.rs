@@ -18,7 +18,7 @@ use crate::gpu_weights::{GpuWeights, ModelGpu};
 use crate::kernels::{KernelReport, KernelSource, Kernels, WeightKernels};
 use crate::load::{load_model_with, LoadReport};
 use crate::progress::{LoadProgress, LoadProgressFn, Progress};
-use crate::session::{Batch, BatchOptions, Session};
+use crate::session::{Batch, BatchOptions, Session, SessionOptions};
 pub use builder::{EngineBuilder, COOPERATIVE_MATRICES_ENV};
 pub use generate::{decode, decode_with, DecodeResult, GenerateOptions, StopReason};
 
@@ -297,11 +297,23 @@ impl Model {
     /// model's `max_position_embeddings`, else `context_overflow`);
     /// allocated once, never grown.
     pub fn session_with_capacity(&self, capacity: usize) -> Result<Session> {
+        self.session_with(&SessionOptions::default().capacity(capacity))
+    }
+
+    /// A session as `options` say: its capacity (as
+    /// [`Self::session_with_capacity`]) and KV-cache format.
+    ///
+    /// Errors: `context_overflow` for a capacity of 0 or past the model's
+    /// `max_position_embeddings`; [`Error::InvalidArgument`] naming
+    /// `kv_cache` for a format the model's `head_dim` does not fit (int8:
+    /// a multiple of 16); a GPU failure allocating the session.
+    pub fn session_with(&self, options: &SessionOptions) -> Result<Session> {
         let max = self.config().max_position_embeddings;
+        let capacity = options.capacity.unwrap_or(DEFAULT_CAPACITY.min(max));
         if capacity == 0 || capacity > max {
             return Err(Error::ContextOverflow { needed: capacity, capacity: max });
         }
-        Session::new(self.inner.clone(), capacity)
+        Session::new(self.inner.clone(), capacity, options.kv_cache)
     }
 
     /// A batch: up to `options.slots` sessions, each with a KV cache of

@@ -91,6 +91,7 @@ pub(crate) mod gpu_weights;
 pub mod hub;
 #[allow(missing_docs)] // reached from outside only through `internals`
 pub(crate) mod kernels;
+pub(crate) mod kv_cache;
 pub(crate) mod limits;
 pub(crate) mod load;
 pub(crate) mod progress;
@@ -122,10 +123,11 @@ pub use gpu::{AdapterPolicy, Gpu, BACKEND_ENV};
 pub use kernels::{
     KernelChoice, KernelReport, KernelSource, MatvecLayout, SelfCheck, WeightKernels, KERNELS_ENV,
 };
+pub use kv_cache::KvFormat;
 pub use load::{LoadPhase, LoadProgress, LoadProgressFn, LoadReport};
 pub use sampling::{SamplingParams, TokenLogprobs};
 pub use session::{
-    Batch, BatchOptions, FeedStatus, Session, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH,
+    Batch, BatchOptions, FeedStatus, Session, SessionOptions, StepTiming, DEFAULT_LOOKAHEAD, PREFILL_BATCH,
     SESSION_FORMAT_VERSION, WARM_UP_MAX_ROWS,
 };
 pub use stop::{StopMatcher, StopStep};
@@ -182,6 +184,10 @@ pub mod internals {
     /// Kernel table, tuning, compilation and launches.
     pub mod kernels {
         pub use crate::kernels::*;
+    }
+    /// The KV cache's formats and layout.
+    pub mod kv_cache {
+        pub use crate::kv_cache::*;
     }
     /// The kernels' shape limits.
     pub mod limits {

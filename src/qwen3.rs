@@ -322,7 +322,8 @@ pub fn batch_forward(
         launches.extend(matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm), padded(layer.qkv.rows)));
         let attention = |kernel| -> Result<Launch> {
             let mut l = b.attention_with_step(kernel, norms, l, rows);
-            l.decode_pipeline = Some(kernels.attention_rows_pipeline(gpu, kernel, out_stride)?);
+            l.decode_pipeline =
+                Some(kernels.attention_rows_pipeline(gpu, kernel, out_stride, s.kv_layout.format)?);
             Ok(l)
         };
         launches.push(RowLaunch::Attention {

@@ -18,6 +18,7 @@ mod choosing;
 mod diagnostics;
 mod feed;
 mod forced;
+mod options;
 mod readback;
 mod recorder;
 mod state;
@@ -30,11 +31,13 @@ pub use crate::buffers::PREFILL_BATCH;
 use crate::error::{Error, Result};
 use crate::gpu_weights::ModelGpu;
 use crate::kernels::sample::{LOGPROB_RECORD_WORDS, MAX_LOGPROBS};
+use crate::kv_cache::KvFormat;
 use crate::qwen3::Forward;
 use crate::sampling::{SamplingParams, TokenLogprobs};
 pub use batch::{Batch, BatchOptions, WARM_UP_MAX_ROWS};
 pub use diagnostics::{LaunchTimes, StepTiming};
 pub use feed::FeedStatus;
+pub use options::SessionOptions;
 pub(crate) use state::restore;
 pub use state::SESSION_FORMAT_VERSION;
 
@@ -151,18 +154,24 @@ pub struct Session {
 }
 
 impl Session {
-    pub(crate) fn new(model: Arc<ModelGpu>, capacity: usize) -> Result<Self> {
-        Self::new_in(model, capacity, None)
+    pub(crate) fn new(model: Arc<ModelGpu>, capacity: usize, kv_format: KvFormat) -> Result<Self> {
+        Self::new_in(model, capacity, kv_format, None)
     }
 
     /// A session whose KV cache is `kv_slot`'s region of a batch's pool
-    /// (or, without one, buffers of its own).
-    fn new_in(model: Arc<ModelGpu>, capacity: usize, kv_slot: Option<batch::SlotLease>) -> Result<Self> {
+    /// (or, without one, buffers of its own), in `kv_format`.
+    fn new_in(
+        model: Arc<ModelGpu>,
+        capacity: usize,
+        kv_format: KvFormat,
+        kv_slot: Option<batch::SlotLease>,
+    ) -> Result<Self> {
         let cfg = &model.config;
+        model.kernels.prepare_kv(&model.gpu, kv_format, cfg.head_dim)?;
         let (bufs, forward) = model.gpu.scoped(
             || {
                 let kv = kv_slot.as_ref().map(batch::SlotLease::region);
-                let bufs = SessionBuffers::new(&model.gpu, cfg, capacity, kv)?;
+                let bufs = SessionBuffers::new(&model.gpu, cfg, capacity, kv_format, kv)?;
                 let forward = crate::qwen3::forward(&model.gpu, &model.kernels, cfg, &model.weights, &bufs);
                 Ok((bufs, forward))
             },
@@ -210,6 +219,11 @@ impl Session {
     /// KV-cache capacity in positions.
     pub fn capacity(&self) -> usize {
         self.bufs.capacity
+    }
+
+    /// How the KV cache stores its rows ([`SessionOptions::kv_cache`]).
+    pub fn kv_format(&self) -> KvFormat {
+        self.bufs.kv_layout.format
     }
 
     /// Positions already in the KV cache.

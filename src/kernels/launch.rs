@@ -5,6 +5,7 @@ use super::pipelines::LaunchPipelines;
 use super::{Kernel, Kernels, MatvecLayout, MatvecSplit};
 use crate::converted::WeightFormat;
 use crate::gpu::Gpu;
+use crate::kv_cache::KvFormat;
 
 /// What a launch runs, as diagnostics name it: the kernel and, for a
 /// matvec, its split (e.g. `Int8MatvecNorm [rows per team x32]`).
@@ -164,6 +165,20 @@ impl Launch {
         buffers: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) -> Self {
+        Self::new_in(gpu, kernels, kernel, (format, KvFormat::F16), buffers, workgroups)
+    }
+
+    /// [`Self::new`] of a launch over weights in `formats.0` and a KV
+    /// cache in `formats.1` (its pipelines built:
+    /// [`Kernels::prepare_kv`]).
+    pub fn new_in(
+        gpu: &Gpu,
+        kernels: &Kernels,
+        kernel: Kernel,
+        (format, kv): (WeightFormat, KvFormat),
+        buffers: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) -> Self {
         let bind_group = gpu.bind_group(kernel.entry(), kernels.layout(kernel), buffers.iter().cloned());
         Launch {
             kernel,
@@ -174,7 +189,7 @@ impl Launch {
             decode_pipeline: None,
             decode_bind_group: None,
             prefill_workgroups: workgroups,
-            pipelines: kernels.launch_pipelines(kernel, format),
+            pipelines: kernels.launch_pipelines_kv(kernel, format, kv),
             staged: None,
         }
     }

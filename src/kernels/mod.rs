@@ -316,6 +316,12 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel reads or writes the KV cache (its pipelines
+    /// take the cache's format: `KV_INT8`).
+    pub fn reads_kv_cache(self) -> bool {
+        self == Kernel::QkNormRope || matches!(self.row().family, Family::Attention(_))
+    }
+
     /// The override constants of this kernel's decode pipeline (`layout`:
     /// the device's matvec layout).
     pub fn typed_constants(self, layout: MatvecLayout) -> Constants {

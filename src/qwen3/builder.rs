@@ -7,6 +7,7 @@ use bytemuck::bytes_of;
 
 use crate::buffers::{padded, SessionBuffers};
 use crate::config::ModelConfig;
+use crate::converted::WeightFormat;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::GpuMatrix;
 use crate::kernels::matmul::staged_bytes;
@@ -71,6 +72,8 @@ fn kv_range<'a>(s: &SessionBuffers, b: &'a wgpu::Buffer) -> wgpu::BindingResourc
 }
 
 impl Builder<'_> {
+    /// A launch of `kernel` (over the session's KV cache format, where it
+    /// reads the cache).
     pub(super) fn launch(
         &self,
         kernel: Kernel,
@@ -81,7 +84,8 @@ impl Builder<'_> {
         let page = self.uniform(params);
         let mut all = vec![page.binding()];
         all.extend_from_slice(buffers);
-        Launch::new(self.gpu, self.kernels, kernel, &all, workgroups)
+        let formats = (WeightFormat::Int8, self.s.kv_layout.format);
+        Launch::new_in(self.gpu, self.kernels, kernel, formats, &all, workgroups)
     }
 
     /// `params` in the shared uniform pages.

@@ -2,16 +2,18 @@
 //! into a second session on the GPU, and [`Session::save`] /
 //! [`Model::restore_session`] write it to a file and read it back.
 //!
-//! # Session file format (version 1)
+//! # Session file format (version 2)
 //!
-//! Integers are little-endian; the KV rows are the GPU's f16 pairs packed in
-//! little-endian u32 words, as the session holds them.
+//! Integers are little-endian; the KV rows are stored as the session holds
+//! them: f16 pairs packed in little-endian u32 words, or (an int8 cache)
+//! four int8 values a word, then one f32 scale per head and position
+//! ([`KvFormat`]).
 //!
 //! | offset | size | content |
 //! |---|---|---|
 //! | 0 | 8 | magic `Q3WSESSN` |
 //! | 8 | 4 | format version ([`SESSION_FORMAT_VERSION`]) |
-//! | 12 | 4 | flags: bit 0 set when a token is pending |
+//! | 12 | 4 | flags: bit 0 set when a token is pending, bit 1 for an int8 KV cache |
 //! | 16 | 32 | the model's weights fingerprint, lower-case hex ([`Model::fingerprint`]) |
 //! | 48 | 4 | `num_hidden_layers` |
 //! | 52 | 4 | `num_key_value_heads` |
@@ -20,9 +22,12 @@
 //! | 64 | 8 | capacity (positions) |
 //! | 72 | 8 | `len`: positions in the KV cache |
 //! | 80 | 4 `len` | the token ids of those positions |
-//! | | | per layer: its K rows, then its V rows, each `[kv_head][len][head_dim / 2]` u32 |
+//! | | | per layer: K, then V, each its rows `[kv_head][len][row]` (a row `head_dim / 2` u32, int8: `head_dim / 4`), then (int8) its scales `[kv_head][len]` f32 |
 //! | end − 16 | 8 | xxh3-64 of every byte before it |
 //! | end − 8 | 8 | end magic `Q3WSEND\0` |
+//!
+//! Version 1 files (f16 caches, bit 1 clear; otherwise the same) are still
+//! read.
 //!
 //! A file is written to a unique temporary name in the target's directory,
 //! fsynced and renamed into place, so the target name only ever holds a
@@ -44,11 +49,15 @@ use xxhash_rust::xxh3::Xxh3Default;
 use super::Session;
 use crate::error::{Error, Result};
 use crate::gpu_weights::ModelGpu;
+use crate::kv_cache::KvFormat;
 use crate::sampling::SamplingParams;
 use crate::temp_file::TempFile;
 
 /// Version of the session file format.
-pub const SESSION_FORMAT_VERSION: u32 = 1;
+pub const SESSION_FORMAT_VERSION: u32 = 2;
+
+/// The oldest session file version this build reads.
+const OLDEST_READ_VERSION: u32 = 1;
 
 const MAGIC: &[u8; 8] = b"Q3WSESSN";
 const END_MAGIC: &[u8; 8] = b"Q3WSEND\0";
@@ -56,6 +65,8 @@ const HEADER_LEN: usize = 80;
 const FOOTER_LEN: usize = 16;
 const FINGERPRINT_LEN: usize = 32;
 const FLAG_PENDING: u32 = 1;
+/// The KV cache is int8 ([`KvFormat::Int8`]; version 2 on).
+const FLAG_KV_INT8: u32 = 2;
 
 impl Session {
     /// A second session holding this one's context: its KV rows, token
@@ -97,19 +108,19 @@ impl Session {
         if capacity == 0 || capacity > max {
             return Err(Error::ContextOverflow { needed: capacity, capacity: max });
         }
-        let mut fork = Session::new(self.model.clone(), capacity)?;
+        let mut fork = Session::new(self.model.clone(), capacity, self.kv_format())?;
         fork.set_lookahead(self.lookahead);
         if self.sampling != SamplingParams::default() {
             fork.set_sampling(&self.sampling)?;
         }
         let gpu = &self.model.gpu;
         let mut enc = self.encoder();
-        // Steps queued ahead write only past `len` (KV rows and tokens
-        // after the pending one), so these rows are final; the copies run
-        // after those steps in queue order anyway.
-        let row_bytes = 4 * self.row_words();
-        let len_bytes = row_bytes * self.len as u64;
-        if len_bytes > 0 {
+        // Steps queued ahead write only past `len` (KV rows, scales and
+        // tokens after the pending one), so these are final; the copies
+        // run after those steps in queue order anyway.
+        if self.len > 0 {
+            let spans = self.bufs.kv_layout.spans(self.len);
+            let to_spans = fork.bufs.kv_layout.spans(self.len);
             for (src, dst) in self
                 .bufs
                 .k_cache
@@ -117,10 +128,14 @@ impl Session {
                 .zip(&fork.bufs.k_cache)
                 .chain(self.bufs.v_cache.iter().zip(&fork.bufs.v_cache))
             {
-                for head in 0..self.model.config.num_key_value_heads as u64 {
-                    let from = self.bufs.kv_offset + head * self.capacity() as u64 * row_bytes;
-                    let to = fork.bufs.kv_offset + head * capacity as u64 * row_bytes;
-                    enc.copy_buffer_to_buffer(src, from, dst, to, len_bytes);
+                for (&(from, bytes), &(to, _)) in spans.iter().zip(&to_spans) {
+                    enc.copy_buffer_to_buffer(
+                        src,
+                        self.bufs.kv_offset + from,
+                        dst,
+                        fork.bufs.kv_offset + to,
+                        bytes,
+                    );
                 }
             }
         }
@@ -201,7 +216,9 @@ impl Session {
         let mut header = Vec::with_capacity(HEADER_LEN);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&SESSION_FORMAT_VERSION.to_le_bytes());
-        header.extend_from_slice(&(if self.pending.is_some() { FLAG_PENDING } else { 0 }).to_le_bytes());
+        let flags = if self.pending.is_some() { FLAG_PENDING } else { 0 }
+            | if self.kv_format() == KvFormat::Int8 { FLAG_KV_INT8 } else { 0 };
+        header.extend_from_slice(&flags.to_le_bytes());
         header.extend_from_slice(self.model.fingerprint.get().as_bytes());
         for v in [cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim] {
             header.extend_from_slice(&(v as u32).to_le_bytes());
@@ -215,25 +232,24 @@ impl Session {
         out.write_all(&header).map_err(write_err)?;
         out.write_all(&le_bytes(&self.tokens()?)).map_err(write_err)?;
         if self.len > 0 {
-            // One layer's K and V rows at a time: host memory stays bounded
-            // by a layer, whatever the context.
+            // One layer's K and V at a time: host memory stays bounded by
+            // a layer, whatever the context.
             let gpu = &self.model.gpu;
-            let row_bytes = 4 * self.row_words();
-            let len_bytes = row_bytes * self.len as u64;
-            let heads = cfg.num_key_value_heads as u64;
-            let staging = gpu.readback("session save", (2 * heads * len_bytes) as usize);
+            let spans = self.bufs.kv_layout.spans(self.len);
+            let layer_bytes = 2 * self.bufs.kv_layout.position_bytes() * self.len as u64;
+            let staging = gpu.readback("session save", layer_bytes as usize);
             for (k, v) in self.bufs.k_cache.iter().zip(&self.bufs.v_cache) {
                 let mut enc = self.encoder();
-                for (i, cache) in [k, v].into_iter().enumerate() {
-                    for head in 0..heads {
-                        let from = self.bufs.kv_offset + head * self.capacity() as u64 * row_bytes;
-                        let to = (i as u64 * heads + head) * len_bytes;
-                        enc.copy_buffer_to_buffer(cache, from, &staging, to, len_bytes);
+                let mut to = 0;
+                for cache in [k, v] {
+                    for &(from, bytes) in &spans {
+                        enc.copy_buffer_to_buffer(cache, self.bufs.kv_offset + from, &staging, to, bytes);
+                        to += bytes;
                     }
                 }
                 gpu.queue.submit([enc.finish()]);
                 let bytes = gpu.read(&staging)?;
-                out.write_all(&bytes[..(2 * heads * len_bytes) as usize]).map_err(write_err)?;
+                out.write_all(&bytes[..layer_bytes as usize]).map_err(write_err)?;
             }
         }
         let checksum = out.hash.digest();
@@ -249,11 +265,6 @@ impl Session {
     /// The model's configuration.
     pub(crate) fn model_config(&self) -> &crate::config::ModelConfig {
         &self.model.config
-    }
-
-    /// u32 words of one KV row of one head.
-    fn row_words(&self) -> u64 {
-        (self.model.config.head_dim / 2) as u64
     }
 }
 
@@ -395,9 +406,22 @@ impl Header {
         }
     }
 
-    /// Bytes of one layer's K and V rows, if representable.
+    /// The KV cache's format.
+    fn kv_format(&self) -> KvFormat {
+        if self.flags & FLAG_KV_INT8 != 0 {
+            KvFormat::Int8
+        } else {
+            KvFormat::F16
+        }
+    }
+
+    /// Bytes of one layer's K and V (rows and scales), if representable.
     fn layer_bytes(&self) -> Option<u64> {
-        self.heads.checked_mul(self.head_dim / 2)?.checked_mul(8)?.checked_mul(self.len)
+        let position = match self.kv_format() {
+            KvFormat::F16 => self.head_dim.checked_mul(2)?,
+            KvFormat::Int8 => self.head_dim.checked_add(4)?,
+        };
+        self.heads.checked_mul(position)?.checked_mul(2)?.checked_mul(self.len)
     }
 
     /// The file length this header implies, if representable.
@@ -450,9 +474,9 @@ pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usiz
     if &header.magic != MAGIC {
         return Err(invalid("not a session file (bad magic)".into()));
     }
-    if header.version != SESSION_FORMAT_VERSION {
+    if !(OLDEST_READ_VERSION..=SESSION_FORMAT_VERSION).contains(&header.version) {
         return Err(invalid(format!(
-            "format version {}, this build reads {SESSION_FORMAT_VERSION}",
+            "format version {}, this build reads {OLDEST_READ_VERSION} to {SESSION_FORMAT_VERSION}",
             header.version
         )));
     }
@@ -463,10 +487,12 @@ pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usiz
             "the header implies {implied} bytes, the file has {file_len} (truncated, extended or damaged)"
         )));
     }
-    if header.flags & !FLAG_PENDING != 0
+    let known_flags = if header.version >= 2 { FLAG_PENDING | FLAG_KV_INT8 } else { FLAG_PENDING };
+    let kv_format = header.kv_format();
+    if header.flags & !known_flags != 0
         || header.capacity == 0
         || header.len > header.capacity
-        || !header.head_dim.is_multiple_of(2)
+        || !kv_format.fits_head_dim(usize::try_from(header.head_dim).unwrap_or(usize::MAX))
     {
         return Err(invalid("the header's flags, capacity or head_dim are not a saved session's".into()));
     }
@@ -507,7 +533,7 @@ pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usiz
     let mut tokens = try_zeroed(4 * header.len, "session restore: token ids")?;
     let layer_bytes = header.layer_bytes().unwrap_or(0);
     let mut layer = try_zeroed(layer_bytes, "session restore: one layer's KV rows")?;
-    let mut session = Session::new(shared.clone(), capacity)?;
+    let mut session = Session::new(shared.clone(), capacity, kv_format)?;
 
     input.fill(&mut tokens).map_err(read_err)?;
     for l in 0..cfg.num_hidden_layers {
@@ -517,14 +543,13 @@ pub(crate) fn restore(shared: &Arc<ModelGpu>, path: &Path, capacity: Option<usiz
         }
         // KV rows of unverified bytes are harmless: the session is
         // dropped unless the checksum below holds.
-        let row_bytes = 4 * session.row_words() as usize;
-        let len_bytes = row_bytes * len;
-        let heads = cfg.num_key_value_heads;
-        for (i, cache) in [&session.bufs.k_cache[l], &session.bufs.v_cache[l]].into_iter().enumerate() {
-            for head in 0..heads {
-                let from = (i * heads + head) * len_bytes;
-                let to = session.bufs.kv_offset + (head * capacity * row_bytes) as u64;
-                shared.gpu.queue.write_buffer(cache, to, &layer[from..from + len_bytes]);
+        let spans = session.bufs.kv_layout.spans(len);
+        let mut from = 0;
+        for cache in [&session.bufs.k_cache[l], &session.bufs.v_cache[l]] {
+            for &(to, bytes) in &spans {
+                let end = from + bytes as usize;
+                shared.gpu.queue.write_buffer(cache, session.bufs.kv_offset + to, &layer[from..end]);
+                from = end;
             }
         }
         // Hand the staged rows to the GPU layer by layer, so staging

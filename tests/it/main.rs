@@ -33,6 +33,7 @@ mod generate;
 mod hub;
 mod int4;
 mod kernels;
+mod kv_int8;
 mod load_progress;
 mod logprobs;
 mod matmul_tile;

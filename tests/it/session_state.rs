@@ -192,13 +192,23 @@ fn damaged_and_foreign_files_are_named_errors() {
     let mut extended = good.clone();
     extended.push(0);
     assert_eq!(restore(&extended).unwrap().0, "session_file_invalid");
-    // Another format version, resealed so that only the version differs.
+    // A later format version, resealed so that only the version differs.
     let mut other_version = good.clone();
-    other_version[8..12].copy_from_slice(&2u32.to_le_bytes());
+    other_version[8..12].copy_from_slice(&3u32.to_le_bytes());
     reseal(&mut other_version);
     let (code, message) = restore(&other_version).unwrap();
     assert_eq!(code, "session_file_invalid");
-    assert!(message.contains("version 2"), "{message}");
+    assert!(message.contains("version 3"), "{message}");
+    // Version 1 (f16 caches only) has no int8 flag: a file claiming one is
+    // refused; the same file without it restores (the layouts agree).
+    let mut v1 = good.clone();
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    reseal(&mut v1);
+    assert_eq!(restore(&v1), None);
+    let mut v1_int8 = v1.clone();
+    v1_int8[12] |= 2;
+    reseal(&mut v1_int8);
+    assert_eq!(restore(&v1_int8).unwrap().0, "session_file_invalid");
     // A token outside the vocabulary, resealed.
     let mut bad_token = good.clone();
     bad_token[80..84].copy_from_slice(&5000u32.to_le_bytes());
@@ -456,7 +466,7 @@ struct Crafted<'a> {
 impl Crafted<'_> {
     fn bytes(&self) -> Vec<u8> {
         let mut b = b"Q3WSESSN".to_vec();
-        b.extend_from_slice(&1u32.to_le_bytes()); // format version
+        b.extend_from_slice(&1u32.to_le_bytes()); // format version 1 (still read)
         b.extend_from_slice(&0u32.to_le_bytes()); // no pending token
         b.extend_from_slice(self.fingerprint);
         for v in [self.layers, self.heads, self.head_dim, 0] {

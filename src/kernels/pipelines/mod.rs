@@ -29,6 +29,7 @@ use super::{
 use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::kv_cache::KvFormat;
 
 /// Which source text a pipeline compiles (for a kernel and its constants,
 /// on one device).
@@ -58,6 +59,9 @@ pub(crate) struct PipelineKey {
     pub kernel: Kernel,
     pub program: Program,
     pub constants: Constants,
+    /// The KV cache's format (`KV_INT8`): [`KvFormat::F16`] for the
+    /// kernels that read no cache ([`Kernel::reads_kv_cache`]).
+    pub kv: KvFormat,
 }
 
 /// A compiled kernel: pipeline plus its bind-group layout.
@@ -388,6 +392,32 @@ impl Kernels {
         }
     }
 
+    /// Builds the pipelines of the kernels that read the KV cache
+    /// ([`Kernel::reads_kv_cache`]) over a cache in `kv` (the f16 cache's
+    /// are built with the set): WGSL on every backend, tested against the
+    /// CPU references like every kernel. Errors: `invalid_argument` naming
+    /// `kv_cache` when the model's `head_dim` does not fit the format; a
+    /// failed build.
+    pub(crate) fn prepare_kv(&self, gpu: &Gpu, kv: KvFormat, head_dim: usize) -> Result<()> {
+        if !kv.fits_head_dim(head_dim) {
+            return Err(Error::invalid_argument(
+                "kv_cache",
+                format!(
+                    "a {kv} KV cache needs head_dim a multiple of {}; this model's is {head_dim}",
+                    crate::limits::KV_INT8_HEAD_DIM_MULTIPLE
+                ),
+            ));
+        }
+        for k in Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache()) {
+            self.pipeline(gpu, self.decode_key_kv(k, WeightFormat::default(), kv))?;
+            let (per_token, _) = self.prefill_keys(k, WeightFormat::default());
+            if let Some(key) = per_token {
+                self.pipeline(gpu, PipelineKey { kv, ..key })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Where the matrix products over weights in `format` come from.
     fn source_for(&self, format: WeightFormat) -> KernelSource {
         if format == WeightFormat::default() {
@@ -412,11 +442,19 @@ impl Kernels {
     /// The key of `k`'s decode pipeline (a matvec's over weights in
     /// `format`).
     fn decode_key(&self, kernel: Kernel, format: WeightFormat) -> PipelineKey {
-        // (A kernel that reads no weights has one key for every format.)
+        self.decode_key_kv(kernel, format, KvFormat::F16)
+    }
+
+    /// [`Self::decode_key`] over a KV cache in `kv` (the kernels that read
+    /// the cache; the int8 cache's are WGSL on every backend).
+    fn decode_key_kv(&self, kernel: Kernel, format: WeightFormat, kv: KvFormat) -> PipelineKey {
+        // (A kernel that reads no weights has one key for every format,
+        // and one that reads no cache one for every KV format.)
+        let kv = if kernel.reads_kv_cache() { kv } else { KvFormat::F16 };
         let source = if kernel.matvec_variant().is_some() { self.source_for(format) } else { self.source };
-        let msl = source == KernelSource::Msl && kernel.row().msl.is_some();
+        let msl = source == KernelSource::Msl && kernel.row().msl.is_some() && kv == KvFormat::F16;
         let program = if msl { Program::Msl } else { Program::Wgsl };
-        PipelineKey { kernel, program, constants: kernel.typed_constants_in(self.matvec_layout, format) }
+        PipelineKey { kernel, program, constants: kernel.typed_constants_in(self.matvec_layout, format), kv }
     }
 
     /// The keys of `k`'s prompt-batch pipelines: per token (the matvec
@@ -427,7 +465,7 @@ impl Kernels {
         kernel: Kernel,
         format: WeightFormat,
     ) -> (Option<PipelineKey>, Option<PipelineKey>) {
-        let key = |program, constants| Some(PipelineKey { kernel, program, constants });
+        let key = |program, constants| Some(PipelineKey { kernel, program, constants, kv: KvFormat::F16 });
         if kernel == Kernel::AttentionPartial {
             return (key(Program::AttentionPrefill, Constants::Workgroup(kernel.workgroup_size())), None);
         }
@@ -470,6 +508,7 @@ impl Kernels {
             kernel,
             program: Program::F16Stage,
             constants: Constants::Stage { norm: c.variant.norm, format },
+            kv: KvFormat::F16,
         };
         Some(CoopKeys { products, stage })
     }
@@ -554,7 +593,20 @@ impl Kernels {
     /// The pipelines a launch of `k` over weights in `format` runs (built
     /// with the set).
     pub(crate) fn launch_pipelines(&self, k: Kernel, format: WeightFormat) -> LaunchPipelines {
+        self.launch_pipelines_kv(k, format, KvFormat::F16)
+    }
+
+    /// [`Self::launch_pipelines`] over a KV cache in `kv` (its pipelines
+    /// built: [`Self::prepare_kv`]).
+    pub(crate) fn launch_pipelines_kv(
+        &self,
+        k: Kernel,
+        format: WeightFormat,
+        kv: KvFormat,
+    ) -> LaunchPipelines {
+        let kv = if k.reads_kv_cache() { kv } else { KvFormat::F16 };
         let (per_token, tiled) = self.prefill_keys(k, format);
+        let per_token = per_token.map(|key| PipelineKey { kv, ..key });
         let tiled_pipeline = |key: PipelineKey| match key.constants {
             Constants::Matmul(c) => Some(TiledPipeline {
                 pipeline: self.built(key),
@@ -566,7 +618,7 @@ impl Kernels {
             _ => None,
         };
         LaunchPipelines {
-            decode: self.built(self.decode_key(k, format)),
+            decode: self.built(self.decode_key_kv(k, format, kv)),
             per_token: per_token.map(|key| self.built(key)),
             per_token_tokens: match k {
                 Kernel::AttentionPartial => PREFILL_ATTENTION_TOKENS,
@@ -637,7 +689,10 @@ fn build_from(
     layout: &wgpu::BindGroupLayout,
 ) -> Result<wgpu::ComputePipeline> {
     let k = key.kernel;
-    let constants = key.constants.render();
+    let mut constants = key.constants.render();
+    if key.kv == KvFormat::Int8 {
+        constants.push(("KV_INT8", 1.0));
+    }
     let code = match key.program {
         Program::Msl => Code::Msl { source, workgroup_size: k.workgroup_size() },
         Program::MatmulMsl => Code::Msl { source, workgroup_size: MATMUL_MSL_WG },

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::choice::{KernelSource, RowsMatvecCase};
 use crate::kernels::{AttentionConstants, Constants, Kernel, MatvecConstants, MatvecShape, MatvecSplit};
+use crate::kv_cache::KvFormat;
 
 impl Kernels {
     /// The decode pipeline of matvec variant `kernel` over weights in
@@ -35,7 +36,12 @@ impl Kernels {
         }
         let constants =
             MatvecConstants { shape: Some(shape), format, ..MatvecConstants::decode(variant, split) };
-        let key = PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) };
+        let key = PipelineKey {
+            kernel,
+            program: Program::Wgsl,
+            constants: Constants::Matvec(constants),
+            kv: KvFormat::F16,
+        };
         self.proven(gpu, key)
     }
 
@@ -302,7 +308,12 @@ impl Kernels {
             rows_per_z: crate::kernels::batch_rows_per_z(split, rows),
             ..MatvecConstants::decode(variant, split)
         };
-        Some(PipelineKey { kernel, program: Program::Wgsl, constants: Constants::Matvec(constants) })
+        Some(PipelineKey {
+            kernel,
+            program: Program::Wgsl,
+            constants: Constants::Matvec(constants),
+            kv: KvFormat::F16,
+        })
     }
 
     /// The WGSL pipeline of decode attention variant `kernel`
@@ -314,12 +325,13 @@ impl Kernels {
         gpu: &Gpu,
         kernel: Kernel,
         out_stride: u32,
+        kv: KvFormat,
     ) -> Result<wgpu::ComputePipeline> {
         let Constants::Attention(c) = kernel.typed_constants(self.matvec_layout) else {
             return Err(Error::internal(format!("{kernel:?} is no attention kernel")));
         };
         let constants = Constants::Attention(AttentionConstants { rows_out_stride: Some(out_stride), ..c });
-        self.pipeline(gpu, PipelineKey { kernel, program: Program::Wgsl, constants })
+        self.pipeline(gpu, PipelineKey { kernel, program: Program::Wgsl, constants, kv })
     }
 
     /// Edits the batched-row pipelines' source before they build (the

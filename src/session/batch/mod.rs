@@ -27,6 +27,7 @@ use crate::buffers::{kv_region_bytes, KvRegion, SessionBuffers};
 use crate::error::{Error, Result};
 use crate::gpu_weights::ModelGpu;
 use crate::kernels::KernelSource;
+use crate::kv_cache::KvFormat;
 use crate::qwen3::BatchForward;
 use pool::KvPool;
 pub(crate) use pool::SlotLease;
@@ -52,11 +53,14 @@ pub struct BatchOptions {
     pub slots: usize,
     /// KV-cache capacity of each session, in positions (default 1024).
     pub capacity_per_slot: usize,
+    /// How every session's KV cache stores its rows (default
+    /// [`KvFormat::F16`]).
+    pub kv_cache: KvFormat,
 }
 
 impl Default for BatchOptions {
     fn default() -> Self {
-        BatchOptions { slots: 8, capacity_per_slot: 1024 }
+        BatchOptions { slots: 8, capacity_per_slot: 1024, kv_cache: KvFormat::F16 }
     }
 }
 
@@ -70,6 +74,12 @@ impl BatchOptions {
     /// Sets [`Self::capacity_per_slot`].
     pub fn capacity_per_slot(mut self, capacity: usize) -> Self {
         self.capacity_per_slot = capacity;
+        self
+    }
+
+    /// Sets [`Self::kv_cache`].
+    pub fn kv_cache(mut self, format: KvFormat) -> Self {
+        self.kv_cache = format;
         self
     }
 }
@@ -169,7 +179,9 @@ impl Batch {
         if slots == 0 {
             return Err(Error::invalid_argument("slots", "a batch needs at least one slot"));
         }
-        let region_bytes = kv_region_bytes(cfg, capacity);
+        let kv_format = options.kv_cache;
+        model.kernels.prepare_kv(gpu, kv_format, cfg.head_dim)?;
+        let region_bytes = kv_region_bytes(cfg, capacity, kv_format);
         let limits = gpu.device.limits();
         let limit = limits.max_buffer_size.min(limits.max_storage_buffer_binding_size);
         let pool_bytes =
@@ -189,7 +201,7 @@ impl Batch {
                 };
                 let (k, v) = (layer("k_pool"), layer("v_pool"));
                 let whole = KvRegion { k: k.clone(), v: v.clone(), offset: 0, bytes: pool_bytes };
-                let bufs = SessionBuffers::for_rows(gpu, cfg, capacity, slots, whole)?;
+                let bufs = SessionBuffers::for_rows(gpu, cfg, capacity, kv_format, slots, whole)?;
                 let rows = gpu.storage("batch rows", 8 * slots);
                 let embed_step = gpu.storage_init("batch embed step", bytemuck::cast_slice(&[1u32, 0]))?;
                 let batched = model.kernels.source != KernelSource::Msl;
@@ -302,7 +314,7 @@ impl Batch {
         })?;
         let number = self.pool.leases.fetch_add(1, Ordering::Relaxed);
         let lease = SlotLease { pool: self.pool.clone(), slot, number };
-        Session::new_in(self.model.clone(), self.capacity, Some(lease))
+        Session::new_in(self.model.clone(), self.capacity, self.bufs.kv_layout.format, Some(lease))
     }
 
     /// Waits on the GPU by this batch so far (a [`Batch::try_step`] never
