@@ -27,6 +27,7 @@ use crate::engine::{Engine, LoadOptions};
 use crate::error::{Error, Result};
 use crate::gpu::AdapterPolicy;
 use crate::kernels::{Kernel, ATTENTION_CHUNK, SAMPLE_CHUNK};
+use crate::kv_cache::KvFormat;
 use crate::sampling::SamplingParams;
 use crate::testing::write_random_checkpoint;
 
@@ -60,6 +61,8 @@ pub struct BenchOptions {
     pub tokenizer: Option<PathBuf>,
     /// The layers' weight format; `None`: `QWEN3_WGPU_WEIGHTS`, else int8.
     pub weights: Option<WeightFormat>,
+    /// The KV cache's format (default f16).
+    pub kv_cache: KvFormat,
 }
 
 impl Default for BenchOptions {
@@ -76,6 +79,7 @@ impl Default for BenchOptions {
             constraint: None,
             tokenizer: None,
             weights: None,
+            kv_cache: KvFormat::F16,
         }
     }
 }
@@ -86,7 +90,7 @@ pub const BENCH_USAGE: &str = "options: [--checkpoint DIR] [--backend metal|port
 [--sampling T,K,P (e.g. 0.7,20,0.95: also measure sampling)] \
 [--sessions N,N,... (e.g. 1,4,8,16: also decode that many sessions together, batched)] \
 [--constraint SCHEMA.json --tokenizer DIR (also measure decode under a JSON schema)] \
-[--weights int8|int4 (QWEN3_WGPU_WEIGHTS, else int8)]";
+[--weights int8|int4 (QWEN3_WGPU_WEIGHTS, else int8)] [--kv-cache f16|int8 (f16)]";
 
 impl BenchOptions {
     /// Parses `--name value` or `--name=value` arguments (the program
@@ -112,6 +116,7 @@ impl BenchOptions {
                 "--constraint",
                 "--tokenizer",
                 "--weights",
+                "--kv-cache",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(Error::invalid_argument(flag, format!("unknown option; {BENCH_USAGE}")));
@@ -140,6 +145,7 @@ impl BenchOptions {
                 "--constraint" => options.constraint = Some(PathBuf::from(value)),
                 "--tokenizer" => options.tokenizer = Some(PathBuf::from(value)),
                 "--weights" => options.weights = Some(WeightFormat::from_name(&flag, &value)?),
+                "--kv-cache" => options.kv_cache = KvFormat::from_name(&flag, &value)?,
                 "--sessions" => {
                     options.sessions = value.split(',').map(count).collect::<Result<_>>()?;
                     if options.sessions.contains(&0) {
@@ -230,7 +236,7 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     let engine = Engine::builder().policy(policy).build()?;
     let info = engine.adapter_info().clone();
     // The setup every line reports: the adapter, and the layers' weight format.
-    let adapter = json!({"weights": load_options.weight_format()?.name(), "name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups(),
+    let adapter = json!({"weights": load_options.weight_format()?.name(), "kv_cache": args.kv_cache.name(), "name": info.name, "backend": format!("{:?}", info.backend).to_lowercase(), "subgroups": engine.uses_subgroups(),
                          "cooperative_matrices": engine.kernel_report().cooperative_matrices,
                          "cooperative_fallback": engine.kernel_report().cooperative_fallback});
 
@@ -262,7 +268,7 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     {
         let capacity = capacity.min(max_positions);
         let prompt = prompt.min(capacity - 1).max(1);
-        let mut s = model.session_with_capacity(capacity)?;
+        let mut s = session(&model, capacity, args.kv_cache)?;
         s.feed(&(0..prompt as u32).map(|i| i % cfg.vocab_size as u32).collect::<Vec<_>>())?;
         let t = Instant::now();
         for _ in 0..64.min(capacity - prompt) {
@@ -284,7 +290,7 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
         let mut costs = Vec::new();
         for &mode in &modes {
             let capacity = ctx + extra;
-            let mut s = model.session_with_capacity(capacity)?;
+            let mut s = session(&model, capacity, args.kv_cache)?;
             s.set_lookahead(lookahead);
             if let Some(params) = mode {
                 s.set_sampling(params)?;
@@ -363,7 +369,7 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
         for &requested in &args.contexts {
             let ctx =
                 fitted_context(requested, CONSTRAINED_REPLY_BUDGET.max(args.tokens) + 2, max_positions)?;
-            let r = constrained_decode(&model, &constraint, ctx, args.tokens)?;
+            let r = constrained_decode(&model, &constraint, (ctx, args.kv_cache), args.tokens)?;
             println!(
                 "{}",
                 json!({"bench": "constrained_decode", "context": ctx, "context_requested": requested, "replies": r.replies, "tokens": r.tokens,
@@ -377,7 +383,7 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
     for &requested in &args.contexts {
         let ctx = fitted_context(requested, args.tokens + BATCH_MIN_WARM_STEPS + 1, max_positions)?;
         for &n in &args.sessions {
-            let r = batched_decode(&model, ctx, n, args.tokens)?;
+            let r = batched_decode(&model, (ctx, args.kv_cache), n, args.tokens)?;
             let (aggregate, per_session, step_ms) = (r.aggregate, r.per_session, r.step_ms);
             println!(
                 "{}",
@@ -451,11 +457,11 @@ struct ConstrainedRates {
 fn constrained_decode(
     model: &crate::Model,
     constraint: &crate::Constraint,
-    ctx: usize,
+    (ctx, kv): (usize, KvFormat),
     tokens: usize,
 ) -> Result<ConstrainedRates> {
     let budget = CONSTRAINED_REPLY_BUDGET;
-    let mut s = model.session_with_capacity(ctx + budget.max(tokens) + 2)?;
+    let mut s = session(model, ctx + budget.max(tokens) + 2, kv)?;
     let prompt: Vec<u32> = (0..ctx as u32).map(|i| (i * 7919) % model.config().vocab_size as u32).collect();
     s.feed(&prompt[..ctx - 1])?;
     // One reply from the last prompt token; returns its token count.
@@ -493,11 +499,21 @@ fn constrained_decode(
     Ok(ConstrainedRates { replies, tokens: done, constrained, free: free_default, free_lookahead1 })
 }
 
+/// A session of `capacity` positions over a KV cache in `kv`.
+fn session(model: &crate::Model, capacity: usize, kv: KvFormat) -> Result<crate::Session> {
+    model.session_with(&crate::SessionOptions::default().capacity(capacity).kv_cache(kv))
+}
+
 /// Decodes `n` sessions together through a batch: each fed its own
 /// `ctx`-token prompt, then `tokens` batch steps timed, once the batch's
 /// pipelines are ready ([`crate::Batch::pipelines_ready`]) and after up to
 /// [`BATCH_WARM_STEPS`] untimed ones.
-fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> Result<BatchedRates> {
+fn batched_decode(
+    model: &crate::Model,
+    (ctx, kv): (usize, KvFormat),
+    n: usize,
+    tokens: usize,
+) -> Result<BatchedRates> {
     // Room for the timed steps, and for the warm-up's (taken back after
     // it) as far as the model's positions allow (the context leaves room
     // for at least BATCH_MIN_WARM_STEPS).
@@ -506,7 +522,7 @@ fn batched_decode(model: &crate::Model, ctx: usize, n: usize, tokens: usize) -> 
         .min(max_positions)
         .max(ctx + tokens + BATCH_MIN_WARM_STEPS + 1);
     let warm = BATCH_WARM_STEPS.min(capacity - ctx - 1);
-    let options = crate::BatchOptions::default().slots(n).capacity_per_slot(capacity);
+    let options = crate::BatchOptions::default().slots(n).capacity_per_slot(capacity).kv_cache(kv);
     let mut batch = model.batch(&options)?;
     let vocab = model.config().vocab_size as u32;
     let mut sessions = Vec::with_capacity(n);
@@ -595,6 +611,8 @@ mod tests {
         assert_eq!(BenchOptions::parse(args("--sessions 1,4,8,16")).unwrap().sessions, [1, 4, 8, 16]);
         assert_eq!(BenchOptions::parse(args("--weights int4")).unwrap().weights, Some(WeightFormat::Int4));
         assert_eq!(BenchOptions::default().weights, None);
+        assert_eq!(BenchOptions::parse(args("--kv-cache INT8")).unwrap().kv_cache, KvFormat::Int8);
+        assert_eq!(BenchOptions::default().kv_cache, KvFormat::F16);
         let o = BenchOptions::parse(args("--sampling 0.7,20,0.95")).unwrap();
         assert_eq!(
             o.sampling,
@@ -609,6 +627,7 @@ mod tests {
             "--sessions 4,0",
             "--contexts 128,0",
             "--weights int5",
+            "--kv-cache int4",
         ];
         for bad in bad_ones {
             let e = BenchOptions::parse(args(bad)).unwrap_err();

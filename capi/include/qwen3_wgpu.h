@@ -87,6 +87,15 @@
 // Load phase: uploading the converted weights to the GPU.
 #define Q3W_LOAD_PHASE_UPLOADING 5
 
+// `kv_cache`: an f16 per value (the default).
+#define Q3W_KV_CACHE_F16 0
+
+// `kv_cache`: an int8 per value and an f32 scale per head and position:
+// about half the memory of f16, for a logit error of about 1.5% of the
+// logits' rms. Needs the model's head_dim a multiple of 16 (every Qwen3's
+// is 128), else `Q3W_INVALID_ARGUMENT` naming `kv_cache`.
+#define Q3W_KV_CACHE_INT8 1
+
 // The most log-probabilities a session reports per token
 // (`q3w_session_set_logprobs`).
 #define Q3W_MAX_LOGPROBS 20
@@ -174,6 +183,9 @@ typedef struct q3w_batch_options {
   // KV-cache positions of each session (default 1024): 1 up to the
   // model's `q3w_model_max_context`, else `Q3W_CONTEXT_OVERFLOW`.
   size_t capacity_per_slot;
+  // Since version 2: every session's KV-cache format, a
+  // `Q3W_KV_CACHE_*` value (default `Q3W_KV_CACHE_F16`).
+  uint32_t kv_cache;
 } q3w_batch_options;
 
 // How to create an engine (`q3w_engine_options_init` sets the defaults).
@@ -233,6 +245,9 @@ typedef struct q3w_session_options {
   // Decode steps kept queued on the GPU ahead of the caller; 0 (the
   // default) means the engine's default (4). 1 waits on every token.
   size_t lookahead;
+  // Since version 2: a `Q3W_KV_CACHE_*` value (default
+  // `Q3W_KV_CACHE_F16`).
+  uint32_t kv_cache;
 } q3w_session_options;
 
 // How a session chooses its tokens (`q3w_sampling_params_init` sets the
@@ -572,6 +587,10 @@ enum q3w_status q3w_session_len(struct q3w_session *session, size_t *out_len);
 
 // KV-cache capacity in positions.
 enum q3w_status q3w_session_capacity(struct q3w_session *session, size_t *out_capacity);
+
+// The KV cache's format: a `Q3W_KV_CACHE_*` value (a restored or forked
+// session keeps its source's).
+enum q3w_status q3w_session_kv_cache(struct q3w_session *session, uint32_t *out_kv_cache);
 
 // The pending token (the last one fed or returned, not yet in the KV
 // cache): `*out_has_pending` is false before any feed and after a

@@ -41,16 +41,23 @@ pub struct q3w_batch_options {
     /// KV-cache positions of each session (default 1024): 1 up to the
     /// model's `q3w_model_max_context`, else `Q3W_CONTEXT_OVERFLOW`.
     pub capacity_per_slot: usize,
+    /// Since version 2: every session's KV-cache format, a
+    /// `Q3W_KV_CACHE_*` value (default `Q3W_KV_CACHE_F16`).
+    pub kv_cache: u32,
 }
 
 impl Options for q3w_batch_options {
-    const VERSION_SIZES: &'static [usize] = &[std::mem::size_of::<Self>()];
+    // Version 1 ended at `capacity_per_slot`; version 2 added the KV-cache
+    // format.
+    const VERSION_SIZES: &'static [usize] =
+        &[std::mem::offset_of!(q3w_batch_options, kv_cache), std::mem::size_of::<Self>()];
     fn defaults() -> Self {
         let d = BatchOptions::default();
         q3w_batch_options {
             struct_size: std::mem::size_of::<Self>(),
             slots: d.slots,
             capacity_per_slot: d.capacity_per_slot,
+            kv_cache: crate::engine::Q3W_KV_CACHE_F16,
         }
     }
 }
@@ -84,8 +91,10 @@ pub unsafe extern "C" fn q3w_batch_new(
         let model = &unsafe { shared(model, "model") }?.model;
         out(out_batch, "out_batch")?;
         let options = unsafe { read_options(options, "options") }?;
-        let options =
-            BatchOptions::default().slots(options.slots).capacity_per_slot(options.capacity_per_slot);
+        let options = BatchOptions::default()
+            .slots(options.slots)
+            .capacity_per_slot(options.capacity_per_slot)
+            .kv_cache(crate::engine::kv_format(options.kv_cache)?);
         let batch = Box::new(q3w_batch { batch: model.batch(&options)?, poisoned: false });
         unsafe { put(out_batch, Box::into_raw(batch)) };
         Ok(())

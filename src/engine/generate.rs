@@ -8,8 +8,9 @@ use std::time::Instant;
 use super::{Engine, LoadOptions, Model};
 use crate::constraint::Constraint;
 use crate::error::{Error, Result};
+use crate::kv_cache::KvFormat;
 use crate::sampling::SamplingParams;
-use crate::session::check_prompt;
+use crate::session::{check_prompt, SessionOptions};
 use crate::stop::StopMatcher;
 use crate::tokenizer::Tokenizer;
 
@@ -116,7 +117,8 @@ impl Model {
             return Ok(result);
         }
         let is_eos = |token: &u32| cfg.eos_token_ids.contains(token) || options.eos_token_ids.contains(token);
-        let mut session = self.session_with_capacity(needed)?;
+        let mut session =
+            self.session_with(&SessionOptions::default().capacity(needed).kv_cache(options.kv_cache))?;
         result.kv_capacity = session.capacity();
         if options.sampling != SamplingParams::default() {
             session.set_sampling(&options.sampling)?;
@@ -208,6 +210,9 @@ pub struct GenerateOptions {
     /// generated token (0, the default: none; at most 20): see
     /// [`Session::set_logprobs`](crate::Session::set_logprobs).
     pub logprobs: u32,
+    /// How the generation's KV cache stores its rows (default
+    /// [`KvFormat::F16`]; see [`KvFormat`]).
+    pub kv_cache: KvFormat,
     stop: Option<StopStrings>,
     constraint: Option<Constraint>,
 }
@@ -291,6 +296,12 @@ impl GenerateOptions {
         self
     }
 
+    /// Sets [`Self::kv_cache`].
+    pub fn kv_cache(mut self, format: KvFormat) -> Self {
+        self.kv_cache = format;
+        self
+    }
+
     /// The stop strings, in the order given (empty when none are set).
     pub fn stops(&self) -> &[String] {
         self.stop.as_ref().map_or(&[], |s| &s.stops)
@@ -304,6 +315,7 @@ impl Default for GenerateOptions {
             eos_token_ids: Vec::new(),
             sampling: SamplingParams::default(),
             logprobs: 0,
+            kv_cache: KvFormat::F16,
             stop: None,
             constraint: None,
         }

@@ -108,6 +108,7 @@ fn every_malformed_argument_is_a_json_invalid_argument() {
         (&["--prompt-ids", "1", "--kernels", "fast"], "--kernels"),
         (&["--prompt-ids", "1", "--matvec-layout", "columns"], "--matvec-layout"),
         (&["--prompt-ids", "1", "--weights", "int2"], "--weights"),
+        (&["--prompt-ids", "1", "--kv-cache", "int4"], "--kv-cache"),
     ];
     for (args, flag) in cases {
         // --json first and last: it is honoured wherever it stands.
@@ -310,6 +311,16 @@ fn the_weight_format_is_chosen_and_reported() {
         let out = decode(&args, &env.map(|v| ("QWEN3_WGPU_WEIGHTS", v)).into_iter().collect::<Vec<_>>());
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert_eq!(last_json(&out)["weights"], want, "{env:?}");
+    }
+}
+
+/// `--kv-cache int8` runs the session over an int8 KV cache and `--json`
+/// reports it (`f16` without the flag).
+#[test]
+fn the_kv_cache_format_is_chosen_and_reported() {
+    for (flag, want) in [(&["--kv-cache", "int8"][..], "int8"), (&[][..], "f16")] {
+        let (json_out, _) = short_runs(&fixture(), flag);
+        assert_eq!(last_json(&json_out)["kv_cache"], want, "{flag:?}");
     }
 }
 

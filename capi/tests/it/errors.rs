@@ -278,6 +278,60 @@ fn bad_option_values_are_invalid_arguments() {
     }
 }
 
+/// `kv_cache` picks a session's (and a batch's sessions') KV-cache format,
+/// which `q3w_session_kv_cache` reports; a version-1 options struct (which
+/// ends before it) gets f16; an unknown value is invalid, naming it.
+#[test]
+fn the_kv_cache_option_is_honoured_and_checked() {
+    unsafe {
+        let kv_of = |session: *mut q3w_session| {
+            let mut format = 99;
+            assert_eq!(q3w_session_kv_cache(session, &mut format), Q3W_OK);
+            assert_eq!(q3w_session_free(session), Q3W_OK);
+            format
+        };
+        let mut options = std::mem::zeroed::<q3w_session_options>();
+        assert_eq!(
+            q3w_session_options_init(&mut options, std::mem::size_of::<q3w_session_options>()),
+            Q3W_OK
+        );
+        assert_eq!(options.kv_cache, Q3W_KV_CACHE_F16);
+        options.capacity = 16;
+        options.kv_cache = Q3W_KV_CACHE_INT8;
+        let mut session = null_mut();
+        expect(q3w_session_new(shared_model(), &options, &mut session), Q3W_OK, &[]);
+        assert_eq!(kv_of(session), Q3W_KV_CACHE_INT8);
+        options.struct_size = std::mem::offset_of!(q3w_session_options, kv_cache);
+        expect(q3w_session_new(shared_model(), &options, &mut session), Q3W_OK, &[]);
+        assert_eq!(kv_of(session), Q3W_KV_CACHE_F16);
+        options.struct_size = std::mem::size_of::<q3w_session_options>();
+        options.kv_cache = 7;
+        expect(q3w_session_new(shared_model(), &options, &mut session), Q3W_INVALID_ARGUMENT, &["kv_cache"]);
+        assert!(session.is_null());
+
+        let mut batch_options = std::mem::zeroed::<q3w_batch_options>();
+        assert_eq!(
+            q3w_batch_options_init(&mut batch_options, std::mem::size_of::<q3w_batch_options>()),
+            Q3W_OK
+        );
+        batch_options.slots = 1;
+        batch_options.capacity_per_slot = 16;
+        batch_options.kv_cache = Q3W_KV_CACHE_INT8;
+        let mut batch = null_mut();
+        expect(q3w_batch_new(shared_model(), &batch_options, &mut batch), Q3W_OK, &[]);
+        expect(q3w_batch_session(batch, &mut session), Q3W_OK, &[]);
+        assert_eq!(kv_of(session), Q3W_KV_CACHE_INT8);
+        assert_eq!(q3w_batch_free(batch), Q3W_OK);
+        batch_options.kv_cache = 2;
+        let mut batch = null_mut();
+        expect(
+            q3w_batch_new(shared_model(), &batch_options, &mut batch),
+            Q3W_INVALID_ARGUMENT,
+            &["kv_cache"],
+        );
+    }
+}
+
 #[cfg(not(target_os = "macos"))]
 #[test]
 fn metal_only_off_apple_is_non_metal_adapter() {
