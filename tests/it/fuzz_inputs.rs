@@ -641,6 +641,8 @@ fn mutate_session(base: &SessionBase, rng: &mut StdRng) -> (Vec<u8>, Want, Strin
             let want = match name {
                 _ if unchanged => intact(base.capacity, &base.tokens, base.pending),
                 "fingerprint" => Want::Code("session_model_mismatch"),
+                // Version 1 is still read: an f16 cache's file is the same.
+                "version" if value == 1 => intact(base.capacity, &base.tokens, base.pending),
                 "flags" if value == 0 => intact(base.capacity, &base.tokens, None),
                 "pending" if value < base.vocab => intact(base.capacity, &base.tokens, Some(value as u32)),
                 "capacity" if value > base.max_positions => Want::Code("context_overflow"),
