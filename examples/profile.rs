@@ -5,7 +5,7 @@
 //! later runs find their inputs in cache and their predecessor finished).
 //!
 //! `cargo run --release --example profile -- CHECKPOINT [portable | --backend NAME] [--repeat N] [--context N]
-//! [--sampling T,K,P] [--sessions N]` (without a backend: `QWEN3_WGPU_BACKEND`, else metal). `--sampling` profiles the
+//! [--sampling T,K,P] [--sessions N] [--kv-cache f16|int8]` (without a backend: `QWEN3_WGPU_BACKEND`, else metal). `--sampling` profiles the
 //! step with the sampler's launches (temperature, top-k, top-p; seed 1) in place of the argmax.
 //! `--sessions N` profiles one batched step of N sessions (`Batch`) at the context instead.
 
@@ -29,7 +29,13 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
     let flag =
         |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)?.parse::<usize>().ok());
     let context = flag("--context").unwrap_or(3).max(1);
-    let mut s = model.session_with_capacity(context + 16)?;
+    let kv_cache = match args.iter().position(|a| a == "--kv-cache") {
+        Some(i) => qwen3_wgpu::KvFormat::from_name("--kv-cache", args.get(i + 1).map_or("", String::as_str))?,
+        None => qwen3_wgpu::KvFormat::F16,
+    };
+    let session_options =
+        |capacity: usize| qwen3_wgpu::SessionOptions::default().capacity(capacity).kv_cache(kv_cache);
+    let mut s = model.session_with(&session_options(context + 16))?;
     if let Some(i) = args.iter().position(|a| a == "--sampling") {
         let v: Vec<f32> =
             args.get(i + 1).map_or("", |v| v.as_str()).split(',').filter_map(|x| x.parse().ok()).collect();
@@ -53,7 +59,7 @@ fn main() -> Result<(), qwen3_wgpu::Error> {
     if let Some(n) = flag("--prefill") {
         // One prompt batch of n tokens after the context, per kernel.
         let ids: Vec<u32> = (0..n as u32).map(|i| (i * 104729) % vocab).collect();
-        let mut p = model.session_with_capacity(context + n + 16)?;
+        let mut p = model.session_with(&session_options(context + n + 16))?;
         p.feed(&(0..context as u32).map(|i| (i * 7919) % vocab).collect::<Vec<_>>())?;
         if let Some(prof) = p.profile_prefill(&ids)? {
             let mut by: BTreeMap<String, (usize, f64)> = BTreeMap::new();

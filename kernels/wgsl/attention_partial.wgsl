@@ -53,13 +53,14 @@ fn dot8(a: vec4<u32>, j: u32) -> f32 {
 
 // KV_INT8: the caches hold int8 rows (a quad is 16 values; head_dim a
 // multiple of 16) and a scale per row (qk_norm_rope.wgsl's layout,
-// `kv_scale_at`): a score is the row's dot with q times its K scale, and a
-// position's weight in the V sums its e times its V scale.
+// `kv_scale_at`): a score is the row's dot with q times its K step (scale /
+// 127), and a position's weight in the V sums its e times its V step.
 
-// K row quad j (16 int8 values, unscaled) dotted with q's dims 16j..16j+15.
+// K row quad j (16 int8 values, as integers) dotted with q's dims
+// 16j..16j+15.
 fn dot16(a: vec4<u32>, j: u32) -> f32 {
-    return dot(q_s[4u * j], unpack4x8snorm(a.x)) + dot(q_s[4u * j + 1u], unpack4x8snorm(a.y))
-        + dot(q_s[4u * j + 2u], unpack4x8snorm(a.z)) + dot(q_s[4u * j + 3u], unpack4x8snorm(a.w));
+    return dot(q_s[4u * j], i8x4(a.x)) + dot(q_s[4u * j + 1u], i8x4(a.y))
+        + dot(q_s[4u * j + 2u], i8x4(a.z)) + dot(q_s[4u * j + 3u], i8x4(a.w));
 }
 
 fn dot_quad(a: vec4<u32>, j: u32, int8: bool) -> f32 {
@@ -282,9 +283,16 @@ struct KeyQuads {
     b3: vec4<u32>,
 }
 
-fn key_quads(ta: vec4<u32>, ja: u32, jb: u32) -> KeyQuads {
-    return KeyQuads(k_cache[ta.x + ja], k_cache[ta.y + ja], k_cache[ta.z + ja], k_cache[ta.w + ja],
-                    k_cache[ta.x + jb], k_cache[ta.y + jb], k_cache[ta.z + jb], k_cache[ta.w + jb]);
+fn key_quads(ta: vec4<u32>, ja: u32, jb: u32, quads: u32) -> KeyQuads {
+    let a0 = k_cache[ta.x + ja];
+    let a1 = k_cache[ta.y + ja];
+    let a2 = k_cache[ta.z + ja];
+    let a3 = k_cache[ta.w + ja];
+    if quads <= ATTENTION_KEY_LANES {
+        // (An int8 row at head_dim 128: one quad a lane, no second load.)
+        return KeyQuads(a0, a1, a2, a3, a0, a1, a2, a3);
+    }
+    return KeyQuads(a0, a1, a2, a3, k_cache[ta.x + jb], k_cache[ta.y + jb], k_cache[ta.z + jb], k_cache[ta.w + jb]);
 }
 
 // Lane r's partial dots of the four rows: quads r (ja), r + L (jb) and any
@@ -373,8 +381,8 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         let tu = tv + vec4<u32>(4u * rows_per_pass);
         let ta = min(tv, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
         let tb = min(tu, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
-        let ka = key_quads(ta, ja, jb);
-        let kb = key_quads(tb, ja, jb);
+        let ka = key_quads(ta, ja, jb, quads);
+        let kb = key_quads(tb, ja, jb, quads);
         let da = key_dots(ka, ta, r, ja, jb, quads, int8);
         let db = key_dots(kb, tb, r, ja, jb, quads, int8);
         for (var i = 0u; i < 4u; i++) {
@@ -395,7 +403,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             d += acc_s[lane.idx * ATTENTION_KEY_LANES + i];
         }
         if int8 {
-            d *= k_scale(kv_scale_word(kv_off, kvh, t));
+            d *= k_step(kv_scale_word(kv_off, kvh, t));
         }
         s = d * p.scale;
     }
@@ -407,7 +415,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         e = exp(s - m);
         if int8 {
             // l (the softmax's sum) is e's; the V sums weigh the int8 row by its scale.
-            e *= v_scale(kv_scale_word(kv_off, kvh, t));
+            e *= v_step(kv_scale_word(kv_off, kvh, t));
         }
     }
     e_s[lane.idx] = e;

@@ -134,7 +134,7 @@ fn stage_v(at: Span, k: u32, sub: u32, half: u32) {
     if pos < at.live && i < at.row_quads {
         v = v_cache[at.kv_base / 4u + (at.start + pos) * at.row_vec4s + select(i, i / 2u, at.int8)];
         if at.int8 {
-            sc = v_scale(kv_scale_word(0u, at.kvh, at.start + pos));
+            sc = v_step(kv_scale_word(0u, at.kvh, at.start + pos));
         }
     }
     let j = 2u * (at.idx % 16u);
@@ -242,7 +242,7 @@ fn attention_prefill(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     // KV_INT8: this invocation's position's K scale.
     var k_sc = 1.0;
     if int8 && lane.idx < live {
-        k_sc = k_scale(kv_scale_word(0u, kvh, start + lane.idx));
+        k_sc = k_step(kv_scale_word(0u, kvh, start + lane.idx));
     }
 
     // Scores: 8 dims a slab; the next slab's K quad and q loaded while the
