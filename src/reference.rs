@@ -266,6 +266,54 @@ pub fn attention_ref(
     attention_ref_values(q, &k, &v, nh, nkv, hd, cap, seq, scale)
 }
 
+/// An int8 KV cache ([`KvFormat::Int8`](crate::KvFormat)) of `nkv` heads
+/// at `cap` positions holding `rows` (`[kv_head][cap][hd]`), laid out as
+/// [`KvLayout`](crate::kv_cache::KvLayout) says: each row's values as
+/// round(127 v / the row's largest magnitude), that magnitude as its
+/// scale (0 for a row of zeros). Returns the bytes and the values they
+/// stand for.
+pub fn kv_int8_encode(rows: &[f32], nkv: usize, cap: usize, hd: usize) -> (Vec<u8>, Vec<f64>) {
+    let layout = crate::kv_cache::KvLayout {
+        format: crate::kv_cache::KvFormat::Int8,
+        kv_heads: nkv,
+        head_dim: hd,
+        capacity: cap,
+    };
+    let mut bytes = vec![0u8; layout.bytes() as usize];
+    let mut values = Vec::with_capacity(rows.len());
+    for (r, row) in rows.chunks(hd).enumerate() {
+        let absmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let inv = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
+        for (d, &v) in row.iter().enumerate() {
+            let q = (0.5 + 127.0 * (v * inv).clamp(-1.0, 1.0)).floor() as i8;
+            bytes[r * hd + d] = q as u8;
+            values.push(q as f64 / 127.0 * absmax as f64);
+        }
+        let at = layout.scales_at(r / cap).unwrap_or(0) as usize + 4 * (r % cap);
+        bytes[at..at + 4].copy_from_slice(&absmax.to_le_bytes());
+    }
+    (bytes, values)
+}
+
+/// The values an int8 KV cache's bytes stand for (the layout of
+/// [`kv_int8_encode`]), `[kv_head][cap][hd]`.
+pub fn kv_int8_decode(bytes: &[u8], nkv: usize, cap: usize, hd: usize) -> Vec<f64> {
+    let layout = crate::kv_cache::KvLayout {
+        format: crate::kv_cache::KvFormat::Int8,
+        kv_heads: nkv,
+        head_dim: hd,
+        capacity: cap,
+    };
+    (0..nkv * cap * hd)
+        .map(|i| {
+            let r = i / hd;
+            let at = layout.scales_at(r / cap).unwrap_or(0) as usize + 4 * (r % cap);
+            let scale = f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+            (bytes[i] as i8) as f64 / 127.0 * scale as f64
+        })
+        .collect()
+}
+
 /// [`attention_ref`] over caches of any element type, as f64 values
 /// (`[kv_head][cap][hd]`; an int8 cache dequantised).
 #[allow(clippy::too_many_arguments)]

@@ -132,6 +132,10 @@ pub struct SelfChecker {
     /// own before a model in it first loads
     /// ([`crate::self_check::run_format`]).
     pub format: fn(&Gpu, &Kernels, WeightFormat) -> Result<SelfCheck>,
+    /// Runs the pipelines over a KV cache in a format other than f16
+    /// before a session first keeps its cache in it
+    /// ([`crate::self_check::run_kv`]).
+    pub kv: fn(&Gpu, &Kernels, crate::kv_cache::KvFormat) -> Result<SelfCheck>,
     /// Runs a batched-row matvec pipeline beside the one-token pipeline
     /// its rows run alone ([`crate::self_check::rows_matvec`]) before its
     /// first use: `Ok(None)` when proven, `Ok(Some(how))` when not.

@@ -23,6 +23,11 @@
 //! token's output; the prompt-batch attention serves a short last group of
 //! tokens whose contexts cross a chunk edge. One submit and one wait.
 //!
+//! The pipelines over an int8 KV cache are built and proven the same way
+//! ([`run_kv`]: the q/k norm's write, the prompt and prompt-batch
+//! attention, the decode step's within one chunk and over several) when a
+//! session first keeps its cache in int8.
+//!
 //! The batched-row matvecs (several sessions' steps per launch) are built
 //! per row count and matrix shape when a batch first needs them, on a
 //! thread of their own; [`rows_matvec`] proves each there before its first
@@ -43,6 +48,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::matmul::COOP_KSPLITS;
 use crate::kernels::{Kernel, Kernels, SelfCheck, SelfChecker};
+use crate::kv_cache::KvFormat;
 
 use attention::{attention_prompt, attention_prompt_batch, attention_step, qk_norm_rope};
 use products::{matmul, matvec};
@@ -52,7 +58,7 @@ use tokens::{argmax, embed, logits_mask, sample, sample_top_k};
 
 /// The engine's checks: [`run`] at start-up, [`rows_matvec`] before a
 /// batched-row pipeline's first use.
-pub const CHECKER: SelfChecker = SelfChecker { set: run, format: run_format, rows_matvec };
+pub const CHECKER: SelfChecker = SelfChecker { set: run, format: run_format, kv: run_kv, rows_matvec };
 
 /// Relative tolerance of the matvecs: well above f32 rounding (the kernel
 /// tests use 1e-5), low enough that a wrong weight, scale or input fails.
@@ -73,11 +79,11 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
     let checks = gpu.scoped(
         || {
             let mut checks = vec![
-                qk_norm_rope(&mut rig)?,
-                attention_prompt(&mut rig)?,
-                attention_prompt_batch(&mut rig)?,
-                attention_step(&mut rig, Kernel::AttentionStepDirect, 16, 9)?,
-                attention_step(&mut rig, Kernel::AttentionStep, 300, 270)?,
+                qk_norm_rope(&mut rig, KvFormat::F16)?,
+                attention_prompt(&mut rig, KvFormat::F16)?,
+                attention_prompt_batch(&mut rig, KvFormat::F16)?,
+                attention_step(&mut rig, Kernel::AttentionStepDirect, 16, 9, KvFormat::F16)?,
+                attention_step(&mut rig, Kernel::AttentionStep, 300, 270, KvFormat::F16)?,
                 argmax(&mut rig)?,
                 embed(&mut rig)?,
                 sample(&mut rig)?,
@@ -102,6 +108,29 @@ pub fn run_format(gpu: &Gpu, kernels: &Kernels, format: WeightFormat) -> Result<
     let checks = gpu.scoped(
         || products(&mut rig, format),
         |reason| Error::GpuDeviceFailed { reason: format!("self-check ({format} weights): {reason}") },
+    )?;
+    compare(rig, checks, t0)
+}
+
+/// Runs the pipelines that read and write a KV cache in `kv` (the q/k norm
+/// with RoPE, the prompt and prompt-batch attention, the decode step's
+/// fused attention within one chunk and over several) once and compares
+/// with the CPU references, as [`run`] does the f16 cache's: before a
+/// session first keeps its cache in `kv`.
+pub fn run_kv(gpu: &Gpu, kernels: &Kernels, kv: KvFormat) -> Result<SelfCheck> {
+    let t0 = Instant::now();
+    let mut rig = Rig::new(gpu, kernels);
+    let checks = gpu.scoped(
+        || {
+            Ok(vec![
+                qk_norm_rope(&mut rig, kv)?,
+                attention_prompt(&mut rig, kv)?,
+                attention_prompt_batch(&mut rig, kv)?,
+                attention_step(&mut rig, Kernel::AttentionStepDirect, 16, 9, kv)?,
+                attention_step(&mut rig, Kernel::AttentionStep, 300, 270, kv)?,
+            ])
+        },
+        |reason| Error::GpuDeviceFailed { reason: format!("self-check ({kv} KV cache): {reason}") },
     )?;
     compare(rig, checks, t0)
 }

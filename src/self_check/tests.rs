@@ -2,6 +2,7 @@ use super::*;
 use crate::converted::WeightFormat;
 use crate::gpu::AdapterPolicy;
 use crate::kernels::{compile_for_layout, KernelChoice};
+use crate::kv_cache::KvFormat;
 
 fn wgsl_kernels() -> (Gpu, Kernels) {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
@@ -263,6 +264,49 @@ fn a_wrong_epilogue_and_a_wrong_attention_are_caught() {
     let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
     assert!(failed.contains(&"Int8MatvecAccumulate"), "{}", check.describe_failures());
     assert!(failed.contains(&"AttentionStep"), "{}", check.describe_failures());
+}
+
+/// The int8 KV cache's pipelines pass their check at first use, and each
+/// kind of wrong one is caught: the f16 cache's pipelines in the int8
+/// slots (the q/k norm's write, the prompt batch's attention), and a
+/// decode attention whose scores take the V rows' steps.
+#[test]
+fn the_int8_kv_pipelines_are_proven_and_wrong_ones_are_caught() {
+    let (gpu, mut kernels) = wgsl_kernels();
+    assert!(kernels.kv_check(KvFormat::Int8).is_none());
+    kernels.prepare_kv(&gpu, KvFormat::Int8, 64).unwrap();
+    let check = kernels.kv_check(KvFormat::Int8).expect("checked at first use");
+    assert!(check.ok && check.pipelines >= 5, "{}", check.describe_failures());
+    let f16 = |k: Kernel| kernels.launch_pipelines(k, WeightFormat::Int8);
+    let (norm, batch) = (f16(Kernel::QkNormRope).decode, f16(Kernel::AttentionPartial).per_token.unwrap());
+    kernels.replace_kv_pipeline(Kernel::QkNormRope, KvFormat::Int8, false, norm);
+    kernels.replace_kv_pipeline(Kernel::AttentionPartial, KvFormat::Int8, true, batch);
+    let k = Kernel::AttentionStepDirect;
+    let src = k.source(gpu.subgroups).replace(
+        "fn k_step(w: u32) -> f32 {\n    return bitcast<f32>(k_cache",
+        "fn k_step(w: u32) -> f32 {\n    return bitcast<f32>(v_cache",
+    );
+    assert_ne!(src, k.source(gpu.subgroups), "the edit applies");
+    let mut constants = k.typed_constants(kernels.matvec_layout).render();
+    constants.push(("KV_INT8", 1.0));
+    let swapped = compile_for_layout(
+        &gpu,
+        "edited",
+        &src,
+        k.entry(),
+        k.bindings(),
+        &constants,
+        Some(kernels.layout(k)),
+    )
+    .expect("the edited kernel compiles")
+    .0;
+    kernels.replace_kv_pipeline(k, KvFormat::Int8, false, swapped);
+    let check = run_kv(&gpu, &kernels, KvFormat::Int8).unwrap();
+    let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+    for want in ["QkNormRope", "AttentionPartial", "AttentionStepDirect"] {
+        assert!(failed.contains(&want), "{want}: {}", check.describe_failures());
+    }
+    assert!(!failed.contains(&"AttentionStep"), "{}", check.describe_failures());
 }
 
 /// A batched-row pipeline is used only once proven against the

@@ -688,6 +688,8 @@ fn attention_int8_kv_matches_cpu() {
             (Kernel::AttentionStep, (16, 8, 128, 600, 256)),
             (Kernel::AttentionStep, (4, 1, 64, 300, 299)),
             (Kernel::AttentionStep, (2, 2, 32, 1100, 700)),
+            // 83 chunks, the context not a multiple of the chunk.
+            (Kernel::AttentionStep, (1, 1, 16, 21_000, 20_999)),
         ] {
             attention_step_case_int8(&run, kernel, shape, &mut rng);
         }

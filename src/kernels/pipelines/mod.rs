@@ -168,6 +168,12 @@ pub struct Kernels {
     /// Proves a weight format's pipelines before a model in it first
     /// loads ([`SelfChecker::format`]).
     format_check: FormatCheck,
+    /// Proves the pipelines over a KV cache in a format other than f16
+    /// before a session first keeps its cache in it ([`SelfChecker::kv`]).
+    kv_check: KvCheck,
+    /// The KV formats other than f16 proven so far, each with its check;
+    /// held while one is built and proven, so that it is done once.
+    kv_formats: Mutex<HashMap<KvFormat, SelfCheck>>,
     /// The weight formats other than the default proven so far, each with
     /// its report; held while one is built and proven, so that it is done
     /// once.
@@ -224,6 +230,9 @@ enum Build {
 
 /// [`SelfChecker::rows_matvec`].
 type RowsCheck = fn(&Gpu, &RowsMatvecCase<'_>) -> Result<Option<String>>;
+
+/// [`SelfChecker::kv`].
+type KvCheck = fn(&Gpu, &Kernels, KvFormat) -> Result<SelfCheck>;
 
 /// [`SelfChecker::format`].
 type FormatCheck = fn(&Gpu, &Kernels, WeightFormat) -> Result<SelfCheck>;
@@ -326,6 +335,8 @@ impl Kernels {
             building: Default::default(),
             rows_check: checker.rows_matvec,
             format_check: checker.format,
+            kv_check: checker.kv,
+            kv_formats: Default::default(),
             formats: Default::default(),
             format_sources: Default::default(),
             #[cfg(test)]
@@ -394,10 +405,12 @@ impl Kernels {
 
     /// Builds the pipelines of the kernels that read the KV cache
     /// ([`Kernel::reads_kv_cache`]) over a cache in `kv` (the f16 cache's
-    /// are built with the set): WGSL on every backend, tested against the
-    /// CPU references like every kernel. Errors: `invalid_argument` naming
-    /// `kv_cache` when the model's `head_dim` does not fit the format; a
-    /// failed build.
+    /// are built and proven with the set; the others WGSL on every
+    /// backend) and proves them ([`SelfChecker::kv`]) on the first call
+    /// for a format. Errors: `invalid_argument` naming `kv_cache` when the
+    /// model's `head_dim` does not fit the format; a failed build;
+    /// [`Error::GpuDeviceFailed`] when they fail the check (tried again by
+    /// the next call).
     pub(crate) fn prepare_kv(&self, gpu: &Gpu, kv: KvFormat, head_dim: usize) -> Result<()> {
         if !kv.fits_head_dim(head_dim) {
             return Err(Error::invalid_argument(
@@ -408,6 +421,13 @@ impl Kernels {
                 ),
             ));
         }
+        if kv == KvFormat::F16 {
+            return Ok(());
+        }
+        let mut proven = self.kv_formats.lock().unwrap_or_else(|e| e.into_inner());
+        if proven.contains_key(&kv) {
+            return Ok(());
+        }
         for k in Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache()) {
             self.pipeline(gpu, self.decode_key_kv(k, WeightFormat::default(), kv))?;
             let (per_token, _) = self.prefill_keys(k, WeightFormat::default());
@@ -415,7 +435,16 @@ impl Kernels {
                 self.pipeline(gpu, PipelineKey { kv, ..key })?;
             }
         }
+        let check = (self.kv_check)(gpu, self, kv)?.passed(&format!("the kernels over a {kv} KV cache"))?;
+        proven.insert(kv, check);
         Ok(())
+    }
+
+    /// The self-check of the pipelines over a KV cache in `kv`, once a
+    /// session has used it (`None` before, and for f16, whose pipelines
+    /// the start-up check covers).
+    pub fn kv_check(&self, kv: KvFormat) -> Option<SelfCheck> {
+        self.kv_formats.lock().unwrap_or_else(|e| e.into_inner()).get(&kv).cloned()
     }
 
     /// Where the matrix products over weights in `format` come from.
@@ -654,6 +683,26 @@ impl Kernels {
         pipeline: wgpu::ComputePipeline,
     ) {
         let key = self.decode_key(k, format);
+        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
+    }
+
+    /// Puts `pipeline` in place of `k`'s pipeline over a KV cache in `kv`
+    /// (its decode one, or `prompt_batch`, its prompt-batch program; the
+    /// self-check's tests).
+    #[cfg(test)]
+    pub(crate) fn replace_kv_pipeline(
+        &mut self,
+        k: Kernel,
+        kv: KvFormat,
+        prompt_batch: bool,
+        pipeline: wgpu::ComputePipeline,
+    ) {
+        let key = if prompt_batch {
+            let (per_token, _) = self.prefill_keys(k, WeightFormat::Int8);
+            PipelineKey { kv, ..per_token.expect("a prompt-batch program") }
+        } else {
+            self.decode_key_kv(k, WeightFormat::Int8, kv)
+        };
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 

@@ -10,7 +10,12 @@ use crate::kernels::{Constants, Kernel, MatmulTile, MatvecShape, PREFILL_ATTENTI
 /// format's pipelines and every batched-row pipeline (the real checks are
 /// tested in `crate::self_check`).
 fn checker(set: fn(&Gpu, &Kernels) -> Result<SelfCheck>) -> SelfChecker {
-    SelfChecker { set, format: |_, _, _| Ok(passed()), rows_matvec: |_, _| Ok(None) }
+    SelfChecker {
+        set,
+        format: |_, _, _| Ok(passed()),
+        kv: |_, _, _| Ok(passed()),
+        rows_matvec: |_, _| Ok(None),
+    }
 }
 
 fn passed() -> SelfCheck {
@@ -153,7 +158,7 @@ fn a_formats_failing_twins_fall_back_to_wgsl_for_that_format_alone() {
         &gpu,
         KernelChoice::Wgsl,
         None,
-        SelfChecker { set: pass, format: fail, rows_matvec: |_, _| Ok(None) },
+        SelfChecker { set: pass, format: fail, kv: |_, _, _| Ok(passed()), rows_matvec: |_, _| Ok(None) },
     )
     .unwrap();
     for _ in 0..2 {

@@ -819,21 +819,7 @@ pub fn attention_step_case(
 /// that magnitude as its scale ([`kv_int8_bytes`]'s layout); with the
 /// values it stands for.
 pub fn kv_int8_quantize(rows: &[f32], nkv: usize, cap: usize, hd: usize) -> (Vec<u8>, Vec<f64>) {
-    let mut bytes = vec![0u8; kv_int8_bytes(nkv, cap, hd)];
-    let mut values = Vec::with_capacity(rows.len());
-    let base = 4 * (nkv * cap * hd / 4).next_multiple_of(4);
-    for (r, row) in rows.chunks(hd).enumerate() {
-        let absmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let inv = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
-        for (d, &v) in row.iter().enumerate() {
-            let q = (0.5 + 127.0 * (v * inv).clamp(-1.0, 1.0)).floor() as i8;
-            bytes[r * hd + d] = q as u8;
-            values.push(q as f64 / 127.0 * absmax as f64);
-        }
-        let at = base + 4 * ((r / cap) * cap.next_multiple_of(4) + r % cap);
-        bytes[at..at + 4].copy_from_slice(&absmax.to_le_bytes());
-    }
-    (bytes, values)
+    qwen3_wgpu::internals::reference::kv_int8_encode(rows, nkv, cap, hd)
 }
 
 /// attention_partial (the prompt variant) then attention_reduce over an
