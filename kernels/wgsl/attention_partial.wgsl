@@ -194,7 +194,7 @@ fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u3
 // exchange, which every invocation takes (the chunk holding the position
 // is not known to be uniform), and the scales are written as whole vec4s
 // (a head's scales share no vec4 with another head's).
-fn fused_qk_int8(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) {
+fn fused_qk_int8(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) -> vec2<f32> {
     let hd = p.head_dim;
     let qb = qkv_row + h * hd;
     let kb = qkv_row + (p.n_heads + kvh) * hd;
@@ -268,6 +268,7 @@ fn fused_qk_int8(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_ro
     // Publishes q_s, and the new K/V row and scales that other invocations read back.
     storageBarrier();
     workgroupBarrier();
+    return mx.xy;
 }
 
 // The score phase's loads for four K rows (ta: their first quads' indices):
@@ -345,10 +346,23 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let half_dim = p.head_dim / 2u;
     let kv_base = 4u * kv_off + kvh * p.capacity * row_words(int8);
 
+    // KV_INT8: this invocation's position's K and V steps, loaded before
+    // anything else so that the scores do not wait for them (the fused
+    // step's new position takes the maxima it has just computed).
+    let own = start + lane.idx;
+    var steps = vec2<f32>(0.0);
+    if int8 && own < end {
+        let w = kv_scale_word(kv_off, kvh, own);
+        steps = vec2<f32>(k_step(w), v_step(w));
+    }
+
     if FUSED {
         // One token (z = 0), or row z of a batch.
         if int8 {
-            fused_qk_int8(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
+            let fresh = fused_qk_int8(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
+            if own == pos {
+                steps = fresh * (1.0 / 127.0);
+            }
         } else {
             fused_qk(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
         }
@@ -403,7 +417,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             d += acc_s[lane.idx * ATTENTION_KEY_LANES + i];
         }
         if int8 {
-            d *= k_step(kv_scale_word(kv_off, kvh, t));
+            d *= steps.x;
         }
         s = d * p.scale;
     }
@@ -415,7 +429,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         e = exp(s - m);
         if int8 {
             // l (the softmax's sum) is e's; the V sums weigh the int8 row by its scale.
-            e *= v_step(kv_scale_word(kv_off, kvh, t));
+            e *= steps.y;
         }
     }
     e_s[lane.idx] = e;
