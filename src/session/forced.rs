@@ -30,12 +30,11 @@ pub(super) struct ForcedAway {
 impl Session {
     /// The token id below which a constraint fast-forwards (0: never).
     /// Not while the session reports log-probabilities (each token has its
-    /// record), nor for a batch's session: its forced tokens are rows of
-    /// the batch's steps, one a step (a prompt batch of its own would take
-    /// it out of the batch's step, whose pipelines are built per row count),
-    /// and its tokens alone are those it gets in the batch.
+    /// record). A batch's member fast-forwards too: [`crate::Batch::step`]
+    /// leaves it out of the rows while it returns its forced tokens and
+    /// the choice after them, as alone.
     pub(super) fn fast_forward_below(&self) -> usize {
-        if self.logprobs > 0 || self.kv_slot.is_some() {
+        if self.logprobs > 0 {
             0
         } else {
             self.model.config.vocab_size

@@ -33,6 +33,11 @@ impl Batch {
     /// A call after a [`Batch::try_step`] that returned `None` for the same
     /// sessions waits for that step and returns its tokens.
     ///
+    /// A member whose constraint forced tokens after its last one returns
+    /// them (and then the choice after them) as it does alone: they run
+    /// through the model as one prompt batch of its own, and the step's
+    /// rows are the other members.
+    ///
     /// Errors, before anything runs (no session changes):
     /// [`Error::InvalidArgument`] naming `sessions` for an empty list or a
     /// session that holds no slot of this batch (made by another batch, or
@@ -49,6 +54,27 @@ impl Batch {
             // step (its arithmetic is that of the pipelines it runs alone).
             return sessions.iter_mut().map(|s| s.next_token()).collect();
         }
+        if !sessions.iter().any(|s| serves_itself(s)) {
+            return self.step_rows(sessions);
+        }
+        // Members returning forced tokens (or the choice after them) take
+        // them as alone; the others step as the batch's rows.
+        let mut out = vec![0; sessions.len()];
+        let (mut own, mut rows) = split_members(sessions);
+        if !rows.is_empty() {
+            let mut refs: Vec<&mut Session> = rows.iter_mut().map(|(_, s)| &mut **s).collect();
+            for (token, (i, _)) in self.step_rows(&mut refs)?.into_iter().zip(&rows) {
+                out[*i] = token;
+            }
+        }
+        for (i, s) in own.iter_mut() {
+            out[*i] = s.next_token()?;
+        }
+        Ok(out)
+    }
+
+    /// [`Batch::step`] of members that all step as rows.
+    fn step_rows(&mut self, sessions: &mut [&mut Session]) -> Result<Vec<u32>> {
         let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
         // The step queued ahead by the last call serves when the sessions
         // are those it ran for, in the same order and state; otherwise it
@@ -170,6 +196,35 @@ impl Batch {
         if self.forward.is_none() {
             return try_step_each(sessions);
         }
+        if !sessions.iter().any(|s| serves_itself(s)) {
+            return self.try_step_rows(sessions);
+        }
+        // All or none: the members returning forced tokens (or the choice
+        // after them) are checked ready first, then the rows step, then
+        // the members take theirs (as alone, without waiting).
+        let mut out = vec![0; sessions.len()];
+        let (mut own, mut rows) = split_members(sessions);
+        for (_, s) in own.iter_mut() {
+            if !ready_by_itself(s)? {
+                return Ok(None);
+            }
+        }
+        if !rows.is_empty() {
+            let mut refs: Vec<&mut Session> = rows.iter_mut().map(|(_, s)| &mut **s).collect();
+            let Some(tokens) = self.try_step_rows(&mut refs)? else { return Ok(None) };
+            for (token, (i, _)) in tokens.into_iter().zip(&rows) {
+                out[*i] = token;
+            }
+        }
+        for (i, s) in own.iter_mut() {
+            out[*i] =
+                s.try_next_token()?.ok_or_else(|| Error::internal("a member's ready token did not come"))?;
+        }
+        Ok(Some(out))
+    }
+
+    /// [`Batch::try_step`] of members that all step as rows.
+    fn try_step_rows(&mut self, sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
         self.poll()?;
         let rows: Vec<RowKey> = sessions.iter().map(|s| row_key(s, 0)).collect();
         let mut current = match self.ahead.take() {
@@ -344,6 +399,46 @@ fn settle_masks(sessions: &mut [&mut Session], wait: bool) -> Result<bool> {
         }
     }
     Ok(settled)
+}
+
+/// Whether `s` takes its next token by itself, not as a row of the batch's
+/// step: tokens its constraint forced (fed as one prompt batch, returned
+/// without a step each), or the choice after them, which that batch
+/// computed (as alone: the same tokens).
+fn serves_itself(s: &Session) -> bool {
+    !s.forced.is_empty() || s.forced_feed
+}
+
+/// The members that serve themselves ([`serves_itself`]) and those that
+/// step as rows, each with its index in `sessions`.
+type Members<'s> = Vec<(usize, &'s mut Session)>;
+
+fn split_members<'s>(sessions: &'s mut [&mut Session]) -> (Members<'s>, Members<'s>) {
+    sessions.iter_mut().map(|s| &mut **s).enumerate().partition(|(_, s)| serves_itself(s))
+}
+
+/// Whether a member that serves itself has its next token without waiting
+/// (a forced one always; the choice after them once its readback is back).
+fn ready_by_itself(s: &mut Session) -> Result<bool> {
+    if !s.forced.is_empty() {
+        return Ok(true);
+    }
+    if !s.settle_forced(false)? {
+        return Ok(false);
+    }
+    let Some(front) = s.queued.front_mut() else { return Ok(true) };
+    if front.arrived()? {
+        return Ok(true);
+    }
+    let gpu = &s.model.gpu;
+    gpu.device
+        .poll(wgpu::PollType::Poll)
+        .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+    gpu.check_fault()?;
+    match s.queued.front_mut() {
+        Some(front) => front.arrived(),
+        None => Ok(true),
+    }
 }
 
 /// Whether every step the sessions queued alone has its token back (so
