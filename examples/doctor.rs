@@ -3,7 +3,7 @@
 //! `cargo run --example doctor [-- --backend metal|portable]` (`portable`
 //! alone also works). Without `--backend`: `QWEN3_WGPU_BACKEND`, else metal.
 
-use qwen3_wgpu::{AdapterPolicy, Engine, Gpu, WeightFormat};
+use qwen3_wgpu::{AdapterPolicy, Engine, Gpu, KvFormat, WeightFormat};
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
@@ -76,6 +76,18 @@ fn main() {
                         println!("NOT READY: {format} weights: [{}] {e}", e.code());
                         std::process::exit(2);
                     }
+                }
+            }
+            // The int8 KV cache's pipelines, which its first session would
+            // build and prove.
+            match engine.prepare_kv_cache(KvFormat::Int8) {
+                Ok(check) => println!(
+                    "int8 KV cache: wgsl kernels, self-check ok ({} pipelines, {:.1} ms)",
+                    check.pipelines, check.ms
+                ),
+                Err(e) => {
+                    println!("NOT READY: int8 KV cache: [{}] {e}", e.code());
+                    std::process::exit(2);
                 }
             }
             println!(

@@ -15,7 +15,8 @@ use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::gpu_weights::{GpuWeights, ModelGpu};
-use crate::kernels::{KernelReport, KernelSource, Kernels, WeightKernels};
+use crate::kernels::{KernelReport, KernelSource, Kernels, SelfCheck, WeightKernels};
+use crate::kv_cache::KvFormat;
 use crate::load::{load_model_with, LoadReport};
 use crate::progress::{LoadProgress, LoadProgressFn, Progress};
 use crate::session::{Batch, BatchOptions, Session, SessionOptions};
@@ -108,6 +109,27 @@ impl Engine {
     /// ```
     pub fn prepare_weights(&self, format: WeightFormat) -> Result<WeightKernels> {
         self.kernels.prepare_format(&self.gpu, format)
+    }
+
+    /// Builds and proves the pipelines that read and write a KV cache in
+    /// `format` ([`KvFormat`]) and returns their self-check: what the
+    /// first session or batch in that format does otherwise, on the
+    /// caller's thread (tens of milliseconds; a frame loop calls this at
+    /// load instead). Later calls return the first one's check at once;
+    /// for f16 it is the start-up check.
+    ///
+    /// Errors: [`Error::GpuDeviceFailed`] when the pipelines fail the
+    /// check, or the device fails during it.
+    ///
+    /// ```no_run
+    /// use qwen3_wgpu::{Engine, KvFormat};
+    /// let engine = Engine::new()?;
+    /// let check = engine.prepare_kv_cache(KvFormat::Int8)?;
+    /// println!("int8 KV cache: {} pipelines checked in {:.1} ms", check.pipelines, check.ms);
+    /// # Ok::<(), qwen3_wgpu::Error>(())
+    /// ```
+    pub fn prepare_kv_cache(&self, format: KvFormat) -> Result<SelfCheck> {
+        self.kernels.prove_kv(&self.gpu, format)
     }
 
     /// The features to request on `adapter` for the engine's full-speed

@@ -174,6 +174,30 @@ fn an_int8_batch_equals_each_session_alone() {
     assert_eq!(got, want);
 }
 
+/// `Engine::prepare_kv_cache` builds and proves the int8 cache's
+/// pipelines ahead of a session (the q/k norm's write, the prompt and
+/// prompt-batch attention, the decode step direct and chunked, the
+/// reduce) and returns their check, the same one each later call; f16's
+/// is the start-up check. `doctor` reports it.
+#[test]
+fn the_int8_pipelines_are_proven_ahead_and_doctor_reports_them() {
+    let engine = engine();
+    let check = engine.prepare_kv_cache(KvFormat::Int8).unwrap();
+    assert!(check.ok && check.pipelines >= 6, "{}", check.describe_failures());
+    assert_eq!(engine.prepare_kv_cache(KvFormat::Int8).unwrap().ms, check.ms, "proven once");
+    assert_eq!(
+        engine.prepare_kv_cache(KvFormat::F16).unwrap().pipelines,
+        engine.kernel_report().self_check.pipelines
+    );
+    let out = std::process::Command::new(crate::support::example_bin("doctor"))
+        .args(["--backend", "portable"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("int8 KV cache: wgsl kernels, self-check ok"), "{text}");
+    assert!(text.contains("READY:") && !text.contains("NOT READY"), "{text}");
+}
+
 /// A model whose head_dim is not a multiple of 16 cannot keep an int8
 /// cache: `invalid_argument` naming `kv_cache`, for a session and a batch;
 /// its f16 sessions work.

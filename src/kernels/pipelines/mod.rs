@@ -421,12 +421,18 @@ impl Kernels {
                 ),
             ));
         }
+        self.prove_kv(gpu, kv).map(|_| ())
+    }
+
+    /// [`Self::prepare_kv`] without a model: the format's self-check
+    /// (the start-up one's for f16).
+    pub(crate) fn prove_kv(&self, gpu: &Gpu, kv: KvFormat) -> Result<SelfCheck> {
         if kv == KvFormat::F16 {
-            return Ok(());
+            return Ok(self.report.self_check.clone());
         }
         let mut proven = self.kv_formats.lock().unwrap_or_else(|e| e.into_inner());
-        if proven.contains_key(&kv) {
-            return Ok(());
+        if let Some(check) = proven.get(&kv) {
+            return Ok(check.clone());
         }
         for k in Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache()) {
             self.pipeline(gpu, self.decode_key_kv(k, WeightFormat::default(), kv))?;
@@ -436,8 +442,8 @@ impl Kernels {
             }
         }
         let check = (self.kv_check)(gpu, self, kv)?.passed(&format!("the kernels over a {kv} KV cache"))?;
-        proven.insert(kv, check);
-        Ok(())
+        proven.insert(kv, check.clone());
+        Ok(check)
     }
 
     /// The self-check of the pipelines over a KV cache in `kv`, once a
