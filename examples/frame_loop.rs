@@ -30,7 +30,8 @@
 //! ```text
 //! cargo run --release --example frame_loop -- --checkpoint DIR [--frames 600] [--sessions 1,8]
 //!     [--backend metal|portable] [--width 1920] [--height 1080] [--render-ms 2 | --iterations N]
-//!     [--prompt-len 64] [--context 512] [--lookahead N] [--max-tokens-per-frame N] [--no-cache] [--json]
+//!     [--prompt-len 64] [--context 512] [--kv-cache f16|int8] [--lookahead N] [--max-tokens-per-frame N]
+//!     [--no-cache] [--json]
 //!     [--constraint SCHEMA.json --tokenizer DIR]
 //! ```
 //!
@@ -45,7 +46,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use qwen3_wgpu::{
     wgpu, AdapterPolicy, Batch, BatchOptions, CachePolicy, Constraint, Engine, Error, FeedStatus, Gpu,
-    LoadOptions, Model, Result, Session, Tokenizer, DEFAULT_LOOKAHEAD,
+    KvFormat, LoadOptions, Model, Result, Session, SessionOptions, Tokenizer, DEFAULT_LOOKAHEAD,
 };
 use serde_json::{json, Value};
 
@@ -92,6 +93,9 @@ struct Args {
     /// (rewinds and feeds its prompt again).
     #[arg(long, default_value_t = 512)]
     context: usize,
+    /// The conversations' KV-cache format: `f16` or `int8`.
+    #[arg(long, default_value = "f16", value_parser = parse_kv_cache)]
+    kv_cache: KvFormat,
     /// Decode steps a conversation stepped alone keeps queued ahead
     /// (default: the engine's).
     #[arg(long)]
@@ -517,16 +521,20 @@ fn phase(
     let capacity = args.context;
     // Several conversations step as one batch (one GPU step for all of
     // them per frame); a single one steps alone, queueing steps ahead.
-    let mut batch = match sessions {
-        0 | 1 => None,
-        n => Some(model.batch(&BatchOptions::default().slots(n).capacity_per_slot(capacity))?),
-    };
+    let mut batch =
+        match sessions {
+            0 | 1 => None,
+            n => Some(model.batch(
+                &BatchOptions::default().slots(n).capacity_per_slot(capacity).kv_cache(args.kv_cache),
+            )?),
+        };
     let mut conversations = (0..sessions)
         .map(|_| {
             let mut session = match &batch {
                 Some(batch) => batch.session()?,
                 None => {
-                    let mut session = model.session_with_capacity(capacity)?;
+                    let options = SessionOptions::default().capacity(capacity).kv_cache(args.kv_cache);
+                    let mut session = model.session_with(&options)?;
                     if let Some(n) = args.lookahead {
                         session.set_lookahead(n);
                     }
@@ -680,6 +688,10 @@ fn phase(
     }))
 }
 
+fn parse_kv_cache(value: &str) -> std::result::Result<KvFormat, Error> {
+    KvFormat::from_name("--kv-cache", value)
+}
+
 fn run(args: &Args) -> Result<()> {
     let policy = match &args.backend {
         Some(name) => AdapterPolicy::from_name("--backend", name)?,
@@ -762,6 +774,7 @@ fn run(args: &Args) -> Result<()> {
                    "frame_gpu_ms": (render_ms * 1000.0).round() / 1000.0},
         "prompt_ids": prompt,
         "context": args.context,
+        "kv_cache": args.kv_cache.name(),
         "lookahead": args.lookahead.unwrap_or(DEFAULT_LOOKAHEAD),
         "constraint": args.constraint,
         "frame_hz": 60,

@@ -66,6 +66,7 @@ fn frames_render_and_conversations_decode_the_blocking_tokens() {
     let setup = &lines[0];
     assert_eq!(setup["render"]["iterations"], 4);
     assert_eq!(setup["frame_hz"], 60);
+    assert_eq!(setup["kv_cache"], "f16");
     let prompt: Vec<u32> =
         setup["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     assert_eq!(prompt.len(), 8);
@@ -144,6 +145,7 @@ fn bad_arguments_are_invalid_arguments() {
         (&["--prompt-len", "0", "--json"][..], "--prompt-len"),
         (&["--prompt-len", "8", "--context", "11", "--json"][..], "--context"),
         (&["--frames", "many", "--json"][..], "--frames"),
+        (&["--kv-cache", "int4", "--json"][..], "--kv-cache"),
     ] {
         let out = frame_loop(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
