@@ -221,3 +221,49 @@ fn a_head_dim_the_int8_cache_cannot_hold_is_a_named_error() {
     let mut s = model.session_with(&SessionOptions::default().capacity(16)).unwrap();
     s.feed(&[1, 2, 3]).unwrap();
 }
+
+/// An int8 cache's session file read as another format, or damaged, is a
+/// named error: its flag cleared (the length then says f16 rows), the flag
+/// set on an f16 session's file, a flipped bit in a scale, a byte short;
+/// each resealed where the checksum would otherwise catch it first.
+#[test]
+fn int8_session_files_read_as_another_format_or_damaged_are_refused() {
+    let model = load("gqa2_hd64");
+    let exp = expected("gqa2_hd64");
+    let dir = tempfile::tempdir().unwrap();
+    let save = |kv: KvFormat| {
+        let mut s = session(&model, 32, kv);
+        s.feed(&exp.prompt_ids).unwrap();
+        let path = dir.path().join(format!("{kv}.q3s"));
+        s.save(&path).unwrap();
+        std::fs::read(&path).unwrap()
+    };
+    let (int8, f16) = (save(KvFormat::Int8), save(KvFormat::F16));
+    let reseal = |bytes: &mut Vec<u8>| {
+        let end = bytes.len() - 16;
+        let sum = xxhash_rust::xxh3::xxh3_64(&bytes[..end]);
+        bytes[end..end + 8].copy_from_slice(&sum.to_le_bytes());
+    };
+    let restore = |bytes: &[u8]| {
+        let path = dir.path().join("edited.q3s");
+        std::fs::write(&path, bytes).unwrap();
+        model.restore_session(&path).err().map(|e| e.code())
+    };
+    assert_eq!(restore(&int8), None);
+    let mut cleared = int8.clone();
+    cleared[12] &= !2;
+    reseal(&mut cleared);
+    assert_eq!(restore(&cleared), Some("session_file_invalid"));
+    let mut set = f16.clone();
+    set[12] |= 2;
+    reseal(&mut set);
+    assert_eq!(restore(&set), Some("session_file_invalid"));
+    // The last scale of the last layer's V: the checksum catches it.
+    let mut flipped = int8.clone();
+    let at = flipped.len() - 16 - 2;
+    flipped[at] ^= 0x10;
+    assert_eq!(restore(&flipped), Some("session_file_invalid"));
+    let mut short = int8[..int8.len() - 1].to_vec();
+    reseal(&mut short);
+    assert_eq!(restore(&short), Some("session_file_invalid"));
+}
