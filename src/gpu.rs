@@ -240,6 +240,15 @@ impl Gpu {
         Ok(())
     }
 
+    /// Polls the device once without waiting (mapping what has finished)
+    /// and reports a fault as [`Self::check_fault`] does.
+    pub(crate) fn poll_once(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+        self.check_fault()
+    }
+
     /// Fails with `gpu_device_failed` if the device was lost (every call
     /// after) or reported an error outside any scope since the last check
     /// (that call only).

@@ -412,20 +412,25 @@ impl Session {
             return Ok(None);
         }
         self.queue_ahead(1)?;
-        let front = self.queued.front_mut().ok_or_else(no_step_in_flight)?;
-        if !front.arrived()? {
-            // Polling only when the token is not there yet: one poll maps
-            // every step of a submit.
-            let gpu = &self.model.gpu;
-            gpu.device
-                .poll(wgpu::PollType::Poll)
-                .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-            gpu.check_fault()?;
-            let front = self.queued.front_mut().ok_or_else(no_step_in_flight)?;
-            if !front.arrived()? {
-                return Ok(None);
-            }
+        match self.queued_front_arrived()? {
+            None => Err(no_step_in_flight()),
+            Some(false) => Ok(None),
+            Some(true) => self.take_queued(true).map(Some),
         }
-        self.take_queued(true).map(Some)
+    }
+
+    /// Whether the oldest queued step's token is back, polling the device
+    /// once when it is not yet (one poll maps every step of a submit);
+    /// `None` when no step is queued.
+    pub(crate) fn queued_front_arrived(&mut self) -> Result<Option<bool>> {
+        let Some(front) = self.queued.front_mut() else { return Ok(None) };
+        if front.arrived()? {
+            return Ok(Some(true));
+        }
+        self.model.gpu.poll_once()?;
+        match self.queued.front_mut() {
+            Some(front) => front.arrived().map(Some),
+            None => Ok(None),
+        }
     }
 }

@@ -254,10 +254,7 @@ impl Session {
 
     fn advance_feed(&mut self, progress: &mut FeedProgress) -> Result<FeedStatus> {
         let gpu = self.model.gpu.clone();
-        gpu.device
-            .poll(wgpu::PollType::Poll)
-            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-        gpu.check_fault()?;
+        gpu.poll_once()?;
         self.reclaim_discarded(progress, false)?;
         if let Some((end, done)) = &progress.in_flight {
             if !done.load(Ordering::Acquire) {

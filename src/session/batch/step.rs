@@ -426,19 +426,9 @@ fn ready_by_itself(s: &mut Session) -> Result<bool> {
     if !s.settle_forced(false)? {
         return Ok(false);
     }
-    let Some(front) = s.queued.front_mut() else { return Ok(true) };
-    if front.arrived()? {
-        return Ok(true);
-    }
-    let gpu = &s.model.gpu;
-    gpu.device
-        .poll(wgpu::PollType::Poll)
-        .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-    gpu.check_fault()?;
-    match s.queued.front_mut() {
-        Some(front) => front.arrived(),
-        None => Ok(true),
-    }
+    // (Nothing queued is not a state of a member serving itself: its
+    // choice is queued once settled.)
+    Ok(s.queued_front_arrived()?.unwrap_or(true))
 }
 
 /// Whether every step the sessions queued alone has its token back (so
@@ -462,11 +452,7 @@ fn try_step_each(sessions: &mut [&mut Session]) -> Result<Option<Vec<u32>>> {
         s.queue_ahead(1)?;
     }
     if let Some(s) = sessions.first() {
-        let gpu = &s.model.gpu;
-        gpu.device
-            .poll(wgpu::PollType::Poll)
-            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-        gpu.check_fault()?;
+        s.model.gpu.poll_once()?;
     }
     for s in sessions.iter_mut() {
         let front = s.queued.front_mut().ok_or_else(crate::session::no_step_in_flight)?;

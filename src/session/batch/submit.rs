@@ -65,11 +65,7 @@ impl Batch {
 
     /// Polls the device without waiting: mappings of finished steps complete.
     pub(super) fn poll(&self) -> Result<()> {
-        let gpu = &self.model.gpu;
-        gpu.device
-            .poll(wgpu::PollType::Poll)
-            .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
-        gpu.check_fault()
+        self.model.gpu.poll_once()
     }
 
     /// Submits one step of `sessions` at their lengths plus `offset`, each
