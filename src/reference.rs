@@ -266,6 +266,12 @@ pub fn attention_ref(
     attention_ref_values(q, &k, &v, nh, nkv, hd, cap, seq, scale)
 }
 
+/// The layout of an int8 KV cache of `nkv` heads at `cap` positions.
+fn int8_layout(nkv: usize, cap: usize, hd: usize) -> crate::kv_cache::KvLayout {
+    let format = crate::kv_cache::KvFormat::Int8;
+    crate::kv_cache::KvLayout { format, kv_heads: nkv, head_dim: hd, capacity: cap }
+}
+
 /// An int8 KV cache ([`KvFormat::Int8`](crate::KvFormat)) of `nkv` heads
 /// at `cap` positions holding `rows` (`[kv_head][cap][hd]`), laid out as
 /// [`KvLayout`](crate::kv_cache::KvLayout) says: each row's values as
@@ -273,12 +279,7 @@ pub fn attention_ref(
 /// scale (0 for a row of zeros). Returns the bytes and the values they
 /// stand for.
 pub fn kv_int8_encode(rows: &[f32], nkv: usize, cap: usize, hd: usize) -> (Vec<u8>, Vec<f64>) {
-    let layout = crate::kv_cache::KvLayout {
-        format: crate::kv_cache::KvFormat::Int8,
-        kv_heads: nkv,
-        head_dim: hd,
-        capacity: cap,
-    };
+    let layout = int8_layout(nkv, cap, hd);
     let mut bytes = vec![0u8; layout.bytes() as usize];
     let mut values = Vec::with_capacity(rows.len());
     for (r, row) in rows.chunks(hd).enumerate() {
@@ -298,12 +299,7 @@ pub fn kv_int8_encode(rows: &[f32], nkv: usize, cap: usize, hd: usize) -> (Vec<u
 /// The values an int8 KV cache's bytes stand for (the layout of
 /// [`kv_int8_encode`]), `[kv_head][cap][hd]`.
 pub fn kv_int8_decode(bytes: &[u8], nkv: usize, cap: usize, hd: usize) -> Vec<f64> {
-    let layout = crate::kv_cache::KvLayout {
-        format: crate::kv_cache::KvFormat::Int8,
-        kv_heads: nkv,
-        head_dim: hd,
-        capacity: cap,
-    };
+    let layout = int8_layout(nkv, cap, hd);
     (0..nkv * cap * hd)
         .map(|i| {
             let r = i / hd;
