@@ -654,7 +654,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
         println!("prompt ids:    {:?}", prompt_ids);
         println!("generated ids: {:?}", out.generated_ids());
         println!(
-            "decode {:.1} tok/s, prefill {:.1} ms ({} tokens), load {:.0} ms{} [{} via {:?}, {} kernels{}, {} weights, stop: {}]",
+            "decode {:.1} tok/s, prefill {:.1} ms ({} tokens), load {:.0} ms{} [{} via {:?}, {} kernels{}, {} weights{}, stop: {}]",
             out.decode_tokens_per_sec,
             out.prefill_ms,
             out.n_prompt,
@@ -669,6 +669,7 @@ fn run(args: &Args) -> Result<serde_json::Value, Error> {
             engine.kernel_source().as_str(),
             if engine.kernel_report().f16_residual { ", f16 residual copy" } else { "" },
             model.weight_format().name(),
+            if args.kv_cache == KvFormat::Int8 { ", int8 KV cache" } else { "" },
             out.stop_reason.as_str(),
         );
     }

@@ -314,13 +314,15 @@ fn the_weight_format_is_chosen_and_reported() {
     }
 }
 
-/// `--kv-cache int8` runs the session over an int8 KV cache and `--json`
-/// reports it (`f16` without the flag).
+/// `--kv-cache int8` runs the session over an int8 KV cache; `--json`
+/// reports it (`f16` without the flag), and so does the summary line.
 #[test]
 fn the_kv_cache_format_is_chosen_and_reported() {
     for (flag, want) in [(&["--kv-cache", "int8"][..], "int8"), (&[][..], "f16")] {
-        let (json_out, _) = short_runs(&fixture(), flag);
+        let (json_out, text_out) = short_runs(&fixture(), flag);
         assert_eq!(last_json(&json_out)["kv_cache"], want, "{flag:?}");
+        let summary = stdout(&text_out);
+        assert_eq!(summary.contains(" weights, int8 KV cache, stop:"), want == "int8", "{summary}");
     }
 }
 
