@@ -9,8 +9,8 @@
 //
 // Layout: each simdgroup takes blocks of 4 rows; its lanes stride over the
 // row in steps of one uint4 per row (16 int8 values, or 32 int4 ones: two
-// quads of x), accumulate the 4 rows at once and reduce with one simd_sum:
-// no barriers, no threadgroup memory. NORM sums x^2 in the same loop (the
+// quads of x), accumulate the 4 rows at once and reduce with one xor tree
+// (tree_sum, the WGSL's tree_sum4 order): no barriers, no threadgroup memory. NORM sums x^2 in the same loop (the
 // simdgroup reads all of x anyway) and scales the 4 sums by
 // rsqrt(mean + eps) at the end.
 // SWIGLU: rows interleave gate (2i) and up (2i+1), so a block of 4 rows
@@ -71,6 +71,18 @@ inline float dot32(
 {
     return dot(i4x4(wv.x), a0) + dot(i4x4(wv.x >> 4), a1) + dot(i4x4(wv.y), a2) + dot(i4x4(wv.y >> 4), a3)
         + dot(i4x4(wv.z), b0) + dot(i4x4(wv.z >> 4), b1) + dot(i4x4(wv.w), b2) + dot(i4x4(wv.w >> 4), b3);
+}
+
+// The simdgroup sum of `v` in one fixed order, prelude_subgroup.wgsl's
+// tree_sum4 and tree_sum: an xor tree over masks lanes / 2 .. 1 (simd_sum's
+// order is the compiler's), so that the WGSL batched rows can add as this
+// twin does.
+template <typename T>
+inline T tree_sum(T v, uint lanes) {
+    for (uint m = lanes / 2; m > 0; m >>= 1) {
+        v += simd_shuffle_xor(v, ushort(m));
+    }
+    return v;
 }
 
 // Rows row0..row0+3 (rows past the end repeat the last row; store4 drops
@@ -146,10 +158,10 @@ inline float4 rows4(
         acc.w += dot16(w[r3 * k_quads + j], x0, x1, x2, x3) * group_scale(scales, r3 * p.groups + g);
     }
 #endif
-    float4 sums = simd_sum(acc);
+    float4 sums = tree_sum(acc, lanes);
 #if Q3W_NORM
-    const float4 t = simd_sum(ss);
-    sums *= rsqrt((t.x + t.y + t.z + t.w) / float(p.n_in) + p.eps);
+    const float t = tree_sum(ss.x + ss.y + ss.z + ss.w, lanes);
+    sums *= rsqrt(t / float(p.n_in) + p.eps);
 #endif
     return sums;
 }

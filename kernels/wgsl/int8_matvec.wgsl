@@ -12,9 +12,11 @@
 // (a subgroup where the device has them) takes blocks of ROWS_PER_TEAM = 4
 // rows; its lanes stride over the row in steps of VALUES_PER_LANE = 16 int8
 // values (one vec4<u32> per row per step, coalesced), accumulate the 4 rows
-// at once and reduce with one team_sum4: no barriers, no workgroup memory.
+// at once and reduce with one tree_sum4: no barriers, no workgroup memory.
 // NORM costs no extra pass: the team reads all of x once anyway, so it sums
 // x^2 on the way and scales the 4 dot products by rsqrt(mean + eps) at the end.
+// Every sum over lanes is a tree_ reduction of the prelude (one fixed order
+// of additions), so a batched row adds exactly as its one-token step.
 // - split K (GPUs with many cores, e.g. NVIDIA): the workgroup takes 4 rows
 //   and all its lanes stride over K, then one workgroup reduction: four
 //   times the workgroups in flight for the small layer matrices.
@@ -316,12 +318,19 @@ fn partial4_tokens(row0: u32, xb: u32, first: u32, stride: u32, peel: bool) -> P
     return o;
 }
 
-// The reduced dot products with NORM's rsqrt(mean(x^2) + eps) applied.
-fn finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
+// The reduced dot products with NORM's rsqrt(mean(x^2) + eps) applied
+// (`ss`: the reduced sum of x^2).
+fn finish(sums: vec4<f32>, ss: f32) -> vec4<f32> {
     if NORM {
-        return sums * inverseSqrt((ss.x + ss.y + ss.z + ss.w) / f32(n_inputs()) + p.eps);
+        return sums * inverseSqrt(ss / f32(n_inputs()) + p.eps);
     }
     return sums;
+}
+
+// A lane's partial sum of x^2 as one value (the same expression wherever a
+// lane's partial enters a reduction).
+fn lane_ss(ss: vec4<f32>) -> f32 {
+    return ss.x + ss.y + ss.z + ss.w;
 }
 
 // ACCUMULATE: the values the store of rows row0..row0+3 of token z adds
@@ -432,7 +441,7 @@ fn int8_matvec(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
 // DECODE_ROWS rows, split K, where each lane takes one step (quad) of K at
 // most: the lane loads its weight quads and scales once for every row,
 // then runs each row as decode_token would (partial4's one step4, the
-// same expressions, then wg_sum5 and store4).
+// same expressions, then tree_wg_sum5 and store4).
 fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
     let k_quads = k_steps();
     let j = lane.idx;
@@ -452,27 +461,25 @@ fn split_k_rows(lane: Lane, row0: u32, z0: u32, z_end: u32) {
         s = vec4<f32>(group_scale(rows.x * n_groups() + g), group_scale(rows.y * n_groups() + g),
                       group_scale(rows.z * n_groups() + g), group_scale(rows.w * n_groups() + g));
     }
-    // Four rows per workgroup exchange (wg_sum5x4: each row's sums exactly
-    // wg_sum5's), then the rest one at a time.
+    // Four rows per workgroup exchange (tree_wg_sum_rows4: each row's sums
+    // exactly tree_wg_sum5's), then the rest one at a time.
     var z = z0;
     for (; z + 4u <= z_end; z += 4u) {
         let o0 = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
         let o1 = split_k_row(has_step, w0, w1, w2, w3, s, z + 1u, j);
         let o2 = split_k_row(has_step, w0, w1, w2, w3, s, z + 2u, j);
         let o3 = split_k_row(has_step, w0, w1, w2, w3, s, z + 3u, j);
-        let ss = vec4<f32>(o0.ss.x + o0.ss.y + o0.ss.z + o0.ss.w, o1.ss.x + o1.ss.y + o1.ss.z + o1.ss.w,
-                           o2.ss.x + o2.ss.y + o2.ss.z + o2.ss.w, o3.ss.x + o3.ss.y + o3.ss.z + o3.ss.w);
-        let r = wg_sum5x4(o0.acc, o1.acc, o2.acc, o3.acc, ss, lane);
-        store4(row0, finish(r.v0, vec4<f32>(r.s.x, 0.0, 0.0, 0.0)), lane.idx, z);
-        store4(row0, finish(r.v1, vec4<f32>(r.s.y, 0.0, 0.0, 0.0)), lane.idx, z + 1u);
-        store4(row0, finish(r.v2, vec4<f32>(r.s.z, 0.0, 0.0, 0.0)), lane.idx, z + 2u);
-        store4(row0, finish(r.v3, vec4<f32>(r.s.w, 0.0, 0.0, 0.0)), lane.idx, z + 3u);
+        let ss = vec4<f32>(lane_ss(o0.ss), lane_ss(o1.ss), lane_ss(o2.ss), lane_ss(o3.ss));
+        let r = tree_wg_sum_rows4(o0.acc, o1.acc, o2.acc, o3.acc, ss, NORM, lane);
+        store4(row0, finish(r.a0, r.s.x), lane.idx, z);
+        store4(row0, finish(r.a1, r.s.y), lane.idx, z + 1u);
+        store4(row0, finish(r.a2, r.s.z), lane.idx, z + 2u);
+        store4(row0, finish(r.a3, r.s.w), lane.idx, z + 3u);
     }
     for (; z < z_end; z++) {
         let o = split_k_row(has_step, w0, w1, w2, w3, s, z, j);
-        let ss = o.ss;
-        let r = wg_sum5(o.acc, ss.x + ss.y + ss.z + ss.w, lane);
-        store4(row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z);
+        let r = tree_wg_sum5(o.acc, lane_ss(o.ss), NORM, lane);
+        store4(row0, finish(r.v, r.s), lane.idx, z);
     }
 }
 
@@ -498,9 +505,8 @@ fn decode_token(lane: Lane, wg_row0: u32, z: u32) {
         // of squares rides along).
         let prior = prior4(wg_row0, lane.idx, z);
         let part = partial4(wg_row0, xb, lane.idx, WG);
-        let ss = part.ss;
-        let r = wg_sum5(part.acc, ss.x + ss.y + ss.z + ss.w, lane);
-        store4_onto(wg_row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, z, prior);
+        let r = tree_wg_sum5(part.acc, lane_ss(part.ss), NORM, lane);
+        store4_onto(wg_row0, finish(r.v, r.s), lane.idx, z, prior);
         return;
     }
     // Each team takes whole blocks of 4 rows; a barrier-free team reduction.
@@ -510,36 +516,31 @@ fn decode_token(lane: Lane, wg_row0: u32, z: u32) {
         if row0 < n_rows() {
             let prior = prior4(row0, tl, z);
             let part = partial4(row0, xb, tl, team_size(lane));
-            let sums = team_sum4(part.acc, lane);
-            var ss = vec4<f32>(0.0);
+            let sums = tree_sum4(part.acc, lane);
+            var ss = 0.0;
             if NORM {
-                ss = team_sum4(part.ss, lane);
+                ss = tree_sum(lane_ss(part.ss), lane);
             }
             store4_onto(row0, finish(sums, ss), tl, z, prior);
         }
     }
 }
 
-// 4 tokens from `t0` on (the prefill pipelines), rows per team.
-fn team_finish(row0: u32, a: vec4<f32>, s: vec4<f32>, lane: Lane, t: u32) {
-    let sums = team_sum4(a, lane);
-    var ss = vec4<f32>(0.0);
-    if NORM {
-        ss = team_sum4(s, lane);
-    }
-    store4(row0, finish(sums, ss), team_lane(lane), t);
-}
-
+// 4 tokens from `t0` on (the prefill pipelines, and four rows of a batched
+// decode), rows per team: one tree_sum_rows4 for the four.
 fn matmul(lane: Lane, wg_row0: u32, t0: u32, peel: bool) {
     let xb = t0 * n_k_words();
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < n_rows() {
             let o = partial4_tokens(row0, xb, team_lane(lane), team_size(lane), peel);
-            team_finish(row0, o.a0, o.s0, lane, t0);
-            team_finish(row0, o.a1, o.s1, lane, t0 + 1u);
-            team_finish(row0, o.a2, o.s2, lane, t0 + 2u);
-            team_finish(row0, o.a3, o.s3, lane, t0 + 3u);
+            let ss = vec4<f32>(lane_ss(o.s0), lane_ss(o.s1), lane_ss(o.s2), lane_ss(o.s3));
+            let r = tree_sum_rows4(o.a0, o.a1, o.a2, o.a3, ss, NORM, lane);
+            let tl = team_lane(lane);
+            store4(row0, finish(r.a0, r.s.x), tl, t0);
+            store4(row0, finish(r.a1, r.s.y), tl, t0 + 1u);
+            store4(row0, finish(r.a2, r.s.z), tl, t0 + 2u);
+            store4(row0, finish(r.a3, r.s.w), tl, t0 + 3u);
         }
     }
 }

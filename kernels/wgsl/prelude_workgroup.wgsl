@@ -41,33 +41,51 @@ fn wg_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
     return red_f[0];
 }
 
-// wg_sum4 of `v` and the sum of `s` (two tree reductions here).
+// The matvec family's reductions (prelude_subgroup.wgsl's tree_
+// functions): here every sum is wg_sum4's tree, in one fixed order.
+fn tree_sum4(v: vec4<f32>, lane: Lane) -> vec4<f32> {
+    return wg_sum4(v, lane);
+}
+
+fn tree_sum(v: f32, lane: Lane) -> f32 {
+    return wg_sum4(vec4<f32>(v, 0.0, 0.0, 0.0), lane).x;
+}
+
+struct Rows4 {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    s: vec4<f32>,
+}
+
+// Each component of s summed as tree_sum sums it (the same tree per
+// component).
+fn tree_sum_rows4(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, s: vec4<f32>, with_s: bool,
+                  lane: Lane) -> Rows4 {
+    var ss = s;
+    if with_s {
+        ss = wg_sum4(s, lane);
+    }
+    return Rows4(wg_sum4(a0, lane), wg_sum4(a1, lane), wg_sum4(a2, lane), wg_sum4(a3, lane), ss);
+}
+
 struct Sum5 {
     v: vec4<f32>,
     s: f32,
 }
 
-fn wg_sum5(v: vec4<f32>, s: f32, lane: Lane) -> Sum5 {
-    let a = wg_sum4(v, lane);
-    return Sum5(a, wg_sum4(vec4<f32>(s, 0.0, 0.0, 0.0), lane).x);
+fn tree_wg_sum5(v: vec4<f32>, s: f32, with_s: bool, lane: Lane) -> Sum5 {
+    var b = s;
+    if with_s {
+        b = tree_sum(s, lane);
+    }
+    return Sum5(tree_sum4(v, lane), b);
 }
 
-// wg_sum5 of four (v, s) pairs (s: their four scalars), each exactly
-// wg_sum5's (prelude_subgroup.wgsl exchanges all four at once).
-struct Sum5x4 {
-    v0: vec4<f32>,
-    v1: vec4<f32>,
-    v2: vec4<f32>,
-    v3: vec4<f32>,
-    s: vec4<f32>,
-}
-
-fn wg_sum5x4(v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>, s: vec4<f32>, lane: Lane) -> Sum5x4 {
-    let r0 = wg_sum5(v0, s.x, lane);
-    let r1 = wg_sum5(v1, s.y, lane);
-    let r2 = wg_sum5(v2, s.z, lane);
-    let r3 = wg_sum5(v3, s.w, lane);
-    return Sum5x4(r0.v, r1.v, r2.v, r3.v, vec4<f32>(r0.s, r1.s, r2.s, r3.s));
+fn tree_wg_sum_rows4(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, s: vec4<f32>, with_s: bool,
+                     lane: Lane) -> Rows4 {
+    return tree_sum_rows4(a0, a1, a2, a3, s, with_s, lane);
 }
 
 fn wg_max(v: f32, lane: Lane) -> f32 {

@@ -67,6 +67,25 @@ impl Session {
         Ok(Some(token))
     }
 
+    /// A batch's member returning its forced tokens, or the choice after
+    /// them, by itself ([`crate::Batch::step`] leaves it out of the rows
+    /// meanwhile): what [`Self::next_token`] (or, `polled`,
+    /// [`Self::try_next_token`], `None` while the choice is on its way)
+    /// returns, but nothing of its own is queued after them, neither a
+    /// step nor a forward pass: the batch steps the member next, as a row.
+    pub(crate) fn serve_forced(&mut self, polled: bool) -> Result<Option<u32>> {
+        if let Some(token) = self.take_forced()? {
+            return Ok(Some(token));
+        }
+        if !self.settle_forced(!polled)? {
+            return Ok(None);
+        }
+        if polled && self.queued_front_arrived()? != Some(true) {
+            return Ok(None);
+        }
+        self.take_queued(polled).map(Some)
+    }
+
     /// Feeds the pending token and the forced ones as a prompt (its
     /// batches, the last choosing the token after them, whose readback is
     /// queued; [`Self::prompt_jobs`]), from `len`. The recording and the submits run on

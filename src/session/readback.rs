@@ -143,7 +143,15 @@ impl Session {
             });
         }
         self.pending = Some(token);
-        if !(polled && self.choose_on_worker(token)?) {
+        if polled && self.kv_slot.is_some() {
+            // A batch's member that served itself (the choice after its
+            // forced tokens): its batch steps it next, so no forward pass
+            // of its own, and its next mask goes to rayon's threads, as
+            // the batch's rows' do (the batch's next step settles it). A
+            // frame's call neither records a pass nor computes a mask.
+            let consumed = self.consume_constraint_on_worker(token);
+            self.after_constraint_consumed(consumed)?;
+        } else if !(polled && self.choose_on_worker(token)?) {
             self.advance_constraint(token)?;
         }
         // The next submit is recorded from here on, so the call that

@@ -337,6 +337,10 @@ fn batch_members_keep_their_own_constraints() {
         assert_eq!(got, alone, "polled: {polled}");
         let forced: Vec<u64> = sessions.iter().map(Session::debug_forced_tokens).collect();
         assert_eq!(forced, forced_alone, "polled: {polled}");
+        // A member serving itself (its forced tokens, the choice after
+        // them) submits no forward pass of its own: the batch steps it.
+        let own_passes: Vec<u64> = sessions.iter().map(Session::debug_forward_ahead_submits).collect();
+        assert_eq!(own_passes, [0, 0, 0], "polled: {polled}");
         assert!(sessions[0].constraint_complete(), "the regex completes within {steps} tokens");
         // A polled step returns the tokens and leaves the next masks to
         // other threads (the next step settles them); `step` computes them.

@@ -385,9 +385,10 @@ inline void matrix_exchange(const float (&mine)[MATRIX_SLOT_FLOATS], float (&all
     std::memcpy(all, slots, sizeof all);
 }
 
-#ifdef MSL_SHIM_SIMD_SUM_DROPS_LANE
-// Deliberate fault for the harness's own test: simd_sum ignores one lane.
-constexpr uint dropped_lane = MSL_SHIM_SIMD_SUM_DROPS_LANE;
+#ifdef MSL_SHIM_SHUFFLE_XOR_DROPS_LANE
+// Deliberate fault for the harness's own test: simd_shuffle_xor reads zero
+// from one lane (a tree reduction then misses that lane's values).
+constexpr uint xor_dropped_lane = MSL_SHIM_SHUFFLE_XOR_DROPS_LANE;
 #endif
 
 using LaunchFn = void (*)(void* const* buffers, const LaneCtx& c);
@@ -443,9 +444,6 @@ inline void simdgroup_barrier(mem_flags) {
 template <class T>
 T simd_sum(T v) {
     return msl_rt::collective(v, [](T* vals, uint n, uint) {
-#ifdef MSL_SHIM_SIMD_SUM_DROPS_LANE
-        if (msl_rt::dropped_lane < n) vals[msl_rt::dropped_lane] = T(0);
-#endif
         return msl_rt::tree_reduce(vals, n, [](T a, T b) { return a + b; });
     });
 }
@@ -468,7 +466,12 @@ T simd_shuffle_up(T v, ushort delta) {
 }
 template <class T>
 T simd_shuffle_xor(T v, ushort mask) {
-    return msl_rt::collective(v, [mask](T* vals, uint n, uint me) { return (me ^ mask) < n ? vals[me ^ mask] : vals[me]; });
+    return msl_rt::collective(v, [mask](T* vals, uint n, uint me) {
+#ifdef MSL_SHIM_SHUFFLE_XOR_DROPS_LANE
+        if ((me ^ mask) == msl_rt::xor_dropped_lane) return T(0);
+#endif
+        return (me ^ mask) < n ? vals[me ^ mask] : vals[me];
+    });
 }
 template <class T>
 T simd_shuffle(T v, ushort from) {

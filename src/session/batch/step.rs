@@ -68,7 +68,8 @@ impl Batch {
             }
         }
         for (i, s) in own.iter_mut() {
-            out[*i] = s.next_token()?;
+            out[*i] =
+                s.serve_forced(false)?.ok_or_else(|| Error::internal("a member's token did not come"))?;
         }
         Ok(out)
     }
@@ -217,8 +218,9 @@ impl Batch {
             }
         }
         for (i, s) in own.iter_mut() {
-            out[*i] =
-                s.try_next_token()?.ok_or_else(|| Error::internal("a member's ready token did not come"))?;
+            out[*i] = s
+                .serve_forced(true)?
+                .ok_or_else(|| Error::internal("a member's ready token did not come"))?;
         }
         Ok(Some(out))
     }
