@@ -275,7 +275,10 @@ impl Session {
         // Every earlier submit is done once the last step's token is back,
         // so the discarded steps' slots are all mapped by now.
         self.reclaim_discarded(progress, true)?;
-        self.take_queued(false).map(FeedStatus::Ready)
+        // A batch's member leaves the mask after the feed's token to
+        // rayon's threads (its batch's next step settles it): a frame with
+        // several conversations restarting computed each on the caller's.
+        self.take_queued(self.kv_slot.is_some()).map(FeedStatus::Ready)
     }
 
     /// Frees the readback slots of the discarded steps whose mappings have

@@ -411,6 +411,42 @@ fn each_feed_starts_the_constraint_over() {
     }
 }
 
+/// A batch's member fed by polling (a frame loop's restart) leaves the
+/// mask after the feed's token to other threads, as its batch's steps do,
+/// and decodes the tokens of a blocking feed.
+#[test]
+fn a_polled_feed_of_a_batch_member_leaves_its_next_mask_to_other_threads() {
+    let model = short_vocab_model();
+    let json = Constraint::json_schema(tokenizer(), &schemas()[0]).unwrap();
+    let prompt = [785u32, 1052, 25];
+    let decode = |polled: bool| {
+        let batch = model.batch(&qwen3_wgpu::BatchOptions::default().slots(1).capacity_per_slot(64)).unwrap();
+        let mut s = batch.session().unwrap();
+        s.set_constraint(Some(&json)).unwrap();
+        let first = if polled {
+            s.begin_feed(&prompt).unwrap();
+            loop {
+                if let qwen3_wgpu::FeedStatus::Ready(token) = s.poll_feed().unwrap() {
+                    break token;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        } else {
+            s.feed(&prompt).unwrap()
+        };
+        let on_worker = s.debug_choices_on_worker();
+        let mut ids = vec![first];
+        while ids.len() < 8 && !s.constraint_complete() {
+            ids.push(s.next_token().unwrap());
+        }
+        (ids, on_worker)
+    };
+    let (blocking, none) = decode(false);
+    let (polled, on_worker) = decode(true);
+    assert_eq!(polled, blocking);
+    assert_eq!((none, on_worker), (0, 1), "masks after the feed's token on other threads");
+}
+
 /// Game functions as tools, in the chat template's shape.
 fn game_tools() -> Vec<Value> {
     vec![
