@@ -141,6 +141,9 @@ pub struct Session {
     /// Prompt submits whose commands were recorded on the caller's thread
     /// (a blocking feed's; a polled feed's only when the recorder is gone).
     inline_feed_recordings: u64,
+    /// Prompt submits made on the caller's thread (a blocking feed's; a
+    /// polled feed's only without a recording thread): for tests.
+    inline_feed_submits: u64,
     /// Tokens the constraint forced after the pending one, not yet
     /// returned: the next calls return them without a step each.
     forced: VecDeque<u32>,
@@ -207,6 +210,7 @@ impl Session {
             whole_steps_only: false,
             decode_submits: 0,
             inline_feed_recordings: 0,
+            inline_feed_submits: 0,
             forced: VecDeque::new(),
             forced_feed: false,
             forced_away: None,
@@ -306,6 +310,7 @@ impl Session {
         for (at, batch) in batches {
             self.write_step_at(at, end);
             self.inline_feed_recordings += 1;
+            self.inline_feed_submits += 1;
             gpu.queue.submit([batch.encode()]);
         }
         self.write_step_at(last_at, end);
@@ -313,6 +318,7 @@ impl Session {
             self.write_last_step(end);
         }
         self.inline_feed_recordings += 1;
+        self.inline_feed_submits += 1;
         self.submit_commands_with_readbacks([last.encode()], &[slot]);
         self.gpu_pos = end;
         self.len = end - 1;

@@ -7,8 +7,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
+use super::readback::Mapping;
 use super::recorder::{Ahead, LastJob, PrefillJob};
 use super::{check_prompt, InFlight, Session};
 use crate::error::{Error, Result};
@@ -70,6 +71,10 @@ pub(super) struct FeedProgress {
     /// The readback slot the last step's token goes to, taken at
     /// `begin_feed` (returned if the feed fails before its submit).
     last_slot: Option<usize>,
+    /// The last submit handed to the session's thread: its slot, and the
+    /// slot's mapping, sent back once submitted (then it joins the
+    /// session's queue).
+    last_away: Option<(usize, mpsc::Receiver<Mapping>)>,
 }
 
 impl FeedProgress {
@@ -83,9 +88,8 @@ impl Session {
     /// [`feed`](Self::feed) does (every id, the capacity, the pending token
     /// committed first), hands the prompt batches' commands (the last one
     /// choosing the token after the prompt) to the session's recording
-    /// thread and returns: a frame that starts or polls a feed pays for the
-    /// last batch's submit, not for recording (that thread submits the prompt batches
-    /// too). Then call [`poll_feed`](Self::poll_feed) (say once a frame) until it
+    /// thread and returns: a frame that starts or polls a feed pays for
+    /// neither recording nor submitting them (that thread does both). Then call [`poll_feed`](Self::poll_feed) (say once a frame) until it
     /// returns [`FeedStatus::Ready`] with the prediction after the last id,
     /// the token [`feed`](Self::feed) would return. Neither call ever waits
     /// for the GPU, and at most one batch of [`PREFILL_BATCH`](crate::PREFILL_BATCH)
@@ -163,6 +167,7 @@ impl Session {
             last_at,
             last_is_batch,
             last_slot,
+            last_away: None,
         };
         self.submit_feed_work(&mut progress);
         self.feed_progress = Some(progress);
@@ -196,6 +201,14 @@ impl Session {
                 // submitted (its position written) before the rewind's.
                 if let Some(rec) = &self.recorder {
                     rec.finish_queued();
+                }
+                // The last submit, if handed to that thread, is in flight:
+                // reclaimed as the rest (its slot back once it arrives).
+                if let Some((slot, away)) = progress.last_away.take() {
+                    match away.try_recv() {
+                        Ok(mapping) => self.queued.push_back(InFlight::new(slot, mapping)),
+                        Err(_) => self.free_slots.push(slot),
+                    }
                 }
                 // Rewind to where the feed began; what is still in flight
                 // is reclaimed by the next call that discards queued steps.
@@ -241,6 +254,15 @@ impl Session {
         self.inline_feed_recordings
     }
 
+    /// Prompt submits (batches and a feed's last submit) so far made on
+    /// the caller's thread: a blocking [`feed`](Self::feed)'s, and a
+    /// polled feed's only when the session's thread is gone. For tests
+    /// that check that polling a feed leaves submits to that thread.
+    #[doc(hidden)]
+    pub fn debug_inline_feed_submits(&self) -> u64 {
+        self.inline_feed_submits
+    }
+
     /// The named error of a call made while a feed is in progress.
     pub(super) fn check_no_feed(&self) -> Result<()> {
         match &self.feed_progress {
@@ -266,6 +288,21 @@ impl Session {
         if !progress.final_submitted {
             self.submit_feed_work(progress);
             return Ok(progress.status());
+        }
+        if let Some((slot, away)) = &progress.last_away {
+            let slot = *slot;
+            match away.try_recv() {
+                Ok(mapping) => self.queued.push_back(InFlight::new(slot, mapping)),
+                Err(mpsc::TryRecvError::Empty) => return Ok(progress.status()),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    progress.last_away = None;
+                    self.free_slots.push(slot);
+                    return Err(Error::internal(
+                        "the session's thread ended without submitting the prompt's last step",
+                    ));
+                }
+            }
+            progress.last_away = None;
         }
         let front =
             self.queued.front_mut().ok_or_else(|| Error::internal("the feed's last step is not queued"))?;
@@ -355,6 +392,7 @@ impl Session {
             };
             progress.batches.pop_front();
             self.inline_feed_recordings += u64::from(inline);
+            self.inline_feed_submits += 1;
             self.write_step_at(at, end);
             gpu.queue.submit([commands]);
             progress.submits += 1;
@@ -388,7 +426,29 @@ impl Session {
                 let (commands, inline) = recorded
                     .unwrap_or_else(|| (self.last_job(last_at, end, Some(slot), batch).encode(), true));
                 self.inline_feed_recordings += u64::from(inline);
-                self.submit_commands_with_readbacks([commands], &[slot]);
+                match &self.recorder {
+                    // Submitted on the session's thread, as the prompt's
+                    // batches are (a submit is a driver's round of work,
+                    // ~0.1-0.5 ms of a frame); the token's mapping comes
+                    // back from there. Its step positions, written above,
+                    // precede it in queue order.
+                    Some(rec) => {
+                        let (queue, buffer) = (gpu.queue.clone(), self.slots[slot].clone());
+                        let (tx, away) = mpsc::channel();
+                        rec.run(move || {
+                            let submission = queue.submit([commands]);
+                            queue.on_submitted_work_done(move || drop(ticket));
+                            let _ = tx.send(Mapping::start(buffer.slice(..), submission));
+                        });
+                        progress.last_away = Some((slot, away));
+                        self.finish_last_submit(progress, end);
+                        return;
+                    }
+                    None => {
+                        self.inline_feed_submits += 1;
+                        self.submit_commands_with_readbacks([commands], &[slot]);
+                    }
+                }
             }
             None => {
                 // No slot was free at begin_feed (unreachable by the count
@@ -396,6 +456,7 @@ impl Session {
                 let (commands, inline) =
                     recorded.unwrap_or_else(|| (self.last_job(last_at, end, None, batch).encode(), true));
                 self.inline_feed_recordings += u64::from(inline);
+                self.inline_feed_submits += 1;
                 let mut copy = self.encoder();
                 match self.queue_readback(&mut copy, end) {
                     Ok(slot) => self.submit_commands_with_readbacks([commands, copy.finish()], &[slot]),
@@ -407,6 +468,11 @@ impl Session {
             }
         }
         gpu.queue.on_submitted_work_done(move || drop(ticket));
+        self.finish_last_submit(progress, end);
+    }
+
+    /// The session and the feed after the prompt's last submit.
+    fn finish_last_submit(&mut self, progress: &mut FeedProgress, end: usize) {
         progress.submits += 1;
         self.gpu_pos = end;
         self.len = end - 1;

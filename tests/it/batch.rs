@@ -553,7 +553,7 @@ fn try_step_records_the_next_step_ahead_and_never_submits_a_stale_recording() {
     for _ in 0..steps {
         try_rows(&mut batch, &mut sessions, &mut alone, &[0, 1]);
     }
-    let (on_caller, ahead) = batch.debug_step_recordings();
+    let (on_caller, ahead, _) = batch.debug_step_recordings();
     assert_eq!(on_caller, 0, "steps recorded on the caller's thread");
     // The first step, and the one behind each call that gave tokens.
     assert!(ahead > steps, "{ahead} steps recorded ahead for {steps} calls giving tokens");

@@ -447,6 +447,36 @@ fn a_polled_feed_of_a_batch_member_leaves_its_next_mask_to_other_threads() {
     assert_eq!((none, on_worker), (0, 1), "masks after the feed's token on other threads");
 }
 
+/// A batch of constrained rows stepped by `try_step` (no step is queued
+/// behind a constrained one) records each step once: the recording
+/// started at a step's submit is the next call's, not dropped for another
+/// recorded after its tokens.
+#[test]
+fn constrained_batch_steps_are_recorded_once() {
+    let model = short_vocab_model();
+    let digits = Constraint::regex(tokenizer(), "[0-9]{12}").unwrap();
+    let mut batch = model.batch(&qwen3_wgpu::BatchOptions::default().slots(2).capacity_per_slot(64)).unwrap();
+    let mut sessions: Vec<Session> = (0..2).map(|_| batch.session().unwrap()).collect();
+    for (i, s) in sessions.iter_mut().enumerate() {
+        s.set_constraint(Some(&digits)).unwrap();
+        s.feed(&[785u32 + i as u32, 1052, 25]).unwrap();
+    }
+    let mut steps = 0;
+    while steps < 8 {
+        let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
+        if batch.try_step(&mut refs).unwrap().is_some() {
+            steps += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(sessions.iter().all(|s| s.debug_forced_tokens() == 0), "a digit was forced");
+    let (on_caller, submitted_ahead, started) = batch.debug_step_recordings();
+    assert_eq!(on_caller, 0);
+    assert!(submitted_ahead >= steps, "{submitted_ahead} steps recorded ahead for {steps}");
+    // At most the one after the last step is not submitted (yet).
+    assert!(started <= submitted_ahead + 1, "{started} recordings for {submitted_ahead} submits");
+}
+
 /// Game functions as tools, in the chat template's shape.
 fn game_tools() -> Vec<Value> {
     vec![

@@ -335,6 +335,9 @@ fn a_polled_feed_equals_feed_and_never_waits() {
     // on the caller's (a blocking feed records its 2 there).
     assert_eq!(s.debug_inline_feed_recordings(), 0, "a polled feed recorded on the caller's thread");
     assert_eq!(blocking.debug_inline_feed_recordings(), 2);
+    // Nor submitted there, the last submit included.
+    assert_eq!(s.debug_inline_feed_submits(), 0, "a polled feed submitted on the caller's thread");
+    assert_eq!(blocking.debug_inline_feed_submits(), 2);
     assert!(!s.is_feeding());
     assert_eq!((s.len(), s.pending()), (blocking.len(), blocking.pending()));
     assert_eq!(continue_for(&mut s, token, 5), continue_for(&mut blocking, want, 5));

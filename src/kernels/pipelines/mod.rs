@@ -163,6 +163,12 @@ pub struct Kernels {
     /// [`Kernels::matvec_rows_pipeline_or_start`]. Dropping the set joins
     /// the threads (none is left inside the driver as the process exits).
     building: Mutex<HashMap<PipelineKey, Build>>,
+    /// At most this many of those builds run at once (a batch's warm-up
+    /// counts as one): a driver compiles each on a core of its own, and a
+    /// batch whose session count changes asks for several at once (a cold
+    /// shader cache ran 40 side by side, each ~1 s, and the caller's
+    /// thread waited milliseconds for a core).
+    background_builds: usize,
     /// Proves a batched-row pipeline before its first use
     /// ([`SelfChecker::rows_matvec`]).
     rows_check: RowsCheck,
@@ -217,6 +223,12 @@ pub struct Kernels {
     pub source: KernelSource,
     /// How the kernels were chosen and checked.
     pub report: KernelReport,
+}
+
+/// How many batched-row pipelines may build at once off the caller's
+/// thread: a quarter of the cores (a game keeps the rest), 1 to 4.
+fn background_build_limit() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).clamp(1, 4))
 }
 
 /// A batched-row pipeline built (and proven) off the caller's thread: the
@@ -334,6 +346,7 @@ impl Kernels {
             layouts: Kernel::ALL.iter().map(|k| bind_group_layout(gpu, k.entry(), k.bindings())).collect(),
             cache: Default::default(),
             building: Default::default(),
+            background_builds: background_build_limit(),
             rows_check: checker.rows_matvec,
             format_check: checker.format,
             kv_check: checker.kv,

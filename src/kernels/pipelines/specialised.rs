@@ -3,6 +3,8 @@
 //! (built and proven on a thread of their own before their first use),
 //! and the batched-row attention.
 
+use std::collections::HashMap;
+
 use super::{build_from, Build, Kernels, PipelineKey, Program};
 use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
@@ -180,7 +182,8 @@ impl Kernels {
     /// thread (a frame must not wait for a compiler or the proof's GPU
     /// run): the pipeline if built and proven; otherwise `None`, and its
     /// build and proof start on a thread of their own (once: a failure is
-    /// not tried again), so a later call finds it. Meanwhile the caller runs the decode pipeline over a grid
+    /// not tried again; not while as many builds as the set allows at once
+    /// are running: a later call starts it), so a later call finds it. Meanwhile the caller runs the decode pipeline over a grid
     /// of rows (the same results).
     pub fn matvec_rows_pipeline_or_start(
         &self,
@@ -210,6 +213,7 @@ impl Kernels {
                 building.insert(key, running);
                 None
             }
+            None if builds_in_flight(&building) >= self.background_builds => None,
             None => {
                 // The thread owns what the build needs (not the set, which
                 // joins it when dropped).
@@ -354,4 +358,18 @@ impl Kernels {
         self.matvec_rows_key(kernel, split, shape, WeightFormat::Int8, rows)
             .is_some_and(|key| self.failed(key))
     }
+}
+
+/// Builds running off the caller's threads: started by
+/// [`Kernels::matvec_rows_pipeline_or_start`] and not finished, or a
+/// batch's warm-up's.
+pub(super) fn builds_in_flight(building: &HashMap<PipelineKey, Build>) -> usize {
+    building
+        .values()
+        .filter(|b| match b {
+            Build::Running(thread) => !thread.is_finished(),
+            Build::Warming => true,
+            Build::Failed => false,
+        })
+        .count()
 }

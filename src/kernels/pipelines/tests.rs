@@ -3,7 +3,7 @@ use super::*;
 use crate::error::Result;
 use crate::gpu::AdapterPolicy;
 use crate::gpu::Gpu;
-use crate::kernels::choice::{KernelChoice, KernelSource, SelfCheck, SelfChecker};
+use crate::kernels::choice::{KernelChoice, KernelSource, RowsMatvecCase, SelfCheck, SelfChecker};
 use crate::kernels::{Constants, Kernel, MatmulTile, MatvecShape, PREFILL_ATTENTION_TOKENS};
 
 /// A checker that runs `set` at start-up and passes every other weight
@@ -51,6 +51,46 @@ fn rows_pipelines_asked_without_waiting_build_on_another_thread() {
     assert_eq!(kernels.cache.lock().unwrap().len(), before + 1, "one build, one entry");
     assert_eq!(kernels.matvec_rows_pipeline(&gpu, kernel, split, shape, WeightFormat::Int8, 5), Some(built));
     assert!(kernels.building.lock().unwrap().is_empty(), "the finished build is taken");
+}
+
+/// Builds asked for without waiting run a few at a time, however many
+/// session counts a batch asks for at once: the rest start as earlier
+/// ones finish, and every one is built in the end.
+#[test]
+fn rows_pipelines_asked_without_waiting_build_a_few_at_a_time() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
+    // A proof slow enough that the builds overlap.
+    let slow_proof = |_: &Gpu, _: &RowsMatvecCase<'_>| {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        Ok(None)
+    };
+    let checker = SelfChecker { rows_matvec: slow_proof, ..checker(pass) };
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker).unwrap();
+    kernels.background_builds = 2;
+    let split = kernels.matvec_layout.splits()[0];
+    let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
+    let kernel = Kernel::Int8MatvecNorm;
+    let counts = [2, 3, 4, 5, 6];
+    let mut built = std::collections::BTreeSet::new();
+    let mut most = 0;
+    let t0 = std::time::Instant::now();
+    while built.len() < counts.len() {
+        for rows in counts {
+            if kernels
+                .matvec_rows_pipeline_or_start(&gpu, kernel, split, shape, WeightFormat::Int8, rows)
+                .is_some()
+            {
+                built.insert(rows);
+            }
+        }
+        let in_flight = specialised::builds_in_flight(&kernels.building.lock().unwrap());
+        assert!(in_flight <= 2, "{in_flight} builds at once (at most 2 allowed)");
+        most = most.max(in_flight);
+        assert!(t0.elapsed().as_secs() < 120, "the builds never finished");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(most, 2, "the builds ran side by side");
 }
 
 /// A pipeline warmed ahead (a batch's warm-up) is built once and is the

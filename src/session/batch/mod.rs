@@ -151,7 +151,7 @@ pub struct Batch {
     prerecorded: Option<PrerecordedStep>,
     /// Steps submitted so far with commands recorded on the caller's
     /// thread, and with commands recorded ahead.
-    recordings: (u64, u64),
+    recordings: (u64, u64, u64),
     /// Building the row pipelines of every session count ahead of the
     /// steps (`None` on the MSL kernels, or if no thread could start).
     warm_up: Option<WarmUp>,
@@ -240,7 +240,7 @@ impl Batch {
             blocking_waits: 0,
             recorder: None,
             prerecorded: None,
-            recordings: (0, 0),
+            recordings: (0, 0, 0),
             warm_up,
             model,
         })
@@ -326,10 +326,11 @@ impl Batch {
 
     /// Steps submitted by this batch so far whose commands were recorded
     /// on the caller's thread, and whose commands were recorded ahead on
-    /// the batch's recorder: for tests that check which steps were
-    /// recorded where.
+    /// the batch's recorder; and recordings started ahead (those not
+    /// submitted were dropped): for tests that check which steps were
+    /// recorded where, and that none is recorded in vain.
     #[doc(hidden)]
-    pub fn debug_step_recordings(&self) -> (u64, u64) {
+    pub fn debug_step_recordings(&self) -> (u64, u64, u64) {
         self.recordings
     }
 }

@@ -184,7 +184,8 @@ impl Batch {
     /// Starts recording the step of `sessions` at their lengths plus
     /// `offset` (the one after the step just submitted: the next submit
     /// for the same sessions), its tokens to readback buffer `readback`,
-    /// on the batch's recorder, unless it would not fit.
+    /// on the batch's recorder, unless it would not fit or its recording
+    /// is already under way (or done).
     pub(super) fn record_ahead(&mut self, sessions: &[&mut Session], offset: usize, readback: usize) {
         if !sessions.iter().all(|s| s.len + offset < s.bufs.capacity) {
             return;
@@ -192,10 +193,15 @@ impl Batch {
         if self.recorder.is_none() {
             self.recorder = Recorder::start();
         }
+        let rows = recording_key(sessions, offset);
+        // Recorded already (or being recorded) for this very step.
+        if self.prerecorded.as_ref().is_some_and(|p| p.rows == rows && p.readback == readback) {
+            return;
+        }
         let job = self.step_job(sessions, offset, readback, false);
         let Some(recorder) = &self.recorder else { return };
         let commands = recorder.record(job.clone());
-        let rows = recording_key(sessions, offset);
+        self.recordings.2 += 1;
         self.prerecorded = Some(PrerecordedStep { rows, readback, job, commands, arrived: None });
     }
 

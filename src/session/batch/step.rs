@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::record::{row_key, RowKey};
-use super::submit::InFlightStep;
+use super::submit::{steps_behind, InFlightStep};
 use super::Batch;
 
 use crate::error::{Error, Result};
@@ -105,7 +105,7 @@ impl Batch {
         // host handles this one's tokens. Its inputs are this step's
         // tokens, already on the GPU.
         // No step ahead for a constrained row: its mask waits for its token.
-        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && !s.has_constraint());
+        let room = steps_behind(sessions, 0);
         let next = match self.behind.take() {
             Some(next) => Some(next),
             None => room.then(|| self.submit(sessions, 1, None, 1 - current.readback, true)),
@@ -256,8 +256,7 @@ impl Batch {
         };
         // The next step behind this one, as `step` queues it (unless a
         // call queued it already).
-        let room = sessions.iter().all(|s| s.len + 2 <= s.bufs.capacity && !s.has_constraint());
-        if self.behind.is_none() && room {
+        if self.behind.is_none() && steps_behind(sessions, 0) {
             self.behind = Some(self.submit(sessions, 1, None, 1 - current.readback, false));
         }
         // A failed mapping drops the step (its buffer is not mapped); the
@@ -277,8 +276,9 @@ impl Batch {
         self.advance(sessions, &out, next, true)?;
         if self.ahead.is_none() {
             // No step behind this one (a constrained row's mask waits for
-            // its token): the next for the same sessions is recorded now,
-            // so the call that finds the masks on the GPU submits it.
+            // its token): the next for the same sessions is recorded (its
+            // recording started at this one's submit, unless a row changed
+            // since), so the call that finds the masks on the GPU submits it.
             self.record_ahead(sessions, 0, 0);
         }
         Ok(Some(out))

@@ -102,7 +102,11 @@ impl Batch {
         };
         let step = self.submit_commands(sessions, offset, tokens, readback, commands);
         if !wait {
-            self.record_ahead(sessions, offset + 1, 1 - readback);
+            // The next submit for the same sessions: the step behind this
+            // one (the other readback buffer), or, where none is queued
+            // behind it, the first step of the next call (readback 0).
+            let next = if steps_behind(sessions, offset) { 1 - readback } else { 0 };
+            self.record_ahead(sessions, offset + 1, next);
         }
         step
     }
@@ -172,4 +176,11 @@ impl Batch {
         }
         Ok(out)
     }
+}
+
+/// Whether a step of `sessions` at their lengths plus `offset` gets the
+/// next step queued behind it (room for it, and no constrained row: a
+/// constrained row's mask waits for its token).
+pub(super) fn steps_behind(sessions: &[&mut Session], offset: usize) -> bool {
+    sessions.iter().all(|s| s.len + offset + 2 <= s.bufs.capacity && !s.has_constraint())
 }
