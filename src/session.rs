@@ -41,6 +41,7 @@ pub use options::SessionOptions;
 pub(crate) use state::restore;
 pub use state::SESSION_FORMAT_VERSION;
 
+use choice_worker::spawn_mask_tasks;
 use readback::{no_step_in_flight, InFlight, Mapping};
 
 /// Decode steps queued on the GPU ahead of the caller by default (see
@@ -240,10 +241,21 @@ impl Session {
         self.len == 0
     }
 
+    /// Waits until the steps of this session's batch handed to the batch's
+    /// thread are submitted (at once when none is, or the session is no
+    /// batch's): every public call that queues or reads anything on the
+    /// GPU calls it first, so that it comes after them in queue order.
+    fn settle_batch(&self) {
+        if let Some(lease) = &self.kv_slot {
+            lease.settle_batch_submits();
+        }
+    }
+
     /// Sets how many decode steps [`next_token`](Self::next_token) keeps
     /// queued on the GPU (at least 1; 1 means a wait on every token; at
     /// most the capacity, as no more steps can ever be queued).
     pub fn set_lookahead(&mut self, steps: usize) {
+        self.settle_batch();
         // Each step that can be in flight holds a readback buffer, and so
         // does each step of the next submit, recorded ahead; never more
         // than the capacity's steps are in flight or recorded.
@@ -289,6 +301,7 @@ impl Session {
     /// it instead (a reply cut before its last token), call
     /// [`truncate`](Self::truncate)`(len())` first.
     pub fn feed(&mut self, ids: &[u32]) -> Result<u32> {
+        self.settle_batch();
         self.check_no_feed()?;
         check_prompt(ids, self.model.config.vocab_size)?;
         let ids: std::borrow::Cow<[u32]> = match self.pending {
@@ -351,6 +364,7 @@ impl Session {
     /// [`len()`](Self::len) (the session is left as it was); a GPU failure
     /// while waiting for the discarded steps.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
+        self.settle_batch();
         self.check_no_feed()?;
         if len > self.len {
             return Err(Error::invalid_argument(
@@ -370,6 +384,7 @@ impl Session {
     /// Feeds the pending greedy token back in and returns the next one
     /// (the streaming step). Fails with `no_pending_token` before any `feed`.
     pub fn next_token(&mut self) -> Result<u32> {
+        self.settle_batch();
         if let Some(settled) = self.settle_choice(true) {
             settled?;
         }
@@ -405,6 +420,7 @@ impl Session {
     /// # }
     /// ```
     pub fn try_next_token(&mut self) -> Result<Option<u32>> {
+        self.settle_batch();
         match self.settle_choice(false) {
             // The mask after the last token is still being computed.
             None if self.choice_on_worker.is_some() => return Ok(None),

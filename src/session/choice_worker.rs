@@ -218,10 +218,17 @@ impl Session {
     }
 
     /// Advances a batch member's constraint past `token`, leaving the next
-    /// mask (when it is a parser's computation) to rayon's threads; the
-    /// batch's next step settles it. Returns the constraint's consumption
-    /// when nothing was left to compute (`None` without a constraint).
-    pub(super) fn consume_constraint_on_worker(&mut self, token: u32) -> Result<Option<(bool, bool)>> {
+    /// mask (when it is a parser's computation) to rayon's threads: its
+    /// task is added to `tasks`, which the caller hands to rayon at once
+    /// ([`spawn_mask_tasks`]: one wake-up for a batch's members, not one
+    /// each); the batch's next step settles it. Returns the constraint's
+    /// consumption when nothing was left to compute (`None` without a
+    /// constraint).
+    pub(super) fn consume_constraint_on_worker(
+        &mut self,
+        token: u32,
+        tasks: &mut Vec<MaskTask>,
+    ) -> Result<Option<(bool, bool)>> {
         let Some(c) = &mut self.constraint else { return Ok(None) };
         let was_dormant = c.is_dormant();
         let consumed = c.consume_token(token)?;
@@ -233,12 +240,12 @@ impl Session {
         let queue = self.model.gpu.queue.clone();
         let token_mask = self.bufs.token_mask.clone();
         let vocab_size = self.model.config.vocab_size;
-        rayon::spawn(move || {
+        tasks.push(Box::new(move || {
             // The mask's upload too (~20 KB a member): queued before the
             // batch's next step, which waits for this task.
             let outcome = upload_next_mask(&mut constraint, &queue, &token_mask, vocab_size).map(|_| None);
             let _ = tx.send(ChoiceDone { constraint, outcome });
-        });
+        }));
         self.choice_on_worker = Some(ChoiceOnWorker { done, choice: None });
         self.choices_on_worker += 1;
         Ok(None)
@@ -336,4 +343,21 @@ fn upload_next_mask(
         Ok(constraint.is_complete())
     }))
     .unwrap_or_else(|_| Err(Error::internal("the constraint's parser panicked computing a mask")))
+}
+
+/// A batch member's next mask, computed and uploaded on rayon's threads
+/// ([`Session::consume_constraint_on_worker`]).
+pub(super) type MaskTask = Box<dyn FnOnce() + Send>;
+
+/// Hands `tasks` to rayon in one job (each waking a thread would cost
+/// the caller a system call a member), which runs them in parallel.
+pub(super) fn spawn_mask_tasks(tasks: Vec<MaskTask>) {
+    match tasks.len() {
+        0 => {}
+        1 => rayon::spawn(move || tasks.into_iter().for_each(|task| task())),
+        _ => rayon::spawn(move || {
+            use rayon::prelude::*;
+            tasks.into_par_iter().for_each(|task| task());
+        }),
+    }
 }

@@ -27,6 +27,7 @@ impl Session {
     /// [`begin_feed`](Self::begin_feed) is in progress; a GPU failure while
     /// waiting for the discarded steps.
     pub fn set_sampling(&mut self, params: &SamplingParams) -> Result<()> {
+        self.settle_batch();
         self.check_no_feed()?;
         params.validate()?;
         self.discard_queued()?;
@@ -80,6 +81,7 @@ impl Session {
     /// [`begin_feed`](Self::begin_feed) is in progress (the session is left
     /// as it was); a GPU failure while waiting for the discarded steps.
     pub fn set_constraint(&mut self, constraint: Option<&crate::Constraint>) -> Result<()> {
+        self.settle_batch();
         self.check_no_feed()?;
         let mut state = constraint.map(crate::Constraint::start).transpose()?;
         self.discard_queued()?;
@@ -235,6 +237,7 @@ impl Session {
     /// [`begin_feed`](Self::begin_feed) is in progress (the session is left
     /// as it was); a GPU failure while waiting for the discarded steps.
     pub fn set_logprobs(&mut self, n: u32) -> Result<()> {
+        self.settle_batch();
         self.check_no_feed()?;
         if n > MAX_LOGPROBS {
             return Err(Error::invalid_argument(

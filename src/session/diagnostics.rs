@@ -31,6 +31,7 @@ impl Session {
     /// when the device has them), and the whole step's wall time. Runs the
     /// step alone (nothing queued ahead), so the figures are one step's.
     pub fn timed_step(&mut self) -> Result<StepTiming> {
+        self.settle_batch();
         self.check_can_step(1)?;
         self.discard_queued()?;
         let gpu = self.model.gpu.clone();
@@ -68,6 +69,7 @@ impl Session {
     /// by one position like [`next_token`](Self::next_token).
     #[doc(hidden)]
     pub fn profile_gpu(&mut self, repeats: u32) -> Result<Option<LaunchTimes>> {
+        self.settle_batch();
         let gpu = self.model.gpu.clone();
         self.check_can_step(1)?;
         let repeats = repeats.max(1);
@@ -129,6 +131,7 @@ impl Session {
     /// prediction is made).
     #[doc(hidden)]
     pub fn profile_prefill(&mut self, ids: &[u32]) -> Result<Option<LaunchTimes>> {
+        self.settle_batch();
         let gpu = self.model.gpu.clone();
         if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
             return Ok(None);
@@ -167,6 +170,7 @@ impl Session {
     /// without timestamps.
     #[doc(hidden)]
     pub fn gpu_time_of_steps(&mut self, n: usize) -> Result<Option<f64>> {
+        self.settle_batch();
         let gpu = self.model.gpu.clone();
         if n == 0 {
             return Ok(None);
@@ -196,6 +200,7 @@ impl Session {
     /// not the model's (use a throwaway session). `None` without timestamps.
     #[doc(hidden)]
     pub fn gpu_time_of(&mut self, keep: impl Fn(LaunchKind) -> bool) -> Result<Option<f64>> {
+        self.settle_batch();
         let gpu = self.model.gpu.clone();
         if !gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
             return Ok(None);
@@ -226,6 +231,7 @@ impl Session {
     /// session by one position like [`next_token`](Self::next_token).
     #[doc(hidden)]
     pub fn profile_step(&mut self) -> Result<Vec<(LaunchKind, f64)>> {
+        self.settle_batch();
         self.check_can_step(1)?;
         self.discard_queued()?;
         let gpu = self.model.gpu.clone();

@@ -127,6 +127,7 @@ impl Session {
     ///
     /// Errors: those of [`feed`](Self::feed), before anything is submitted.
     pub fn begin_feed(&mut self, ids: &[u32]) -> Result<()> {
+        self.settle_batch();
         self.check_no_feed()?;
         self.settle_choice_quietly();
         check_prompt(ids, self.model.config.vocab_size)?;
@@ -187,6 +188,7 @@ impl Session {
     /// in progress; a GPU failure (the session is then rewound to where the
     /// feed began, without the pending token).
     pub fn poll_feed(&mut self) -> Result<FeedStatus> {
+        self.settle_batch();
         let mut progress = self.feed_progress.take().ok_or_else(|| {
             Error::invalid_argument("session", "no feed in progress: call begin_feed first")
         })?;

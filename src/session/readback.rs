@@ -149,7 +149,9 @@ impl Session {
             // of its own, and its next mask goes to rayon's threads, as
             // the batch's rows' do (the batch's next step settles it). A
             // frame's call neither records a pass nor computes a mask.
-            let consumed = self.consume_constraint_on_worker(token);
+            let mut tasks = Vec::new();
+            let consumed = self.consume_constraint_on_worker(token, &mut tasks);
+            super::choice_worker::spawn_mask_tasks(tasks);
             self.after_constraint_consumed(consumed)?;
         } else if !(polled && self.choose_on_worker(token)?) {
             self.advance_constraint(token)?;

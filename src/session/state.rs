@@ -100,6 +100,7 @@ impl Session {
     /// least [`len()`](Self::len), at most the model's
     /// `max_position_embeddings`, else [`Error::ContextOverflow`]).
     pub fn fork_with_capacity(&self, capacity: usize) -> Result<Session> {
+        self.settle_batch();
         self.check_no_feed()?;
         if capacity < self.len {
             return Err(Error::ContextOverflow { needed: self.len, capacity });
@@ -195,6 +196,7 @@ impl Session {
     /// naming `session` while a feed is in progress; a GPU failure reading
     /// the KV cache back.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.settle_batch();
         self.check_no_feed()?;
         let path = path.as_ref();
         let io = |what: &str, e: &dyn std::fmt::Display| Error::SessionIo {

@@ -451,10 +451,16 @@ impl Session {
     }
 
     pub(super) fn write_step_at(&self, pos: usize, fill_end: usize) {
+        let (buffer, offset, step) = self.step_write_at(pos, fill_end);
+        self.model.gpu.queue.write_buffer(&buffer, offset, bytemuck::cast_slice(&step));
+    }
+
+    /// [`Self::write_step_at`]'s write, for another thread to make in its
+    /// queue order: (buffer, byte offset, words).
+    pub(super) fn step_write_at(&self, pos: usize, fill_end: usize) -> (wgpu::Buffer, u64, Vec<u32>) {
         // A forward pass queued ahead ran at the position this replaces.
         self.forward_ahead.store(0, Ordering::Relaxed);
-        let step = [pos as u32, fill_end as u32];
-        self.model.gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&step));
+        (self.bufs.step.clone(), 0, vec![pos as u32, fill_end as u32])
     }
 }
 

@@ -528,6 +528,47 @@ fn try_rows(batch: &mut Batch, sessions: &mut [Session], alone: &mut [Session], 
     assert_eq!(tokens, want, "rows {rows:?}");
 }
 
+/// `try_step` hands its submits to the batch's thread; a member's own
+/// calls wait for them: a truncate and a feed over the positions a step
+/// still on its way writes (each handed-off submit delayed) leave every
+/// token equal to the session's own alone.
+#[test]
+fn a_members_own_calls_come_after_the_steps_handed_to_the_batchs_thread() {
+    let model = load(MatvecLayout::RowsPerTeam, "gqa2_hd64");
+    let vocab = model.config().vocab_size as u32;
+    let mut batch = model.batch(&BatchOptions::default().slots(2).capacity_per_slot(64)).unwrap();
+    batch.debug_delay_submits(std::time::Duration::from_millis(100));
+    let mut sessions: Vec<Session> = (0..2).map(|_| batch.session().unwrap()).collect();
+    let mut alone: Vec<Session> = (0..2).map(|_| model.session_with_capacity(64).unwrap()).collect();
+    for (i, (s, own)) in sessions.iter_mut().zip(&mut alone).enumerate() {
+        let prompt = ids(51 + i as u32, 6 + 2 * i, vocab);
+        assert_eq!(s.feed(&prompt).unwrap(), own.feed(&prompt).unwrap());
+    }
+    for _ in 0..3 {
+        try_rows(&mut batch, &mut sessions, &mut alone, &[0, 1]);
+    }
+    assert!(batch.debug_submits_on_thread() >= 4, "steps submitted on the caller's thread");
+    // The step behind the last one (at the rows' lengths) is still on its
+    // way: the feed rewrites that position of session 0's cache.
+    let len = sessions[0].len();
+    for s in [&mut sessions[0], &mut alone[0]] {
+        s.truncate(len - 2).unwrap();
+    }
+    let new = ids(77, 5, vocab);
+    assert_eq!(sessions[0].feed(&new).unwrap(), alone[0].feed(&new).unwrap());
+    // Long enough for the step on its way to land: its cache rows must
+    // lie under the feed's, not over them.
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let dir = tempfile::tempdir().unwrap();
+    let (member, own) = (dir.path().join("member"), dir.path().join("alone"));
+    sessions[0].save(&member).unwrap();
+    alone[0].save(&own).unwrap();
+    assert!(std::fs::read(&member).unwrap() == std::fs::read(&own).unwrap(), "the member's cache differs");
+    for _ in 0..6 {
+        try_rows(&mut batch, &mut sessions, &mut alone, &[0, 1]);
+    }
+}
+
 /// `try_step` never records a step on the caller's thread: a list's first
 /// step is recorded on the batch's recorder and submitted by a later call,
 /// and each step after it is recorded there right after the one before is

@@ -18,7 +18,7 @@ mod step;
 mod submit;
 mod warm_up;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::recorder::Recorder;
@@ -155,6 +155,11 @@ pub struct Batch {
     /// Building the row pipelines of every session count ahead of the
     /// steps (`None` on the MSL kernels, or if no thread could start).
     warm_up: Option<WarmUp>,
+    /// How long the batch's thread waits before each submit handed to it
+    /// (tests of what must wait for those submits; `None` in use).
+    debug_submit_delay: Option<std::time::Duration>,
+    /// Steps handed to the batch's thread to submit, so far.
+    submits_on_thread: u64,
 }
 
 impl std::fmt::Debug for Batch {
@@ -227,7 +232,14 @@ impl Batch {
         let warm_up = forward.as_ref().and_then(|f| WarmUp::start(model.clone(), f, slots));
         let free = Mutex::new((0..slots).rev().collect());
         Ok(Batch {
-            pool: Arc::new(KvPool { k, v, region_bytes, free, leases: AtomicU64::new(0) }),
+            pool: Arc::new(KvPool {
+                k,
+                v,
+                region_bytes,
+                free,
+                leases: AtomicU64::new(0),
+                submits_away: AtomicUsize::new(0),
+            }),
             slots,
             capacity,
             bufs,
@@ -242,6 +254,8 @@ impl Batch {
             prerecorded: None,
             recordings: (0, 0, 0),
             warm_up,
+            debug_submit_delay: None,
+            submits_on_thread: 0,
             model,
         })
     }
@@ -332,6 +346,20 @@ impl Batch {
     #[doc(hidden)]
     pub fn debug_step_recordings(&self) -> (u64, u64, u64) {
         self.recordings
+    }
+
+    /// Delays each submit handed to the batch's thread by `delay`: for
+    /// tests that check that a member's own calls come after it.
+    #[doc(hidden)]
+    pub fn debug_delay_submits(&mut self, delay: std::time::Duration) {
+        self.debug_submit_delay = Some(delay);
+    }
+
+    /// Steps handed to the batch's thread to submit so far (a
+    /// [`Batch::try_step`] submits none on the caller's thread): for tests.
+    #[doc(hidden)]
+    pub fn debug_submits_on_thread(&self) -> u64 {
+        self.submits_on_thread
     }
 }
 

@@ -1,6 +1,6 @@
 //! The batch's KV pool and the slot leases its sessions hold.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::buffers::KvRegion;
@@ -15,6 +15,20 @@ pub(super) struct KvPool {
     /// Leases handed out so far (each lease's number: a session's identity
     /// in the batch, never reused, unlike its slot).
     pub(super) leases: AtomicU64,
+    /// Steps handed to the batch's thread and not submitted yet: what its
+    /// sessions queue must follow them ([`KvPool::settle_submits`]).
+    pub(super) submits_away: AtomicUsize,
+}
+
+impl KvPool {
+    /// Waits until every step handed to the batch's thread is submitted
+    /// (at most that thread's work queued before the last: a step's
+    /// recording and its submit).
+    pub(super) fn settle_submits(&self) {
+        while self.submits_away.load(Ordering::Acquire) > 0 {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// A session's hold on one slot of a batch's KV pool, given back when the
@@ -27,6 +41,13 @@ pub(crate) struct SlotLease {
 }
 
 impl SlotLease {
+    /// Waits until the steps of the lease's batch handed to its thread are
+    /// submitted: a session calls it before queuing anything of its own,
+    /// which must come after them.
+    pub(crate) fn settle_batch_submits(&self) {
+        self.pool.settle_submits();
+    }
+
     /// Where the slot's cache lies.
     pub(crate) fn region(&self) -> KvRegion {
         let p = &self.pool;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::record::{row_key, RowKey};
-use super::submit::{steps_behind, InFlightStep};
+use super::submit::{steps_behind, InFlightStep, StepCommands};
 use super::Batch;
 
 use crate::error::{Error, Result};
@@ -168,16 +168,18 @@ impl Batch {
     /// it is done that count's steps run each row through the one-token
     /// pipelines (the same tokens).
     ///
-    /// Nor does it record steps on the caller's thread: right after a call
-    /// submits a step, the commands of the next one for the same sessions
-    /// are recorded on the batch's thread, so the call that submits it only
-    /// writes the rows' positions and submits them (waiting for that
-    /// recording only if it is not done yet, at most one step's
-    /// recording). Commands recorded for sessions that changed since
+    /// Nor does it record or submit steps on the caller's thread: right
+    /// after a step is submitted, the commands of the next one for the
+    /// same sessions are recorded on the batch's thread, and the call that
+    /// submits that one hands its rows' positions and its submit to the
+    /// same thread, behind the recording. Until the thread has made that
+    /// submit, a member's own calls ([`Session::feed`],
+    /// [`Session::truncate`], ...) wait for it (at most a recording and a
+    /// submit), so what they queue follows it. Commands recorded for sessions that changed since
     /// (another list or order, a session fed, truncated, given other
     /// sampling parameters or dropped) are dropped unsubmitted, and the
     /// step is recorded anew there as a first call's. Only where no thread
-    /// can be started is a step recorded on the caller's thread.
+    /// can be started is a step recorded and submitted on the caller's thread.
     ///
     /// The call that returns tokens leaves the constrained members' next
     /// masks ([`Session::set_constraint`]) to rayon's threads; the next
@@ -311,7 +313,7 @@ impl Batch {
         self.prerecorded = None;
         self.recordings.0 += 1;
         let commands = self.step_job(sessions, 0, 0, true).encode_timed(Some((&ts, &mut kinds)));
-        let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, commands);
+        let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, StepCommands::Ready(commands));
         self.wait(&mut step)?;
         let out = self.read_tokens(step.readback, sessions.len())?;
         self.advance(sessions, &out, None, false)?;
@@ -372,7 +374,14 @@ impl Batch {
         // one), computed in parallel: one inside a free string can take
         // milliseconds.
         let consumed: Vec<_> = if polled {
-            sessions.iter_mut().zip(tokens).map(|(s, &token)| s.consume_constraint_on_worker(token)).collect()
+            let mut tasks = Vec::new();
+            let consumed = sessions
+                .iter_mut()
+                .zip(tokens)
+                .map(|(s, &token)| s.consume_constraint_on_worker(token, &mut tasks))
+                .collect();
+            crate::session::spawn_mask_tasks(tasks);
+            consumed
         } else if sessions.iter().filter(|s| s.has_constraint()).count() > 1 {
             sessions
                 .par_iter_mut()

@@ -1,31 +1,67 @@
 //! Steps on the GPU: submitting a step's commands, waiting for and reading
 //! back its tokens, and dropping the steps a call no longer wants.
 
-use super::record::{chooses_alone, recording_key, row_key, RowKey};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+use super::record::{chooses_alone, recording_key, row_key, PrerecordedStep, RowKey};
 use super::Batch;
 use crate::error::{Error, Result};
 use crate::session::recorder::Recordable;
+use crate::session::recorder::Recorder;
 use crate::session::{Mapping, Session};
 
-/// A batch step on the GPU.
+/// A batch step on the GPU, or on its way there from the batch's thread.
 pub(super) struct InFlightStep {
     /// Per row, its session's [`RowKey`]. The pending token of a step
     /// queued ahead is known once the step before it is read back.
     pub(super) rows: Vec<RowKey>,
     pub(super) readback: usize,
-    mapping: Mapping,
+    mapping: StepMapping,
+}
+
+/// A step's readback mapping: started here, or by the batch's thread once
+/// it has submitted the step (sent back then).
+enum StepMapping {
+    Here(Mapping),
+    Away(mpsc::Receiver<Mapping>),
 }
 
 impl InFlightStep {
     /// Whether the step's tokens are mapped (`Ok(true)`), not yet
     /// (`Ok(false)`), or never will be (a failed mapping), without waiting.
     pub(super) fn arrived(&mut self) -> Result<bool> {
-        if !self.mapping.arrived()? {
+        if let StepMapping::Away(away) = &self.mapping {
+            match away.try_recv() {
+                Ok(mapping) => self.mapping = StepMapping::Here(mapping),
+                Err(mpsc::TryRecvError::Empty) => return Ok(false),
+                Err(mpsc::TryRecvError::Disconnected) => return Err(submit_lost()),
+            }
+        }
+        let StepMapping::Here(mapping) = &mut self.mapping else { return Ok(false) };
+        if !mapping.arrived()? {
             return Ok(false);
         }
-        self.mapping.check()?;
+        mapping.check()?;
         Ok(true)
     }
+
+    /// The mapping, once the batch's thread has submitted the step
+    /// (waiting for that).
+    fn mapping_here(&mut self) -> Result<&mut Mapping> {
+        if let StepMapping::Away(away) = &self.mapping {
+            self.mapping = StepMapping::Here(away.recv().map_err(|_| submit_lost())?);
+        }
+        match &mut self.mapping {
+            StepMapping::Here(mapping) => Ok(mapping),
+            StepMapping::Away(_) => Err(submit_lost()),
+        }
+    }
+}
+
+/// The batch's thread ended without submitting a step handed to it.
+fn submit_lost() -> Error {
+    Error::internal("the batch's thread ended without submitting a step")
 }
 
 impl Batch {
@@ -93,14 +129,18 @@ impl Batch {
         let commands = match recorded {
             Some(p) => {
                 self.recordings.1 += 1;
-                p.take()
+                StepCommands::Recorded(p)
             }
             None => {
                 self.recordings.0 += 1;
-                self.step_job(sessions, offset, readback, wait).encode()
+                StepCommands::Ready(self.step_job(sessions, offset, readback, wait).encode())
             }
         };
-        let step = self.submit_commands(sessions, offset, tokens, readback, commands);
+        let step = if wait {
+            self.submit_commands(sessions, offset, tokens, readback, commands)
+        } else {
+            self.submit_on_thread(sessions, offset, tokens, readback, commands)
+        };
         if !wait {
             // The next submit for the same sessions: the step behind this
             // one (the other readback buffer), or, where none is queued
@@ -122,38 +162,93 @@ impl Batch {
         offset: usize,
         tokens: Option<&[u32]>,
         readback: usize,
-        commands: wgpu::CommandBuffer,
+        commands: StepCommands,
     ) -> InFlightStep {
+        // After every step handed to the batch's thread (queue order).
+        self.pool.settle_submits();
+        let submit = self.step_submit(sessions, offset, tokens, readback, commands);
+        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
+        InFlightStep { rows, readback, mapping: StepMapping::Here(submit.run()) }
+    }
+
+    /// [`Self::submit_commands`] on the batch's thread (on the caller's
+    /// should it be gone): a submit is a driver's round of work, ~0.1-0.3
+    /// ms of a frame. Its writes go with it, in the thread's order; until
+    /// it is made, every call of a member session of its own waits for it
+    /// ([`KvPool::settle_submits`]), so nothing a session queues later
+    /// runs before it.
+    fn submit_on_thread(
+        &mut self,
+        sessions: &[&mut Session],
+        offset: usize,
+        tokens: Option<&[u32]>,
+        readback: usize,
+        commands: StepCommands,
+    ) -> InFlightStep {
+        if self.recorder.is_none() {
+            self.recorder = Recorder::start();
+        }
+        let Some(recorder) = &self.recorder else {
+            return self.submit_commands(sessions, offset, tokens, readback, commands);
+        };
+        let submit = self.step_submit(sessions, offset, tokens, readback, commands);
+        let (tx, away) = mpsc::channel();
+        let pool = self.pool.clone();
+        pool.submits_away.fetch_add(1, Ordering::AcqRel);
+        let delay = self.debug_submit_delay;
+        self.submits_on_thread += 1;
+        recorder.run(move || {
+            if let Some(delay) = delay {
+                std::thread::sleep(delay);
+            }
+            let _ = tx.send(submit.run());
+            pool.submits_away.fetch_sub(1, Ordering::AcqRel);
+        });
+        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
+        InFlightStep { rows, readback, mapping: StepMapping::Away(away) }
+    }
+
+    /// What submitting the step of `sessions` at their lengths plus
+    /// `offset` takes (see [`Self::submit_commands`]), owned, so that it
+    /// can run on another thread.
+    fn step_submit(
+        &self,
+        sessions: &[&mut Session],
+        offset: usize,
+        tokens: Option<&[u32]>,
+        readback: usize,
+        commands: StepCommands,
+    ) -> StepSubmit {
         let n = sessions.len();
-        let gpu = &self.model.gpu;
         let mut rows = Vec::with_capacity(2 * n);
         for s in sessions {
             let slot = s.kv_slot.as_ref().map_or(0, |l| l.slot) as u64;
             rows.extend([(s.len + offset) as u32, (slot * self.pool.region_bytes / 16) as u32]);
         }
-        // Written before the submit, after the submits before it (queue order).
-        gpu.queue.write_buffer(&self.rows, 0, bytemuck::cast_slice(&rows));
+        let mut writes = vec![(self.rows.clone(), 0, rows), (self.bufs.step.clone(), 0, vec![0u32, 0])];
         if let Some(tokens) = tokens {
-            gpu.queue.write_buffer(&self.bufs.tokens, 4, bytemuck::cast_slice(tokens));
+            writes.push((self.bufs.tokens.clone(), 4, tokens.to_vec()));
         }
-        gpu.queue.write_buffer(&self.bufs.step, 0, bytemuck::cast_slice(&[0u32, 0]));
         for s in sessions.iter().filter(|s| chooses_alone(s)) {
             // Its choice reads tokens[pos] back through the penalty window
             // and writes tokens[pos + 1].
             let pos = s.len + offset;
-            s.write_step_at(pos, pos + 1);
+            writes.push(s.step_write_at(pos, pos + 1));
         }
-        let submission = gpu.queue.submit([commands]);
-        let buf = &self.readbacks[readback];
-        let mapping = Mapping::start(buf.slice(..4 * n as u64), submission);
-        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
-        InFlightStep { rows, readback, mapping }
+        StepSubmit {
+            queue: self.model.gpu.queue.clone(),
+            writes,
+            commands,
+            readback: self.readbacks[readback].clone(),
+            bytes: 4 * n as u64,
+        }
     }
 
     /// Waits until `step`'s tokens are mapped (at once when they are).
     pub(super) fn wait(&mut self, step: &mut InFlightStep) -> Result<()> {
-        step.mapping.wait(&self.model.gpu, &mut self.blocking_waits)?;
-        step.mapping.check()
+        let mapping = step.mapping_here()?;
+        mapping.wait(&self.model.gpu, &mut self.blocking_waits)?;
+        mapping.check()
     }
 
     /// The `n` tokens of mapped readback buffer `readback` (then unmapped),
@@ -183,4 +278,39 @@ impl Batch {
 /// constrained row's mask waits for its token).
 pub(super) fn steps_behind(sessions: &[&mut Session], offset: usize) -> bool {
     sessions.iter().all(|s| s.len + offset + 2 <= s.bufs.capacity && !s.has_constraint())
+}
+
+/// A step's submit, owned ([`Batch::step_submit`]): the writes it reads
+/// from the host, then its commands, then its tokens' readback mapping.
+struct StepSubmit {
+    queue: wgpu::Queue,
+    /// (buffer, byte offset, words), written in order before the submit.
+    writes: Vec<(wgpu::Buffer, u64, Vec<u32>)>,
+    commands: StepCommands,
+    readback: wgpu::Buffer,
+    bytes: u64,
+}
+
+impl StepSubmit {
+    fn run(self) -> Mapping {
+        // Written before the submit, after the submits before it (queue order).
+        for (buffer, offset, words) in &self.writes {
+            self.queue.write_buffer(buffer, *offset, bytemuck::cast_slice(words));
+        }
+        let commands = match self.commands {
+            StepCommands::Ready(commands) => commands,
+            // On the batch's thread, recorded by now (its recording was
+            // queued there first).
+            StepCommands::Recorded(p) => p.take(),
+        };
+        let submission = self.queue.submit([commands]);
+        Mapping::start(self.readback.slice(..self.bytes), submission)
+    }
+}
+
+/// A step's commands: recorded, or being recorded on the batch's thread
+/// (taken where the step is submitted).
+pub(super) enum StepCommands {
+    Ready(wgpu::CommandBuffer),
+    Recorded(PrerecordedStep),
 }
