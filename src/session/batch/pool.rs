@@ -21,6 +21,14 @@ pub(super) struct KvPool {
 }
 
 impl KvPool {
+    /// Counts a step handed to the batch's thread until the returned
+    /// guard is dropped (after its submit; also should the task panic or
+    /// never run, so no member waits for it forever).
+    pub(super) fn hand_off(self: &Arc<Self>) -> HandedOff {
+        self.submits_away.fetch_add(1, Ordering::AcqRel);
+        HandedOff(self.clone())
+    }
+
     /// Waits until every step handed to the batch's thread is submitted
     /// (at most that thread's work queued before the last: a step's
     /// recording and its submit).
@@ -28,6 +36,16 @@ impl KvPool {
         while self.submits_away.load(Ordering::Acquire) > 0 {
             std::thread::yield_now();
         }
+    }
+}
+
+/// A step handed to the batch's thread, counted in
+/// [`KvPool::submits_away`] while this lives.
+pub(super) struct HandedOff(Arc<KvPool>);
+
+impl Drop for HandedOff {
+    fn drop(&mut self) {
+        self.0.submits_away.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

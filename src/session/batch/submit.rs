@@ -1,7 +1,6 @@
 //! Steps on the GPU: submitting a step's commands, waiting for and reading
 //! back its tokens, and dropping the steps a call no longer wants.
 
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
 use super::record::{chooses_alone, recording_key, row_key, PrerecordedStep, RowKey};
@@ -111,9 +110,9 @@ impl Batch {
     /// session count are built now if not yet (a blocking step); otherwise
     /// they are built on another thread meanwhile (see
     /// [`BatchForward::record`](crate::qwen3::BatchForward::record)), the commands recorded ahead for this very
-    /// step serve if there are any (waiting for their recording to end if
-    /// need be: it started a submit earlier), and the next step's are
-    /// recorded ahead once this one is submitted.
+    /// step serve if there are any (taken on the batch's thread, which
+    /// submits the step behind their recording), and the next step's are
+    /// recorded ahead once this one is handed over.
     pub(super) fn submit(
         &mut self,
         sessions: &[&mut Session],
@@ -193,8 +192,7 @@ impl Batch {
         };
         let submit = self.step_submit(sessions, offset, tokens, readback, commands);
         let (tx, away) = mpsc::channel();
-        let pool = self.pool.clone();
-        pool.submits_away.fetch_add(1, Ordering::AcqRel);
+        let handed_off = self.pool.hand_off();
         let delay = self.debug_submit_delay;
         self.submits_on_thread += 1;
         recorder.run(move || {
@@ -202,7 +200,7 @@ impl Batch {
                 std::thread::sleep(delay);
             }
             let _ = tx.send(submit.run());
-            pool.submits_away.fetch_sub(1, Ordering::AcqRel);
+            drop(handed_off);
         });
         let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
         InFlightStep { rows, readback, mapping: StepMapping::Away(away) }
