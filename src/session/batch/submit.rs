@@ -174,7 +174,7 @@ impl Batch {
     /// should it be gone): a submit is a driver's round of work, ~0.1-0.3
     /// ms of a frame. Its writes go with it, in the thread's order; until
     /// it is made, every call of a member session of its own waits for it
-    /// ([`KvPool::settle_submits`]), so nothing a session queues later
+    /// ([`KvPool::settle_submits`](super::pool::KvPool::settle_submits)), so nothing a session queues later
     /// runs before it.
     fn submit_on_thread(
         &mut self,
