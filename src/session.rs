@@ -152,7 +152,7 @@ pub struct Session {
     /// the choice after the last of them.
     forced_feed: bool,
     /// The forced tokens' feed while the session's thread submits it.
-    forced_away: Option<forced::ForcedAway>,
+    forced_away: Option<readback::AwayReadback>,
     /// Tokens returned from [`Self::forced`] so far.
     forced_tokens: u64,
 }

@@ -7,9 +7,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
-use super::readback::Mapping;
+use super::readback::{Away, AwayReadback, Mapping};
 use super::recorder::{Ahead, LastJob, PrefillJob};
 use super::{check_prompt, InFlight, Session};
 use crate::error::{Error, Result};
@@ -74,7 +74,7 @@ pub(super) struct FeedProgress {
     /// The last submit handed to the session's thread: its slot, and the
     /// slot's mapping, sent back once submitted (then it joins the
     /// session's queue).
-    last_away: Option<(usize, mpsc::Receiver<Mapping>)>,
+    last_away: Option<AwayReadback>,
 }
 
 impl FeedProgress {
@@ -206,10 +206,10 @@ impl Session {
                 }
                 // The last submit, if handed to that thread, is in flight:
                 // reclaimed as the rest (its slot back once it arrives).
-                if let Some((slot, away)) = progress.last_away.take() {
-                    match away.try_recv() {
-                        Ok(mapping) => self.queued.push_back(InFlight::new(slot, mapping)),
-                        Err(_) => self.free_slots.push(slot),
+                if let Some(away) = progress.last_away.take() {
+                    match away.settle(false) {
+                        Away::Submitted(readback) => self.queued.push_back(readback),
+                        Away::Pending | Away::Lost(_) => self.free_slots.push(away.slot()),
                     }
                 }
                 // Rewind to where the feed began; what is still in flight
@@ -291,12 +291,11 @@ impl Session {
             self.submit_feed_work(progress);
             return Ok(progress.status());
         }
-        if let Some((slot, away)) = &progress.last_away {
-            let slot = *slot;
-            match away.try_recv() {
-                Ok(mapping) => self.queued.push_back(InFlight::new(slot, mapping)),
-                Err(mpsc::TryRecvError::Empty) => return Ok(progress.status()),
-                Err(mpsc::TryRecvError::Disconnected) => {
+        if let Some(away) = &progress.last_away {
+            match away.settle(false) {
+                Away::Pending => return Ok(progress.status()),
+                Away::Submitted(readback) => self.queued.push_back(readback),
+                Away::Lost(slot) => {
                     progress.last_away = None;
                     self.free_slots.push(slot);
                     return Err(Error::internal(
@@ -436,13 +435,11 @@ impl Session {
                     // precede it in queue order.
                     Some(rec) => {
                         let (queue, buffer) = (gpu.queue.clone(), self.slots[slot].clone());
-                        let (tx, away) = mpsc::channel();
-                        rec.run(move || {
+                        progress.last_away = Some(AwayReadback::start(rec, slot, move || {
                             let submission = queue.submit([commands]);
                             queue.on_submitted_work_done(move || drop(ticket));
-                            let _ = tx.send(Mapping::start(buffer.slice(..), submission));
-                        });
-                        progress.last_away = Some((slot, away));
+                            Mapping::start(buffer.slice(..), submission)
+                        }));
                         self.finish_last_submit(progress, end);
                         return;
                     }

@@ -12,20 +12,12 @@
 //! again. A feed, a truncate or a new constraint drops them with the reply.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 
 use crate::error::{Error, Result};
 
-use super::readback::{InFlight, Mapping};
+use super::readback::{Away, AwayReadback, InFlight, Mapping};
 use super::recorder::LastJob;
 use super::Session;
-
-/// The forced tokens' feed on the session's thread: the readback of the
-/// choice after them comes back once it is submitted.
-pub(super) struct ForcedAway {
-    done: mpsc::Receiver<Mapping>,
-    slot: usize,
-}
 
 impl Session {
     /// The token id below which a constraint fast-forwards (0: never).
@@ -127,13 +119,7 @@ impl Session {
             Mapping::start(slot_buffer.slice(..), submission)
         };
         match self.started_recorder() {
-            Some(rec) => {
-                let (tx, done) = mpsc::channel();
-                rec.run(move || {
-                    let _ = tx.send(task());
-                });
-                self.forced_away = Some(ForcedAway { done, slot });
-            }
+            Some(rec) => self.forced_away = Some(AwayReadback::start(rec, slot, task)),
             None => {
                 self.inline_feed_recordings += 1;
                 let mapping = task();
@@ -148,23 +134,16 @@ impl Session {
     /// false while it is still on its way.
     pub(super) fn settle_forced(&mut self, wait: bool) -> Result<bool> {
         let Some(away) = &self.forced_away else { return Ok(true) };
-        let mapping = if wait {
-            away.done.recv().ok()
-        } else {
-            match away.done.try_recv() {
-                Ok(mapping) => Some(mapping),
-                Err(mpsc::TryRecvError::Empty) => return Ok(false),
-                Err(mpsc::TryRecvError::Disconnected) => None,
-            }
-        };
-        let Some(away) = self.forced_away.take() else { return Ok(true) };
-        match mapping {
-            Some(mapping) => {
-                self.queued.push_back(InFlight::new(away.slot, mapping));
+        match away.settle(wait) {
+            Away::Pending => Ok(false),
+            Away::Submitted(readback) => {
+                self.forced_away = None;
+                self.queued.push_back(readback);
                 Ok(true)
             }
-            None => {
-                self.free_slots.push(away.slot);
+            Away::Lost(slot) => {
+                self.forced_away = None;
+                self.free_slots.push(slot);
                 self.forced_feed = false;
                 Err(Error::internal("the session's thread ended without submitting the forced tokens"))
             }

@@ -87,6 +87,58 @@ impl InFlight {
         self.mapping.arrived()
     }
 }
+/// A submit handed to the session's thread, whose token readback's
+/// mapping comes back from there once it is submitted, and the slot it
+/// copies into (a feed's last submit, forced tokens' feed).
+pub(super) struct AwayReadback {
+    slot: usize,
+    done: mpsc::Receiver<Mapping>,
+}
+
+/// Where an [`AwayReadback`] stands.
+pub(super) enum Away {
+    /// Not submitted yet.
+    Pending,
+    /// Submitted: the slot's readback, to join the session's queue.
+    Submitted(InFlight),
+    /// The thread ended without submitting it: the slot is free again.
+    Lost(usize),
+}
+
+impl AwayReadback {
+    /// Runs `submit` (which submits and maps `slot`) on `recorder`.
+    pub(super) fn start(
+        recorder: &super::recorder::Recorder,
+        slot: usize,
+        submit: impl FnOnce() -> Mapping + Send + 'static,
+    ) -> Self {
+        let (tx, done) = mpsc::channel();
+        recorder.run(move || {
+            let _ = tx.send(submit());
+        });
+        AwayReadback { slot, done }
+    }
+
+    /// The slot its token is copied into.
+    pub(super) fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Where it stands, waiting for the submit if `wait`.
+    pub(super) fn settle(&self, wait: bool) -> Away {
+        let got = if wait {
+            self.done.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
+        } else {
+            self.done.try_recv()
+        };
+        match got {
+            Ok(mapping) => Away::Submitted(InFlight::new(self.slot, mapping)),
+            Err(mpsc::TryRecvError::Empty) => Away::Pending,
+            Err(mpsc::TryRecvError::Disconnected) => Away::Lost(self.slot),
+        }
+    }
+}
+
 impl Session {
     /// Records a copy of `tokens[at]` into a free readback slot; once the
     /// commands are submitted, [`Self::submit_with_readbacks`] maps it.
