@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::record::{row_key, RowKey};
-use super::submit::{steps_behind, InFlightStep, StepCommands};
+use super::submit::{steps_behind, InFlightStep};
 use super::Batch;
 
 use crate::error::{Error, Result};
@@ -313,7 +313,7 @@ impl Batch {
         self.prerecorded = None;
         self.recordings.0 += 1;
         let commands = self.step_job(sessions, 0, 0, true).encode_timed(Some((&ts, &mut kinds)));
-        let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, StepCommands::Ready(commands));
+        let mut step = self.submit_commands(sessions, 0, Some(&pending), 0, commands);
         self.wait(&mut step)?;
         let out = self.read_tokens(step.readback, sessions.len())?;
         self.advance(sessions, &out, None, false)?;

@@ -135,11 +135,9 @@ impl Batch {
                 StepCommands::Ready(self.step_job(sessions, offset, readback, wait).encode())
             }
         };
-        let step = if wait {
-            self.submit_commands(sessions, offset, tokens, readback, commands)
-        } else {
-            self.submit_on_thread(sessions, offset, tokens, readback, commands)
-        };
+        let submit = self.step_submit(sessions, offset, tokens, readback, commands);
+        let mapping = if wait { self.submit_here(submit) } else { self.submit_on_thread(submit) };
+        let step = InFlightStep { rows: row_keys(sessions, offset), readback, mapping };
         if !wait {
             // The next submit for the same sessions: the step behind this
             // one (the other readback buffer), or, where none is queued
@@ -154,43 +152,37 @@ impl Batch {
     /// reads from the host (each row's position and KV offset, the input
     /// tokens when given, each sampling row's position), then submits its
     /// `commands` (recorded by [`Self::step_job`] for the same step) and
-    /// starts mapping readback buffer `readback`.
+    /// starts mapping readback buffer `readback`, on the caller's thread.
     pub(super) fn submit_commands(
         &self,
         sessions: &[&mut Session],
         offset: usize,
         tokens: Option<&[u32]>,
         readback: usize,
-        commands: StepCommands,
+        commands: wgpu::CommandBuffer,
     ) -> InFlightStep {
-        // After every step handed to the batch's thread (queue order).
-        self.pool.settle_submits();
-        let submit = self.step_submit(sessions, offset, tokens, readback, commands);
-        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
-        InFlightStep { rows, readback, mapping: StepMapping::Here(submit.run()) }
+        let submit = self.step_submit(sessions, offset, tokens, readback, StepCommands::Ready(commands));
+        InFlightStep { rows: row_keys(sessions, offset), readback, mapping: self.submit_here(submit) }
     }
 
-    /// [`Self::submit_commands`] on the batch's thread (on the caller's
-    /// should it be gone): a submit is a driver's round of work, ~0.1-0.3
-    /// ms of a frame. Its writes go with it, in the thread's order; until
-    /// it is made, every call of a member session of its own waits for it
-    /// ([`KvPool::settle_submits`](super::pool::KvPool::settle_submits)), so nothing a session queues later
-    /// runs before it.
-    fn submit_on_thread(
-        &mut self,
-        sessions: &[&mut Session],
-        offset: usize,
-        tokens: Option<&[u32]>,
-        readback: usize,
-        commands: StepCommands,
-    ) -> InFlightStep {
+    /// Runs `submit` on the caller's thread, after every step handed to
+    /// the batch's thread (queue order).
+    fn submit_here(&self, submit: StepSubmit) -> StepMapping {
+        self.pool.settle_submits();
+        StepMapping::Here(submit.run())
+    }
+
+    /// Hands `submit` to the batch's thread (runs it here should the
+    /// thread be gone): a submit is a driver's round of work, ~0.1-0.3 ms
+    /// of a frame. Its writes go with it, in the thread's order; until it
+    /// is made, every call of a member session of its own waits for it
+    /// ([`KvPool::settle_submits`](super::pool::KvPool::settle_submits)),
+    /// so nothing a session queues later runs before it.
+    fn submit_on_thread(&mut self, submit: StepSubmit) -> StepMapping {
         if self.recorder.is_none() {
             self.recorder = Recorder::start();
         }
-        let Some(recorder) = &self.recorder else {
-            return self.submit_commands(sessions, offset, tokens, readback, commands);
-        };
-        let submit = self.step_submit(sessions, offset, tokens, readback, commands);
+        let Some(recorder) = &self.recorder else { return self.submit_here(submit) };
         let (tx, away) = mpsc::channel();
         let handed_off = self.pool.hand_off();
         let delay = self.debug_submit_delay;
@@ -202,8 +194,7 @@ impl Batch {
             let _ = tx.send(submit.run());
             drop(handed_off);
         });
-        let rows = sessions.iter().map(|s| row_key(s, offset)).collect();
-        InFlightStep { rows, readback, mapping: StepMapping::Away(away) }
+        StepMapping::Away(away)
     }
 
     /// What submitting the step of `sessions` at their lengths plus
@@ -269,6 +260,12 @@ impl Batch {
         }
         Ok(out)
     }
+}
+
+/// Per row, its session's [`RowKey`] for the step at their lengths plus
+/// `offset`.
+fn row_keys(sessions: &[&mut Session], offset: usize) -> Vec<RowKey> {
+    sessions.iter().map(|s| row_key(s, offset)).collect()
 }
 
 /// Whether a step of `sessions` at their lengths plus `offset` gets the
