@@ -159,6 +159,14 @@ impl Engine {
         &self.gpu
     }
 
+    /// Whether decode steps over a KV cache in `kv` run two query heads a
+    /// workgroup from the packing start on: the packed pipeline was asked
+    /// for (by a session or batch reaching that start) and proven (tests).
+    #[doc(hidden)]
+    pub fn debug_packs_attention(&self, kv: KvFormat) -> bool {
+        self.kernels.packed_attention_in_use(kv)
+    }
+
     /// Loads a Hugging Face Qwen3 checkpoint directory: validates it,
     /// converts it to the [`WeightFormat`] of [`LoadOptions::weights`] (or
     /// loads the cached conversion), and uploads it, reporting progress to

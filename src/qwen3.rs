@@ -36,6 +36,7 @@ use crate::error::Result;
 use crate::gpu::{Gpu, UniformPages};
 use crate::gpu_weights::{GpuMatrix, GpuWeights};
 use crate::kernels::argmax::{self, ArgmaxFinalParams, ArgmaxPartialParams};
+use crate::kernels::attention;
 use crate::kernels::{
     grid, Kernel, Kernels, Launch, LaunchKind, MatvecShape, MatvecSplit, ARGMAX_CHUNK, ATTENTION_CHUNK,
     SAMPLE_CHUNK,
@@ -51,10 +52,12 @@ use builder::{whole, Builder, Matvec};
 enum StepLaunch {
     Always(Launch),
     /// `direct` when the context (position + 1) fits one chunk of
-    /// [`ATTENTION_CHUNK`] positions; otherwise `chunks`, then `reduce`.
+    /// [`ATTENTION_CHUNK`] positions; otherwise `chunks` (`packed` from
+    /// the session's packing start on, where it has one), then `reduce`.
     Attention {
         direct: Launch,
         chunks: Launch,
+        packed: Option<Launch>,
         reduce: Launch,
     },
 }
@@ -85,21 +88,33 @@ pub struct Forward {
     pub uniform_bytes: u64,
     /// Bytes of the buffers holding `choose`'s parameters.
     pub choose_uniform_bytes: u64,
+    /// The first position whose attention runs two query heads a workgroup
+    /// (`HeadParams::pack_from`); `None`: no step does.
+    pack_from: Option<usize>,
 }
 
 impl Forward {
     /// The decode step at position `pos`, in order.
     pub fn step_at(&self, pos: usize) -> impl Iterator<Item = &Launch> + '_ {
         let one_chunk = pos < ATTENTION_CHUNK as usize;
+        let packs = self.pack_from.is_some_and(|from| pos >= from);
         let layers = self.step.iter().flat_map(move |l| {
             let (first, then) = match l {
                 StepLaunch::Always(l) => (l, None),
                 StepLaunch::Attention { direct, .. } if one_chunk => (direct, None),
+                StepLaunch::Attention { packed: Some(packed), reduce, .. } if packs => (packed, Some(reduce)),
                 StepLaunch::Attention { chunks, reduce, .. } => (chunks, Some(reduce)),
             };
             std::iter::once(first).chain(then)
         });
         layers.chain(&self.choose)
+    }
+
+    /// The first position whose step runs two query heads a workgroup (its
+    /// attention launches differ from the position before's); `None`: no
+    /// step does.
+    pub fn pack_from(&self) -> Option<usize> {
+        self.pack_from
     }
 }
 
@@ -118,6 +133,13 @@ pub fn forward(
     let staging = kernels.coop.then(|| weights.staging(gpu, kernels.coop_min_rows));
     let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)), staging };
     let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
+    // Two query heads a workgroup from the packing start on, where the
+    // session reaches it, the heads come in pairs and the pipeline is
+    // proven.
+    let pack_from = kernels.attention_pack_from as usize;
+    let packs = s.capacity > pack_from
+        && attention::heads_per_workgroup(cfg.num_attention_heads, cfg.num_key_value_heads) == 2;
+    let packed_pipeline = packs.then(|| kernels.attention_packed_pipeline(gpu, s.kv_layout.format)).flatten();
     let embed = b.embed(&weights.embed, &s.step);
     let mut step: Vec<StepLaunch> = always(embed.clone()).collect();
     let mut prefill = embed;
@@ -140,9 +162,16 @@ pub fn forward(
         prefill.extend(mlp.iter().cloned());
         // A decode step: the norm and RoPE folded into attention.
         step.extend(always(qkv));
+        let chunks = b.attention(Kernel::AttentionStep, norms, l);
+        let packed = packed_pipeline.as_ref().map(|p| {
+            let mut packed = chunks.clone();
+            packed.decode_pipeline = Some(p.clone());
+            packed
+        });
         step.push(StepLaunch::Attention {
             direct: b.attention(Kernel::AttentionStepDirect, norms, l),
-            chunks: b.attention(Kernel::AttentionStep, norms, l),
+            chunks,
+            packed,
             reduce,
         });
         step.extend(always(mlp));
@@ -162,6 +191,7 @@ pub fn forward(
         last_row_head,
         uniform_bytes,
         choose_uniform_bytes,
+        pack_from: packed_pipeline.is_some().then_some(pack_from),
     }
 }
 
@@ -317,18 +347,25 @@ pub fn batch_forward(
     let mut launches: Vec<RowLaunch> =
         b.embed(&weights.embed, embed_step).into_iter().map(RowLaunch::Grid).collect();
     let out_stride = padded(cfg.q_dim()) as u32;
+    // Rows from the packing start on run two query heads a workgroup (the
+    // kernel decides by each row's position), as their sessions' steps
+    // alone do: where the batch's sessions reach it and the one-token
+    // packed pipeline is proven (packing changes no bits either way).
+    let packs = s.capacity > kernels.attention_pack_from as usize
+        && attention::heads_per_workgroup(cfg.num_attention_heads, cfg.num_key_value_heads) == 2
+        && kernels.attention_packed_pipeline(gpu, s.kv_layout.format).is_some();
     for (l, layer) in weights.layers.iter().enumerate() {
         let norms = &layer.qk_norm;
         launches.extend(matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm), padded(layer.qkv.rows)));
-        let attention = |kernel| -> Result<Launch> {
+        let attention = |kernel, packed| -> Result<Launch> {
             let mut l = b.attention_with_step(kernel, norms, l, rows);
             l.decode_pipeline =
-                Some(kernels.attention_rows_pipeline(gpu, kernel, out_stride, s.kv_layout.format)?);
+                Some(kernels.attention_rows_pipeline(gpu, kernel, out_stride, s.kv_layout.format, packed)?);
             Ok(l)
         };
         launches.push(RowLaunch::Attention {
-            direct: attention(Kernel::AttentionStepDirect)?,
-            chunks: attention(Kernel::AttentionStep)?,
+            direct: attention(Kernel::AttentionStepDirect, false)?,
+            chunks: attention(Kernel::AttentionStep, packs)?,
             reduce: b.attention_reduce(),
         });
         launches.extend(matvec(&layer.o_proj, &s.attn, &s.x, Accumulate, padded(layer.o_proj.rows)));

@@ -25,12 +25,21 @@
 //   its output at z * OUT_STRIDE. The direct launch serves the rows whose
 //   context fits one chunk and the chunked one (with the reduce) the
 //   others, each row running exactly the code of its session's step alone.
+// - PACKED (long contexts): two query heads a workgroup. From position
+//   p.pack_from on, with p.pack = 2 (the heads of a KV head come in pairs),
+//   workgroup h (even) serves heads h and h + 1 and workgroup h + 1 returns
+//   at once, so each K and V row is loaded (and, int8, decoded) once for
+//   both. Each head's result has the bits of its unpacked run: the same
+//   operations in the same order, the second head in the second component.
+//   A pipeline of its own: the second head's registers would slow every
+//   unpacked launch (2-5% on an H100).
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), prepended by Rust.
 
 override FUSED: bool = false;
 override DIRECT: bool = false;
 override ROWS: bool = false;
+override PACKED: bool = false;
 // ROWS and DIRECT: elements between rows of the output.
 override OUT_STRIDE: u32 = 0u;
 
@@ -39,16 +48,19 @@ override OUT_STRIDE: u32 = 0u;
 @group(0) @binding(7) var<storage, read> qk_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> rope: array<vec2<f32>>;
 
-// Positions per workgroup = WG (one score per invocation).
-var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
-var<workgroup> e_s: array<f32, WG>;
+// Positions per workgroup = WG (one score per invocation). q_s: the
+// workgroup's (at most two) heads' q, head_dim / 4 vec4s each; e_s: each
+// position's weight for both heads.
+var<workgroup> q_s: array<vec4<f32>, MAX_HEAD_DIM / 2u>;
+var<workgroup> e_s: array<vec2<f32>, WG>;
 // The scores' partial dot products (ATTENTION_KEY_LANES per position, at
 // most 8: src/kernels/attention.rs), then the V sums' slices (8 per
 // invocation): scalars, each written by one invocation.
 var<workgroup> acc_s: array<f32, 8u * WG>;
-// K row quad j (8 f16 values) dotted with q's dims 8j..8j+7.
-fn dot8(a: vec4<u32>, j: u32) -> f32 {
-    return dot(q_s[2u * j], lo4(a)) + dot(q_s[2u * j + 1u], hi4(a));
+// K row quad j (8 f16 values) dotted with q's dims 8j..8j+7 (q at vec4
+// `qo` of q_s).
+fn dot8(a: vec4<u32>, j: u32, qo: u32) -> f32 {
+    return dot(q_s[qo + 2u * j], lo4(a)) + dot(q_s[qo + 2u * j + 1u], hi4(a));
 }
 
 // KV_INT8: the caches hold int8 rows (a quad is 16 values; head_dim a
@@ -58,16 +70,17 @@ fn dot8(a: vec4<u32>, j: u32) -> f32 {
 
 // K row quad j (16 int8 values, as integers) dotted with q's dims
 // 16j..16j+15.
-fn dot16(a: vec4<u32>, j: u32) -> f32 {
-    return dot(q_s[4u * j], i8x4(a.x)) + dot(q_s[4u * j + 1u], i8x4(a.y))
-        + dot(q_s[4u * j + 2u], i8x4(a.z)) + dot(q_s[4u * j + 3u], i8x4(a.w));
+fn dot16(a: vec4<u32>, j: u32, qo: u32) -> f32 {
+    let b = qo + 4u * j;
+    return dot(q_s[b], i8x4(a.x)) + dot(q_s[b + 1u], i8x4(a.y))
+        + dot(q_s[b + 2u], i8x4(a.z)) + dot(q_s[b + 3u], i8x4(a.w));
 }
 
-fn dot_quad(a: vec4<u32>, j: u32, int8: bool) -> f32 {
+fn dot_quad(a: vec4<u32>, j: u32, int8: bool, qo: u32) -> f32 {
     if int8 {
-        return dot16(a, j);
+        return dot16(a, j, qo);
     }
-    return dot8(a, j);
+    return dot8(a, j, qo);
 }
 
 
@@ -126,29 +139,53 @@ fn pack8(lo: vec4<f32>, hi: vec4<f32>) -> vec4<u32> {
     return vec4<u32>(pack2x16float(lo.xy), pack2x16float(lo.zw), pack2x16float(hi.xy), pack2x16float(hi.zw));
 }
 
-// FUSED: q_s = rope(rms_norm(q_h) * q_norm); with `writes_kv`, also the new
-// position's k_cache = f16(rope(rms_norm(k) * k_norm)) and v_cache = f16(v).
+// The sums of squares of the workgroup's q heads (x: the first, y: the
+// second when `np` is 2; lane t of each team adds dims t, t + team size,
+// ...) and, in z with `writes_kv`, k's: each team sums them itself, so
+// the norms need no workgroup reduction.
+fn head_squares(qb: u32, kb: u32, np: u32, writes_kv: bool, lane: Lane) -> vec4<f32> {
+    let hd = p.head_dim;
+    var sq = vec4<f32>(0.0);
+    for (var t = team_lane(lane); t < hd; t += team_size(lane)) {
+        let a = q[qb + t];
+        sq.x += a * a;
+        if np > 1u {
+            let a1 = q[qb + hd + t];
+            sq.y += a1 * a1;
+        }
+        if writes_kv {
+            let b = q[kb + t];
+            sq.z += b * b;
+        }
+    }
+    return team_sum4(sq, lane);
+}
+
+// FUSED: q_s = rope(rms_norm(q_h) * q_norm) for the workgroup's `np` heads
+// from h; with `writes_kv`, also the new position's k_cache =
+// f16(rope(rms_norm(k) * k_norm)) and v_cache = f16(v).
 // Every load is issued up front, so the prologue waits on memory once, and
 // nothing is exchanged through workgroup memory before the one barrier that
 // publishes q_s and the new K/V row:
-// - each team sums the heads' squares itself (lane t: dims t, t + team
-//   size, ...), so the norms need no workgroup reduction;
-// - invocation i < head_dim/4 rotates q's dims 4i..4i+3, loading their
-//   RoPE partners itself, and writes q_s[i];
+// - invocation i < np * head_dim/4 rotates dims 4i..4i+3 of the heads'
+//   q (head i / (head_dim/4)), loading their RoPE partners itself, and
+//   writes q_s[i];
 // - invocation j < head_dim/8 rotates k's dims 8j..8j+7 likewise and writes
 //   them, and v's, as quad j of the new K and V rows.
 // Each vector in workgroup or storage memory is written whole by one
 // invocation: lanes writing different components of one vector could be
 // compiled to read-modify-writes of the whole vector that lose each
 // other's components.
-fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) {
+fn fused_qk(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) {
     let hd = p.head_dim;
+    let qw = hd / 4u;
     let qb = qkv_row + h * hd;
     let kb = qkv_row + (p.n_heads + kvh) * hd;
     let vb = qkv_row + (p.n_heads + p.n_kv_heads + kvh) * hd;
-    // q: dims 4i..4i+3, in range for the inactive invocations too.
-    let i = min(lane.idx, hd / 4u - 1u);
-    let qd = load_dims4(qb, 0u, 4u * i, pos);
+    // q: head g's dims 4i..4i+3, in range for the inactive invocations too.
+    let gi = min(lane.idx, np * qw - 1u);
+    let g = gi / qw;
+    let qd = load_dims4(qb + g * hd, 0u, 4u * (gi % qw), pos);
     // k and v: dims 8j..8j+7.
     let j = min(lane.idx, hd / 8u - 1u);
     let kv_lane = writes_kv && lane.idx < hd / 8u;
@@ -163,22 +200,12 @@ fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u3
         v0 = vec4<f32>(q[vb + e], q[vb + e + 1u], q[vb + e + 2u], q[vb + e + 3u]);
         v1 = vec4<f32>(q[vb + e + 4u], q[vb + e + 5u], q[vb + e + 6u], q[vb + e + 7u]);
     }
-    // The heads' sums of squares, q in x and k in y, in every team.
-    var sq = vec4<f32>(0.0);
-    for (var t = team_lane(lane); t < hd; t += team_size(lane)) {
-        let a = q[qb + t];
-        sq.x += a * a;
-        if writes_kv {
-            let b = q[kb + t];
-            sq.y += b * b;
-        }
-    }
-    let ss = team_sum4(sq, lane);
-    if lane.idx < hd / 4u {
-        q_s[i] = rope4(qd, inverseSqrt(ss.x / f32(hd) + p.eps));
+    let ss = head_squares(qb, kb, np, writes_kv, lane);
+    if lane.idx < np * qw {
+        q_s[lane.idx] = rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps));
     }
     if kv_lane {
-        let rk = inverseSqrt(ss.y / f32(hd) + p.eps);
+        let rk = inverseSqrt(ss.z / f32(hd) + p.eps);
         let row = kv_off + ((kvh * p.capacity + pos) * (hd / 2u)) / 4u + j;
         k_cache[row] = pack8(rope4(k0, rk), rope4(k1, rk));
         v_cache[row] = pack8(v0, v1);
@@ -194,13 +221,15 @@ fn fused_qk(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u3
 // exchange, which every invocation takes (the chunk holding the position
 // is not known to be uniform), and the scales are written as whole vec4s
 // (a head's scales share no vec4 with another head's).
-fn fused_qk_int8(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) -> vec2<f32> {
+fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) -> vec2<f32> {
     let hd = p.head_dim;
+    let qw = hd / 4u;
     let qb = qkv_row + h * hd;
     let kb = qkv_row + (p.n_heads + kvh) * hd;
     let vb = qkv_row + (p.n_heads + p.n_kv_heads + kvh) * hd;
-    let i = min(lane.idx, hd / 4u - 1u);
-    let qd = load_dims4(qb, 0u, 4u * i, pos);
+    let gi = min(lane.idx, np * qw - 1u);
+    let g = gi / qw;
+    let qd = load_dims4(qb + g * hd, 0u, 4u * (gi % qw), pos);
     let j = min(lane.idx, hd / 16u - 1u);
     let kv_lane = writes_kv && lane.idx < hd / 16u;
     var k0: Dims4;
@@ -222,20 +251,11 @@ fn fused_qk_int8(h: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_ro
         v2 = vec4<f32>(q[vb + e + 8u], q[vb + e + 9u], q[vb + e + 10u], q[vb + e + 11u]);
         v3 = vec4<f32>(q[vb + e + 12u], q[vb + e + 13u], q[vb + e + 14u], q[vb + e + 15u]);
     }
-    var sq = vec4<f32>(0.0);
-    for (var t = team_lane(lane); t < hd; t += team_size(lane)) {
-        let a = q[qb + t];
-        sq.x += a * a;
-        if writes_kv {
-            let b = q[kb + t];
-            sq.y += b * b;
-        }
+    let ss = head_squares(qb, kb, np, writes_kv, lane);
+    if lane.idx < np * qw {
+        q_s[lane.idx] = rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps));
     }
-    let ss = team_sum4(sq, lane);
-    if lane.idx < hd / 4u {
-        q_s[i] = rope4(qd, inverseSqrt(ss.x / f32(hd) + p.eps));
-    }
-    let rk = inverseSqrt(ss.y / f32(hd) + p.eps);
+    let rk = inverseSqrt(ss.z / f32(hd) + p.eps);
     var r0 = vec4<f32>(0.0);
     var r1 = vec4<f32>(0.0);
     var r2 = vec4<f32>(0.0);
@@ -299,19 +319,95 @@ fn key_quads(ta: vec4<u32>, ja: u32, jb: u32, quads: u32) -> KeyQuads {
 // Lane r's partial dots of the four rows: quads r (ja), r + L (jb) and any
 // further ones (L = ATTENTION_KEY_LANES; head_dim > 16 * L); quads past the
 // row (head_dim < 8 * L) add nothing.
-fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32, int8: bool) -> vec4<f32> {
+fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32, int8: bool, qo: u32) -> vec4<f32> {
     var d = vec4<f32>(0.0);
     if r < quads {
-        d = vec4<f32>(dot_quad(k.a0, ja, int8), dot_quad(k.a1, ja, int8), dot_quad(k.a2, ja, int8), dot_quad(k.a3, ja, int8));
+        d = vec4<f32>(dot_quad(k.a0, ja, int8, qo), dot_quad(k.a1, ja, int8, qo), dot_quad(k.a2, ja, int8, qo), dot_quad(k.a3, ja, int8, qo));
     }
     if r + ATTENTION_KEY_LANES < quads {
-        d += vec4<f32>(dot_quad(k.b0, jb, int8), dot_quad(k.b1, jb, int8), dot_quad(k.b2, jb, int8), dot_quad(k.b3, jb, int8));
+        d += vec4<f32>(dot_quad(k.b0, jb, int8, qo), dot_quad(k.b1, jb, int8, qo), dot_quad(k.b2, jb, int8, qo), dot_quad(k.b3, jb, int8, qo));
     }
     for (var j = r + 2u * ATTENTION_KEY_LANES; j < quads; j += ATTENTION_KEY_LANES) {
-        d += vec4<f32>(dot_quad(k_cache[ta.x + j], j, int8), dot_quad(k_cache[ta.y + j], j, int8), dot_quad(k_cache[ta.z + j], j, int8),
-                       dot_quad(k_cache[ta.w + j], j, int8));
+        d += vec4<f32>(dot_quad(k_cache[ta.x + j], j, int8, qo), dot_quad(k_cache[ta.y + j], j, int8, qo),
+                       dot_quad(k_cache[ta.z + j], j, int8, qo), dot_quad(k_cache[ta.w + j], j, int8, qo));
     }
     return d;
+}
+
+// One head's scores from its partial dots (da: rows tv, db: rows tu of
+// this lane's ATTENTION_KEY_LANES-lane slot r): parked in acc_s, then
+// invocation t adds position t's (n: positions in the chunk) and returns
+// its scaled score (-3e38 past the chunk); `more`: another head's follow.
+// Workgroup-uniform control flow.
+fn head_score(da: vec4<f32>, db: vec4<f32>, tv: vec4<u32>, tu: vec4<u32>, n: u32, r: u32, idx: u32, k_step: f32,
+              more: bool) -> f32 {
+    for (var i = 0u; i < 4u; i++) {
+        if tv[i] < n {
+            acc_s[tv[i] * ATTENTION_KEY_LANES + r] = da[i];
+        }
+        if tu[i] < n {
+            acc_s[tu[i] * ATTENTION_KEY_LANES + r] = db[i];
+        }
+    }
+    workgroupBarrier(); // publishes the partial dots
+    var s = -3.0e38;
+    if idx < n {
+        var d = 0.0;
+        for (var i = 0u; i < ATTENTION_KEY_LANES; i++) {
+            d += acc_s[idx * ATTENTION_KEY_LANES + i];
+        }
+        if KV_INT8 {
+            d *= k_step;
+        }
+        s = d * p.scale;
+    }
+    if more {
+        workgroupBarrier(); // the next head's dots overwrite acc_s
+    }
+    return s;
+}
+
+// Eight positions' V rows (loaded in v0..v7) weighed by ea and eb, added to
+// dims 0..3 (`hi`: 4..7) of this invocation's 8.
+fn v_sum(ea: vec4<f32>, eb: vec4<f32>, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>, v4: vec4<u32>,
+         v5: vec4<u32>, v6: vec4<u32>, v7: vec4<u32>, odd: bool, hi: bool) -> vec4<f32> {
+    let int8 = KV_INT8;
+    if hi {
+        return ea.x * v_hi(v0, odd, int8) + ea.y * v_hi(v1, odd, int8) + ea.z * v_hi(v2, odd, int8) + ea.w * v_hi(v3, odd, int8)
+            + eb.x * v_hi(v4, odd, int8) + eb.y * v_hi(v5, odd, int8) + eb.z * v_hi(v6, odd, int8) + eb.w * v_hi(v7, odd, int8);
+    }
+    return ea.x * v_lo(v0, odd, int8) + ea.y * v_lo(v1, odd, int8) + ea.z * v_lo(v2, odd, int8) + ea.w * v_lo(v3, odd, int8)
+        + eb.x * v_lo(v4, odd, int8) + eb.y * v_lo(v5, odd, int8) + eb.z * v_lo(v6, odd, int8) + eb.w * v_lo(v7, odd, int8);
+}
+
+// Adds the V sums' slices of one head (this invocation's 8 dims in lo, hi)
+// and writes its result: invocation d < head_dim adds dim d (= 8i + r) over
+// the slices; `after`: after another head's (whose readers of acc_s must
+// be done; the scores' were before the softmax statistics' barriers).
+// Workgroup-uniform control flow.
+fn write_head(lo: vec4<f32>, hi: vec4<f32>, n_slices: u32, row_quads: u32, part: u32, l: f32, z: u32, hh: u32, idx: u32,
+              after: bool) {
+    if after {
+        workgroupBarrier();
+    }
+    for (var c = 0u; c < 4u; c++) {
+        acc_s[8u * idx + c] = lo[c];
+        acc_s[8u * idx + 4u + c] = hi[c];
+    }
+    workgroupBarrier();
+    if idx < p.head_dim {
+        let qi = idx / 8u;
+        let r = idx % 8u;
+        var total = 0.0;
+        for (var sl = 0u; sl < n_slices; sl++) {
+            total += acc_s[8u * (sl * row_quads + qi) + r];
+        }
+        if DIRECT {
+            part_acc[z * OUT_STRIDE + hh * p.head_dim + idx] = total / l;
+        } else {
+            part_acc[part * p.head_dim + idx] = total;
+        }
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -321,7 +417,6 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let z = wg.z;
     let n_chunks = nwg.y;
     let int8 = KV_INT8;
-    let part = (z * p.n_heads + h) * n_chunks + c;
     let start = c * WG;
     // Token z's position (a prompt batch's tokens follow the first), or row
     // z's, and the offset of its KV region (vec4 words).
@@ -334,17 +429,25 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             return; // the other launch serves this row (whole workgroup: uniform)
         }
     }
+    // Heads served: np from h (see the header).
+    let np = select(1u, 2u, PACKED && p.pack == 2u && pos >= p.pack_from);
+    if h % np != 0u {
+        return; // workgroup h - 1 serves this head (uniform)
+    }
+    // The partial results' slot of head h + g.
+    let part = (z * p.n_heads + h) * n_chunks + c;
+    let part1 = part + n_chunks;
     let end = min(min(pos + 1u, p.capacity), start + WG);
     if start >= end {
         // An empty chunk (past the context): contributes nothing.
-        if lane.idx == 0u {
-            part_ml[part] = vec2<f32>(-3.0e38, 0.0);
+        if lane.idx < np {
+            part_ml[part + lane.idx * n_chunks] = vec2<f32>(-3.0e38, 0.0);
         }
         return; // whole workgroup: uniform
     }
     let kvh = h / (p.n_heads / p.n_kv_heads);
-    let half_dim = p.head_dim / 2u;
     let kv_base = 4u * kv_off + kvh * p.capacity * row_words(int8);
+    let qw = p.head_dim / 4u;
 
     // KV_INT8: this invocation's position's K and V steps, loaded before
     // anything else so that the scores do not wait for them (the fused
@@ -359,15 +462,15 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     if FUSED {
         // One token (z = 0), or row z of a batch.
         if int8 {
-            let fresh = fused_qk_int8(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
+            let fresh = fused_qk_int8(h, np, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
             if own == pos {
                 steps = fresh * (1.0 / 127.0);
             }
         } else {
-            fused_qk(h, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
+            fused_qk(h, np, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
         }
     } else {
-        for (var i = lane.idx; i < p.head_dim / 4u; i += WG) {
+        for (var i = lane.idx; i < np * qw; i += WG) {
             let o = (z * p.n_heads + h) * p.head_dim + 4u * i;
             q_s[i] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
         }
@@ -376,12 +479,12 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
 
     // The scores, K rows read coalesced: invocation (row_in, r) of L =
     // ATTENTION_KEY_LANES lanes per row takes quads r, r + L, ... of rows
-    // start + row_in, + rows_per_pass, ... (eight rows per iteration:
-    // sixteen independent 16-byte loads in flight at head_dim 128, so a
-    // chunk of 256 positions takes one round trip), its partial dots
-    // parked in acc_s; then invocation t adds position t's. One lane
-    // per row striding its own 256 bytes (the old order) made every load of
-    // a subgroup touch 32 cache lines.
+    // start + row_in, + rows_per_pass, ... (eight rows: sixteen independent
+    // 16-byte loads in flight at head_dim 128, so the chunk takes one round
+    // trip; 8 * rows_per_pass = WG, src/kernels/attention.rs), each row's
+    // dots with every head served; then head_score adds each position's.
+    // One lane per row striding its own 256 bytes (the old order) made
+    // every load of a subgroup touch 32 cache lines.
     let quads = row_words(int8) / 4u;
     let n = end - start;
     let rows_per_pass = WG / ATTENTION_KEY_LANES;
@@ -390,41 +493,29 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let ja = min(r, quads - 1u);
     let jb = min(r + ATTENTION_KEY_LANES, quads - 1u);
     let kv_row0 = kv_base / 4u + start * quads;
-    for (var t = row_in; t < n; t += 8u * rows_per_pass) {
-        let tv = vec4<u32>(t, t + rows_per_pass, t + 2u * rows_per_pass, t + 3u * rows_per_pass);
-        let tu = tv + vec4<u32>(4u * rows_per_pass);
-        let ta = min(tv, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
-        let tb = min(tu, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
-        let ka = key_quads(ta, ja, jb, quads);
-        let kb = key_quads(tb, ja, jb, quads);
-        let da = key_dots(ka, ta, r, ja, jb, quads, int8);
-        let db = key_dots(kb, tb, r, ja, jb, quads, int8);
-        for (var i = 0u; i < 4u; i++) {
-            if tv[i] < n {
-                acc_s[tv[i] * ATTENTION_KEY_LANES + r] = da[i];
-            }
-            if tu[i] < n {
-                acc_s[tu[i] * ATTENTION_KEY_LANES + r] = db[i];
-            }
-        }
+    let tv = vec4<u32>(row_in, row_in + rows_per_pass, row_in + 2u * rows_per_pass, row_in + 3u * rows_per_pass);
+    let tu = tv + vec4<u32>(4u * rows_per_pass);
+    let ta = min(tv, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
+    let tb = min(tu, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
+    let ka = key_quads(ta, ja, jb, quads);
+    let kb = key_quads(tb, ja, jb, quads);
+    let da = key_dots(ka, ta, r, ja, jb, quads, int8, 0u);
+    let db = key_dots(kb, tb, r, ja, jb, quads, int8, 0u);
+    var da1 = vec4<f32>(0.0);
+    var db1 = vec4<f32>(0.0);
+    if np == 2u {
+        da1 = key_dots(ka, ta, r, ja, jb, quads, int8, qw);
+        db1 = key_dots(kb, tb, r, ja, jb, quads, int8, qw);
     }
-    workgroupBarrier(); // publishes the partial dots
+    var s = vec2<f32>(head_score(da, db, tv, tu, n, r, lane.idx, steps.x, np == 2u), -3.0e38);
+    if np == 2u {
+        s.y = head_score(da1, db1, tv, tu, n, r, lane.idx, steps.x, false);
+    }
     let t = start + lane.idx;
-    var s = -3.0e38;
-    if t < end {
-        var d = 0.0;
-        for (var i = 0u; i < ATTENTION_KEY_LANES; i++) {
-            d += acc_s[lane.idx * ATTENTION_KEY_LANES + i];
-        }
-        if int8 {
-            d *= steps.x;
-        }
-        s = d * p.scale;
-    }
-    let ml = wg_softmax_stats(s, lane);
-    let m = ml.x;
-    let l = ml.y;
-    var e = 0.0;
+    let ml = wg_softmax_stats2(s, lane);
+    let m = ml.xy;
+    let l = ml.zw;
+    var e = vec2<f32>(0.0);
     if t < end {
         e = exp(s - m);
         if int8 {
@@ -436,14 +527,16 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     workgroupBarrier(); // publishes e_s
 
     // Invocation (slice, i) sums dims 8i..8i+7 (one 16-byte load per
-    // position) over positions start + slice, start + slice + n_slices, ...;
-    // then the slices are added.
+    // position) over positions start + slice, start + slice + n_slices, ...,
+    // for every head served; then the slices are added.
     let row_quads = p.head_dim / 8u;
     let n_slices = WG / row_quads;
     let slice = lane.idx / row_quads;
     let i = lane.idx % row_quads;
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
+    var lo1 = vec4<f32>(0.0);
+    var hi1 = vec4<f32>(0.0);
     if slice < n_slices {
         // Eight positions per iteration, eight independent loads in flight;
         // the last iteration's positions past the end load the last row
@@ -467,37 +560,33 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             let v5 = v_cache[vb + tb.y * row_vec4s];
             let v6 = v_cache[vb + tb.z * row_vec4s];
             let v7 = v_cache[vb + tb.w * row_vec4s];
-            let ea = select(vec4<f32>(0.0), vec4<f32>(e_s[ta.x - start], e_s[ta.y - start], e_s[ta.z - start],
-                e_s[ta.w - start]), t < vec4<u32>(end));
-            let eb = select(vec4<f32>(0.0), vec4<f32>(e_s[tb.x - start], e_s[tb.y - start], e_s[tb.z - start],
-                e_s[tb.w - start]), u < vec4<u32>(end));
-            lo += ea.x * v_lo(v0, odd, int8) + ea.y * v_lo(v1, odd, int8) + ea.z * v_lo(v2, odd, int8) + ea.w * v_lo(v3, odd, int8) + eb.x * v_lo(v4, odd, int8)
-                + eb.y * v_lo(v5, odd, int8) + eb.z * v_lo(v6, odd, int8) + eb.w * v_lo(v7, odd, int8);
-            hi += ea.x * v_hi(v0, odd, int8) + ea.y * v_hi(v1, odd, int8) + ea.z * v_hi(v2, odd, int8) + ea.w * v_hi(v3, odd, int8) + eb.x * v_hi(v4, odd, int8)
-                + eb.y * v_hi(v5, odd, int8) + eb.z * v_hi(v6, odd, int8) + eb.w * v_hi(v7, odd, int8);
+            let e0 = e_s[ta.x - start];
+            let e1 = e_s[ta.y - start];
+            let e2 = e_s[ta.z - start];
+            let e3 = e_s[ta.w - start];
+            let e4 = e_s[tb.x - start];
+            let e5 = e_s[tb.y - start];
+            let e6 = e_s[tb.z - start];
+            let e7 = e_s[tb.w - start];
+            let ma = t < vec4<u32>(end);
+            let mb = u < vec4<u32>(end);
+            let ea = select(vec4<f32>(0.0), vec4<f32>(e0.x, e1.x, e2.x, e3.x), ma);
+            let eb = select(vec4<f32>(0.0), vec4<f32>(e4.x, e5.x, e6.x, e7.x), mb);
+            lo += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, odd, false);
+            hi += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, odd, true);
+            if np == 2u {
+                let ea1 = select(vec4<f32>(0.0), vec4<f32>(e0.y, e1.y, e2.y, e3.y), ma);
+                let eb1 = select(vec4<f32>(0.0), vec4<f32>(e4.y, e5.y, e6.y, e7.y), mb);
+                lo1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, odd, false);
+                hi1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, odd, true);
+            }
         }
     }
-    // (The partial dots' readers finished before wg_softmax_stats' barriers.)
-    for (var c = 0u; c < 4u; c++) {
-        acc_s[8u * lane.idx + c] = lo[c];
-        acc_s[8u * lane.idx + 4u + c] = hi[c];
+    write_head(lo, hi, n_slices, row_quads, part, l.x, z, h, lane.idx, false);
+    if np == 2u {
+        write_head(lo1, hi1, n_slices, row_quads, part1, l.y, z, h + 1u, lane.idx, true);
     }
-    workgroupBarrier();
-    // Invocation d < head_dim adds dim d (= 8i + r) over the slices.
-    if lane.idx < p.head_dim {
-        let qi = lane.idx / 8u;
-        let r = lane.idx % 8u;
-        var total = 0.0;
-        for (var sl = 0u; sl < n_slices; sl++) {
-            total += acc_s[8u * (sl * row_quads + qi) + r];
-        }
-        if DIRECT {
-            part_acc[z * OUT_STRIDE + h * p.head_dim + lane.idx] = total / l;
-        } else {
-            part_acc[part * p.head_dim + lane.idx] = total;
-        }
-    }
-    if lane.idx == 0u && !DIRECT {
-        part_ml[part] = vec2<f32>(m, l);
+    if lane.idx < np && !DIRECT {
+        part_ml[part + lane.idx * n_chunks] = vec2<f32>(m[lane.idx], l[lane.idx]);
     }
 }

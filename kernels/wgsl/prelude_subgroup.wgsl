@@ -221,26 +221,29 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     return t;
 }
 
-// Softmax statistics of `s` over the workgroup: (max m, sum of exp(s - m)),
-// to every invocation, in one exchange (one barrier pair): each subgroup
-// publishes its own max and sum, rescaled to the common max after.
-fn wg_softmax_stats(s: f32, lane: Lane) -> vec2<f32> {
+// Softmax statistics of two sets of scores over the workgroup (x and y):
+// (m.x, m.y, l.x, l.y), each the max m and the sum of exp(s - m), to every
+// invocation, in one exchange (one barrier pair): each subgroup publishes
+// its own maxima and sums, rescaled to the common maxima after. Each
+// component is computed on its own (a set's bits do not depend on the
+// other's).
+fn wg_softmax_stats2(s: vec2<f32>, lane: Lane) -> vec4<f32> {
     let m_sg = subgroupMax(s);
     let l_sg = subgroupAdd(exp(s - m_sg));
     workgroupBarrier(); // earlier readers of red_f are done
     if lane.sg_lane == 0u {
-        red_f[lane.sg_id] = vec4<f32>(m_sg, l_sg, 0.0, 0.0);
+        red_f[lane.sg_id] = vec4<f32>(m_sg, l_sg);
     }
     workgroupBarrier();
-    var m = red_f[0].x;
+    var m = red_f[0].xy;
     for (var i = 1u; i < lane.n_sg; i++) {
-        m = max(m, red_f[i].x);
+        m = max(m, red_f[i].xy);
     }
-    var l = 0.0;
+    var l = vec2<f32>(0.0);
     for (var i = 0u; i < lane.n_sg; i++) {
-        l += red_f[i].y * exp(red_f[i].x - m);
+        l += red_f[i].zw * exp(red_f[i].xy - m);
     }
-    return vec2<f32>(m, l);
+    return vec4<f32>(m, l);
 }
 
 // wg_max of four values at once (one barrier pair).

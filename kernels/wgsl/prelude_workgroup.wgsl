@@ -92,10 +92,11 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     return wg_max4(vec4<f32>(v), lane).x;
 }
 
-// Softmax statistics of `s` over the workgroup: (max m, sum of exp(s - m)).
-fn wg_softmax_stats(s: f32, lane: Lane) -> vec2<f32> {
-    let m = wg_max(s, lane);
-    return vec2<f32>(m, wg_sum4(vec4<f32>(exp(s - m), 0.0, 0.0, 0.0), lane).x);
+// Softmax statistics of two sets of scores (x and y): (m.x, m.y, l.x,
+// l.y), each the max m and the sum of exp(s - m).
+fn wg_softmax_stats2(s: vec2<f32>, lane: Lane) -> vec4<f32> {
+    let m = wg_max4(vec4<f32>(s, s), lane).xy;
+    return vec4<f32>(m, wg_sum4(vec4<f32>(exp(s - m), 0.0, 0.0), lane).xy);
 }
 
 fn wg_max4(v: vec4<f32>, lane: Lane) -> vec4<f32> {

@@ -26,6 +26,10 @@ pub struct EngineBuilder {
     cooperative_matrices: Option<bool>,
     /// [`EngineBuilder::emulate_cooperative_matrices`]'s row threshold.
     emulate_coop_min_rows: Option<u32>,
+    /// The packing start of decode attention in place of the default or
+    /// the environment's (tests).
+    #[cfg(test)]
+    attention_pack_from: Option<u32>,
 }
 
 impl EngineBuilder {
@@ -109,6 +113,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Decode attention packs two query heads a workgroup from position
+    /// `pos` on (tests: the launches of packed steps at short contexts).
+    #[cfg(test)]
+    pub(crate) fn attention_pack_from(mut self, pos: u32) -> Self {
+        self.attention_pack_from = Some(pos);
+        self
+    }
+
     /// Picks (or adopts) the device, compiles every kernel and runs the
     /// start-up self-check ([`Engine::kernel_report`]).
     pub fn build(self) -> Result<Engine> {
@@ -146,6 +158,10 @@ impl EngineBuilder {
         };
         if let (true, Some(rows)) = (kernels.coop, self.emulate_coop_min_rows) {
             kernels.coop_min_rows = rows;
+        }
+        #[cfg(test)]
+        if let Some(pos) = self.attention_pack_from {
+            kernels.attention_pack_from = pos;
         }
         let kernels = Arc::new(kernels);
         Ok(Engine { gpu, kernels })

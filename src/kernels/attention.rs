@@ -21,7 +21,52 @@ gpu_struct! {
         pub qkv_stride: u32,
         /// The softmax scale, 1/sqrt(head_dim).
         pub scale: f32,
+        /// attention_partial: query heads a workgroup serves from position
+        /// `pack_from` on (2: [`heads_per_workgroup`]; 1 or 0: one).
+        pub pack: u32,
+        /// attention_partial: the first position whose step packs heads.
+        pub pack_from: u32,
     }
+}
+
+/// The query heads an `attention_partial` workgroup serves once packing
+/// starts (`HeadParams::pack`): two where the heads of a KV head come in
+/// pairs, so each K and V row is loaded once for both; the kernel serves at
+/// most two (its registers hold two heads' sums).
+pub fn heads_per_workgroup(n_heads: usize, n_kv_heads: usize) -> u32 {
+    let group = n_heads / n_kv_heads.max(1);
+    if group.is_multiple_of(2) {
+        2
+    } else {
+        1
+    }
+}
+
+/// The first position from which decode attention packs two heads a
+/// workgroup (`HeadParams::pack_from`): past it, a context has chunks enough
+/// to fill the GPU with half the workgroups, and each saves a second read
+/// and decoding of its K and V rows. Packing never changes a result's bits,
+/// only which workgroup computes it.
+pub const ATTENTION_PACK_FROM: u32 = 8192;
+
+/// `QWEN3_WGPU_ATTENTION_PACK_FROM`: the position from which decode
+/// attention packs heads, for measuring ([`ATTENTION_PACK_FROM`] when unset).
+pub const ATTENTION_PACK_FROM_ENV: &str = "QWEN3_WGPU_ATTENTION_PACK_FROM";
+
+const PACK_FROM_CHOICES: [(&str, u32); 8] = [
+    ("256", 256),
+    ("1024", 1024),
+    ("2048", 2048),
+    ("4096", 4096),
+    ("8192", 8192),
+    ("16384", 16384),
+    ("32768", 32768),
+    ("never", u32::MAX),
+];
+
+/// The packing start [`ATTENTION_PACK_FROM_ENV`] names, if set.
+pub fn attention_pack_from_env() -> crate::error::Result<Option<u32>> {
+    crate::settings::env_choice(ATTENTION_PACK_FROM_ENV, &PACK_FROM_CHOICES)
 }
 
 gpu_struct! {
@@ -89,6 +134,8 @@ const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
 // attention_partial's scores: WG / ATTENTION_KEY_LANES K rows per pass, and
 // each position's partial dots fit its 8 floats of workgroup memory.
 const _: () = assert!(WG.is_multiple_of(ATTENTION_KEY_LANES) && ATTENTION_KEY_LANES <= 8);
+// Its invocations load eight rows each: the chunk in one pass.
+const _: () = assert!(8 * (WG / ATTENTION_KEY_LANES) == ATTENTION_CHUNK);
 
 /// Prompt tokens one `attention_prefill` workgroup serves: each K and V
 /// value it stages in workgroup memory serves that many queries. Its
@@ -130,6 +177,9 @@ pub struct AttentionConstants {
     /// output's row stride (`OUT_STRIDE`, elements); `None`: one token or
     /// a prompt batch.
     pub rows_out_stride: Option<u32>,
+    /// `PACKED`: two query heads a workgroup from `HeadParams::pack_from`
+    /// on (the chunked step of long contexts; WGSL only).
+    pub packed: bool,
 }
 
 impl AttentionConstants {
@@ -143,6 +193,9 @@ impl AttentionConstants {
         ];
         if let Some(stride) = self.rows_out_stride {
             c.extend([("ROWS", 1.0), ("OUT_STRIDE", stride as f64)]);
+        }
+        if self.packed {
+            c.push(("PACKED", 1.0));
         }
         c
     }

@@ -136,6 +136,10 @@ pub struct SelfChecker {
     /// before a session first keeps its cache in it
     /// ([`crate::self_check::run_kv`]).
     pub kv: fn(&Gpu, &Kernels, crate::kv_cache::KvFormat) -> Result<SelfCheck>,
+    /// Runs the packed decode attention pipeline over a KV cache in a
+    /// format before a session first uses it
+    /// ([`crate::self_check::run_packed_attention`]).
+    pub packed_attention: fn(&Gpu, &Kernels, crate::kv_cache::KvFormat) -> Result<SelfCheck>,
     /// Runs a batched-row matvec pipeline beside the one-token pipeline
     /// its rows run alone ([`crate::self_check::rows_matvec`]) before its
     /// first use: `Ok(None)` when proven, `Ok(Some(how))` when not.

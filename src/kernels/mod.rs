@@ -328,7 +328,7 @@ impl Kernel {
         match self.row().family {
             Family::Matvec(v) => Constants::Matvec(MatvecConstants::decode(v, layout.default_split())),
             Family::Attention(variant) => {
-                Constants::Attention(AttentionConstants { variant, rows_out_stride: None })
+                Constants::Attention(AttentionConstants { variant, rows_out_stride: None, packed: false })
             }
             Family::Embed => Constants::Embed(EmbedConstants),
             _ => Constants::Workgroup(self.workgroup_size()),

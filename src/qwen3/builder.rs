@@ -14,7 +14,8 @@ use crate::kernels::matmul::staged_bytes;
 #[cfg(doc)]
 use crate::kernels::MatvecSplit;
 use crate::kernels::{
-    decode_bindings, grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams, MatvecShape, WG,
+    attention, decode_bindings, grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams,
+    MatvecShape, WG,
 };
 
 /// What a matvec computes from `x` (each is one `int8_matvec` variant, over
@@ -256,6 +257,8 @@ impl Builder<'_> {
             eps: self.cfg.rms_norm_eps,
             qkv_stride: padded(self.cfg.qkv_rows()) as u32,
             scale: 1.0 / (self.cfg.head_dim as f32).sqrt(),
+            pack: attention::heads_per_workgroup(self.cfg.num_attention_heads, self.cfg.num_key_value_heads),
+            pack_from: self.kernels.attention_pack_from,
         }
     }
 

@@ -18,10 +18,11 @@ use crate::reference::{
 };
 
 /// Attention's head shape for the checks: 4 query heads over 2 KV heads of
-/// 64 dims (GQA), and the uniform for `capacity`.
+/// 64 dims (GQA), and the uniform for `capacity`, packing two heads a
+/// workgroup from position `pack_from` on.
 const HEADS: (usize, usize, usize) = (4, 2, 64);
 
-fn head_params(capacity: usize) -> HeadParams {
+fn head_params(capacity: usize, pack_from: u32) -> HeadParams {
     let (nh, nkv, hd) = HEADS;
     HeadParams {
         n_heads: nh as u32,
@@ -31,8 +32,15 @@ fn head_params(capacity: usize) -> HeadParams {
         eps: 1e-6,
         qkv_stride: ((nh + 2 * nkv) * hd + 8) as u32,
         scale: 1.0 / (hd as f32).sqrt(),
+        pack: attention::heads_per_workgroup(nh, nkv),
+        pack_from,
     }
 }
+
+/// `pack_from` for a check of the packed pipeline (every position packed),
+/// and for the others (whose pipelines never pack).
+const PACKED: u32 = 0;
+const UNPACKED: u32 = u32::MAX;
 
 const THETA: f32 = 1_000_000.0;
 
@@ -144,7 +152,7 @@ pub(super) fn qk_norm_rope(rig: &mut Rig<'_>, kv: KvFormat) -> Result<Check> {
     let kernel = Kernel::QkNormRope;
     let (nh, nkv, hd) = HEADS;
     let (cap, pos) = (8, 5);
-    let p = head_params(cap);
+    let p = head_params(cap, UNPACKED);
     let qkv = pseudo_nonzero(11, p.qkv_stride as usize);
     let norms = pseudo_nonzero(12, 2 * hd);
     let rope = rope_table(hd, cap, THETA);
@@ -231,7 +239,7 @@ pub(super) fn attention_prompt(rig: &mut Rig<'_>, kv: KvFormat) -> Result<Check>
     let kernel = Kernel::AttentionPartial;
     let (nh, nkv, hd) = HEADS;
     let (cap, seq) = (300, 290);
-    let p = head_params(cap);
+    let p = head_params(cap, UNPACKED);
     let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
     let q = pseudo_nonzero(21, nh * hd);
     let (k, kvals) = cache(22, cap, kv);
@@ -267,7 +275,7 @@ pub(super) fn attention_prompt_batch(rig: &mut Rig<'_>, kv: KvFormat) -> Result<
     // The engine's activation rows come in multiples of 64 tokens, which
     // every group size divides; the spare rows' queries are never read.
     let rows = 64;
-    let p = head_params(cap);
+    let p = head_params(cap, UNPACKED);
     let chunks = cap.div_ceil(ATTENTION_CHUNK as usize);
     let q = pseudo_nonzero(24, rows * nh * hd);
     let (k, kvals) = cache(25, cap, kv);
@@ -321,9 +329,36 @@ pub(super) fn attention_step(
     pos: usize,
     kv: KvFormat,
 ) -> Result<Check> {
+    let pipeline = pipeline(rig, kernel, kv, false)?;
+    attention_step_on(rig, kernel, pipeline, UNPACKED, capacity, pos, kv)
+}
+
+/// [`attention_step`] over the chunks on the packed pipeline
+/// ([`crate::kernels::Kernels::attention_packed_pipeline`]), every position
+/// packed: two query heads a workgroup.
+pub(super) fn attention_step_packed(
+    rig: &mut Rig<'_>,
+    capacity: usize,
+    pos: usize,
+    kv: KvFormat,
+) -> Result<Check> {
+    let pipeline = rig.kernels.attention_packed_step_pipeline(rig.gpu, kv)?;
+    attention_step_on(rig, Kernel::AttentionStep, pipeline, PACKED, capacity, pos, kv)
+}
+
+/// [`attention_step`] on `pipeline`, packing heads from `pack_from` on.
+fn attention_step_on(
+    rig: &mut Rig<'_>,
+    kernel: Kernel,
+    pipeline: wgpu::ComputePipeline,
+    pack_from: u32,
+    capacity: usize,
+    pos: usize,
+    kv: KvFormat,
+) -> Result<Check> {
     let (_, direct) = kernel.attention_variant().expect("an attention variant");
     let (nh, nkv, hd) = HEADS;
-    let p = head_params(capacity);
+    let p = head_params(capacity, pack_from);
     let seed = kernel as u64 * 31;
     let qkv = pseudo_nonzero(seed + 1, p.qkv_stride as usize);
     let norms = pseudo_nonzero(seed + 2, 2 * hd);
@@ -343,7 +378,8 @@ pub(super) fn attention_step(
         rig.storage(&f32s(&norms))?,
         rig.storage(&f32s(&rope))?,
     ];
-    dispatch(rig, kernel, kv, attention::partial_grid(nh as u32, chunks as u32), &bufs.each_ref())?;
+    let grid = attention::partial_grid(nh as u32, chunks as u32);
+    rig.dispatch_pipeline(kernel, false, WeightFormat::Int8, &pipeline, grid, &bufs.each_ref());
     let (kr, vr) = (rig.read(&bufs[3], k0.len()), rig.read(&bufs[4], v0.len()));
     let out =
         if direct { rig.read(&bufs[6], 4 * out_len) } else { reduce(rig, &bufs[5], &bufs[6], chunks, 1)? };

@@ -58,7 +58,13 @@ use tokens::{argmax, embed, logits_mask, sample, sample_top_k};
 
 /// The engine's checks: [`run`] at start-up, [`rows_matvec`] before a
 /// batched-row pipeline's first use.
-pub const CHECKER: SelfChecker = SelfChecker { set: run, format: run_format, kv: run_kv, rows_matvec };
+pub const CHECKER: SelfChecker = SelfChecker {
+    set: run,
+    format: run_format,
+    kv: run_kv,
+    packed_attention: run_packed_attention,
+    rows_matvec,
+};
 
 /// Relative tolerance of the matvecs: well above f32 rounding (the kernel
 /// tests use 1e-5), low enough that a wrong weight, scale or input fails.
@@ -131,6 +137,23 @@ pub fn run_kv(gpu: &Gpu, kernels: &Kernels, kv: KvFormat) -> Result<SelfCheck> {
             ])
         },
         |reason| Error::GpuDeviceFailed { reason: format!("self-check ({kv} KV cache): {reason}") },
+    )?;
+    compare(rig, checks, t0)
+}
+
+/// Runs the decode step's packed attention pipeline
+/// ([`Kernels::attention_packed_pipeline`]: two query heads a workgroup)
+/// over a KV cache in `kv` once, over several chunks, and compares with
+/// the CPU reference, as [`run`] does the unpacked one: before a session
+/// first uses it.
+pub fn run_packed_attention(gpu: &Gpu, kernels: &Kernels, kv: KvFormat) -> Result<SelfCheck> {
+    let t0 = Instant::now();
+    let mut rig = Rig::new(gpu, kernels);
+    let checks = gpu.scoped(
+        || Ok(vec![attention::attention_step_packed(&mut rig, 300, 270, kv)?]),
+        |reason| Error::GpuDeviceFailed {
+            reason: format!("self-check (packed attention, {kv} KV cache): {reason}"),
+        },
     )?;
     compare(rig, checks, t0)
 }

@@ -266,6 +266,44 @@ fn a_wrong_epilogue_and_a_wrong_attention_are_caught() {
     assert!(failed.contains(&"AttentionStep"), "{}", check.describe_failures());
 }
 
+/// The packed decode attention (two query heads a workgroup) is proven at
+/// its first use and served, over either KV format; a wrong one (the second
+/// head's output taking the first head's V sums) fails its check and is
+/// not served: the unpacked pipeline serves instead.
+#[test]
+fn the_packed_attention_is_proven_and_a_wrong_one_is_not_served() {
+    use crate::kernels::{AttentionConstants, Constants};
+    let (gpu, kernels) = wgsl_kernels();
+    for kv in [KvFormat::F16, KvFormat::Int8] {
+        assert!(kernels.attention_packed_pipeline(&gpu, kv).is_some(), "{kv}");
+        let check = run_packed_attention(&gpu, &kernels, kv).unwrap();
+        assert!(check.ok, "{kv}: {}", check.describe_failures());
+    }
+    let (gpu, mut kernels) = wgsl_kernels();
+    let k = Kernel::AttentionStep;
+    let src = k.source(gpu.subgroups).replace("write_head(lo1, hi1,", "write_head(lo, hi,");
+    assert_ne!(src, k.source(gpu.subgroups), "the edit applies");
+    let Constants::Attention(c) = k.typed_constants(kernels.matvec_layout) else {
+        panic!("an attention kernel")
+    };
+    let constants = Constants::Attention(AttentionConstants { packed: true, ..c }).render();
+    let wrong = compile_for_layout(
+        &gpu,
+        "edited",
+        &src,
+        k.entry(),
+        k.bindings(),
+        &constants,
+        Some(kernels.layout(k)),
+    )
+    .expect("the edited kernel compiles")
+    .0;
+    kernels.replace_packed_attention_pipeline(KvFormat::F16, wrong);
+    let check = run_packed_attention(&gpu, &kernels, KvFormat::F16).unwrap();
+    assert!(!check.ok, "a wrong packed attention passed");
+    assert!(kernels.attention_packed_pipeline(&gpu, KvFormat::F16).is_none());
+}
+
 /// The int8 KV cache's pipelines pass their check at first use, and each
 /// kind of wrong one is caught: the f16 cache's pipelines in the int8
 /// slots (the q/k norm's write, the prompt batch's attention), and a

@@ -25,6 +25,9 @@ pub(super) struct StepLaunches {
     short: Vec<Launch>,
     /// The step after (chunked attention and its reduction).
     long: Vec<Launch>,
+    /// From the position it names on, where the forward pass has one: the
+    /// step whose attention runs two query heads a workgroup.
+    packed: Option<(usize, Vec<Launch>)>,
     /// The last launches of each: those choosing the token.
     choose: usize,
 }
@@ -36,16 +39,20 @@ impl StepLaunches {
         StepLaunches {
             short: forward.step_at(0).cloned().collect(),
             long: forward.step_at(chunk).cloned().collect(),
+            packed: forward.pack_from().map(|from| {
+                let from = from.max(chunk);
+                (from, forward.step_at(from).cloned().collect())
+            }),
             choose: forward.choose.len(),
         }
     }
 
     /// The step at position `pos`, in order (as `Forward::step_at`).
     pub(super) fn at(&self, pos: usize) -> &[Launch] {
-        if pos < ATTENTION_CHUNK as usize {
-            &self.short
-        } else {
-            &self.long
+        match &self.packed {
+            _ if pos < ATTENTION_CHUNK as usize => &self.short,
+            Some((from, packed)) if pos >= *from => packed,
+            _ => &self.long,
         }
     }
 

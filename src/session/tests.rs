@@ -55,19 +55,32 @@ fn try_next_token_submits_at_most_once_per_call_and_records_ahead() {
 
 /// The recorder's launches are the forward pass's at every position:
 /// one attention launch per layer within the first chunk, chunks and
-/// their reduction past it.
+/// their reduction past it, and the packed attention's (a pipeline of its
+/// own) from the packing start on, in a session that reaches it.
 #[test]
 fn recorded_steps_are_the_forward_pass_steps() {
-    let model = fixture_model();
-    let s = model.session_with_capacity(8).unwrap();
-    let launches = super::recorder::StepLaunches::of(&s.forward);
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).attention_pack_from(600).build().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+    let model =
+        engine.load(fixture, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
     let chunk = crate::kernels::ATTENTION_CHUNK as usize;
-    for pos in [0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk] {
-        let want: Vec<_> = s.forward.step_at(pos).map(|l| (l.kind(), l.workgroups)).collect();
-        let got: Vec<_> = launches.at(pos).iter().map(|l| (l.kind(), l.workgroups)).collect();
-        assert_eq!(got, want, "position {pos}");
+    let own_pipelines = |l: &crate::kernels::Launch| l.decode_pipeline.is_some();
+    for capacity in [8, 1000] {
+        let s = model.session_with_capacity(capacity).unwrap();
+        assert_eq!(s.forward.pack_from(), (capacity > 600).then_some(600));
+        let launches = super::recorder::StepLaunches::of(&s.forward);
+        for pos in [0, 1, chunk - 1, chunk, chunk + 1, 599, 600, 3 * chunk] {
+            let want: Vec<_> =
+                s.forward.step_at(pos).map(|l| (l.kind(), l.workgroups, own_pipelines(l))).collect();
+            let got: Vec<_> =
+                launches.at(pos).iter().map(|l| (l.kind(), l.workgroups, own_pipelines(l))).collect();
+            assert_eq!(got, want, "capacity {capacity} position {pos}");
+        }
+        assert_ne!(launches.at(0).len(), launches.at(chunk).len());
+        let owned = |pos| launches.at(pos).iter().filter(|l| own_pipelines(l)).count();
+        let packed = if capacity > 600 { 2 } else { 0 }; // one a layer
+        assert_eq!(owned(600) - owned(599), packed, "capacity {capacity}");
     }
-    assert_ne!(launches.at(0).len(), launches.at(chunk).len());
 }
 
 /// Counts past the capacity are refused whatever their size (no

@@ -671,7 +671,7 @@ fn attention_int8_kv_matches_cpu() {
     let mut rng = StdRng::seed_from_u64(29);
     for sub in variants(gpu) {
         let run = wgsl_run(gpu, sub, |k| {
-            let mut c = k.constants(MatvecLayout::RowsPerTeam);
+            let mut c = with_packed(k, k.constants(MatvecLayout::RowsPerTeam));
             if matches!(k, Kernel::AttentionPartial | Kernel::AttentionStep | Kernel::AttentionStepDirect) {
                 c.push(("KV_INT8", 1.0));
             }
@@ -767,12 +767,23 @@ fn attention_prefill_matches_cpu() {
     }
 }
 
+/// `constants` of `k`, with the chunked decode step's pipeline the packed
+/// one (the cases' uniform packs from position 0 where the GQA group
+/// allows): its unpacked pipeline gives the same bits
+/// (`attention_packed_heads_equal_unpacked_bit_for_bit`).
+fn with_packed(k: Kernel, mut constants: Vec<(&'static str, f64)>) -> Vec<(&'static str, f64)> {
+    if k == Kernel::AttentionStep {
+        constants.push(("PACKED", 1.0));
+    }
+    constants
+}
+
 #[test]
 fn attention_step_matches_cpu() {
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(11);
     for sub in variants(gpu) {
-        let run = wgsl_run(gpu, sub, |k| k.constants(MatvecLayout::RowsPerTeam));
+        let run = wgsl_run(gpu, sub, |k| with_packed(k, k.constants(MatvecLayout::RowsPerTeam)));
         for shape in ATTENTION_STEP_DIRECT_SHAPES {
             attention_step_case(&run, Kernel::AttentionStepDirect, shape, &mut rng);
         }
@@ -904,7 +915,9 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
 /// for that row alone over its own cache (the new K/V row, and the output
 /// or the chunks' partials), and leaves the other rows to the other launch
 /// (their outputs and caches untouched). Rows at positions within one
-/// chunk, at the chunk boundary and past it, in slots out of row order.
+/// chunk, at the chunk boundary and past it, in slots out of row order;
+/// the rows from position 256 on pack two heads a workgroup, the others
+/// not.
 #[test]
 fn attention_rows_match_each_row_alone_bit_for_bit() {
     use kernels::{AttentionConstants, AttentionVariant, HeadParams};
@@ -925,6 +938,8 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
         eps: 1e-6,
         qkv_stride: qkv_stride as u32,
         scale: 1.0 / (hd as f32).sqrt(),
+        pack: 2,
+        pack_from: 256,
     };
     let params = bytemuck::bytes_of(&params).to_vec();
     let qkv = nonzero(&mut rng, n * qkv_stride);
@@ -945,7 +960,9 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
             let out_len =
                 |rows: usize| if variant.direct { rows * out_stride } else { rows * nh * chunks * hd };
             let render = |rows_out_stride| {
-                Constants::Attention(AttentionConstants { variant, rows_out_stride }).render()
+                // The chunked launch packs (from pack_from), as long contexts' do.
+                let packed = !variant.direct;
+                Constants::Attention(AttentionConstants { variant, rows_out_stride, packed }).render()
             };
             let grid = |z| [nh as u32, chunks as u32, z];
             let batched = dispatch_with(
@@ -1002,6 +1019,100 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
                     assert!(cache(0) == untouched[0] && cache(1) == untouched[1], "{what}: K/V written");
                     assert!(out_row.chunks(4).all(|w| w == POISON.to_le_bytes()), "{what}: output written");
                 }
+            }
+        }
+    }
+}
+
+/// attention_partial's packed pipeline (`PACKED`: two query heads a
+/// workgroup from `HeadParams::pack_from` on, here every position) gives
+/// every head, bit for bit, what the unpacked pipeline gives it: the caches (the new position's K/V row), the chunks'
+/// (m, l) and sums or the direct output. Over f16 and int8 caches, the
+/// fused step (direct and chunked, GQA groups of 2 and 4) and the prompt
+/// variant (three tokens).
+#[test]
+fn attention_packed_heads_equal_unpacked_bit_for_bit() {
+    use kernels::HeadParams;
+    let gpu = gpu();
+    let mut rng = StdRng::seed_from_u64(83);
+    let cases = [
+        (Kernel::AttentionStepDirect, (4usize, 2usize, 64usize, 200usize, 150usize)),
+        (Kernel::AttentionStep, (4, 2, 128, 600, 513)),
+        (Kernel::AttentionStep, (8, 2, 64, 300, 256)),
+        (Kernel::AttentionPartial, (4, 1, 64, 520, 300)),
+    ];
+    for sub in variants(gpu) {
+        for int8 in [false, true] {
+            for (kernel, (nh, nkv, hd, cap, pos)) in cases {
+                let (fused, direct) = kernel.attention_variant().expect("an attention_partial variant");
+                let tokens = if fused { 1 } else { 3 };
+                let qkv_stride = (nh + 2 * nkv) * hd + 8;
+                let params = |pack_from| HeadParams {
+                    n_heads: nh as u32,
+                    n_kv_heads: nkv as u32,
+                    head_dim: hd as u32,
+                    capacity: cap as u32,
+                    eps: 1e-6,
+                    qkv_stride: qkv_stride as u32,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    pack: 2,
+                    pack_from,
+                };
+                let cache = |rng: &mut StdRng| -> Vec<u8> {
+                    let values = nonzero(rng, nkv * cap * hd);
+                    if int8 {
+                        common::cases::kv_int8_quantize(&values, nkv, cap, hd).0
+                    } else {
+                        let h: Vec<f16> = values.iter().map(|v| f16::from_f32(*v)).collect();
+                        bytemuck::cast_slice(&h).to_vec()
+                    }
+                };
+                let (k, v) = (cache(&mut rng), cache(&mut rng));
+                let q =
+                    if fused { nonzero(&mut rng, qkv_stride) } else { nonzero(&mut rng, tokens * nh * hd) };
+                let norms = nonzero(&mut rng, 2 * hd);
+                let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, 1_000_000.0);
+                let chunks = if direct { 1 } else { cap.div_ceil(kernels::ATTENTION_CHUNK as usize) };
+                let out_len = if direct { nh * hd + 3 } else { tokens * nh * chunks * hd };
+                let mut constants = kernel.constants(MatvecLayout::RowsPerTeam);
+                if int8 {
+                    constants.push(("KV_INT8", 1.0));
+                }
+                let mut packed_constants = constants.clone();
+                packed_constants.push(("PACKED", 1.0));
+                let run = |pack_from| {
+                    dispatch_with(
+                        gpu,
+                        kernel,
+                        sub,
+                        if pack_from == 0 { &packed_constants } else { &constants },
+                        &[bytemuck::bytes_of(&params(pack_from))],
+                        &[
+                            step(pos, 0),
+                            f32s(&q),
+                            k.clone(),
+                            v.clone(),
+                            poisoned(2 * tokens * nh * chunks),
+                            poisoned(out_len),
+                            f32s(&norms),
+                            f32s(&rope),
+                        ],
+                        [nh as u32, chunks as u32, tokens as u32],
+                    )
+                };
+                let (packed, unpacked) = (run(0), run(u32::MAX));
+                let what = format!("{kernel:?} {:?} int8={int8} sub={sub}", (nh, nkv, hd, cap, pos));
+                let names = ["k_cache", "v_cache", "(m, l)", "output"];
+                for (i, name) in names.iter().enumerate() {
+                    assert!(packed[i] == unpacked[i], "{what}: {name} differs");
+                }
+                // Every head's results written (the chunks past the context
+                // write only their (m, l)).
+                let written = if direct { &packed[3][..4 * nh * hd] } else { &packed[2][..] };
+                assert!(
+                    !written.chunks(4).any(|w| w == POISON.to_le_bytes()),
+                    "{what}: a head left unwritten"
+                );
             }
         }
     }

@@ -9,6 +9,7 @@ mod support;
 mod tiny_checkpoint;
 
 mod api;
+mod attention_packing;
 mod bad_inputs;
 mod batch;
 mod bench_cli;

@@ -181,6 +181,14 @@ pub struct Kernels {
     /// The KV formats other than f16 proven so far, each with its check;
     /// held while one is built and proven, so that it is done once.
     kv_formats: Mutex<HashMap<KvFormat, SelfCheck>>,
+    /// Proves the packed decode attention pipeline over a KV format before
+    /// its first use ([`SelfChecker::packed_attention`]).
+    packed_attention_check: KvCheck,
+    /// The packed decode attention pipeline of each KV format asked for so
+    /// far: `None` where there is none (an MSL twin serves the step) or
+    /// its build or proof failed (the unpacked one serves; never tried
+    /// again).
+    packed_attention: Mutex<HashMap<KvFormat, Option<wgpu::ComputePipeline>>>,
     /// The weight formats other than the default proven so far, each with
     /// its report; held while one is built and proven, so that it is done
     /// once.
@@ -209,6 +217,10 @@ pub struct Kernels {
     /// ([`super::matmul::COOP_MIN_ROWS_ENV`], else
     /// [`super::matmul::COOP_MIN_ROWS`]).
     pub coop_min_rows: u32,
+    /// The first position from which decode attention packs two query heads
+    /// a workgroup ([`crate::kernels::attention::ATTENTION_PACK_FROM_ENV`],
+    /// else [`crate::kernels::attention::ATTENTION_PACK_FROM`]).
+    pub attention_pack_from: u32,
     /// The register tiling of the f32 `int8_matmul` pipelines
     /// ([`MatmulTile::from_env`], else [`MatmulTile::DEFAULT`]).
     pub matmul_tile: MatmulTile,
@@ -351,6 +363,8 @@ impl Kernels {
             format_check: checker.format,
             kv_check: checker.kv,
             kv_formats: Default::default(),
+            packed_attention_check: checker.packed_attention,
+            packed_attention: Default::default(),
             formats: Default::default(),
             format_sources: Default::default(),
             #[cfg(test)]
@@ -362,6 +376,8 @@ impl Kernels {
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             coop_ksplit: super::matmul::coop_ksplit_from_env()?,
             coop_min_rows: super::matmul::coop_min_rows_from_env()?.unwrap_or(super::matmul::COOP_MIN_ROWS),
+            attention_pack_from: super::attention::attention_pack_from_env()?
+                .unwrap_or(super::attention::ATTENTION_PACK_FROM),
             shader_checks: ShaderChecks::from_env()?.unwrap_or(ShaderChecks::DataIndexed),
             source,
             report: KernelReport::unchecked(source),

@@ -323,19 +323,92 @@ impl Kernels {
     /// The WGSL pipeline of decode attention variant `kernel`
     /// ([`Kernel::AttentionStep`] or [`Kernel::AttentionStepDirect`]) over
     /// a batch of sessions' steps (`ROWS`; the output's rows
-    /// `out_stride` elements apart). Compiled on first use.
+    /// `out_stride` elements apart), `packed` or not (see
+    /// [`Self::attention_packed_pipeline`]). Compiled on first use.
     pub fn attention_rows_pipeline(
         &self,
         gpu: &Gpu,
         kernel: Kernel,
         out_stride: u32,
         kv: KvFormat,
+        packed: bool,
     ) -> Result<wgpu::ComputePipeline> {
+        self.pipeline(gpu, self.attention_key(kernel, Some(out_stride), kv, packed)?)
+    }
+
+    /// The key of a WGSL `attention_partial` pipeline of `kernel`.
+    fn attention_key(
+        &self,
+        kernel: Kernel,
+        rows_out_stride: Option<u32>,
+        kv: KvFormat,
+        packed: bool,
+    ) -> Result<PipelineKey> {
         let Constants::Attention(c) = kernel.typed_constants(self.matvec_layout) else {
             return Err(Error::internal(format!("{kernel:?} is no attention kernel")));
         };
-        let constants = Constants::Attention(AttentionConstants { rows_out_stride: Some(out_stride), ..c });
-        self.pipeline(gpu, PipelineKey { kernel, program: Program::Wgsl, constants, kv })
+        let constants = Constants::Attention(AttentionConstants { rows_out_stride, packed, ..c });
+        Ok(PipelineKey { kernel, program: Program::Wgsl, constants, kv })
+    }
+
+    /// The decode step's chunked attention ([`Kernel::AttentionStep`]) over
+    /// a cache in `kv` with two query heads a workgroup from
+    /// [`Self::attention_pack_from`] on: built and proven
+    /// ([`SelfChecker::packed_attention`](crate::kernels::SelfChecker::packed_attention)) on the first call for a format.
+    /// `None` where the step runs an MSL twin (which serves one head a
+    /// workgroup) or the build or the proof failed: the unpacked pipeline
+    /// then serves (the same results, packing changes no bits).
+    pub fn attention_packed_pipeline(&self, gpu: &Gpu, kv: KvFormat) -> Option<wgpu::ComputePipeline> {
+        let mut packed = self.packed_attention.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = packed.get(&kv) {
+            return p.clone();
+        }
+        let kernel = Kernel::AttentionStep;
+        let wgsl = self.decode_key_kv(kernel, WeightFormat::default(), kv).program == Program::Wgsl;
+        let proven = || -> Result<wgpu::ComputePipeline> {
+            let pipeline = self.attention_packed_step_pipeline(gpu, kv)?;
+            (self.packed_attention_check)(gpu, self, kv)?.passed("the packed decode attention")?;
+            Ok(pipeline)
+        };
+        let made = match wgsl.then(proven) {
+            Some(Ok(pipeline)) => Some(pipeline),
+            Some(Err(e)) => {
+                log::warn!("decode attention runs one head a workgroup over a {kv} KV cache: {e}");
+                None
+            }
+            None => None,
+        };
+        packed.insert(kv, made.clone());
+        made
+    }
+
+    /// Whether the packed attention over a cache in `kv` was asked for and
+    /// is in use ([`Self::attention_packed_pipeline`] returned it).
+    pub(crate) fn packed_attention_in_use(&self, kv: KvFormat) -> bool {
+        let packed = self.packed_attention.lock().unwrap_or_else(|e| e.into_inner());
+        packed.get(&kv).is_some_and(|p| p.is_some())
+    }
+
+    /// Puts `pipeline` in place of the packed one-token attention pipeline
+    /// over a cache in `kv` before its first use (the self-check's tests).
+    #[cfg(test)]
+    pub(crate) fn replace_packed_attention_pipeline(
+        &mut self,
+        kv: KvFormat,
+        pipeline: wgpu::ComputePipeline,
+    ) {
+        let key = self.attention_key(Kernel::AttentionStep, None, kv, true).expect("an attention kernel");
+        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
+    }
+
+    /// The packed one-token [`Kernel::AttentionStep`] pipeline over a cache
+    /// in `kv`, built (not proven: the self-check's entry).
+    pub(crate) fn attention_packed_step_pipeline(
+        &self,
+        gpu: &Gpu,
+        kv: KvFormat,
+    ) -> Result<wgpu::ComputePipeline> {
+        self.pipeline(gpu, self.attention_key(Kernel::AttentionStep, None, kv, true)?)
     }
 
     /// Edits the batched-row pipelines' source before they build (the

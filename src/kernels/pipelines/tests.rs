@@ -14,6 +14,7 @@ fn checker(set: fn(&Gpu, &Kernels) -> Result<SelfCheck>) -> SelfChecker {
         set,
         format: |_, _, _| Ok(passed()),
         kv: |_, _, _| Ok(passed()),
+        packed_attention: |_, _, _| Ok(passed()),
         rows_matvec: |_, _| Ok(None),
     }
 }
@@ -198,7 +199,13 @@ fn a_formats_failing_twins_fall_back_to_wgsl_for_that_format_alone() {
         &gpu,
         KernelChoice::Wgsl,
         None,
-        SelfChecker { set: pass, format: fail, kv: |_, _, _| Ok(passed()), rows_matvec: |_, _| Ok(None) },
+        SelfChecker {
+            set: pass,
+            format: fail,
+            kv: |_, _, _| Ok(passed()),
+            packed_attention: |_, _, _| Ok(passed()),
+            rows_matvec: |_, _| Ok(None),
+        },
     )
     .unwrap();
     for _ in 0..2 {

@@ -440,6 +440,8 @@ pub fn qk_norm_rope_case_int8(
         eps,
         qkv_stride: qkv_stride as u32,
         scale: 1.0 / (hd as f32).sqrt(),
+        pack: 1,
+        pack_from: u32::MAX,
     };
     let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
     let cache_bytes = kv_int8_bytes(nkv, cap, hd);
@@ -524,6 +526,8 @@ pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize
         eps,
         qkv_stride: qkv_stride as u32,
         scale: 1.0 / (hd as f32).sqrt(),
+        pack: 1,
+        pack_from: u32::MAX,
     };
     let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, theta);
     let cache_words = nkv * cap * hd / 2;
@@ -583,7 +587,9 @@ pub fn qk_norm_rope_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize
 }
 
 /// The attention uniform: (heads, kv heads, head_dim, capacity, eps, qkv
-/// stride, scale), as the host's.
+/// stride, scale), as the host's, packing two heads a workgroup at every
+/// position where the GQA group allows (on pipelines built `PACKED`; the
+/// others never pack).
 fn head_params(nh: usize, nkv: usize, hd: usize, cap: usize) -> (Vec<u8>, f32) {
     let scale = 1.0 / (hd as f32).sqrt();
     let qkv_stride = (nh + 2 * nkv) * hd + 8;
@@ -596,6 +602,8 @@ fn head_params(nh: usize, nkv: usize, hd: usize, cap: usize) -> (Vec<u8>, f32) {
         eps,
         qkv_stride: qkv_stride as u32,
         scale,
+        pack: kernels::attention::heads_per_workgroup(nh, nkv),
+        pack_from: 0,
     };
     (bytes_of(&p).to_vec(), scale)
 }
