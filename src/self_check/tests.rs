@@ -28,10 +28,22 @@ fn edited_in(
     format: WeightFormat,
     edit: impl Fn(String) -> String,
 ) -> wgpu::ComputePipeline {
-    let src = edit(kernel.source(gpu.subgroups));
     let constants = kernel.typed_constants_in(kernels.matvec_layout, format).render();
+    edited_with(gpu, kernels, kernel, &constants, edit)
+}
+
+/// [`edited`] compiled with `constants`; the edit must change the source.
+fn edited_with(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    kernel: Kernel,
+    constants: &[(&str, f64)],
+    edit: impl Fn(String) -> String,
+) -> wgpu::ComputePipeline {
+    let src = edit(kernel.source(gpu.subgroups));
+    assert_ne!(src, kernel.source(gpu.subgroups), "the edit applies");
     let layout = Some(kernels.layout(kernel));
-    compile_for_layout(gpu, "edited", &src, kernel.entry(), kernel.bindings(), &constants, layout)
+    compile_for_layout(gpu, "edited", &src, kernel.entry(), kernel.bindings(), constants, layout)
         .expect("the edited kernel compiles")
         .0
 }
@@ -281,23 +293,13 @@ fn the_packed_attention_is_proven_and_a_wrong_one_is_not_served() {
     }
     let (gpu, mut kernels) = wgsl_kernels();
     let k = Kernel::AttentionStep;
-    let src = k.source(gpu.subgroups).replace("write_head(lo1, hi1,", "write_head(lo, hi,");
-    assert_ne!(src, k.source(gpu.subgroups), "the edit applies");
     let Constants::Attention(c) = k.typed_constants(kernels.matvec_layout) else {
         panic!("an attention kernel")
     };
     let constants = Constants::Attention(AttentionConstants { packed: true, ..c }).render();
-    let wrong = compile_for_layout(
-        &gpu,
-        "edited",
-        &src,
-        k.entry(),
-        k.bindings(),
-        &constants,
-        Some(kernels.layout(k)),
-    )
-    .expect("the edited kernel compiles")
-    .0;
+    let wrong = edited_with(&gpu, &kernels, k, &constants, |s| {
+        s.replace("write_head(lo1, hi1,", "write_head(lo, hi,")
+    });
     kernels.replace_packed_attention_pipeline(KvFormat::F16, wrong);
     let check = run_packed_attention(&gpu, &kernels, KvFormat::F16).unwrap();
     assert!(!check.ok, "a wrong packed attention passed");
@@ -320,24 +322,14 @@ fn the_int8_kv_pipelines_are_proven_and_wrong_ones_are_caught() {
     kernels.replace_kv_pipeline(Kernel::QkNormRope, KvFormat::Int8, false, norm);
     kernels.replace_kv_pipeline(Kernel::AttentionPartial, KvFormat::Int8, true, batch);
     let k = Kernel::AttentionStepDirect;
-    let src = k.source(gpu.subgroups).replace(
-        "fn k_step(w: u32) -> f32 {\n    return bitcast<f32>(k_cache",
-        "fn k_step(w: u32) -> f32 {\n    return bitcast<f32>(v_cache",
-    );
-    assert_ne!(src, k.source(gpu.subgroups), "the edit applies");
     let mut constants = k.typed_constants(kernels.matvec_layout).render();
     constants.push(("KV_INT8", 1.0));
-    let swapped = compile_for_layout(
-        &gpu,
-        "edited",
-        &src,
-        k.entry(),
-        k.bindings(),
-        &constants,
-        Some(kernels.layout(k)),
-    )
-    .expect("the edited kernel compiles")
-    .0;
+    let swapped = edited_with(&gpu, &kernels, k, &constants, |s| {
+        s.replace(
+            "fn k_step(w: u32) -> f32 {\n    return bitcast<f32>(k_cache",
+            "fn k_step(w: u32) -> f32 {\n    return bitcast<f32>(v_cache",
+        )
+    });
     kernels.replace_kv_pipeline(k, KvFormat::Int8, false, swapped);
     let check = run_kv(&gpu, &kernels, KvFormat::Int8).unwrap();
     let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();

@@ -908,6 +908,28 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
     }
 }
 
+/// The attention uniform for heads, KV heads, head_dim and capacity `shape`,
+/// qkv rows `qkv_stride` apart, packing two heads a workgroup from
+/// `pack_from` on (on pipelines built `PACKED`).
+fn attention_params(
+    shape: (usize, usize, usize, usize),
+    qkv_stride: usize,
+    pack_from: u32,
+) -> kernels::HeadParams {
+    let (nh, nkv, hd, cap) = shape;
+    kernels::HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: cap as u32,
+        eps: 1e-6,
+        qkv_stride: qkv_stride as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+        pack: 2,
+        pack_from,
+    }
+}
+
 /// Decode attention over a batch of sessions' rows (`ROWS`: row z's
 /// position and KV region from the step binding's words, its qkv row at
 /// z * qkv_stride, the direct output at z * OUT_STRIDE) computes for each
@@ -920,7 +942,7 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
 /// not.
 #[test]
 fn attention_rows_match_each_row_alone_bit_for_bit() {
-    use kernels::{AttentionConstants, AttentionVariant, HeadParams};
+    use kernels::{AttentionConstants, AttentionVariant};
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(77);
     let (nh, nkv, hd, cap) = (4usize, 2usize, 64usize, 300usize);
@@ -930,18 +952,7 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
     let qkv_stride = (nh + 2 * nkv) * hd + 8;
     let out_stride = nh * hd + 5;
     let region = nkv * cap * hd / 2; // u32 words of one slot's K (or V)
-    let params = HeadParams {
-        n_heads: nh as u32,
-        n_kv_heads: nkv as u32,
-        head_dim: hd as u32,
-        capacity: cap as u32,
-        eps: 1e-6,
-        qkv_stride: qkv_stride as u32,
-        scale: 1.0 / (hd as f32).sqrt(),
-        pack: 2,
-        pack_from: 256,
-    };
-    let params = bytemuck::bytes_of(&params).to_vec();
+    let params = bytemuck::bytes_of(&attention_params((nh, nkv, hd, cap), qkv_stride, 256)).to_vec();
     let qkv = nonzero(&mut rng, n * qkv_stride);
     let qn_kn = nonzero(&mut rng, 2 * hd);
     let rope = qwen3_wgpu::internals::qwen3::rope_table(hd, cap, 1_000_000.0);
@@ -1032,7 +1043,6 @@ fn attention_rows_match_each_row_alone_bit_for_bit() {
 /// variant (three tokens).
 #[test]
 fn attention_packed_heads_equal_unpacked_bit_for_bit() {
-    use kernels::HeadParams;
     let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(83);
     let cases = [
@@ -1047,17 +1057,7 @@ fn attention_packed_heads_equal_unpacked_bit_for_bit() {
                 let (fused, direct) = kernel.attention_variant().expect("an attention_partial variant");
                 let tokens = if fused { 1 } else { 3 };
                 let qkv_stride = (nh + 2 * nkv) * hd + 8;
-                let params = |pack_from| HeadParams {
-                    n_heads: nh as u32,
-                    n_kv_heads: nkv as u32,
-                    head_dim: hd as u32,
-                    capacity: cap as u32,
-                    eps: 1e-6,
-                    qkv_stride: qkv_stride as u32,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    pack: 2,
-                    pack_from,
-                };
+                let params = |pack_from| attention_params((nh, nkv, hd, cap), qkv_stride, pack_from);
                 let cache = |rng: &mut StdRng| -> Vec<u8> {
                     let values = nonzero(rng, nkv * cap * hd);
                     if int8 {
