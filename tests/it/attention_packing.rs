@@ -1,7 +1,7 @@
 //! QWEN3_WGPU_ATTENTION_PACK_FROM picks the position from which decode
 //! attention runs two query heads a workgroup (read when the engine
 //! starts): an unknown value is a named error from the engine's build, and
-//! packing from position 256, a session's logits at positions 300-305 and a
+//! packing from position 256, a session's logits at positions 270-273 and a
 //! batch's tokens equal, bit for bit, those of an engine that never packs,
 //! over either KV cache format (each head's sums are the same operations in
 //! the same order; tests/it/kernels.rs compares the pipelines kernel by
@@ -12,31 +12,31 @@ use std::path::Path;
 use qwen3_wgpu::internals::kernels::attention::ATTENTION_PACK_FROM_ENV;
 use qwen3_wgpu::{AdapterPolicy, BatchOptions, CachePolicy, Engine, KvFormat, LoadOptions, SessionOptions};
 
-/// Logits (as bits) of a session's steps at positions 300-305 and a batch's
+/// Logits (as bits) of a session's steps at positions 270-273 and a batch's
 /// tokens, over each KV format, on an engine started with `pack_from`.
 fn logits_and_tokens(pack_from: &str) -> Vec<Vec<u32>> {
     std::env::set_var(ATTENTION_PACK_FROM_ENV, pack_from);
     let engine = Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine");
-    // 8 query heads over 2 KV heads: packs.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa4_hd128");
+    // 4 query heads over 2 KV heads: packs.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
     let model =
         engine.load(dir, &LoadOptions { cache: CachePolicy::Disabled, ..Default::default() }).unwrap();
     let prompt = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| (i * 37 + salt) % 1000).collect() };
     let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let mut out = Vec::new();
     for kv in [KvFormat::F16, KvFormat::Int8] {
-        let mut s = model.session_with(&SessionOptions::default().capacity(600).kv_cache(kv)).unwrap();
-        s.feed(&prompt(300, 11)).unwrap();
-        for _ in 0..6 {
+        let mut s = model.session_with(&SessionOptions::default().capacity(300).kv_cache(kv)).unwrap();
+        s.feed(&prompt(270, 11)).unwrap();
+        for _ in 0..4 {
             out.push(bits(s.debug_logits().unwrap()));
             s.next_token().unwrap();
         }
-        let options = BatchOptions::default().slots(2).capacity_per_slot(600).kv_cache(kv);
+        let options = BatchOptions::default().slots(2).capacity_per_slot(300).kv_cache(kv);
         let mut batch = model.batch(&options).unwrap();
         let (mut a, mut b) = (batch.session().unwrap(), batch.session().unwrap());
         // Row b crosses the packing start: its rows before and after.
-        let mut tokens = vec![a.feed(&prompt(290, 5)).unwrap(), b.feed(&prompt(250, 3)).unwrap()];
-        for _ in 0..10 {
+        let mut tokens = vec![a.feed(&prompt(270, 5)).unwrap(), b.feed(&prompt(252, 3)).unwrap()];
+        for _ in 0..6 {
             tokens.extend(batch.step(&mut [&mut a, &mut b]).unwrap());
         }
         assert!(b.len() > 256, "both rows reach the packing start");
