@@ -31,6 +31,7 @@
 //! cargo run --release --example frame_loop -- --checkpoint DIR [--frames 600] [--sessions 1,8]
 //!     [--backend metal|portable] [--width 1920] [--height 1080] [--render-ms 2 | --iterations N]
 //!     [--prompt-len 64] [--context 512] [--kv-cache f16|int8] [--lookahead N] [--max-tokens-per-frame N]
+//!     [--prompt-batch N]
 //!     [--no-cache] [--json]
 //!     [--constraint SCHEMA.json --tokenizer DIR]
 //! ```
@@ -100,6 +101,10 @@ struct Args {
     /// (default: the engine's).
     #[arg(long)]
     lookahead: Option<usize>,
+    /// Prompt positions one batch of a feed runs (`Session::set_prompt_batch`;
+    /// default: the engine's): the most prompt work a frame queues.
+    #[arg(long)]
+    prompt_batch: Option<usize>,
     /// Tokens taken from each session per frame (0: every token that has
     /// arrived).
     #[arg(long, default_value_t = 0)]
@@ -541,6 +546,9 @@ fn phase(
                     session
                 }
             };
+            if let Some(n) = args.prompt_batch {
+                session.set_prompt_batch(n)?;
+            }
             session.set_constraint(constraint)?;
             Conversation::start(session, prompt)
         })
@@ -776,6 +784,7 @@ fn run(args: &Args) -> Result<()> {
         "context": args.context,
         "kv_cache": args.kv_cache.name(),
         "lookahead": args.lookahead.unwrap_or(DEFAULT_LOOKAHEAD),
+        "prompt_batch": args.prompt_batch.unwrap_or(qwen3_wgpu::PREFILL_BATCH),
         "constraint": args.constraint,
         "frame_hz": 60,
     });

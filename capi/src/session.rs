@@ -192,6 +192,32 @@ pub unsafe extern "C" fn q3w_session_set_logprobs(session: *mut q3w_session, n: 
     })
 }
 
+/// The most prompt positions one batch of a feed runs, the default
+/// (`q3w_session_set_prompt_batch`).
+pub const Q3W_PREFILL_BATCH: u32 = 256;
+
+const _: () = assert!(Q3W_PREFILL_BATCH as usize == qwen3_wgpu::PREFILL_BATCH);
+
+/// Sets the most prompt positions one batch of the session's feeds runs
+/// (`q3w_session_feed`, `q3w_session_begin_feed`): 1 up to
+/// `Q3W_PREFILL_BATCH` (or the capacity, if smaller), the default. Smaller
+/// batches feed more slowly, but a polled feed then puts less GPU work
+/// ahead of a renderer sharing the queue (256 positions of the 0.6B are ~8
+/// ms of an H100, 64 ~2 ms). Takes effect at the next feed; a fork keeps
+/// it. Anything else is `Q3W_INVALID_ARGUMENT` naming `prompt_batch` (the
+/// setting is left as it was).
+#[no_mangle]
+pub unsafe extern "C" fn q3w_session_set_prompt_batch(
+    session: *mut q3w_session,
+    positions: usize,
+) -> q3w_status {
+    run("q3w_session_set_prompt_batch", || {
+        // SAFETY: the pointer is as the header says.
+        let mut s = unsafe { exclusive(session, "session") }?;
+        s.session.set_prompt_batch(positions)
+    })
+}
+
 /// The log-probabilities of the last token the session returned, when
 /// `q3w_session_set_logprobs` is on: `*out_available` is true,
 /// `*out_chosen` the token and its log-probability, and `*out_n_top` the

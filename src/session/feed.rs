@@ -387,7 +387,7 @@ impl Session {
                 },
                 // Unreachable (one job per batch); record here.
                 None => {
-                    let n = (progress.last_at - at).min(self.bufs.batch);
+                    let n = (progress.last_at - at).min(self.prompt_batch);
                     (self.prefill_job(n).encode(), n, true)
                 }
             };

@@ -111,6 +111,7 @@ impl Session {
         }
         let mut fork = Session::new(self.model.clone(), capacity, self.kv_format())?;
         fork.set_lookahead(self.lookahead);
+        fork.prompt_batch = self.prompt_batch.min(fork.bufs.batch);
         if self.sampling != SamplingParams::default() {
             fork.set_sampling(&self.sampling)?;
         }

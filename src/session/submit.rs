@@ -251,7 +251,7 @@ impl Session {
         let in_batch = end - start >= 2 && self.forward.last_row_head.is_some();
         // Whole batches first; the last job takes the rest (in a batch, 1
         // to a whole batch of positions; else the last position).
-        let batch = self.bufs.batch;
+        let batch = self.prompt_batch;
         let last_at = if in_batch { start + (end - start - 1) / batch * batch } else { end - 1 };
         let mut batches = Vec::new();
         let mut at = start;

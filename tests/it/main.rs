@@ -41,6 +41,7 @@ mod matmul_tile;
 mod metal_kernels;
 mod module_graph;
 mod msl_kernels;
+mod prompt_batch;
 mod sampling;
 mod session_state;
 mod shader_checks;

@@ -1253,6 +1253,29 @@ fn batch_errors() {
     }
 }
 
+/// The prompt batch size: NULL, 0 and more than the session's batches
+/// hold are named errors that leave the setting; a smaller one feeds the
+/// token the default batches give.
+#[test]
+fn prompt_batch_errors() {
+    unsafe {
+        let prompt: Vec<u32> = (0..200u32).map(|i| (i * 37 + 11) % 1000).collect();
+        let first = |s: *mut q3w_session| {
+            let mut token = u32::MAX;
+            expect(q3w_session_feed(s, prompt.as_ptr(), prompt.len(), &mut token), Q3W_OK, &[]);
+            token
+        };
+        let want = first(new_session(300));
+        let s = new_session(300);
+        expect(q3w_session_set_prompt_batch(null_mut(), 64), Q3W_INVALID_ARGUMENT, &["session: is NULL"]);
+        expect(q3w_session_set_prompt_batch(s, 0), Q3W_INVALID_ARGUMENT, &["prompt_batch"]);
+        let past = Q3W_PREFILL_BATCH as usize + 1;
+        expect(q3w_session_set_prompt_batch(s, past), Q3W_INVALID_ARGUMENT, &["prompt_batch", "257"]);
+        expect(q3w_session_set_prompt_batch(s, 48), Q3W_OK, &[]);
+        assert_eq!(first(s), want);
+    }
+}
+
 /// Log-probabilities: the bound on N, a feed in progress, the out-pointers;
 /// nothing to report before a token, after turning them off and after a
 /// truncate; and a read never writes past the caller's capacity.
