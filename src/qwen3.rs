@@ -118,6 +118,22 @@ impl Forward {
     }
 }
 
+/// The pipeline running decode attention two query heads a workgroup from
+/// the packing start on ([`Kernels::attention_packed_pipeline`]), for the
+/// steps over `s`: where its capacity reaches that start and the query
+/// heads of a KV head come in pairs; `None` otherwise, or where there is
+/// none (the unpacked launches serve).
+fn packed_attention(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    cfg: &ModelConfig,
+    s: &SessionBuffers,
+) -> Option<wgpu::ComputePipeline> {
+    let reaches = s.capacity > kernels.attention_pack_from as usize;
+    let pairs = attention::heads_per_workgroup(cfg.num_attention_heads, cfg.num_key_value_heads) == 2;
+    (reaches && pairs).then(|| kernels.attention_packed_pipeline(gpu, s.kv_layout.format)).flatten()
+}
+
 /// Builds the launches of one decode step and of a prompt batch over
 /// `weights` and the session buffers `s`.
 pub fn forward(
@@ -133,13 +149,7 @@ pub fn forward(
     let staging = kernels.coop.then(|| weights.staging(gpu, kernels.coop_min_rows));
     let b = Builder { gpu, kernels, cfg, s, uniforms: RefCell::new(UniformPages::new(gpu)), staging };
     let always = |v: Vec<Launch>| v.into_iter().map(StepLaunch::Always);
-    // Two query heads a workgroup from the packing start on, where the
-    // session reaches it, the heads come in pairs and the pipeline is
-    // proven.
-    let pack_from = kernels.attention_pack_from as usize;
-    let packs = s.capacity > pack_from
-        && attention::heads_per_workgroup(cfg.num_attention_heads, cfg.num_key_value_heads) == 2;
-    let packed_pipeline = packs.then(|| kernels.attention_packed_pipeline(gpu, s.kv_layout.format)).flatten();
+    let packed_pipeline = packed_attention(gpu, kernels, cfg, s);
     let embed = b.embed(&weights.embed, &s.step);
     let mut step: Vec<StepLaunch> = always(embed.clone()).collect();
     let mut prefill = embed;
@@ -191,7 +201,7 @@ pub fn forward(
         last_row_head,
         uniform_bytes,
         choose_uniform_bytes,
-        pack_from: packed_pipeline.is_some().then_some(pack_from),
+        pack_from: packed_pipeline.is_some().then_some(kernels.attention_pack_from as usize),
     }
 }
 
@@ -349,11 +359,8 @@ pub fn batch_forward(
     let out_stride = padded(cfg.q_dim()) as u32;
     // Rows from the packing start on run two query heads a workgroup (the
     // kernel decides by each row's position), as their sessions' steps
-    // alone do: where the batch's sessions reach it and the one-token
-    // packed pipeline is proven (packing changes no bits either way).
-    let packs = s.capacity > kernels.attention_pack_from as usize
-        && attention::heads_per_workgroup(cfg.num_attention_heads, cfg.num_key_value_heads) == 2
-        && kernels.attention_packed_pipeline(gpu, s.kv_layout.format).is_some();
+    // alone do (packing changes no bits either way).
+    let packs = packed_attention(gpu, kernels, cfg, s).is_some();
     for (l, layer) in weights.layers.iter().enumerate() {
         let norms = &layer.qk_norm;
         launches.extend(matvec(&layer.qkv, &s.x, &s.qkv, Normed(&layer.input_norm), padded(layer.qkv.rows)));
