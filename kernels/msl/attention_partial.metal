@@ -15,7 +15,12 @@
 // - DIRECT (one chunk, grid (heads, 1, 1)): the chunk's result is the
 //   output, normalised and written to part_acc's binding (bound to the
 //   output); no reduce.
-// Preamble (names prefixed Q3W_): WG (= positions per chunk), FUSED, DIRECT.
+// - PACKED (long contexts): from position p.pack_from on, with p.pack = 2,
+//   threadgroup h (even) serves query heads h and h + 1 and h + 1 returns
+//   at once, so each K and V row is loaded once for both; each head's
+//   result is computed as unpacked (the same operations in the same order).
+// Preamble (names prefixed Q3W_): WG (= positions per chunk), FUSED, DIRECT,
+// PACKED.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), between the preamble and this file.
 
@@ -127,55 +132,66 @@ kernel void attention_partial(
     uint n_sg [[simdgroups_per_threadgroup]],
     uint sg_size [[threads_per_simdgroup]])
 {
-    threadgroup float4 q_s[MAX_HEAD_DIM / 4];
-    threadgroup float e_s[Q3W_WG];
+    // The threadgroup's (at most two) heads' q, head_dim / 4 float4s each.
+    threadgroup float4 q_s[MAX_HEAD_DIM / 2];
+    // Each position's weight for both heads.
+    threadgroup float2 e_s[Q3W_WG];
     // The scores' partial dots (ATTENTION_KEY_LANES per position, at most
-    // 8), then the V sums' slices (8 per lane): scalars, each written by
-    // one lane.
+    // 8), then the V sums' slices (8 per lane), one head at a time:
+    // scalars, each written by one lane.
     threadgroup float acc_s[8 * Q3W_WG];
-    threadgroup float2 red2[Q3W_WG];
+    threadgroup float4 red4[Q3W_WG];
 
     const uint h = wg.x;
     const uint c = wg.y;
     const uint z = wg.z;
     const uint n_chunks = nwg.y;
-    const uint part = (z * p.n_heads + h) * n_chunks + c;
     const uint start = c * Q3W_WG;
-    const uint end = min(min(step->pos + z + 1, p.capacity), start + Q3W_WG);
+    const uint pos = step->pos + z;
+    // Heads served: np from h (see the header).
+    const uint np = (Q3W_PACKED && p.pack == 2 && pos >= p.pack_from) ? 2 : 1;
+    if (h % np != 0) {
+        return; // threadgroup h - 1 serves this head (uniform)
+    }
+    // The partial results' slot of head h + g: part + g * n_chunks.
+    const uint part = (z * p.n_heads + h) * n_chunks + c;
+    const uint end = min(min(pos + 1, p.capacity), start + Q3W_WG);
     if (start >= end) {
         // An empty chunk (past the context): contributes nothing.
-        if (lid == 0) {
-            part_ml[part] = float2(-3.0e38f, 0.0f);
+        if (lid < np) {
+            part_ml[part + lid * n_chunks] = float2(-3.0e38f, 0.0f);
         }
         return; // whole threadgroup: uniform
     }
     const uint kvh = h / (p.n_heads / p.n_kv_heads);
     const uint half_dim = p.head_dim / 2;
     const uint kv_base = kvh * p.capacity * half_dim;
+    const uint qw = p.head_dim / 4;
 
     if (Q3W_FUSED) {
-        // q_s = rope(rms_norm(q_h) * q_norm); the chunk holding the new
-        // position also writes its k = rope(rms_norm(k) * k_norm) and v.
-        // Every load is issued up front, and nothing is exchanged through
-        // threadgroup memory before the one barrier that publishes q_s and
-        // the new K/V row: each simdgroup sums the heads' squares itself
-        // (lane t: dims t, t + width, ...); lane i < head_dim / 4 rotates
-        // q's dims 4i..4i+3, loading their RoPE partners itself, and writes
+        // q_s = rope(rms_norm(q_h) * q_norm) for the np heads from h; the
+        // chunk holding the new position also writes its k =
+        // rope(rms_norm(k) * k_norm) and v. Every load is issued up front,
+        // and nothing is exchanged through threadgroup memory before the one
+        // barrier that publishes q_s and the new K/V row: each simdgroup sums
+        // the heads' squares itself (lane t: dims t, t + width, ...); lane
+        // i < np * head_dim / 4 rotates dims 4i..4i+3 of the heads' q (head
+        // i / (head_dim / 4)), loading their RoPE partners itself, and writes
         // q_s[i]; lane j < head_dim / 8 rotates k's dims 8j..8j+7 likewise
         // and writes them, and v's, as quad j of the new K and V rows. Each
         // vector in threadgroup or device memory is written whole by one
         // lane: lanes writing different components of one vector could be
         // compiled to read-modify-writes of the whole vector that lose each
         // other's components.
-        const uint pos = step->pos; // one token: z = 0
         const bool writes_kv = pos >= start && pos < end;
         const uint hd = p.head_dim;
         const uint qb = h * hd;
         const uint kb = (p.n_heads + kvh) * hd;
         const uint vb = (p.n_heads + p.n_kv_heads + kvh) * hd;
-        // q: dims 4i..4i+3, in range for the other lanes too.
-        const uint i = min(lid, hd / 4 - 1);
-        const Dims4 qd = load_dims4(q, qk_norm, rope, hd, qb, 0, 4 * i, pos);
+        // q: head g's dims 4i..4i+3, in range for the other lanes too.
+        const uint gi = min(lid, np * qw - 1);
+        const uint g = gi / qw;
+        const Dims4 qd = load_dims4(q, qk_norm, rope, hd, qb + g * hd, 0, 4 * (gi % qw), pos);
         // k and v: dims 8j..8j+7.
         const uint j = min(lid, hd / 8 - 1);
         const bool kv_lane = writes_kv && lid < hd / 8;
@@ -190,22 +206,27 @@ kernel void attention_partial(
             v0 = float4(q[vb + e], q[vb + e + 1], q[vb + e + 2], q[vb + e + 3]);
             v1 = float4(q[vb + e + 4], q[vb + e + 5], q[vb + e + 6], q[vb + e + 7]);
         }
-        // The heads' sums of squares (q, k), in every simdgroup.
-        float2 sq = float2(0.0f);
+        // The heads' sums of squares (q's heads in x and y, k in z), in
+        // every simdgroup.
+        float3 sq = float3(0.0f);
         for (uint t = sg_lane; t < hd; t += sg_size) {
             const float a = q[qb + t];
             sq.x += a * a;
+            if (np == 2) {
+                const float a1 = q[qb + hd + t];
+                sq.y += a1 * a1;
+            }
             if (writes_kv) {
                 const float b = q[kb + t];
-                sq.y += b * b;
+                sq.z += b * b;
             }
         }
-        const float2 ss = float2(simd_sum(sq.x), simd_sum(sq.y));
-        if (lid < hd / 4) {
-            q_s[i] = rope4(qd, rsqrt(ss.x / float(hd) + p.eps));
+        const float3 ss = float3(simd_sum(sq.x), simd_sum(sq.y), simd_sum(sq.z));
+        if (lid < np * qw) {
+            q_s[lid] = rope4(qd, rsqrt((g == 0 ? ss.x : ss.y) / float(hd) + p.eps));
         }
         if (kv_lane) {
-            const float rk = rsqrt(ss.y / float(hd) + p.eps);
+            const float rk = rsqrt(ss.z / float(hd) + p.eps);
             const uint row = ((kvh * p.capacity + pos) * half_dim) / 4 + j;
             k_cache[row] = pack8(rope4(k0, rk), rope4(k1, rk));
             v_cache[row] = pack8(v0, v1);
@@ -213,7 +234,7 @@ kernel void attention_partial(
         // Publishes q_s, and the new row that other lanes read back below.
         threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
     } else {
-        for (uint i = lid; i < p.head_dim / 4; i += Q3W_WG) {
+        for (uint i = lid; i < np * qw; i += Q3W_WG) {
             const uint o = (z * p.n_heads + h) * p.head_dim + 4 * i;
             q_s[i] = float4(q[o], q[o + 1], q[o + 2], q[o + 3]);
         }
@@ -222,9 +243,10 @@ kernel void attention_partial(
 
     // The scores, K rows read coalesced (as attention_partial.wgsl): lane
     // (row_in, r) of L = ATTENTION_KEY_LANES lanes per row takes quads r,
-    // r + L, ... of rows start + row_in, + rows_per_pass, ... (eight rows per
-    // iteration), its partial dots parked in acc_s; then lane t adds
-    // position t's.
+    // r + L, ... of rows start + row_in, + rows_per_pass, ... (eight rows:
+    // 8 * rows_per_pass = WG, the chunk in one pass), each row's dots with
+    // every head served; then, a head at a time, the partial dots are parked
+    // in acc_s and lane t adds position t's.
     const uint quads = half_dim / 4;
     const uint n = end - start;
     const uint rows_per_pass = Q3W_WG / ATTENTION_KEY_LANES;
@@ -235,78 +257,82 @@ kernel void attention_partial(
     const uint jb = min(r + ATTENTION_KEY_LANES, quads - 1);
     const bool has_a = r < quads;
     const bool has_b = r + ATTENTION_KEY_LANES < quads;
-    const float4 qa = q_s[2 * ja];
-    const float4 qb = q_s[2 * ja + 1];
-    const float4 qc = q_s[2 * jb];
-    const float4 qd = q_s[2 * jb + 1];
     const uint kv_row0 = kv_base / 4 + start * quads;
-    for (uint t = row_in; t < n; t += 8 * rows_per_pass) {
-        const uint4 tv = uint4(t, t + rows_per_pass, t + 2 * rows_per_pass, t + 3 * rows_per_pass);
-        const uint4 tu = tv + uint4(4 * rows_per_pass);
-        const uint4 ta = min(tv, uint4(n - 1)) * quads + uint4(kv_row0);
-        const uint4 tb = min(tu, uint4(n - 1)) * quads + uint4(kv_row0);
-        const KeyQuads ka = key_quads(k_cache, ta, ja, jb);
-        const KeyQuads kb = key_quads(k_cache, tb, ja, jb);
-        float4 da = key_dots(ka, qa, qb, qc, qd, has_a, has_b);
-        float4 db = key_dots(kb, qa, qb, qc, qd, has_a, has_b);
+    const uint4 tv = uint4(row_in, row_in + rows_per_pass, row_in + 2 * rows_per_pass, row_in + 3 * rows_per_pass);
+    const uint4 tu = tv + uint4(4 * rows_per_pass);
+    const uint4 ta = min(tv, uint4(n - 1)) * quads + uint4(kv_row0);
+    const uint4 tb = min(tu, uint4(n - 1)) * quads + uint4(kv_row0);
+    const KeyQuads ka = key_quads(k_cache, ta, ja, jb);
+    const KeyQuads kb = key_quads(k_cache, tb, ja, jb);
+    float4 da[2] = {float4(0.0f), float4(0.0f)};
+    float4 db[2] = {float4(0.0f), float4(0.0f)};
+    for (uint g = 0; g < np; g++) {
+        const uint qo = g * qw;
+        da[g] = key_dots(ka, q_s[qo + 2 * ja], q_s[qo + 2 * ja + 1], q_s[qo + 2 * jb], q_s[qo + 2 * jb + 1], has_a, has_b);
+        db[g] = key_dots(kb, q_s[qo + 2 * ja], q_s[qo + 2 * ja + 1], q_s[qo + 2 * jb], q_s[qo + 2 * jb + 1], has_a, has_b);
         // Quads past 2 * ATTENTION_KEY_LANES (head_dim > 128).
         for (uint j = r + 2 * ATTENTION_KEY_LANES; j < quads; j += ATTENTION_KEY_LANES) {
-            const float4 qj = q_s[2 * j];
-            const float4 qk = q_s[2 * j + 1];
-            da += float4(dot8(qj, qk, k_cache[ta.x + j]), dot8(qj, qk, k_cache[ta.y + j]),
-                         dot8(qj, qk, k_cache[ta.z + j]), dot8(qj, qk, k_cache[ta.w + j]));
-            db += float4(dot8(qj, qk, k_cache[tb.x + j]), dot8(qj, qk, k_cache[tb.y + j]),
-                         dot8(qj, qk, k_cache[tb.z + j]), dot8(qj, qk, k_cache[tb.w + j]));
+            const float4 qj = q_s[qo + 2 * j];
+            const float4 qk = q_s[qo + 2 * j + 1];
+            da[g] += float4(dot8(qj, qk, k_cache[ta.x + j]), dot8(qj, qk, k_cache[ta.y + j]),
+                            dot8(qj, qk, k_cache[ta.z + j]), dot8(qj, qk, k_cache[ta.w + j]));
+            db[g] += float4(dot8(qj, qk, k_cache[tb.x + j]), dot8(qj, qk, k_cache[tb.y + j]),
+                            dot8(qj, qk, k_cache[tb.z + j]), dot8(qj, qk, k_cache[tb.w + j]));
+        }
+    }
+    const uint t = start + lid;
+    float2 s = float2(-3.0e38f);
+    for (uint g = 0; g < np; g++) {
+        if (g > 0) {
+            threadgroup_barrier(mem_flags::mem_threadgroup); // the last head's readers are done
         }
         for (uint i = 0; i < 4; i++) {
             if (tv[i] < n) {
-                acc_s[tv[i] * ATTENTION_KEY_LANES + r] = da[i];
+                acc_s[tv[i] * ATTENTION_KEY_LANES + r] = da[g][i];
             }
             if (tu[i] < n) {
-                acc_s[tu[i] * ATTENTION_KEY_LANES + r] = db[i];
+                acc_s[tu[i] * ATTENTION_KEY_LANES + r] = db[g][i];
             }
         }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup); // publishes the partial dots
-    const uint t = start + lid;
-    float s = -3.0e38f;
-    if (t < end) {
-        float d = 0.0f;
-        for (uint i = 0; i < ATTENTION_KEY_LANES; i++) {
-            d += acc_s[lid * ATTENTION_KEY_LANES + i];
+        threadgroup_barrier(mem_flags::mem_threadgroup); // publishes the partial dots
+        if (t < end) {
+            float d = 0.0f;
+            for (uint i = 0; i < ATTENTION_KEY_LANES; i++) {
+                d += acc_s[lid * ATTENTION_KEY_LANES + i];
+            }
+            s[g] = d * p.scale;
         }
-        s = d * p.scale;
     }
     // Softmax statistics in one exchange: each simdgroup publishes its max
-    // and its sum of exp(s - its max); every lane rescales them to the
-    // common max. (A simdgroup with no position left sums exp(0), weighed
-    // by exp(-3e38 - m) = 0.)
-    const float m_sg = simd_max(s);
-    const float l_sg = simd_sum(exp(s - m_sg));
+    // and its sum of exp(s - its max) for each head; every lane rescales
+    // them to the common max. (A simdgroup with no position left sums
+    // exp(0), weighed by exp(-3e38 - m) = 0.)
+    const float2 m_sg = float2(simd_max(s.x), simd_max(s.y));
+    const float2 l_sg = float2(simd_sum(exp(s.x - m_sg.x)), simd_sum(exp(s.y - m_sg.y)));
     if (sg_lane == 0) {
-        red2[sg_id] = float2(m_sg, l_sg);
+        red4[sg_id] = float4(m_sg, l_sg);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    float m = red2[0].x;
+    float2 m = float2(red4[0].x, red4[0].y);
     for (uint i = 1; i < n_sg; i++) {
-        m = max(m, red2[i].x);
+        m = max(m, float2(red4[i].x, red4[i].y));
     }
-    float l = 0.0f;
+    float2 l = float2(0.0f);
     for (uint i = 0; i < n_sg; i++) {
-        l += red2[i].y * exp(red2[i].x - m);
+        l += float2(red4[i].z, red4[i].w) * exp(float2(red4[i].x, red4[i].y) - m);
     }
-    e_s[lid] = t < end ? exp(s - m) : 0.0f;
+    e_s[lid] = t < end ? exp(s - m) : float2(0.0f);
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
     // Lane (slice, i) sums dims 8i..8i+7 (one 16-byte load per position)
-    // over positions start + slice, start + slice + n_slices, ...; then the
-    // slices are added.
+    // over positions start + slice, start + slice + n_slices, ..., for every
+    // head served; then the slices are added, a head at a time.
     const uint row_quads = p.head_dim / 8;
     const uint n_slices = Q3W_WG / row_quads;
     const uint slice = lid / row_quads;
     const uint i = lid % row_quads;
-    float4 lo = float4(0.0f);
-    float4 hi = float4(0.0f);
+    float4 lo[2] = {float4(0.0f), float4(0.0f)};
+    float4 hi[2] = {float4(0.0f), float4(0.0f)};
     if (slice < n_slices) {
         // Eight positions per iteration, eight independent loads in flight;
         // the last iteration's positions past the end load the last row
@@ -325,38 +351,46 @@ kernel void attention_partial(
             const uint4 v5 = v_cache[vb + tb.y * row_quads];
             const uint4 v6 = v_cache[vb + tb.z * row_quads];
             const uint4 v7 = v_cache[vb + tb.w * row_quads];
-            const float4 ea = float4(e_s[ta.x - start], tt + ns < end ? e_s[ta.y - start] : 0.0f,
-                tt + 2 * ns < end ? e_s[ta.z - start] : 0.0f, tt + 3 * ns < end ? e_s[ta.w - start] : 0.0f);
-            const float4 eb = float4(tt + 4 * ns < end ? e_s[tb.x - start] : 0.0f,
-                tt + 5 * ns < end ? e_s[tb.y - start] : 0.0f, tt + 6 * ns < end ? e_s[tb.z - start] : 0.0f,
-                tt + 7 * ns < end ? e_s[tb.w - start] : 0.0f);
-            lo += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
-                + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
-            hi += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
-                + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
+            for (uint g = 0; g < np; g++) {
+                const float4 ea = float4(e_s[ta.x - start][g], tt + ns < end ? e_s[ta.y - start][g] : 0.0f,
+                    tt + 2 * ns < end ? e_s[ta.z - start][g] : 0.0f, tt + 3 * ns < end ? e_s[ta.w - start][g] : 0.0f);
+                const float4 eb = float4(tt + 4 * ns < end ? e_s[tb.x - start][g] : 0.0f,
+                    tt + 5 * ns < end ? e_s[tb.y - start][g] : 0.0f, tt + 6 * ns < end ? e_s[tb.z - start][g] : 0.0f,
+                    tt + 7 * ns < end ? e_s[tb.w - start][g] : 0.0f);
+                lo[g] += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
+                    + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
+                hi[g] += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
+                    + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
+            }
         }
     }
-    // (The partial dots' readers finished before the statistics' barrier.)
-    for (uint c = 0; c < 4; c++) {
-        acc_s[8 * lid + c] = lo[c];
-        acc_s[8 * lid + 4 + c] = hi[c];
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    // Lane d < head_dim adds dim d (= 8i + r) over the slices.
-    if (lid < p.head_dim) {
-        const uint qi = lid / 8;
-        const uint r = lid % 8;
-        float total = 0.0f;
-        for (uint sl = 0; sl < n_slices; sl++) {
-            total += acc_s[8 * (sl * row_quads + qi) + r];
+    for (uint g = 0; g < np; g++) {
+        // (The first head's: the partial dots' readers finished before the
+        // statistics' barrier.)
+        if (g > 0) {
+            threadgroup_barrier(mem_flags::mem_threadgroup);
         }
-        if (Q3W_DIRECT) {
-            part_acc[h * p.head_dim + lid] = total / l;
-        } else {
-            part_acc[part * p.head_dim + lid] = total;
+        for (uint c = 0; c < 4; c++) {
+            acc_s[8 * lid + c] = lo[g][c];
+            acc_s[8 * lid + 4 + c] = hi[g][c];
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        // Lane d < head_dim adds dim d (= 8i + r) over the slices.
+        if (lid < p.head_dim) {
+            const uint qi = lid / 8;
+            const uint r = lid % 8;
+            float total = 0.0f;
+            for (uint sl = 0; sl < n_slices; sl++) {
+                total += acc_s[8 * (sl * row_quads + qi) + r];
+            }
+            if (Q3W_DIRECT) {
+                part_acc[(h + g) * p.head_dim + lid] = total / l[g];
+            } else {
+                part_acc[(part + g * n_chunks) * p.head_dim + lid] = total;
+            }
         }
     }
-    if (lid == 0 && !Q3W_DIRECT) {
-        part_ml[part] = float2(m, l);
+    if (lid < np && !Q3W_DIRECT) {
+        part_ml[part + lid * n_chunks] = float2(m[lid], l[lid]);
     }
 }

@@ -178,7 +178,7 @@ pub struct AttentionConstants {
     /// a prompt batch.
     pub rows_out_stride: Option<u32>,
     /// `PACKED`: two query heads a workgroup from `HeadParams::pack_from`
-    /// on (the chunked step of long contexts; WGSL only).
+    /// on (the chunked step of long contexts).
     pub packed: bool,
 }
 
@@ -194,9 +194,8 @@ impl AttentionConstants {
         if let Some(stride) = self.rows_out_stride {
             c.extend([("ROWS", 1.0), ("OUT_STRIDE", stride as f64)]);
         }
-        if self.packed {
-            c.push(("PACKED", 1.0));
-        }
+        // Always named: the MSL twin reads it as a macro.
+        c.push(("PACKED", flag(self.packed)));
         c
     }
 }

@@ -223,6 +223,27 @@ fn metal_msl_kernels_match_cpu() {
         }
     }
     run_non_matvec_cases(&run, 30);
+    // The chunked step's twin packing two query heads a threadgroup (the
+    // cases' uniform packs from position 0).
+    let packed = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+        let src = msl::msl_source_with(k, &packed_attention_constants(k)).expect("an MSL twin");
+        let p =
+            kernels::compile_msl(&gpu, k.entry(), &src, msl::msl_entry(k), k.bindings(), k.workgroup_size())
+                .unwrap_or_else(|e| panic!("{k:?} (packed MSL) builds: {e}"));
+        dispatch(&gpu, k, &p, grid, buffers)
+    };
+    let mut rng = StdRng::seed_from_u64(31);
+    for shape in [(16, 8, 128, 4096, 4000)].into_iter().chain(ATTENTION_STEP_CHUNKED_SHAPES) {
+        attention_step_case(&packed, Kernel::AttentionStep, shape, &mut rng);
+    }
+}
+
+/// `k`'s constants with `PACKED` on (an attention kernel's).
+fn packed_attention_constants(k: Kernel) -> Vec<(&'static str, f64)> {
+    let kernels::Constants::Attention(c) = k.typed_constants(msl::MSL_MATVEC_LAYOUT) else {
+        panic!("{k:?} is no attention kernel")
+    };
+    kernels::Constants::Attention(kernels::AttentionConstants { packed: true, ..c }).render()
 }
 
 /// The prompt-batch product's MSL twin on SIMD-group matrices, built as
@@ -355,6 +376,16 @@ fn every_msl_variant_compiles_with_xcrun_metal() {
         }
         compiled += 1;
     }
+    // The chunked decode attention packing two query heads a threadgroup.
+    let k = Kernel::AttentionStep;
+    let packed = msl::msl_source_with(k, &packed_attention_constants(k)).expect("an MSL twin");
+    if let Err(e) = metal_compile(&packed, dir.path(), "AttentionStep_packed") {
+        panic!(
+            "the packed attention: `xcrun -sdk macosx metal -Werror -c` rejects its twin:
+{e}"
+        );
+    }
+    compiled += 1;
     let probe = format!("{}{MATRIX_PROBE}", msl::MSL_HEADER);
     if let Err(e) = metal_compile(&probe, dir.path(), "matrix_probe") {
         panic!("the SIMD-group matrix probe: `xcrun -sdk macosx metal -Werror -c` rejects it:\n{e}");

@@ -719,6 +719,64 @@ fn msl_attention_step_matches_cpu() {
     }
 }
 
+/// The attention twin built `PACKED` (two query heads a threadgroup; the
+/// cases' uniform packs from position 0): the chunked and direct decode
+/// steps and the prompt variant against the CPU, Qwen3-0.6B's heads at
+/// 4,000 positions among them; and a chunked step's caches, (m, l) and sums
+/// bit for bit those of the unpacked twin.
+#[test]
+fn msl_attention_packed_matches_cpu_and_the_unpacked_twin() {
+    let unpacked_source = msl::msl_source_in(Kernel::AttentionStep, WeightFormat::Int8).unwrap();
+    assert!(unpacked_source.contains("#define Q3W_PACKED 0"), "the constant is in the preamble");
+    let run = msl_run_edited(WeightFormat::Int8, &[], |s| {
+        s.replace("#define Q3W_PACKED 0", "#define Q3W_PACKED 1")
+    });
+    let mut rng = StdRng::seed_from_u64(13);
+    for shape in [(16, 8, 128, 4096, 4000)].into_iter().chain(ATTENTION_STEP_CHUNKED_SHAPES) {
+        attention_step_case(&run, Kernel::AttentionStep, shape, &mut rng);
+    }
+    for shape in ATTENTION_STEP_DIRECT_SHAPES {
+        attention_step_case(&run, Kernel::AttentionStepDirect, shape, &mut rng);
+    }
+    attention_case(&run, (16, 8, 128, 600, 300, 2), &mut rng);
+
+    let unpacked = msl_run(&[]);
+    let (nh, nkv, hd, cap, pos) = (4usize, 2usize, 64usize, 600usize, 513usize);
+    let chunks = cap.div_ceil(kernels::ATTENTION_CHUNK as usize);
+    let params = kernels::HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: cap as u32,
+        eps: 1e-6,
+        qkv_stride: ((nh + 2 * nkv) * hd + 8) as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+        pack: 2,
+        pack_from: 0,
+    };
+    let f16s = |v: Vec<f32>| -> Vec<u8> {
+        let h: Vec<half::f16> = v.into_iter().map(half::f16::from_f32).collect();
+        bytemuck::cast_slice(&h).to_vec()
+    };
+    let buffers = [
+        bytemuck::bytes_of(&params).to_vec(),
+        common::cases::step(pos, 0),
+        f32s(&nonzero(&mut rng, params.qkv_stride as usize)),
+        f16s(nonzero(&mut rng, nkv * cap * hd)),
+        f16s(nonzero(&mut rng, nkv * cap * hd)),
+        poisoned(2 * nh * chunks),
+        poisoned(nh * chunks * hd),
+        f32s(&nonzero(&mut rng, 2 * hd)),
+        f32s(&qwen3_wgpu::internals::qwen3::rope_table(hd, cap, 1_000_000.0)),
+    ];
+    let grid = kernels::attention::partial_grid(nh as u32, chunks as u32);
+    let (a, b) =
+        (run(Kernel::AttentionStep, grid, &buffers), unpacked(Kernel::AttentionStep, grid, &buffers));
+    for (i, name) in ["k_cache", "v_cache", "(m, l)", "sums"].iter().enumerate() {
+        assert!(a[i] == b[i], "packed twin: {name} differs from the unpacked twin's");
+    }
+}
+
 /// The kernels take their simdgroup width and count from the builtins, so
 /// they hold on GPUs whose simdgroups are not 32 wide (Intel and AMD GPUs in
 /// Macs): the reducing kernels, built for 8- and 64-lane simdgroups.

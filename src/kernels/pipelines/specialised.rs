@@ -336,7 +336,9 @@ impl Kernels {
         self.pipeline(gpu, self.attention_key(kernel, Some(out_stride), kv, packed)?)
     }
 
-    /// The key of a WGSL `attention_partial` pipeline of `kernel`.
+    /// The key of an `attention_partial` pipeline of `kernel`: WGSL for a
+    /// batch's rows (`rows_out_stride`), else the program of the kernel's
+    /// decode pipeline (its MSL twin where the set has it).
     fn attention_key(
         &self,
         kernel: Kernel,
@@ -348,35 +350,37 @@ impl Kernels {
             return Err(Error::internal(format!("{kernel:?} is no attention kernel")));
         };
         let constants = Constants::Attention(AttentionConstants { rows_out_stride, packed, ..c });
-        Ok(PipelineKey { kernel, program: Program::Wgsl, constants, kv })
+        let program = match rows_out_stride {
+            Some(_) => Program::Wgsl,
+            None => self.decode_key_kv(kernel, WeightFormat::default(), kv).program,
+        };
+        Ok(PipelineKey { kernel, program, constants, kv })
     }
 
     /// The decode step's chunked attention ([`Kernel::AttentionStep`]) over
     /// a cache in `kv` with two query heads a workgroup from
-    /// [`Self::attention_pack_from`] on: built and proven
-    /// ([`SelfChecker::packed_attention`](crate::kernels::SelfChecker::packed_attention)) on the first call for a format.
-    /// `None` where the step runs an MSL twin (which serves one head a
-    /// workgroup) or the build or the proof failed: the unpacked pipeline
-    /// then serves (the same results, packing changes no bits).
+    /// [`Self::attention_pack_from`] on, in the program of the step's own
+    /// (its MSL twin where the set has it): built and proven
+    /// ([`SelfChecker::packed_attention`](crate::kernels::SelfChecker::packed_attention))
+    /// on the first call for a format. `None` where the build or the proof
+    /// failed: the unpacked pipeline then serves (the same results: packing
+    /// changes no bits).
     pub fn attention_packed_pipeline(&self, gpu: &Gpu, kv: KvFormat) -> Option<wgpu::ComputePipeline> {
         let mut packed = self.packed_attention.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = packed.get(&kv) {
             return p.clone();
         }
-        let kernel = Kernel::AttentionStep;
-        let wgsl = self.decode_key_kv(kernel, WeightFormat::default(), kv).program == Program::Wgsl;
         let proven = || -> Result<wgpu::ComputePipeline> {
             let pipeline = self.attention_packed_step_pipeline(gpu, kv)?;
             (self.packed_attention_check)(gpu, self, kv)?.passed("the packed decode attention")?;
             Ok(pipeline)
         };
-        let made = match wgsl.then(proven) {
-            Some(Ok(pipeline)) => Some(pipeline),
-            Some(Err(e)) => {
+        let made = match proven() {
+            Ok(pipeline) => Some(pipeline),
+            Err(e) => {
                 log::warn!("decode attention runs one head a workgroup over a {kv} KV cache: {e}");
                 None
             }
-            None => None,
         };
         packed.insert(kv, made.clone());
         made
