@@ -9,7 +9,7 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_int8, attention_case_rows, attention_reduce_case, attention_step_case,
+    attention_case_int8, attention_case_rows, attention_params, attention_reduce_case, attention_step_case,
     attention_step_case_int8, matmul_case_for, matmul_case_in, matvec_case, matvec_case_in, matvec_case_x16,
     qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES,
     ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
@@ -905,28 +905,6 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
                 }
             }
         }
-    }
-}
-
-/// The attention uniform for heads, KV heads, head_dim and capacity `shape`,
-/// qkv rows `qkv_stride` apart, packing two heads a workgroup from
-/// `pack_from` on (on pipelines built `PACKED`).
-fn attention_params(
-    shape: (usize, usize, usize, usize),
-    qkv_stride: usize,
-    pack_from: u32,
-) -> kernels::HeadParams {
-    let (nh, nkv, hd, cap) = shape;
-    kernels::HeadParams {
-        n_heads: nh as u32,
-        n_kv_heads: nkv as u32,
-        head_dim: hd as u32,
-        capacity: cap as u32,
-        eps: 1e-6,
-        qkv_stride: qkv_stride as u32,
-        scale: 1.0 / (hd as f32).sqrt(),
-        pack: 2,
-        pack_from,
     }
 }
 

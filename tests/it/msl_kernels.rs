@@ -743,17 +743,7 @@ fn msl_attention_packed_matches_cpu_and_the_unpacked_twin() {
     let unpacked = msl_run(&[]);
     let (nh, nkv, hd, cap, pos) = (4usize, 2usize, 64usize, 600usize, 513usize);
     let chunks = cap.div_ceil(kernels::ATTENTION_CHUNK as usize);
-    let params = kernels::HeadParams {
-        n_heads: nh as u32,
-        n_kv_heads: nkv as u32,
-        head_dim: hd as u32,
-        capacity: cap as u32,
-        eps: 1e-6,
-        qkv_stride: ((nh + 2 * nkv) * hd + 8) as u32,
-        scale: 1.0 / (hd as f32).sqrt(),
-        pack: 2,
-        pack_from: 0,
-    };
+    let params = common::cases::attention_params((nh, nkv, hd, cap), (nh + 2 * nkv) * hd + 8, 0);
     let f16s = |v: Vec<f32>| -> Vec<u8> {
         let h: Vec<half::f16> = v.into_iter().map(half::f16::from_f32).collect();
         bytemuck::cast_slice(&h).to_vec()

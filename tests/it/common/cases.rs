@@ -608,6 +608,28 @@ fn head_params(nh: usize, nkv: usize, hd: usize, cap: usize) -> (Vec<u8>, f32) {
     (bytes_of(&p).to_vec(), scale)
 }
 
+/// The attention uniform for heads, KV heads, head_dim and capacity `shape`,
+/// qkv rows `qkv_stride` apart, packing two heads a workgroup from
+/// `pack_from` on (on pipelines built `PACKED`).
+pub fn attention_params(
+    shape: (usize, usize, usize, usize),
+    qkv_stride: usize,
+    pack_from: u32,
+) -> HeadParams {
+    let (nh, nkv, hd, cap) = shape;
+    HeadParams {
+        n_heads: nh as u32,
+        n_kv_heads: nkv as u32,
+        head_dim: hd as u32,
+        capacity: cap as u32,
+        eps: 1e-6,
+        qkv_stride: qkv_stride as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+        pack: 2,
+        pack_from,
+    }
+}
+
 /// attention_reduce over `chunks` chunks of `parts` (part_ml, part_acc),
 /// for `tokens` tokens, rows `out_stride` apart: the output buffer.
 fn reduce(
