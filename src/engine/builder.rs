@@ -28,7 +28,6 @@ pub struct EngineBuilder {
     emulate_coop_min_rows: Option<u32>,
     /// The packing start of decode attention in place of the default or
     /// the environment's (tests).
-    #[cfg(test)]
     attention_pack_from: Option<u32>,
 }
 
@@ -114,9 +113,11 @@ impl EngineBuilder {
     }
 
     /// Decode attention packs two query heads a workgroup from position
-    /// `pos` on (tests: the launches of packed steps at short contexts).
-    #[cfg(test)]
-    pub(crate) fn attention_pack_from(mut self, pos: u32) -> Self {
+    /// `pos` on, in place of `QWEN3_WGPU_ATTENTION_PACK_FROM` or the
+    /// default (tests: packed steps at short contexts; every choice gives
+    /// the same bits).
+    #[doc(hidden)]
+    pub fn attention_pack_from(mut self, pos: u32) -> Self {
         self.attention_pack_from = Some(pos);
         self
     }
@@ -159,7 +160,6 @@ impl EngineBuilder {
         if let (true, Some(rows)) = (kernels.coop, self.emulate_coop_min_rows) {
             kernels.coop_min_rows = rows;
         }
-        #[cfg(test)]
         if let Some(pos) = self.attention_pack_from {
             kernels.attention_pack_from = pos;
         }

@@ -236,3 +236,23 @@ fn write_out_loops(body: &str, spans: u32) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `QWEN3_WGPU_ATTENTION_PACK_FROM` takes the listed positions and
+    /// `never`; another value is `invalid_argument` naming the variable and
+    /// the choices.
+    #[test]
+    fn the_packing_start_is_one_of_its_choices() {
+        let parse = |v| crate::settings::parse_choice(ATTENTION_PACK_FROM_ENV, v, &PACK_FROM_CHOICES);
+        assert_eq!(parse("8192").unwrap(), 8192);
+        assert_eq!(parse("never").unwrap(), u32::MAX);
+        let e = parse("300").unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
+        let msg = e.to_string();
+        assert!(msg.contains(ATTENTION_PACK_FROM_ENV) && msg.contains("never"), "{msg}");
+        assert!(PACK_FROM_CHOICES.iter().any(|(_, v)| *v == ATTENTION_PACK_FROM), "the default is a choice");
+    }
+}

@@ -1,22 +1,18 @@
-//! QWEN3_WGPU_ATTENTION_PACK_FROM picks the position from which decode
-//! attention runs two query heads a workgroup (read when the engine
-//! starts): an unknown value is a named error from the engine's build, and
+//! Decode attention packing two query heads a workgroup
+//! (`EngineBuilder::attention_pack_from`, `QWEN3_WGPU_ATTENTION_PACK_FROM`):
 //! packing from position 256, a session's logits at positions 270-273 and a
-//! batch's tokens equal, bit for bit, those of an engine that never packs,
-//! over either KV cache format (each head's sums are the same operations in
-//! the same order; tests/it/kernels.rs compares the pipelines kernel by
-//! kernel). One test: the variable is the process's.
+//! batch's tokens equal, bit for bit, those of an engine that does not pack
+//! there, over either KV cache format (each head's sums are the same
+//! operations in the same order; tests/it/kernels.rs compares the pipelines
+//! kernel by kernel).
 
 use std::path::Path;
 
-use qwen3_wgpu::internals::kernels::attention::ATTENTION_PACK_FROM_ENV;
 use qwen3_wgpu::{AdapterPolicy, BatchOptions, CachePolicy, Engine, KvFormat, LoadOptions, SessionOptions};
 
 /// Logits (as bits) of a session's steps at positions 270-273 and a batch's
-/// tokens, over each KV format, on an engine started with `pack_from`.
-fn logits_and_tokens(pack_from: &str) -> Vec<Vec<u32>> {
-    std::env::set_var(ATTENTION_PACK_FROM_ENV, pack_from);
-    let engine = Engine::builder().policy(AdapterPolicy::Portable).build().expect("engine");
+/// tokens, over each KV format, on `engine`; and whether it packed.
+fn logits_and_tokens(engine: &Engine) -> (Vec<Vec<u32>>, [bool; 2]) {
     // 4 query heads over 2 KV heads: packs.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
     let model =
@@ -41,26 +37,17 @@ fn logits_and_tokens(pack_from: &str) -> Vec<Vec<u32>> {
         }
         assert!(b.len() > 256, "both rows reach the packing start");
         out.push(tokens);
-        let packs = pack_from != "never";
-        assert_eq!(engine.debug_packs_attention(kv), packs, "{kv}: packing in use");
     }
-    out
+    (out, [KvFormat::F16, KvFormat::Int8].map(|kv| engine.debug_packs_attention(kv)))
 }
 
 #[test]
-fn packing_from_any_position_gives_the_unpacked_logits_and_an_unknown_value_is_a_named_error() {
-    if !crate::support::alone_in_child(
-        module_path!(),
-        "packing_from_any_position_gives_the_unpacked_logits_and_an_unknown_value_is_a_named_error",
-    ) {
-        return;
-    }
-    let want = logits_and_tokens("never");
-    assert!(logits_and_tokens("256") == want, "packing from 256 changed the logits or tokens");
-    std::env::set_var(ATTENTION_PACK_FROM_ENV, "300");
-    let e = Engine::builder().policy(AdapterPolicy::Portable).build().err().expect("an unknown value fails");
-    assert_eq!(e.code(), "invalid_argument");
-    let msg = e.to_string();
-    assert!(msg.contains(ATTENTION_PACK_FROM_ENV) && msg.contains("never"), "{msg}");
-    std::env::remove_var(ATTENTION_PACK_FROM_ENV);
+fn packing_from_any_position_gives_the_unpacked_logits() {
+    // The shared engine packs from 8,192 on: not in these sessions.
+    let (want, packed) = logits_and_tokens(crate::support::engine());
+    assert_eq!(packed, [false, false]);
+    let engine = Engine::builder().policy(AdapterPolicy::Portable).attention_pack_from(256).build().unwrap();
+    let (got, packed) = logits_and_tokens(&engine);
+    assert_eq!(packed, [true, true], "packing in use");
+    assert!(got == want, "packing from 256 changed the logits or tokens");
 }
