@@ -63,6 +63,9 @@ pub struct BenchOptions {
     pub weights: Option<WeightFormat>,
     /// The KV cache's format (default f16).
     pub kv_cache: KvFormat,
+    /// Prompt positions one batch of a feed runs
+    /// (`Session::set_prompt_batch`); `None`: the session's default.
+    pub prompt_batch: Option<usize>,
 }
 
 impl Default for BenchOptions {
@@ -80,6 +83,7 @@ impl Default for BenchOptions {
             tokenizer: None,
             weights: None,
             kv_cache: KvFormat::F16,
+            prompt_batch: None,
         }
     }
 }
@@ -90,7 +94,8 @@ pub const BENCH_USAGE: &str = "options: [--checkpoint DIR] [--backend metal|port
 [--sampling T,K,P (e.g. 0.7,20,0.95: also measure sampling)] \
 [--sessions N,N,... (e.g. 1,4,8,16: also decode that many sessions together, batched)] \
 [--constraint SCHEMA.json --tokenizer DIR (also measure decode under a JSON schema)] \
-[--weights int8|int4 (QWEN3_WGPU_WEIGHTS, else int8)] [--kv-cache f16|int8 (f16)]";
+[--weights int8|int4 (QWEN3_WGPU_WEIGHTS, else int8)] [--kv-cache f16|int8 (f16)] \
+[--prompt-batch N (prompt positions per batch, 1 to 256; 256)]";
 
 impl BenchOptions {
     /// Parses `--name value` or `--name=value` arguments (the program
@@ -117,6 +122,7 @@ impl BenchOptions {
                 "--tokenizer",
                 "--weights",
                 "--kv-cache",
+                "--prompt-batch",
             ];
             if !known.contains(&flag.as_str()) {
                 return Err(Error::invalid_argument(flag, format!("unknown option; {BENCH_USAGE}")));
@@ -146,6 +152,7 @@ impl BenchOptions {
                 "--tokenizer" => options.tokenizer = Some(PathBuf::from(value)),
                 "--weights" => options.weights = Some(WeightFormat::from_name(&flag, &value)?),
                 "--kv-cache" => options.kv_cache = KvFormat::from_name(&flag, &value)?,
+                "--prompt-batch" => options.prompt_batch = Some(count(&value)?),
                 "--sessions" => {
                     options.sessions = value.split(',').map(count).collect::<Result<_>>()?;
                     if options.sessions.contains(&0) {
@@ -292,6 +299,9 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
             let capacity = ctx + extra;
             let mut s = session(&model, capacity, args.kv_cache)?;
             s.set_lookahead(lookahead);
+            if let Some(n) = args.prompt_batch {
+                s.set_prompt_batch(n)?;
+            }
             if let Some(params) = mode {
                 s.set_sampling(params)?;
             }
@@ -326,7 +336,7 @@ pub fn run(args: &BenchOptions) -> Result<(), Box<dyn std::error::Error>> {
             let kv = (2 * cfg.num_hidden_layers * cfg.kv_dim() * 2 * (ctx + args.tokens / 2)) as f64;
             println!(
                 "{}",
-                json!({"bench": "decode", "context": ctx, "context_requested": requested, "tokens": args.tokens, "lookahead": lookahead, "decode_tokens_per_sec": tps,
+                json!({"bench": "decode", "context": ctx, "context_requested": requested, "tokens": args.tokens, "lookahead": lookahead, "prompt_batch": s.prompt_batch(), "decode_tokens_per_sec": tps,
                    "ms_per_token": 1e3 * secs / args.tokens as f64, "prefill_tokens": ctx, "prefill_ms": prefill_ms,
                    "prefill_tokens_per_sec": ctx as f64 / (prefill_ms / 1e3),
                    "bytes_per_token": weight_bytes + kv, "achieved_gb_per_s": (weight_bytes + kv) * tps / 1e9,
@@ -613,6 +623,8 @@ mod tests {
         assert_eq!(BenchOptions::default().weights, None);
         assert_eq!(BenchOptions::parse(args("--kv-cache INT8")).unwrap().kv_cache, KvFormat::Int8);
         assert_eq!(BenchOptions::default().kv_cache, KvFormat::F16);
+        assert_eq!(BenchOptions::parse(args("--prompt-batch 64")).unwrap().prompt_batch, Some(64));
+        assert_eq!(BenchOptions::default().prompt_batch, None);
         let o = BenchOptions::parse(args("--sampling 0.7,20,0.95")).unwrap();
         assert_eq!(
             o.sampling,
@@ -628,6 +640,7 @@ mod tests {
             "--contexts 128,0",
             "--weights int5",
             "--kv-cache int4",
+            "--prompt-batch x",
         ];
         for bad in bad_ones {
             let e = BenchOptions::parse(args(bad)).unwrap_err();

@@ -1,6 +1,7 @@
 //! The bench example at the edge of a model's positions: a context whose
 //! measurement would pass `max_position_embeddings` is measured at the
-//! largest context that fits (each line says which), not refused.
+//! largest context that fits (each line says which), not refused; and
+//! `--prompt-batch` reaches the sessions it measures.
 
 use std::path::Path;
 use std::process::Command;
@@ -22,7 +23,7 @@ fn contexts_at_the_models_limit_are_measured_inside_it() {
     let out = Command::new(crate::support::example_bin("bench"))
         .args(["--checkpoint", dir.path().to_str().unwrap(), "--backend", "portable"])
         .args(["--contexts", "16,48", "--tokens", "4", "--timed-steps", "2", "--lookaheads", "1"])
-        .args(["--sessions", "2"])
+        .args(["--sessions", "2", "--prompt-batch", "8"])
         .env_remove("QWEN3_WGPU_WEIGHTS")
         .output()
         .unwrap();
@@ -41,6 +42,8 @@ fn contexts_at_the_models_limit_are_measured_inside_it() {
     // Decode adds 4 tokens and 2 x 2 timed steps, plus one; a batch its 4
     // tokens, 2 warm-up steps, plus one.
     assert_eq!(contexts("decode"), [(16, 16), (48, 48 - 9)]);
+    // The prompts ran in batches of 8 (`--prompt-batch`), as each line says.
+    assert!(lines.iter().filter(|l| l["bench"] == "decode").all(|l| l["prompt_batch"] == 8), "{lines:?}");
     assert_eq!(contexts("batched_decode"), [(16, 16), (48, 48 - 7)]);
     // Each batch waited for its pipelines and took at least 2 warm-up
     // steps, at most as many as fit past its context (taken back after:
