@@ -23,7 +23,13 @@
 //! check against `engine` prints WRONG; the others must match it.
 //!
 //! `engine x16 halfwg` halves a split-K launch's workgroup (two steps a
-//! lane); `xs4` is `xs` over int4 weights (`--weights int4` only). `--weights int4`
+//! lane); `xs4` is `xs` over int4 weights (`--weights int4` only);
+//! `engine x16 wg64|wg128` runs the rows-per-team launches with 2 or 4
+//! teams a workgroup, `pf` loads a lane's steps before any arithmetic,
+//! `nodq` skips the int4 dequantisation and `x16in` reads f16 x in the
+//! launches without a norm (the last two timing only); `idot` is int4
+//! against x quantised to one int8 part (llama.cpp's scheme; f16 x unless
+//! `f32x`, `r8` 8 rows a team). `--weights int4`
 //! runs the engine configs and the floor on int4 matrices (the lab's own
 //! kernels read int8 only).
 //!
@@ -40,6 +46,14 @@ const LAYERS: u32 = 28;
 
 const LAB: &str = r#"
 // ---- lab kernels ----
+// The old finish: the sum of squares as a vec4 of partials.
+fn lab_finish(sums: vec4<f32>, ss: vec4<f32>) -> vec4<f32> {
+    return finish(sums, ss.x + ss.y + ss.z + ss.w);
+}
+// The old all-reduce's name: the prelude's tree reduction with the sum of squares.
+fn wg_sum5(v: vec4<f32>, s: f32, lane: Lane) -> Sum5 {
+    return tree_wg_sum5(v, s, true, lane);
+}
 override UNROLL: u32 = 4u;
 override PERSIST: u32 = 0u;
 
@@ -127,7 +141,7 @@ fn lab_rows_block(lane: Lane, row0: u32) {
     if NORM {
         ss = team_sum4(o.ss, lane);
     }
-    store4(row0, finish(sums, ss), tl, 0u);
+    store4(row0, lab_finish(sums, ss), tl, 0u);
 }
 
 @compute @workgroup_size(WG)
@@ -178,7 +192,7 @@ fn lab_split(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     }
     let ss = o.ss;
     let r = wg_sum5(o.acc, ss.x + ss.y + ss.z + ss.w, lane);
-    store4(row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, 0u);
+    store4(row0, lab_finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, 0u);
 }
 
 // ---- bisection ----
@@ -350,7 +364,7 @@ fn lab_eng(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
             if NORM {
                 ss = team_sum4(part.ss, lane);
             }
-            store4(row0, finish(sums, ss), tl, 0u);
+            store4(row0, lab_finish(sums, ss), tl, 0u);
         }
     }
 }
@@ -515,11 +529,116 @@ fn lab_splitT(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     }
     let ss = o.ss;
     let r = wg_sum5(o.a, ss.x + ss.y + ss.z + ss.w, lane);
-    store4(row0, finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, 0u);
+    store4(row0, lab_finish(r.v, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, 0u);
     if R8 {
         let rb2 = wg_sum4(o.b, lane);
         if row0 + 4u < n_rows() {
-            store4(row0 + 4u, finish(rb2, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, 0u);
+            store4(row0 + 4u, lab_finish(rb2, vec4<f32>(r.s, 0.0, 0.0, 0.0)), lane.idx, 0u);
+        }
+    }
+}
+
+// ---- int4 x int8 integer dot products (llama.cpp's mmvq scheme) ----
+// Each lane quantises its step's 32 values of x (normed with NORM) to int8
+// with one f32 scale (absmax / 127), then each row's step is 8
+// dot4I8Packed of its nibbles (biased by 8) against them. IDOT_F32X: x read
+// as f32 (checkable); otherwise the f16 copy at x's slot (timing only).
+override IDOT_F32X: bool = false;
+
+struct LabXi8 {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    scale: f32,
+    bias: i32,
+    ss: f32,
+}
+
+fn lab_qpack(v: vec4<f32>, inv: f32) -> u32 {
+    // round(v * inv) in the low byte of 1.5 * 2^23 + v * inv.
+    return pack4xU8(bitcast<vec4<u32>>(fma(v, vec4<f32>(inv), vec4<f32>(12582912.0))));
+}
+
+fn lab_xi8(xb: u32, j: u32) -> LabXi8 {
+    let b = xb + 8u * j;
+    var v0: vec4<f32>; var v1: vec4<f32>; var v2: vec4<f32>; var v3: vec4<f32>;
+    var v4: vec4<f32>; var v5: vec4<f32>; var v6: vec4<f32>; var v7: vec4<f32>;
+    if IDOT_F32X {
+        v0 = x[b]; v1 = x[b + 1u]; v2 = x[b + 2u]; v3 = x[b + 3u];
+        v4 = x[b + 4u]; v5 = x[b + 5u]; v6 = x[b + 6u]; v7 = x[b + 7u];
+    } else {
+        let e0 = bitcast<vec4<u32>>(x[b / 2u]);
+        let e1 = bitcast<vec4<u32>>(x[b / 2u + 1u]);
+        let e2 = bitcast<vec4<u32>>(x[b / 2u + 2u]);
+        let e3 = bitcast<vec4<u32>>(x[b / 2u + 3u]);
+        v0 = h4(e0.x, e0.y); v1 = h4(e0.z, e0.w); v2 = h4(e1.x, e1.y); v3 = h4(e1.z, e1.w);
+        v4 = h4(e2.x, e2.y); v5 = h4(e2.z, e2.w); v6 = h4(e3.x, e3.y); v7 = h4(e3.z, e3.w);
+    }
+    var ss = 0.0;
+    if NORM {
+        ss = dot(v0, v0) + dot(v1, v1) + dot(v2, v2) + dot(v3, v3) + dot(v4, v4) + dot(v5, v5) + dot(v6, v6) + dot(v7, v7);
+        if IDOT_F32X {
+            let n = 8u * j;
+            v0 *= bitcast<vec4<f32>>(norm_w[n]); v1 *= bitcast<vec4<f32>>(norm_w[n + 1u]);
+            v2 *= bitcast<vec4<f32>>(norm_w[n + 2u]); v3 *= bitcast<vec4<f32>>(norm_w[n + 3u]);
+            v4 *= bitcast<vec4<f32>>(norm_w[n + 4u]); v5 *= bitcast<vec4<f32>>(norm_w[n + 5u]);
+            v6 *= bitcast<vec4<f32>>(norm_w[n + 6u]); v7 *= bitcast<vec4<f32>>(norm_w[n + 7u]);
+        } else {
+            let g0 = norm_w[n_k_words() + 4u * j];
+            let g1 = norm_w[n_k_words() + 4u * j + 1u];
+            let g2 = norm_w[n_k_words() + 4u * j + 2u];
+            let g3 = norm_w[n_k_words() + 4u * j + 3u];
+            v0 *= h4(g0.x, g0.y); v1 *= h4(g0.z, g0.w); v2 *= h4(g1.x, g1.y); v3 *= h4(g1.z, g1.w);
+            v4 *= h4(g2.x, g2.y); v5 *= h4(g2.z, g2.w); v6 *= h4(g3.x, g3.y); v7 *= h4(g3.z, g3.w);
+        }
+    }
+    let m = max(max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3))), max(max(abs(v4), abs(v5)), max(abs(v6), abs(v7))));
+    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    let inv = select(0.0, 127.0 / amax, amax > 0.0);
+    let qa = vec4<u32>(lab_qpack(v0, inv), lab_qpack(v1, inv), lab_qpack(v2, inv), lab_qpack(v3, inv));
+    let qb = vec4<u32>(lab_qpack(v4, inv), lab_qpack(v5, inv), lab_qpack(v6, inv), lab_qpack(v7, inv));
+    let one = 0x01010101u;
+    let bias = dot4I8Packed(qa.x, one) + dot4I8Packed(qa.y, one) + dot4I8Packed(qa.z, one) + dot4I8Packed(qa.w, one)
+        + dot4I8Packed(qb.x, one) + dot4I8Packed(qb.y, one) + dot4I8Packed(qb.z, one) + dot4I8Packed(qb.w, one);
+    return LabXi8(qa, qb, amax / 127.0, 8 * bias, ss);
+}
+
+// One row's step: its 32 nibbles (word k: values 8k..8k+3 low, 8k+4..8k+7
+// high) against the quantised x, as an exact integer.
+fn lab_idot_row(wv: vec4<u32>, q: LabXi8) -> i32 {
+    let m = wv ^ vec4<u32>(0x88888888u);
+    let lo = m & vec4<u32>(0x0f0f0f0fu);
+    let hi = (m >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
+    return dot4I8Packed(lo.x, q.a.x) + dot4I8Packed(hi.x, q.a.y) + dot4I8Packed(lo.y, q.a.z) + dot4I8Packed(hi.y, q.a.w)
+        + dot4I8Packed(lo.z, q.b.x) + dot4I8Packed(hi.z, q.b.y) + dot4I8Packed(lo.w, q.b.z) + dot4I8Packed(hi.w, q.b.w)
+        - q.bias;
+}
+
+fn lab_idot4(ra: vec4<u32>, j: u32, kq: u32, q: LabXi8) -> vec4<f32> {
+    let d = vec4<i32>(lab_idot_row(w[ra.x * kq + j], q), lab_idot_row(w[ra.y * kq + j], q),
+                      lab_idot_row(w[ra.z * kq + j], q), lab_idot_row(w[ra.w * kq + j], q));
+    return vec4<f32>(d) * scales4(ra, step_group(j)) * q.scale;
+}
+
+@compute @workgroup_size(WG)
+fn lab_idot(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let flat = wg.x + wg.y * nwg.x;
+    let per_team = select(4u, 8u, R8);
+    let kq = k_steps();
+    for (var rb = team_id(lane) * per_team; rb < ROWS_PER_WG; rb += team_count(lane) * per_team) {
+        let row0 = flat * ROWS_PER_WG + rb;
+        if row0 < n_rows() {
+            let ra = rows_of(row0);
+            let rbb = rows_of(row0 + 4u);
+            var o = Acc8(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+            for (var j = team_lane(lane); j < kq; j += team_size(lane)) {
+                let q = lab_xi8(0u, j);
+                o.a += lab_idot4(ra, j, kq, q);
+                o.ss.x += q.ss;
+                if R8 {
+                    o.b += lab_idot4(rbb, j, kq, q);
+                }
+            }
+            store_team(lane, row0, o, 0.0, false);
         }
     }
 }
@@ -601,6 +720,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         c("xs4 wg256 r8", "lab_xs4", 256, 64, &[("R8", 1.0)], 0),
         c("xs4 wg512", "lab_xs4", 512, 64, &[], 0),
         c("xs4 wg512 r8", "lab_xs4", 512, 128, &[("R8", 1.0)], 0),
+        c("idot wg32", "lab_idot", 32, 4, &[], 0),
+        c("idot wg32 f32x", "lab_idot", 32, 4, &[("IDOT_F32X", 1.0)], 0),
+        c("idot wg32 r8", "lab_idot", 32, 8, &[("R8", 1.0)], 0),
+        c("idot wg32 r8 f32x", "lab_idot", 32, 8, &[("R8", 1.0), ("IDOT_F32X", 1.0)], 0),
+        c("idot wg64 r8", "lab_idot", 64, 16, &[("R8", 1.0)], 0),
+        c("idot wg128", "lab_idot", 128, 16, &[], 0),
+        c("engine x16 wg64", "", 0, 4, &[], 0),
+        c("engine x16 wg128", "", 0, 4, &[], 0),
+        c("engine x16 pf", "", 0, 4, &[], 0),
+        c("engine x16 pf wg64", "", 0, 4, &[], 0),
+        c("engine x16 nodq", "", 0, 4, &[], 0),
+        c("engine x16 x16in", "", 0, 4, &[], 0),
+        c("engine x16 pf x16in", "", 0, 4, &[], 0),
     ];
 
     let mut seed = 0x9e3779b9u32;
@@ -667,6 +799,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if cfg.label.ends_with("halfwg") && split.layout == MatvecLayout::SplitK {
                     split.workgroup_size = (split.workgroup_size / 2).max(64);
                 }
+                // `wg64`, `wg128`: the rows-per-team launches with 2 or 4 teams a workgroup.
+                for (tag, wg) in [(" wg64", 64), (" wg128", 128)] {
+                    if cfg.label.contains(tag) && split.layout == MatvecLayout::RowsPerTeam {
+                        split.workgroup_size = wg;
+                        split.rows_per_wg = wg / 8;
+                    }
+                }
                 split
             } else {
                 MatvecSplit {
@@ -697,6 +836,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 MatvecConstants { shape: Some(shape), format, ..MatvecConstants::decode(variant, split) }
                     .render();
             let mut src = s.kernel.source(gpu.subgroups);
+            if cfg.label.starts_with("engine x16") {
+                src = lab_edits(&src, cfg.label);
+            }
             let entry = if cfg.entry.is_empty() {
                 constants.extend(cfg.consts.iter().cloned());
                 s.kernel.entry()
@@ -807,6 +949,73 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+/// The engine's kernel with a lab edit, by config label: `pf` issues a
+/// lane's weight and scale loads for up to 4 steps before any arithmetic;
+/// `nodq` skips the int4 dequantisation (timing only); `x16in` reads f16 x
+/// in the launches without a norm too (timing only).
+fn lab_edits(src: &str, label: &str) -> String {
+    let mut s = src.to_string();
+    if label.contains(" pf") {
+        let head = "fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {";
+        assert!(s.contains(head));
+        s = s.replace(
+            head,
+            &format!(
+                "{PREFETCH}\nfn partial4_unused(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {{"
+            ),
+        );
+    }
+    if label.contains(" nodq") {
+        let head = "fn i4x8(v: u32) -> I4x8 {";
+        assert!(s.contains(head));
+        s = s.replace(
+            head,
+            "fn i4x8(v: u32) -> I4x8 {\n    if true { return I4x8(bitcast<vec4<f32>>(vec4<u32>(v, v ^ 1u, v ^ 2u, v ^ 3u)), bitcast<vec4<f32>>(vec4<u32>(v ^ 4u, v ^ 5u, v ^ 6u, v ^ 7u))); }",
+        );
+    }
+    if label.contains(" x16in") {
+        let head = "if X16 && NORM {";
+        assert!(s.contains(head));
+        s = s.replacen(head, "if X16 {", 1);
+    }
+    s
+}
+
+const PREFETCH: &str = r#"
+fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
+    let k_quads = k_steps();
+    let rows = vec4<u32>(row0, min(row0 + 1u, n_rows() - 1u), min(row0 + 2u, n_rows() - 1u), min(row0 + 3u, n_rows() - 1u));
+    var wv: array<vec4<u32>, 16>;
+    var sv: array<vec4<f32>, 4>;
+    for (var t = 0u; t < 4u; t++) {
+        let j = first + t * stride;
+        if j < k_quads {
+            wv[4u * t] = w[rows.x * k_quads + j];
+            wv[4u * t + 1u] = w[rows.y * k_quads + j];
+            wv[4u * t + 2u] = w[rows.z * k_quads + j];
+            wv[4u * t + 3u] = w[rows.w * k_quads + j];
+            sv[t] = scales4(rows, step_group(j));
+        }
+    }
+    var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var t = 0u; t < 4u; t++) {
+        let j = first + t * stride;
+        if j < k_quads {
+            if INT4 {
+                let xx = xq2(xb, j);
+                o.acc += rows4_i4(wv[4u * t], wv[4u * t + 1u], wv[4u * t + 2u], wv[4u * t + 3u], xx.a, xx.b) * sv[t];
+                o.ss += xx.a.sq + xx.b.sq;
+            } else {
+                let q = xq(xb + 4u * j, j);
+                o.acc += rows4(wv[4u * t], wv[4u * t + 1u], wv[4u * t + 2u], wv[4u * t + 3u], q) * sv[t];
+                o.ss += q.sq;
+            }
+        }
+    }
+    return o;
+}
+"#;
 
 fn shapes_of(size: &str) -> Vec<Shape> {
     let (hidden, inter, heads, kv_heads) = match size {

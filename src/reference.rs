@@ -164,12 +164,66 @@ pub fn matvec_ref(
     let cols = m.cols;
     let xe: Vec<f64> = match norm {
         Some((w, eps)) => {
-            let ms = x[..cols].iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cols as f64;
-            let inv = 1.0 / (ms + eps as f64).sqrt();
+            let inv = rms_scale(&x[..cols], eps);
             x.iter().zip(w).map(|(v, w)| *v as f64 * inv * *w as f64).collect()
         }
         None => x.iter().map(|v| *v as f64).collect(),
     };
+    matvec_ref_of(m, &xe, y0, swiglu)
+}
+
+/// [`matvec_ref`] of a pipeline that takes integer dot products where
+/// `int_dot` ([`crate::kernels::matvec::int_dot`]): a normed one's input x
+/// * norm_w quantised as [`int_dot_input`], times the norm's rsqrt.
+pub fn matvec_ref_for(
+    int_dot: bool,
+    m: &Quant,
+    x: &[f32],
+    norm: Option<(&[f32], f32)>,
+    y0: Option<&[f32]>,
+    swiglu: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let Some((norm_w, eps)) = norm.filter(|_| int_dot) else { return matvec_ref(m, x, norm, y0, swiglu) };
+    let inv = rms_scale(&x[..m.cols], eps);
+    let xe: Vec<f64> = int_dot_input(x, norm_w).iter().map(|v| *v as f64 * inv).collect();
+    matvec_ref_of(m, &xe, y0, swiglu)
+}
+
+/// rsqrt(mean(x^2) + eps).
+fn rms_scale(x: &[f32], eps: f32) -> f64 {
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64;
+    1.0 / (ms + eps as f64).sqrt()
+}
+
+/// What an `IDOT` matvec multiplies its int4 weights by: x * norm_w (f32
+/// products), each block of 32 values in 16-bit fixed point as the kernel
+/// computes it (int8_matvec.wgsl's `XInt8`): h = round(v * 127 / absmax),
+/// l = round((v - h * absmax / 127) * 254 * 127 / absmax), the value (254 h
+/// + l) * absmax / 127 / 254 (a block under 1e-30 as zeros).
+pub fn int_dot_input(x: &[f32], norm_w: &[f32]) -> Vec<f32> {
+    // The kernel's rounding: an fma with 1.5 * 2^23 rounds once to an integer.
+    const MAGIC: f32 = 12582912.0;
+    let v: Vec<f32> = x.iter().zip(norm_w).map(|(a, b)| a * b).collect();
+    v.chunks(32)
+        .flat_map(|block| {
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let (inv, scale) = if amax >= 1e-30 { (127.0 / amax, amax / 127.0) } else { (0.0, 0.0) };
+            block
+                .iter()
+                .map(move |&v| {
+                    let h = v.mul_add(inv, MAGIC) - MAGIC;
+                    let r = (-h).mul_add(scale, v);
+                    let l = r.mul_add(inv * 254.0, MAGIC) - MAGIC;
+                    ((254.0 * h as f64 + l as f64) * (scale / 254.0) as f64) as f32
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// [`matvec_ref`] over the effective inputs `xe`.
+fn matvec_ref_of(m: &Quant, xe: &[f64], y0: Option<&[f32]>, swiglu: bool) -> (Vec<f64>, Vec<f64>) {
+    let cols = m.cols;
     let dot = |r: usize| (0..cols).map(|c| m.w(r, c) * xe[c]).sum::<f64>();
     let mag = |r: usize| (0..cols).map(|c| (m.w(r, c) * xe[c]).abs()).sum::<f64>() + 1.0;
     if swiglu {
@@ -504,4 +558,33 @@ pub fn chi_square_critical_1e3(df: usize) -> f64 {
 pub fn norm_weight_bytes(padded: &[f32]) -> Vec<u8> {
     let f32s = bytemuck::cast_slice::<f32, u8>(padded).iter().copied();
     f32s.chain(padded.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The integer dot products' inputs are within 1/64,516 of their
+    /// block's largest value (16-bit fixed point), finer than an f16
+    /// rounding of that value; a block of nothing but tiny values is zero.
+    #[test]
+    fn int_dot_inputs_keep_sixteen_bits_of_each_block() {
+        let x = pseudo_nonzero(7, 32 * 9);
+        let mut g = pseudo_nonzero(8, 32 * 9);
+        g[32..64].iter_mut().for_each(|v| *v *= 1e-34); // block 1 under 1e-30
+        let got = int_dot_input(&x, &g);
+        for (b, (block, xs)) in got.chunks(32).zip(x.chunks(32).zip(g.chunks(32))).enumerate() {
+            let v: Vec<f32> = xs.0.iter().zip(xs.1).map(|(a, b)| a * b).collect();
+            let amax = v.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (i, (q, v)) in block.iter().zip(&v).enumerate() {
+                if b == 1 {
+                    assert_eq!(*q, 0.0, "block {b} value {i}");
+                } else {
+                    let err = (q - v).abs();
+                    assert!(err <= amax / 64_516.0 * 1.01, "block {b} value {i}: {q} for {v} (max {amax})");
+                    assert!(err <= amax / 4096.0, "finer than f16's rounding of the block's largest value");
+                }
+            }
+        }
+    }
 }

@@ -169,13 +169,112 @@ fn scales4(rows: vec4<u32>, g: u32) -> vec4<f32> {
                      group_scale(rows.z * n_groups() + g), group_scale(rows.w * n_groups() + g));
 }
 
+// IDOT (the int4 normed decode pipelines that read the residual's f16
+// copy: `int_dot`, src/kernels/matvec.rs): a lane's step quantises its 32
+// normed inputs to 16-bit fixed point (XInt8), and each row's step is 16
+// integer dot products of its nibbles against them, exact in i32, scaled
+// once: per weight a third of the float dequantisation's operations. The
+// one-token and batched steps quantise alike, so a batch's rows keep their
+// one-token bits.
+override IDOT: bool = false;
+
+// An int4 step's 32 inputs in 16-bit fixed point, as two int8 parts:
+// x = (254 h + l) * scale / 254, h = round(x / scale) and l the rest in
+// 254ths of a step (|l| <= 127), with scale = absmax / 127: an error of at
+// most absmax / 64,516, under the f16 copy's own rounding (a single int8
+// part, llama.cpp's Q8_1 input, flipped MLX's greedy tokens at a 0.04
+// margin). Values 0..15 in words h0 / l0, 16..31 in h1 / l1 (4 per word,
+// two's complement); bias = 8 * (254 sum(h) + sum(l)), the nibbles' offset.
+struct XInt8 {
+    h0: vec4<u32>,
+    h1: vec4<u32>,
+    l0: vec4<u32>,
+    l1: vec4<u32>,
+    scale: f32,
+    bias: i32,
+}
+
+// 1.5 * 2^23: t + MAGIC rounds t to the nearest integer (ties to even) in
+// the low mantissa bits for |t| < 2^22, whose low byte is the integer in
+// two's complement.
+const MAGIC: f32 = 12582912.0;
+
+// The parts of 4 values (`inv` = 127 / absmax, `scale` its inverse):
+// (h words, l words, their sums).
+struct Parts4 {
+    h: u32,
+    l: u32,
+    sum: i32,
+}
+
+fn parts4(v: vec4<f32>, inv: f32, scale: f32) -> Parts4 {
+    let hm = fma(v, vec4<f32>(inv), vec4<f32>(MAGIC));
+    // h as an integer first: (t + MAGIC) - MAGIC may be folded to t.
+    let hf = vec4<f32>(bitcast<vec4<i32>>(hm) - vec4<i32>(0x4b400000));
+    let r = fma(-hf, vec4<f32>(scale), v);
+    let lm = fma(r, vec4<f32>(inv * 254.0), vec4<f32>(MAGIC));
+    let h = pack4xU8(bitcast<vec4<u32>>(hm));
+    let l = pack4xU8(bitcast<vec4<u32>>(lm));
+    return Parts4(h, l, 254 * dot4I8Packed(h, 0x01010101u) + dot4I8Packed(l, 0x01010101u));
+}
+
+fn quantise_x(x: Quads) -> XInt8 {
+    let m = max(max(max(abs(x.a.x0), abs(x.a.x1)), max(abs(x.a.x2), abs(x.a.x3))),
+                max(max(abs(x.b.x0), abs(x.b.x1)), max(abs(x.b.x2), abs(x.b.x3))));
+    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    // Below 1e-30 a block counts as zero (127 / amax would overflow).
+    let live = amax >= 1e-30;
+    let inv = select(0.0, 127.0 / amax, live);
+    let scale = select(0.0, amax / 127.0, live);
+    let p0 = parts4(x.a.x0, inv, scale);
+    let p1 = parts4(x.a.x1, inv, scale);
+    let p2 = parts4(x.a.x2, inv, scale);
+    let p3 = parts4(x.a.x3, inv, scale);
+    let p4 = parts4(x.b.x0, inv, scale);
+    let p5 = parts4(x.b.x1, inv, scale);
+    let p6 = parts4(x.b.x2, inv, scale);
+    let p7 = parts4(x.b.x3, inv, scale);
+    let sum = p0.sum + p1.sum + p2.sum + p3.sum + p4.sum + p5.sum + p6.sum + p7.sum;
+    return XInt8(vec4<u32>(p0.h, p1.h, p2.h, p3.h), vec4<u32>(p4.h, p5.h, p6.h, p7.h),
+                 vec4<u32>(p0.l, p1.l, p2.l, p3.l), vec4<u32>(p4.l, p5.l, p6.l, p7.l), scale / 254.0, 8 * sum);
+}
+
+// sum(n * q) over 32 values: nibble words lo / hi (values 8k..8k+3 in
+// lo[k], 8k+4..8k+7 in hi[k]) against int8 words q0 (values 0..15) and q1.
+fn idot32(lo: vec4<u32>, hi: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>) -> i32 {
+    return dot4I8Packed(lo.x, q0.x) + dot4I8Packed(hi.x, q0.y) + dot4I8Packed(lo.y, q0.z)
+        + dot4I8Packed(hi.y, q0.w) + dot4I8Packed(lo.z, q1.x) + dot4I8Packed(hi.z, q1.y)
+        + dot4I8Packed(lo.w, q1.z) + dot4I8Packed(hi.w, q1.w);
+}
+
+// One row's int4 step against quantised inputs, in units of q.scale: its
+// nibbles n = w + 8 (sign bits flipped; i4x8's order), 254 sum(n h) +
+// sum(n l) - bias, exact in i32 (|.| < 2^24, so exact as f32 too).
+fn idot_row(wv: vec4<u32>, q: XInt8) -> i32 {
+    let m = wv ^ vec4<u32>(0x88888888u);
+    let lo = m & vec4<u32>(0x0f0f0f0fu);
+    let hi = (m >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
+    return 254 * idot32(lo, hi, q.h0, q.h1) + idot32(lo, hi, q.l0, q.l1) - q.bias;
+}
+
+// Four rows' int4 step (before the group scales) against inputs x: the
+// float dequantisation (i4x8), or with IDOT the integer dot products.
+fn int4_rows4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, x: Quads) -> vec4<f32> {
+    if IDOT {
+        let q = quantise_x(x);
+        let d = vec4<i32>(idot_row(w0, q), idot_row(w1, q), idot_row(w2, q), idot_row(w3, q));
+        return vec4<f32>(d) * q.scale;
+    }
+    return rows4_i4(w0, w1, w2, w3, x.a, x.b);
+}
+
 // step4 of int4 weights.
 fn step4_i4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
     let k_steps = k_steps();
     let x = xq2(xb, j);
     let s = scales4(rows, step_group(j));
-    let acc = rows4_i4(w[rows.x * k_steps + j], w[rows.y * k_steps + j], w[rows.z * k_steps + j],
-                       w[rows.w * k_steps + j], x.a, x.b) * s;
+    let acc = int4_rows4(w[rows.x * k_steps + j], w[rows.y * k_steps + j], w[rows.z * k_steps + j],
+                         w[rows.w * k_steps + j], x) * s;
     return Partial(acc, x.a.sq + x.b.sq);
 }
 
@@ -262,8 +361,8 @@ fn step4_tokens_i4(row0: u32, r1: u32, r2: u32, r3: u32, xb: u32, j: u32) -> Pro
     let x1 = xq2(xb + n_k_words(), j);
     let x2 = xq2(xb + 2u * n_k_words(), j);
     let x3 = xq2(xb + 3u * n_k_words(), j);
-    return Products(rows4_i4(w0, w1, w2, w3, x0.a, x0.b) * s, rows4_i4(w0, w1, w2, w3, x1.a, x1.b) * s,
-                    rows4_i4(w0, w1, w2, w3, x2.a, x2.b) * s, rows4_i4(w0, w1, w2, w3, x3.a, x3.b) * s,
+    return Products(int4_rows4(w0, w1, w2, w3, x0) * s, int4_rows4(w0, w1, w2, w3, x1) * s,
+                    int4_rows4(w0, w1, w2, w3, x2) * s, int4_rows4(w0, w1, w2, w3, x3) * s,
                     x0.a.sq + x0.b.sq, x1.a.sq + x1.b.sq, x2.a.sq + x2.b.sq, x3.a.sq + x3.b.sq);
 }
 
@@ -489,7 +588,7 @@ fn split_k_row(has_step: bool, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: 
     var o = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
     if has_step && INT4 {
         let x = xq2(z * n_k_words(), j);
-        o = Partial(rows4_i4(w0, w1, w2, w3, x.a, x.b) * s, x.a.sq + x.b.sq);
+        o = Partial(int4_rows4(w0, w1, w2, w3, x) * s, x.a.sq + x.b.sq);
     } else if has_step {
         let q = xq(z * n_k_words() + 4u * j, j);
         o = Partial(rows4(w0, w1, w2, w3, q) * s, q.sq);

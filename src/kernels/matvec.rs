@@ -345,6 +345,18 @@ pub fn batch_rows_per_z(split: MatvecSplit, rows: u32) -> u32 {
 /// BENCHMARKS.md 2026-12-01).
 pub const BATCH_SPLIT_K_ROWS_PER_Z: u32 = 4;
 
+/// Whether a decode pipeline of `variant` over `format` weights, reading
+/// the residual's f16 copy (`x16`), takes its int4 steps as integer dot
+/// products against its inputs quantised to int8, 32 values a scale
+/// (`IDOT`, int8_matvec.wgsl): the normed int4 matvecs (qkv, gate/up) on
+/// split-K devices, whose float dequantisation, not their bytes, bounded
+/// them (an H100: 4B qkv 12.0 -> 8.7 µs, gate/up 23.9 -> 18.9; BENCHMARKS.md
+/// 2026-12-06 11:25). The CPU references quantise alike
+/// ([`crate::reference::int_dot_input`]).
+pub fn int_dot(format: WeightFormat, variant: MatvecVariant, x16: bool) -> bool {
+    format == WeightFormat::Int4 && variant.norm && x16
+}
+
 /// The override constants of an `int8_matvec` pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MatvecConstants {
@@ -403,6 +415,12 @@ impl MatvecConstants {
         }
     }
 
+    /// Whether the pipeline's int4 steps are integer dot products
+    /// ([`int_dot`]; decode pipelines only).
+    pub fn int_dot(&self) -> bool {
+        int_dot(self.format, self.variant, self.split.x16 && self.tokens == 1)
+    }
+
     /// As (WGSL name, value) pairs.
     pub fn render(&self) -> Vec<(&'static str, f64)> {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
@@ -417,6 +435,7 @@ impl MatvecConstants {
             ("TOKENS", self.tokens as f64),
             ("X16", flag(self.split.x16 && self.tokens == 1)),
             ("INT4", flag(self.format == WeightFormat::Int4)),
+            ("IDOT", flag(self.int_dot())),
         ];
         c.extend(self.shape.iter().flat_map(|s| s.constants()));
         if self.decode_rows > 0 {
@@ -431,6 +450,26 @@ impl MatvecConstants {
 mod tests {
     use super::super::Kernel;
     use super::*;
+
+    /// Integer dot products (`IDOT`) in exactly the int4 normed decode
+    /// pipelines that read the f16 residual copy, one-token and batched.
+    #[test]
+    fn int4_normed_decode_pipelines_on_the_f16_copy_take_integer_dot_products() {
+        let idot = |c: MatvecConstants| c.render().contains(&("IDOT", 1.0));
+        for layout in [MatvecLayout::SplitK, MatvecLayout::RowsPerTeam] {
+            for variant in [MatvecVariant::NORM, MatvecVariant::NORM_SWIGLU, MatvecVariant::ACCUMULATE] {
+                for format in [WeightFormat::Int8, WeightFormat::Int4] {
+                    let split = layout.split(1024, 256, variant.norm, format);
+                    let one = MatvecConstants { format, ..MatvecConstants::decode(variant, split) };
+                    let rows = MatvecConstants { decode_rows: 4, rows_per_z: 4, ..one };
+                    let prefill = MatvecConstants { format, ..MatvecConstants::prefill(variant, layout) };
+                    let want = layout == MatvecLayout::SplitK && variant.norm && format == WeightFormat::Int4;
+                    assert_eq!((idot(one), idot(rows)), (want, want), "{layout:?} {variant:?} {format:?}");
+                    assert!(!idot(prefill), "{layout:?} {variant:?} {format:?} prefill");
+                }
+            }
+        }
+    }
 
     #[test]
     fn split_k_gives_each_lane_one_step_per_row_where_it_can() {

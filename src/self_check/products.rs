@@ -11,8 +11,8 @@ use crate::kernels::matmul::staged_bytes;
 use crate::kernels::{matvec, Kernel, MatvecParams};
 use crate::kernels::{record_staged, staged_bindings, staged_ranges, TiledPipeline};
 use crate::reference::{
-    first_mismatch, matvec_ref, norm_weight_bytes, pack_f16, poisoned, pseudo_nonzero, round_f16, unpack_f16,
-    Quant,
+    first_mismatch, matvec_ref, matvec_ref_for, norm_weight_bytes, pack_f16, poisoned, pseudo_nonzero,
+    round_f16, unpack_f16, Quant,
 };
 
 /// A matvec variant over weights in `format`, 13 rows (14 for SwiGLU: 7
@@ -82,7 +82,8 @@ pub(super) fn matvec(rig: &mut Rig<'_>, kernel: Kernel, format: WeightFormat) ->
         let norm_read = if x16 { round_f16(&norm_other) } else { norm_w.clone() };
         let norm = variant.norm.then_some((&norm_read[..], eps));
         let acc = variant.accumulate.then_some(&y0[first_out..]);
-        let (want, scale) = matvec_ref(&m, &x_read, norm, acc, variant.swiglu);
+        let int_dot = matvec::int_dot(format, variant, x16);
+        let (want, scale) = matvec_ref_for(int_dot, &m, &x_read, norm, acc, variant.swiglu);
         let what = "y";
         if let Some(m) =
             first_mismatch(what, &got[first_out..first_out + outs], &want, &scale, MATVEC_TOLERANCE)

@@ -8,7 +8,9 @@ use super::MATVEC_TOLERANCE;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{matvec, MatvecParams, RowsMatvecCase};
-use crate::reference::{first_mismatch, matvec_ref, pack_f16, poisoned, pseudo_nonzero, round_f16, Quant};
+use crate::reference::{
+    first_mismatch, matvec_ref_for, pack_f16, poisoned, pseudo_nonzero, round_f16, Quant,
+};
 
 /// The most batch rows' outputs a first-use check compares: two
 /// workgroups of matrix rows (the grid's first; every workgroup runs the
@@ -133,7 +135,8 @@ pub fn rows_matvec(gpu: &Gpu, case: &RowsMatvecCase<'_>) -> Result<Option<String
             return Ok(Some(format!("row {z} of {n}: wrote y[{i}] outside its outputs")));
         }
         let acc = variant.accumulate.then_some(&y0[yb + first_out..]);
-        let (want, scale) = matvec_ref(&m, &x[z * m.padded..(z + 1) * m.padded], norm, acc, variant.swiglu);
+        let x = &x[z * m.padded..(z + 1) * m.padded];
+        let (want, scale) = matvec_ref_for(c.int_dot(), &m, x, norm, acc, variant.swiglu);
         let what = format!("row {z} of {n}: y");
         if let Some(m) = first_mismatch(
             &what,

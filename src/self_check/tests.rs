@@ -178,6 +178,37 @@ fn an_int4_nibble_order_or_scale_slot_swapped_is_caught() {
     }
 }
 
+/// On the split-K layout the int4 normed decode pipelines take integer
+/// dot products (`IDOT`): one pairing a word's nibbles with the wrong
+/// inputs is caught, and only it.
+#[test]
+fn an_int_dot_pipeline_with_its_nibbles_swapped_is_caught() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let layout = Some(crate::kernels::MatvecLayout::SplitK);
+    let mut kernels =
+        Kernels::new(&gpu, KernelChoice::Wgsl, layout, CHECKER).expect("the WGSL kernels build");
+    kernels.prepare_format(&gpu, WeightFormat::Int4).unwrap();
+    let kernel = Kernel::Int8MatvecNorm;
+    assert!(kernel
+        .typed_constants_in(kernels.matvec_layout, WeightFormat::Int4)
+        .render()
+        .contains(&("IDOT", 1.0)));
+    let good = kernels.get_for(kernel, WeightFormat::Int4).pipeline;
+    let swap = |s: String| {
+        s.replace(
+            "dot4I8Packed(lo.x, q0.x) + dot4I8Packed(hi.x, q0.y)",
+            "dot4I8Packed(hi.x, q0.x) + dot4I8Packed(lo.x, q0.y)",
+        )
+    };
+    let wrong = edited_in(&gpu, &kernels, kernel, WeightFormat::Int4, swap);
+    kernels.replace_pipeline_in(kernel, WeightFormat::Int4, wrong);
+    let check = run_format(&gpu, &kernels, WeightFormat::Int4).unwrap();
+    let failed: Vec<&str> = check.failures.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(failed, ["Int8MatvecNorm"], "{}", check.describe_failures());
+    kernels.replace_pipeline_in(kernel, WeightFormat::Int4, good);
+    assert!(run_format(&gpu, &kernels, WeightFormat::Int4).unwrap().ok, "the set restored");
+}
+
 #[test]
 fn a_swapped_buffer_slot_is_caught() {
     let (gpu, mut kernels) = wgsl_kernels();

@@ -15,7 +15,7 @@ use qwen3_wgpu::WeightFormat;
 use rand::{rngs::StdRng, SeedableRng};
 
 use super::reference::{
-    argmax_ref, assert_close, attention_ref, attention_ref_values, f32s, matvec_ref, nonzero,
+    argmax_ref, assert_close, attention_ref, attention_ref_values, f32s, matvec_ref_for, nonzero,
     norm_weight_bytes, pack_f16, padded_input, poisoned, qk_norm_rope_ref, random_quant_in, round_f16,
     to_f32, unpack_f16, POISON,
 };
@@ -316,7 +316,8 @@ fn batch_case(
         }
         let norm = variant.norm.then_some((&norm_w[..], eps));
         let acc = variant.accumulate.then_some(&row0[first_out..]);
-        let (want, scale) = matvec_ref(&m, x, norm, acc, variant.swiglu);
+        let int_dot = kernels::matvec::int_dot(format, variant, x16);
+        let (want, scale) = matvec_ref_for(int_dot, &m, x, norm, acc, variant.swiglu);
         res.push((row[first_out..first_out + outs].to_vec(), want, scale));
     }
     res
