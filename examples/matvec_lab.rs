@@ -726,6 +726,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         c("idot wg32 r8 f32x", "lab_idot", 32, 8, &[("R8", 1.0), ("IDOT_F32X", 1.0)], 0),
         c("idot wg64 r8", "lab_idot", 64, 16, &[("R8", 1.0)], 0),
         c("idot wg128", "lab_idot", 128, 16, &[], 0),
+        c("engine x16 unpaired", "", 0, 4, &[], 0),
+        c("engine x16 paired", "", 0, 4, &[], 0),
         c("engine x16 wg64", "", 0, 4, &[], 0),
         c("engine x16 wg128", "", 0, 4, &[], 0),
         c("engine x16 pf", "", 0, 4, &[], 0),
@@ -795,15 +797,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // normed ones read x's slot as the f16 copy: here the f32 x, timing only).
             let engine_split = if cfg.label.starts_with("engine x16") {
                 let mut split =
-                    MatvecLayout::SplitK.split(s.rows as usize, s.cols as usize / 4, variant.norm, format);
+                    MatvecLayout::SplitK.split_for(variant, s.rows as usize, s.cols as usize / 4, format);
+                // `unpaired`: teams of 4 rows throughout; `paired`: teams of 8 in every
+                // rows-per-team launch.
+                if cfg.label.contains(" unpaired") {
+                    split = split.unpaired();
+                } else if cfg.label.contains(" paired") && split.layout == MatvecLayout::RowsPerTeam {
+                    split = MatvecSplit { rows_per_wg: 8, paired: true, ..split };
+                }
                 if cfg.label.ends_with("halfwg") && split.layout == MatvecLayout::SplitK {
                     split.workgroup_size = (split.workgroup_size / 2).max(64);
                 }
                 // `wg64`, `wg128`: the rows-per-team launches with 2 or 4 teams a workgroup.
                 for (tag, wg) in [(" wg64", 64), (" wg128", 128)] {
                     if cfg.label.contains(tag) && split.layout == MatvecLayout::RowsPerTeam {
+                        split.rows_per_wg *= wg / split.workgroup_size;
                         split.workgroup_size = wg;
-                        split.rows_per_wg = wg / 8;
                     }
                 }
                 split
@@ -828,6 +837,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     workgroup_size: if cfg.wg == 0 { auto_wg } else { cfg.wg },
                     rows_per_wg: cfg.rows_per_wg,
                     x16: false,
+                    paired: false,
                 }
             };
             let groups = s.cols / QUANT_GROUP as u32;

@@ -127,7 +127,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let split = if label == ENGINE {
                 layout.split(s.rows as usize, s.cols as usize / 4, variant.norm, WeightFormat::Int8)
             } else {
-                MatvecSplit { layout: *layout, workgroup_size: *wg, rows_per_wg: *rows_per_wg, x16: false }
+                MatvecSplit {
+                    layout: *layout,
+                    workgroup_size: *wg,
+                    rows_per_wg: *rows_per_wg,
+                    x16: false,
+                    paired: false,
+                }
             };
             assert_eq!(split.rows_per_wg, *rows_per_wg, "{label}: the grid below assumes it");
             let shape = shape_consts.then(|| {

@@ -257,13 +257,17 @@ fn idot_row(wv: vec4<u32>, q: XInt8) -> i32 {
     return 254 * idot32(lo, hi, q.h0, q.h1) + idot32(lo, hi, q.l0, q.l1) - q.bias;
 }
 
+// Four rows' int4 step (before the group scales) against quantised inputs.
+fn idot_rows4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, q: XInt8) -> vec4<f32> {
+    let d = vec4<i32>(idot_row(w0, q), idot_row(w1, q), idot_row(w2, q), idot_row(w3, q));
+    return vec4<f32>(d) * q.scale;
+}
+
 // Four rows' int4 step (before the group scales) against inputs x: the
 // float dequantisation (i4x8), or with IDOT the integer dot products.
 fn int4_rows4(w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>, x: Quads) -> vec4<f32> {
     if IDOT {
-        let q = quantise_x(x);
-        let d = vec4<i32>(idot_row(w0, q), idot_row(w1, q), idot_row(w2, q), idot_row(w3, q));
-        return vec4<f32>(d) * q.scale;
+        return idot_rows4(w0, w1, w2, w3, quantise_x(x));
     }
     return rows4_i4(w0, w1, w2, w3, x.a, x.b);
 }
@@ -299,6 +303,68 @@ fn step4(rows: vec4<u32>, xb: u32, j: u32) -> Partial {
     let acc = rows4(w[rows.x * k_quads + j], w[rows.y * k_quads + j], w[rows.z * k_quads + j],
                     w[rows.w * k_quads + j], q) * s;
     return Partial(acc, q.sq);
+}
+
+// PAIRED (rows per team, int4 decode: `MatvecSplit::paired`,
+// src/kernels/matvec.rs): a team takes 8 rows a pass, two blocks of 4
+// that share each step's inputs (their loads, norm and, with IDOT, their
+// quantisation: the bulk of a step's work once the rows' products are
+// integer dot products). Each row adds exactly as in partial4 (the same
+// step expression, the first step peeled), so a batch's rows, which run
+// blocks of 4, keep these bits.
+override PAIRED: bool = false;
+
+struct Partial8 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ss: vec4<f32>,
+}
+
+// Rows row0..row0+3, those past the end repeating the last row.
+fn rows_from(row0: u32) -> vec4<u32> {
+    let last = n_rows() - 1u;
+    return vec4<u32>(min(row0, last), min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+}
+
+// Step j (int4) of rows ra and rb, as step4_i4's of each.
+fn step8_i4(ra: vec4<u32>, rb: vec4<u32>, xb: u32, j: u32) -> Partial8 {
+    let k_steps = k_steps();
+    let x = xq2(xb, j);
+    let g = step_group(j);
+    let sa = scales4(ra, g);
+    let sb = scales4(rb, g);
+    let a0 = w[ra.x * k_steps + j];
+    let a1 = w[ra.y * k_steps + j];
+    let a2 = w[ra.z * k_steps + j];
+    let a3 = w[ra.w * k_steps + j];
+    let b0 = w[rb.x * k_steps + j];
+    let b1 = w[rb.y * k_steps + j];
+    let b2 = w[rb.z * k_steps + j];
+    let b3 = w[rb.w * k_steps + j];
+    if IDOT {
+        let q = quantise_x(x);
+        return Partial8(idot_rows4(a0, a1, a2, a3, q) * sa, idot_rows4(b0, b1, b2, b3, q) * sb, x.a.sq + x.b.sq);
+    }
+    return Partial8(rows4_i4(a0, a1, a2, a3, x.a, x.b) * sa, rows4_i4(b0, b1, b2, b3, x.a, x.b) * sb,
+                    x.a.sq + x.b.sq);
+}
+
+// partial4 of rows row0..row0+7 (int4), the first step peeled as there.
+fn partial8(row0: u32, xb: u32, first: u32, stride: u32) -> Partial8 {
+    let k_quads = k_steps();
+    let ra = rows_from(row0);
+    let rb = rows_from(row0 + 4u);
+    var o = Partial8(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    if first < k_quads {
+        o = step8_i4(ra, rb, xb, first);
+    }
+    for (var j = first + stride; j < k_quads; j += stride) {
+        let a = step8_i4(ra, rb, xb, j);
+        o.a += a.a;
+        o.b += a.b;
+        o.ss += a.ss;
+    }
+    return o;
 }
 
 fn partial4(row0: u32, xb: u32, first: u32, stride: u32) -> Partial {
@@ -608,8 +674,30 @@ fn decode_token(lane: Lane, wg_row0: u32, z: u32) {
         store4_onto(wg_row0, finish(r.v, r.s), lane.idx, z, prior);
         return;
     }
-    // Each team takes whole blocks of 4 rows; a barrier-free team reduction.
+    // Each team takes whole blocks of 4 rows (PAIRED: 8); a barrier-free
+    // team reduction.
     let tl = team_lane(lane);
+    if PAIRED && INT4 {
+        for (var rb = team_id(lane) * 8u; rb < ROWS_PER_WG; rb += team_count(lane) * 8u) {
+            let row0 = wg_row0 + rb;
+            if row0 < n_rows() {
+                let prior_a = prior4(row0, tl, z);
+                let prior_b = prior4(row0 + 4u, tl, z);
+                let part = partial8(row0, xb, tl, team_size(lane));
+                let sums_a = tree_sum4(part.a, lane);
+                let sums_b = tree_sum4(part.b, lane);
+                var ss = 0.0;
+                if NORM {
+                    ss = tree_sum(lane_ss(part.ss), lane);
+                }
+                store4_onto(row0, finish(sums_a, ss), tl, z, prior_a);
+                if row0 + 4u < n_rows() {
+                    store4_onto(row0 + 4u, finish(sums_b, ss), tl, z, prior_b);
+                }
+            }
+        }
+        return;
+    }
     for (var rb = team_id(lane) * 4u; rb < ROWS_PER_WG; rb += team_count(lane) * 4u) {
         let row0 = wg_row0 + rb;
         if row0 < n_rows() {

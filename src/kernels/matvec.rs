@@ -79,6 +79,15 @@ pub const MATVEC_VALUES_PER_LANE: u32 = 16;
 pub fn values_per_step(format: WeightFormat) -> u32 {
     MATVEC_VALUES_PER_LANE * 8 / format.bits() as u32
 }
+/// Whether split-K devices run the int4 gate/up matvec paired
+/// ([`MatvecSplit::paired`]: its teams take 8 rows a pass, sharing each
+/// step's input loads, norm and integer quantisation). Off until measured
+/// in this form: a lab kernel of the same structure over one int8 part
+/// took the 4B gate/up from 18.9 to 15.6-16.2 µs on an H100, where the
+/// qkv matvec lost (8.7 -> 9.3-11.4; BENCHMARKS.md 2026-12-06 11:15);
+/// `matvec_lab --weights int4 --only "engine x16 unpaired,engine x16
+/// paired"` measures the engine's.
+pub const PAIR_INT4_GATE_UP: bool = false;
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;
 /// Split-K devices run matrices with more rows than this rows per team
@@ -194,13 +203,37 @@ impl MatvecLayout {
                 workgroup_size: LONG_MATRIX_WG,
                 rows_per_wg: MATVEC_ROWS_PER_TEAM,
                 x16: true,
+                paired: false,
             },
             _ => MatvecSplit {
                 layout: self,
                 workgroup_size: self.workgroup_size(rows, k_words, format),
                 rows_per_wg: self.rows_per_wg(),
                 x16: self.x16(),
+                paired: false,
             },
+        }
+    }
+
+    /// [`Self::split`] of matvec `variant`: on split-K devices, where
+    /// [`PAIR_INT4_GATE_UP`], the int4 gate/up matvec runs paired
+    /// ([`MatvecSplit::paired`]).
+    pub fn split_for(
+        self,
+        variant: MatvecVariant,
+        rows: usize,
+        k_words: usize,
+        format: WeightFormat,
+    ) -> MatvecSplit {
+        let split = self.split(rows, k_words, variant.norm, format);
+        let pair = PAIR_INT4_GATE_UP
+            && self == MatvecLayout::SplitK
+            && variant.swiglu
+            && format == WeightFormat::Int4;
+        if pair && split.layout == MatvecLayout::RowsPerTeam {
+            MatvecSplit { rows_per_wg: 2 * MATVEC_ROWS_PER_TEAM, paired: true, ..split }
+        } else {
+            split
         }
     }
 
@@ -220,6 +253,7 @@ impl MatvecLayout {
             workgroup_size,
             rows_per_wg: self.rows_per_wg(),
             x16: self.x16(),
+            paired: false,
         };
         match self {
             MatvecLayout::RowsPerTeam => vec![at(MATVEC_WG)],
@@ -227,6 +261,11 @@ impl MatvecLayout {
                 .into_iter()
                 .map(at)
                 .chain(std::iter::once(self.split(SPLIT_K_MAX_ROWS + 1, 0, false, WeightFormat::Int8)))
+                .chain(std::iter::once(MatvecSplit {
+                    rows_per_wg: 2 * MATVEC_ROWS_PER_TEAM,
+                    paired: true,
+                    ..self.split(1, 0, true, WeightFormat::Int4)
+                }))
                 .collect(),
         }
     }
@@ -238,6 +277,7 @@ impl MatvecLayout {
             workgroup_size: MATVEC_WG,
             rows_per_wg: self.rows_per_wg(),
             x16: self.x16(),
+            paired: false,
         }
     }
 
@@ -294,6 +334,23 @@ pub struct MatvecSplit {
     /// [`decode_bindings`]). Prompt batches use f32 x throughout. See
     /// [`MatvecLayout::x16`].
     pub x16: bool,
+    /// Rows per team only (`PAIRED`, int4 pipelines): each team takes 8
+    /// rows a pass, two blocks of 4 sharing each step's inputs, and
+    /// `rows_per_wg` is 8. Each row adds exactly as unpaired, so a batch's
+    /// rows keep its bits. Where its pipeline is not available the launch
+    /// runs [`Self::unpaired`] (whose grid the default pipeline shares).
+    pub paired: bool,
+}
+
+impl MatvecSplit {
+    /// The same split with teams of 4 rows.
+    pub fn unpaired(self) -> Self {
+        if self.paired {
+            MatvecSplit { rows_per_wg: MATVEC_ROWS_PER_TEAM, paired: false, ..self }
+        } else {
+            self
+        }
+    }
 }
 
 /// The shape of one decode matvec launch (a row chunk of a matrix): the
@@ -403,6 +460,7 @@ impl MatvecConstants {
             workgroup_size: MATVEC_WG,
             rows_per_wg: MATVEC_ROWS.max(layout.rows_per_wg()),
             x16: false,
+            paired: false,
         };
         MatvecConstants {
             variant,
@@ -436,6 +494,7 @@ impl MatvecConstants {
             ("X16", flag(self.split.x16 && self.tokens == 1)),
             ("INT4", flag(self.format == WeightFormat::Int4)),
             ("IDOT", flag(self.int_dot())),
+            ("PAIRED", flag(self.split.paired)),
         ];
         c.extend(self.shape.iter().flat_map(|s| s.constants()));
         if self.decode_rows > 0 {
@@ -466,6 +525,33 @@ mod tests {
                     let want = layout == MatvecLayout::SplitK && variant.norm && format == WeightFormat::Int4;
                     assert_eq!((idot(one), idot(rows)), (want, want), "{layout:?} {variant:?} {format:?}");
                     assert!(!idot(prefill), "{layout:?} {variant:?} {format:?} prefill");
+                }
+            }
+        }
+    }
+
+    /// Only the int4 gate/up matvec of split-K devices runs paired (where
+    /// [`PAIR_INT4_GATE_UP`]); the paired split is among `splits()` either
+    /// way, so the kernel tests run it.
+    #[test]
+    fn the_int4_gate_up_matvec_of_split_k_devices_runs_paired() {
+        let split_k = MatvecLayout::SplitK;
+        let paired =
+            MatvecSplit { rows_per_wg: 8, paired: true, ..split_k.split(1, 0, true, WeightFormat::Int4) };
+        assert!(split_k.splits().contains(&paired));
+        for layout in [MatvecLayout::SplitK, MatvecLayout::RowsPerTeam] {
+            for variant in [MatvecVariant::NORM, MatvecVariant::NORM_SWIGLU, MatvecVariant::ACCUMULATE] {
+                for format in [WeightFormat::Int8, WeightFormat::Int4] {
+                    let split = layout.split_for(variant, 19456, 640, format);
+                    let want = PAIR_INT4_GATE_UP
+                        && layout == MatvecLayout::SplitK
+                        && variant.swiglu
+                        && format == WeightFormat::Int4;
+                    assert_eq!(split.paired, want, "{layout:?} {variant:?} {format:?}");
+                    assert_eq!(split.rows_per_wg, if want { 8 } else { layout.rows_per_wg() });
+                    assert_eq!(split.unpaired(), layout.split(19456, 640, variant.norm, format));
+                    let c = MatvecConstants { format, ..MatvecConstants::decode(variant, split) };
+                    assert_eq!(c.render().contains(&("PAIRED", 1.0)), want);
                 }
             }
         }
@@ -546,8 +632,10 @@ mod tests {
                 }
             }
             // The default pipeline, which serves when a split's fails to
-            // build, runs any split's grid.
-            assert!(splits.iter().all(|s| s.rows_per_wg == splits[0].rows_per_wg), "{layout:?}");
+            // build, runs any unpaired split's grid; the prompt batches'
+            // per-token pipelines any split's.
+            assert!(splits.iter().all(|s| s.unpaired().rows_per_wg == splits[0].rows_per_wg), "{layout:?}");
+            assert!(splits.iter().all(|s| s.rows_per_wg <= MATVEC_ROWS), "{layout:?}");
         }
         let lm_head = MatvecLayout::SplitK.split(151936, 256, true, WeightFormat::Int8);
         assert_eq!((lm_head.layout, lm_head.workgroup_size), (MatvecLayout::RowsPerTeam, LONG_MATRIX_WG));

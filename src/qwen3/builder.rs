@@ -218,8 +218,18 @@ impl Builder<'_> {
                     whole(norm.unwrap_or(x)),
                     whole(&self.s.x16),
                 ];
-                let mut split = self.kernels.matvec_layout.split(w.rows, w.k_words, norm.is_some(), w.format);
+                let variant = kernel.matvec_variant().expect("a matvec kernel");
+                let mut split = self.kernels.matvec_layout.split_for(variant, w.rows, w.k_words, w.format);
                 split.x16 &= x16;
+                let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
+                // A paired split's pipeline, or its unpaired split's (whose
+                // grid the default pipeline shares) where it is not available.
+                let mut decode_pipeline =
+                    self.kernels.matvec_pipeline(self.gpu, kernel, split, shape, w.format);
+                if decode_pipeline.is_none() && split.paired {
+                    split = split.unpaired();
+                    decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape, w.format);
+                }
                 let groups = (c.rows as u32).div_ceil(split.rows_per_wg);
                 let mut l = Launch::new_for(self.gpu, self.kernels, kernel, w.format, &bufs, grid(groups));
                 // The staging buffer holds every layer matrix's operands;
@@ -233,8 +243,7 @@ impl Builder<'_> {
                     l = l.with_staging(self.gpu, self.kernels, &bufs, st, p.rows, p.k_words, tokens);
                 }
                 l.matvec_split = Some(split);
-                let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
-                l.decode_pipeline = self.kernels.matvec_pipeline(self.gpu, kernel, split, shape, w.format);
+                l.decode_pipeline = decode_pipeline;
                 let decode =
                     kernel.matvec_variant().and_then(|v| decode_bindings(v, split.x16, bufs.clone()));
                 if let Some(decode) = decode {
