@@ -51,7 +51,9 @@
 // int8_math.wgsl), so a lane's step (one vec4<u32> per row) covers 32
 // values, two quads of x, where an int8 step covers 16. Everything else
 // (the layouts, the epilogues, the order of a row's additions in one-token
-// and batched decode alike) is the same.
+// and batched decode alike) is the same. Two options of int4 decode
+// pipelines, described where they are declared: IDOT (integer dot products
+// against inputs in 16-bit fixed point) and PAIRED (teams of 8 rows).
 //
 // Bindings, the NORM/ACCUMULATE/SWIGLU/INT4 flags, i8x4 and i4x4:
 // int8_common.wgsl, prepended by Rust.

@@ -870,7 +870,7 @@ fn int8_matvec_decode_rows_match_one_token_bit_for_bit() {
             let splits = [MatvecLayout::RowsPerTeam, MatvecLayout::SplitK]
                 .into_iter()
                 .flat_map(|l| l.splits())
-                .filter(|s| !(s.layout == MatvecLayout::SplitK && s.workgroup_size == 128) && !s.paired);
+                .filter(|s| !(s.paired || s.layout == MatvecLayout::SplitK && s.workgroup_size == 128));
             for split in splits {
                 for kernel in Kernel::ALL.into_iter().filter(|k| k.matvec_variant().is_some()) {
                     seed += 1;
