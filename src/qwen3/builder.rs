@@ -15,7 +15,7 @@ use crate::kernels::matmul::staged_bytes;
 use crate::kernels::MatvecSplit;
 use crate::kernels::{
     attention, decode_bindings, grid, EmbedParams, HeadParams, Kernel, Kernels, Launch, MatvecParams,
-    MatvecShape, WG,
+    MatvecShape, MatvecVariant, WG,
 };
 
 /// What a matvec computes from `x` (each is one `int8_matvec` variant, over
@@ -190,11 +190,13 @@ impl Builder<'_> {
         y_stride: usize,
         x16: bool,
     ) -> Vec<(Launch, MatvecShape)> {
-        let (kernel, norm) = match what {
-            Matvec::Accumulate => (Kernel::Int8MatvecAccumulate, None),
-            Matvec::Normed(n) => (Kernel::Int8MatvecNorm, Some(n)),
-            Matvec::NormedSwiglu(n) => (Kernel::Int8MatvecNormSwiglu, Some(n)),
+        let (kernel, variant, norm) = match what {
+            Matvec::Accumulate => (Kernel::Int8MatvecAccumulate, MatvecVariant::ACCUMULATE, None),
+            Matvec::Normed(n) => (Kernel::Int8MatvecNorm, MatvecVariant::NORM, Some(n)),
+            Matvec::NormedSwiglu(n) => (Kernel::Int8MatvecNormSwiglu, MatvecVariant::NORM_SWIGLU, Some(n)),
         };
+        // The kernel table's variant (every test run checks the two agree).
+        debug_assert_eq!(kernel.matvec_variant(), Some(variant));
         w.chunks
             .iter()
             .map(|c| {
@@ -218,7 +220,6 @@ impl Builder<'_> {
                     whole(norm.unwrap_or(x)),
                     whole(&self.s.x16),
                 ];
-                let variant = kernel.matvec_variant().expect("a matvec kernel");
                 let mut split = self.kernels.matvec_layout.split_for(variant, w.rows, w.k_words, w.format);
                 split.x16 &= x16;
                 let shape = MatvecShape { rows: p.rows, k_words: p.k_words, groups: p.groups, n_in: p.n_in };
@@ -244,9 +245,7 @@ impl Builder<'_> {
                 }
                 l.matvec_split = Some(split);
                 l.decode_pipeline = decode_pipeline;
-                let decode =
-                    kernel.matvec_variant().and_then(|v| decode_bindings(v, split.x16, bufs.clone()));
-                if let Some(decode) = decode {
+                if let Some(decode) = decode_bindings(variant, split.x16, bufs.clone()) {
                     l = l.with_decode_bindings(self.gpu, self.kernels, &decode);
                 }
                 if let Some(rows_per_wg) = l.tiled_rows_per_wg() {
