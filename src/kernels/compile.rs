@@ -121,10 +121,16 @@ pub(crate) fn build(
                 });
                 let (module, compilation_options) = match code {
                     Code::Wgsl { source, constants, checked } => {
-                        let desc = wgpu::ShaderModuleDescriptor {
-                            label: Some(label),
-                            source: wgpu::ShaderSource::Wgsl(source.into()),
-                        };
+                        // The module specialised here (its constant branches
+                        // resolved) when naga can, else the WGSL as written.
+                        let (source, constants) =
+                            match super::constant_branches::specialise(source, entry, constants) {
+                                Some(module) => {
+                                    (wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(module)), &[][..])
+                                }
+                                None => (wgpu::ShaderSource::Wgsl(source.into()), constants),
+                            };
+                        let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source };
                         let module = if checked {
                             gpu.device.create_shader_module(desc)
                         } else {

@@ -81,12 +81,11 @@ pub fn values_per_step(format: WeightFormat) -> u32 {
 }
 /// Whether split-K devices run the int4 gate/up matvec paired
 /// ([`MatvecSplit::paired`]: its teams take 8 rows a pass, sharing each
-/// step's input loads, norm and integer quantisation). Off until measured
-/// in this form: a lab kernel of the same structure over one int8 part
-/// took the 4B gate/up from 18.9 to 15.6-16.2 µs on an H100, where the
-/// qkv matvec lost (8.7 -> 9.3-11.4; BENCHMARKS.md 2026-12-06 11:15);
-/// `matvec_lab --weights int4 --only "engine x16 unpaired,engine x16
-/// paired"` measures the engine's.
+/// step's input loads, norm and integer quantisation). Off: on an H100 the
+/// 4B's gate/up launch took 21.3 µs paired against 23.2 unpaired, yet its
+/// decode step lost 6.4% (338 against 361 tok/s; the 1.7B 644 against 690;
+/// BENCHMARKS.md 2026-12-07). `matvec_lab --weights int4 --only "engine
+/// x16 unpaired,engine x16 paired"` measures it per launch.
 pub const PAIR_INT4_GATE_UP: bool = false;
 /// Rows per workgroup of the split-K layout.
 pub const SPLIT_K_ROWS: u32 = 4;

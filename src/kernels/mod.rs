@@ -11,6 +11,7 @@ pub mod argmax;
 pub mod attention;
 mod choice;
 mod compile;
+mod constant_branches;
 pub mod embed;
 mod launch;
 pub mod mask;
@@ -34,6 +35,7 @@ pub use choice::{
 pub use compile::{
     bind_group_layout, compile, compile_for_layout, compile_msl, ShaderChecks, SHADER_CHECKS_ENV,
 };
+pub use constant_branches::specialise;
 pub use embed::{EmbedConstants, EmbedParams};
 pub use launch::{chunk_rows, grid, Launch, LaunchKind};
 pub(crate) use launch::{record_staged, staged_bindings, staged_ranges};

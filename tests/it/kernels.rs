@@ -1215,25 +1215,14 @@ fn staging_matches_the_cpu_reference() {
 /// Every WGSL program a Metal device may build (each kernel's, in both
 /// reduction variants; the prompt-batch attention; the f32 tiled product)
 /// goes through the naga path wgpu's Metal backend takes: parse, validate,
-/// overrides, MSL. On a Mac these run where a kernel has no MSL twin or its
-/// twin falls back, so a construct naga cannot write as MSL would fail
+/// overrides, MSL; and so does the module the engine hands wgpu, the
+/// program specialised to its constants (`kernels::specialise`, which must
+/// take every one). On a Mac these run where a kernel has no MSL twin or
+/// its twin falls back, so a construct naga cannot write as MSL would fail
 /// there only at start-up; here it fails on every machine.
 #[test]
 fn every_wgsl_program_translates_to_msl() {
-    let msl = |what: &str, source: &str, constants: &[(&str, f64)], entry: &str| {
-        let module = naga::front::wgsl::parse_str(source)
-            .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
-        let info = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
-        let constants: naga::back::PipelineConstants =
-            constants.iter().map(|&(name, v)| (name.to_string(), v)).collect();
-        let (module, info) =
-            naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let write_msl = |what: &str, module: &naga::Module, info: &naga::valid::ModuleInfo, entry: &str| {
         let options = naga::back::msl::Options {
             lang_version: (3, 0),
             fake_missing_bindings: true,
@@ -1243,9 +1232,27 @@ fn every_wgsl_program_translates_to_msl() {
             entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
             ..Default::default()
         };
-        let (text, _) = naga::back::msl::write_string(&module, &info, &options, &pipeline)
+        let (text, _) = naga::back::msl::write_string(module, info, &options, &pipeline)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(text.contains(&format!("kernel void {entry}")), "{what}: no kernel {entry} in the MSL");
+    };
+    let validator =
+        || naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+    let msl = |what: &str, source: &str, constants: &[(&str, f64)], entry: &str| {
+        let specialised = kernels::specialise(source, entry, constants)
+            .unwrap_or_else(|| panic!("{what}: naga could not specialise it"));
+        let info = validator().validate(&specialised).unwrap_or_else(|e| panic!("{what} (specialised): {e}"));
+        write_msl(&format!("{what} (specialised)"), &specialised, &info, entry);
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        let info =
+            validator().validate(&module).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        let constants: naga::back::PipelineConstants =
+            constants.iter().map(|&(name, v)| (name.to_string(), v)).collect();
+        let (module, info) =
+            naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        write_msl(what, &module, &info, entry);
     };
     let mut programs = 0;
     for sub in [true, false] {

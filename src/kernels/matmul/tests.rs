@@ -60,7 +60,9 @@ fn each_tiling_sizes_its_workgroup_to_cover_the_tile() {
 /// takes (parse, validate, overrides, SPIR-V) on every machine, also
 /// where no adapter offers cooperative matrices (CI's lavapipe). naga
 /// 30's SPIR-V writer panics on a `coopStore` whose arguments are not
-/// already emitted: this catches a kernel edit that brings that back.
+/// already emitted: this catches a kernel edit that brings that back. The
+/// same for each program specialised to its constants, as the engine
+/// hands it to wgpu (`kernels::specialise`).
 #[test]
 fn the_cooperative_matrix_programs_compile_to_spirv() {
     let tiled: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.prefill_tiled()).collect();
@@ -72,6 +74,7 @@ fn the_cooperative_matrix_programs_compile_to_spirv() {
         let info = naga::valid::Validator::new(flags, naga::valid::Capabilities::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
+        let constants_list = constants.clone();
         let constants: naga::back::PipelineConstants =
             constants.into_iter().map(|(name, v)| (name.to_string(), v)).collect();
         let (module, info) =
@@ -85,6 +88,15 @@ fn the_cooperative_matrix_programs_compile_to_spirv() {
         let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(words.len() > 100, "{what}: {} SPIR-V words", words.len());
+        // The module the engine hands wgpu: the program specialised first.
+        let specialised = crate::kernels::specialise(source, entry, &constants_list)
+            .unwrap_or_else(|| panic!("{what}: naga could not specialise it"));
+        let info = naga::valid::Validator::new(flags, naga::valid::Capabilities::all())
+            .validate(&specialised)
+            .unwrap_or_else(|e| panic!("{what} (specialised): {e}"));
+        let words = naga::back::spv::write_vec(&specialised, &info, &options, Some(&pipeline))
+            .unwrap_or_else(|e| panic!("{what} (specialised): {e}"));
+        assert!(words.len() > 100, "{what} (specialised): {} SPIR-V words", words.len());
     };
     for kernel in tiled {
         let c = MatmulConstants { coop: true, ..kernel.matmul_constants().unwrap() };
