@@ -103,12 +103,16 @@ pub(crate) fn build(
         Code::Msl { .. } => format!("{label} (MSL)"),
     };
     let fail = |reason: String| Error::ShaderCompileFailed { kernel: kernel.clone(), reason };
-    if let Code::Wgsl { source, .. } = code {
-        // naga first: its error names the line, and a parse failure never reaches the device.
+    // naga first: its error names the line, and a parse failure never
+    // reaches the device. The parsed program is then specialised to its
+    // constants (its constant branches resolved), when naga can.
+    let mut specialised = None;
+    if let Code::Wgsl { source, constants, .. } = code {
         let module = naga::front::wgsl::parse_str(source).map_err(|e| fail(e.emit_to_string(source)))?;
         if !module.entry_points.iter().any(|e| e.name == entry) {
             return Err(fail(format!("no entry point named {entry}")));
         }
+        specialised = super::constant_branches::specialise_module(&module, entry, constants);
     }
     let pipeline = || {
         gpu.scoped(
@@ -121,15 +125,13 @@ pub(crate) fn build(
                 });
                 let (module, compilation_options) = match code {
                     Code::Wgsl { source, constants, checked } => {
-                        // The module specialised here (its constant branches
-                        // resolved) when naga can, else the WGSL as written.
-                        let (source, constants) =
-                            match super::constant_branches::specialise(source, entry, constants) {
-                                Some(module) => {
-                                    (wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(module)), &[][..])
-                                }
-                                None => (wgpu::ShaderSource::Wgsl(source.into()), constants),
-                            };
+                        // The specialised module, else the WGSL as written.
+                        let (source, constants) = match specialised.take() {
+                            Some(module) => {
+                                (wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(module)), &[][..])
+                            }
+                            None => (wgpu::ShaderSource::Wgsl(source.into()), constants),
+                        };
                         let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source };
                         let module = if checked {
                             gpu.device.create_shader_module(desc)

@@ -11,7 +11,6 @@
 //! first. What runs is unchanged: a constant condition picks the same
 //! branch here as in the driver.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use naga::{BinaryOperator, Block, Expression, Handle, Literal, Module, Statement, UnaryOperator};
@@ -21,23 +20,29 @@ use naga::{BinaryOperator, Block, Expression, Handle, Literal, Module, Statement
 /// caller then hands the driver the WGSL and constants unchanged, whose
 /// own errors name the problem).
 pub fn specialise(source: &str, entry: &str, constants: &[(&str, f64)]) -> Option<Module> {
-    let module = naga::front::wgsl::parse_str(source).ok()?;
-    let info = validator().validate(&module).ok()?;
+    specialise_module(&naga::front::wgsl::parse_str(source).ok()?, entry, constants)
+}
+
+/// [`specialise`] of a program already parsed. A panic in naga on the way
+/// (its compaction has had corner cases) is a `None` too.
+pub(crate) fn specialise_module(module: &Module, entry: &str, constants: &[(&str, f64)]) -> Option<Module> {
+    std::panic::catch_unwind(|| specialised(module, entry, constants)).ok().flatten()
+}
+
+fn specialised(module: &Module, entry: &str, constants: &[(&str, f64)]) -> Option<Module> {
+    let info = validator().validate(module).ok()?;
     let mut values = naga::back::PipelineConstants::default();
     for &(name, value) in constants {
         values.insert(name.to_string(), value);
     }
     let (module, _) = naga::back::pipeline_constants::process_overrides(
-        &module,
+        module,
         &info,
         Some((naga::ShaderStage::Compute, entry)),
         &values,
     )
     .ok()?;
-    let mut module = match module {
-        Cow::Borrowed(m) => m.clone(),
-        Cow::Owned(m) => m,
-    };
+    let mut module = module.into_owned();
     let Module { constants, global_expressions, functions, entry_points, .. } = &mut module;
     let globals = Globals { constants, expressions: global_expressions };
     let bodies =
