@@ -13,13 +13,17 @@
 // down, rows across: C^T = X' W^T) so that a lane's two elements of a
 // block are one token's outputs of two adjacent rows, i.e. a gate row and
 // its up row under SWIGLU.
-// K runs in chunks of CHUNK_K values: the chunk's weights (dequantised to
-// f32 once, int8 or int4 times the group's scale) are staged k-major (w_s[k][r],
-// the right operand) and its inputs (normed once) token-major (x_s[t][k],
-// the left operand), both in threadgroup memory, rows padded by 4 floats
-// against bank conflicts; each simdgroup then multiplies 8-value slices
-// with simdgroup_multiply_accumulate (f32 in, f32 accumulate: the values
-// the WGSL computes with, at f32 rounding).
+// K runs in chunks of CHUNK_K values: the chunk's weights (dequantised
+// once, int8 or int4 times the group's scale, rounded to half as the
+// cooperative-matrix product's are) are staged k-major (w_s[k][r], the
+// right operand) and its inputs token-major as f32 (x_s[t][k], the left
+// operand; un-normed values of the residual stream may exceed half's
+// range), both in threadgroup memory, rows padded by 16 bytes against bank
+// conflicts; each simdgroup then multiplies 8-value slices with
+// simdgroup_multiply_accumulate (f32 x half in, f32 accumulate, as
+// llama.cpp's kernel_mul_mm). Each thread loads the next chunk's weights
+// into registers before the current chunk's multiply-adds, so the device
+// reads are in flight while they run (one barrier pair a chunk, as before).
 // NORM: the sums of x^2 are gathered while staging (the same values every
 // chunk per thread), reduced per token at the end, and the token's
 // rsqrt(mean + eps) scales its outputs, as in the WGSL.
@@ -48,8 +52,8 @@
 // staging thread.
 constant constexpr uint CHUNK_K = 32;
 constant constexpr uint CHUNK_QUADS = CHUNK_K / 16; // 16-value parts of a row per chunk
-// Padded row lengths of the staging arrays.
-constant constexpr uint W_STRIDE = Q3W_MM_ROWS + 4;
+// Padded row lengths of the staging arrays (half: 8 values; float: 4).
+constant constexpr uint W_STRIDE = Q3W_MM_ROWS + 8;
 constant constexpr uint X_STRIDE = CHUNK_K + 4;
 // Tokens and rows of one simdgroup's part of the tile, in 8x8 blocks.
 constant constexpr uint SG_TOKENS = Q3W_MM_TOKENS / 2;
@@ -111,7 +115,7 @@ kernel void int8_matmul(
     uint sg [[simdgroup_index_in_threadgroup]])
 {
     // w_s[k * W_STRIDE + r]: row r of the tile at the chunk's value k.
-    threadgroup float w_s[CHUNK_K * W_STRIDE];
+    threadgroup half w_s[CHUNK_K * W_STRIDE];
     // x_s[t * X_STRIDE + k]: token t of the tile at the chunk's value k.
     threadgroup float x_s[Q3W_MM_TOKENS * X_STRIDE];
 #if Q3W_NORM
@@ -153,30 +157,39 @@ kernel void int8_matmul(
         acc[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
 
+    // Chunk c's weights of this thread (its part of row w_row) and their
+    // group's scale, loaded one chunk ahead.
+    const uint k0 = wq * 16;
+#if Q3W_INT4
+    // Words 2 wq and 2 wq + 1 of the row's uint4 c (the chunk's 32
+    // values): each word's low nibbles, then its high ones.
+    const device uint2* w_part = reinterpret_cast<const device uint2*>(w) + w_row * (p.k_words / 4) + wq;
+    constexpr uint W_PART_STEP = 2; // uint2s a chunk
+    uint2 wv = uint2(0);
+#else
+    const device uint4* w_part = w + w_row * (p.k_words / 4) + wq;
+    constexpr uint W_PART_STEP = CHUNK_QUADS; // uint4s a chunk
+    uint4 wv = uint4(0);
+#endif
+    const uint scale0 = w_row * p.groups;
+    float ws = 0.0f;
+    if (chunks > 0) {
+        wv = w_part[0];
+        ws = group_scale(scales, scale0);
+    }
+
     for (uint c = 0; c < chunks; c++) {
         threadgroup_barrier(mem_flags::mem_threadgroup); // the previous chunk's readers are done
-        {
-            const uint g = (c * (CHUNK_K / 4)) / Q3W_GROUP_WORDS;
-            const float s = group_scale(scales, w_row * p.groups + g);
-            const uint k0 = wq * 16;
+        for (uint b = 0; b < 4; b++) {
 #if Q3W_INT4
-            // Words 2 wq and 2 wq + 1 of the row's uint4 c (the chunk's 32
-            // values): each word's low nibbles, then its high ones.
-            const uint2 v = reinterpret_cast<const device uint2*>(w)[(w_row * (p.k_words / 8) + c) * 2 + wq];
+            const float4 f = i4x4(wv[b / 2] >> (4 * (b % 2))) * ws;
 #else
-            const uint4 v = w[w_row * (p.k_words / 4) + c * CHUNK_QUADS + wq];
+            const float4 f = i8x4(wv[b]) * ws;
 #endif
-            for (uint b = 0; b < 4; b++) {
-#if Q3W_INT4
-                const float4 f = i4x4(v[b / 2] >> (4 * (b % 2))) * s;
-#else
-                const float4 f = i8x4(v[b]) * s;
-#endif
-                w_s[(k0 + 4 * b) * W_STRIDE + wr] = f.x;
-                w_s[(k0 + 4 * b + 1) * W_STRIDE + wr] = f.y;
-                w_s[(k0 + 4 * b + 2) * W_STRIDE + wr] = f.z;
-                w_s[(k0 + 4 * b + 3) * W_STRIDE + wr] = f.w;
-            }
+            w_s[(k0 + 4 * b) * W_STRIDE + wr] = half(f.x);
+            w_s[(k0 + 4 * b + 1) * W_STRIDE + wr] = half(f.y);
+            w_s[(k0 + 4 * b + 2) * W_STRIDE + wr] = half(f.z);
+            w_s[(k0 + 4 * b + 3) * W_STRIDE + wr] = half(f.w);
         }
         for (uint n = 0; n < X_PER; n++) {
             const uint t = xt + n * X_TOKEN_STEP;
@@ -192,9 +205,14 @@ kernel void int8_matmul(
             x_s[o + 3] = v.w;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (c + 1 < chunks) {
+            // The next chunk's weights, in flight during the multiply-adds.
+            wv = w_part[(c + 1) * W_PART_STEP];
+            ws = group_scale(scales, scale0 + ((c + 1) * (CHUNK_K / 4)) / Q3W_GROUP_WORDS);
+        }
         for (uint k = 0; k < CHUNK_K; k += 8) {
             simdgroup_float8x8 xm[TB];
-            simdgroup_float8x8 wm[RB];
+            simdgroup_half8x8 wm[RB];
             for (uint i = 0; i < TB; i++) {
                 simdgroup_load(xm[i], &x_s[(sg_t + 8 * i) * X_STRIDE + k], X_STRIDE);
             }

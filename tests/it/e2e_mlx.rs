@@ -33,11 +33,13 @@ fn check_case(engine: &Engine, case: &str) {
     // Decode steps that read an f16 copy of the residual stream (the
     // split-K layout) round their normed matvecs' inputs to 11 significant
     // bits, and the prompt's products on f16 operands (cooperative
-    // matrices, whose last batch gives the first step's logits) their
-    // operands: logits within 5e-3 of their rms (lavapipe, f16 products:
-    // up to 1.1e-3); the tokens must still be MLX's.
+    // matrices, whose last batch gives the first step's logits; the MSL
+    // twin's weights) their operands: logits within 5e-3 of their rms
+    // (lavapipe, f16 products: up to 1.1e-3); the tokens must still be
+    // MLX's.
     let report = engine.kernel_report();
-    let f16 = report.f16_residual || report.cooperative_matrices;
+    let f16 =
+        report.f16_residual || report.cooperative_matrices || report.source == qwen3_wgpu::KernelSource::Msl;
     check_case_within(engine, case, if f16 { 5e-3 } else { 1e-3 });
 }
 

@@ -14,12 +14,12 @@ use crate::common;
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, argmax_partial_params, assert_matvec,
     attention_case, attention_reduce_case, attention_step_case, check_matrix_probe, matmul_case,
-    matmul_case_for, matrix_probe_inputs, matvec_case, matvec_case_in, qk_norm_rope_case, reduce_params,
-    simdgroup_matrix_owner, to_u32, Mat, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES,
-    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS,
-    MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
+    matmul_case_for, matmul_case_half_exact, matrix_probe_inputs, matvec_case, matvec_case_in,
+    qk_norm_rope_case, reduce_params, simdgroup_matrix_owner, to_u32, Mat, ATTENTION_REDUCE_SHAPES,
+    ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE,
+    MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
 };
-use common::reference::{argmax_ref, f32s, nonzero, poisoned};
+use common::reference::{argmax_ref, assert_close, f32s, nonzero, poisoned};
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
 use qwen3_wgpu::internals::msl;
 use qwen3_wgpu::WeightFormat;
@@ -802,7 +802,11 @@ fn msl_kernels_hold_at_other_simdgroup_widths() {
 /// pairs), token counts not a multiple of the tile (5 and 37, and a tile
 /// plus 5: two tiles whose spare tokens are NaN), K of 200 (a padded
 /// tail) and 1,024 (32 chunks), NaN-poisoned outputs, and the accumulating
-/// variant from a non-zero y.
+/// variant from a non-zero y. The twin rounds its weights to half: the
+/// scales here keep every weight exact in half, so the comparison stays at
+/// f32 tolerance (what rounding costs is the self-check's and the MLX
+/// comparisons' to bound, and a weight rounded twice or not at all is
+/// caught below).
 #[test]
 fn msl_int8_matmul_matches_cpu() {
     let run = msl_matmul_run(&[]);
@@ -814,11 +818,28 @@ fn msl_int8_matmul_matches_cpu() {
         for (rows, cols, tokens) in [(13, 200, 5), (13, 200, 37), (70, 200, tile + 5), (130, 1024, tile)] {
             seed += 1;
             let rows = pair(rows);
-            let res = matmul_case(&run, kernel, tile, rows, cols, tokens, seed);
+            let res = matmul_case_half_exact(&run, kernel, tile, rows, cols, tokens, seed);
             assert_eq!(res.len(), tokens);
             assert_matvec(&format!("MSL int8_matmul {kernel:?} {rows}x{cols} x{tokens}"), &res);
         }
     }
+}
+
+/// The twin's weights are rounded to half once: over ordinary int8 weights
+/// (scales of full f32 precision) its products stay within half's rounding
+/// of the weights (2^-11 relative, summed: 1e-3 of each output's scale,
+/// the self-check's tolerance) but are not the f32 products' bits.
+#[test]
+fn msl_int8_matmul_rounds_weights_to_half_once() {
+    let run = msl_matmul_run(&[]);
+    let kernel = Kernel::Int8MatvecNorm;
+    let tile = kernel.matmul_tokens_per_wg() as usize;
+    let res = matmul_case(&run, kernel, tile, 70, 1024, tile + 5, 41);
+    for (z, (got, want, scale)) in res.iter().enumerate() {
+        assert_close(&format!("MSL int8_matmul half weights token {z}"), got, want, scale, 1e-3);
+    }
+    let f32_exact = std::panic::catch_unwind(|| assert_matvec("f32 tolerance", &res));
+    assert!(f32_exact.is_err(), "the products match the f32 weights' at f32 tolerance: not rounded to half");
 }
 
 /// The prompt-batch product's twin over int4 weights, in every epilogue,
@@ -1002,7 +1023,7 @@ fn int4_twins_with_nibbles_or_scales_swapped_fail() {
     assert!(int4_edit_fails(kernel, false, scales), "a matvec reading the wrong scales passed");
     // The prompt product: each word's high nibbles staged first.
     let tiled_nibbles: fn(&str) -> String =
-        |s| s.replace("i4x4(v[b / 2] >> (4 * (b % 2)))", "i4x4(v[b / 2] >> (4 * (1 - b % 2)))");
+        |s| s.replace("i4x4(wv[b / 2] >> (4 * (b % 2)))", "i4x4(wv[b / 2] >> (4 * (1 - b % 2)))");
     assert!(int4_edit_fails(kernel, true, tiled_nibbles), "a prompt product with its nibbles swapped passed");
 }
 

@@ -124,7 +124,20 @@ pub fn matvec_case(
     seed: u64,
 ) -> Vec<MatvecOut> {
     let format = WeightFormat::Int8;
-    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, false)
+    batch_case(
+        run,
+        kernel,
+        format,
+        rows_per_wg,
+        tokens_per_wg,
+        rows,
+        cols,
+        tokens,
+        tokens,
+        seed,
+        false,
+        false,
+    )
 }
 
 /// [`matvec_case`] for a decode pipeline that keeps the residual's f16
@@ -144,7 +157,7 @@ pub fn matvec_case_x16(
     seed: u64,
 ) -> Vec<MatvecOut> {
     let format = WeightFormat::Int8;
-    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true)
+    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true, false)
 }
 
 /// [`matvec_case`] (or, with `x16`, [`matvec_case_x16`]) over a random
@@ -162,7 +175,7 @@ pub fn matvec_case_in(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, x16)
+    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, x16, false)
 }
 
 /// One launch of `kernel`'s tiled prompt-batch product (`int8_matmul`, or
@@ -213,7 +226,39 @@ pub fn matmul_case_for(
     seed: u64,
 ) -> Vec<MatvecOut> {
     let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
-    batch_case(run, kernel, format, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
+    batch_case(
+        run,
+        kernel,
+        format,
+        rows_per_wg,
+        tile_tokens,
+        rows,
+        cols,
+        tokens,
+        buffered,
+        seed,
+        false,
+        false,
+    )
+}
+
+/// [`matmul_case`] over int8 weights whose scales have 4 significant
+/// bits, so that every weight (at most 7 bits times the scale) is exact in
+/// half precision: for products that round their weights to half (the
+/// MSL twin's), compared at f32 tolerance.
+pub fn matmul_case_half_exact(
+    run: Run<'_>,
+    kernel: Kernel,
+    tile_tokens: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
+    let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
+    let rows_per_wg = kernels::MATMUL_ROWS_PER_WG;
+    let format = WeightFormat::Int8;
+    batch_case(run, kernel, format, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false, true)
 }
 
 /// [`matvec_case`] with buffers for `buffered` tokens, the last
@@ -231,10 +276,15 @@ fn batch_case(
     buffered: usize,
     seed: u64,
     x16: bool,
+    half_exact: bool,
 ) -> Vec<MatvecOut> {
     let variant = kernel.matvec_variant().unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    let m = random_quant_in(&mut rng, format, rows, cols);
+    let mut m = random_quant_in(&mut rng, format, rows, cols);
+    if half_exact {
+        // Sign, exponent and the top 3 stored mantissa bits.
+        m.scales.iter_mut().for_each(|s| *s = f32::from_bits(s.to_bits() & 0xfff0_0000));
+    }
     let xs: Vec<Vec<f32>> = (0..tokens).map(|_| padded_input(&mut rng, cols)).collect();
     let spare = vec![f32::NAN; (buffered - tokens) * m.padded];
     let norm_w = padded_input(&mut rng, cols);
