@@ -23,7 +23,7 @@
 // simdgroup_multiply_accumulate (f32 x half in, f32 accumulate, as
 // llama.cpp's kernel_mul_mm). Each thread loads the next chunk's weights
 // into registers before the current chunk's multiply-adds, so the device
-// reads are in flight while they run (one barrier pair a chunk, as before).
+// reads are in flight while they run (one barrier pair a chunk).
 // NORM: the sums of x^2 are gathered while staging (the same values every
 // chunk per thread), reduced per token at the end, and the token's
 // rsqrt(mean + eps) scales its outputs, as in the WGSL.
