@@ -74,12 +74,10 @@ fn the_cooperative_matrix_programs_compile_to_spirv() {
         let info = naga::valid::Validator::new(flags, naga::valid::Capabilities::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(source)));
-        let constants_list = constants.clone();
-        let constants: naga::back::PipelineConstants =
-            constants.into_iter().map(|(name, v)| (name.to_string(), v)).collect();
-        let (module, info) =
-            naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let values: naga::back::PipelineConstants =
+            constants.iter().map(|&(name, v)| (name.to_string(), v)).collect();
+        let (module, info) = naga::back::pipeline_constants::process_overrides(&module, &info, None, &values)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         let pipeline = naga::back::spv::PipelineOptions {
             shader_stage: naga::ShaderStage::Compute,
             entry_point: entry.into(),
@@ -89,7 +87,7 @@ fn the_cooperative_matrix_programs_compile_to_spirv() {
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(words.len() > 100, "{what}: {} SPIR-V words", words.len());
         // The module the engine hands wgpu: the program specialised first.
-        let specialised = crate::kernels::specialise(source, entry, &constants_list)
+        let specialised = crate::kernels::specialise(source, entry, &constants)
             .unwrap_or_else(|| panic!("{what}: naga could not specialise it"));
         let info = naga::valid::Validator::new(flags, naga::valid::Capabilities::all())
             .validate(&specialised)

@@ -123,21 +123,8 @@ pub fn matvec_case(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    let format = WeightFormat::Int8;
-    batch_case(
-        run,
-        kernel,
-        format,
-        rows_per_wg,
-        tokens_per_wg,
-        rows,
-        cols,
-        tokens,
-        tokens,
-        seed,
-        false,
-        false,
-    )
+    let weights = Weights::Random(WeightFormat::Int8);
+    batch_case(run, kernel, weights, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, false)
 }
 
 /// [`matvec_case`] for a decode pipeline that keeps the residual's f16
@@ -156,8 +143,8 @@ pub fn matvec_case_x16(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    let format = WeightFormat::Int8;
-    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true, false)
+    let weights = Weights::Random(WeightFormat::Int8);
+    batch_case(run, kernel, weights, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, true)
 }
 
 /// [`matvec_case`] (or, with `x16`, [`matvec_case_x16`]) over a random
@@ -175,7 +162,8 @@ pub fn matvec_case_in(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    batch_case(run, kernel, format, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, x16, false)
+    let weights = Weights::Random(format);
+    batch_case(run, kernel, weights, rows_per_wg, tokens_per_wg, rows, cols, tokens, tokens, seed, x16)
 }
 
 /// One launch of `kernel`'s tiled prompt-batch product (`int8_matmul`, or
@@ -226,26 +214,13 @@ pub fn matmul_case_for(
     seed: u64,
 ) -> Vec<MatvecOut> {
     let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
-    batch_case(
-        run,
-        kernel,
-        format,
-        rows_per_wg,
-        tile_tokens,
-        rows,
-        cols,
-        tokens,
-        buffered,
-        seed,
-        false,
-        false,
-    )
+    let weights = Weights::Random(format);
+    batch_case(run, kernel, weights, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
 }
 
-/// [`matmul_case`] over int8 weights whose scales have 4 significant
-/// bits, so that every weight (at most 7 bits times the scale) is exact in
-/// half precision: for products that round their weights to half (the
-/// MSL twin's), compared at f32 tolerance.
+/// [`matmul_case`] over int8 weights exact in half precision
+/// ([`Weights::HalfExact`]): for products that round their weights to half
+/// (the MSL twin's), compared at f32 tolerance.
 pub fn matmul_case_half_exact(
     run: Run<'_>,
     kernel: Kernel,
@@ -256,9 +231,36 @@ pub fn matmul_case_half_exact(
     seed: u64,
 ) -> Vec<MatvecOut> {
     let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
-    let rows_per_wg = kernels::MATMUL_ROWS_PER_WG;
-    let format = WeightFormat::Int8;
-    batch_case(run, kernel, format, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false, true)
+    let (rows_per_wg, weights) = (kernels::MATMUL_ROWS_PER_WG, Weights::HalfExact);
+    batch_case(run, kernel, weights, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
+}
+
+/// The random weights of a case.
+#[derive(Clone, Copy)]
+enum Weights {
+    /// Non-zero values of the format with scales of full precision.
+    Random(WeightFormat),
+    /// int8 values with scales of 4 significant bits: every weight (at most
+    /// 7 bits times its scale) exact in half precision.
+    HalfExact,
+}
+
+impl Weights {
+    fn format(self) -> WeightFormat {
+        match self {
+            Weights::Random(format) => format,
+            Weights::HalfExact => WeightFormat::Int8,
+        }
+    }
+
+    fn quant(self, rng: &mut StdRng, rows: usize, cols: usize) -> qwen3_wgpu::internals::reference::Quant {
+        let mut m = random_quant_in(rng, self.format(), rows, cols);
+        if let Weights::HalfExact = self {
+            // Sign, exponent and the top 3 stored mantissa bits.
+            m.scales.iter_mut().for_each(|s| *s = f32::from_bits(s.to_bits() & 0xfff0_0000));
+        }
+        m
+    }
 }
 
 /// [`matvec_case`] with buffers for `buffered` tokens, the last
@@ -267,7 +269,7 @@ pub fn matmul_case_half_exact(
 fn batch_case(
     run: Run<'_>,
     kernel: Kernel,
-    format: WeightFormat,
+    weights: Weights,
     rows_per_wg: u32,
     tokens_per_wg: usize,
     rows: usize,
@@ -276,15 +278,11 @@ fn batch_case(
     buffered: usize,
     seed: u64,
     x16: bool,
-    half_exact: bool,
 ) -> Vec<MatvecOut> {
     let variant = kernel.matvec_variant().unwrap();
+    let format = weights.format();
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut m = random_quant_in(&mut rng, format, rows, cols);
-    if half_exact {
-        // Sign, exponent and the top 3 stored mantissa bits.
-        m.scales.iter_mut().for_each(|s| *s = f32::from_bits(s.to_bits() & 0xfff0_0000));
-    }
+    let m = weights.quant(&mut rng, rows, cols);
     let xs: Vec<Vec<f32>> = (0..tokens).map(|_| padded_input(&mut rng, cols)).collect();
     let spare = vec![f32::NAN; (buffered - tokens) * m.padded];
     let norm_w = padded_input(&mut rng, cols);
