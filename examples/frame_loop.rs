@@ -20,7 +20,12 @@
 //! GPU (none: every call it makes is non-blocking), and the tokens per second the
 //! conversations reached; in the JSON also the 8 rendered frames that
 //! completed latest, each with the engine's calls in the 3 frames before
-//! it, and the frame from which a batch's row pipelines were all built.
+//! it, and the frame from which a batch's row pipelines were all built
+//! (until then a step may run a larger session count's pipelines, or each
+//! row through the one-token pipelines: the launches of each are counted);
+//! per frame also the batch steps submitted and the idle part's longest
+//! `device.poll` (a poll held up inside wgpu would delay the completions
+//! it reports, and so the latency measured).
 //! A single conversation takes every token that has
 //! arrived each frame (`--max-tokens-per-frame` caps it); batched ones take
 //! at most one each per frame. A conversation whose context
@@ -560,9 +565,20 @@ fn phase(
     // Each frame's engine time by call kind, ms.
     let mut frame_calls = Vec::new();
     // The first frame at which the batch's row pipelines were all built
-    // (before it, a batch step runs each row through the one-token
-    // pipelines: more GPU time a step).
+    // (before it, a batch step may run in a larger count's pipelines or
+    // each row through the one-token pipelines: more GPU time a step).
     let mut pipelines_ready_frame = None;
+    // Each frame's matvec launches run through a larger session count's
+    // pipelines and once per row through the one-token pipelines (a
+    // step's own count's pipelines not built yet).
+    let mut stand_ins: Vec<(u64, u64)> = Vec::new();
+    let mut stand_ins_so_far = (0, 0);
+    // Each frame's longest `device.poll` in its idle part, ms (a poll held
+    // up inside wgpu delays the completions it reports), and its batch
+    // steps submitted.
+    let mut longest_poll: Vec<f64> = Vec::new();
+    let mut steps_submitted: Vec<u64> = Vec::new();
+    let mut steps_so_far = 0;
     let start = Instant::now();
     let mut boundary = start;
     // Markers whose mapping was harvested, for later frames.
@@ -596,12 +612,20 @@ fn phase(
                 if pipelines_ready_frame.is_none() && batch.pipelines_ready() {
                     pipelines_ready_frame = Some(n);
                 }
-                poll_batch(batch, &mut conversations, prompt)?
+                poll_batch(batch, &mut conversations, prompt)?;
+                let now = batch.debug_stand_in_launches();
+                stand_ins.push((now.0 - stand_ins_so_far.0, now.1 - stand_ins_so_far.1));
+                stand_ins_so_far = now;
+                let (here, ahead, _) = batch.debug_step_recordings();
+                steps_submitted.push(here + ahead - steps_so_far);
+                steps_so_far = here + ahead;
             }
             None => {
                 for c in &mut conversations {
                     c.poll(prompt, args.max_tokens_per_frame)?;
                 }
+                stand_ins.push((0, 0));
+                steps_submitted.push(0);
             }
         }
         let end = Instant::now();
@@ -619,11 +643,14 @@ fn phase(
             late += 1;
             boundary = Instant::now();
         }
+        let mut frame_longest_poll: f64 = 0.0;
         loop {
+            let t = Instant::now();
             renderer
                 .device
                 .poll(wgpu::PollType::Poll)
                 .map_err(|e| Error::GpuDeviceFailed { reason: format!("poll: {e}") })?;
+            frame_longest_poll = frame_longest_poll.max(t.elapsed().as_secs_f64() * 1e3);
             harvest(&mut in_flight, &mut latency, &mut markers);
             let now = Instant::now();
             if now >= boundary {
@@ -631,6 +658,7 @@ fn phase(
             }
             std::thread::sleep((boundary - now).min(IDLE_POLL));
         }
+        longest_poll.push(frame_longest_poll);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let tokens: usize = conversations.iter().map(|c| c.tokens).sum();
@@ -664,14 +692,24 @@ fn phase(
     late_gpu.sort_by(|a, b| b.1.total_cmp(&a.1));
     late_gpu.truncate(8);
     let calls_before = |i: usize| {
-        (i.saturating_sub(3)..i).map(|j| json!({"frame": j, "calls_ms": frame_calls[j]})).collect::<Vec<_>>()
+        (i.saturating_sub(3)..i)
+            .map(|j| {
+                let (padded, per_row) = stand_ins[j];
+                json!({"frame": j, "calls_ms": frame_calls[j], "padded_launches": padded, "per_row_launches": per_row,
+                       "steps_submitted": steps_submitted[j], "longest_poll_ms": (longest_poll[j] * 1000.0).round() / 1000.0})
+            })
+            .collect::<Vec<_>>()
     };
     Ok(json!({
         "slowest_gpu_frames": late_gpu
             .iter()
-            .map(|&(i, ms)| json!({"frame": i, "gpu_latency_ms": (ms * 1000.0).round() / 1000.0, "engine_before": calls_before(i)}))
+            .map(|&(i, ms)| json!({"frame": i, "gpu_latency_ms": (ms * 1000.0).round() / 1000.0,
+                                   "longest_poll_ms": (longest_poll[i] * 1000.0).round() / 1000.0,
+                                   "engine_before": calls_before(i)}))
             .collect::<Vec<_>>(),
         "pipelines_ready_frame": pipelines_ready_frame,
+        "stand_in_launches": {"padded": stand_ins_so_far.0, "per_row": stand_ins_so_far.1},
+        "longest_poll_ms": stats(&longest_poll),
         "phase": if sessions == 0 { "render" } else { "decode" },
         "slowest_engine_frames": slowest
             .iter()

@@ -358,6 +358,13 @@ impl Model {
     pub fn batch(&self, options: &BatchOptions) -> Result<Batch> {
         Batch::new(self.inner.clone(), options)
     }
+
+    /// [`Self::batch`] without the thread building its row pipelines
+    /// ahead (tests of steps whose pipelines are missing).
+    #[cfg(test)]
+    pub(crate) fn batch_without_warm_up(&self, options: &BatchOptions) -> Result<Batch> {
+        Batch::new_with(self.inner.clone(), options, false)
+    }
 }
 
 /// Weights fingerprint and session files ([`Session::save`] writes them).

@@ -25,6 +25,7 @@
 mod builder;
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytemuck::bytes_of;
 
@@ -228,9 +229,38 @@ enum RowLaunch {
 /// of its session's step alone, so its tokens are the same.
 pub struct BatchForward {
     launches: Vec<RowLaunch>,
+    /// Rows the batch's buffers hold (its slots): a step of fewer rows may
+    /// run a larger count's matvec pipelines, up to this many.
+    max_rows: u32,
+    /// Matvec launches recorded so far through a larger count's pipeline,
+    /// and through the one-token pipeline once per row (see
+    /// [`BatchForward::record`]): for tests and the frame loop's report.
+    padded_launches: AtomicU64,
+    per_row_launches: AtomicU64,
     /// Bytes of the buffers holding the launches' parameters.
     pub uniform_bytes: u64,
 }
+
+/// A step of `rows` rows whose own count's matvec pipeline is not built
+/// may run a larger count's (`ready` tells which are built) up to
+/// `max_rows`, the extra rows computing values nobody reads: every row of
+/// a batched pipeline computes exactly what the one-token pipeline
+/// computes (each is proven so), so the real rows' bits do not change.
+/// The smallest such count, where it costs less than a pass over the
+/// weights per row: at most [`PADDED_ROWS_PER_ROW`] times the rows (a
+/// batched launch costs about one one-token launch per 4 rows, BENCHMARKS.md
+/// 2026-12-06 03:54); `None`: the rows run one at a time.
+pub fn padded_rows(rows: u32, max_rows: u32, ready: impl Fn(u32) -> bool) -> Option<u32> {
+    if rows < 2 {
+        return None;
+    }
+    let most = max_rows.min(rows.saturating_mul(PADDED_ROWS_PER_ROW));
+    (rows + 1..=most).find(|&r| ready(r))
+}
+
+/// How many times its rows a step may run in a larger count's pipeline
+/// ([`padded_rows`]).
+pub const PADDED_ROWS_PER_ROW: u32 = 4;
 
 impl BatchForward {
     /// Records one step of `rows` rows; `short` / `long`: whether any row's
@@ -270,19 +300,24 @@ impl BatchForward {
             match l {
                 RowLaunch::Matvec { launch, shape } => {
                     let split = launch.matvec_split.expect("a matvec launch has a split");
-                    let all_rows = if wait {
-                        kernels.matvec_rows_pipeline(gpu, launch.kernel, split, *shape, launch.format, rows)
+                    let (kernel, format) = (launch.kernel, launch.format);
+                    let mut run = rows;
+                    let mut all_rows = if wait {
+                        kernels.matvec_rows_pipeline(gpu, kernel, split, *shape, format, rows)
                     } else {
-                        kernels.matvec_rows_pipeline_or_start(
-                            gpu,
-                            launch.kernel,
-                            split,
-                            *shape,
-                            launch.format,
-                            rows,
-                        )
+                        kernels.matvec_rows_pipeline_or_start(gpu, kernel, split, *shape, format, rows)
                     };
-                    launch.record_rows(pass, all_rows.as_ref(), rows);
+                    if all_rows.is_none() && rows > 1 {
+                        let built = |r| kernels.built_rows_pipeline(kernel, split, *shape, format, r);
+                        all_rows = padded_rows(rows, self.max_rows, |r| built(r).is_some()).and_then(|r| {
+                            run = r;
+                            built(r)
+                        });
+                        let counter =
+                            if all_rows.is_some() { &self.padded_launches } else { &self.per_row_launches };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                    launch.record_rows(pass, all_rows.as_ref(), run);
                     after(pass, launch.kind());
                 }
                 RowLaunch::Grid(launch) => {
@@ -303,6 +338,13 @@ impl BatchForward {
                 }
             }
         }
+    }
+
+    /// Matvec launches recorded so far through a larger count's pipeline
+    /// and, one launch a row, through the one-token pipeline (both while
+    /// a step's own count's pipeline was not built yet).
+    pub fn stand_in_launches(&self) -> (u64, u64) {
+        (self.padded_launches.load(Ordering::Relaxed), self.per_row_launches.load(Ordering::Relaxed))
     }
 
     /// What picks each matvec launch's batched-row pipeline (kernel,
@@ -391,7 +433,13 @@ pub fn batch_forward(
     let bufs = [whole(&s.part_val), whole(&s.part_idx), whole(&s.tokens), whole(&s.step)];
     launches.push(RowLaunch::Grid(b.launch(Kernel::ArgmaxFinal, bytes_of(&last), &bufs, argmax::FINAL_GRID)));
     let uniform_bytes = b.uniforms.borrow().bytes();
-    Ok(BatchForward { launches, uniform_bytes })
+    Ok(BatchForward {
+        launches,
+        max_rows: s.batch as u32,
+        padded_launches: AtomicU64::new(0),
+        per_row_launches: AtomicU64::new(0),
+        uniform_bytes,
+    })
 }
 
 /// The launches that choose the next token from the logits under `params`

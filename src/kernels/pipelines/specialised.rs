@@ -229,6 +229,38 @@ impl Kernels {
         }
     }
 
+    /// The `rows`-row pipeline [`Self::matvec_rows_pipeline`] gives if it
+    /// is built and proven (filed here if its build thread has finished);
+    /// `None` otherwise, starting nothing: a step of fewer rows looks for
+    /// a larger count's pipeline to run its rows in (see
+    /// [`crate::qwen3::BatchForward::record`]).
+    pub fn built_rows_pipeline(
+        &self,
+        kernel: Kernel,
+        split: MatvecSplit,
+        shape: MatvecShape,
+        format: WeightFormat,
+        rows: u32,
+    ) -> Option<wgpu::ComputePipeline> {
+        let key = self.matvec_rows_key(kernel, split, shape, format, rows)?;
+        if let Some(p) = self.cached(key) {
+            return Some(p);
+        }
+        let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+        match building.remove(&key) {
+            Some(Build::Running(thread)) if thread.is_finished() => {
+                drop(building);
+                let built = thread.join().unwrap_or_else(|_| Err("the build thread panicked".to_string()));
+                self.file_proven(key, built)
+            }
+            Some(other) => {
+                building.insert(key, other);
+                None
+            }
+            None => None,
+        }
+    }
+
     /// Builds and proves the `rows`-row pipeline
     /// [`Self::matvec_rows_pipeline`] gives, here, unless it is built,
     /// being built or failed already; a call of

@@ -174,6 +174,13 @@ impl std::fmt::Debug for Batch {
 
 impl Batch {
     pub(crate) fn new(model: Arc<ModelGpu>, options: &BatchOptions) -> Result<Self> {
+        Self::new_with(model, options, true)
+    }
+
+    /// [`Self::new`]; `warm_up`: whether its thread builds the row
+    /// pipelines ahead (tests of steps whose pipelines are missing pass
+    /// false).
+    pub(crate) fn new_with(model: Arc<ModelGpu>, options: &BatchOptions, warm_up: bool) -> Result<Self> {
         let cfg = &model.config;
         let gpu = &model.gpu;
         let (slots, capacity) = (options.slots, options.capacity_per_slot);
@@ -229,7 +236,8 @@ impl Batch {
             |reason| Error::GpuDeviceFailed { reason: format!("creating a batch: {reason}") },
         )?;
         let (k, v, bufs, rows, embed_step, forward) = built;
-        let warm_up = forward.as_ref().and_then(|f| WarmUp::start(model.clone(), f, slots));
+        let warm_up =
+            forward.as_ref().filter(|_| warm_up).and_then(|f| WarmUp::start(model.clone(), f, slots));
         let free = Mutex::new((0..slots).rev().collect());
         Ok(Batch {
             pool: Arc::new(KvPool {
@@ -264,7 +272,8 @@ impl Batch {
     /// thread of its own builds and proves the pipelines of steps of every
     /// session count up to its slots (at most [`WARM_UP_MAX_ROWS`]), the
     /// full count first. Until then a step whose pipelines are not ready
-    /// gives the same tokens, more slowly ([`Batch::try_step`] runs each
+    /// gives the same tokens, more slowly ([`Batch::try_step`] runs its
+    /// rows in a larger count's pipelines where one is built, else each
     /// row through the one-token pipelines; [`Batch::step`] builds what it
     /// needs first). Dropping the batch stops the thread after the
     /// pipeline in progress, and waits for that one. A host with a loading
@@ -355,6 +364,15 @@ impl Batch {
         self.debug_submit_delay = Some(delay);
     }
 
+    /// Matvec launches recorded so far while a step's own session count
+    /// had no pipeline built yet: through a larger count's pipeline, and
+    /// through the one-token pipeline once per row (see
+    /// [`Batch::try_step`]): for the frame loop's report and tests.
+    #[doc(hidden)]
+    pub fn debug_stand_in_launches(&self) -> (u64, u64) {
+        self.forward.as_ref().map_or((0, 0), |f| f.stand_in_launches())
+    }
+
     /// Steps handed to the batch's thread to submit so far (a
     /// [`Batch::try_step`] submits none on the caller's thread): for tests.
     #[doc(hidden)]
@@ -398,6 +416,70 @@ mod tests {
         batch.step(&mut [&mut a]).unwrap();
         batch.step(&mut [&mut a, &mut b, &mut c]).unwrap();
         assert!(!ready(4));
+    }
+
+    /// A step whose session count has no pipelines built yet runs its
+    /// rows in a larger count's built pipelines (the extra rows computing
+    /// values nobody reads), not each row through the one-token pipelines,
+    /// and each session's tokens are still those it takes alone.
+    #[test]
+    fn a_step_runs_its_rows_in_a_larger_counts_pipelines_while_its_own_build() {
+        let engine = Engine::builder().policy(AdapterPolicy::Portable).build().unwrap();
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mlx/gqa2_hd64");
+        let options = LoadOptions { cache: CachePolicy::Disabled, ..Default::default() };
+        let model = engine.load(fixture, &options).unwrap();
+        let prompts: [&[u32]; 2] = [&[1, 2, 3], &[7, 5, 9, 4, 11]];
+        let n = 5;
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| {
+                let mut s = model.session_with_capacity(32).unwrap();
+                let first = s.feed(p).unwrap();
+                std::iter::once(first).chain((1..n).map(|_| s.next_token().unwrap())).collect()
+            })
+            .collect();
+        assert_ne!(alone[0], alone[1]);
+
+        let mut batch =
+            model.batch_without_warm_up(&BatchOptions::default().slots(4).capacity_per_slot(32)).unwrap();
+        let specs = batch.forward.as_ref().expect("the WGSL kernels have batched rows").matvec_specs();
+        let (gpu, kernels) = (batch.model.gpu.clone(), batch.model.kernels.clone());
+        let ready = |rows| {
+            specs.iter().all(|&(k, split, shape, f)| kernels.rows_pipeline_ready(k, split, shape, f, rows))
+        };
+        for &(k, split, shape, f) in &specs {
+            assert!(kernels.matvec_rows_pipeline(&gpu, k, split, shape, f, 4).is_some());
+        }
+        assert!(ready(4) && !ready(2) && !ready(3));
+        let (mut a, mut b) = (batch.session().unwrap(), batch.session().unwrap());
+        let mut got = vec![vec![a.feed(prompts[0]).unwrap()], vec![b.feed(prompts[1]).unwrap()]];
+        let sessions: &mut [&mut Session] = &mut [&mut a, &mut b];
+        while got[0].len() < n {
+            if let Some(tokens) = batch.try_step(sessions).unwrap() {
+                for (g, t) in got.iter_mut().zip(tokens) {
+                    g.push(t);
+                }
+            }
+        }
+        assert_eq!(got, alone);
+        let (padded, per_row) = batch.debug_stand_in_launches();
+        assert!(padded > 0, "no step ran in the 4-row pipelines");
+        assert_eq!(per_row, 0, "a step ran its rows one at a time with 4-row pipelines built");
+    }
+
+    /// Which larger count a step of `rows` rows runs in: the smallest
+    /// built one, up to the batch's rows and at most 4 times its own.
+    #[test]
+    fn a_step_takes_the_smallest_built_count_within_four_times_its_rows() {
+        use crate::qwen3::padded_rows;
+        let built = |counts: &'static [u32]| move |r| counts.contains(&r);
+        assert_eq!(padded_rows(2, 16, built(&[16])), None, "16 rows cost more than two one-token passes");
+        assert_eq!(padded_rows(2, 16, built(&[8, 16])), Some(8));
+        assert_eq!(padded_rows(3, 16, built(&[5, 8, 16])), Some(5));
+        assert_eq!(padded_rows(5, 16, built(&[16])), Some(16));
+        assert_eq!(padded_rows(5, 8, built(&[16])), None, "past the batch's rows");
+        assert_eq!(padded_rows(1, 16, built(&[2, 4])), None, "one row runs the one-token pipeline itself");
+        assert_eq!(padded_rows(4, 16, built(&[4])), None, "only larger counts");
     }
 
     /// A `try_step` submits at most one step: the first call for some

@@ -165,8 +165,9 @@ impl Batch {
     /// ahead by the batch ([`Batch::pipelines_ready`]); `try_step` never
     /// builds one on the caller's thread: a count's build not done yet (or
     /// past the warm-up's counts) goes on on a thread of its own, and until
-    /// it is done that count's steps run each row through the one-token
-    /// pipelines (the same tokens).
+    /// it is done that count's steps run their rows in a built pipeline of
+    /// up to four times as many rows, or else each row through the
+    /// one-token pipelines (the same tokens either way).
     ///
     /// Nor does it record or submit steps on the caller's thread: right
     /// after a step is submitted, the commands of the next one for the

@@ -1,10 +1,12 @@
 //! A batch's row pipelines built before its steps need them: a thread of
 //! the batch's own builds and proves the batched-row matvec pipelines of
 //! every session count it can step (up to [`WARM_UP_MAX_ROWS`]), the full
-//! count first, so its steps run at their steady speed from the first
-//! (a step whose pipeline is not ready yet runs each row through the
-//! one-token pipeline: the same tokens, the matrices read once per row;
-//! a blocking step builds what is missing on the caller's thread).
+//! count first (a step of fewer rows may run in it meanwhile:
+//! [`crate::qwen3::padded_rows`]), so its steps run at their steady speed
+//! from the first (a step with no such pipeline ready runs each row
+//! through the one-token pipeline: the same tokens, the matrices read once
+//! per row; a blocking step builds what is missing on the caller's
+//! thread).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
