@@ -183,7 +183,9 @@ impl Kernels {
     /// run): the pipeline if built and proven; otherwise `None`, and its
     /// build and proof start on a thread of their own (once: a failure is
     /// not tried again; not while as many builds as the set allows at once
-    /// are running: a later call starts it), so a later call finds it. Meanwhile the caller runs the decode pipeline over a grid
+    /// are running: a later call starts it), so a later call finds it.
+    /// Meanwhile the caller runs a larger count's pipeline
+    /// ([`Self::built_rows_pipeline`]) or the decode pipeline over a grid
     /// of rows (the same results).
     pub fn matvec_rows_pipeline_or_start(
         &self,
@@ -195,38 +197,23 @@ impl Kernels {
         rows: u32,
     ) -> Option<wgpu::ComputePipeline> {
         let key = self.matvec_rows_key(kernel, split, shape, format, rows)?;
-        if let Some(p) = self.cached(key) {
+        if let Some(p) = self.built_or_finished(key) {
             return Some(p);
         }
         let mut building = self.building.lock().unwrap_or_else(|e| e.into_inner());
-        match building.remove(&key) {
-            Some(Build::Failed) => {
-                building.insert(key, Build::Failed);
-                None
-            }
-            Some(Build::Running(thread)) if thread.is_finished() => {
-                drop(building);
-                let built = thread.join().unwrap_or_else(|_| Err("the build thread panicked".to_string()));
-                self.file_proven(key, built)
-            }
-            Some(running) => {
-                building.insert(key, running);
-                None
-            }
-            None if builds_in_flight(&building) >= self.background_builds => None,
-            None => {
-                // The thread owns what the build needs (not the set, which
-                // joins it when dropped).
-                let build = self.proven_build(gpu, key);
-                let thread =
-                    std::thread::Builder::new().name("qwen3-wgpu pipeline build".into()).spawn(build);
-                // No thread now: a later call tries again.
-                if let Ok(thread) = thread {
-                    building.insert(key, Build::Running(thread));
-                }
-                None
-            }
+        // Failed, being built, or as many builds running as allowed.
+        if building.contains_key(&key) || builds_in_flight(&building) >= self.background_builds {
+            return None;
         }
+        // The thread owns what the build needs (not the set, which joins
+        // it when dropped).
+        let build = self.proven_build(gpu, key);
+        let thread = std::thread::Builder::new().name("qwen3-wgpu pipeline build".into()).spawn(build);
+        // No thread now: a later call tries again.
+        if let Ok(thread) = thread {
+            building.insert(key, Build::Running(thread));
+        }
+        None
     }
 
     /// The `rows`-row pipeline [`Self::matvec_rows_pipeline`] gives if it
@@ -242,7 +229,12 @@ impl Kernels {
         format: WeightFormat,
         rows: u32,
     ) -> Option<wgpu::ComputePipeline> {
-        let key = self.matvec_rows_key(kernel, split, shape, format, rows)?;
+        self.built_or_finished(self.matvec_rows_key(kernel, split, shape, format, rows)?)
+    }
+
+    /// Pipeline `key` if built and proven, or if its build thread has
+    /// finished (filed here: cached, or marked failed); `None` otherwise.
+    fn built_or_finished(&self, key: PipelineKey) -> Option<wgpu::ComputePipeline> {
         if let Some(p) = self.cached(key) {
             return Some(p);
         }
