@@ -70,30 +70,32 @@ fn write_json(
         ValueKind::Number => write_number(out, value),
         ValueKind::String => write_json_string(out, value.as_str().unwrap_or_default()),
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
+            // Item by item, not collected first: a lazy list (`[x] * n`)
+            // may hold far more items than the bound lets it write.
+            let mut items = value.try_iter()?.peekable();
+            if items.peek().is_none() {
                 out.push_str("[]");
                 return Ok(());
             }
             out.push('[');
-            for (i, item) in items.iter().enumerate() {
+            for (i, item) in items.enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1)?;
-                write_json(out, item, indent, depth + 1)?;
+                write_json(out, &item, indent, depth + 1)?;
             }
             newline(out, depth)?;
             out.push(']');
         }
         ValueKind::Map => {
-            let keys: Vec<Value> = value.try_iter()?.collect();
-            if keys.is_empty() {
+            let mut keys = value.try_iter()?.peekable();
+            if keys.peek().is_none() {
                 out.push_str("{}");
                 return Ok(());
             }
             out.push('{');
-            for (i, key) in keys.iter().enumerate() {
+            for (i, key) in keys.enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
@@ -102,7 +104,7 @@ fn write_json(
                     ValueKind::String => write_json_string(out, key.as_str().unwrap_or_default()),
                     ValueKind::Number | ValueKind::Bool | ValueKind::None => {
                         let mut scalar = String::new();
-                        write_json(&mut scalar, key, None, 0)?;
+                        write_json(&mut scalar, &key, None, 0)?;
                         write_json_string(out, &scalar);
                     }
                     _ => {
@@ -113,7 +115,7 @@ fn write_json(
                     }
                 }
                 out.push_str(": ");
-                write_json(out, &value.get_item(key)?, indent, depth + 1)?;
+                write_json(out, &value.get_item(&key)?, indent, depth + 1)?;
             }
             newline(out, depth)?;
             out.push('}');

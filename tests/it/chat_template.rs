@@ -796,6 +796,31 @@ fn recursion_huge_ranges_and_huge_strings_stay_refused() {
     });
 }
 
+/// A lazy list of 10^8 lists of 10^8 items (`[[1] * n] * n`, n held in a
+/// variable so that the compiler does not fold it) turned into text:
+/// `tojson` used to collect each list's items before writing any (10^8
+/// values a level), and `|string` and `~` to build the whole text before
+/// the fuel was charged; each passed the child's address space. Printed,
+/// each list now stops at the first write the output refuses. Small lists
+/// print as before.
+#[test]
+fn huge_lazy_lists_are_refused_before_their_text_is_built() {
+    isolated("huge_lazy_lists_are_refused_before_their_text_is_built", || {
+        let huge = "{% set n = 100000000 %}{% set huge = [[1] * n] * n %}";
+        assert_refused_for(&format!("{huge}{{{{ (huge|tojson)|length }}}}"), "MAX_RENDERED_BYTES");
+        assert_refused_for(&format!("{huge}{{{{ (huge|string)|length }}}}"), "RENDER_FUEL");
+        assert_refused_for(&format!("{huge}{{{{ ('' ~ huge)|length }}}}"), "RENDER_FUEL");
+        assert_refused_for(&format!("{huge}{{{{ huge }}}}"), "MAX_RENDERED_BYTES");
+        assert_eq!(
+            render_source(
+                "{{ [1, 'a', none, [2.5, {'k': 'v'}], [true]] }}|{{ [1, 2]|string }}|{{ 'x' ~ [1] ~ {'k': 3} }}|{{ [[1], {}]|tojson }}|{{ []|tojson }}{{ {}|tojson }}"
+            )
+            .unwrap(),
+            "[1, 'a', None, [2.5, {'k': 'v'}], [True]]|[1, 2]|x[1]{'k': 3}|[[1], {}]|[]{}"
+        );
+    });
+}
+
 /// `a = a + a` (or `a|chain(a)`) repeated: each step doubles a lazy list;
 /// past minijinja's lazy depth (32) the next step used to build all 2^33
 /// items before the fuel was charged.

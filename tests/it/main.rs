@@ -46,4 +46,5 @@ mod sampling;
 mod session_state;
 mod shader_checks;
 mod stop_strings;
+mod template_fuzz;
 mod tokenizer;

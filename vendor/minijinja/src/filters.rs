@@ -1685,12 +1685,13 @@ mod builtins {
         ok!(state.undefined_behavior().assert_value_not_undefined(value));
         Ok(if value.kind() == ValueKind::String {
             value.clone()
-        } else {
-            let rv = value.to_string();
-            if value.as_object().is_some() {
-                ok!(state.charge_serialized(rv.len()));
-            }
+        } else if value.as_object().is_some() {
+            // Formatted within the fuel, not built whole first.
+            let rv = ok!(crate::value::ops::format_fueled(state, value));
+            ok!(state.charge_serialized(rv.len()));
             rv.into()
+        } else {
+            value.to_string().into()
         })
     }
 

@@ -303,6 +303,24 @@ pub trait Object: fmt::Debug + Send + Sync {
 #[inline(never)]
 fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match obj.repr() {
+        ObjectRepr::Map if !f.alternate() => render_container(f, "{...}", |f| {
+            // As `debug_map` writes it, but the first failed write ends
+            // the loop: a debug builder keeps iterating past one (an output
+            // refusing more text would still see every item of the map).
+            f.write_str("{")?;
+            for (idx, (key, value)) in obj.try_iter_pairs().into_iter().flatten().enumerate() {
+                if idx > 0 {
+                    f.write_str(", ")?;
+                }
+                if is_over_item_limit(idx) {
+                    let count = obj.enumerator_len().map(|x| x - idx);
+                    write!(f, "{:?}: {:?}", OmittedKey, Omitted { count, prefix: "" })?;
+                    break;
+                }
+                write!(f, "{key:?}: {value:?}")?;
+            }
+            f.write_str("}")
+        }),
         ObjectRepr::Map => render_container(f, "{...}", |f| {
             let mut dbg = f.debug_map();
             for (idx, (key, value)) in obj.try_iter_pairs().into_iter().flatten().enumerate() {
@@ -318,6 +336,25 @@ fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // for either sequences or iterables, a length is needed, otherwise we
         // don't want to risk iteration during printing and fall back to the
         // debug print.
+        ObjectRepr::Seq | ObjectRepr::Iterable if obj.enumerator_len().is_some() && !f.alternate() => {
+            // As `debug_list` writes it, but the first failed write ends
+            // the loop (a lazy `[x] * n` may hold 10^8 items).
+            render_container(f, "[...]", |f| {
+                f.write_str("[")?;
+                for (idx, value) in obj.try_iter().into_iter().flatten().enumerate() {
+                    if idx > 0 {
+                        f.write_str(", ")?;
+                    }
+                    if is_over_item_limit(idx) {
+                        let count = obj.enumerator_len().map(|x| x - idx);
+                        write!(f, "{:?}", Omitted { count, prefix: "... " })?;
+                        break;
+                    }
+                    write!(f, "{value:?}")?;
+                }
+                f.write_str("]")
+            })
+        }
         ObjectRepr::Seq | ObjectRepr::Iterable if obj.enumerator_len().is_some() => {
             render_container(f, "[...]", |f| {
                 let mut dbg = f.debug_list();

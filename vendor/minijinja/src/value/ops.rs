@@ -800,6 +800,45 @@ pub fn neg(val: &Value) -> Result<Value, Error> {
 /// This does not escape anything.  The result is only safe if both sides are
 /// safe; for concatenations where only one side is safe and auto escaping is
 /// enabled, [`markup_concat`] needs to be used instead.
+/// `value`'s text (its `Display`), written into a string that refuses to
+/// grow past what the remaining fuel can pay for at `SERIALIZED_BYTE_COST`
+/// a byte: out of fuel as soon as it would, instead of once it is built
+/// (`[x] * 10**8` formats to gigabytes). Without a fuel limit, as
+/// `to_string`.
+pub(crate) fn format_fueled(state: &State, value: &Value) -> Result<String, Error> {
+    use std::fmt::Write;
+    struct Capped {
+        text: String,
+        cap: usize,
+        over: bool,
+    }
+    impl Write for Capped {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            if self.text.len().saturating_add(s.len()) > self.cap {
+                self.over = true;
+                return Err(std::fmt::Error);
+            }
+            self.text.push_str(s);
+            Ok(())
+        }
+    }
+    #[allow(unused_mut)]
+    let mut cap = usize::MAX;
+    #[cfg(feature = "fuel")]
+    if let Some(tracker) = state.fuel_tracker() {
+        let bytes = tracker.remaining_units() / crate::vm::fuel::SERIALIZED_BYTE_COST;
+        cap = usize::try_from(bytes).unwrap_or(usize::MAX);
+    }
+    #[cfg(not(feature = "fuel"))]
+    let _ = state;
+    let mut out = Capped { text: String::new(), cap, over: false };
+    match write!(out, "{value}") {
+        Ok(()) => Ok(out.text),
+        Err(_) if out.over => Err(Error::from(ErrorKind::OutOfFuel)),
+        Err(_) => Err(Error::new(ErrorKind::InvalidOperation, "a value failed to format")),
+    }
+}
+
 pub fn string_concat(left: Value, right: &Value) -> Value {
     // Fast path for the common case of two strings: skip the formatter.
     if let (Some(l), Some(r)) = (plain_str(&left), plain_str(right)) {

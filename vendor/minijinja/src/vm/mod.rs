@@ -688,6 +688,11 @@ impl<'env> Executor<'env> {
                     let formats_object = b.as_object().is_some() || a.as_object().is_some();
                     let rv = charge_value!(if ops::needs_markup_concat(state, &b, &a) {
                         ctx_ok!(ops::markup_concat(state, &b, &a))
+                    } else if formats_object {
+                        // Formatted within the fuel, not built whole first.
+                        let mut text = ctx_ok!(ops::format_fueled(state, &b));
+                        text.push_str(&ctx_ok!(ops::format_fueled(state, &a)));
+                        Value::from(text)
                     } else {
                         ops::string_concat(b, &a)
                     });
