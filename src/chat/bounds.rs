@@ -261,13 +261,10 @@ pub(super) fn indent(
     args: Rest<ValueOrKwargs>,
 ) -> std::result::Result<Value, minijinja::Error> {
     let args = args.into_values();
-    let (value, width, first, blank, kwargs): (
-        StringInput,
-        Option<usize>,
-        Option<bool>,
-        Option<bool>,
-        Kwargs,
-    ) = minijinja::value::from_args(&args)?;
+    let (value, width, first, blank, kwargs): (&Value, Option<usize>, Option<bool>, Option<bool>, Kwargs) =
+        minijinja::value::from_args(&args)?;
+    // A list or map's text within the fuel (not built whole first).
+    let value = StringInput::new(state, value)?;
     let requested = match width {
         Some(width) => width,
         None => kwargs.peek::<Option<usize>>("width")?.unwrap_or(4),
@@ -292,6 +289,18 @@ pub(super) fn python_method(
     if method == "format" {
         if let Some(text) = value.as_str() {
             check_str_format_widths(text)?;
+        }
+        // A list or map argument's text is formatted once within the fuel
+        // first: refused before the whole of it is built.
+        for arg in args {
+            let values: Vec<Value> = if arg.is_kwargs() {
+                arg.try_iter()?.filter_map(|k| arg.get_item(&k).ok()).collect()
+            } else {
+                vec![arg.clone()]
+            };
+            for v in values.iter().filter(|v| v.as_object().is_some()) {
+                StringInput::new(state, v)?;
+            }
         }
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)

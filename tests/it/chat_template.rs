@@ -796,27 +796,51 @@ fn recursion_huge_ranges_and_huge_strings_stay_refused() {
     });
 }
 
-/// A lazy list of 10^8 lists of 10^8 items (`[[1] * n] * n`, n held in a
-/// variable so that the compiler does not fold it) turned into text:
-/// `tojson` used to collect each list's items before writing any (10^8
-/// values a level), and `|string` and `~` to build the whole text before
-/// the fuel was charged; each passed the child's address space. Printed,
-/// each list now stops at the first write the output refuses. Small lists
+/// A lazy list of 10^8 lists of 10^8 items (`[[1] * n] * n`) turned into
+/// text: `tojson` used to collect each list's items before writing any
+/// (10^8 values a level), and every conversion to a string (`|string`,
+/// `~`, a filter's string argument, `join`, `format`, `str.format`,
+/// `pprint`, `~` folded by the compiler) built the whole text before the
+/// fuel was charged; each passed the child's address space. Printed, a
+/// list now stops at the first write the output refuses. Small lists
 /// print as before.
 #[test]
 fn huge_lazy_lists_are_refused_before_their_text_is_built() {
     isolated("huge_lazy_lists_are_refused_before_their_text_is_built", || {
         let huge = "{% set n = 100000000 %}{% set huge = [[1] * n] * n %}";
         assert_refused_for(&format!("{huge}{{{{ (huge|tojson)|length }}}}"), "MAX_RENDERED_BYTES");
-        assert_refused_for(&format!("{huge}{{{{ (huge|string)|length }}}}"), "RENDER_FUEL");
-        assert_refused_for(&format!("{huge}{{{{ ('' ~ huge)|length }}}}"), "RENDER_FUEL");
         assert_refused_for(&format!("{huge}{{{{ huge }}}}"), "MAX_RENDERED_BYTES");
+        for text in [
+            "huge|string",
+            "'' ~ huge",
+            "'%s'|format(huge)",
+            "'{}'.format(huge)",
+            "'{a}'.format(a=huge)",
+            "huge|upper",
+            "huge|title",
+            "huge|escape",
+            "huge|indent(2)",
+            "'a'|replace('a', huge)",
+            "[huge]|join(',')",
+            "huge|pprint",
+        ] {
+            assert_refused_for(&format!("{huge}{{{{ ({text})|length }}}}"), "RENDER_FUEL");
+        }
+        // Written out, where the compiler folds constant expressions.
+        assert_refused_for("{{ ('' ~ ([[1] * 100000000] * 100000000))|length }}", "RENDER_FUEL");
         assert_eq!(
             render_source(
                 "{{ [1, 'a', none, [2.5, {'k': 'v'}], [true]] }}|{{ [1, 2]|string }}|{{ 'x' ~ [1] ~ {'k': 3} }}|{{ [[1], {}]|tojson }}|{{ []|tojson }}{{ {}|tojson }}"
             )
             .unwrap(),
             "[1, 'a', None, [2.5, {'k': 'v'}], [True]]|[1, 2]|x[1]{'k': 3}|[[1], {}]|[]{}"
+        );
+        assert_eq!(
+            render_source(
+                "{{ '%s'|format([1, 'a']) }}|{{ '{} {a}'.format([1], a={'k': 2}) }}|{{ [1, 'a']|upper }}|{{ [1, '<a>']|escape }}|{{ [1, 2]|indent(2) }}|{{ 'x'|replace('x', [1]) }}|{{ ['a', [1, 'b']]|join('-') }}"
+            )
+            .unwrap(),
+            "[1, 'a']|[1] {'k': 2}|[1, 'A']|[1, &#x27;&lt;a&gt;&#x27;]|[1, 2]|[1]|a-[1, 'b']"
         );
     });
 }

@@ -145,6 +145,15 @@ pub fn escape(state: &mut State, v: &Value) -> Result<Value, Error> {
     if v.is_safe() {
         return Ok(v.clone());
     }
+    // A list or map is escaped as its text, formatted within the fuel (not
+    // built whole first).
+    let text;
+    let v = if v.as_object().is_some() {
+        text = Value::from(ok!(crate::value::ops::format_fueled(state, v)));
+        &text
+    } else {
+        v
+    };
 
     // this tries to use the escaping flag of the current scope, then
     // of the initial state and if that is also not set it falls back
@@ -806,6 +815,9 @@ mod builtins {
                 }
                 if let Some(string) = item.as_str() {
                     output.push_str(string);
+                } else if item.as_object().is_some() {
+                    // A list or map's text within the fuel (not built whole first).
+                    output.push_str(&ok!(crate::value::ops::format_fueled(state, &item)));
                 } else {
                     write!(output, "{item}").ok();
                 }
@@ -2674,6 +2686,11 @@ mod builtins {
     }
 
     pub(crate) fn pprint_fueled(state: &State, value: &Value) -> Result<String, Error> {
+        // A list or map's text is refused within the fuel first (the pretty
+        // form is longer, so this is a floor), not after all of it is built.
+        if value.as_object().is_some() {
+            ok!(crate::value::ops::format_fueled(state, value));
+        }
         let rv = pprint(value);
         ok!(state.charge_serialized(rv.len()));
         Ok(rv)
@@ -2749,6 +2766,11 @@ mod builtins {
                 ok!(state.charge_format_spec());
                 ok!(state.ensure_bytes(min_output_len));
                 ok!(undefined_behavior.assert_value_not_undefined(value));
+                // A list or map is formatted once within the fuel first: its
+                // text is refused before the whole of it is built.
+                if value.as_object().is_some() {
+                    ok!(crate::value::ops::format_fueled(state, value));
+                }
                 Ok(None)
             })
             .map(Value::from)

@@ -259,6 +259,11 @@ fn eval_binop(op: BinOpKind, left: &Value, right: &Value) -> Option<Value> {
             return None;
         }
     }
+    // The text of a list or map is not estimated (a lazy `[x] * n` may
+    // print to gigabytes): `~` with one is left to run time, within the fuel.
+    if matches!(op, BinOpKind::Concat) && (left.as_object().is_some() || right.as_object().is_some()) {
+        return None;
+    }
     match op {
         BinOpKind::Add => ops::add(left, right).ok(),
         BinOpKind::Sub => ops::sub(left, right).ok(),

@@ -716,6 +716,11 @@ impl<'a> StringInput<'a> {
     /// string argument conversion.
     pub fn new(state: &State, value: &'a Value) -> Result<Self, Error> {
         ok!(state.undefined_behavior().assert_value_not_undefined(value));
+        // A list or map's text, within the fuel (not built whole first).
+        if value.as_object().is_some() && !value.is_kwargs() {
+            let text = ok!(crate::value::ops::format_fueled(state, value));
+            return Ok(StringInput { value: Cow::Owned(text), safe: value.is_safe() });
+        }
         Self::from_value(value)
     }
 
@@ -790,6 +795,11 @@ impl<'a> ArgType<'a> for StringInput<'_> {
         let value = value.ok_or_else(|| Error::from(ErrorKind::MissingArgument))?;
         if let Some(state) = state {
             ok!(state.undefined_behavior().assert_value_not_undefined(value));
+            // A list or map's text, within the fuel (not built whole first).
+            if value.as_object().is_some() && !value.is_kwargs() {
+                let text = ok!(crate::value::ops::format_fueled(state, value));
+                return Ok((StringInput { value: Cow::Owned(text), safe: value.is_safe() }, 1));
+            }
         }
         Ok((ok!(StringInput::from_value(value)), 1))
     }
@@ -819,6 +829,10 @@ impl<'a> ArgType<'a> for Cow<'_, str> {
     ) -> Result<(Self::Output, usize), Error> {
         if let (Some(state), Some(value)) = (state, value) {
             ok!(state.undefined_behavior().assert_value_not_undefined(value));
+            // A list or map's text, within the fuel (not built whole first).
+            if value.as_object().is_some() && !value.is_kwargs() {
+                return Ok((Cow::Owned(ok!(crate::value::ops::format_fueled(state, value))), 1));
+            }
         }
         Ok((ok!(Self::from_value(value)), 1))
     }
@@ -1359,6 +1373,10 @@ impl<'a> ArgType<'a> for String {
     ) -> Result<(Self::Output, usize), Error> {
         if let (Some(state), Some(value)) = (state, value) {
             ok!(state.undefined_behavior().assert_value_not_undefined(value));
+            // A list or map's text, within the fuel (not built whole first).
+            if value.as_object().is_some() && !value.is_kwargs() {
+                return Ok((ok!(crate::value::ops::format_fueled(state, value)), 1));
+            }
         }
         Ok((ok!(Self::from_value(value)), 1))
     }
@@ -1378,6 +1396,9 @@ impl<'a> ArgType<'a> for String {
             ok!(state
                 .undefined_behavior()
                 .assert_value_not_undefined(&value));
+            if value.as_object().is_some() && !value.is_kwargs() {
+                return crate::value::ops::format_fueled(state, &value);
+            }
         }
         Self::from_value_owned(value)
     }
