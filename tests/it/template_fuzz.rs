@@ -131,6 +131,11 @@ const FRAGMENTS: &[&str] = &[
     "{{ 1.0e308 * 10 }}",
     "{{ 'abc' | replace('', 'xx') }}",
     "{{ ('a' | replace('a', 'aa')) * 1000 }}",
+    "{{ ([1] * 100000000) | string | length }}",
+    "{{ ([[1] * 100000000] * 100000000) | join(',') }}",
+    "{{ (messages * 100000000) | tojson }}",
+    "{{ '%s' | format(messages * 100000000) }}",
+    "{{ ('' ~ (tools * 100000000)) | upper }}",
 ];
 
 /// Conversations the cases render: plain, with reasoning, tool calls and
