@@ -14,8 +14,6 @@
 //! `QWEN3_WGPU_FUZZ_CASES=1000000 cargo test --release --test it fuzz_inputs:: -- --nocapture`.
 //! A failure prints its seed; `QWEN3_WGPU_FUZZ_SEED=<seed> QWEN3_WGPU_FUZZ_CASES=1` replays it.
 
-use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -26,6 +24,8 @@ use qwen3_wgpu::{CachePolicy, Error, ModelConfig, ShapeProfile};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+
+use crate::common::seeded::{cpu_workers, run_seeded};
 
 /// Cases per CI run.
 const DEFAULT_CASES: u64 = 10_000;
@@ -402,60 +402,22 @@ fn run_case(base: &Base, work: &Path, seed: u64) -> (String, Option<String>) {
     (outcome, None)
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")),
-        Err(_) => default,
-    }
-}
-
 #[test]
 fn random_mutations_never_panic() {
-    let cases = env_u64("QWEN3_WGPU_FUZZ_CASES", DEFAULT_CASES);
-    let first_seed = env_u64("QWEN3_WGPU_FUZZ_SEED", DEFAULT_SEED);
     let root = tempfile::tempdir().unwrap();
     let base = base(root.path());
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8) as u64;
-    let started = Instant::now();
-    let mut outcomes = BTreeMap::<String, u64>::new();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                let (base, root) = (&base, root.path());
-                s.spawn(move || {
-                    let work = root.join(format!("worker{w}"));
-                    std::fs::create_dir_all(work.join("ckpt")).unwrap();
-                    let mut failures = Vec::new();
-                    let mut outcomes = BTreeMap::<String, u64>::new();
-                    for i in (w..cases).step_by(workers as usize) {
-                        let seed = first_seed.wrapping_add(i);
-                        match catch_unwind(AssertUnwindSafe(|| run_case(base, &work, seed))) {
-                            Ok((outcome, failure)) => {
-                                *outcomes.entry(outcome).or_default() += 1;
-                                failures.extend(failure);
-                            }
-                            Err(_) => failures.push(format!("seed {seed}: panicked (message above)")),
-                        }
-                    }
-                    (failures, outcomes)
-                })
-            })
-            .collect();
-        let mut failures = Vec::new();
-        for h in handles {
-            let (f, o) = h.join().unwrap();
-            failures.extend(f);
-            for (k, n) in o {
-                *outcomes.entry(k).or_default() += n;
-            }
-        }
-        failures
-    });
-    println!(
-        "{cases} mutations from seed {first_seed} on {workers} threads in {:.1} s; first loads by input and outcome: {outcomes:?}",
-        started.elapsed().as_secs_f64()
+    let (base, root) = (&base, root.path());
+    run_seeded(
+        "mutations (first loads by input and outcome)",
+        DEFAULT_CASES,
+        DEFAULT_SEED,
+        cpu_workers(),
+        |w| {
+            let work = root.join(format!("worker{w}"));
+            std::fs::create_dir_all(work.join("ckpt")).unwrap();
+            move |seed| run_case(base, &work, seed)
+        },
     );
-    assert!(failures.is_empty(), "{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// Session cases per CI run (each restores a file on the GPU).
@@ -750,27 +712,11 @@ fn run_session_case(base: &SessionBase, path: &Path, seed: u64) -> (String, Opti
 
 #[test]
 fn session_file_mutations_are_restored_exactly_or_refused() {
-    let cases = env_u64("QWEN3_WGPU_FUZZ_CASES", DEFAULT_SESSION_CASES);
-    let first_seed = env_u64("QWEN3_WGPU_FUZZ_SEED", DEFAULT_SEED);
     let root = tempfile::tempdir().unwrap();
     let base = session_base(root.path());
     let path = root.path().join("case.q3s");
-    let started = Instant::now();
-    let mut outcomes = BTreeMap::<String, u64>::new();
-    let mut failures = Vec::new();
-    for i in 0..cases {
-        let seed = first_seed.wrapping_add(i);
-        match catch_unwind(AssertUnwindSafe(|| run_session_case(&base, &path, seed))) {
-            Ok((outcome, failure)) => {
-                *outcomes.entry(outcome).or_default() += 1;
-                failures.extend(failure);
-            }
-            Err(_) => failures.push(format!("seed {seed}: panicked (message above)")),
-        }
-    }
-    println!(
-        "{cases} session file mutations from seed {first_seed} in {:.1} s; outcomes: {outcomes:?}",
-        started.elapsed().as_secs_f64()
-    );
-    assert!(failures.is_empty(), "{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
+    // One thread: each case restores a session on the GPU.
+    run_seeded("session file mutations", DEFAULT_SESSION_CASES, DEFAULT_SEED, 1, |_| {
+        |seed| run_session_case(&base, &path, seed)
+    });
 }

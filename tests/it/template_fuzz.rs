@@ -12,8 +12,6 @@
 //! `QWEN3_WGPU_FUZZ_CASES=200000 cargo test --release --test it template_fuzz:: -- --nocapture`.
 //! A failure prints its seed; `QWEN3_WGPU_FUZZ_SEED=<seed> QWEN3_WGPU_FUZZ_CASES=1` replays it.
 
-use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -22,6 +20,8 @@ use qwen3_wgpu::{ChatOptions, ChatTemplate, Message, Tokenizer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+
+use crate::common::seeded::{cpu_workers, run_seeded};
 
 /// Cases per CI run.
 const DEFAULT_CASES: u64 = 3_000;
@@ -299,55 +299,11 @@ fn run_case(seed: u64) -> (String, Option<String>) {
     (outcome, None)
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")),
-        Err(_) => default,
-    }
-}
-
 #[test]
 fn template_mutations_render_or_are_named_errors() {
-    let cases = env_u64("QWEN3_WGPU_FUZZ_CASES", DEFAULT_CASES);
-    let first_seed = env_u64("QWEN3_WGPU_FUZZ_SEED", DEFAULT_SEED);
     tokenizer();
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8) as u64;
-    let started = Instant::now();
-    let results: Vec<(Vec<String>, BTreeMap<String, u64>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                s.spawn(move || {
-                    let mut failures = Vec::new();
-                    let mut outcomes = BTreeMap::<String, u64>::new();
-                    for i in (w..cases).step_by(workers as usize) {
-                        let seed = first_seed.wrapping_add(i);
-                        match catch_unwind(AssertUnwindSafe(|| run_case(seed))) {
-                            Ok((outcome, failure)) => {
-                                *outcomes.entry(outcome).or_default() += 1;
-                                failures.extend(failure);
-                            }
-                            Err(_) => failures.push(format!("seed {seed}: panicked (message above)")),
-                        }
-                    }
-                    (failures, outcomes)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let mut outcomes = BTreeMap::<String, u64>::new();
-    let mut failures = Vec::new();
-    for (f, o) in results {
-        failures.extend(f);
-        for (k, n) in o {
-            *outcomes.entry(k).or_default() += n;
-        }
-    }
-    println!(
-        "{cases} template mutations from seed {first_seed} on {workers} threads in {:.1} s: {outcomes:?}",
-        started.elapsed().as_secs_f64()
-    );
-    assert!(failures.is_empty(), "{} of {cases} cases failed:\n{}", failures.len(), failures.join("\n"));
+    let outcomes = run_seeded("template mutations", DEFAULT_CASES, DEFAULT_SEED, cpu_workers(), |_| run_case);
+    let cases: u64 = outcomes.values().sum();
     // The cases reach rendering, not only the compiler's refusals.
     let rendered: u64 = outcomes.iter().filter(|(k, _)| k.starts_with("rendered")).map(|(_, n)| n).sum();
     assert!(rendered * 10 >= cases, "only {rendered} of {cases} cases rendered: {outcomes:?}");

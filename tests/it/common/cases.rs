@@ -213,8 +213,24 @@ pub fn matmul_case_for(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
     let weights = Weights::Random(format);
+    matmul_case_over(run, kernel, weights, rows_per_wg, tile_tokens, rows, cols, tokens, seed)
+}
+
+/// [`matmul_case_in`] over `weights`, the buffers holding whole tiles.
+#[allow(clippy::too_many_arguments)]
+fn matmul_case_over(
+    run: Run<'_>,
+    kernel: Kernel,
+    weights: Weights,
+    rows_per_wg: u32,
+    tile_tokens: usize,
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    seed: u64,
+) -> Vec<MatvecOut> {
+    let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
     batch_case(run, kernel, weights, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
 }
 
@@ -230,9 +246,8 @@ pub fn matmul_case_half_exact(
     tokens: usize,
     seed: u64,
 ) -> Vec<MatvecOut> {
-    let buffered = tokens.div_ceil(tile_tokens) * tile_tokens;
-    let (rows_per_wg, weights) = (kernels::MATMUL_ROWS_PER_WG, Weights::HalfExact);
-    batch_case(run, kernel, weights, rows_per_wg, tile_tokens, rows, cols, tokens, buffered, seed, false)
+    let rows_per_wg = kernels::MATMUL_ROWS_PER_WG;
+    matmul_case_over(run, kernel, Weights::HalfExact, rows_per_wg, tile_tokens, rows, cols, tokens, seed)
 }
 
 /// The random weights of a case.

@@ -5,6 +5,7 @@
 
 pub mod cases;
 pub mod reference;
+pub mod seeded;
 
 /// The logits' bits after a 300-token prompt (batches of 256 and 44
 /// tokens: the second fills no tile of 64 and no attention group of 8 or

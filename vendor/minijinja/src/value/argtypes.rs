@@ -661,6 +661,14 @@ impl<'a, T: ArgType<'a>> ArgType<'a> for Option<T> {
     }
 }
 
+/// A list or map argument's text, written within the fuel
+/// ([`ops::format_fueled`](crate::value::ops::format_fueled)) rather than
+/// built whole first; `None` for other values, which convert as usual.
+fn object_text(state: &State, value: &Value) -> Option<Result<String, Error>> {
+    (value.as_object().is_some() && !value.is_kwargs())
+        .then(|| crate::value::ops::format_fueled(state, value))
+}
+
 fn value_to_string_cow(value: &Value) -> Result<Cow<'_, str>, Error> {
     Ok(match value.0 {
         ValueRepr::String(ref s, _) => Cow::Borrowed(s as &str),
@@ -716,10 +724,8 @@ impl<'a> StringInput<'a> {
     /// string argument conversion.
     pub fn new(state: &State, value: &'a Value) -> Result<Self, Error> {
         ok!(state.undefined_behavior().assert_value_not_undefined(value));
-        // A list or map's text, within the fuel (not built whole first).
-        if value.as_object().is_some() && !value.is_kwargs() {
-            let text = ok!(crate::value::ops::format_fueled(state, value));
-            return Ok(StringInput { value: Cow::Owned(text), safe: value.is_safe() });
+        if let Some(text) = object_text(state, value) {
+            return Ok(StringInput { value: Cow::Owned(ok!(text)), safe: value.is_safe() });
         }
         Self::from_value(value)
     }
@@ -793,15 +799,10 @@ impl<'a> ArgType<'a> for StringInput<'_> {
         value: Option<&'a Value>,
     ) -> Result<(Self::Output, usize), Error> {
         let value = value.ok_or_else(|| Error::from(ErrorKind::MissingArgument))?;
-        if let Some(state) = state {
-            ok!(state.undefined_behavior().assert_value_not_undefined(value));
-            // A list or map's text, within the fuel (not built whole first).
-            if value.as_object().is_some() && !value.is_kwargs() {
-                let text = ok!(crate::value::ops::format_fueled(state, value));
-                return Ok((StringInput { value: Cow::Owned(text), safe: value.is_safe() }, 1));
-            }
+        match state {
+            Some(state) => Ok((ok!(StringInput::new(state, value)), 1)),
+            None => Ok((ok!(StringInput::from_value(value)), 1)),
         }
-        Ok((ok!(StringInput::from_value(value)), 1))
     }
 }
 
@@ -829,9 +830,8 @@ impl<'a> ArgType<'a> for Cow<'_, str> {
     ) -> Result<(Self::Output, usize), Error> {
         if let (Some(state), Some(value)) = (state, value) {
             ok!(state.undefined_behavior().assert_value_not_undefined(value));
-            // A list or map's text, within the fuel (not built whole first).
-            if value.as_object().is_some() && !value.is_kwargs() {
-                return Ok((Cow::Owned(ok!(crate::value::ops::format_fueled(state, value))), 1));
+            if let Some(text) = object_text(state, value) {
+                return Ok((Cow::Owned(ok!(text)), 1));
             }
         }
         Ok((ok!(Self::from_value(value)), 1))
@@ -1373,9 +1373,8 @@ impl<'a> ArgType<'a> for String {
     ) -> Result<(Self::Output, usize), Error> {
         if let (Some(state), Some(value)) = (state, value) {
             ok!(state.undefined_behavior().assert_value_not_undefined(value));
-            // A list or map's text, within the fuel (not built whole first).
-            if value.as_object().is_some() && !value.is_kwargs() {
-                return Ok((ok!(crate::value::ops::format_fueled(state, value)), 1));
+            if let Some(text) = object_text(state, value) {
+                return Ok((ok!(text), 1));
             }
         }
         Ok((ok!(Self::from_value(value)), 1))
@@ -1396,8 +1395,8 @@ impl<'a> ArgType<'a> for String {
             ok!(state
                 .undefined_behavior()
                 .assert_value_not_undefined(&value));
-            if value.as_object().is_some() && !value.is_kwargs() {
-                return crate::value::ops::format_fueled(state, &value);
+            if let Some(text) = object_text(state, &value) {
+                return text;
             }
         }
         Self::from_value_owned(value)
