@@ -57,6 +57,17 @@ var<workgroup> e_s: array<vec2<f32>, WG>;
 // most 8: src/kernels/attention.rs), then the V sums' slices (8 per
 // invocation): scalars, each written by one invocation.
 var<workgroup> acc_s: array<f32, 8u * WG>;
+// KV_INT8: the scores and V sums are integer dot products (dot4I8Packed)
+// of the int8 rows against 16-bit fixed-point parts (int8_parts.wgsl):
+// qh_s / ql_s hold the heads' q (word w of head g at g * head_dim / 4 + w,
+// relative to the head's largest magnitude), w_s each position's V weight
+// (e times its V step, relative to the chunk's largest V step) as bytes
+// (h of the first head, h of the second, l of the first, l of the second).
+// Per int8 value a third of the float decoding's operations (the bound of
+// the float-decoding kernel: BENCHMARKS.md 2026-12-06 08:34).
+var<workgroup> qh_s: array<u32, MAX_HEAD_DIM / 2u>;
+var<workgroup> ql_s: array<u32, MAX_HEAD_DIM / 2u>;
+var<workgroup> w_s: array<u32, WG>;
 // K row quad j (8 f16 values) dotted with q's dims 8j..8j+7 (q at vec4
 // `qo` of q_s).
 fn dot8(a: vec4<u32>, j: u32, qo: u32) -> f32 {
@@ -66,21 +77,54 @@ fn dot8(a: vec4<u32>, j: u32, qo: u32) -> f32 {
 // KV_INT8: the caches hold int8 rows (a quad is 16 values; head_dim a
 // multiple of 16) and a scale per row (qk_norm_rope.wgsl's layout,
 // `kv_scale_at`): a score is the row's dot with q times its K step (scale /
-// 127), and a position's weight in the V sums its e times its V step.
+// 127), and a position's weight in the V sums its e times its V step. Both
+// are integer dot products against q and the weights in 16-bit fixed point
+// (an error of at most 1/64,516 of the head's largest |q|, or of the
+// chunk's largest V step, a value: far under the int8 rows' own 1/254).
 
-// K row quad j (16 int8 values, as integers) dotted with q's dims
-// 16j..16j+15.
-fn dot16(a: vec4<u32>, j: u32, qo: u32) -> f32 {
-    let b = qo + 4u * j;
-    return dot(q_s[b], i8x4(a.x)) + dot(q_s[b + 1u], i8x4(a.y))
-        + dot(q_s[b + 2u], i8x4(a.z)) + dot(q_s[b + 3u], i8x4(a.w));
+// KV_INT8: q's parts for dims 16j..16j+15 of the head whose words start
+// at `base` (qh_s, ql_s).
+struct QWords {
+    h: vec4<u32>,
+    l: vec4<u32>,
 }
 
-fn dot_quad(a: vec4<u32>, j: u32, int8: bool, qo: u32) -> f32 {
-    if int8 {
-        return dot16(a, j, qo);
-    }
-    return dot8(a, j, qo);
+fn q_words(base: u32, j: u32) -> QWords {
+    let w = base + 4u * j;
+    return QWords(vec4<u32>(qh_s[w], qh_s[w + 1u], qh_s[w + 2u], qh_s[w + 3u]),
+                  vec4<u32>(ql_s[w], ql_s[w + 1u], ql_s[w + 2u], ql_s[w + 3u]));
+}
+
+// K row quad `a` (16 int8 values) dotted with q's parts: 254 sum(k h) +
+// sum(k l), exact in i32 (|.| < 2^27), in units of the head's q step / 254.
+fn idot16(a: vec4<u32>, q: QWords) -> f32 {
+    let h = dot4I8Packed(a.x, q.h.x) + dot4I8Packed(a.y, q.h.y) + dot4I8Packed(a.z, q.h.z) + dot4I8Packed(a.w, q.h.w);
+    let l = dot4I8Packed(a.x, q.l.x) + dot4I8Packed(a.y, q.l.y) + dot4I8Packed(a.z, q.l.z) + dot4I8Packed(a.w, q.l.w);
+    return f32(254 * h + l);
+}
+
+// The parts of the four values `v` of a head's q (its largest magnitude
+// `amax`; zero below 1e-30).
+fn q_parts(v: vec4<f32>, amax: f32) -> Parts4 {
+    let live = amax >= 1e-30;
+    return parts4(v, select(0.0, 127.0 / amax, live), select(0.0, amax / 127.0, live));
+}
+
+// Bytes c of the four words: result c holds byte c of r.x, r.y, r.z, r.w
+// (low byte first), a 4 x 4 byte transpose in two swaps of halves.
+fn transpose_bytes(r: vec4<u32>) -> vec4<u32> {
+    let t0 = (r.x & 0xffffu) | (r.z << 16u);
+    let t1 = (r.y & 0xffffu) | (r.w << 16u);
+    let t2 = (r.x >> 16u) | (r.z & 0xffff0000u);
+    let t3 = (r.y >> 16u) | (r.w & 0xffff0000u);
+    return vec4<u32>((t0 & 0x00ff00ffu) | ((t1 & 0x00ff00ffu) << 8u), ((t0 >> 8u) & 0x00ff00ffu) | (t1 & 0xff00ff00u),
+                     (t2 & 0x00ff00ffu) | ((t3 & 0x00ff00ffu) << 8u), ((t2 >> 8u) & 0x00ff00ffu) | (t3 & 0xff00ff00u));
+}
+
+// Four dims over four positions (`t`: a dim's bytes of the positions, as
+// transpose_bytes makes them) dotted with the positions' weight bytes `w`.
+fn idot_dims(t: vec4<u32>, w: u32) -> vec4<i32> {
+    return vec4<i32>(dot4I8Packed(t.x, w), dot4I8Packed(t.y, w), dot4I8Packed(t.z, w), dot4I8Packed(t.w, w));
 }
 
 
@@ -217,11 +261,13 @@ fn fused_qk(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qk
 
 // fused_qk with an int8 KV cache: invocation j < head_dim/16 rotates k's
 // dims 16j..16j+15 and writes them, and v's, as quad j of the new rows;
-// the rows' largest magnitudes (their scales) come from one workgroup
-// exchange, which every invocation takes (the chunk holding the position
-// is not known to be uniform), and the scales are written as whole vec4s
-// (a head's scales share no vec4 with another head's).
-fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) -> vec2<f32> {
+// the rows' largest magnitudes (their scales) and the q heads' (for their
+// int8 parts, qh_s / ql_s) come from one workgroup exchange, which every
+// invocation takes (the chunk holding the position is not known to be
+// uniform), and the scales are written as whole vec4s (a head's scales
+// share no vec4 with another head's). Returns the new K and V rows'
+// largest magnitudes and the q heads'.
+fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) -> vec4<f32> {
     let hd = p.head_dim;
     let qw = hd / 4u;
     let qb = qkv_row + h * hd;
@@ -252,8 +298,10 @@ fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lan
         v3 = vec4<f32>(q[vb + e + 12u], q[vb + e + 13u], q[vb + e + 14u], q[vb + e + 15u]);
     }
     let ss = head_squares(qb, kb, np, writes_kv, lane);
-    if lane.idx < np * qw {
-        q_s[lane.idx] = rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps));
+    let q_lane = lane.idx < np * qw;
+    let qv = rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps));
+    if q_lane {
+        q_s[lane.idx] = qv;
     }
     let rk = inverseSqrt(ss.z / f32(hd) + p.eps);
     var r0 = vec4<f32>(0.0);
@@ -268,7 +316,15 @@ fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lan
     }
     let km = max(max(abs(r0), abs(r1)), max(abs(r2), abs(r3)));
     let vm = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)));
-    let mx = wg_max4(vec4<f32>(max(max(km.x, km.y), max(km.z, km.w)), max(max(vm.x, vm.y), max(vm.z, vm.w)), 0.0, 0.0), lane);
+    let qa = abs(qv);
+    let qm = select(0.0, max(max(qa.x, qa.y), max(qa.z, qa.w)), q_lane);
+    let mx = wg_max4(vec4<f32>(max(max(km.x, km.y), max(km.z, km.w)), max(max(vm.x, vm.y), max(vm.z, vm.w)),
+                               select(0.0, qm, g == 0u), select(0.0, qm, g == 1u)), lane);
+    if q_lane {
+        let qp = q_parts(qv, mx[2u + g]);
+        qh_s[lane.idx] = qp.h;
+        ql_s[lane.idx] = qp.l;
+    }
     if kv_lane {
         let ik = select(0.0, 1.0 / mx.x, mx.x > 0.0);
         let iv = select(0.0, 1.0 / mx.y, mx.y > 0.0);
@@ -285,9 +341,29 @@ fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lan
             v_cache[w / 4u] = vs;
         }
     }
-    // Publishes q_s, and the new K/V row and scales that other invocations read back.
+    // Publishes q_s, its parts, and the new K/V row and scales that other
+    // invocations read back.
     storageBarrier();
     workgroupBarrier();
+    return mx;
+}
+
+// KV_INT8, q loaded (not FUSED): the parts of the `np` heads' q in q_s,
+// each head's relative to its largest magnitude (returned).
+fn quantise_q(np: u32, lane: Lane) -> vec2<f32> {
+    let qw = p.head_dim / 4u;
+    let q_lane = lane.idx < np * qw;
+    let g = min(lane.idx, np * qw - 1u) / qw;
+    let qv = q_s[min(lane.idx, np * qw - 1u)];
+    let qa = abs(qv);
+    let qm = select(0.0, max(max(qa.x, qa.y), max(qa.z, qa.w)), q_lane);
+    let mx = wg_max4(vec4<f32>(select(0.0, qm, g == 0u), select(0.0, qm, g == 1u), 0.0, 0.0), lane);
+    if q_lane {
+        let qp = q_parts(qv, mx[g]);
+        qh_s[lane.idx] = qp.h;
+        ql_s[lane.idx] = qp.l;
+    }
+    workgroupBarrier(); // publishes qh_s, ql_s
     return mx.xy;
 }
 
@@ -319,17 +395,31 @@ fn key_quads(ta: vec4<u32>, ja: u32, jb: u32, quads: u32) -> KeyQuads {
 // Lane r's partial dots of the four rows: quads r (ja), r + L (jb) and any
 // further ones (L = ATTENTION_KEY_LANES; head_dim > 16 * L); quads past the
 // row (head_dim < 8 * L) add nothing.
-fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32, int8: bool, qo: u32) -> vec4<f32> {
+fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32, qo: u32) -> vec4<f32> {
     var d = vec4<f32>(0.0);
     if r < quads {
-        d = vec4<f32>(dot_quad(k.a0, ja, int8, qo), dot_quad(k.a1, ja, int8, qo), dot_quad(k.a2, ja, int8, qo), dot_quad(k.a3, ja, int8, qo));
+        d = vec4<f32>(dot8(k.a0, ja, qo), dot8(k.a1, ja, qo), dot8(k.a2, ja, qo), dot8(k.a3, ja, qo));
     }
     if r + ATTENTION_KEY_LANES < quads {
-        d += vec4<f32>(dot_quad(k.b0, jb, int8, qo), dot_quad(k.b1, jb, int8, qo), dot_quad(k.b2, jb, int8, qo), dot_quad(k.b3, jb, int8, qo));
+        d += vec4<f32>(dot8(k.b0, jb, qo), dot8(k.b1, jb, qo), dot8(k.b2, jb, qo), dot8(k.b3, jb, qo));
     }
     for (var j = r + 2u * ATTENTION_KEY_LANES; j < quads; j += ATTENTION_KEY_LANES) {
-        d += vec4<f32>(dot_quad(k_cache[ta.x + j], j, int8, qo), dot_quad(k_cache[ta.y + j], j, int8, qo),
-                       dot_quad(k_cache[ta.z + j], j, int8, qo), dot_quad(k_cache[ta.w + j], j, int8, qo));
+        d += vec4<f32>(dot8(k_cache[ta.x + j], j, qo), dot8(k_cache[ta.y + j], j, qo),
+                       dot8(k_cache[ta.z + j], j, qo), dot8(k_cache[ta.w + j], j, qo));
+    }
+    return d;
+}
+
+// KV_INT8: key_dots of int8 rows (quads ja and jb: a row has at most
+// 2 * ATTENTION_KEY_LANES int8 quads, src/kernels/attention.rs), against
+// one head's q parts for those quads, in units of its q step / 254.
+fn key_dots_int8(k: KeyQuads, r: u32, quads: u32, qa: QWords, qb: QWords) -> vec4<f32> {
+    var d = vec4<f32>(0.0);
+    if r < quads {
+        d = vec4<f32>(idot16(k.a0, qa), idot16(k.a1, qa), idot16(k.a2, qa), idot16(k.a3, qa));
+    }
+    if r + ATTENTION_KEY_LANES < quads {
+        d += vec4<f32>(idot16(k.b0, qb), idot16(k.b1, qb), idot16(k.b2, qb), idot16(k.b3, qb));
     }
     return d;
 }
@@ -337,9 +427,10 @@ fn key_dots(k: KeyQuads, ta: vec4<u32>, r: u32, ja: u32, jb: u32, quads: u32, in
 // One head's scores from its partial dots (da: rows tv, db: rows tu of
 // this lane's ATTENTION_KEY_LANES-lane slot r): parked in acc_s, then
 // invocation t adds position t's (n: positions in the chunk) and returns
-// its scaled score (-3e38 past the chunk); `more`: another head's follow.
+// its scaled score (-3e38 past the chunk; KV_INT8: the dots in units of
+// `unit`, position t's); `more`: another head's follow.
 // Workgroup-uniform control flow.
-fn head_score(da: vec4<f32>, db: vec4<f32>, tv: vec4<u32>, tu: vec4<u32>, n: u32, r: u32, idx: u32, k_step: f32,
+fn head_score(da: vec4<f32>, db: vec4<f32>, tv: vec4<u32>, tu: vec4<u32>, n: u32, r: u32, idx: u32, unit: f32,
               more: bool) -> f32 {
     for (var i = 0u; i < 4u; i++) {
         if tv[i] < n {
@@ -357,7 +448,7 @@ fn head_score(da: vec4<f32>, db: vec4<f32>, tv: vec4<u32>, tu: vec4<u32>, n: u32
             d += acc_s[idx * ATTENTION_KEY_LANES + i];
         }
         if KV_INT8 {
-            d *= k_step;
+            d *= unit;
         }
         s = d * p.scale;
     }
@@ -367,17 +458,16 @@ fn head_score(da: vec4<f32>, db: vec4<f32>, tv: vec4<u32>, tu: vec4<u32>, n: u32
     return s;
 }
 
-// Eight positions' V rows (loaded in v0..v7) weighed by ea and eb, added to
-// dims 0..3 (`hi`: 4..7) of this invocation's 8.
+// Eight positions' f16 V rows (loaded in v0..v7) weighed by ea and eb,
+// added to dims 0..3 (`hi`: 4..7) of this invocation's 8.
 fn v_sum(ea: vec4<f32>, eb: vec4<f32>, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>, v4: vec4<u32>,
-         v5: vec4<u32>, v6: vec4<u32>, v7: vec4<u32>, odd: bool, hi: bool) -> vec4<f32> {
-    let int8 = KV_INT8;
+         v5: vec4<u32>, v6: vec4<u32>, v7: vec4<u32>, hi: bool) -> vec4<f32> {
     if hi {
-        return ea.x * v_hi(v0, odd, int8) + ea.y * v_hi(v1, odd, int8) + ea.z * v_hi(v2, odd, int8) + ea.w * v_hi(v3, odd, int8)
-            + eb.x * v_hi(v4, odd, int8) + eb.y * v_hi(v5, odd, int8) + eb.z * v_hi(v6, odd, int8) + eb.w * v_hi(v7, odd, int8);
+        return ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3)
+            + eb.x * hi4(v4) + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
     }
-    return ea.x * v_lo(v0, odd, int8) + ea.y * v_lo(v1, odd, int8) + ea.z * v_lo(v2, odd, int8) + ea.w * v_lo(v3, odd, int8)
-        + eb.x * v_lo(v4, odd, int8) + eb.y * v_lo(v5, odd, int8) + eb.z * v_lo(v6, odd, int8) + eb.w * v_lo(v7, odd, int8);
+    return ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3)
+        + eb.x * lo4(v4) + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
 }
 
 // Adds the V sums' slices of one head (this invocation's 8 dims in lo, hi)
@@ -459,13 +549,16 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         steps = vec2<f32>(k_step(w), v_step(w));
     }
 
+    // KV_INT8: the heads' q steps / 254 (a score's unit in key_dots_int8).
+    var q_unit = vec2<f32>(0.0);
     if FUSED {
         // One token (z = 0), or row z of a batch.
         if int8 {
             let fresh = fused_qk_int8(h, np, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
             if own == pos {
-                steps = fresh * (1.0 / 127.0);
+                steps = fresh.xy * (1.0 / 127.0);
             }
+            q_unit = fresh.zw * (1.0 / (127.0 * 254.0));
         } else {
             fused_qk(h, np, kvh, pos, pos >= start && pos < end, lane, z * p.qkv_stride, kv_off);
         }
@@ -475,6 +568,9 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             q_s[i] = vec4<f32>(q[o], q[o + 1u], q[o + 2u], q[o + 3u]);
         }
         workgroupBarrier();
+        if int8 {
+            q_unit = quantise_q(np, lane) * (1.0 / (127.0 * 254.0));
+        }
     }
 
     // The scores, K rows read coalesced: invocation (row_in, r) of L =
@@ -499,17 +595,34 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     let tb = min(tu, vec4<u32>(n - 1u)) * quads + vec4<u32>(kv_row0);
     let ka = key_quads(ta, ja, jb, quads);
     let kb = key_quads(tb, ja, jb, quads);
-    let da = key_dots(ka, ta, r, ja, jb, quads, int8, 0u);
-    let db = key_dots(kb, tb, r, ja, jb, quads, int8, 0u);
+    var da: vec4<f32>;
+    var db: vec4<f32>;
     var da1 = vec4<f32>(0.0);
     var db1 = vec4<f32>(0.0);
-    if np == 2u {
-        da1 = key_dots(ka, ta, r, ja, jb, quads, int8, qw);
-        db1 = key_dots(kb, tb, r, ja, jb, quads, int8, qw);
+    if int8 {
+        let qa = q_words(0u, ja);
+        let qb = q_words(0u, jb);
+        da = key_dots_int8(ka, r, quads, qa, qb);
+        db = key_dots_int8(kb, r, quads, qa, qb);
+        if np == 2u {
+            let qa1 = q_words(qw, ja);
+            let qb1 = q_words(qw, jb);
+            da1 = key_dots_int8(ka, r, quads, qa1, qb1);
+            db1 = key_dots_int8(kb, r, quads, qa1, qb1);
+        }
+    } else {
+        da = key_dots(ka, ta, r, ja, jb, quads, 0u);
+        db = key_dots(kb, tb, r, ja, jb, quads, 0u);
+        if np == 2u {
+            da1 = key_dots(ka, ta, r, ja, jb, quads, qw);
+            db1 = key_dots(kb, tb, r, ja, jb, quads, qw);
+        }
     }
-    var s = vec2<f32>(head_score(da, db, tv, tu, n, r, lane.idx, steps.x, np == 2u), -3.0e38);
+    // KV_INT8: a score's unit, its K step times its head's q unit.
+    let unit = steps.x * q_unit;
+    var s = vec2<f32>(head_score(da, db, tv, tu, n, r, lane.idx, unit.x, np == 2u), -3.0e38);
     if np == 2u {
-        s.y = head_score(da1, db1, tv, tu, n, r, lane.idx, steps.x, false);
+        s.y = head_score(da1, db1, tv, tu, n, r, lane.idx, unit.y, false);
     }
     let t = start + lane.idx;
     let ml = wg_softmax_stats2(s, lane);
@@ -518,13 +631,21 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     var e = vec2<f32>(0.0);
     if t < end {
         e = exp(s - m);
-        if int8 {
-            // l (the softmax's sum) is e's; the V sums weigh the int8 row by its scale.
-            e *= steps.y;
-        }
     }
-    e_s[lane.idx] = e;
-    workgroupBarrier(); // publishes e_s
+    // KV_INT8: l (the softmax's sum) is e's; the V sums weigh the int8 row
+    // by e times its V step (at most the chunk's largest V step, v_max: e
+    // <= 1), in parts relative to v_max.
+    var v_max = 0.0;
+    if int8 {
+        v_max = wg_max(steps.y, lane);
+        let live = v_max >= 1e-30;
+        let wp = parts4(vec4<f32>(e * steps.y, 0.0, 0.0), select(0.0, 127.0 / v_max, live),
+                        select(0.0, v_max / 127.0, live));
+        w_s[lane.idx] = (wp.h & 0xffffu) | (wp.l << 16u);
+    } else {
+        e_s[lane.idx] = e;
+    }
+    workgroupBarrier(); // publishes e_s or w_s
 
     // Invocation (slice, i) sums dims 8i..8i+7 (one 16-byte load per
     // position) over positions start + slice, start + slice + n_slices, ...,
@@ -537,14 +658,72 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     var hi = vec4<f32>(0.0);
     var lo1 = vec4<f32>(0.0);
     var hi1 = vec4<f32>(0.0);
-    if slice < n_slices {
+    if slice < n_slices && int8 {
+        // Integer sums of the int8 rows weighed by w_s's parts: per group of
+        // four positions, the rows' words for dims 8i..8i+3 (`lo`) and
+        // 8i+4..8i+7 (`hi`: words 2i, 2i+1 of the row, half of a vec4) and
+        // the four weights are byte-transposed, so that each dot4I8Packed
+        // adds one dim over the four positions. Exact in i32 (a slice sums
+        // at most WG / n_slices positions, each |h v|, |l v| <= 127^2).
+        let vb = kv_base / 4u + i / 2u;
+        let odd = (i & 1u) == 1u;
+        let row_vec4s = row_words(int8) / 4u;
+        let ns = n_slices;
+        let last = end - 1u;
+        var lo_h = vec4<i32>(0);
+        var lo_l = vec4<i32>(0);
+        var hi_h = vec4<i32>(0);
+        var hi_l = vec4<i32>(0);
+        var lo_h1 = vec4<i32>(0);
+        var lo_l1 = vec4<i32>(0);
+        var hi_h1 = vec4<i32>(0);
+        var hi_l1 = vec4<i32>(0);
+        for (var tt = start + slice; tt < end; tt += 8u * ns) {
+            let t = vec4<u32>(tt, tt + ns, tt + 2u * ns, tt + 3u * ns);
+            let u = t + vec4<u32>(4u * ns);
+            let ta = min(t, vec4<u32>(last));
+            let tb = min(u, vec4<u32>(last));
+            let v0 = v_cache[vb + ta.x * row_vec4s];
+            let v1 = v_cache[vb + ta.y * row_vec4s];
+            let v2 = v_cache[vb + ta.z * row_vec4s];
+            let v3 = v_cache[vb + ta.w * row_vec4s];
+            let v4 = v_cache[vb + tb.x * row_vec4s];
+            let v5 = v_cache[vb + tb.y * row_vec4s];
+            let v6 = v_cache[vb + tb.z * row_vec4s];
+            let v7 = v_cache[vb + tb.w * row_vec4s];
+            // Positions past the end weigh 0.
+            let wa = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[ta.x - start], w_s[ta.y - start],
+                                                                     w_s[ta.z - start], w_s[ta.w - start]), t < vec4<u32>(end)));
+            let wb = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[tb.x - start], w_s[tb.y - start],
+                                                                     w_s[tb.z - start], w_s[tb.w - start]), u < vec4<u32>(end)));
+            let la = transpose_bytes(select(vec4<u32>(v0.x, v1.x, v2.x, v3.x), vec4<u32>(v0.z, v1.z, v2.z, v3.z), odd));
+            let ha = transpose_bytes(select(vec4<u32>(v0.y, v1.y, v2.y, v3.y), vec4<u32>(v0.w, v1.w, v2.w, v3.w), odd));
+            let lb = transpose_bytes(select(vec4<u32>(v4.x, v5.x, v6.x, v7.x), vec4<u32>(v4.z, v5.z, v6.z, v7.z), odd));
+            let hb = transpose_bytes(select(vec4<u32>(v4.y, v5.y, v6.y, v7.y), vec4<u32>(v4.w, v5.w, v6.w, v7.w), odd));
+            lo_h += idot_dims(la, wa.x) + idot_dims(lb, wb.x);
+            lo_l += idot_dims(la, wa.z) + idot_dims(lb, wb.z);
+            hi_h += idot_dims(ha, wa.x) + idot_dims(hb, wb.x);
+            hi_l += idot_dims(ha, wa.z) + idot_dims(hb, wb.z);
+            if np == 2u {
+                lo_h1 += idot_dims(la, wa.y) + idot_dims(lb, wb.y);
+                lo_l1 += idot_dims(la, wa.w) + idot_dims(lb, wb.w);
+                hi_h1 += idot_dims(ha, wa.y) + idot_dims(hb, wb.y);
+                hi_l1 += idot_dims(ha, wa.w) + idot_dims(hb, wb.w);
+            }
+        }
+        // (254 h + l) in units of v_max / (127 * 254).
+        let unit = v_max * (1.0 / (127.0 * 254.0));
+        lo = (254.0 * vec4<f32>(lo_h) + vec4<f32>(lo_l)) * unit;
+        hi = (254.0 * vec4<f32>(hi_h) + vec4<f32>(hi_l)) * unit;
+        lo1 = (254.0 * vec4<f32>(lo_h1) + vec4<f32>(lo_l1)) * unit;
+        hi1 = (254.0 * vec4<f32>(hi_h1) + vec4<f32>(hi_l1)) * unit;
+    }
+    if slice < n_slices && !int8 {
         // Eight positions per iteration, eight independent loads in flight;
         // the last iteration's positions past the end load the last row
         // and weigh 0 (no one-at-a-time tail: each would be a round trip).
-        // KV_INT8: dims 8i..8i+7 are half of a vec4 (words 2i, 2i+1 of the row).
-        let vb = kv_base / 4u + select(i, i / 2u, int8);
-        let odd = int8 && (i & 1u) == 1u;
-        let row_vec4s = row_words(int8) / 4u;
+        let vb = kv_base / 4u + i;
+        let row_vec4s = row_words(false) / 4u;
         let ns = n_slices;
         let last = end - 1u;
         for (var tt = start + slice; tt < end; tt += 8u * ns) {
@@ -572,13 +751,13 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             let mb = u < vec4<u32>(end);
             let ea = select(vec4<f32>(0.0), vec4<f32>(e0.x, e1.x, e2.x, e3.x), ma);
             let eb = select(vec4<f32>(0.0), vec4<f32>(e4.x, e5.x, e6.x, e7.x), mb);
-            lo += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, odd, false);
-            hi += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, odd, true);
+            lo += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, false);
+            hi += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, true);
             if np == 2u {
                 let ea1 = select(vec4<f32>(0.0), vec4<f32>(e0.y, e1.y, e2.y, e3.y), ma);
                 let eb1 = select(vec4<f32>(0.0), vec4<f32>(e4.y, e5.y, e6.y, e7.y), mb);
-                lo1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, odd, false);
-                hi1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, odd, true);
+                lo1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, false);
+                hi1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, true);
             }
         }
     }

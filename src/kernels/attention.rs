@@ -120,9 +120,13 @@ pub fn reduce_grid(n_heads: u32) -> [u32; 3] {
     super::grid(n_heads)
 }
 
-/// What the attention kernels share (bindings, f16 unpacking), prepended to
+/// What the attention kernels share (bindings, f16 unpacking, the int8
+/// parts of an int8 cache's integer dot products), prepended to
 /// `attention_partial` and `attention_prefill`.
-pub(super) const ATTENTION_COMMON: &str = include_str!("../../kernels/wgsl/attention_common.wgsl");
+pub(super) const ATTENTION_COMMON: &str = concat!(
+    include_str!("../../kernels/wgsl/attention_common.wgsl"),
+    include_str!("../../kernels/wgsl/int8_parts.wgsl")
+);
 
 /// Cached positions per `attention_partial` workgroup (one per invocation).
 pub const ATTENTION_CHUNK: u32 = WG;
@@ -134,6 +138,9 @@ const _: () = assert!(MAX_HEAD_DIM <= WG as usize);
 // attention_partial's scores: WG / ATTENTION_KEY_LANES K rows per pass, and
 // each position's partial dots fit its 8 floats of workgroup memory.
 const _: () = assert!(WG.is_multiple_of(ATTENTION_KEY_LANES) && ATTENTION_KEY_LANES <= 8);
+// An int8 row's quads (16 values each) are at most two a score lane
+// (attention_partial.wgsl's key_dots_int8).
+const _: () = assert!(MAX_HEAD_DIM / 16 <= 2 * ATTENTION_KEY_LANES as usize);
 // Its invocations load eight rows each: the chunk in one pass.
 const _: () = assert!(8 * (WG / ATTENTION_KEY_LANES) == ATTENTION_CHUNK);
 

@@ -54,10 +54,11 @@ pub fn grid(rows: u32, rows_per_wg: u32) -> [u32; 3] {
 }
 
 /// What the two int8 matrix kernels share (bindings, flags, the int8-to-float
-/// conversion), prepended to each.
+/// conversion, the inputs' int8 parts), prepended to each.
 pub(super) const INT8_COMMON: &str = concat!(
     include_str!("../../kernels/wgsl/int8_common.wgsl"),
-    include_str!("../../kernels/wgsl/int8_math.wgsl")
+    include_str!("../../kernels/wgsl/int8_math.wgsl"),
+    include_str!("../../kernels/wgsl/int8_parts.wgsl")
 );
 /// The epilogue flags and int8 arithmetic alone (the second half of [`INT8_COMMON`]).
 pub(super) const INT8_MATH: &str = include_str!("../../kernels/wgsl/int8_math.wgsl");
