@@ -116,9 +116,10 @@ impl Engine {
     /// first session or batch in that format does otherwise, on the
     /// caller's thread (tens of milliseconds; a frame loop calls this at
     /// load instead). Later calls return the first one's check at once;
-    /// for f16 it is the start-up check.
+    /// for f16 it is the start-up check. Where the MSL twins over the
+    /// format fail to build or to match, its kernels run on WGSL (logged).
     ///
-    /// Errors: [`Error::GpuDeviceFailed`] when the pipelines fail the
+    /// Errors: [`Error::GpuDeviceFailed`] when the WGSL pipelines fail the
     /// check, or the device fails during it.
     ///
     /// ```no_run

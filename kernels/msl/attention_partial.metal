@@ -19,8 +19,15 @@
 //   threadgroup h (even) serves query heads h and h + 1 and h + 1 returns
 //   at once, so each K and V row is loaded once for both; each head's
 //   result is computed as unpacked (the same operations in the same order).
+// - KV_INT8: the caches hold int8 rows (16 values a uint4; head_dim a
+//   multiple of 16) and a float scale per row after them (qk_norm_rope's
+//   layout, kv_scale_word): a score is the row's dot with q times its K step
+//   (scale / 127), a position's weight in the V sums its e times its V step.
+//   Apple GPUs convert int8 to float at full rate, so the twin reads the
+//   values as floats (the WGSL kernel's integer dot products answer
+//   NVIDIA's slow conversions).
 // Preamble (names prefixed Q3W_): WG (= positions per chunk), FUSED, DIRECT,
-// PACKED.
+// PACKED, KV_INT8.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), between the preamble and this file.
 
@@ -28,6 +35,43 @@
 static inline float dot8(float4 qa, float4 qb, uint4 a) {
     return dot(qa, float4(float2(as_type<half2>(a.x)), float2(as_type<half2>(a.y))))
         + dot(qb, float4(float2(as_type<half2>(a.z)), float2(as_type<half2>(a.w))));
+}
+
+// KV_INT8: a K row quad (16 int8 values) dotted with 16 dims of q.
+static inline float dot16(float4 q0, float4 q1, float4 q2, float4 q3, uint4 a) {
+    return dot(q0, float4(as_type<char4>(a.x))) + dot(q1, float4(as_type<char4>(a.y)))
+        + dot(q2, float4(as_type<char4>(a.z))) + dot(q3, float4(as_type<char4>(a.w)));
+}
+
+// KV_INT8: q's dims for quads ja (a0..a3) and jb (b0..b3) of int8 rows.
+struct Q16 {
+    float4 a0, a1, a2, a3, b0, b1, b2, b3;
+};
+
+// KV_INT8: the partial dots of the four rows' int8 quads ja and jb (an
+// int8 row has at most 2 * ATTENTION_KEY_LANES quads), each where the row
+// has it.
+static inline float key16(Q16 q, uint4 a, uint4 b, bool has_a, bool has_b) {
+    return (has_a ? dot16(q.a0, q.a1, q.a2, q.a3, a) : 0.0f) + (has_b ? dot16(q.b0, q.b1, q.b2, q.b3, b) : 0.0f);
+}
+
+// KV_INT8: dims 0..3 (`hi`: 4..7) of the 8 dims 8i..8i+7 a V lane takes
+// from the row's uint4 `a` (its first half, or `odd`, its second).
+static inline float4 v8(uint4 a, bool odd, bool hi) {
+    return float4(as_type<char4>(hi ? (odd ? a.w : a.y) : (odd ? a.z : a.x)));
+}
+
+// pack4x8snorm: four values in [-1, 1] as an int8 word, floor(0.5 + 127 v),
+// low byte first.
+static inline uint snorm8x4(float4 v) {
+    return as_type<uint>(char4(floor(0.5f + 127.0f * clamp(v, float4(-1.0f), float4(1.0f)))));
+}
+
+// KV_INT8: the word (of a cache as uints) of row (kv_head, pos)'s scale
+// (attention_common.wgsl's kv_scale_word in one session's cache).
+static inline uint kv_scale_word(constant Params& p, uint kv_head, uint pos) {
+    const uint base = (p.n_kv_heads * p.capacity * (p.head_dim / 4) + 3) & ~3u;
+    return base + kv_head * ((p.capacity + 3) & ~3u) + pos;
 }
 
 // The score phase's loads for four K rows (ta: their first quads' indices):
@@ -52,6 +96,12 @@ static inline float4 key_dots(KeyQuads k, float4 qa, float4 qb, float4 qc, float
         d += float4(dot8(qc, qd, k.b0), dot8(qc, qd, k.b1), dot8(qc, qd, k.b2), dot8(qc, qd, k.b3));
     }
     return d;
+}
+
+// KV_INT8: key_dots of int8 rows.
+static inline float4 key_dots16(KeyQuads k, Q16 q, bool has_a, bool has_b) {
+    return float4(key16(q, k.a0, k.b0, has_a, has_b), key16(q, k.a1, k.b1, has_a, has_b),
+        key16(q, k.a2, k.b2, has_a, has_b), key16(q, k.a3, k.b3, has_a, has_b));
 }
 
 // The first and last 4 of the 8 halves of a V row quad.
@@ -164,9 +214,21 @@ kernel void attention_partial(
         return; // whole threadgroup: uniform
     }
     const uint kvh = h / (p.n_heads / p.n_kv_heads);
-    const uint half_dim = p.head_dim / 2;
-    const uint kv_base = kvh * p.capacity * half_dim;
+    const bool int8 = Q3W_KV_INT8;
+    // uints a K/V row: half pairs, or int8 quadruples.
+    const uint row_words = int8 ? p.head_dim / 4 : p.head_dim / 2;
+    const uint kv_base = kvh * p.capacity * row_words;
     const uint qw = p.head_dim / 4;
+    // KV_INT8: this lane's position's K and V steps, loaded before anything
+    // else (the fused step's new position takes the maxima it computes).
+    device uint* k_words = reinterpret_cast<device uint*>(k_cache);
+    device uint* v_words = reinterpret_cast<device uint*>(v_cache);
+    const uint own = start + lid;
+    float2 steps = float2(0.0f);
+    if (int8 && own < end) {
+        const uint w = kv_scale_word(p, kvh, own);
+        steps = float2(as_type<float>(k_words[w]), as_type<float>(v_words[w])) * (1.0f / 127.0f);
+    }
 
     if (Q3W_FUSED) {
         // q_s = rope(rms_norm(q_h) * q_norm) for the np heads from h; the
@@ -192,19 +254,19 @@ kernel void attention_partial(
         const uint gi = min(lid, np * qw - 1);
         const uint g = gi / qw;
         const Dims4 qd = load_dims4(q, qk_norm, rope, hd, qb + g * hd, 0, 4 * (gi % qw), pos);
-        // k and v: dims 8j..8j+7.
-        const uint j = min(lid, hd / 8 - 1);
-        const bool kv_lane = writes_kv && lid < hd / 8;
-        Dims4 k0 = {};
-        Dims4 k1 = {};
-        float4 v0 = float4(0.0f);
-        float4 v1 = float4(0.0f);
+        // k and v: dims 8j..8j+7 (KV_INT8: 16j..16j+15, a quad of the
+        // int8 row).
+        const uint per_lane = int8 ? 16 : 8;
+        const uint j = min(lid, hd / per_lane - 1);
+        const bool kv_lane = writes_kv && lid < hd / per_lane;
+        Dims4 kd[4] = {};
+        float4 vd[4] = {float4(0.0f), float4(0.0f), float4(0.0f), float4(0.0f)};
         if (kv_lane) {
-            const uint e = 8 * j;
-            k0 = load_dims4(q, qk_norm, rope, hd, kb, hd, e, pos);
-            k1 = load_dims4(q, qk_norm, rope, hd, kb, hd, e + 4, pos);
-            v0 = float4(q[vb + e], q[vb + e + 1], q[vb + e + 2], q[vb + e + 3]);
-            v1 = float4(q[vb + e + 4], q[vb + e + 5], q[vb + e + 6], q[vb + e + 7]);
+            for (uint c = 0; c < per_lane / 4; c++) {
+                const uint e = per_lane * j + 4 * c;
+                kd[c] = load_dims4(q, qk_norm, rope, hd, kb, hd, e, pos);
+                vd[c] = float4(q[vb + e], q[vb + e + 1], q[vb + e + 2], q[vb + e + 3]);
+            }
         }
         // The heads' sums of squares (q's heads in x and y, k in z), in
         // every simdgroup.
@@ -225,11 +287,48 @@ kernel void attention_partial(
         if (lid < np * qw) {
             q_s[lid] = rope4(qd, rsqrt((g == 0 ? ss.x : ss.y) / float(hd) + p.eps));
         }
+        const float rk = rsqrt(ss.z / float(hd) + p.eps);
+        float4 rd[4] = {float4(0.0f), float4(0.0f), float4(0.0f), float4(0.0f)};
         if (kv_lane) {
-            const float rk = rsqrt(ss.z / float(hd) + p.eps);
-            const uint row = ((kvh * p.capacity + pos) * half_dim) / 4 + j;
-            k_cache[row] = pack8(rope4(k0, rk), rope4(k1, rk));
-            v_cache[row] = pack8(v0, v1);
+            for (uint c = 0; c < per_lane / 4; c++) {
+                rd[c] = rope4(kd[c], rk);
+            }
+        }
+        if (int8) {
+            // The new rows' largest magnitudes (their scales) in one exchange,
+            // which every lane takes (the chunk holding the position is not
+            // known to be uniform).
+            const float4 km = max(max(abs(rd[0]), abs(rd[1])), max(abs(rd[2]), abs(rd[3])));
+            const float4 vm = max(max(abs(vd[0]), abs(vd[1])), max(abs(vd[2]), abs(vd[3])));
+            const float2 mine = float2(max(max(km.x, km.y), max(km.z, km.w)), max(max(vm.x, vm.y), max(vm.z, vm.w)));
+            const float2 sg_m = float2(simd_max(mine.x), simd_max(mine.y));
+            if (sg_lane == 0) {
+                red4[sg_id] = float4(sg_m.x, sg_m.y, 0.0f, 0.0f);
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            float2 mx = float2(red4[0].x, red4[0].y);
+            for (uint i = 1; i < n_sg; i++) {
+                mx = max(mx, float2(red4[i].x, red4[i].y));
+            }
+            if (kv_lane) {
+                const float ik = mx.x > 0.0f ? 1.0f / mx.x : 0.0f;
+                const float iv = mx.y > 0.0f ? 1.0f / mx.y : 0.0f;
+                const uint row = ((kvh * p.capacity + pos) * (hd / 4)) / 4 + j;
+                k_cache[row] = uint4(snorm8x4(rd[0] * ik), snorm8x4(rd[1] * ik), snorm8x4(rd[2] * ik), snorm8x4(rd[3] * ik));
+                v_cache[row] = uint4(snorm8x4(vd[0] * iv), snorm8x4(vd[1] * iv), snorm8x4(vd[2] * iv), snorm8x4(vd[3] * iv));
+                if (j == 0) {
+                    const uint w = kv_scale_word(p, kvh, pos);
+                    k_words[w] = as_type<uint>(mx.x);
+                    v_words[w] = as_type<uint>(mx.y);
+                }
+            }
+            if (own == pos) {
+                steps = mx * (1.0f / 127.0f);
+            }
+        } else if (kv_lane) {
+            const uint row = ((kvh * p.capacity + pos) * (hd / 2)) / 4 + j;
+            k_cache[row] = pack8(rd[0], rd[1]);
+            v_cache[row] = pack8(vd[0], vd[1]);
         }
         // Publishes q_s, and the new row that other lanes read back below.
         threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
@@ -247,7 +346,7 @@ kernel void attention_partial(
     // 8 * rows_per_pass = WG, the chunk in one pass), each row's dots with
     // every head served; then, a head at a time, the partial dots are parked
     // in acc_s and lane t adds position t's.
-    const uint quads = half_dim / 4;
+    const uint quads = row_words / 4;
     const uint n = end - start;
     const uint rows_per_pass = Q3W_WG / ATTENTION_KEY_LANES;
     const uint r = lid % ATTENTION_KEY_LANES;
@@ -266,7 +365,15 @@ kernel void attention_partial(
     const KeyQuads kb = key_quads(k_cache, tb, ja, jb);
     float4 da[2] = {float4(0.0f), float4(0.0f)};
     float4 db[2] = {float4(0.0f), float4(0.0f)};
-    for (uint g = 0; g < np; g++) {
+    for (uint g = 0; int8 && g < np; g++) {
+        // (An int8 row has at most 2 * ATTENTION_KEY_LANES quads.)
+        const uint qa = g * qw + 4 * ja;
+        const uint qb = g * qw + 4 * jb;
+        const Q16 q16 = {q_s[qa], q_s[qa + 1], q_s[qa + 2], q_s[qa + 3], q_s[qb], q_s[qb + 1], q_s[qb + 2], q_s[qb + 3]};
+        da[g] = key_dots16(ka, q16, has_a, has_b);
+        db[g] = key_dots16(kb, q16, has_a, has_b);
+    }
+    for (uint g = 0; !int8 && g < np; g++) {
         const uint qo = g * qw;
         da[g] = key_dots(ka, q_s[qo + 2 * ja], q_s[qo + 2 * ja + 1], q_s[qo + 2 * jb], q_s[qo + 2 * jb + 1], has_a, has_b);
         db[g] = key_dots(kb, q_s[qo + 2 * ja], q_s[qo + 2 * ja + 1], q_s[qo + 2 * jb], q_s[qo + 2 * jb + 1], has_a, has_b);
@@ -300,7 +407,7 @@ kernel void attention_partial(
             for (uint i = 0; i < ATTENTION_KEY_LANES; i++) {
                 d += acc_s[lid * ATTENTION_KEY_LANES + i];
             }
-            s[g] = d * p.scale;
+            s[g] = (int8 ? d * steps.x : d) * p.scale;
         }
     }
     // Softmax statistics in one exchange: each simdgroup publishes its max
@@ -321,7 +428,9 @@ kernel void attention_partial(
     for (uint i = 0; i < n_sg; i++) {
         l += float2(red4[i].z, red4[i].w) * exp(float2(red4[i].x, red4[i].y) - m);
     }
-    e_s[lid] = t < end ? exp(s - m) : float2(0.0f);
+    // KV_INT8: l (the softmax's sum) is e's; the V sums weigh the int8 row
+    // by its step.
+    e_s[lid] = t < end ? exp(s - m) * (int8 ? steps.y : 1.0f) : float2(0.0f);
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
     // Lane (slice, i) sums dims 8i..8i+7 (one 16-byte load per position)
@@ -337,30 +446,42 @@ kernel void attention_partial(
         // Eight positions per iteration, eight independent loads in flight;
         // the last iteration's positions past the end load the last row
         // and weigh 0 (no one-at-a-time tail: each would be a round trip).
-        const uint vb = kv_base / 4 + i;
+        // KV_INT8: dims 8i..8i+7 are half of a uint4 (words 2i, 2i+1).
+        const uint vb = kv_base / 4 + (int8 ? i / 2 : i);
+        const bool odd = int8 && (i & 1) == 1;
+        const uint row_vec4s = row_words / 4;
         const uint ns = n_slices;
         const uint last = end - 1;
         for (uint tt = start + slice; tt < end; tt += 8 * ns) {
             const uint4 ta = min(uint4(tt, tt + ns, tt + 2 * ns, tt + 3 * ns), uint4(last));
             const uint4 tb = min(uint4(tt + 4 * ns, tt + 5 * ns, tt + 6 * ns, tt + 7 * ns), uint4(last));
-            const uint4 v0 = v_cache[vb + ta.x * row_quads];
-            const uint4 v1 = v_cache[vb + ta.y * row_quads];
-            const uint4 v2 = v_cache[vb + ta.z * row_quads];
-            const uint4 v3 = v_cache[vb + ta.w * row_quads];
-            const uint4 v4 = v_cache[vb + tb.x * row_quads];
-            const uint4 v5 = v_cache[vb + tb.y * row_quads];
-            const uint4 v6 = v_cache[vb + tb.z * row_quads];
-            const uint4 v7 = v_cache[vb + tb.w * row_quads];
+            const uint4 v0 = v_cache[vb + ta.x * row_vec4s];
+            const uint4 v1 = v_cache[vb + ta.y * row_vec4s];
+            const uint4 v2 = v_cache[vb + ta.z * row_vec4s];
+            const uint4 v3 = v_cache[vb + ta.w * row_vec4s];
+            const uint4 v4 = v_cache[vb + tb.x * row_vec4s];
+            const uint4 v5 = v_cache[vb + tb.y * row_vec4s];
+            const uint4 v6 = v_cache[vb + tb.z * row_vec4s];
+            const uint4 v7 = v_cache[vb + tb.w * row_vec4s];
             for (uint g = 0; g < np; g++) {
                 const float4 ea = float4(e_s[ta.x - start][g], tt + ns < end ? e_s[ta.y - start][g] : 0.0f,
                     tt + 2 * ns < end ? e_s[ta.z - start][g] : 0.0f, tt + 3 * ns < end ? e_s[ta.w - start][g] : 0.0f);
                 const float4 eb = float4(tt + 4 * ns < end ? e_s[tb.x - start][g] : 0.0f,
                     tt + 5 * ns < end ? e_s[tb.y - start][g] : 0.0f, tt + 6 * ns < end ? e_s[tb.z - start][g] : 0.0f,
                     tt + 7 * ns < end ? e_s[tb.w - start][g] : 0.0f);
-                lo[g] += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
-                    + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
-                hi[g] += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
-                    + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
+                if (int8) {
+                    lo[g] += ea.x * v8(v0, odd, false) + ea.y * v8(v1, odd, false) + ea.z * v8(v2, odd, false)
+                        + ea.w * v8(v3, odd, false) + eb.x * v8(v4, odd, false) + eb.y * v8(v5, odd, false)
+                        + eb.z * v8(v6, odd, false) + eb.w * v8(v7, odd, false);
+                    hi[g] += ea.x * v8(v0, odd, true) + ea.y * v8(v1, odd, true) + ea.z * v8(v2, odd, true)
+                        + ea.w * v8(v3, odd, true) + eb.x * v8(v4, odd, true) + eb.y * v8(v5, odd, true)
+                        + eb.z * v8(v6, odd, true) + eb.w * v8(v7, odd, true);
+                } else {
+                    lo[g] += ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3) + eb.x * lo4(v4)
+                        + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
+                    hi[g] += ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3) + eb.x * hi4(v4)
+                        + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
+                }
             }
         }
     }

@@ -7,9 +7,26 @@
 // hold half pairs packed in uint, layout [kv_head][capacity][head_dim / 2].
 // Batched (prefill): threadgroup (h, 0, z) handles token z of the batch, at
 // position step.pos + z, reading qkv[z] and writing q_out[z].
-// Preamble (names prefixed Q3W_): WG.
+// KV_INT8 (Q3W_KV_INT8): the caches hold int8 rows, four values a word
+// ([kv_head][capacity][head_dim / 4]), then one float scale per row, the
+// row's largest magnitude (qk_norm_rope.wgsl's layout: kv_scale_at); a
+// value is its int8 / 127 times the scale.
+// Preamble (names prefixed Q3W_): WG, KV_INT8.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), between the preamble and this file.
+
+// pack4x8snorm: four values in [-1, 1] as int8 words, floor(0.5 + 127 v),
+// low byte first.
+static inline uint snorm8x4(float4 v) {
+    return as_type<uint>(char4(floor(0.5f + 127.0f * clamp(v, float4(-1.0f), float4(1.0f)))));
+}
+
+// Word of row (kv_head, pos)'s scale in a cache (qk_norm_rope.wgsl's
+// kv_scale_at).
+static inline uint kv_scale_at(constant Params& p, uint kv_head, uint pos) {
+    const uint base = (p.n_kv_heads * p.capacity * (p.head_dim / 4) + 3) & ~3u;
+    return base + kv_head * ((p.capacity + 3) & ~3u) + pos;
+}
 
 kernel void qk_norm_rope(
     constant Params& p [[buffer(0)]],
@@ -28,6 +45,8 @@ kernel void qk_norm_rope(
     uint n_sg [[simdgroups_per_threadgroup]])
 {
     threadgroup float head[MAX_HEAD_DIM];
+    // KV_INT8: the rotated k head.
+    threadgroup float rotated[MAX_HEAD_DIM];
     threadgroup float red[Q3W_WG]; // one slot per simdgroup
 
     const uint h = wg.x;
@@ -45,6 +64,32 @@ kernel void qk_norm_rope(
     if (h >= v_first) {
         // Value head: no norm, no rope; straight into the cache.
         const uint kv = h - v_first;
+        if (Q3W_KV_INT8) {
+            float m = 0.0f;
+            for (uint d = lid; d < hd; d += Q3W_WG) {
+                m = max(m, abs(qkv[src + d]));
+            }
+            // The threadgroup's largest: simdgroup maxima, then every lane's.
+            const float sm = simd_max(m);
+            if (sg_lane == 0) {
+                red[sg_id] = sm;
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            float absmax = red[0];
+            for (uint i = 1; i < n_sg; i++) {
+                absmax = max(absmax, red[i]);
+            }
+            const float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
+            const uint dst = (kv * p.capacity + pos) * (hd / 4);
+            for (uint i = lid; i < hd / 4; i += Q3W_WG) {
+                const uint e = src + 4 * i;
+                v_cache[dst + i] = snorm8x4(float4(qkv[e], qkv[e + 1], qkv[e + 2], qkv[e + 3]) * inv);
+            }
+            if (lid == 0) {
+                v_cache[kv_scale_at(p, kv, pos)] = as_type<uint>(absmax);
+            }
+            return;
+        }
         const uint dst = (kv * p.capacity + pos) * half_dim;
         for (uint i = lid; i < half_dim; i += Q3W_WG) {
             v_cache[dst + i] = as_type<uint>(half2(float2(qkv[src + 2 * i], qkv[src + 2 * i + 1])));
@@ -81,6 +126,37 @@ kernel void qk_norm_rope(
             const float b = head[d + half_dim];
             q_out[q_dst + d] = a * cs.x - b * cs.y;
             q_out[q_dst + d + half_dim] = b * cs.x + a * cs.y;
+        }
+    } else if (Q3W_KV_INT8) {
+        // The rotated row in `rotated` and its largest magnitude first, then
+        // each lane writes four dims as one word. (`red` is free: every lane
+        // read the sum before the barrier above.)
+        const uint kv = h - kv_first;
+        float m = 0.0f;
+        for (uint d = lid; d < hd; d += Q3W_WG) {
+            const float2 cs = rope[rope_base + d % half_dim];
+            const float r = d < half_dim ? head[d] * cs.x - head[d + half_dim] * cs.y
+                                         : head[d] * cs.x + head[d - half_dim] * cs.y;
+            rotated[d] = r;
+            m = max(m, abs(r));
+        }
+        const float sm = simd_max(m);
+        if (sg_lane == 0) {
+            red[sg_id] = sm;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup); // publishes `rotated` and the maxima
+        float absmax = red[0];
+        for (uint i = 1; i < n_sg; i++) {
+            absmax = max(absmax, red[i]);
+        }
+        const float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
+        const uint dst = (kv * p.capacity + pos) * (hd / 4);
+        for (uint i = lid; i < hd / 4; i += Q3W_WG) {
+            const uint d = 4 * i;
+            k_cache[dst + i] = snorm8x4(float4(rotated[d], rotated[d + 1], rotated[d + 2], rotated[d + 3]) * inv);
+        }
+        if (lid == 0) {
+            k_cache[kv_scale_at(p, kv, pos)] = as_type<uint>(absmax);
         }
     } else {
         // Each lane writes the packed pair (2i, 2i+1): compute both.

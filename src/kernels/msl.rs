@@ -23,7 +23,9 @@
 //! `MAX_HEAD_DIM`, `NONE`) follow the preamble, generated from their Rust
 //! definitions. The `int8_matvec` twin implements the rows-per-team layout
 //! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
-//! matvec grids for that layout.
+//! matvec grids for that layout. The kernels that read or write the KV
+//! cache take its format as one more flag (`Q3W_KV_INT8`, the WGSL's
+//! `KV_INT8` override).
 //!
 //! The prompt-batch product `int8_matmul` has a twin too
 //! (kernels/msl/int8_matmul.metal, on SIMD-group matrices): its source comes
@@ -34,6 +36,7 @@
 use super::abi::msl_decls;
 use super::{Kernel, MatvecLayout};
 use crate::converted::WeightFormat;
+use crate::kv_cache::KvFormat;
 
 /// The matvec layout of the MSL twin (the one Apple GPUs get from
 /// [`MatvecLayout::for_device`]); its preamble is generated for it.
@@ -63,12 +66,17 @@ pub fn msl_source(kernel: Kernel) -> Option<String> {
 /// [`msl_source`] of the variant over weights in `format` (a matvec's; the
 /// other kernels read no weights).
 pub fn msl_source_in(kernel: Kernel, format: WeightFormat) -> Option<String> {
-    msl_source_with(kernel, &kernel.typed_constants_in(MSL_MATVEC_LAYOUT, format).render())
+    msl_source_with(kernel, &kernel.typed_constants_in(MSL_MATVEC_LAYOUT, format).render(), KvFormat::F16)
 }
 
-/// [`msl_source`] with the preamble of `constants` (a pipeline's own).
-pub fn msl_source_with(kernel: Kernel, constants: &[(&str, f64)]) -> Option<String> {
-    let defines = preamble_of(constants);
+/// [`msl_source`] with the preamble of `constants` (a pipeline's own) and,
+/// for a kernel that reads or writes the KV cache, its format `kv`.
+pub fn msl_source_with(kernel: Kernel, constants: &[(&str, f64)], kv: KvFormat) -> Option<String> {
+    let mut constants = constants.to_vec();
+    if kernel.reads_kv_cache() {
+        constants.push(("KV_INT8", if kv == KvFormat::Int8 { 1.0 } else { 0.0 }));
+    }
+    let defines = preamble_of(&constants);
     msl_file(kernel).map(|body| format!("{defines}{}{body}", msl_decls(kernel.row().params, body)))
 }
 

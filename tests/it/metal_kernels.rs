@@ -24,7 +24,7 @@ use common::cases::{
 };
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, MatvecLayout, MatvecSplit};
 use qwen3_wgpu::internals::msl;
-use qwen3_wgpu::{AdapterPolicy, Gpu, WeightFormat};
+use qwen3_wgpu::{AdapterPolicy, Gpu, KvFormat, WeightFormat};
 use rand::{rngs::StdRng, SeedableRng};
 use std::path::Path;
 use std::process::Command;
@@ -381,16 +381,29 @@ fn every_msl_variant_compiles_with_xcrun_metal() {
         }
         compiled += 1;
     }
-    // The chunked decode attention packing two query heads a threadgroup.
-    let k = Kernel::AttentionStep;
-    let packed = msl::msl_source_with(k, &packed_attention_constants(k)).expect("an MSL twin");
-    if let Err(e) = metal_compile(&packed, dir.path(), "AttentionStep_packed") {
-        panic!(
-            "the packed attention: `xcrun -sdk macosx metal -Werror -c` rejects its twin:
-{e}"
-        );
+    // The kernels over an int8 KV cache.
+    for k in Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache()) {
+        let constants = k.typed_constants_in(msl::MSL_MATVEC_LAYOUT, WeightFormat::Int8).render();
+        let Some(src) = msl::msl_source_with(k, &constants, KvFormat::Int8) else { continue };
+        if let Err(e) = metal_compile(&src, dir.path(), &format!("{k:?}_kv_int8")) {
+            panic!(
+                "{k:?} over an int8 KV cache: `xcrun -sdk macosx metal -Werror -c` rejects its twin:\n{e}"
+            );
+        }
+        compiled += 1;
     }
-    compiled += 1;
+    // The chunked decode attention packing two query heads a threadgroup,
+    // over either cache.
+    let k = Kernel::AttentionStep;
+    for kv in [KvFormat::F16, KvFormat::Int8] {
+        let packed = msl::msl_source_with(k, &packed_attention_constants(k), kv).expect("an MSL twin");
+        if let Err(e) = metal_compile(&packed, dir.path(), &format!("AttentionStep_packed_{kv:?}")) {
+            panic!(
+                "the packed attention ({kv:?}): `xcrun -sdk macosx metal -Werror -c` rejects its twin:\n{e}"
+            );
+        }
+        compiled += 1;
+    }
     let probe = format!("{}{MATRIX_PROBE}", msl::MSL_HEADER);
     if let Err(e) = metal_compile(&probe, dir.path(), "matrix_probe") {
         panic!("the SIMD-group matrix probe: `xcrun -sdk macosx metal -Werror -c` rejects it:\n{e}");

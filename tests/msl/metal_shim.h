@@ -218,6 +218,10 @@ T rsqrt(T v) {
     return map1(v, [](auto s) { return decltype(s)(1.0f / std::sqrt(float(s))); });
 }
 template <class T>
+T floor(T v) {
+    return map1(v, [](auto s) { return decltype(s)(std::floor(float(s))); });
+}
+template <class T>
 T abs(T v) {
     return map1(v, [](auto s) { return s < 0 ? decltype(s)(-s) : s; });
 }

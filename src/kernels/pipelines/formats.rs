@@ -58,11 +58,12 @@ impl Kernels {
 
     /// Builds the pipelines of the kernels that read the KV cache
     /// ([`Kernel::reads_kv_cache`]) over a cache in `kv` (the f16 cache's
-    /// are built and proven with the set; the others WGSL on every
-    /// backend) and proves them ([`SelfChecker::kv`]) on the first call
-    /// for a format. Errors: `invalid_argument` naming `kv_cache` when the
-    /// model's `head_dim` does not fit the format; a failed build;
-    /// [`Error::GpuDeviceFailed`] when they fail the check (tried again by
+    /// are built and proven with the set) and proves them
+    /// ([`SelfChecker::kv`]) on the first call for a format: MSL twins that
+    /// fail to build or to match fall back to WGSL for this format alone.
+    /// Errors: `invalid_argument` naming `kv_cache` when the model's
+    /// `head_dim` does not fit the format; [`Error::GpuDeviceFailed`] when
+    /// the WGSL pipelines fail to build or the check too (tried again by
     /// the next call).
     pub(crate) fn prepare_kv(&self, gpu: &Gpu, kv: KvFormat, head_dim: usize) -> Result<()> {
         if !kv.fits_head_dim(head_dim) {
@@ -90,16 +91,28 @@ impl Kernels {
         if let Some(check) = proven.get(&kv) {
             return Ok(check.clone());
         }
-        for k in Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache()) {
-            self.pipeline(gpu, self.decode_key_kv(k, WeightFormat::default(), kv))?;
-            let (per_token, _) = self.prefill_keys(k, WeightFormat::default());
-            if let Some(key) = per_token {
-                self.pipeline(gpu, PipelineKey { kv, ..key })?;
+        let outcome = with_fallback(self.source == KernelSource::Msl, |source| {
+            self.kv_sources.write().unwrap_or_else(|e| e.into_inner()).insert(kv, source);
+            for k in Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache()) {
+                self.pipeline(gpu, self.decode_key_kv(k, WeightFormat::default(), kv))?;
+                let (per_token, _) = self.prefill_keys(k, WeightFormat::default());
+                if let Some(key) = per_token {
+                    self.pipeline(gpu, PipelineKey { kv, ..key })?;
+                }
+            }
+            (self.kv_check)(gpu, self, kv)?
+                .passed(&format!("the {} kernels over a {kv} KV cache", source.as_str()))
+        });
+        match outcome {
+            Ok((check, _, _)) => {
+                proven.insert(kv, check.clone());
+                Ok(check)
+            }
+            Err(e) => {
+                self.kv_sources.write().unwrap_or_else(|e| e.into_inner()).remove(&kv);
+                Err(e)
             }
         }
-        let check = (self.kv_check)(gpu, self, kv)?.passed(&format!("the kernels over a {kv} KV cache"))?;
-        proven.insert(kv, check.clone());
-        Ok(check)
     }
 
     /// The self-check of the pipelines over a KV cache in `kv`, once a

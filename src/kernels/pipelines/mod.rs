@@ -197,6 +197,9 @@ pub struct Kernels {
     /// default come from (the candidate while it is proven); absent: the
     /// set's `source`.
     format_sources: RwLock<HashMap<WeightFormat, KernelSource>>,
+    /// Where the kernels over each KV-cache format other than f16 come from
+    /// (the candidate while it is proven); absent: the set's `source`.
+    kv_sources: RwLock<HashMap<KvFormat, KernelSource>>,
     /// An edit of the batched-row pipelines' source (tests: a wrong
     /// pipeline must not be used).
     #[cfg(test)]
@@ -367,6 +370,7 @@ impl Kernels {
             packed_attention: Default::default(),
             formats: Default::default(),
             format_sources: Default::default(),
+            kv_sources: Default::default(),
             #[cfg(test)]
             rows_source_edit: None,
             subgroups: gpu.subgroups,
@@ -397,6 +401,15 @@ impl Kernels {
         sources.get(&format).copied().unwrap_or(self.source)
     }
 
+    /// Where the kernels over a KV cache in `kv` come from.
+    fn source_for_kv(&self, kv: KvFormat) -> KernelSource {
+        if kv == KvFormat::F16 {
+            return self.source;
+        }
+        let sources = self.kv_sources.read().unwrap_or_else(|e| e.into_inner());
+        sources.get(&kv).copied().unwrap_or(self.source)
+    }
+
     /// Builds `k`'s decode and prompt-batch pipelines for weights in
     /// `format` (those already built are kept).
     fn build_kernel(&self, gpu: &Gpu, k: Kernel, format: WeightFormat) -> Result<()> {
@@ -416,13 +429,19 @@ impl Kernels {
     }
 
     /// [`Self::decode_key`] over a KV cache in `kv` (the kernels that read
-    /// the cache; the int8 cache's are WGSL on every backend).
+    /// the cache; their MSL twins take either format).
     fn decode_key_kv(&self, kernel: Kernel, format: WeightFormat, kv: KvFormat) -> PipelineKey {
         // (A kernel that reads no weights has one key for every format,
         // and one that reads no cache one for every KV format.)
         let kv = if kernel.reads_kv_cache() { kv } else { KvFormat::F16 };
-        let source = if kernel.matvec_variant().is_some() { self.source_for(format) } else { self.source };
-        let msl = source == KernelSource::Msl && kernel.row().msl.is_some() && kv == KvFormat::F16;
+        let source = if kernel.matvec_variant().is_some() {
+            self.source_for(format)
+        } else if kernel.reads_kv_cache() {
+            self.source_for_kv(kv)
+        } else {
+            self.source
+        };
+        let msl = source == KernelSource::Msl && kernel.row().msl.is_some();
         let program = if msl { Program::Msl } else { Program::Wgsl };
         PipelineKey { kernel, program, constants: kernel.typed_constants_in(self.matvec_layout, format), kv }
     }
@@ -510,7 +529,7 @@ impl Kernels {
         let (source, entry) = match key.program {
             Program::Wgsl => (k.source(self.subgroups), k.entry()),
             Program::Msl => (
-                crate::kernels::msl::msl_source_with(k, &key.constants.render())
+                crate::kernels::msl::msl_source_with(k, &key.constants.render(), key.kv)
                     .ok_or_else(|| missing("MSL twin"))?,
                 crate::kernels::msl::msl_entry(k),
             ),

@@ -215,6 +215,45 @@ fn a_formats_failing_twins_fall_back_to_wgsl_for_that_format_alone() {
     }
 }
 
+/// The MSL set runs the twins of the kernels reading the KV cache over an
+/// int8 cache too (their source defining `Q3W_KV_INT8` 1, the f16 cache's
+/// 0); where they fail (here: wgpu rejects passthrough MSL on a Vulkan
+/// adapter) the int8 cache's kernels run on WGSL alone, proven, while the
+/// f16 cache's keep the twins.
+#[test]
+fn an_int8_caches_failing_twins_fall_back_to_wgsl_for_that_cache_alone() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    kernels.source = KernelSource::Msl;
+    let kv_kernels: Vec<Kernel> =
+        Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache() && k.row().msl.is_some()).collect();
+    assert!(kv_kernels.contains(&Kernel::QkNormRope) && kv_kernels.contains(&Kernel::AttentionStep));
+    for &k in &kv_kernels {
+        for (kv, flag) in [(KvFormat::F16, 0), (KvFormat::Int8, 1)] {
+            let key = kernels.decode_key_kv(k, WeightFormat::Int8, kv);
+            assert_eq!(key.program, Program::Msl, "{k:?} {kv:?}");
+            let (source, _) = kernels.source_of(key).unwrap();
+            assert!(source.contains(&format!("#define Q3W_KV_INT8 {flag}\n")), "{k:?} {kv:?}");
+        }
+    }
+    let check = kernels.prove_kv(&gpu, KvFormat::Int8).unwrap();
+    assert!(check.ok);
+    for &k in &kv_kernels {
+        assert_eq!(
+            kernels.decode_key_kv(k, WeightFormat::Int8, KvFormat::Int8).program,
+            Program::Wgsl,
+            "{k:?}"
+        );
+        assert_eq!(
+            kernels.decode_key_kv(k, WeightFormat::Int8, KvFormat::F16).program,
+            Program::Msl,
+            "{k:?}"
+        );
+    }
+    assert!(kernels.attention_packed_pipeline(&gpu, KvFormat::Int8).is_some(), "the packed WGSL pipeline");
+}
+
 /// The MSL set asks for the MSL `int8_matmul` twin with the base tile
 /// whatever tiling WGSL takes (the twin's source is written for that
 /// grid: a narrow grid would leave three quarters of its outputs
