@@ -458,16 +458,34 @@ fn head_score(da: vec4<f32>, db: vec4<f32>, tv: vec4<u32>, tu: vec4<u32>, n: u32
     return s;
 }
 
-// Eight positions' f16 V rows (loaded in v0..v7) weighed by ea and eb,
+// The V rows' vec4s at `vb` (a dim slice's, in the first row) of eight
+// positions (ta, tb), rows `row_vec4s` apart: eight independent loads.
+struct VRows {
+    v0: vec4<u32>,
+    v1: vec4<u32>,
+    v2: vec4<u32>,
+    v3: vec4<u32>,
+    v4: vec4<u32>,
+    v5: vec4<u32>,
+    v6: vec4<u32>,
+    v7: vec4<u32>,
+}
+
+fn v_rows(vb: u32, ta: vec4<u32>, tb: vec4<u32>, row_vec4s: u32) -> VRows {
+    return VRows(v_cache[vb + ta.x * row_vec4s], v_cache[vb + ta.y * row_vec4s], v_cache[vb + ta.z * row_vec4s],
+                 v_cache[vb + ta.w * row_vec4s], v_cache[vb + tb.x * row_vec4s], v_cache[vb + tb.y * row_vec4s],
+                 v_cache[vb + tb.z * row_vec4s], v_cache[vb + tb.w * row_vec4s]);
+}
+
+// Eight positions' f16 V rows (v_rows) weighed by ea and eb,
 // added to dims 0..3 (`hi`: 4..7) of this invocation's 8.
-fn v_sum(ea: vec4<f32>, eb: vec4<f32>, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>, v4: vec4<u32>,
-         v5: vec4<u32>, v6: vec4<u32>, v7: vec4<u32>, hi: bool) -> vec4<f32> {
+fn v_sum(ea: vec4<f32>, eb: vec4<f32>, v: VRows, hi: bool) -> vec4<f32> {
     if hi {
-        return ea.x * hi4(v0) + ea.y * hi4(v1) + ea.z * hi4(v2) + ea.w * hi4(v3)
-            + eb.x * hi4(v4) + eb.y * hi4(v5) + eb.z * hi4(v6) + eb.w * hi4(v7);
+        return ea.x * hi4(v.v0) + ea.y * hi4(v.v1) + ea.z * hi4(v.v2) + ea.w * hi4(v.v3)
+            + eb.x * hi4(v.v4) + eb.y * hi4(v.v5) + eb.z * hi4(v.v6) + eb.w * hi4(v.v7);
     }
-    return ea.x * lo4(v0) + ea.y * lo4(v1) + ea.z * lo4(v2) + ea.w * lo4(v3)
-        + eb.x * lo4(v4) + eb.y * lo4(v5) + eb.z * lo4(v6) + eb.w * lo4(v7);
+    return ea.x * lo4(v.v0) + ea.y * lo4(v.v1) + ea.z * lo4(v.v2) + ea.w * lo4(v.v3)
+        + eb.x * lo4(v.v4) + eb.y * lo4(v.v5) + eb.z * lo4(v.v6) + eb.w * lo4(v.v7);
 }
 
 // Adds the V sums' slices of one head (this invocation's 8 dims in lo, hi)
@@ -683,23 +701,16 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             let u = t + vec4<u32>(4u * ns);
             let ta = min(t, vec4<u32>(last));
             let tb = min(u, vec4<u32>(last));
-            let v0 = v_cache[vb + ta.x * row_vec4s];
-            let v1 = v_cache[vb + ta.y * row_vec4s];
-            let v2 = v_cache[vb + ta.z * row_vec4s];
-            let v3 = v_cache[vb + ta.w * row_vec4s];
-            let v4 = v_cache[vb + tb.x * row_vec4s];
-            let v5 = v_cache[vb + tb.y * row_vec4s];
-            let v6 = v_cache[vb + tb.z * row_vec4s];
-            let v7 = v_cache[vb + tb.w * row_vec4s];
+            let v = v_rows(vb, ta, tb, row_vec4s);
             // Positions past the end weigh 0.
             let wa = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[ta.x - start], w_s[ta.y - start],
                                                                      w_s[ta.z - start], w_s[ta.w - start]), t < vec4<u32>(end)));
             let wb = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[tb.x - start], w_s[tb.y - start],
                                                                      w_s[tb.z - start], w_s[tb.w - start]), u < vec4<u32>(end)));
-            let la = transpose_bytes(select(vec4<u32>(v0.x, v1.x, v2.x, v3.x), vec4<u32>(v0.z, v1.z, v2.z, v3.z), odd));
-            let ha = transpose_bytes(select(vec4<u32>(v0.y, v1.y, v2.y, v3.y), vec4<u32>(v0.w, v1.w, v2.w, v3.w), odd));
-            let lb = transpose_bytes(select(vec4<u32>(v4.x, v5.x, v6.x, v7.x), vec4<u32>(v4.z, v5.z, v6.z, v7.z), odd));
-            let hb = transpose_bytes(select(vec4<u32>(v4.y, v5.y, v6.y, v7.y), vec4<u32>(v4.w, v5.w, v6.w, v7.w), odd));
+            let la = transpose_bytes(select(vec4<u32>(v.v0.x, v.v1.x, v.v2.x, v.v3.x), vec4<u32>(v.v0.z, v.v1.z, v.v2.z, v.v3.z), odd));
+            let ha = transpose_bytes(select(vec4<u32>(v.v0.y, v.v1.y, v.v2.y, v.v3.y), vec4<u32>(v.v0.w, v.v1.w, v.v2.w, v.v3.w), odd));
+            let lb = transpose_bytes(select(vec4<u32>(v.v4.x, v.v5.x, v.v6.x, v.v7.x), vec4<u32>(v.v4.z, v.v5.z, v.v6.z, v.v7.z), odd));
+            let hb = transpose_bytes(select(vec4<u32>(v.v4.y, v.v5.y, v.v6.y, v.v7.y), vec4<u32>(v.v4.w, v.v5.w, v.v6.w, v.v7.w), odd));
             lo_h += idot_dims(la, wa.x) + idot_dims(lb, wb.x);
             lo_l += idot_dims(la, wa.z) + idot_dims(lb, wb.z);
             hi_h += idot_dims(ha, wa.x) + idot_dims(hb, wb.x);
@@ -731,14 +742,7 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             let u = t + vec4<u32>(4u * ns);
             let ta = min(t, vec4<u32>(last));
             let tb = min(u, vec4<u32>(last));
-            let v0 = v_cache[vb + ta.x * row_vec4s];
-            let v1 = v_cache[vb + ta.y * row_vec4s];
-            let v2 = v_cache[vb + ta.z * row_vec4s];
-            let v3 = v_cache[vb + ta.w * row_vec4s];
-            let v4 = v_cache[vb + tb.x * row_vec4s];
-            let v5 = v_cache[vb + tb.y * row_vec4s];
-            let v6 = v_cache[vb + tb.z * row_vec4s];
-            let v7 = v_cache[vb + tb.w * row_vec4s];
+            let v = v_rows(vb, ta, tb, row_vec4s);
             let e0 = e_s[ta.x - start];
             let e1 = e_s[ta.y - start];
             let e2 = e_s[ta.z - start];
@@ -751,13 +755,13 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             let mb = u < vec4<u32>(end);
             let ea = select(vec4<f32>(0.0), vec4<f32>(e0.x, e1.x, e2.x, e3.x), ma);
             let eb = select(vec4<f32>(0.0), vec4<f32>(e4.x, e5.x, e6.x, e7.x), mb);
-            lo += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, false);
-            hi += v_sum(ea, eb, v0, v1, v2, v3, v4, v5, v6, v7, true);
+            lo += v_sum(ea, eb, v, false);
+            hi += v_sum(ea, eb, v, true);
             if np == 2u {
                 let ea1 = select(vec4<f32>(0.0), vec4<f32>(e0.y, e1.y, e2.y, e3.y), ma);
                 let eb1 = select(vec4<f32>(0.0), vec4<f32>(e4.y, e5.y, e6.y, e7.y), mb);
-                lo1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, false);
-                hi1 += v_sum(ea1, eb1, v0, v1, v2, v3, v4, v5, v6, v7, true);
+                lo1 += v_sum(ea1, eb1, v, false);
+                hi1 += v_sum(ea1, eb1, v, true);
             }
         }
     }

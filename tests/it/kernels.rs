@@ -11,8 +11,9 @@ use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
     attention_case_int8, attention_case_rows, attention_params, attention_reduce_case, attention_step_case,
     attention_step_case_int8, matmul_case_for, matmul_case_in, matvec_case, matvec_case_in, matvec_case_x16,
-    qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES,
-    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, QK_NORM_ROPE_SHAPES,
+    qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s, ATTENTION_INT8_SHAPES,
+    ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
+    ATTENTION_STEP_INT8_SHAPES, QK_NORM_ROPE_INT8_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use std::collections::HashMap;
@@ -657,8 +658,7 @@ fn qk_norm_rope_int8_kv_matches_cpu() {
             }
             c
         });
-        for shape in [(4, 2, 64, 16, 3, 5), (2, 2, 128, 40, 0, 3), (3, 3, 40, 9, 7, 2), (2, 1, 256, 4, 1, 2)]
-        {
+        for shape in QK_NORM_ROPE_INT8_SHAPES {
             qk_norm_rope_case_int8(&run, shape, &mut rng);
         }
     }
@@ -679,20 +679,12 @@ fn attention_int8_kv_matches_cpu() {
             }
             c
         });
-        for shape in
-            [(4, 2, 64, 600, 300, 3), (2, 1, 128, 300, 1, 2), (3, 3, 32, 520, 513, 1), (2, 2, 256, 40, 40, 1)]
-        {
+        for shape in ATTENTION_INT8_SHAPES {
             attention_case_int8(&run, shape, 1, &mut rng);
         }
-        for (kernel, shape) in [
-            (Kernel::AttentionStepDirect, (4, 2, 64, 16, 0)),
-            (Kernel::AttentionStepDirect, (2, 1, 256, 200, 150)),
-            (Kernel::AttentionStep, (16, 8, 128, 600, 256)),
-            (Kernel::AttentionStep, (4, 1, 64, 300, 299)),
-            (Kernel::AttentionStep, (2, 2, 32, 1100, 700)),
-            // 83 chunks, the context not a multiple of the chunk.
-            (Kernel::AttentionStep, (1, 1, 16, 21_000, 20_999)),
-        ] {
+        // And 83 chunks, the context not a multiple of the chunk.
+        let long = (Kernel::AttentionStep, (1, 1, 16, 21_000, 20_999));
+        for (kernel, shape) in ATTENTION_STEP_INT8_SHAPES.into_iter().chain([long]) {
             attention_step_case_int8(&run, kernel, shape, &mut rng);
         }
     }

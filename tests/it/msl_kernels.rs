@@ -16,9 +16,10 @@ use common::cases::{
     attention_case, attention_case_int8, attention_reduce_case, attention_step_case,
     attention_step_case_int8, check_matrix_probe, matmul_case, matmul_case_for, matmul_case_half_exact,
     matrix_probe_inputs, matvec_case, matvec_case_in, qk_norm_rope_case, qk_norm_rope_case_int8,
-    reduce_params, simdgroup_matrix_owner, to_u32, Mat, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES,
-    ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS,
-    MATRIX_PROBE_THREADGROUP, QK_NORM_ROPE_SHAPES,
+    reduce_params, simdgroup_matrix_owner, to_u32, Mat, ATTENTION_INT8_SHAPES, ATTENTION_REDUCE_SHAPES,
+    ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
+    ATTENTION_STEP_INT8_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP,
+    QK_NORM_ROPE_INT8_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::{argmax_ref, assert_close, f32s, nonzero, poisoned};
 use qwen3_wgpu::internals::kernels::{self, Bind, Kernel, ARGMAX_CHUNK};
@@ -768,8 +769,7 @@ fn msl_attention_packed_matches_cpu_and_the_unpacked_twin() {
     }
 }
 
-/// The twins over an int8 KV cache (`Q3W_KV_INT8`, the shapes of
-/// tests/it/kernels.rs's int8 cases): qk_norm_rope's int8 rows and scales,
+/// The twins over an int8 KV cache (`Q3W_KV_INT8`, the WGSL's int8 shapes): qk_norm_rope's int8 rows and scales,
 /// and attention_partial's prompt variant and direct and chunked decode
 /// steps (which write the new position's int8 rows and scales), unpacked
 /// and packed, against the CPU.
@@ -782,25 +782,17 @@ fn msl_kernels_over_an_int8_kv_cache_match_cpu() {
     let int8 = |s: &str| s.replace("#define Q3W_KV_INT8 0", "#define Q3W_KV_INT8 1");
     let mut rng = StdRng::seed_from_u64(31);
     let run = msl_run_edited(WeightFormat::Int8, &[], int8);
-    for shape in [(4, 2, 64, 16, 3, 5), (2, 2, 128, 40, 0, 3), (3, 3, 40, 9, 7, 2), (2, 1, 256, 4, 1, 2)] {
+    for shape in QK_NORM_ROPE_INT8_SHAPES {
         qk_norm_rope_case_int8(&run, shape, &mut rng);
     }
     let packed = msl_run_edited(WeightFormat::Int8, &[], |s| {
         int8(s).replace("#define Q3W_PACKED 0", "#define Q3W_PACKED 1")
     });
     for run in [&run as &dyn Fn(Kernel, [u32; 3], &[Vec<u8>]) -> Vec<Vec<u8>>, &packed] {
-        for shape in
-            [(4, 2, 64, 600, 300, 3), (2, 1, 128, 300, 1, 2), (3, 3, 32, 520, 513, 1), (2, 2, 256, 40, 40, 1)]
-        {
+        for shape in ATTENTION_INT8_SHAPES {
             attention_case_int8(&run, shape, 1, &mut rng);
         }
-        for (kernel, shape) in [
-            (Kernel::AttentionStepDirect, (4, 2, 64, 16, 0)),
-            (Kernel::AttentionStepDirect, (2, 1, 256, 200, 150)),
-            (Kernel::AttentionStep, (16, 8, 128, 600, 256)),
-            (Kernel::AttentionStep, (4, 1, 64, 300, 299)),
-            (Kernel::AttentionStep, (2, 2, 32, 1100, 700)),
-        ] {
+        for (kernel, shape) in ATTENTION_STEP_INT8_SHAPES {
             attention_step_case_int8(&run, kernel, shape, &mut rng);
         }
     }

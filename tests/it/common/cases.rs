@@ -94,6 +94,32 @@ pub const ATTENTION_STEP_DIRECT_SHAPES: [(usize, usize, usize, usize, usize); 5]
     (3, 1, 40, 20, 13),
     (2, 2, 32, 256, 100),
 ];
+/// qk_norm_rope over an int8 KV cache: (heads, kv heads, head_dim,
+/// capacity, first position, tokens), head_dim a multiple of 4 (40 among
+/// them) up to the largest.
+pub const QK_NORM_ROPE_INT8_SHAPES: [(usize, usize, usize, usize, usize, usize); 4] =
+    [(4, 2, 64, 16, 3, 5), (2, 2, 128, 40, 0, 3), (3, 3, 40, 9, 7, 2), (2, 1, 256, 4, 1, 2)];
+
+/// attention_partial's prompt variant over an int8 KV cache: (heads, kv
+/// heads, head_dim, capacity, context of the first token, tokens),
+/// head_dim a multiple of 16.
+pub const ATTENTION_INT8_SHAPES: [(usize, usize, usize, usize, usize, usize); 4] =
+    [(4, 2, 64, 600, 300, 3), (2, 1, 128, 300, 1, 2), (3, 3, 32, 520, 513, 1), (2, 2, 256, 40, 40, 1)];
+
+/// A decode step's attention shape: (heads, kv heads, head_dim, capacity,
+/// position).
+pub type StepShape = (usize, usize, usize, usize, usize);
+
+/// The fused decode step over an int8 KV cache: the kernel and its shape,
+/// direct and chunked.
+pub const ATTENTION_STEP_INT8_SHAPES: [(Kernel, StepShape); 5] = [
+    (Kernel::AttentionStepDirect, (4, 2, 64, 16, 0)),
+    (Kernel::AttentionStepDirect, (2, 1, 256, 200, 150)),
+    (Kernel::AttentionStep, (16, 8, 128, 600, 256)),
+    (Kernel::AttentionStep, (4, 1, 64, 300, 299)),
+    (Kernel::AttentionStep, (2, 2, 32, 1100, 700)),
+];
+
 pub const ATTENTION_STEP_CHUNKED_SHAPES: [(usize, usize, usize, usize, usize); 6] = [
     (2, 1, 200, 600, 400),
     (1, 1, 8, 33_000, 32_999), // 129 chunks: more than attention_reduce's workgroup
