@@ -82,8 +82,10 @@ fn main() {
             // build and prove.
             match engine.prepare_kv_cache(KvFormat::Int8) {
                 Ok(check) => println!(
-                    "int8 KV cache: wgsl kernels, self-check ok ({} pipelines, {:.1} ms)",
-                    check.pipelines, check.ms
+                    "int8 KV cache: {} kernels, self-check ok ({} pipelines, {:.1} ms)",
+                    engine.kv_cache_source(KvFormat::Int8).as_str(),
+                    check.pipelines,
+                    check.ms
                 ),
                 Err(e) => {
                     println!("NOT READY: int8 KV cache: [{}] {e}", e.code());

@@ -69,6 +69,22 @@ impl Engine {
         self.kernels.source
     }
 
+    /// Where the kernels that read and write a KV cache in `format` come
+    /// from: for f16 [`Self::kernel_source`]; for another format, once
+    /// [`Self::prepare_kv_cache`] (or its first session) has proven them,
+    /// WGSL where its MSL twins failed to build or to match.
+    ///
+    /// ```no_run
+    /// use qwen3_wgpu::{Engine, KvFormat};
+    /// let engine = Engine::new()?;
+    /// engine.prepare_kv_cache(KvFormat::Int8)?;
+    /// println!("int8 KV cache: {} kernels", engine.kv_cache_source(KvFormat::Int8).as_str());
+    /// # Ok::<(), qwen3_wgpu::Error>(())
+    /// ```
+    pub fn kv_cache_source(&self, format: KvFormat) -> KernelSource {
+        self.kernels.kv_source(format)
+    }
+
     /// How the kernels were chosen and checked at start-up: the source in
     /// use, the self-check's result and time, and why the MSL twins were
     /// rejected if they were.

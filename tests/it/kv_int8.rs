@@ -186,6 +186,11 @@ fn the_int8_pipelines_are_proven_ahead_and_doctor_reports_them() {
     assert!(check.ok && check.pipelines >= 6, "{}", check.describe_failures());
     assert_eq!(engine.prepare_kv_cache(KvFormat::Int8).unwrap().ms, check.ms, "proven once");
     assert_eq!(
+        engine.kv_cache_source(KvFormat::Int8),
+        engine.kernel_source(),
+        "no twin here to fall back from"
+    );
+    assert_eq!(
         engine.prepare_kv_cache(KvFormat::F16).unwrap().pipelines,
         engine.kernel_report().self_check.pipelines
     );

@@ -115,6 +115,13 @@ impl Kernels {
         }
     }
 
+    /// Where the kernels over a KV cache in `kv` come from (for a format
+    /// other than f16: the source proven by [`Self::prove_kv`], or the one
+    /// it tries first).
+    pub fn kv_source(&self, kv: KvFormat) -> KernelSource {
+        self.source_for_kv(kv)
+    }
+
     /// The self-check of the pipelines over a KV cache in `kv`, once a
     /// session has used it (`None` before, and for f16, whose pipelines
     /// the start-up check covers).

@@ -237,8 +237,13 @@ fn an_int8_caches_failing_twins_fall_back_to_wgsl_for_that_cache_alone() {
             assert!(source.contains(&format!("#define Q3W_KV_INT8 {flag}\n")), "{k:?} {kv:?}");
         }
     }
+    assert_eq!(kernels.kv_source(KvFormat::Int8), KernelSource::Msl, "tried first");
     let check = kernels.prove_kv(&gpu, KvFormat::Int8).unwrap();
     assert!(check.ok);
+    assert_eq!(
+        (kernels.kv_source(KvFormat::Int8), kernels.kv_source(KvFormat::F16)),
+        (KernelSource::Wgsl, KernelSource::Msl)
+    );
     for &k in &kv_kernels {
         assert_eq!(
             kernels.decode_key_kv(k, WeightFormat::Int8, KvFormat::Int8).program,
