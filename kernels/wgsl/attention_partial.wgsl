@@ -618,13 +618,21 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
     var da1 = vec4<f32>(0.0);
     var db1 = vec4<f32>(0.0);
     if int8 {
+        // (Quad jb's words only where rows have one: head_dim 256.)
+        let two = quads > ATTENTION_KEY_LANES;
         let qa = q_words(0u, ja);
-        let qb = q_words(0u, jb);
+        var qb = qa;
+        if two {
+            qb = q_words(0u, jb);
+        }
         da = key_dots_int8(ka, r, quads, qa, qb);
         db = key_dots_int8(kb, r, quads, qa, qb);
         if np == 2u {
             let qa1 = q_words(qw, ja);
-            let qb1 = q_words(qw, jb);
+            var qb1 = qa1;
+            if two {
+                qb1 = q_words(qw, jb);
+            }
             da1 = key_dots_int8(ka, r, quads, qa1, qb1);
             db1 = key_dots_int8(kb, r, quads, qa1, qb1);
         }
