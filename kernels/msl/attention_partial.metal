@@ -61,19 +61,6 @@ static inline float4 v8(uint4 a, bool odd, bool hi) {
     return float4(as_type<char4>(hi ? (odd ? a.w : a.y) : (odd ? a.z : a.x)));
 }
 
-// pack4x8snorm: four values in [-1, 1] as an int8 word, floor(0.5 + 127 v),
-// low byte first.
-static inline uint snorm8x4(float4 v) {
-    return as_type<uint>(char4(floor(0.5f + 127.0f * clamp(v, float4(-1.0f), float4(1.0f)))));
-}
-
-// KV_INT8: the word (of a cache as uints) of row (kv_head, pos)'s scale
-// (attention_common.wgsl's kv_scale_word in one session's cache).
-static inline uint kv_scale_word(constant Params& p, uint kv_head, uint pos) {
-    const uint base = (p.n_kv_heads * p.capacity * (p.head_dim / 4) + 3) & ~3u;
-    return base + kv_head * ((p.capacity + 3) & ~3u) + pos;
-}
-
 // The score phase's loads for four K rows (ta: their first quads' indices):
 // quads ja and jb of each.
 struct KeyQuads {

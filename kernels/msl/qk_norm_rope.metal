@@ -9,24 +9,12 @@
 // position step.pos + z, reading qkv[z] and writing q_out[z].
 // KV_INT8 (Q3W_KV_INT8): the caches hold int8 rows, four values a word
 // ([kv_head][capacity][head_dim / 4]), then one float scale per row, the
-// row's largest magnitude (qk_norm_rope.wgsl's layout: kv_scale_at); a
-// value is its int8 / 127 times the scale.
+// row's largest magnitude (kv_cache.metal's kv_scale_word, as
+// qk_norm_rope.wgsl's kv_scale_at); a value is its int8 / 127 times the
+// scale.
 // Preamble (names prefixed Q3W_): WG, KV_INT8.
 // Params, Step, MAX_HEAD_DIM, NONE: generated from their Rust definitions
 // (src/kernels/), between the preamble and this file.
-
-// pack4x8snorm: four values in [-1, 1] as int8 words, floor(0.5 + 127 v),
-// low byte first.
-static inline uint snorm8x4(float4 v) {
-    return as_type<uint>(char4(floor(0.5f + 127.0f * clamp(v, float4(-1.0f), float4(1.0f)))));
-}
-
-// Word of row (kv_head, pos)'s scale in a cache (qk_norm_rope.wgsl's
-// kv_scale_at).
-static inline uint kv_scale_at(constant Params& p, uint kv_head, uint pos) {
-    const uint base = (p.n_kv_heads * p.capacity * (p.head_dim / 4) + 3) & ~3u;
-    return base + kv_head * ((p.capacity + 3) & ~3u) + pos;
-}
 
 kernel void qk_norm_rope(
     constant Params& p [[buffer(0)]],
@@ -86,7 +74,7 @@ kernel void qk_norm_rope(
                 v_cache[dst + i] = snorm8x4(float4(qkv[e], qkv[e + 1], qkv[e + 2], qkv[e + 3]) * inv);
             }
             if (lid == 0) {
-                v_cache[kv_scale_at(p, kv, pos)] = as_type<uint>(absmax);
+                v_cache[kv_scale_word(p, kv, pos)] = as_type<uint>(absmax);
             }
             return;
         }
@@ -156,7 +144,7 @@ kernel void qk_norm_rope(
             k_cache[dst + i] = snorm8x4(float4(rotated[d], rotated[d + 1], rotated[d + 2], rotated[d + 3]) * inv);
         }
         if (lid == 0) {
-            k_cache[kv_scale_at(p, kv, pos)] = as_type<uint>(absmax);
+            k_cache[kv_scale_word(p, kv, pos)] = as_type<uint>(absmax);
         }
     } else {
         // Each lane writes the packed pair (2i, 2i+1): compute both.

@@ -25,7 +25,8 @@
 //! only ([`MSL_MATVEC_LAYOUT`]): a pipeline set using it must size the
 //! matvec grids for that layout. The kernels that read or write the KV
 //! cache take its format as one more flag (`Q3W_KV_INT8`, the WGSL's
-//! `KV_INT8` override).
+//! `KV_INT8` override) and share kernels/msl/kv_cache.metal (an int8
+//! cache's rounding and layout), placed before their files.
 //!
 //! The prompt-batch product `int8_matmul` has a twin too
 //! (kernels/msl/int8_matmul.metal, on SIMD-group matrices): its source comes
@@ -69,15 +70,26 @@ pub fn msl_source_in(kernel: Kernel, format: WeightFormat) -> Option<String> {
     msl_source_with(kernel, &kernel.typed_constants_in(MSL_MATVEC_LAYOUT, format).render(), KvFormat::F16)
 }
 
+/// What the twins that read or write the KV cache share (an int8 cache's
+/// rounding and layout), between the declarations and the file.
+pub const KV_CACHE_MSL: &str = include_str!("../../kernels/msl/kv_cache.metal");
+
 /// [`msl_source`] with the preamble of `constants` (a pipeline's own) and,
-/// for a kernel that reads or writes the KV cache, its format `kv`.
+/// for a kernel that reads or writes the KV cache, its format `kv` and
+/// [`KV_CACHE_MSL`].
 pub fn msl_source_with(kernel: Kernel, constants: &[(&str, f64)], kv: KvFormat) -> Option<String> {
     let mut constants = constants.to_vec();
-    if kernel.reads_kv_cache() {
+    let shared = if kernel.reads_kv_cache() {
         constants.push(("KV_INT8", if kv == KvFormat::Int8 { 1.0 } else { 0.0 }));
-    }
+        KV_CACHE_MSL
+    } else {
+        ""
+    };
     let defines = preamble_of(&constants);
-    msl_file(kernel).map(|body| format!("{defines}{}{body}", msl_decls(kernel.row().params, body)))
+    msl_file(kernel).map(|body| {
+        let decls = msl_decls(kernel.row().params, &format!("{shared}{body}"));
+        format!("{defines}{decls}{shared}{body}")
+    })
 }
 
 /// The MSL function to use as the pipeline's entry point (the WGSL entry's
