@@ -96,7 +96,8 @@ fn q_words(base: u32, j: u32) -> QWords {
 }
 
 // K row quad `a` (16 int8 values) dotted with q's parts: 254 sum(k h) +
-// sum(k l), exact in i32 (|.| < 2^27), in units of the head's q step / 254.
+// sum(k l), exact in i32 (|.| < 2^27) and rounded once to f32, in units of
+// the head's q step / 254.
 fn idot16(a: vec4<u32>, q: QWords) -> f32 {
     let h = dot4I8Packed(a.x, q.h.x) + dot4I8Packed(a.y, q.h.y) + dot4I8Packed(a.z, q.h.z) + dot4I8Packed(a.w, q.h.w);
     let l = dot4I8Packed(a.x, q.l.x) + dot4I8Packed(a.y, q.l.y) + dot4I8Packed(a.z, q.l.z) + dot4I8Packed(a.w, q.l.w);
