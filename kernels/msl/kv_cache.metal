@@ -1,6 +1,6 @@
 // What the twins that read or write the KV cache share (qk_norm_rope and
 // attention_partial; prepended to their files by Rust, after the generated
-// declarations): an int8 cache's rounding and layout, qk_norm_rope.wgsl's.
+// declarations): an int8 cache's rounding and layout, kv_cache.wgsl's.
 
 // pack4x8snorm: four values in [-1, 1] as an int8 word, floor(0.5 + 127 v),
 // low byte first.

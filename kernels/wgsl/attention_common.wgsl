@@ -7,7 +7,7 @@
 @group(0) @binding(0) var<uniform> p: Params;
 
 // KV_INT8: the caches hold int8 rows, four values a word, and a scale per
-// row after them (qk_norm_rope.wgsl's layout, `kv_scale_at`); head_dim a
+// row after them (kv_cache.wgsl's layout, `kv_scale_word`); head_dim a
 // multiple of 16. (Declared before its first use: naga 30's override
 // processing panics otherwise.)
 override KV_INT8: bool = false;
@@ -36,13 +36,6 @@ fn lo4(a: vec4<u32>) -> vec4<f32> {
 }
 fn hi4(a: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(a.z), unpack2x16float(a.w));
-}
-
-// KV_INT8: word index (in u32 words of the binding) of the scale of row
-// (kv_head, pos) in the region at vec4 word `kv_off`.
-fn kv_scale_word(kv_off: u32, kv_head: u32, pos: u32) -> u32 {
-    let base = (p.n_kv_heads * p.capacity * (p.head_dim / 4u) + 3u) & ~3u;
-    return 4u * kv_off + base + kv_head * ((p.capacity + 3u) & ~3u) + pos;
 }
 
 // KV_INT8: the quantisation step of the row whose scale is at word `w`

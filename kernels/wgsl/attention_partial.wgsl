@@ -75,8 +75,8 @@ fn dot8(a: vec4<u32>, j: u32, qo: u32) -> f32 {
 }
 
 // KV_INT8: the caches hold int8 rows (a quad is 16 values; head_dim a
-// multiple of 16) and a scale per row (qk_norm_rope.wgsl's layout,
-// `kv_scale_at`): a score is the row's dot with q times its K step (scale /
+// multiple of 16) and a scale per row (kv_cache.wgsl's layout,
+// `kv_scale_word`): a score is the row's dot with q times its K step (scale /
 // 127), and a position's weight in the V sums its e times its V step. Both
 // are integer dot products against q and the weights in 16-bit fixed point
 // (an error of at most 1/64,516 of the head's largest |q|, or of the

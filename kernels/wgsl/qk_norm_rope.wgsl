@@ -26,20 +26,11 @@
 
 var<workgroup> head: array<f32, MAX_HEAD_DIM>;
 
-// KV_INT8: the caches hold int8 rows, four values a word
-// ([kv_head][capacity][head_dim / 4]), then one f32 scale per row, the
-// row's largest magnitude, at word kv_scale_at(kv_head, pos): a value is
-// unpack4x8snorm(word) * scale (pack4x8snorm(v / scale) rounds 127 v /
-// scale to the nearest integer). A row of zeros has scale 0. The scales
-// start at a multiple of 4 words and each head's take a multiple of 4, so
-// no vec4 of scales holds two heads' (attention_partial writes one as a
-// whole vec4).
+// KV_INT8: the caches are int8 (kv_cache.wgsl's layout): each row's
+// scale is its largest magnitude, at word kv_scale_word(0, kv_head, pos)
+// (pack4x8snorm(v / scale) rounds 127 v / scale to the nearest integer).
+// A row of zeros has scale 0.
 override KV_INT8: bool = false;
-
-fn kv_scale_at(kv_head: u32, pos: u32) -> u32 {
-    let base = (p.n_kv_heads * p.capacity * (p.head_dim / 4u) + 3u) & ~3u;
-    return base + kv_head * ((p.capacity + 3u) & ~3u) + pos;
-}
 
 // The multiplier that maps a row of largest magnitude `absmax` into
 // [-1, 1] (0 for a row of zeros).
@@ -86,7 +77,7 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
                 v_cache[dst + i] = pack4x8snorm(vec4<f32>(qkv[e], qkv[e + 1u], qkv[e + 2u], qkv[e + 3u]) * inv);
             }
             if lane.idx == 0u {
-                v_cache[kv_scale_at(kv, pos)] = bitcast<u32>(absmax);
+                v_cache[kv_scale_word(0u, kv, pos)] = bitcast<u32>(absmax);
             }
             return;
         }
@@ -140,7 +131,7 @@ fn qk_norm_rope(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             k_cache[dst + i] = pack4x8snorm(r * inv);
         }
         if lane.idx == 0u {
-            k_cache[kv_scale_at(kv, pos)] = bitcast<u32>(absmax);
+            k_cache[kv_scale_word(0u, kv, pos)] = bitcast<u32>(absmax);
         }
     } else {
         // Each invocation writes the packed pair (2i, 2i+1): compute both.

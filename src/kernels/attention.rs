@@ -121,11 +121,12 @@ pub fn reduce_grid(n_heads: u32) -> [u32; 3] {
 }
 
 /// What the attention kernels share (bindings, f16 unpacking, the int8
-/// parts of an int8 cache's integer dot products), prepended to
-/// `attention_partial` and `attention_prefill`.
+/// parts of an int8 cache's integer dot products, the int8 cache's layout),
+/// prepended to `attention_partial` and `attention_prefill`.
 pub(super) const ATTENTION_COMMON: &str = concat!(
     include_str!("../../kernels/wgsl/attention_common.wgsl"),
-    include_str!("../../kernels/wgsl/int8_parts.wgsl")
+    include_str!("../../kernels/wgsl/int8_parts.wgsl"),
+    include_str!("../../kernels/wgsl/kv_cache.wgsl")
 );
 
 /// Cached positions per `attention_partial` workgroup (one per invocation).

@@ -414,6 +414,7 @@ impl Kernel {
             // The int8 arithmetic's `pack_f16` (the residual's f16 copy).
             Family::Embed => matvec::INT8_MATH,
             Family::Attention(_) => attention::ATTENTION_COMMON,
+            Family::NormRope => norm_rope::KV_CACHE_WGSL,
             Family::Sample => sample::SAMPLE_COMMON,
             Family::SampleMerge => SAMPLE_MERGE_COMMON,
             _ => "",

@@ -20,6 +20,10 @@ pub const BINDINGS: &[Bind] = &[
 /// few invocations suffice; 256 left most of them idle (a 256-token batch
 /// of the 0.6B model runs 8,192 workgroups).
 pub const NORM_ROPE_WG: u32 = 64;
+
+/// The int8 KV cache's layout (`kv_scale_word`), which `qk_norm_rope`
+/// writes and the attention kernels read, prepended to `qk_norm_rope`.
+pub(super) const KV_CACHE_WGSL: &str = include_str!("../../kernels/wgsl/kv_cache.wgsl");
 const _: () = assert!(NORM_ROPE_WG.is_power_of_two());
 
 /// The grid: one workgroup per q, k and v head (`z`: tokens of a batch).
