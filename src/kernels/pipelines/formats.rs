@@ -1,6 +1,8 @@
 //! The pipelines over a weight format other than the set's own (int4's
 //! products) and over a KV-cache format other than f16 (int8's attention):
-//! built and proven when a model or session first needs them, once.
+//! built and proven when a model or session first needs them, once, and
+//! where each format's kernels come from (MSL twins, or WGSL where they
+//! failed for that format).
 
 use super::{Kernels, PipelineKey};
 use crate::converted::WeightFormat;
@@ -115,11 +117,26 @@ impl Kernels {
         }
     }
 
+    /// Where the matrix products over weights in `format` come from (for
+    /// a format other than the default: the source proven by
+    /// [`Self::prepare_format`], or the one it tries first).
+    pub(super) fn source_for(&self, format: WeightFormat) -> KernelSource {
+        if format == WeightFormat::default() {
+            return self.source;
+        }
+        let sources = self.format_sources.read().unwrap_or_else(|e| e.into_inner());
+        sources.get(&format).copied().unwrap_or(self.source)
+    }
+
     /// Where the kernels over a KV cache in `kv` come from (for a format
     /// other than f16: the source proven by [`Self::prove_kv`], or the one
     /// it tries first).
     pub fn kv_source(&self, kv: KvFormat) -> KernelSource {
-        self.source_for_kv(kv)
+        if kv == KvFormat::F16 {
+            return self.source;
+        }
+        let sources = self.kv_sources.read().unwrap_or_else(|e| e.into_inner());
+        sources.get(&kv).copied().unwrap_or(self.source)
     }
 
     /// The self-check of the pipelines over a KV cache in `kv`, once a

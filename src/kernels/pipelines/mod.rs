@@ -392,24 +392,6 @@ impl Kernels {
         Ok(kernels)
     }
 
-    /// Where the matrix products over weights in `format` come from.
-    fn source_for(&self, format: WeightFormat) -> KernelSource {
-        if format == WeightFormat::default() {
-            return self.source;
-        }
-        let sources = self.format_sources.read().unwrap_or_else(|e| e.into_inner());
-        sources.get(&format).copied().unwrap_or(self.source)
-    }
-
-    /// Where the kernels over a KV cache in `kv` come from.
-    fn source_for_kv(&self, kv: KvFormat) -> KernelSource {
-        if kv == KvFormat::F16 {
-            return self.source;
-        }
-        let sources = self.kv_sources.read().unwrap_or_else(|e| e.into_inner());
-        sources.get(&kv).copied().unwrap_or(self.source)
-    }
-
     /// Builds `k`'s decode and prompt-batch pipelines for weights in
     /// `format` (those already built are kept).
     fn build_kernel(&self, gpu: &Gpu, k: Kernel, format: WeightFormat) -> Result<()> {
@@ -437,7 +419,7 @@ impl Kernels {
         let source = if kernel.matvec_variant().is_some() {
             self.source_for(format)
         } else if kernel.reads_kv_cache() {
-            self.source_for_kv(kv)
+            self.kv_source(kv)
         } else {
             self.source
         };
