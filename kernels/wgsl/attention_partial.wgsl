@@ -179,11 +179,6 @@ fn rope4(x: Dims4, inv: f32) -> vec4<f32> {
     return a * x.cosine + b * x.sine;
 }
 
-// Four f32 values as two f16 pairs, and 8 as a K/V row quad.
-fn pack8(lo: vec4<f32>, hi: vec4<f32>) -> vec4<u32> {
-    return vec4<u32>(pack2x16float(lo.xy), pack2x16float(lo.zw), pack2x16float(hi.xy), pack2x16float(hi.zw));
-}
-
 // The sums of squares of the workgroup's q heads (x: the first, y: the
 // second when `np` is 2; lane t of each team adds dims t, t + team size,
 // ...) and, in z with `writes_kv`, k's: each team sums them itself, so
@@ -206,17 +201,49 @@ fn head_squares(qb: u32, kb: u32, np: u32, writes_kv: bool, lane: Lane) -> vec4<
     return team_sum4(sq, lane);
 }
 
+// The new K and V rows' words, parked by their invocations (kv_words)
+// for the invocations that write the rows' quads (kv_quad).
+var<workgroup> kvw_s: array<u32, MAX_HEAD_DIM>;
+// The first invocation holding k or v dims: after q's (np * head_dim/4 <=
+// MAX_HEAD_DIM / 2), and KV_LANE0 + head_dim/2 <= WG
+// (src/kernels/attention.rs asserts MAX_HEAD_DIM <= WG).
+const KV_LANE0: u32 = MAX_HEAD_DIM / 2u;
+
+// This invocation's share of the new K and V rows: `w`-th 4 dims (k's for
+// w < head_dim/4, then v's), starting at dim `e`.
+struct KvWords {
+    k: bool,
+    v: bool,
+    w: u32,
+    e: u32,
+}
+
+fn kv_words(lane: Lane, writes_kv: bool) -> KvWords {
+    let qw = p.head_dim / 4u;
+    let w = min(max(lane.idx, KV_LANE0) - KV_LANE0, 2u * qw - 1u);
+    let live = writes_kv && lane.idx >= KV_LANE0 && lane.idx < KV_LANE0 + 2u * qw;
+    return KvWords(live && w < qw, live && w >= qw, w, 4u * (w % qw));
+}
+
+// Quad j of the parked words (K's quads, then V's).
+fn kv_quad(j: u32) -> vec4<u32> {
+    return vec4<u32>(kvw_s[4u * j], kvw_s[4u * j + 1u], kvw_s[4u * j + 2u], kvw_s[4u * j + 3u]);
+}
+
 // FUSED: q_s = rope(rms_norm(q_h) * q_norm) for the workgroup's `np` heads
 // from h; with `writes_kv`, also the new position's k_cache =
 // f16(rope(rms_norm(k) * k_norm)) and v_cache = f16(v).
-// Every load is issued up front, so the prologue waits on memory once, and
-// nothing is exchanged through workgroup memory before the one barrier that
-// publishes q_s and the new K/V row:
+// Every load is issued up front, so the prologue waits on memory once:
 // - invocation i < np * head_dim/4 rotates dims 4i..4i+3 of the heads'
 //   q (head i / (head_dim/4)), loading their RoPE partners itself, and
 //   writes q_s[i];
-// - invocation j < head_dim/8 rotates k's dims 8j..8j+7 likewise and writes
-//   them, and v's, as quad j of the new K and V rows.
+// - invocation KV_LANE0 + i (kv_words) rotates k's dims 4i..4i+3 likewise,
+//   or loads v's, and parks them in kvw_s; invocation j < head_dim/4 then
+//   writes quad j % (head_dim/8) of the new K (j < head_dim/8) or V row.
+// Four dims an invocation, not a quad's eight (f16) or sixteen (int8): a
+// kernel's occupancy follows its phase with the most live registers, and
+// a quad's dims loaded up front made that the prologue (BENCHMARKS.md,
+// 2026-12-07 22:13: per-workgroup work bounds this kernel).
 // Each vector in workgroup or storage memory is written whole by one
 // invocation: lanes writing different components of one vector could be
 // compiled to read-modify-writes of the whole vector that lose each
@@ -231,43 +258,51 @@ fn fused_qk(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qk
     let gi = min(lane.idx, np * qw - 1u);
     let g = gi / qw;
     let qd = load_dims4(qb + g * hd, 0u, 4u * (gi % qw), pos);
-    // k and v: dims 8j..8j+7.
-    let j = min(lane.idx, hd / 8u - 1u);
-    let kv_lane = writes_kv && lane.idx < hd / 8u;
-    var k0: Dims4;
-    var k1: Dims4;
-    var v0 = vec4<f32>(0.0);
-    var v1 = vec4<f32>(0.0);
-    if kv_lane {
-        let e = 8u * j;
-        k0 = load_dims4(kb, hd, e, pos);
-        k1 = load_dims4(kb, hd, e + 4u, pos);
-        v0 = vec4<f32>(q[vb + e], q[vb + e + 1u], q[vb + e + 2u], q[vb + e + 3u]);
-        v1 = vec4<f32>(q[vb + e + 4u], q[vb + e + 5u], q[vb + e + 6u], q[vb + e + 7u]);
+    let kv = kv_words(lane, writes_kv);
+    var kd: Dims4;
+    var v = vec4<f32>(0.0);
+    if kv.k {
+        kd = load_dims4(kb, hd, kv.e, pos);
+    }
+    if kv.v {
+        v = vec4<f32>(q[vb + kv.e], q[vb + kv.e + 1u], q[vb + kv.e + 2u], q[vb + kv.e + 3u]);
     }
     let ss = head_squares(qb, kb, np, writes_kv, lane);
     if lane.idx < np * qw {
         q_s[lane.idx] = rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps));
     }
-    if kv_lane {
-        let rk = inverseSqrt(ss.z / f32(hd) + p.eps);
-        let row = kv_off + ((kvh * p.capacity + pos) * (hd / 2u)) / 4u + j;
-        k_cache[row] = pack8(rope4(k0, rk), rope4(k1, rk));
-        v_cache[row] = pack8(v0, v1);
+    if kv.k {
+        v = rope4(kd, inverseSqrt(ss.z / f32(hd) + p.eps));
+    }
+    if kv.k || kv.v {
+        kvw_s[2u * kv.w] = pack2x16float(v.xy);
+        kvw_s[2u * kv.w + 1u] = pack2x16float(v.zw);
+    }
+    workgroupBarrier(); // publishes kvw_s
+    if writes_kv && lane.idx < hd / 4u {
+        let quads = hd / 8u;
+        let row = kv_off + ((kvh * p.capacity + pos) * (hd / 2u)) / 4u + lane.idx % quads;
+        let quad = kv_quad(lane.idx);
+        if lane.idx < quads {
+            k_cache[row] = quad;
+        } else {
+            v_cache[row] = quad;
+        }
     }
     // Publishes q_s, and the new K/V row that other invocations read back.
     storageBarrier();
     workgroupBarrier();
 }
 
-// fused_qk with an int8 KV cache: invocation j < head_dim/16 rotates k's
-// dims 16j..16j+15 and writes them, and v's, as quad j of the new rows;
-// the rows' largest magnitudes (their scales) and the q heads' (for their
-// int8 parts, qh_s / ql_s) come from one workgroup exchange, which every
-// invocation takes (the chunk holding the position is not known to be
-// uniform), and the scales are written as whole vec4s (a head's scales
-// share no vec4 with another head's). Returns the new K and V rows'
-// largest magnitudes and the q heads'.
+// fused_qk with an int8 KV cache, four dims an invocation likewise:
+// after one workgroup exchange of the rows' largest magnitudes (their
+// scales) and the q heads' (for their int8 parts, qh_s / ql_s), which
+// every invocation takes (the chunk holding the position is not known to
+// be uniform), the k and v invocations park their int8 words in kvw_s and
+// invocation j < head_dim/8 writes quad j % (head_dim/16) of the new K
+// (j < head_dim/16) or V row, and its first the row's scale, as a whole
+// vec4 (a head's scales share no vec4 with another head's). Returns the
+// new K and V rows' largest magnitudes and the q heads'.
 fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) -> vec4<f32> {
     let hd = p.head_dim;
     let qw = hd / 4u;
@@ -277,26 +312,14 @@ fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lan
     let gi = min(lane.idx, np * qw - 1u);
     let g = gi / qw;
     let qd = load_dims4(qb + g * hd, 0u, 4u * (gi % qw), pos);
-    let j = min(lane.idx, hd / 16u - 1u);
-    let kv_lane = writes_kv && lane.idx < hd / 16u;
-    var k0: Dims4;
-    var k1: Dims4;
-    var k2: Dims4;
-    var k3: Dims4;
-    var v0 = vec4<f32>(0.0);
-    var v1 = vec4<f32>(0.0);
-    var v2 = vec4<f32>(0.0);
-    var v3 = vec4<f32>(0.0);
-    if kv_lane {
-        let e = 16u * j;
-        k0 = load_dims4(kb, hd, e, pos);
-        k1 = load_dims4(kb, hd, e + 4u, pos);
-        k2 = load_dims4(kb, hd, e + 8u, pos);
-        k3 = load_dims4(kb, hd, e + 12u, pos);
-        v0 = vec4<f32>(q[vb + e], q[vb + e + 1u], q[vb + e + 2u], q[vb + e + 3u]);
-        v1 = vec4<f32>(q[vb + e + 4u], q[vb + e + 5u], q[vb + e + 6u], q[vb + e + 7u]);
-        v2 = vec4<f32>(q[vb + e + 8u], q[vb + e + 9u], q[vb + e + 10u], q[vb + e + 11u]);
-        v3 = vec4<f32>(q[vb + e + 12u], q[vb + e + 13u], q[vb + e + 14u], q[vb + e + 15u]);
+    let kv = kv_words(lane, writes_kv);
+    var kd: Dims4;
+    var v = vec4<f32>(0.0);
+    if kv.k {
+        kd = load_dims4(kb, hd, kv.e, pos);
+    }
+    if kv.v {
+        v = vec4<f32>(q[vb + kv.e], q[vb + kv.e + 1u], q[vb + kv.e + 2u], q[vb + kv.e + 3u]);
     }
     let ss = head_squares(qb, kb, np, writes_kv, lane);
     let q_lane = lane.idx < np * qw;
@@ -304,42 +327,45 @@ fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lan
     if q_lane {
         q_s[lane.idx] = qv;
     }
-    let rk = inverseSqrt(ss.z / f32(hd) + p.eps);
-    var r0 = vec4<f32>(0.0);
-    var r1 = vec4<f32>(0.0);
-    var r2 = vec4<f32>(0.0);
-    var r3 = vec4<f32>(0.0);
-    if kv_lane {
-        r0 = rope4(k0, rk);
-        r1 = rope4(k1, rk);
-        r2 = rope4(k2, rk);
-        r3 = rope4(k3, rk);
+    if kv.k {
+        v = rope4(kd, inverseSqrt(ss.z / f32(hd) + p.eps));
     }
-    let km = max(max(abs(r0), abs(r1)), max(abs(r2), abs(r3)));
-    let vm = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)));
+    let va = abs(v);
+    let vm = max(max(va.x, va.y), max(va.z, va.w));
     let qa = abs(qv);
     let qm = select(0.0, max(max(qa.x, qa.y), max(qa.z, qa.w)), q_lane);
-    let mx = wg_max4(vec4<f32>(max(max(km.x, km.y), max(km.z, km.w)), max(max(vm.x, vm.y), max(vm.z, vm.w)),
-                               select(0.0, qm, g == 0u), select(0.0, qm, g == 1u)), lane);
+    let mx = wg_max4(vec4<f32>(select(0.0, vm, kv.k), select(0.0, vm, kv.v), select(0.0, qm, g == 0u),
+                               select(0.0, qm, g == 1u)), lane);
     if q_lane {
         let qp = q_parts(qv, mx[2u + g]);
         qh_s[lane.idx] = qp.h;
         ql_s[lane.idx] = qp.l;
     }
-    if kv_lane {
-        let ik = select(0.0, 1.0 / mx.x, mx.x > 0.0);
-        let iv = select(0.0, 1.0 / mx.y, mx.y > 0.0);
+    if kv.k || kv.v {
+        let m = select(mx.y, mx.x, kv.k);
+        kvw_s[kv.w] = pack4x8snorm(v * select(0.0, 1.0 / m, m > 0.0));
+    }
+    workgroupBarrier(); // publishes kvw_s
+    if writes_kv && lane.idx < hd / 8u {
+        let quads = hd / 16u;
+        let j = lane.idx % quads;
         let row = kv_off + ((kvh * p.capacity + pos) * (hd / 4u)) / 4u + j;
-        k_cache[row] = vec4<u32>(pack4x8snorm(r0 * ik), pack4x8snorm(r1 * ik), pack4x8snorm(r2 * ik), pack4x8snorm(r3 * ik));
-        v_cache[row] = vec4<u32>(pack4x8snorm(v0 * iv), pack4x8snorm(v1 * iv), pack4x8snorm(v2 * iv), pack4x8snorm(v3 * iv));
-        if j == 0u {
-            let w = kv_scale_word(kv_off, kvh, pos);
-            var ks = k_cache[w / 4u];
-            ks[w % 4u] = bitcast<u32>(mx.x);
-            k_cache[w / 4u] = ks;
-            var vs = v_cache[w / 4u];
-            vs[w % 4u] = bitcast<u32>(mx.y);
-            v_cache[w / 4u] = vs;
+        let sw = kv_scale_word(kv_off, kvh, pos);
+        let quad = kv_quad(lane.idx);
+        if lane.idx < quads {
+            k_cache[row] = quad;
+            if j == 0u {
+                var ks = k_cache[sw / 4u];
+                ks[sw % 4u] = bitcast<u32>(mx.x);
+                k_cache[sw / 4u] = ks;
+            }
+        } else {
+            v_cache[row] = quad;
+            if j == 0u {
+                var vs = v_cache[sw / 4u];
+                vs[sw % 4u] = bitcast<u32>(mx.y);
+                v_cache[sw / 4u] = vs;
+            }
         }
     }
     // Publishes q_s, its parts, and the new K/V row and scales that other
