@@ -128,6 +128,13 @@ fn idot_dims(t: vec4<u32>, w: u32) -> vec4<i32> {
     return vec4<i32>(dot4I8Packed(t.x, w), dot4I8Packed(t.y, w), dot4I8Packed(t.z, w), dot4I8Packed(t.w, w));
 }
 
+// Four dims over two groups of four positions (`a`, `b`: transposed as
+// idot_dims takes them) weighed by their weights' parts (h words `ha`,
+// `hb`, l words `la`, `lb`): 254 sum(h v) + sum(l v).
+fn idot_parts(a: vec4<u32>, b: vec4<u32>, ha: u32, la: u32, hb: u32, lb: u32) -> vec4<i32> {
+    return 254 * (idot_dims(a, ha) + idot_dims(b, hb)) + idot_dims(a, la) + idot_dims(b, lb);
+}
+
 
 // u32 words of a K/V row.
 fn row_words(int8: bool) -> u32 {
@@ -716,21 +723,20 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         // four positions, the rows' words for dims 8i..8i+3 (`lo`) and
         // 8i+4..8i+7 (`hi`: words 2i, 2i+1 of the row, half of a vec4) and
         // the four weights are byte-transposed, so that each dot4I8Packed
-        // adds one dim over the four positions. Exact in i32 (a slice sums
-        // at most WG / n_slices positions, each |h v|, |l v| <= 127^2).
+        // adds one dim over the four positions; h and l add up as 254 h + l
+        // at once (one accumulator a dim and head: the V phase's registers
+        // bound the kernel's occupancy with the prologue's). Exact in i32: a
+        // slice sums at most WG / n_slices = head_dim / 8 <= 32 positions,
+        // each |254 h v + l v| <= 127 * 32,385.
         let vb = kv_base / 4u + i / 2u;
         let odd = (i & 1u) == 1u;
         let row_vec4s = row_words(int8) / 4u;
         let ns = n_slices;
         let last = end - 1u;
-        var lo_h = vec4<i32>(0);
-        var lo_l = vec4<i32>(0);
-        var hi_h = vec4<i32>(0);
-        var hi_l = vec4<i32>(0);
-        var lo_h1 = vec4<i32>(0);
-        var lo_l1 = vec4<i32>(0);
-        var hi_h1 = vec4<i32>(0);
-        var hi_l1 = vec4<i32>(0);
+        var lo_i = vec4<i32>(0);
+        var hi_i = vec4<i32>(0);
+        var lo_i1 = vec4<i32>(0);
+        var hi_i1 = vec4<i32>(0);
         for (var tt = start + slice; tt < end; tt += 8u * ns) {
             let t = vec4<u32>(tt, tt + ns, tt + 2u * ns, tt + 3u * ns);
             let u = t + vec4<u32>(4u * ns);
@@ -746,23 +752,19 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
             let ha = transpose_bytes(select(vec4<u32>(v.v0.y, v.v1.y, v.v2.y, v.v3.y), vec4<u32>(v.v0.w, v.v1.w, v.v2.w, v.v3.w), odd));
             let lb = transpose_bytes(select(vec4<u32>(v.v4.x, v.v5.x, v.v6.x, v.v7.x), vec4<u32>(v.v4.z, v.v5.z, v.v6.z, v.v7.z), odd));
             let hb = transpose_bytes(select(vec4<u32>(v.v4.y, v.v5.y, v.v6.y, v.v7.y), vec4<u32>(v.v4.w, v.v5.w, v.v6.w, v.v7.w), odd));
-            lo_h += idot_dims(la, wa.x) + idot_dims(lb, wb.x);
-            lo_l += idot_dims(la, wa.z) + idot_dims(lb, wb.z);
-            hi_h += idot_dims(ha, wa.x) + idot_dims(hb, wb.x);
-            hi_l += idot_dims(ha, wa.z) + idot_dims(hb, wb.z);
+            lo_i += idot_parts(la, lb, wa.x, wa.z, wb.x, wb.z);
+            hi_i += idot_parts(ha, hb, wa.x, wa.z, wb.x, wb.z);
             if np == 2u {
-                lo_h1 += idot_dims(la, wa.y) + idot_dims(lb, wb.y);
-                lo_l1 += idot_dims(la, wa.w) + idot_dims(lb, wb.w);
-                hi_h1 += idot_dims(ha, wa.y) + idot_dims(hb, wb.y);
-                hi_l1 += idot_dims(ha, wa.w) + idot_dims(hb, wb.w);
+                lo_i1 += idot_parts(la, lb, wa.y, wa.w, wb.y, wb.w);
+                hi_i1 += idot_parts(ha, hb, wa.y, wa.w, wb.y, wb.w);
             }
         }
-        // (254 h + l) in units of v_max / (127 * 254).
+        // In units of v_max / (127 * 254).
         let unit = v_max * (1.0 / (127.0 * 254.0));
-        lo = (254.0 * vec4<f32>(lo_h) + vec4<f32>(lo_l)) * unit;
-        hi = (254.0 * vec4<f32>(hi_h) + vec4<f32>(hi_l)) * unit;
-        lo1 = (254.0 * vec4<f32>(lo_h1) + vec4<f32>(lo_l1)) * unit;
-        hi1 = (254.0 * vec4<f32>(hi_h1) + vec4<f32>(hi_l1)) * unit;
+        lo = vec4<f32>(lo_i) * unit;
+        hi = vec4<f32>(hi_i) * unit;
+        lo1 = vec4<f32>(lo_i1) * unit;
+        hi1 = vec4<f32>(hi_i1) * unit;
     }
     if slice < n_slices && !int8 {
         // Eight positions per iteration, eight independent loads in flight;
