@@ -237,6 +237,44 @@ fn kv_quad(j: u32) -> vec4<u32> {
     return vec4<u32>(kvw_s[4u * j], kvw_s[4u * j + 1u], kvw_s[4u * j + 2u], kvw_s[4u * j + 3u]);
 }
 
+// The fused prologue's values of this invocation (fused_qk's list):
+// q's four rotated dims `q` of head `g` (`q_lane`: an invocation that
+// holds some), and its share `kv` of the new rows with their four values
+// `kv_vals` (k's rotated, or v's).
+struct FusedDims {
+    q: vec4<f32>,
+    g: u32,
+    q_lane: bool,
+    kv: KvWords,
+    kv_vals: vec4<f32>,
+}
+
+fn fused_dims(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32) -> FusedDims {
+    let hd = p.head_dim;
+    let qw = hd / 4u;
+    let qb = qkv_row + h * hd;
+    let kb = qkv_row + (p.n_heads + kvh) * hd;
+    let vb = qkv_row + (p.n_heads + p.n_kv_heads + kvh) * hd;
+    // q: head g's dims 4i..4i+3, in range for the inactive invocations too.
+    let gi = min(lane.idx, np * qw - 1u);
+    let g = gi / qw;
+    let qd = load_dims4(qb + g * hd, 0u, 4u * (gi % qw), pos);
+    let kv = kv_words(lane, writes_kv);
+    var kd: Dims4;
+    var v = vec4<f32>(0.0);
+    if kv.k {
+        kd = load_dims4(kb, hd, kv.e, pos);
+    }
+    if kv.v {
+        v = vec4<f32>(q[vb + kv.e], q[vb + kv.e + 1u], q[vb + kv.e + 2u], q[vb + kv.e + 3u]);
+    }
+    let ss = head_squares(qb, kb, np, writes_kv, lane);
+    if kv.k {
+        v = rope4(kd, inverseSqrt(ss.z / f32(hd) + p.eps));
+    }
+    return FusedDims(rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps)), g, lane.idx < np * qw, kv, v);
+}
+
 // FUSED: q_s = rope(rms_norm(q_h) * q_norm) for the workgroup's `np` heads
 // from h; with `writes_kv`, also the new position's k_cache =
 // f16(rope(rms_norm(k) * k_norm)) and v_cache = f16(v).
@@ -257,33 +295,13 @@ fn kv_quad(j: u32) -> vec4<u32> {
 // other's components.
 fn fused_qk(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) {
     let hd = p.head_dim;
-    let qw = hd / 4u;
-    let qb = qkv_row + h * hd;
-    let kb = qkv_row + (p.n_heads + kvh) * hd;
-    let vb = qkv_row + (p.n_heads + p.n_kv_heads + kvh) * hd;
-    // q: head g's dims 4i..4i+3, in range for the inactive invocations too.
-    let gi = min(lane.idx, np * qw - 1u);
-    let g = gi / qw;
-    let qd = load_dims4(qb + g * hd, 0u, 4u * (gi % qw), pos);
-    let kv = kv_words(lane, writes_kv);
-    var kd: Dims4;
-    var v = vec4<f32>(0.0);
-    if kv.k {
-        kd = load_dims4(kb, hd, kv.e, pos);
+    let d = fused_dims(h, np, kvh, pos, writes_kv, lane, qkv_row);
+    if d.q_lane {
+        q_s[lane.idx] = d.q;
     }
-    if kv.v {
-        v = vec4<f32>(q[vb + kv.e], q[vb + kv.e + 1u], q[vb + kv.e + 2u], q[vb + kv.e + 3u]);
-    }
-    let ss = head_squares(qb, kb, np, writes_kv, lane);
-    if lane.idx < np * qw {
-        q_s[lane.idx] = rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps));
-    }
-    if kv.k {
-        v = rope4(kd, inverseSqrt(ss.z / f32(hd) + p.eps));
-    }
-    if kv.k || kv.v {
-        kvw_s[2u * kv.w] = pack2x16float(v.xy);
-        kvw_s[2u * kv.w + 1u] = pack2x16float(v.zw);
+    if d.kv.k || d.kv.v {
+        kvw_s[2u * d.kv.w] = pack2x16float(d.kv_vals.xy);
+        kvw_s[2u * d.kv.w + 1u] = pack2x16float(d.kv_vals.zw);
     }
     workgroupBarrier(); // publishes kvw_s
     if writes_kv && lane.idx < hd / 4u {
@@ -312,45 +330,24 @@ fn fused_qk(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qk
 // new K and V rows' largest magnitudes and the q heads'.
 fn fused_qk_int8(h: u32, np: u32, kvh: u32, pos: u32, writes_kv: bool, lane: Lane, qkv_row: u32, kv_off: u32) -> vec4<f32> {
     let hd = p.head_dim;
-    let qw = hd / 4u;
-    let qb = qkv_row + h * hd;
-    let kb = qkv_row + (p.n_heads + kvh) * hd;
-    let vb = qkv_row + (p.n_heads + p.n_kv_heads + kvh) * hd;
-    let gi = min(lane.idx, np * qw - 1u);
-    let g = gi / qw;
-    let qd = load_dims4(qb + g * hd, 0u, 4u * (gi % qw), pos);
-    let kv = kv_words(lane, writes_kv);
-    var kd: Dims4;
-    var v = vec4<f32>(0.0);
-    if kv.k {
-        kd = load_dims4(kb, hd, kv.e, pos);
+    let d = fused_dims(h, np, kvh, pos, writes_kv, lane, qkv_row);
+    if d.q_lane {
+        q_s[lane.idx] = d.q;
     }
-    if kv.v {
-        v = vec4<f32>(q[vb + kv.e], q[vb + kv.e + 1u], q[vb + kv.e + 2u], q[vb + kv.e + 3u]);
-    }
-    let ss = head_squares(qb, kb, np, writes_kv, lane);
-    let q_lane = lane.idx < np * qw;
-    let qv = rope4(qd, inverseSqrt(ss[g] / f32(hd) + p.eps));
-    if q_lane {
-        q_s[lane.idx] = qv;
-    }
-    if kv.k {
-        v = rope4(kd, inverseSqrt(ss.z / f32(hd) + p.eps));
-    }
-    let va = abs(v);
+    let va = abs(d.kv_vals);
     let vm = max(max(va.x, va.y), max(va.z, va.w));
-    let qa = abs(qv);
-    let qm = select(0.0, max(max(qa.x, qa.y), max(qa.z, qa.w)), q_lane);
-    let mx = wg_max4(vec4<f32>(select(0.0, vm, kv.k), select(0.0, vm, kv.v), select(0.0, qm, g == 0u),
-                               select(0.0, qm, g == 1u)), lane);
-    if q_lane {
-        let qp = q_parts(qv, mx[2u + g]);
+    let qa = abs(d.q);
+    let qm = select(0.0, max(max(qa.x, qa.y), max(qa.z, qa.w)), d.q_lane);
+    let mx = wg_max4(vec4<f32>(select(0.0, vm, d.kv.k), select(0.0, vm, d.kv.v), select(0.0, qm, d.g == 0u),
+                               select(0.0, qm, d.g == 1u)), lane);
+    if d.q_lane {
+        let qp = q_parts(d.q, mx[2u + d.g]);
         qh_s[lane.idx] = qp.h;
         ql_s[lane.idx] = qp.l;
     }
-    if kv.k || kv.v {
-        let m = select(mx.y, mx.x, kv.k);
-        kvw_s[kv.w] = pack4x8snorm(v * select(0.0, 1.0 / m, m > 0.0));
+    if d.kv.k || d.kv.v {
+        let m = select(mx.y, mx.x, d.kv.k);
+        kvw_s[d.kv.w] = pack4x8snorm(d.kv_vals * select(0.0, 1.0 / m, m > 0.0));
     }
     workgroupBarrier(); // publishes kvw_s
     if writes_kv && lane.idx < hd / 8u {
