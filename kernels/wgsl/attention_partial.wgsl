@@ -489,6 +489,22 @@ fn head_score(da: vec4<f32>, db: vec4<f32>, tv: vec4<u32>, tu: vec4<u32>, n: u32
     return s;
 }
 
+// A V phase iteration's eight positions from `tt`, `ns` (the slices)
+// apart: t and u, four each, and the rows they load, ta and tb (past
+// `last`, the last row: those positions weigh 0).
+struct VPositions {
+    t: vec4<u32>,
+    u: vec4<u32>,
+    ta: vec4<u32>,
+    tb: vec4<u32>,
+}
+
+fn v_positions(tt: u32, ns: u32, last: u32) -> VPositions {
+    let t = vec4<u32>(tt, tt + ns, tt + 2u * ns, tt + 3u * ns);
+    let u = t + vec4<u32>(4u * ns);
+    return VPositions(t, u, min(t, vec4<u32>(last)), min(u, vec4<u32>(last)));
+}
+
 // The V rows' vec4s at `vb` (a dim slice's, in the first row) of eight
 // positions (ta, tb), rows `row_vec4s` apart: eight independent loads.
 struct VRows {
@@ -735,16 +751,13 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         var lo_i1 = vec4<i32>(0);
         var hi_i1 = vec4<i32>(0);
         for (var tt = start + slice; tt < end; tt += 8u * ns) {
-            let t = vec4<u32>(tt, tt + ns, tt + 2u * ns, tt + 3u * ns);
-            let u = t + vec4<u32>(4u * ns);
-            let ta = min(t, vec4<u32>(last));
-            let tb = min(u, vec4<u32>(last));
-            let v = v_rows(vb, ta, tb, row_vec4s);
+            let ps = v_positions(tt, ns, last);
+            let v = v_rows(vb, ps.ta, ps.tb, row_vec4s);
             // Positions past the end weigh 0.
-            let wa = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[ta.x - start], w_s[ta.y - start],
-                                                                     w_s[ta.z - start], w_s[ta.w - start]), t < vec4<u32>(end)));
-            let wb = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[tb.x - start], w_s[tb.y - start],
-                                                                     w_s[tb.z - start], w_s[tb.w - start]), u < vec4<u32>(end)));
+            let wa = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[ps.ta.x - start], w_s[ps.ta.y - start],
+                                                                     w_s[ps.ta.z - start], w_s[ps.ta.w - start]), ps.t < vec4<u32>(end)));
+            let wb = transpose_bytes(select(vec4<u32>(0u), vec4<u32>(w_s[ps.tb.x - start], w_s[ps.tb.y - start],
+                                                                     w_s[ps.tb.z - start], w_s[ps.tb.w - start]), ps.u < vec4<u32>(end)));
             let la = transpose_bytes(select(vec4<u32>(v.v0.x, v.v1.x, v.v2.x, v.v3.x), vec4<u32>(v.v0.z, v.v1.z, v.v2.z, v.v3.z), odd));
             let ha = transpose_bytes(select(vec4<u32>(v.v0.y, v.v1.y, v.v2.y, v.v3.y), vec4<u32>(v.v0.w, v.v1.w, v.v2.w, v.v3.w), odd));
             let lb = transpose_bytes(select(vec4<u32>(v.v4.x, v.v5.x, v.v6.x, v.v7.x), vec4<u32>(v.v4.z, v.v5.z, v.v6.z, v.v7.z), odd));
@@ -772,21 +785,18 @@ fn attention_partial(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>, @builtin(
         let ns = n_slices;
         let last = end - 1u;
         for (var tt = start + slice; tt < end; tt += 8u * ns) {
-            let t = vec4<u32>(tt, tt + ns, tt + 2u * ns, tt + 3u * ns);
-            let u = t + vec4<u32>(4u * ns);
-            let ta = min(t, vec4<u32>(last));
-            let tb = min(u, vec4<u32>(last));
-            let v = v_rows(vb, ta, tb, row_vec4s);
-            let e0 = e_s[ta.x - start];
-            let e1 = e_s[ta.y - start];
-            let e2 = e_s[ta.z - start];
-            let e3 = e_s[ta.w - start];
-            let e4 = e_s[tb.x - start];
-            let e5 = e_s[tb.y - start];
-            let e6 = e_s[tb.z - start];
-            let e7 = e_s[tb.w - start];
-            let ma = t < vec4<u32>(end);
-            let mb = u < vec4<u32>(end);
+            let ps = v_positions(tt, ns, last);
+            let v = v_rows(vb, ps.ta, ps.tb, row_vec4s);
+            let e0 = e_s[ps.ta.x - start];
+            let e1 = e_s[ps.ta.y - start];
+            let e2 = e_s[ps.ta.z - start];
+            let e3 = e_s[ps.ta.w - start];
+            let e4 = e_s[ps.tb.x - start];
+            let e5 = e_s[ps.tb.y - start];
+            let e6 = e_s[ps.tb.z - start];
+            let e7 = e_s[ps.tb.w - start];
+            let ma = ps.t < vec4<u32>(end);
+            let mb = ps.u < vec4<u32>(end);
             let ea = select(vec4<f32>(0.0), vec4<f32>(e0.x, e1.x, e2.x, e3.x), ma);
             let eb = select(vec4<f32>(0.0), vec4<f32>(e4.x, e5.x, e6.x, e7.x), mb);
             lo += v_sum(ea, eb, v, false);

@@ -23,6 +23,15 @@ fn passed() -> SelfCheck {
     SelfCheck { ok: true, pipelines: 0, ms: 0.0, failures: vec![] }
 }
 
+/// A set that every check passes, claiming the MSL source (its twins'
+/// keys) on lavapipe, where wgpu rejects passthrough MSL.
+fn msl_set(gpu: &Gpu) -> Kernels {
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
+    let mut kernels = Kernels::new(gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    kernels.source = KernelSource::Msl;
+    kernels
+}
+
 /// A batched-row pipeline asked for without waiting is built on a
 /// thread of its own: the call returns at once with none, a later call
 /// finds the very pipeline the blocking call returns (one cache entry),
@@ -179,9 +188,7 @@ fn the_set_builds_each_decode_and_prefill_pipeline_once() {
 #[test]
 fn a_formats_failing_twins_fall_back_to_wgsl_for_that_format_alone() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
-    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
-    kernels.source = KernelSource::Msl;
+    let kernels = msl_set(&gpu);
     let report = kernels.prepare_format(&gpu, WeightFormat::Int4).unwrap();
     assert_eq!(report.source, KernelSource::Wgsl);
     assert!(report.fallback.is_some(), "the MSL rejection is recorded");
@@ -200,7 +207,7 @@ fn a_formats_failing_twins_fall_back_to_wgsl_for_that_format_alone() {
         KernelChoice::Wgsl,
         None,
         SelfChecker {
-            set: pass,
+            set: |_, _| Ok(passed()),
             format: fail,
             kv: |_, _, _| Ok(passed()),
             packed_attention: |_, _, _| Ok(passed()),
@@ -223,9 +230,7 @@ fn a_formats_failing_twins_fall_back_to_wgsl_for_that_format_alone() {
 #[test]
 fn an_int8_caches_failing_twins_fall_back_to_wgsl_for_that_cache_alone() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
-    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
-    kernels.source = KernelSource::Msl;
+    let kernels = msl_set(&gpu);
     let kv_kernels: Vec<Kernel> =
         Kernel::ALL.into_iter().filter(|k| k.reads_kv_cache() && k.row().msl.is_some()).collect();
     assert!(kv_kernels.contains(&Kernel::QkNormRope) && kv_kernels.contains(&Kernel::AttentionStep));
@@ -311,9 +316,7 @@ fn the_msl_set_takes_the_twins_base_tile_whatever_the_tiling() {
 #[test]
 fn the_msl_set_runs_the_twins_over_every_format() {
     let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
-    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
-    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
-    kernels.source = KernelSource::Msl;
+    let mut kernels = msl_set(&gpu);
     kernels.matvec_layout = crate::kernels::msl::MSL_MATVEC_LAYOUT;
     let split = kernels.matvec_layout.splits()[0];
     let shape = MatvecShape { rows: 70, k_words: 48, groups: 3, n_in: 190 };
