@@ -221,6 +221,51 @@ pub fn attention_prefill_source(subgroups: bool) -> (String, Vec<(&'static str, 
     (src, vec![("WG", k.workgroup_size() as f64)])
 }
 
+/// Prompt tokens one workgroup of the tile program of `attention_prefill`
+/// serves (attention_prefill_tiles.wgsl: one 16-column tile of tokens).
+pub const PREFILL_TILE_ATTENTION_TOKENS: u32 = 16;
+/// head_dim must be a multiple of this for the tile program (its tiles
+/// are 16 dims wide); other models run the f32 `attention_prefill`.
+pub const PREFILL_TILE_HEAD_DIM_MULTIPLE: usize = 16;
+/// Workgroup memory of the tile program (attention_prefill_tiles.wgsl's
+/// arrays): its f16 q (then weights), the f32 scores (then acc) and the
+/// partial tile's f16 rows: 32 KB, what Apple GPUs and lavapipe offer.
+pub const PREFILL_TILE_ATTENTION_WORKGROUP_BYTES: u32 = PREFILL_TILE_ATTENTION_TOKENS * WG * 2
+    + PREFILL_TILE_ATTENTION_TOKENS * WG * 4
+    + 16 * MAX_HEAD_DIM as u32 * 2;
+const _: () = assert!(PREFILL_TILE_ATTENTION_WORKGROUP_BYTES <= 32 * 1024);
+// Its softmax gives each token 16 invocations; its subgroups are 32 lanes;
+// the weights take q's place, and acc the scores'.
+const _: () = assert!(WG == 16 * PREFILL_TILE_ATTENTION_TOKENS && WG.is_multiple_of(32));
+const _: () = assert!(WG as usize == MAX_HEAD_DIM);
+// The engine's batch buffers hold whole tiles of the tiled matmul's tokens.
+const _: () = assert!(MATMUL_TOKENS_PER_WG.is_multiple_of(PREFILL_TILE_ATTENTION_TOKENS));
+
+/// The WGSL of the tile program of `attention_prefill`
+/// (attention_prefill_tiles.wgsl) on cooperative matrices, or
+/// (`emulated`) with scalar sums in their place, on
+/// [`Kernel::AttentionPartial`]'s bind-group layout.
+pub fn attention_prefill_tiles_source(emulated: bool) -> String {
+    let k = Kernel::AttentionPartial;
+    let (enables, tiles) = if emulated {
+        ("enable f16;\n", include_str!("../../kernels/wgsl/attention_prefill_coop_emulated.wgsl"))
+    } else {
+        // A subgroup's tiles branch on the subgroup: uniform in each, all
+        // cooperative matrices need, which naga's analysis cannot see (it
+        // reports it under this rule).
+        (
+            "enable f16;\nenable wgpu_cooperative_matrix;\ndiagnostic(off, derivative_uniformity);\n",
+            include_str!("../../kernels/wgsl/attention_prefill_coop.wgsl"),
+        )
+    };
+    let common = include_str!("../../kernels/wgsl/attention_prefill_tiles.wgsl");
+    let body = format!("{common}\n{tiles}");
+    let decls = super::abi::wgsl_decls(k.row().params, &body);
+    format!(
+        "{enables}const TOKENS: u32 = {PREFILL_TILE_ATTENTION_TOKENS}u;\noverride WG: u32 = {WG}u;\n{decls}\n{body}"
+    )
+}
+
 /// `body` with each line `// for # in SPANS: code` written out as `code`
 /// once per span, `#` standing for its index: attention_prefill's loops
 /// over its per-span scores, which a compiler might keep as loops and so

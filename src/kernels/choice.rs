@@ -180,9 +180,10 @@ pub struct KernelReport {
     /// (`int8_matmul_coop`: f16 operands, f32 sums; see
     /// [`crate::EngineBuilder::cooperative_matrices`]).
     pub cooperative_matrices: bool,
-    /// Why the cooperative-matrix program is not in use although the
-    /// device offers it (its build or the self-check failed): `None`
-    /// otherwise.
+    /// Why the cooperative-matrix programs are not all in use although
+    /// the device offers them (a build or the self-check failed with the
+    /// prompt attention's tile program; the products may still run on
+    /// them, as `cooperative_matrices` says): `None` otherwise.
     pub cooperative_fallback: Option<String>,
     /// Whether decode steps keep an f16 copy of the residual stream, which
     /// the normed matvecs (qkv, gate/up, the LM head) read instead of the

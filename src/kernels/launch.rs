@@ -261,6 +261,15 @@ impl Launch {
         }
     }
 
+    /// The launch with `pipeline` as its prompt-batch program, serving
+    /// `tokens` tokens a workgroup (attention_partial's, as the model and
+    /// its KV cache take: [`Kernels::attention_prefill_for`]).
+    pub(crate) fn with_prompt_pipeline(mut self, pipeline: wgpu::ComputePipeline, tokens: u32) -> Self {
+        self.pipelines.per_token = Some(pipeline);
+        self.pipelines.per_token_tokens = tokens;
+        self
+    }
+
     /// What this launch runs (for diagnostics).
     pub fn kind(&self) -> LaunchKind {
         LaunchKind { kernel: self.kernel, split: self.matvec_split }

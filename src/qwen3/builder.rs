@@ -320,7 +320,12 @@ impl Builder<'_> {
         ];
         let chunks = if direct { 1 } else { s.attention_chunks as u32 };
         let heads = self.cfg.num_attention_heads as u32;
-        self.launch(kernel, bytes_of(&self.head_params()), &bufs, [heads, chunks, 1])
+        let launch = self.launch(kernel, bytes_of(&self.head_params()), &bufs, [heads, chunks, 1]);
+        if kernel != Kernel::AttentionPartial {
+            return launch;
+        }
+        let (prompt, tokens) = self.kernels.attention_prefill_for(s.kv_layout.format, self.cfg.head_dim);
+        launch.with_prompt_pipeline(prompt, tokens)
     }
 
     /// Combines the chunks of an attention launch into `attn`, one

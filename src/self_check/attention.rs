@@ -9,7 +9,9 @@ use super::rig::{f16s, f32s, fail, step, to_f32, Rig};
 use super::{Check, ATTENTION_TOLERANCE, F16_TOLERANCE};
 use crate::converted::WeightFormat;
 use crate::error::{Error, Result};
-use crate::kernels::{attention, norm_rope, HeadParams, Kernel, ReduceParams, ATTENTION_CHUNK};
+use crate::kernels::{
+    attention, norm_rope, HeadParams, Kernel, ReduceParams, ATTENTION_CHUNK, PREFILL_ATTENTION_TOKENS,
+};
 use crate::kv_cache::{KvFormat, KvLayout};
 use crate::qwen3::rope_table;
 use crate::reference::{
@@ -263,12 +265,35 @@ pub(super) fn attention_prompt(rig: &mut Rig<'_>, kv: KvFormat) -> Result<Check>
     }))
 }
 
-/// The prompt-batch program of `attention_partial` (`attention_prefill`,
-/// its tokens per workgroup as the engine's) over 5 tokens at contexts
+/// The prompt-batch program of `attention_partial` a model of the check's
+/// heads runs over a KV cache in `kv` (`attention_prefill`, or its tile
+/// program: [`Kernels::attention_prefill_for`]) over 5 tokens at contexts
 /// 254..258 of a capacity of 300 (the last group of tokens short, the
-/// contexts across the chunk edge) of a KV cache in `kv`, then
+/// contexts across the chunk edge, a partial 16-position tile), then
 /// `attention_reduce` per token.
 pub(super) fn attention_prompt_batch(rig: &mut Rig<'_>, kv: KvFormat) -> Result<Check> {
+    let program = rig.kernels.attention_prefill_for(kv, HEADS.2);
+    attention_prompt_batch_on(rig, kv, program)
+}
+
+/// [`attention_prompt_batch`] on `attention_prefill` itself where the set
+/// runs the tile program for such a model: what a model whose head_dim the
+/// tile program does not take runs.
+pub(super) fn attention_prompt_batch_f32(rig: &mut Rig<'_>) -> Result<Option<Check>> {
+    if !rig.kernels.attention_tiles {
+        return Ok(None);
+    }
+    let program = (rig.kernels.attention_prefill_f32(KvFormat::F16), PREFILL_ATTENTION_TOKENS);
+    attention_prompt_batch_on(rig, KvFormat::F16, program).map(Some)
+}
+
+/// [`attention_prompt_batch`] on `program` (a pipeline and its tokens per
+/// workgroup).
+fn attention_prompt_batch_on(
+    rig: &mut Rig<'_>,
+    kv: KvFormat,
+    (batch_pipeline, tokens_per_wg): (wgpu::ComputePipeline, u32),
+) -> Result<Check> {
     let kernel = Kernel::AttentionPartial;
     let (nh, nkv, hd) = HEADS;
     let (cap, seq, tokens) = (300, 254, 5);
@@ -291,10 +316,8 @@ pub(super) fn attention_prompt_batch(rig: &mut Rig<'_>, kv: KvFormat) -> Result<
         rig.storage(&f32s(&[1.0; 4]))?,
         rig.storage(&f32s(&[2.0; 4]))?,
     ];
-    let batch_pipeline = pipeline(rig, kernel, kv, true)?;
     let [x, y, _] = attention::partial_grid(nh as u32, chunks as u32);
-    let groups =
-        (tokens as u32).div_ceil(rig.kernels.launch_pipelines(kernel, WeightFormat::Int8).per_token_tokens);
+    let groups = (tokens as u32).div_ceil(tokens_per_wg);
     rig.dispatch_pipeline(
         kernel,
         true,

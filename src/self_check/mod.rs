@@ -96,6 +96,7 @@ pub fn run(gpu: &Gpu, kernels: &Kernels) -> Result<SelfCheck> {
                 sample_top_k(&mut rig)?,
                 logits_mask(&mut rig)?,
             ];
+            checks.extend(attention::attention_prompt_batch_f32(&mut rig)?);
             checks.extend(products(&mut rig, WeightFormat::default())?);
             Ok(checks)
         },

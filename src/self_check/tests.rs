@@ -1,7 +1,7 @@
 use super::*;
 use crate::converted::WeightFormat;
 use crate::gpu::AdapterPolicy;
-use crate::kernels::{compile_for_layout, KernelChoice};
+use crate::kernels::{compile_for_layout, Constants, KernelChoice, PREFILL_ATTENTION_TOKENS};
 use crate::kv_cache::KvFormat;
 
 fn wgsl_kernels() -> (Gpu, Kernels) {
@@ -335,6 +335,54 @@ fn the_packed_attention_is_proven_and_a_wrong_one_is_not_served() {
     let check = run_packed_attention(&gpu, &kernels, KvFormat::F16).unwrap();
     assert!(!check.ok, "a wrong packed attention passed");
     assert!(kernels.attention_packed_pipeline(&gpu, KvFormat::F16).is_none());
+}
+
+/// Where the set runs prompt attention on 16 x 16 tiles (here their
+/// emulation: lavapipe has f16 but no cooperative matrices), a model of the
+/// check's head_dim runs that program over an f16 cache, and the check
+/// covers it and `attention_prefill` (what other head_dims and the int8
+/// cache run): a tile program that reads every query head's K and V from
+/// KV head 0 is caught.
+#[test]
+fn the_tile_attention_program_is_checked_and_a_wrong_one_caught() {
+    let gpu = Gpu::new_with(AdapterPolicy::Portable, false, true).expect("a Vulkan adapter (lavapipe in CI)");
+    let mut kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, CHECKER).expect("the WGSL kernels build");
+    assert!(
+        kernels.coop_emulated && kernels.attention_tiles,
+        "lavapipe has f16 and 32 KB of workgroup memory"
+    );
+    let check = kernels.report.self_check.clone();
+    assert!(check.ok, "{}", check.describe_failures());
+    let (tiles, per_wg) = kernels.attention_prefill_for(KvFormat::F16, 64);
+    assert_eq!(per_wg, crate::kernels::PREFILL_TILE_ATTENTION_TOKENS);
+    let f32_program = kernels.attention_prefill_f32(KvFormat::F16);
+    assert_ne!(tiles, f32_program);
+    for (kv, head_dim) in [(KvFormat::F16, 72), (KvFormat::F16, 40)] {
+        let (p, per_wg) = kernels.attention_prefill_for(kv, head_dim);
+        assert_eq!((p, per_wg), (f32_program.clone(), PREFILL_ATTENTION_TOKENS), "head_dim {head_dim}");
+    }
+    kernels.prepare_kv(&gpu, KvFormat::Int8, 64).unwrap();
+    let (p, per_wg) = kernels.attention_prefill_for(KvFormat::Int8, 64);
+    assert_eq!((p, per_wg), (kernels.attention_prefill_f32(KvFormat::Int8), PREFILL_ATTENTION_TOKENS));
+    let src = crate::kernels::attention_prefill_tiles_source(true);
+    let wrong = src.replace("let kvh = wg.x / (p.n_heads / p.n_kv_heads);", "let kvh = 0u;");
+    assert_ne!(src, wrong, "the edit applies");
+    let k = Kernel::AttentionPartial;
+    let constants = Constants::Workgroup(k.workgroup_size()).render();
+    let layout = Some(kernels.layout(k));
+    let wrong =
+        compile_for_layout(&gpu, "edited", &wrong, "attention_prefill", k.bindings(), &constants, layout)
+            .expect("the edited kernel compiles")
+            .0;
+    kernels.replace_attention_tiles_pipeline(wrong.clone());
+    let check = run(&gpu, &kernels).unwrap();
+    assert!(!check.ok, "a tile program reading KV head 0 for every head passed");
+    assert!(check.describe_failures().contains("AttentionPartial"), "{}", check.describe_failures());
+    // The f32 program is checked too: the wrong one in its place fails.
+    kernels.replace_attention_tiles_pipeline(tiles);
+    assert!(run(&gpu, &kernels).unwrap().ok);
+    kernels.replace_kv_pipeline(k, KvFormat::F16, true, wrong);
+    assert!(!run(&gpu, &kernels).unwrap().ok, "a wrong f32 prompt attention passed");
 }
 
 /// The int8 KV cache's pipelines pass their check at first use, and each

@@ -9,11 +9,11 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_int8, attention_case_rows, attention_params, attention_reduce_case, attention_step_case,
-    attention_step_case_int8, matmul_case_for, matmul_case_in, matvec_case, matvec_case_in, matvec_case_x16,
-    qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s, ATTENTION_INT8_SHAPES,
-    ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
-    ATTENTION_STEP_INT8_SHAPES, QK_NORM_ROPE_INT8_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_case_int8, attention_case_rows, attention_case_tiles, attention_params, attention_reduce_case,
+    attention_step_case, attention_step_case_int8, matmul_case_for, matmul_case_in, matvec_case,
+    matvec_case_in, matvec_case_x16, qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s,
+    ATTENTION_INT8_SHAPES, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
+    ATTENTION_STEP_DIRECT_SHAPES, ATTENTION_STEP_INT8_SHAPES, QK_NORM_ROPE_INT8_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use std::collections::HashMap;
@@ -32,7 +32,12 @@ use rand::{rngs::StdRng, SeedableRng};
 /// cached (see [`compiled`]), and a pipeline belongs to its device.
 fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)"))
+    // With cooperative matrices where the adapter has them, else f16 where
+    // it has that (lavapipe does): the programs written for them run there,
+    // or their emulations.
+    GPU.get_or_init(|| {
+        Gpu::new_with(AdapterPolicy::Portable, true, true).expect("a Vulkan adapter (lavapipe in CI)")
+    })
 }
 
 /// `entry` of `source` compiled with `constants` for `kernel`'s bindings on
@@ -758,6 +763,48 @@ fn attention_prefill_matches_cpu() {
         ] {
             attention_case_int8(&int8, shape, rows_multiple, &mut rng);
         }
+    }
+}
+
+/// attention_prefill's tile program (the engine's prompt attention on
+/// cooperative-matrix devices over an f16 cache), where the device has no
+/// cooperative matrices in its emulation (the same tiles, staging, softmax
+/// and stores with scalar sums). Each token
+/// against the CPU reference (q exact in f16), its partial results
+/// poisoned: contexts across chunk edges and 16-position tiles, a chunk
+/// that ends at a capacity inside a tile (the last KV head's rows past it
+/// lie past the buffer), head_dims of 3 to 16 tiles, GQA ratios of 1 to
+/// 4, 83 chunks.
+#[test]
+fn attention_prefill_tiles_match_cpu() {
+    let gpu = gpu();
+    assert!(gpu.coop, "cooperative matrices, or f16 to emulate them (lavapipe has f16)");
+    // (heads, kv heads, head_dim, capacity, context of the first token, tokens)
+    let shapes = [
+        (4, 1, 64, 600, 240, 21),       // contexts 240..260: across a chunk edge
+        (2, 1, 256, 300, 250, 40),      // the largest head_dim, three groups of tokens
+        (6, 3, 48, 40, 1, 19),          // from the first position, one to two tiles
+        (2, 1, 64, 300, 280, 20),       // up to the capacity, 12 positions into a tile
+        (2, 2, 128, 520, 500, 13),      // the last two positions of the second chunk
+        (4, 1, 208, 530, 190, 70),      // 13 dim tiles, five groups, 3 chunks
+        (16, 8, 128, 600, 257, 33),     // the 0.6B model's heads
+        (2, 1, 64, 21_000, 20_990, 10), // 83 chunks
+    ];
+    let per_wg = kernels::PREFILL_TILE_ATTENTION_TOKENS;
+    let plain = wgsl_run(gpu, false, |k| k.constants(MatvecLayout::RowsPerTeam));
+    let run = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+        if k != Kernel::AttentionPartial {
+            return plain(k, grid, buffers);
+        }
+        let (uniforms, storage) = split_buffers(k, buffers);
+        let source = kernels::attention_prefill_tiles_source(gpu.coop_emulated);
+        let constants = Constants::Workgroup(WG).render();
+        let grid = [grid[0], grid[1], grid[2].div_ceil(per_wg)];
+        dispatch_source(gpu, k, (source, "attention_prefill"), &constants, &uniforms, &storage, grid)
+    };
+    let mut rng = StdRng::seed_from_u64(31);
+    for shape in shapes {
+        attention_case_tiles(&run, shape, per_wg as usize, &mut rng);
     }
 }
 

@@ -108,6 +108,12 @@ fn the_cooperative_matrix_programs_compile_to_spirv() {
         let e = MatmulConstants { emulated: true, ..c };
         spirv(&format!("{kernel:?} emulated"), &e.source(), e.render(), "int8_matmul");
     }
+    // The prompt attention's tile program and its emulation.
+    for emulated in [false, true] {
+        let source = crate::kernels::attention::attention_prefill_tiles_source(emulated);
+        let wg = crate::kernels::Constants::Workgroup(crate::kernels::WG).render();
+        spirv(&format!("attention_prefill tiles (emulated: {emulated})"), &source, wg, "attention_prefill");
+    }
     for norm in [false, true] {
         for format in [WeightFormat::Int8, WeightFormat::Int4] {
             spirv("f16_stage", &stage_source(), stage_constants(norm, format), "f16_stage");

@@ -43,6 +43,9 @@ pub(crate) enum Program {
     /// `attention_prefill`, the prompt-batch program of
     /// [`Kernel::AttentionPartial`].
     AttentionPrefill,
+    /// Its tile program (attention_prefill_tiles.wgsl) on cooperative
+    /// matrices, or (`emulated`) with scalar sums in their place.
+    AttentionPrefillTiles { emulated: bool },
     /// `int8_matmul`, the tiled prompt-batch program of a matvec variant
     /// (or `int8_matmul_coop`, as its constants say).
     Matmul,
@@ -216,6 +219,11 @@ pub struct Kernels {
     /// With `coop`: the product is its emulation without cooperative
     /// matrices ([`Gpu::coop_emulated`]).
     pub coop_emulated: bool,
+    /// Whether prompt batches over an f16 KV cache run the tile program of
+    /// `attention_prefill` (the set's `coop`, where the device's workgroup
+    /// memory holds it) for models whose head_dim it takes
+    /// (`attention_prefill_for`).
+    pub attention_tiles: bool,
     /// The fewest rows a launch runs on cooperative matrices
     /// ([`super::matmul::COOP_MIN_ROWS_ENV`], else
     /// [`super::matmul::COOP_MIN_ROWS`]).
@@ -304,25 +312,32 @@ impl Kernels {
     ) -> Result<Self> {
         let mut coop_rejected = None;
         let ((mut kernels, self_check), source, rejected) = with_fallback(want_msl, |source| {
-            let checked = |coop: bool| -> Result<(Kernels, SelfCheck)> {
-                let kernels = Self::build(gpu, source, layout, coop, self_check)?;
+            let checked = |coop: bool, attention_tiles: bool| -> Result<(Kernels, SelfCheck)> {
+                let kernels = Self::build(gpu, source, layout, coop, attention_tiles, self_check)?;
                 let check = (self_check.set)(gpu, &kernels)?;
                 let check = check.passed(&format!("the {} kernels (start-up)", source.as_str()))?;
                 Ok((kernels, check))
             };
             // Cooperative matrices where the device has them (WGSL only:
-            // the MSL twins bring their own), falling back to the f32
-            // program when their build or check fails.
+            // the MSL twins bring their own), first with the prompt
+            // attention's tile program, then without it, falling back to
+            // the f32 program when their build or check fails.
             if source == KernelSource::Wgsl && gpu.coop {
-                match checked(true) {
+                match checked(true, true) {
                     Ok(built) => return Ok(built),
                     Err(e) => {
-                        log::warn!("cooperative-matrix prompt batches unavailable, using f32 ones: {e}");
+                        log::warn!("the prompt attention's tile program unavailable: {e}");
                         coop_rejected = Some(e.to_string());
                     }
                 }
+                match checked(true, false) {
+                    Ok(built) => return Ok(built),
+                    Err(e) => {
+                        log::warn!("cooperative-matrix prompt batches unavailable, using f32 ones: {e}")
+                    }
+                }
             }
-            checked(false)
+            checked(false, false)
         })?;
         let fallback = rejected.map(|e| match e {
             Error::ShaderCompileFailed { kernel, reason } => (kernel, reason),
@@ -345,12 +360,14 @@ impl Kernels {
     /// pipeline built (the matvec variants' over the default weight
     /// format): the MSL twins where `source` says so (the decode kernels
     /// that have one and the tiled `int8_matmul`), WGSL for the rest, the
-    /// tiled ones on cooperative matrices when `coop`.
+    /// tiled ones on cooperative matrices when `coop` (and the prompt
+    /// attention's tile program with them when `attention_tiles`).
     fn build(
         gpu: &Gpu,
         source: KernelSource,
         layout: Option<MatvecLayout>,
         coop: bool,
+        attention_tiles: bool,
         checker: SelfChecker,
     ) -> Result<Self> {
         let matvec_layout = match source {
@@ -377,6 +394,10 @@ impl Kernels {
             matvec_layout,
             coop,
             coop_emulated: coop && gpu.coop_emulated,
+            attention_tiles: coop
+                && attention_tiles
+                && gpu.device.limits().max_compute_workgroup_storage_size
+                    >= super::attention::PREFILL_TILE_ATTENTION_WORKGROUP_BYTES,
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             coop_ksplit: super::matmul::coop_ksplit_from_env()?,
             coop_min_rows: super::matmul::coop_min_rows_from_env()?.unwrap_or(super::matmul::COOP_MIN_ROWS),
@@ -398,7 +419,8 @@ impl Kernels {
         self.pipeline(gpu, self.decode_key(k, format))?;
         let (per_token, tiled) = self.prefill_keys(k, format);
         let staged = self.coop_keys(k, format).into_iter().flat_map(|c| c.all());
-        for key in per_token.into_iter().chain(tiled).chain(staged) {
+        let attention_tiles = self.attention_tiles_key().filter(|_| k == Kernel::AttentionPartial);
+        for key in per_token.into_iter().chain(tiled).chain(staged).chain(attention_tiles) {
             self.pipeline(gpu, key)?;
         }
         Ok(())
@@ -455,6 +477,45 @@ impl Kernels {
         });
         let matmul = if msl { Program::MatmulMsl } else { Program::Matmul };
         (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
+    }
+
+    /// The key of `attention_prefill`'s tile program (over an f16 KV
+    /// cache), where the set runs it.
+    fn attention_tiles_key(&self) -> Option<PipelineKey> {
+        self.attention_tiles.then_some(PipelineKey {
+            kernel: Kernel::AttentionPartial,
+            program: Program::AttentionPrefillTiles { emulated: self.coop_emulated },
+            constants: Constants::Workgroup(Kernel::AttentionPartial.workgroup_size()),
+            kv: KvFormat::F16,
+        })
+    }
+
+    /// The prompt-batch pipeline of [`Kernel::AttentionPartial`] for a
+    /// model of `head_dim` over a KV cache in `kv`, and its tokens per
+    /// workgroup: the tile program where the set runs it and it takes the
+    /// model and cache (f16, head_dim a multiple of
+    /// [`super::attention::PREFILL_TILE_HEAD_DIM_MULTIPLE`]), else
+    /// `attention_prefill` (built with the set, or with the cache's
+    /// format: [`Self::prepare_kv`]).
+    pub(crate) fn attention_prefill_for(
+        &self,
+        kv: KvFormat,
+        head_dim: usize,
+    ) -> (wgpu::ComputePipeline, u32) {
+        let tiles = self.attention_tiles_key().filter(|_| {
+            kv == KvFormat::F16 && head_dim.is_multiple_of(super::attention::PREFILL_TILE_HEAD_DIM_MULTIPLE)
+        });
+        match tiles {
+            Some(key) => (self.built(key), super::attention::PREFILL_TILE_ATTENTION_TOKENS),
+            None => (self.attention_prefill_f32(kv), PREFILL_ATTENTION_TOKENS),
+        }
+    }
+
+    /// `attention_prefill` itself over a KV cache in `kv` (f32 sums; its
+    /// tokens per workgroup are [`PREFILL_ATTENTION_TOKENS`]).
+    pub(crate) fn attention_prefill_f32(&self, kv: KvFormat) -> wgpu::ComputePipeline {
+        let (per_token, _) = self.prefill_keys(Kernel::AttentionPartial, WeightFormat::Int8);
+        self.built(PipelineKey { kv, ..per_token.expect("attention_partial's prompt-batch program") })
     }
 
     /// The keys of `k`'s cooperative-matrix pipelines, over weights in
@@ -516,6 +577,9 @@ impl Kernels {
                 crate::kernels::msl::msl_entry(k),
             ),
             Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
+            Program::AttentionPrefillTiles { emulated } => {
+                (super::attention::attention_prefill_tiles_source(emulated), "attention_prefill")
+            }
             Program::Matmul => match key.constants {
                 Constants::Matmul(c) => (c.source(), "int8_matmul"),
                 _ => return Err(missing("int8_matmul constants")),
@@ -645,6 +709,14 @@ impl Kernels {
         } else {
             self.decode_key_kv(k, WeightFormat::Int8, kv)
         };
+        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
+    }
+
+    /// Puts `pipeline` in place of the tile program of `attention_prefill`
+    /// (the self-check's tests).
+    #[cfg(test)]
+    pub(crate) fn replace_attention_tiles_pipeline(&mut self, pipeline: wgpu::ComputePipeline) {
+        let key = self.attention_tiles_key().expect("the set runs the tile program");
         self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 

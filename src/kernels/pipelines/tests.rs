@@ -337,3 +337,23 @@ fn the_msl_set_runs_the_twins_over_every_format() {
         }
     }
 }
+
+/// A set whose prompt attention's tile program fails its check keeps the
+/// cooperative-matrix products (here their emulation) without it: prompt
+/// attention runs `attention_prefill`, and the report says why.
+#[test]
+fn a_failing_tile_attention_program_leaves_the_cooperative_products() {
+    let gpu = Gpu::new_with(AdapterPolicy::Portable, false, true).expect("a Vulkan adapter (lavapipe in CI)");
+    let tiles_fail = |_: &Gpu, k: &Kernels| {
+        let failures =
+            if k.attention_tiles { vec![("AttentionPartial".into(), "wrong".into())] } else { vec![] };
+        Ok(SelfCheck { ok: failures.is_empty(), pipelines: 1, ms: 0.0, failures })
+    };
+    let kernels = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(tiles_fail)).unwrap();
+    assert!(kernels.coop && !kernels.attention_tiles);
+    assert!(kernels.report.cooperative_matrices);
+    let why = kernels.report.cooperative_fallback.as_deref().unwrap_or_default();
+    assert!(why.contains("wrong"), "{why}");
+    let (_, per_wg) = kernels.attention_prefill_for(KvFormat::F16, 64);
+    assert_eq!(per_wg, PREFILL_ATTENTION_TOKENS);
+}
