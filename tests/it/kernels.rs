@@ -9,11 +9,11 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, assert_matvec, attention_case,
-    attention_case_int8, attention_case_rows, attention_case_tiles, attention_params, attention_reduce_case,
-    attention_step_case, attention_step_case_int8, matmul_case_for, matmul_case_in, matvec_case,
-    matvec_case_in, matvec_case_x16, qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s,
-    ATTENTION_INT8_SHAPES, ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES,
-    ATTENTION_STEP_DIRECT_SHAPES, ATTENTION_STEP_INT8_SHAPES, QK_NORM_ROPE_INT8_SHAPES, QK_NORM_ROPE_SHAPES,
+    attention_case_int8, attention_case_rows, attention_params, attention_reduce_case, attention_step_case,
+    attention_step_case_int8, matmul_case_for, matmul_case_in, matvec_case, matvec_case_in, matvec_case_x16,
+    qk_norm_rope_case, qk_norm_rope_case_int8, step, to_u32, u32s, Sums, ATTENTION_INT8_SHAPES,
+    ATTENTION_REDUCE_SHAPES, ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
+    ATTENTION_STEP_INT8_SHAPES, QK_NORM_ROPE_INT8_SHAPES, QK_NORM_ROPE_SHAPES,
 };
 use common::reference::*;
 use std::collections::HashMap;
@@ -742,7 +742,7 @@ fn attention_prefill_matches_cpu() {
         };
         let mut rng = StdRng::seed_from_u64(12);
         for &shape in &shapes {
-            attention_case_rows(&run, shape, rows_multiple, &mut rng);
+            attention_case_rows(&run, shape, rows_multiple, Sums::F32, &mut rng);
         }
         // Over an int8 KV cache (`KV_INT8`; head_dim a multiple of 16).
         let int8 = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
@@ -804,7 +804,7 @@ fn attention_prefill_tiles_match_cpu() {
     };
     let mut rng = StdRng::seed_from_u64(31);
     for shape in shapes {
-        attention_case_tiles(&run, shape, per_wg as usize, &mut rng);
+        attention_case_rows(&run, shape, per_wg as usize, Sums::F16_TILES, &mut rng);
     }
 }
 

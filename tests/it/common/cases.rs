@@ -801,46 +801,42 @@ pub const ATTENTION_REDUCE_SHAPES: [(usize, usize, usize, usize, usize); 4] =
 /// token's row. Shape: (heads, kv heads, head_dim, capacity, context of the
 /// first token, tokens).
 pub fn attention_case(run: Run<'_>, shape: (usize, usize, usize, usize, usize, usize), rng: &mut StdRng) {
-    attention_case_rows(run, shape, 1, rng)
+    attention_case_rows(run, shape, 1, Sums::F32, rng)
+}
+
+/// How an attention program sums, as its cases check it.
+#[derive(Debug, Clone, Copy)]
+pub struct Sums {
+    /// q is rounded to f16 (the case's q is exact in f16, as the reference
+    /// reads it).
+    pub q_in_f16: bool,
+    /// Of each output, absolute.
+    pub tolerance: f64,
+}
+
+impl Sums {
+    /// f32 throughout.
+    pub const F32: Sums = Sums { q_in_f16: false, tolerance: 1e-4 };
+    /// attention_prefill's tile program: q and the weights as f16 (the
+    /// weights' rounding, 2^-12 of each, within 5e-4).
+    pub const F16_TILES: Sums = Sums { q_in_f16: true, tolerance: 5e-4 };
 }
 
 /// [`attention_case`] with the q and partial-result buffers holding the
 /// tokens rounded up to `rows_multiple` (as the engine's batch buffers do,
-/// for kernels that serve several tokens per workgroup).
+/// for kernels that serve several tokens per workgroup), for a program
+/// that sums as `sums` says.
 pub fn attention_case_rows(
     run: Run<'_>,
     shape: (usize, usize, usize, usize, usize, usize),
     rows_multiple: usize,
-    rng: &mut StdRng,
-) {
-    attention_case_with(run, shape, rows_multiple, false, 1e-4, rng)
-}
-
-/// [`attention_case_rows`] for attention_prefill's tile program, which
-/// takes q as f16 and its weights rounded to f16: q exact in f16 (as the
-/// reference reads it), the outputs within `5e-4` (the weights' rounding,
-/// 2^-12 of each).
-pub fn attention_case_tiles(
-    run: Run<'_>,
-    shape: (usize, usize, usize, usize, usize, usize),
-    rows_multiple: usize,
-    rng: &mut StdRng,
-) {
-    attention_case_with(run, shape, rows_multiple, true, 5e-4, rng)
-}
-
-fn attention_case_with(
-    run: Run<'_>,
-    shape: (usize, usize, usize, usize, usize, usize),
-    rows_multiple: usize,
-    q_in_f16: bool,
-    tolerance: f64,
+    sums: Sums,
     rng: &mut StdRng,
 ) {
     let (nh, nkv, hd, cap, seq, tokens) = shape;
     let rows = tokens.next_multiple_of(rows_multiple);
     let mut q = nonzero(rng, rows * nh * hd);
-    if q_in_f16 {
+    if sums.q_in_f16 {
         q.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
     }
     let kv_len = nkv * cap * hd;
@@ -874,7 +870,7 @@ fn attention_case_with(
         let want = attention_ref(qz, &k, &v, nh, nkv, hd, cap, seq + z, scale as f64);
         let row = &got[z * out_stride..(z + 1) * out_stride];
         let what = format!("attention seq {} hd {hd} token {z}/{tokens}", seq + z);
-        assert_close(&what, &row[..nh * hd], &want, &vec![1.0; nh * hd], tolerance);
+        assert_close(&what, &row[..nh * hd], &want, &vec![1.0; nh * hd], sums.tolerance);
         assert!(row[nh * hd..].iter().all(|v| v.to_bits() == POISON), "{what}: wrote past the row");
     }
 }
