@@ -76,7 +76,10 @@ impl EngineBuilder {
     /// through Vulkan): the weights and inputs of each product are staged
     /// as f16 (11 significant bits; the sums stay f32) and multiplied on
     /// tensor cores (`int8_matmul_coop`), 1.5-2.1x the f32 program's
-    /// prefill on an H200 (BENCHMARKS.md 2026-12-02).
+    /// prefill on an H200 (BENCHMARKS.md 2026-12-02). Over an f16 KV cache
+    /// and a head_dim that is a multiple of 16, the prompt's attention runs
+    /// on them too (`attention_prefill_tiles`: q and the softmax weights as
+    /// f16, the scores and sums f32).
     /// Checked at start-up like every kernel, with the f32 program as
     /// fallback ([`KernelReport::cooperative_matrices`](crate::KernelReport::cooperative_matrices)); the MLX
     /// comparisons (tests/it/e2e_mlx.rs) pass with them on that device. Decode
