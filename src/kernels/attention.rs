@@ -234,6 +234,16 @@ pub const PREFILL_TILE_ATTENTION_WORKGROUP_BYTES: u32 = PREFILL_TILE_ATTENTION_T
     + PREFILL_TILE_ATTENTION_TOKENS * WG * 4
     + 16 * MAX_HEAD_DIM as u32 * 2;
 const _: () = assert!(PREFILL_TILE_ATTENTION_WORKGROUP_BYTES <= 32 * 1024);
+
+/// Workgroup memory of the tile program ([`PREFILL_TILE_ATTENTION_WORKGROUP_BYTES`]),
+/// or of its MSL twin (`msl`: its partial block is 8 positions, not 16).
+pub fn prefill_tile_attention_workgroup_bytes(msl: bool) -> u32 {
+    if msl {
+        PREFILL_TILE_ATTENTION_WORKGROUP_BYTES - 8 * MAX_HEAD_DIM as u32 * 2
+    } else {
+        PREFILL_TILE_ATTENTION_WORKGROUP_BYTES
+    }
+}
 // Its softmax gives each token 16 invocations; its subgroups are 32 lanes;
 // the weights take q's place, and acc the scores'.
 const _: () = assert!(WG == 16 * PREFILL_TILE_ATTENTION_TOKENS && WG.is_multiple_of(32));
@@ -264,6 +274,18 @@ pub fn attention_prefill_tiles_source(emulated: bool) -> String {
     format!(
         "{enables}const TOKENS: u32 = {PREFILL_TILE_ATTENTION_TOKENS}u;\noverride WG: u32 = {WG}u;\n{decls}\n{body}"
     )
+}
+
+/// The MSL twin of the tile program (kernels/msl/attention_prefill_tiles.metal:
+/// 8x8 SIMD-group matrices, any head_dim the engine takes), as Metal gets it:
+/// its preamble (WG, TOKENS), the generated declarations, then the file.
+/// Entry point `attention_prefill_tiles`.
+pub fn attention_prefill_tiles_msl_source() -> String {
+    let body = include_str!("../../kernels/msl/attention_prefill_tiles.metal");
+    let k = Kernel::AttentionPartial;
+    let defines =
+        super::msl::preamble_of(&[("WG", WG as f64), ("TOKENS", PREFILL_TILE_ATTENTION_TOKENS as f64)]);
+    format!("{defines}{}{body}", super::abi::msl_decls(k.row().params, body))
 }
 
 /// `body` with each line `// for # in SPANS: code` written out as `code`

@@ -25,9 +25,9 @@ pub mod sample;
 pub use abi::{quant_padded, GpuStruct, Step, MAX_HEAD_DIM, MAX_PENALTY_WINDOW, NONE, SAMPLE_TOP_K_MAX};
 pub use argmax::{ArgmaxFinalParams, ArgmaxPartialParams, ARGMAX_CHUNK};
 pub use attention::{
-    attention_prefill_source, attention_prefill_tiles_source, AttentionConstants, AttentionVariant,
-    HeadParams, ReduceParams, ATTENTION_CHUNK, HEAD_DIM_MULTIPLE, PREFILL_ATTENTION_TOKENS,
-    PREFILL_TILE_ATTENTION_TOKENS,
+    attention_prefill_source, attention_prefill_tiles_msl_source, attention_prefill_tiles_source,
+    AttentionConstants, AttentionVariant, HeadParams, ReduceParams, ATTENTION_CHUNK, HEAD_DIM_MULTIPLE,
+    PREFILL_ATTENTION_TOKENS, PREFILL_TILE_ATTENTION_TOKENS,
 };
 pub use choice::{
     msl_available, with_fallback, KernelChoice, KernelReport, KernelSource, RowsMatvecCase, SelfCheck,

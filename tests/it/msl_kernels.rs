@@ -13,10 +13,10 @@ use crate::common;
 
 use common::cases::{
     argmax_case, argmax_never_writes_past_the_token_array, argmax_partial_params, assert_matvec,
-    attention_case, attention_case_int8, attention_reduce_case, attention_step_case,
+    attention_case, attention_case_int8, attention_case_rows, attention_reduce_case, attention_step_case,
     attention_step_case_int8, check_matrix_probe, matmul_case, matmul_case_for, matmul_case_half_exact,
     matrix_probe_inputs, matvec_case, matvec_case_in, qk_norm_rope_case, qk_norm_rope_case_int8,
-    reduce_params, simdgroup_matrix_owner, to_u32, Mat, ATTENTION_INT8_SHAPES, ATTENTION_REDUCE_SHAPES,
+    reduce_params, simdgroup_matrix_owner, to_u32, Mat, Sums, ATTENTION_INT8_SHAPES, ATTENTION_REDUCE_SHAPES,
     ATTENTION_SHAPES, ATTENTION_STEP_CHUNKED_SHAPES, ATTENTION_STEP_DIRECT_SHAPES,
     ATTENTION_STEP_INT8_SHAPES, MATRIX_PROBE, MATRIX_PROBE_BINDINGS, MATRIX_PROBE_THREADGROUP,
     QK_NORM_ROPE_INT8_SHAPES, QK_NORM_ROPE_SHAPES,
@@ -691,6 +691,36 @@ fn msl_attention_matches_cpu() {
 }
 
 /// attention_reduce's twin alone on the shared reduce cases.
+/// The MSL twin of attention_prefill's tile program (8x8 SIMD-group
+/// matrices over an f16 cache) on the tile program's cases: each token
+/// against the CPU reference (q exact in half), its partial results
+/// poisoned; contexts across a chunk edge and 8-position blocks, a chunk
+/// that ends at a capacity inside a block (the last KV head's rows past it
+/// lie past the buffer), head_dims of 5 to 16 blocks (40: no multiple of 16).
+#[test]
+fn msl_attention_prefill_tiles_match_cpu() {
+    let source = kernels::attention_prefill_tiles_msl_source();
+    let k = Kernel::AttentionPartial;
+    assert_entry_bindings(&source, "attention_prefill_tiles", k.bindings(), "attention_prefill_tiles");
+    let bin = build_entry("attention_prefill_tiles", &source, &[]);
+    let plain = msl_run(&[]);
+    let per_wg = kernels::PREFILL_TILE_ATTENTION_TOKENS;
+    let run = |k: Kernel, grid: [u32; 3], buffers: &[Vec<u8>]| {
+        if k != Kernel::AttentionPartial {
+            return plain(k, grid, buffers);
+        }
+        let launch = Launch { bindings: k.bindings(), threadgroup: k.workgroup_size(), timeout_s: None };
+        let grid = [grid[0], grid[1], grid[2].div_ceil(per_wg)];
+        try_launch(&bin, &launch, grid, buffers).unwrap_or_else(|e| panic!("attention_prefill_tiles: {e}"))
+    };
+    let mut rng = StdRng::seed_from_u64(33);
+    for shape in
+        [(4, 1, 64, 600, 240, 21), (6, 3, 40, 40, 1, 19), (2, 1, 64, 300, 283, 17), (2, 2, 128, 520, 500, 13)]
+    {
+        attention_case_rows(&run, shape, per_wg as usize, Sums::F16_TILES, &mut rng);
+    }
+}
+
 #[test]
 fn msl_attention_reduce_matches_cpu() {
     let run = msl_run(&[]);

@@ -46,6 +46,9 @@ pub(crate) enum Program {
     /// Its tile program (attention_prefill_tiles.wgsl) on cooperative
     /// matrices, or (`emulated`) with scalar sums in their place.
     AttentionPrefillTiles { emulated: bool },
+    /// The tile program's MSL twin
+    /// ([`crate::kernels::attention_prefill_tiles_msl_source`]).
+    AttentionPrefillTilesMsl,
     /// `int8_matmul`, the tiled prompt-batch program of a matvec variant
     /// (or `int8_matmul_coop`, as its constants say).
     Matmul,
@@ -220,9 +223,9 @@ pub struct Kernels {
     /// matrices ([`Gpu::coop_emulated`]).
     pub coop_emulated: bool,
     /// Whether prompt batches over an f16 KV cache run the tile program of
-    /// `attention_prefill` (the set's `coop`, where the device's workgroup
-    /// memory holds it) for models whose head_dim it takes
-    /// (`attention_prefill_for`).
+    /// `attention_prefill` (with the set's `coop`, or its MSL twin with the
+    /// MSL set, where the device's workgroup memory holds it) for models
+    /// whose head_dim it takes (`attention_prefill_for`).
     pub attention_tiles: bool,
     /// The fewest rows a launch runs on cooperative matrices
     /// ([`super::matmul::COOP_MIN_ROWS_ENV`], else
@@ -318,18 +321,22 @@ impl Kernels {
                 let check = check.passed(&format!("the {} kernels (start-up)", source.as_str()))?;
                 Ok((kernels, check))
             };
-            // Cooperative matrices where the device has them (WGSL only:
-            // the MSL twins bring their own), first with the prompt
-            // attention's tile program, then without it, falling back to
-            // the f32 program when their build or check fails.
-            if source == KernelSource::Wgsl && gpu.coop {
-                match checked(true, true) {
+            // The prompt attention's tile program first (the MSL twin's,
+            // or on cooperative matrices where the device has them: WGSL
+            // only, the MSL twins bring their own), then without it;
+            // then, for WGSL, the f32 program when the cooperative
+            // matrices' build or check fails.
+            let coop = source == KernelSource::Wgsl && gpu.coop;
+            if coop || source == KernelSource::Msl {
+                match checked(coop, true) {
                     Ok(built) => return Ok(built),
                     Err(e) => {
                         log::warn!("the prompt attention's tile program unavailable: {e}");
-                        coop_rejected = Some(e.to_string());
+                        coop_rejected = coop.then(|| e.to_string());
                     }
                 }
+            }
+            if coop {
                 match checked(true, false) {
                     Ok(built) => return Ok(built),
                     Err(e) => {
@@ -394,10 +401,10 @@ impl Kernels {
             matvec_layout,
             coop,
             coop_emulated: coop && gpu.coop_emulated,
-            attention_tiles: coop
-                && attention_tiles
+            attention_tiles: attention_tiles
+                && (coop || source == KernelSource::Msl)
                 && gpu.device.limits().max_compute_workgroup_storage_size
-                    >= super::attention::PREFILL_TILE_ATTENTION_WORKGROUP_BYTES,
+                    >= super::attention::prefill_tile_attention_workgroup_bytes(source == KernelSource::Msl),
             matmul_tile: MatmulTile::from_env()?.unwrap_or_default(),
             coop_ksplit: super::matmul::coop_ksplit_from_env()?,
             coop_min_rows: super::matmul::coop_min_rows_from_env()?.unwrap_or(super::matmul::COOP_MIN_ROWS),
@@ -482,9 +489,13 @@ impl Kernels {
     /// The key of `attention_prefill`'s tile program (over an f16 KV
     /// cache), where the set runs it.
     fn attention_tiles_key(&self) -> Option<PipelineKey> {
+        let program = match self.source {
+            KernelSource::Msl => Program::AttentionPrefillTilesMsl,
+            KernelSource::Wgsl => Program::AttentionPrefillTiles { emulated: self.coop_emulated },
+        };
         self.attention_tiles.then_some(PipelineKey {
             kernel: Kernel::AttentionPartial,
-            program: Program::AttentionPrefillTiles { emulated: self.coop_emulated },
+            program,
             constants: Constants::Workgroup(Kernel::AttentionPartial.workgroup_size()),
             kv: KvFormat::F16,
         })
@@ -493,8 +504,7 @@ impl Kernels {
     /// The prompt-batch pipeline of [`Kernel::AttentionPartial`] for a
     /// model of `head_dim` over a KV cache in `kv`, and its tokens per
     /// workgroup: the tile program where the set runs it and it takes the
-    /// model and cache (f16, head_dim a multiple of
-    /// [`super::attention::PREFILL_TILE_HEAD_DIM_MULTIPLE`]), else
+    /// model and cache (`attention_tiles_key_for`), else
     /// `attention_prefill` (built with the set, or with the cache's
     /// format: [`Self::prepare_kv`]).
     pub(crate) fn attention_prefill_for(
@@ -502,13 +512,23 @@ impl Kernels {
         kv: KvFormat,
         head_dim: usize,
     ) -> (wgpu::ComputePipeline, u32) {
-        let tiles = self.attention_tiles_key().filter(|_| {
-            kv == KvFormat::F16 && head_dim.is_multiple_of(super::attention::PREFILL_TILE_HEAD_DIM_MULTIPLE)
-        });
-        match tiles {
+        match self.attention_tiles_key_for(kv, head_dim) {
             Some(key) => (self.built(key), super::attention::PREFILL_TILE_ATTENTION_TOKENS),
             None => (self.attention_prefill_f32(kv), PREFILL_ATTENTION_TOKENS),
         }
+    }
+
+    /// The key of the tile program where the set runs it and it takes a
+    /// model of `head_dim` over a KV cache in `kv`: an f16 cache, and a
+    /// head_dim that is a multiple of its tiles' (16 on cooperative
+    /// matrices, 8 on SIMD-group ones).
+    fn attention_tiles_key_for(&self, kv: KvFormat, head_dim: usize) -> Option<PipelineKey> {
+        let key = self.attention_tiles_key()?;
+        let multiple = match key.program {
+            Program::AttentionPrefillTilesMsl => super::HEAD_DIM_MULTIPLE,
+            _ => super::attention::PREFILL_TILE_HEAD_DIM_MULTIPLE,
+        };
+        (kv == KvFormat::F16 && head_dim.is_multiple_of(multiple)).then_some(key)
     }
 
     /// `attention_prefill` itself over a KV cache in `kv` (f32 sums; its
@@ -579,6 +599,9 @@ impl Kernels {
             Program::AttentionPrefill => (attention_prefill_source(self.subgroups).0, "attention_prefill"),
             Program::AttentionPrefillTiles { emulated } => {
                 (super::attention::attention_prefill_tiles_source(emulated), "attention_prefill")
+            }
+            Program::AttentionPrefillTilesMsl => {
+                (super::attention::attention_prefill_tiles_msl_source(), "attention_prefill_tiles")
             }
             Program::Matmul => match key.constants {
                 Constants::Matmul(c) => (c.source(), "int8_matmul"),
@@ -759,6 +782,7 @@ fn build_from(
     let code = match key.program {
         Program::Msl => Code::Msl { source, workgroup_size: k.workgroup_size() },
         Program::MatmulMsl => Code::Msl { source, workgroup_size: MATMUL_MSL_WG },
+        Program::AttentionPrefillTilesMsl => Code::Msl { source, workgroup_size: k.workgroup_size() },
         _ => Code::Wgsl { source, constants: &constants, checked: checks.keeps(k) },
     };
     let (p, _) = build(gpu, entry, code, entry, k.bindings(), Some(layout))?;

@@ -357,3 +357,27 @@ fn a_failing_tile_attention_program_leaves_the_cooperative_products() {
     let (_, per_wg) = kernels.attention_prefill_for(KvFormat::F16, 64);
     assert_eq!(per_wg, PREFILL_ATTENTION_TOKENS);
 }
+
+/// Which tile program a model's prompt attention takes: the MSL set's twin
+/// (8x8 SIMD-group matrices) for any head_dim the engine takes, the WGSL
+/// one (16x16 cooperative matrices) for head_dims that are multiples of
+/// 16; an int8 cache, or a set without tiles, takes `attention_prefill`.
+#[test]
+fn the_tile_program_a_model_takes() {
+    let gpu = Gpu::new(AdapterPolicy::Portable).expect("a Vulkan adapter (lavapipe in CI)");
+    let mut msl = msl_set(&gpu);
+    assert!(msl.attention_tiles_key_for(KvFormat::F16, 64).is_none(), "no tiles on lavapipe's set");
+    msl.attention_tiles = true;
+    let program = |k: &Kernels, kv, head_dim| k.attention_tiles_key_for(kv, head_dim).map(|key| key.program);
+    for head_dim in [40, 64, 128] {
+        assert_eq!(program(&msl, KvFormat::F16, head_dim), Some(Program::AttentionPrefillTilesMsl));
+    }
+    assert_eq!(program(&msl, KvFormat::Int8, 64), None);
+    let pass = |_: &Gpu, _: &Kernels| Ok(passed());
+    let mut wgsl = Kernels::new(&gpu, KernelChoice::Wgsl, None, checker(pass)).unwrap();
+    wgsl.attention_tiles = true;
+    let tiles = Some(Program::AttentionPrefillTiles { emulated: false });
+    assert_eq!((program(&wgsl, KvFormat::F16, 64), program(&wgsl, KvFormat::F16, 128)), (tiles, tiles));
+    assert_eq!(program(&wgsl, KvFormat::F16, 40), None);
+    assert_eq!(program(&wgsl, KvFormat::Int8, 128), None);
+}
