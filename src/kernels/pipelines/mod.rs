@@ -9,6 +9,9 @@
 //! pipelines specialised to a launch's shape on first use (`specialised`).
 
 mod formats;
+mod prompt_attention;
+#[cfg(test)]
+mod replace;
 mod specialised;
 #[cfg(test)]
 mod tests;
@@ -486,58 +489,6 @@ impl Kernels {
         (key(Program::Wgsl, per_token), tiled.and_then(|c| key(matmul, Constants::Matmul(c))))
     }
 
-    /// The key of `attention_prefill`'s tile program (over an f16 KV
-    /// cache), where the set runs it.
-    fn attention_tiles_key(&self) -> Option<PipelineKey> {
-        let program = match self.source {
-            KernelSource::Msl => Program::AttentionPrefillTilesMsl,
-            KernelSource::Wgsl => Program::AttentionPrefillTiles { emulated: self.coop_emulated },
-        };
-        self.attention_tiles.then_some(PipelineKey {
-            kernel: Kernel::AttentionPartial,
-            program,
-            constants: Constants::Workgroup(Kernel::AttentionPartial.workgroup_size()),
-            kv: KvFormat::F16,
-        })
-    }
-
-    /// The prompt-batch pipeline of [`Kernel::AttentionPartial`] for a
-    /// model of `head_dim` over a KV cache in `kv`, and its tokens per
-    /// workgroup: the tile program where the set runs it and it takes the
-    /// model and cache (`attention_tiles_key_for`), else
-    /// `attention_prefill` (built with the set, or with the cache's
-    /// format: [`Self::prepare_kv`]).
-    pub(crate) fn attention_prefill_for(
-        &self,
-        kv: KvFormat,
-        head_dim: usize,
-    ) -> (wgpu::ComputePipeline, u32) {
-        match self.attention_tiles_key_for(kv, head_dim) {
-            Some(key) => (self.built(key), super::attention::PREFILL_TILE_ATTENTION_TOKENS),
-            None => (self.attention_prefill_f32(kv), PREFILL_ATTENTION_TOKENS),
-        }
-    }
-
-    /// The key of the tile program where the set runs it and it takes a
-    /// model of `head_dim` over a KV cache in `kv`: an f16 cache, and a
-    /// head_dim that is a multiple of its tiles' (16 on cooperative
-    /// matrices, 8 on SIMD-group ones).
-    fn attention_tiles_key_for(&self, kv: KvFormat, head_dim: usize) -> Option<PipelineKey> {
-        let key = self.attention_tiles_key()?;
-        let multiple = match key.program {
-            Program::AttentionPrefillTilesMsl => super::HEAD_DIM_MULTIPLE,
-            _ => super::attention::PREFILL_TILE_HEAD_DIM_MULTIPLE,
-        };
-        (kv == KvFormat::F16 && head_dim.is_multiple_of(multiple)).then_some(key)
-    }
-
-    /// `attention_prefill` itself over a KV cache in `kv` (f32 sums; its
-    /// tokens per workgroup are [`PREFILL_ATTENTION_TOKENS`]).
-    pub(crate) fn attention_prefill_f32(&self, kv: KvFormat) -> wgpu::ComputePipeline {
-        let (per_token, _) = self.prefill_keys(Kernel::AttentionPartial, WeightFormat::Int8);
-        self.built(PipelineKey { kv, ..per_token.expect("attention_partial's prompt-batch program") })
-    }
-
     /// The keys of `k`'s cooperative-matrix pipelines, over weights in
     /// `format`, where the set has them.
     fn coop_keys(&self, kernel: Kernel, format: WeightFormat) -> Option<CoopKeys> {
@@ -694,73 +645,6 @@ impl Kernels {
                 Some(TiledPipeline { staged: Some(staged), ..tiled_pipeline(keys.products[0])? })
             }),
         }
-    }
-
-    /// Puts `pipeline` in place of `k`'s decode pipeline (the self-check's
-    /// tests: a wrong kernel must be caught).
-    #[cfg(test)]
-    pub(crate) fn replace_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
-        self.replace_pipeline_in(k, WeightFormat::Int8, pipeline);
-    }
-
-    /// [`Self::replace_pipeline`] of the pipeline over weights in `format`.
-    #[cfg(test)]
-    pub(crate) fn replace_pipeline_in(
-        &mut self,
-        k: Kernel,
-        format: WeightFormat,
-        pipeline: wgpu::ComputePipeline,
-    ) {
-        let key = self.decode_key(k, format);
-        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
-    }
-
-    /// Puts `pipeline` in place of `k`'s pipeline over a KV cache in `kv`
-    /// (its decode one, or `prompt_batch`, its prompt-batch program; the
-    /// self-check's tests).
-    #[cfg(test)]
-    pub(crate) fn replace_kv_pipeline(
-        &mut self,
-        k: Kernel,
-        kv: KvFormat,
-        prompt_batch: bool,
-        pipeline: wgpu::ComputePipeline,
-    ) {
-        let key = if prompt_batch {
-            let (per_token, _) = self.prefill_keys(k, WeightFormat::Int8);
-            PipelineKey { kv, ..per_token.expect("a prompt-batch program") }
-        } else {
-            self.decode_key_kv(k, WeightFormat::Int8, kv)
-        };
-        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
-    }
-
-    /// Puts `pipeline` in place of the tile program of `attention_prefill`
-    /// (the self-check's tests).
-    #[cfg(test)]
-    pub(crate) fn replace_attention_tiles_pipeline(&mut self, pipeline: wgpu::ComputePipeline) {
-        let key = self.attention_tiles_key().expect("the set runs the tile program");
-        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
-    }
-
-    /// Puts `pipeline` in place of `k`'s tiled prefill pipeline (the
-    /// self-check's tests).
-    #[cfg(test)]
-    pub(crate) fn replace_tiled_pipeline(&mut self, k: Kernel, pipeline: wgpu::ComputePipeline) {
-        self.replace_tiled_pipeline_in(k, WeightFormat::Int8, pipeline);
-    }
-
-    /// [`Self::replace_tiled_pipeline`] of the pipeline over weights in
-    /// `format`.
-    #[cfg(test)]
-    pub(crate) fn replace_tiled_pipeline_in(
-        &mut self,
-        k: Kernel,
-        format: WeightFormat,
-        pipeline: wgpu::ComputePipeline,
-    ) {
-        let key = self.prefill_keys(k, format).1.expect("a tiled prefill pipeline");
-        self.cache.get_mut().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline);
     }
 }
 
